@@ -1,0 +1,306 @@
+//! The operations of the graph IR and the attributes of the fused attention ops.
+//!
+//! Operand conventions are documented per variant: operand `k` of a node is the source of
+//! the incoming edge whose weight is `k`. Elementwise ops broadcast by axis *name*.
+
+use crate::types::{DType, Dim};
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Sigmoid,
+    /// `log(sigmoid(x))`, computed stably.
+    LogSigmoid,
+    /// `log(1 + exp(x))`, computed stably.
+    Softplus,
+    Relu,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Min,
+    Max,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Eq,
+    Ne,
+}
+
+impl BinaryOp {
+    pub fn is_comparison(self) -> bool {
+        matches!(self, BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Eq | BinaryOp::Ne)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceKind {
+    Sum,
+    Max,
+}
+
+/// How the per-token log forget gate is obtained from the gate input of `gate_cumsum`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GateKind {
+    /// The input holds gate logits `z`; `log f = logsigmoid(z)`.
+    Logits,
+    /// The input holds `log f` directly (must be <= 0).
+    LogGate,
+    /// The input is a per-head slope `m >= 0` of shape `[H]`; `log f = -m` (ALiBi).
+    Slope,
+}
+
+/// Which safe threshold rule `threshold` computes (DESIGN.md section 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PruneRule {
+    /// `delta = log eps - 2U - log T`, one value per (b, h).
+    Paper,
+    /// `delta_i = log eps - log T - scale |q_i| Kmax + s_ii`, minimum over the query tile.
+    Tight,
+}
+
+/// Where the bound on `max |q_i|` and `max |k_j|` comes from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum NormBound {
+    /// Known without reading the data (QK-norm: `max|w| * sqrt(D)`).
+    Static { q_max: f64, k_max: f64 },
+    /// A reduction over the data of each (b, h).
+    Data,
+}
+
+/// Attributes shared by `decay_attention` and `pruned_decay_attention`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnAttrs {
+    /// Multiplies `q . k` (usually `1/sqrt(D)`).
+    pub scale: f64,
+    /// Whether a log-decay cumsum `c` operand is present (absent: plain causal attention).
+    pub has_decay: bool,
+    /// Sliding window: key `j` is visible from query `i` only if `i - j < window`.
+    pub window: Option<u64>,
+}
+
+/// Tile shape of ACP: `bm` query rows by `bn` key columns. Chosen per target by a pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tiles {
+    pub bm: u32,
+    pub bn: u32,
+}
+
+/// An IR operation.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// Tensor parameter number `index` of the graph (positional axes).
+    Param { name: String, index: usize },
+    /// A numeric constant (a scalar f32).
+    Const(f64),
+    /// The runtime size of a symbolic dimension, as a scalar f32 (`sqrt(D)`).
+    DimSize(Dim),
+    /// The value of an index variable along axis `axis`: `0, 1, ..., n-1` (`i - j` in ALiBi).
+    Iota { axis: String },
+    /// Operand 0 is positional; rename its axes, in order, to `axes` (`c[b, h, i]`).
+    Bind { axes: Vec<String> },
+    /// Reorder operand 0's named axes to `axes` and make the result positional
+    /// (the left-hand side of a statement).
+    Store { axes: Vec<String> },
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    /// `select(cond, a, b)`: operands cond, a, b.
+    Select,
+    /// Reduce operand 0 over the named axis.
+    Reduce { kind: ReduceKind, axis: String },
+    /// Inclusive prefix sum of operand 0 along the named axis.
+    Cumsum { axis: String },
+    /// Softmax of operand 0 along the named axis (entries of -inf get weight 0).
+    Softmax { axis: String },
+    /// Operand 0 where `j <= i`, -inf elsewhere.
+    Causal { i: String, j: String },
+    /// Operand 0 where `j <= i && i - j < size`, -inf elsewhere.
+    Window { i: String, j: String, size: u64 },
+    /// `x * rsqrt(mean_axis(x^2) + eps) * w`: operands x and w (w indexed by `axis` alone).
+    RmsNorm { axis: String, eps: f64 },
+    /// Convert operand 0 to the node's dtype.
+    Cast,
+
+    // ---- Fused ops inserted by passes. All operands and results are positional. ----
+    /// `c[b, h, t] = sum_{l <= t} log f[b, h, l]`, with `log f` clamped below at
+    /// [`LOG_F_FLOOR`] so that a hard reset (`log f = -inf`) stays finite.
+    /// Operand: the gate input (see [`GateKind`]). Result: f32 `[B, H, T]`.
+    GateCumsum { kind: GateKind },
+    /// Causal softmax attention with the log-decay bias `c_i - c_j`.
+    /// Operands: q, k, v `[B, H, T, D]`, then c `[B, H, T]` if `has_decay`.
+    /// Result: f32 `[B, H, T, D]`.
+    DecayAttention(AttnAttrs),
+    /// The per-query-tile pruning threshold delta. Operands: q, k `[B, H, T, D]`.
+    /// Result: f32 `[B, H, T/bm]`.
+    Threshold { rule: PruneRule, log_eps: f64, bound: NormBound, scale: f64, bm: u32 },
+    /// The first kept key tile of every query tile (the block-sparse mask).
+    /// Operands: c `[B, H, T]`, delta `[B, H, T/bm]`. Result: i32 `[B, H, T/bm]`.
+    BlockBoundary(Tiles),
+    /// `decay_attention` that skips, for query tile m, every key tile before `start[m]`.
+    /// Operands: q, k, v, c, start. Result: f32 `[B, H, T, D]`.
+    PrunedDecayAttention { attn: AttnAttrs, tiles: Tiles },
+}
+
+/// Floor applied to `log f` by `gate_cumsum`: `exp(-100)` is 4e-44, a reset in all but name,
+/// and the cumsum stays finite so `c_i - c_j` never becomes `-inf - -inf`.
+pub const LOG_F_FLOOR: f64 = -100.0;
+
+impl Op {
+    /// The mnemonic used by the printer.
+    pub fn mnemonic(&self) -> &'static str {
+        match self {
+            Op::Param { .. } => "param",
+            Op::Const(_) => "const",
+            Op::DimSize(_) => "dim",
+            Op::Iota { .. } => "iota",
+            Op::Bind { .. } => "bind",
+            Op::Store { .. } => "store",
+            Op::Unary(u) => match u {
+                UnaryOp::Neg => "neg",
+                UnaryOp::Exp => "exp",
+                UnaryOp::Log => "log",
+                UnaryOp::Sqrt => "sqrt",
+                UnaryOp::Rsqrt => "rsqrt",
+                UnaryOp::Sigmoid => "sigmoid",
+                UnaryOp::LogSigmoid => "logsigmoid",
+                UnaryOp::Softplus => "softplus",
+                UnaryOp::Relu => "relu",
+            },
+            Op::Binary(b) => match b {
+                BinaryOp::Add => "add",
+                BinaryOp::Sub => "sub",
+                BinaryOp::Mul => "mul",
+                BinaryOp::Div => "div",
+                BinaryOp::Min => "min",
+                BinaryOp::Max => "max",
+                BinaryOp::Lt => "lt",
+                BinaryOp::Le => "le",
+                BinaryOp::Gt => "gt",
+                BinaryOp::Ge => "ge",
+                BinaryOp::Eq => "eq",
+                BinaryOp::Ne => "ne",
+            },
+            Op::Select => "select",
+            Op::Reduce { kind: ReduceKind::Sum, .. } => "sum",
+            Op::Reduce { kind: ReduceKind::Max, .. } => "reduce_max",
+            Op::Cumsum { .. } => "cumsum",
+            Op::Softmax { .. } => "softmax",
+            Op::Causal { .. } => "causal",
+            Op::Window { .. } => "window",
+            Op::RmsNorm { .. } => "rmsnorm",
+            Op::Cast => "cast",
+            Op::GateCumsum { .. } => "gate_cumsum",
+            Op::DecayAttention(_) => "decay_attention",
+            Op::Threshold { .. } => "threshold",
+            Op::BlockBoundary(_) => "block_boundary",
+            Op::PrunedDecayAttention { .. } => "pruned_decay_attention",
+        }
+    }
+
+    /// Number of operands the op takes, or `None` when it varies (decay attention).
+    pub fn arity(&self) -> Option<usize> {
+        Some(match self {
+            Op::Param { .. } | Op::Const(_) | Op::DimSize(_) | Op::Iota { .. } => 0,
+            Op::Bind { .. } | Op::Store { .. } | Op::Unary(_) | Op::Cast => 1,
+            Op::Reduce { .. } | Op::Cumsum { .. } | Op::Softmax { .. } => 1,
+            Op::Causal { .. } | Op::Window { .. } | Op::GateCumsum { .. } => 1,
+            Op::Binary(_) | Op::RmsNorm { .. } | Op::Threshold { .. } | Op::BlockBoundary(_) => 2,
+            Op::Select => 3,
+            Op::DecayAttention(a) => 3 + a.has_decay as usize,
+            Op::PrunedDecayAttention { .. } => 5,
+        })
+    }
+
+    /// True for the ops that passes insert and backends lower as kernels.
+    pub fn is_fused(&self) -> bool {
+        matches!(
+            self,
+            Op::GateCumsum { .. }
+                | Op::DecayAttention(_)
+                | Op::Threshold { .. }
+                | Op::BlockBoundary(_)
+                | Op::PrunedDecayAttention { .. }
+        )
+    }
+}
+
+fn fmt_f64(x: f64) -> String {
+    if x == x.trunc() && x.abs() < 1e15 {
+        format!("{x:.1}")
+    } else {
+        format!("{x}")
+    }
+}
+
+/// Attribute list as printed after the mnemonic (`{axis = t}`), empty when none.
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.mnemonic())?;
+        let attn = |a: &AttnAttrs| {
+            let mut s = format!("scale = {}", fmt_f64(a.scale));
+            if !a.has_decay {
+                s.push_str(", no_decay");
+            }
+            if let Some(w) = a.window {
+                s.push_str(&format!(", window = {w}"));
+            }
+            s
+        };
+        match self {
+            Op::Param { name, index } => write!(f, " \"{name}\" #{index}"),
+            Op::Const(c) => write!(f, " {}", fmt_f64(*c)),
+            Op::DimSize(d) => write!(f, " {d}"),
+            Op::Iota { axis } => write!(f, " {{axis = {axis}}}"),
+            Op::Bind { axes } | Op::Store { axes } => write!(f, " [{}]", axes.join(", ")),
+            Op::Reduce { axis, .. } | Op::Cumsum { axis } | Op::Softmax { axis } => {
+                write!(f, " {{axis = {axis}}}")
+            }
+            Op::Causal { i, j } => write!(f, " {{i = {i}, j = {j}}}"),
+            Op::Window { i, j, size } => write!(f, " {{i = {i}, j = {j}, size = {size}}}"),
+            Op::RmsNorm { axis, eps } => write!(f, " {{axis = {axis}, eps = {eps:e}}}"),
+            Op::GateCumsum { kind } => write!(f, " {{gate = {kind:?}}}"),
+            Op::DecayAttention(a) => write!(f, " {{{}}}", attn(a)),
+            Op::Threshold { rule, log_eps, bound, scale, bm } => {
+                let b = match bound {
+                    NormBound::Static { q_max, k_max } => {
+                        format!("static(q_max = {}, k_max = {})", fmt_f64(*q_max), fmt_f64(*k_max))
+                    }
+                    NormBound::Data => "data".to_string(),
+                };
+                write!(
+                    f,
+                    " {{rule = {rule:?}, log_eps = {}, bound = {b}, scale = {}, bm = {bm}}}",
+                    fmt_f64(*log_eps),
+                    fmt_f64(*scale)
+                )
+            }
+            Op::BlockBoundary(t) => write!(f, " {{bm = {}, bn = {}}}", t.bm, t.bn),
+            Op::PrunedDecayAttention { attn: a, tiles } => {
+                write!(f, " {{{}, bm = {}, bn = {}}}", attn(a), tiles.bm, tiles.bn)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The dtype a fused op produces.
+pub fn fused_result_dtype(op: &Op) -> Option<DType> {
+    match op {
+        Op::BlockBoundary(_) => Some(DType::I32),
+        Op::GateCumsum { .. }
+        | Op::DecayAttention(_)
+        | Op::Threshold { .. }
+        | Op::PrunedDecayAttention { .. } => Some(DType::F32),
+        _ => None,
+    }
+}
