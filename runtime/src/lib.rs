@@ -1,1 +1,6 @@
-//! placeholder
+//! foxc-runtime: host tensors and safetensors I/O, the CPU executor and a thin CUDA runtime.
+//! It never links LLVM: compiled kernels arrive as data (PTX text, function pointers).
+
+pub mod tensor;
+
+pub use tensor::{HostTensor, TensorMap};
