@@ -29,6 +29,8 @@ pub struct Param {
     pub name: String,
     pub ty: ValueType,
     pub node: ValueId,
+    /// Declared value range `in [lo, hi]` (the analysis may rely on it; the runtime checks it).
+    pub range: Option<(f64, f64)>,
 }
 
 #[derive(Clone, Debug)]
@@ -59,7 +61,14 @@ impl Graph {
     pub fn add_param(&mut self, name: &str, ty: ValueType, span: Span) -> ValueId {
         let index = self.params.len();
         let id = self.add(Op::Param { name: name.to_string(), index }, ty.clone(), &[], span);
-        self.params.push(Param { name: name.to_string(), ty, node: id });
+        self.params.push(Param { name: name.to_string(), ty, node: id, range: None });
+        id
+    }
+
+    /// Add a tensor parameter whose values are declared to lie in `[lo, hi]`.
+    pub fn add_param_in(&mut self, name: &str, ty: ValueType, range: (f64, f64), span: Span) -> ValueId {
+        let id = self.add_param(name, ty, span);
+        self.params.last_mut().expect("just pushed").range = Some(range);
         id
     }
 

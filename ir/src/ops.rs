@@ -39,7 +39,10 @@ pub enum BinaryOp {
 
 impl BinaryOp {
     pub fn is_comparison(self) -> bool {
-        matches!(self, BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Eq | BinaryOp::Ne)
+        matches!(
+            self,
+            BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Eq | BinaryOp::Ne
+        )
     }
 }
 
@@ -100,34 +103,60 @@ pub struct Tiles {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
     /// Tensor parameter number `index` of the graph (positional axes).
-    Param { name: String, index: usize },
+    Param {
+        name: String,
+        index: usize,
+    },
     /// A numeric constant (a scalar f32).
     Const(f64),
     /// The runtime size of a symbolic dimension, as a scalar f32 (`sqrt(D)`).
     DimSize(Dim),
     /// The value of an index variable along axis `axis`: `0, 1, ..., n-1` (`i - j` in ALiBi).
-    Iota { axis: String },
+    Iota {
+        axis: String,
+    },
     /// Operand 0 is positional; rename its axes, in order, to `axes` (`c[b, h, i]`).
-    Bind { axes: Vec<String> },
+    Bind {
+        axes: Vec<String>,
+    },
     /// Reorder operand 0's named axes to `axes` and make the result positional
     /// (the left-hand side of a statement).
-    Store { axes: Vec<String> },
+    Store {
+        axes: Vec<String>,
+    },
     Unary(UnaryOp),
     Binary(BinaryOp),
     /// `select(cond, a, b)`: operands cond, a, b.
     Select,
     /// Reduce operand 0 over the named axis.
-    Reduce { kind: ReduceKind, axis: String },
+    Reduce {
+        kind: ReduceKind,
+        axis: String,
+    },
     /// Inclusive prefix sum of operand 0 along the named axis.
-    Cumsum { axis: String },
+    Cumsum {
+        axis: String,
+    },
     /// Softmax of operand 0 along the named axis (entries of -inf get weight 0).
-    Softmax { axis: String },
+    Softmax {
+        axis: String,
+    },
     /// Operand 0 where `j <= i`, -inf elsewhere.
-    Causal { i: String, j: String },
+    Causal {
+        i: String,
+        j: String,
+    },
     /// Operand 0 where `j <= i && i - j < size`, -inf elsewhere.
-    Window { i: String, j: String, size: u64 },
+    Window {
+        i: String,
+        j: String,
+        size: u64,
+    },
     /// `x * rsqrt(mean_axis(x^2) + eps) * w`: operands x and w (w indexed by `axis` alone).
-    RmsNorm { axis: String, eps: f64 },
+    RmsNorm {
+        axis: String,
+        eps: f64,
+    },
     /// Convert operand 0 to the node's dtype.
     Cast,
 
@@ -135,20 +164,31 @@ pub enum Op {
     /// `c[b, h, t] = sum_{l <= t} log f[b, h, l]`, with `log f` clamped below at
     /// [`LOG_F_FLOOR`] so that a hard reset (`log f = -inf`) stays finite.
     /// Operand: the gate input (see [`GateKind`]). Result: f32 `[B, H, T]`.
-    GateCumsum { kind: GateKind },
+    GateCumsum {
+        kind: GateKind,
+    },
     /// Causal softmax attention with the log-decay bias `c_i - c_j`.
     /// Operands: q, k, v `[B, H, T, D]`, then c `[B, H, T]` if `has_decay`.
     /// Result: f32 `[B, H, T, D]`.
     DecayAttention(AttnAttrs),
     /// The per-query-tile pruning threshold delta. Operands: q, k `[B, H, T, D]`.
     /// Result: f32 `[B, H, T/bm]`.
-    Threshold { rule: PruneRule, log_eps: f64, bound: NormBound, scale: f64, bm: u32 },
+    Threshold {
+        rule: PruneRule,
+        log_eps: f64,
+        bound: NormBound,
+        scale: f64,
+        bm: u32,
+    },
     /// The first kept key tile of every query tile (the block-sparse mask).
     /// Operands: c `[B, H, T]`, delta `[B, H, T/bm]`. Result: i32 `[B, H, T/bm]`.
     BlockBoundary(Tiles),
     /// `decay_attention` that skips, for query tile m, every key tile before `start[m]`.
     /// Operands: q, k, v, c, start. Result: f32 `[B, H, T, D]`.
-    PrunedDecayAttention { attn: AttnAttrs, tiles: Tiles },
+    PrunedDecayAttention {
+        attn: AttnAttrs,
+        tiles: Tiles,
+    },
 }
 
 /// Floor applied to `log f` by `gate_cumsum`: `exp(-100)` is 4e-44, a reset in all but name,

@@ -133,10 +133,7 @@ impl ValueType {
 
     /// A positional tensor of the given dims.
     pub fn tensor(dtype: DType, dims: impl IntoIterator<Item = Dim>) -> ValueType {
-        ValueType {
-            dtype,
-            axes: dims.into_iter().enumerate().map(|(i, d)| Axis::positional(i, d)).collect(),
-        }
+        ValueType { dtype, axes: dims.into_iter().enumerate().map(|(i, d)| Axis::positional(i, d)).collect() }
     }
 
     pub fn rank(&self) -> usize {

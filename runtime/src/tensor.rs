@@ -54,10 +54,20 @@ impl HostTensor {
     /// Element values widened to f32.
     pub fn to_f32_vec(&self) -> Vec<f32> {
         match self.dtype {
-            DType::F32 => self.data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-            DType::BF16 => self.data.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-            DType::F16 => self.data.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-            DType::I32 => self.data.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32).collect(),
+            DType::F32 => {
+                self.data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+            }
+            DType::BF16 => {
+                self.data.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+            }
+            DType::F16 => {
+                self.data.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+            }
+            DType::I32 => self
+                .data
+                .chunks_exact(4)
+                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32)
+                .collect(),
             DType::Bool => self.data.iter().map(|&b| b as f32).collect(),
         }
     }

@@ -1,0 +1,1 @@
+//! CPU backend glue (owned by the CPU backend work).

@@ -1,0 +1,1 @@
+//! CUDA backend glue (owned by the GPU work).
