@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Emit the PTX of every example that compiles to a GPU kernel and assemble it with ptxas
+# for sm_90a and sm_80 (D = 64 and 128). Invalid PTX fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PTXAS=${PTXAS:-.tools/nvcc/nvidia/cu13/bin/ptxas}
+FOXC=${FOXC:-target/debug/foxc}
+[ -x "$FOXC" ] || cargo build --quiet --bin foxc
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+n=0
+for f in examples/*.attn; do
+  name=$(basename "$f" .attn)
+  for target in sm_90a sm_80; do
+    for d in 64 128; do
+      ptx="$out/$name.$target.d$d.ptx"
+      if ! "$FOXC" compile "$f" --emit ptx --target "$target" --shape "D=$d" -o "$ptx" 2>"$out/err"; then
+        case "$name" in refuse_*) echo "skip: $name is refused by the passes (no fused kernel to emit)"; continue 2;; esac
+        echo "FAIL: foxc could not emit PTX for $f ($target, D=$d):"; cat "$out/err"; exit 1
+      fi
+      "$PTXAS" -arch="$target" -v "$ptx" -o "$out/a.cubin" 2>"$out/ptxas.log" || { echo "FAIL: ptxas $ptx"; cat "$out/ptxas.log"; exit 1; }
+      spill=$(grep -E "spill" "$out/ptxas.log" | grep -v " 0 bytes spill stores, 0 bytes spill loads" || true)
+      echo "ok: $name $target D=$d${spill:+  (spills: $spill)}"
+      n=$((n+1))
+    done
+  done
+done
+echo "ptxas: $n PTX modules assembled"
