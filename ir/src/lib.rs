@@ -4,10 +4,20 @@
 //! typed AST --[`lower`]--> [`graph::Graph`] --[`verify`]. The [`interp`] module executes any
 //! verified graph in f64 and is the oracle of every test.
 
+pub mod ast;
+pub mod check;
+pub mod diag;
+pub mod frontend;
 pub mod graph;
+pub mod interp;
+pub mod lexer;
+pub mod lower;
 pub mod ops;
+pub mod parser;
 pub mod print;
+pub mod shapes;
 pub mod types;
+pub mod verify;
 
 pub use graph::{Graph, Node, Param, ValueId};
 pub use ops::*;

@@ -1,0 +1,295 @@
+//! Typing rules of the graph IR's ops: the single source of truth for what type an op produces
+//! from its operands. Lowering builds every node through [`infer`], and the verifier
+//! ([`crate::verify`]) re-checks every node against it, so the two cannot drift apart.
+//!
+//! Rules (elementwise ops broadcast by axis *name*):
+//! - floating-point ops compute in f32: any float operand (bf16, f16, f32) is widened, results
+//!   are f32; `bool` (comparison results) is accepted only as the condition of `select`;
+//! - binary ops and `select`: the result's axes are the first operand's axes, then each later
+//!   operand's axes that are new, in order; an axis name shared by two operands must have the same
+//!   size in both;
+//! - `reduce` removes its axis; `cumsum`, `softmax`, `causal`, `window` keep the operand's axes
+//!   (the named axes must exist);
+//! - `bind` names the axes of a positional operand (dtype kept); `store` makes a named operand
+//!   positional in the given axis order (float becomes f32, bool stays bool);
+//! - `rmsnorm(x, w)`: w has exactly one axis, named `axis` (or a positional rank-1 weight after
+//!   passes), of the same size as x's axis `axis`; result f32 with x's axes;
+//! - fused ops: as docs/SEMANTICS.md.
+
+use crate::ops::{GateKind, Op};
+use crate::types::{Axis, DType, Dim, ValueType};
+
+fn float(t: &ValueType, what: &str) -> Result<(), String> {
+    if t.dtype.is_float() {
+        Ok(())
+    } else {
+        Err(format!("{what} must be floating point, found {t}"))
+    }
+}
+
+/// Union of the axes of `ts` by name, in order of first appearance.
+pub fn broadcast_axes(ts: &[&ValueType]) -> Result<Vec<Axis>, String> {
+    let mut axes: Vec<Axis> = Vec::new();
+    for t in ts {
+        for a in &t.axes {
+            match axes.iter().find(|b| b.name == a.name) {
+                Some(b) if b.dim != a.dim => {
+                    return Err(format!(
+                        "axis `{}` has size {} in one operand and {} in another",
+                        a.name, b.dim, a.dim
+                    ))
+                }
+                Some(_) => {}
+                None => axes.push(a.clone()),
+            }
+        }
+    }
+    Ok(axes)
+}
+
+fn has_axis(t: &ValueType, axis: &str, what: &str) -> Result<(), String> {
+    if t.axis(axis).is_some() {
+        Ok(())
+    } else {
+        let names: Vec<&str> = t.axes.iter().map(|a| a.name.as_str()).collect();
+        Err(format!("{what}: operand {t} has no axis `{axis}` (axes: [{}])", names.join(", ")))
+    }
+}
+
+fn no_duplicates(axes: &[String]) -> Result<(), String> {
+    for (n, a) in axes.iter().enumerate() {
+        if axes[..n].contains(a) {
+            return Err(format!("axis `{a}` appears twice in [{}]", axes.join(", ")));
+        }
+    }
+    Ok(())
+}
+
+fn positional_rank(t: &ValueType, rank: usize, what: &str) -> Result<(), String> {
+    if !t.is_positional() || t.rank() != rank {
+        return Err(format!("{what} must be a positional rank-{rank} tensor, found {t}"));
+    }
+    Ok(())
+}
+
+fn dims(t: &ValueType) -> Vec<Dim> {
+    t.dims().cloned().collect()
+}
+
+/// The type of the value `op` computes from operands of types `ops`, for every op whose result
+/// type is determined by its operands and attributes. `Param`, `Iota` and `Cast` carry their
+/// type on the node: for those this returns `None` and the caller checks them itself.
+pub fn infer(op: &Op, ops: &[&ValueType]) -> Result<Option<ValueType>, String> {
+    if let Some(n) = op.arity() {
+        if ops.len() != n {
+            return Err(format!("`{}` takes {n} operands, found {}", op.mnemonic(), ops.len()));
+        }
+    }
+    let f32_with = |axes: Vec<Axis>| Some(ValueType { dtype: DType::F32, axes });
+    Ok(match op {
+        Op::Param { .. } | Op::Iota { .. } | Op::Cast => None,
+        Op::Const(_) | Op::DimSize(_) => Some(ValueType::scalar(DType::F32)),
+        Op::Bind { axes } => {
+            let t = ops[0];
+            if !t.is_positional() {
+                return Err(format!("bind: operand must be positional, found {t}"));
+            }
+            if t.rank() != axes.len() {
+                return Err(format!("bind: {} names for an operand of rank {} ({t})", axes.len(), t.rank()));
+            }
+            no_duplicates(axes)?;
+            Some(ValueType {
+                dtype: t.dtype,
+                axes: axes.iter().zip(t.dims()).map(|(n, d)| Axis::new(n, d.clone())).collect(),
+            })
+        }
+        Op::Store { axes } => {
+            let t = ops[0];
+            no_duplicates(axes)?;
+            if t.rank() != axes.len() || axes.iter().any(|a| t.axis(a).is_none()) {
+                return Err(format!(
+                    "store [{}]: operand {t} does not have exactly these axes",
+                    axes.join(", ")
+                ));
+            }
+            let dtype = if t.dtype == DType::Bool { DType::Bool } else { DType::F32 };
+            let d = axes.iter().map(|a| t.axis(a).map(|(_, x)| x.dim.clone()).unwrap_or(Dim::Const(0)));
+            Some(ValueType::tensor(dtype, d))
+        }
+        Op::Unary(_) => {
+            float(ops[0], "operand")?;
+            f32_with(ops[0].axes.clone())
+        }
+        Op::Binary(b) => {
+            float(ops[0], "left operand")?;
+            float(ops[1], "right operand")?;
+            let axes = broadcast_axes(ops)?;
+            let dtype = if b.is_comparison() { DType::Bool } else { DType::F32 };
+            Some(ValueType { dtype, axes })
+        }
+        Op::Select => {
+            if ops[0].dtype != DType::Bool {
+                return Err(format!("select: condition must be bool, found {}", ops[0]));
+            }
+            float(ops[1], "select's second operand")?;
+            float(ops[2], "select's third operand")?;
+            f32_with(broadcast_axes(ops)?)
+        }
+        Op::Reduce { axis, .. } => {
+            float(ops[0], "operand")?;
+            has_axis(ops[0], axis, op.mnemonic())?;
+            f32_with(ops[0].axes.iter().filter(|a| a.name != *axis).cloned().collect())
+        }
+        Op::Cumsum { axis } | Op::Softmax { axis } => {
+            float(ops[0], "operand")?;
+            has_axis(ops[0], axis, op.mnemonic())?;
+            f32_with(ops[0].axes.clone())
+        }
+        Op::Causal { i, j } | Op::Window { i, j, .. } => {
+            float(ops[0], "operand")?;
+            has_axis(ops[0], i, op.mnemonic())?;
+            has_axis(ops[0], j, op.mnemonic())?;
+            if i == j {
+                return Err(format!("{}: i and j are the same axis `{i}`", op.mnemonic()));
+            }
+            if let Op::Window { size: 0, .. } = op {
+                return Err("window: size must be at least 1".into());
+            }
+            f32_with(ops[0].axes.clone())
+        }
+        Op::RmsNorm { axis, eps } => {
+            let (x, w) = (ops[0], ops[1]);
+            float(x, "rmsnorm input")?;
+            float(w, "rmsnorm weight")?;
+            has_axis(x, axis, "rmsnorm")?;
+            if w.rank() != 1 || !(w.axes[0].name == *axis || w.is_positional()) {
+                return Err(format!("rmsnorm: weight must have the single axis `{axis}`, found {w}"));
+            }
+            let xd = &x.axis(axis).map(|(_, a)| a.dim.clone());
+            if xd.as_ref() != Some(&w.axes[0].dim) {
+                return Err(format!("rmsnorm: weight {w} does not match the size of axis `{axis}` of {x}"));
+            }
+            if !(eps.is_finite() && *eps >= 0.0) {
+                return Err(format!("rmsnorm: eps must be finite and >= 0, found {eps}"));
+            }
+            f32_with(x.axes.clone())
+        }
+        Op::GateCumsum { kind } => {
+            let g = ops[0];
+            float(g, "gate_cumsum operand")?;
+            match kind {
+                GateKind::Slope => {
+                    positional_rank(g, 1, "gate_cumsum {gate = Slope} operand")?;
+                    // [B, H, T] with H from the slope; B and T are not determined by the operand.
+                    None
+                }
+                GateKind::Logits | GateKind::LogGate => {
+                    positional_rank(g, 3, "gate_cumsum operand")?;
+                    Some(ValueType::tensor(DType::F32, dims(g)))
+                }
+            }
+        }
+        Op::DecayAttention(a) => {
+            let (q, k, v) = (ops[0], ops[1], ops[2]);
+            let attn = attn_common(q, k, v)?;
+            if a.has_decay {
+                positional_rank(ops[3], 3, "decay_attention's c")?;
+                check_bht(ops[3], q, "decay_attention's c")?;
+            }
+            if a.window == Some(0) {
+                return Err("decay_attention: window must be at least 1".into());
+            }
+            Some(attn)
+        }
+        Op::PrunedDecayAttention { attn: a, tiles } => {
+            let (q, k, v, c, start) = (ops[0], ops[1], ops[2], ops[3], ops[4]);
+            let attn = attn_common(q, k, v)?;
+            // c is an operand even with `no_decay`: the block boundary was derived from it.
+            let _ = a;
+            positional_rank(c, 3, "pruned_decay_attention's c")?;
+            check_bht(c, q, "pruned_decay_attention's c")?;
+            tiles_ok(tiles.bm, tiles.bn)?;
+            check_tiles(start, q, tiles.bm, DType::I32, "pruned_decay_attention's start")?;
+            Some(attn)
+        }
+        Op::Threshold { bm, log_eps, scale, .. } => {
+            let (q, k) = (ops[0], ops[1]);
+            positional_rank(q, 4, "threshold's q")?;
+            positional_rank(k, 4, "threshold's k")?;
+            float(q, "threshold's q")?;
+            float(k, "threshold's k")?;
+            if dims(q) != dims(k) {
+                return Err(format!("threshold: q {q} and k {k} differ in shape"));
+            }
+            if *bm == 0 {
+                return Err("threshold: bm must be at least 1".into());
+            }
+            if log_eps.is_nan() || scale.is_nan() {
+                return Err("threshold: log_eps and scale must not be NaN".into());
+            }
+            let d = dims(q);
+            Some(ValueType::tensor(
+                DType::F32,
+                [d[0].clone(), d[1].clone(), Dim::Tiles(Box::new(d[2].clone()), *bm)],
+            ))
+        }
+        Op::BlockBoundary(t) => {
+            let (c, delta) = (ops[0], ops[1]);
+            positional_rank(c, 3, "block_boundary's c")?;
+            float(c, "block_boundary's c")?;
+            tiles_ok(t.bm, t.bn)?;
+            let d = dims(c);
+            let want = ValueType::tensor(
+                DType::F32,
+                [d[0].clone(), d[1].clone(), Dim::Tiles(Box::new(d[2].clone()), t.bm)],
+            );
+            if *delta != want {
+                return Err(format!("block_boundary: delta must be {want}, found {delta}"));
+            }
+            Some(ValueType { dtype: DType::I32, axes: want.axes })
+        }
+    })
+}
+
+fn tiles_ok(bm: u32, bn: u32) -> Result<(), String> {
+    if bm == 0 || bn == 0 {
+        return Err(format!("tiles must be non-empty, found bm = {bm}, bn = {bn}"));
+    }
+    Ok(())
+}
+
+/// `t` is `dtype [B, H, T/bm]` for q's B, H, T.
+fn check_tiles(t: &ValueType, q: &ValueType, bm: u32, dtype: DType, what: &str) -> Result<(), String> {
+    let d = dims(q);
+    let want = ValueType::tensor(dtype, [d[0].clone(), d[1].clone(), Dim::Tiles(Box::new(d[2].clone()), bm)]);
+    if *t != want {
+        return Err(format!("{what} must be {want}, found {t}"));
+    }
+    Ok(())
+}
+
+/// `t` is `[B, H, T]` for q's B, H, T.
+fn check_bht(t: &ValueType, q: &ValueType, what: &str) -> Result<(), String> {
+    float(t, what)?;
+    if dims(t)[..] != dims(q)[..3] {
+        return Err(format!("{what} must have q's [B, H, T], found {t} for q {q}"));
+    }
+    Ok(())
+}
+
+/// q, k, v `[B, H, T, D]` (v may have its own last dim); the result is f32 `[B, H, T, Dv]`.
+fn attn_common(q: &ValueType, k: &ValueType, v: &ValueType) -> Result<ValueType, String> {
+    for (t, w) in [(q, "q"), (k, "k"), (v, "v")] {
+        positional_rank(t, 4, &format!("attention's {w}"))?;
+        float(t, &format!("attention's {w}"))?;
+    }
+    if dims(q) != dims(k) {
+        return Err(format!("attention: q {q} and k {k} differ in shape"));
+    }
+    if dims(v)[..3] != dims(k)[..3] {
+        return Err(format!("attention: v {v} and k {k} differ in [B, H, T]"));
+    }
+    let mut d = dims(q);
+    d[3] = dims(v)[3].clone();
+    Ok(ValueType::tensor(DType::F32, d))
+}

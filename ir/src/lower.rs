@@ -1,0 +1,875 @@
+//! Name resolution, type and shape checking, and lowering of an [`ast::Program`] to a [`Graph`].
+//!
+//! Checking and lowering are one walk: every IR node is built through [`crate::check::infer`],
+//! and each DSL rule is checked first with a positioned [`Diagnostic`].
+//!
+//! Rules of the DSL:
+//! - Names: parameters, symbolic dimensions (from the parameter types) and statement results
+//!   share one namespace; a name is defined once and used only after its definition.
+//! - Index variables are local to a statement. An index's size is fixed by its first use in an
+//!   access `x[.., i, ..]` (in source order, anywhere in the statement); a later use with another
+//!   size is an error. An index variable must not be a declared name.
+//! - `x[i, j]` of a parameter or statement lowers to `bind [i, j]`; its rank must match.
+//!   A rank-0 parameter or statement is used by its bare name.
+//! - A bare name is, in order: a scalar parameter or statement, a dimension (its runtime size as a
+//!   number, `sqrt(D)`), or an index variable (its position `0, 1, ..`, as in ALiBi's `i - j`).
+//! - `sum(i, e)`, `cumsum(i, e)`, `softmax(i, e)`: `i` must be an index of `e`.
+//!   `max(a, b)` is a reduction over `a` when `a` is a bare identifier that is neither a declared
+//!   name nor an index of the statement's left-hand side; otherwise it is the elementwise maximum.
+//!   `min` is always elementwise.
+//! - `causal(i, j, e)` keeps `j <= i`; `window(i, j, W, e)` also needs `i - j < W`, W an integer
+//!   literal >= 1; `i` and `j` must be indices of `e`.
+//! - `rmsnorm(x, w)` normalizes x over the single index of w (eps = 1e-6).
+//! - The free indices of the right-hand side must be exactly those of the left-hand side; the
+//!   statement lowers to `store [lhs indices]` (f32, positional, named after the statement).
+//! - Arithmetic computes in f32; comparisons give `bool`, which only `select` consumes.
+//! - `return x`: x's dims must equal the declared ones; a `cast` is added when dtypes differ.
+
+use crate::ast::{self, BinOp, Expr, ExprKind, Ident, Program, UnOp};
+use crate::check::infer;
+use crate::diag::Diagnostic;
+use crate::graph::{Graph, ValueId};
+use crate::ops::{BinaryOp, Op, ReduceKind, UnaryOp};
+use crate::types::{Axis, DType, Dim, Span, ValueType};
+use std::collections::HashMap;
+
+/// Epsilon of `rmsnorm` in the DSL.
+pub const RMSNORM_EPS: f64 = 1e-6;
+
+const UNARY_FUNCS: [(&str, UnaryOp); 8] = [
+    ("exp", UnaryOp::Exp),
+    ("log", UnaryOp::Log),
+    ("sqrt", UnaryOp::Sqrt),
+    ("rsqrt", UnaryOp::Rsqrt),
+    ("sigmoid", UnaryOp::Sigmoid),
+    ("logsigmoid", UnaryOp::LogSigmoid),
+    ("softplus", UnaryOp::Softplus),
+    ("relu", UnaryOp::Relu),
+];
+
+/// Every function name, for "did you mean" hints.
+const ALL_FUNCS: [&str; 17] = [
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "sigmoid",
+    "logsigmoid",
+    "softplus",
+    "relu",
+    "min",
+    "max",
+    "select",
+    "sum",
+    "cumsum",
+    "softmax",
+    "causal",
+    "window",
+    "rmsnorm",
+];
+
+type LResult<T> = Result<T, Diagnostic>;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Param,
+    Stmt,
+    Dim,
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    kind: Kind,
+    /// The node of a parameter or statement (none for a dimension).
+    node: Option<ValueId>,
+    dtype: DType,
+    dims: Vec<Dim>,
+    span: Span,
+}
+
+/// Line and column (1-based, in chars) of a byte offset.
+fn line_col(src: &str, off: u32) -> (usize, usize) {
+    let mut off = (off as usize).min(src.len());
+    while off > 0 && !src.is_char_boundary(off) {
+        off -= 1;
+    }
+    let line_start = src[..off].rfind('\n').map(|p| p + 1).unwrap_or(0);
+    (src[..line_start].matches('\n').count() + 1, src[line_start..off].chars().count() + 1)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for i in 1..=a.len() {
+        let mut cur = vec![i; b.len() + 1];
+        for j in 1..=b.len() {
+            let sub = prev[j - 1] + usize::from(a[i - 1] != b[j - 1]);
+            cur[j] = sub.min(prev[j] + 1).min(cur[j - 1] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// The closest candidate within a small edit distance.
+fn suggest<'a>(name: &str, cands: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let limit = (name.chars().count() / 3).max(1);
+    cands
+        .into_iter()
+        .map(|c| (edit_distance(name, c), c))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, c)| (*d, *c))
+        .map(|(_, c)| c)
+}
+
+fn fmt_dims(dims: &[Dim]) -> String {
+    let d: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
+    format!("[{}]", d.join(", "))
+}
+
+struct Lowerer<'a> {
+    src: &'a str,
+    g: Graph,
+    names: HashMap<String, Entry>,
+    /// Declaration order of names, for hints.
+    order: Vec<String>,
+}
+
+/// Per-statement state.
+struct StmtCtx<'s> {
+    name: &'s str,
+    lhs: &'s [Ident],
+    /// Size of each index variable and where it was first used.
+    sizes: HashMap<String, (Dim, Span)>,
+}
+
+/// Check `prog` and lower it to a graph (not yet verified).
+pub fn lower(prog: &Program, src: &str) -> LResult<Graph> {
+    let mut l = Lowerer { src, g: Graph::new(&prog.name.name), names: HashMap::new(), order: vec![] };
+    l.params(prog)?;
+    for s in &prog.stmts {
+        l.stmt(s)?;
+    }
+    l.ret(prog)?;
+    Ok(l.g)
+}
+
+impl<'a> Lowerer<'a> {
+    fn at(&self, span: Span) -> String {
+        let (l, c) = line_col(self.src, span.start);
+        format!("{l}:{c}")
+    }
+
+    fn kind_word(k: Kind) -> &'static str {
+        match k {
+            Kind::Param => "parameter",
+            Kind::Stmt => "statement",
+            Kind::Dim => "dimension",
+        }
+    }
+
+    fn declared_hint(&self) -> String {
+        let shown: Vec<&str> = self.order.iter().map(|s| s.as_str()).collect();
+        if shown.is_empty() {
+            "nothing is declared yet".into()
+        } else {
+            format!("declared names: {}", shown.join(", "))
+        }
+    }
+
+    fn add(&mut self, op: Op, operands: &[ValueId], span: Span) -> LResult<(ValueId, ValueType)> {
+        let tys: Vec<&ValueType> = operands.iter().map(|&o| self.g.ty(o)).collect();
+        match infer(&op, &tys) {
+            Ok(Some(ty)) => Ok((self.g.add(op, ty.clone(), operands, span), ty)),
+            Ok(None) => Err(Diagnostic::new("internal error: untyped op in lowering", span, "here")
+                .with_hint("this is a bug in foxc")),
+            Err(m) => Err(Diagnostic::new(format!("type error: {m}"), span, "in this expression")
+                .with_hint("check the indices and dtypes of the operands")),
+        }
+    }
+
+    fn params(&mut self, prog: &Program) -> LResult<()> {
+        for p in &prog.params {
+            if let Some(prev) = self.names.get(&p.name.name) {
+                let what = Self::kind_word(prev.kind);
+                return Err(Diagnostic::new(
+                    format!("duplicate parameter `{}`", p.name.name),
+                    p.name.span,
+                    "declared again here",
+                )
+                .with_hint(format!(
+                    "`{}` is already a {what} (at {}); rename one of them",
+                    p.name.name,
+                    self.at(prev.span)
+                )));
+            }
+            let mut dims = Vec::new();
+            for d in &p.ty.dims {
+                dims.push(self.dim(d, Some(&p.name.name))?);
+            }
+            let ty = ValueType::tensor(p.ty.dtype, dims.clone());
+            let node = match p.range {
+                Some(r) => self.g.add_param_in(&p.name.name, ty, r, p.span),
+                None => self.g.add_param(&p.name.name, ty, p.span),
+            };
+            self.names.insert(
+                p.name.name.clone(),
+                Entry { kind: Kind::Param, node: Some(node), dtype: p.ty.dtype, dims, span: p.name.span },
+            );
+            self.order.push(p.name.name.clone());
+        }
+        Ok(())
+    }
+
+    /// A dimension of a declared type; `param` is the parameter it belongs to (none: the result).
+    fn dim(&mut self, d: &ast::DimExpr, param: Option<&str>) -> LResult<Dim> {
+        match d {
+            ast::DimExpr::Const(c, _) => Ok(Dim::Const(*c)),
+            ast::DimExpr::Sym(id) => {
+                match self.names.get(&id.name) {
+                    Some(e) if e.kind == Kind::Dim => return Ok(Dim::Sym(id.name.clone())),
+                    Some(e) => {
+                        return Err(Diagnostic::new(
+                            format!("`{}` is a {}, not a dimension", id.name, Self::kind_word(e.kind)),
+                            id.span,
+                            "used as a dimension",
+                        )
+                        .with_hint("dimension names must differ from parameter names (e.g. `T` for a dimension, `t` for a parameter)"))
+                    }
+                    None => {}
+                }
+                if param.is_none() {
+                    let dims: Vec<&str> = self.g.dims.iter().map(|s| s.as_str()).collect();
+                    let hint = match suggest(&id.name, dims.iter().copied()) {
+                        Some(s) => format!("did you mean `{s}`? the result's dimensions must appear among the parameters' ({})", dims.join(", ")),
+                        None => format!("the result's dimensions must appear among the parameters' ({})", dims.join(", ")),
+                    };
+                    return Err(Diagnostic::new(
+                        format!("unknown dimension `{}` in the result type", id.name),
+                        id.span,
+                        "no parameter has this dimension",
+                    )
+                    .with_hint(hint));
+                }
+                self.g.dims.push(id.name.clone());
+                self.names.insert(
+                    id.name.clone(),
+                    Entry { kind: Kind::Dim, node: None, dtype: DType::F32, dims: vec![], span: id.span },
+                );
+                self.order.push(id.name.clone());
+                Ok(Dim::Sym(id.name.clone()))
+            }
+        }
+    }
+
+    fn stmt(&mut self, s: &ast::Stmt) -> LResult<()> {
+        if let Some(prev) = self.names.get(&s.name.name) {
+            let what = Self::kind_word(prev.kind);
+            return Err(Diagnostic::new(
+                format!("redefinition of `{}`", s.name.name),
+                s.name.span,
+                "defined again here",
+            )
+            .with_hint(format!(
+                "`{}` is already a {what} (at {}); every name is defined once, so pick a new name",
+                s.name.name,
+                self.at(prev.span)
+            )));
+        }
+        for (n, ix) in s.indices.iter().enumerate() {
+            if let Some(first) = s.indices[..n].iter().find(|p| p.name == ix.name) {
+                return Err(Diagnostic::new(
+                    format!("index `{}` appears twice on the left-hand side", ix.name),
+                    ix.span,
+                    "repeated index",
+                )
+                .with_hint(format!(
+                    "first written at {}; each axis of the result needs its own index",
+                    self.at(first.span)
+                )));
+            }
+            self.check_index_name(ix)?;
+        }
+        let mut cx = StmtCtx { name: &s.name.name, lhs: &s.indices, sizes: HashMap::new() };
+        self.collect_sizes(&s.value, &mut cx)?;
+        let (v, ty) = self.expr(&s.value, &cx)?;
+        // LHS indices must be exactly the free indices of the value.
+        for ix in &s.indices {
+            if ty.axis(&ix.name).is_none() {
+                let hint = if cx.sizes.contains_key(&ix.name) {
+                    format!("`{}` is reduced away on the right-hand side; remove it from the left, or do not reduce over it", ix.name)
+                } else {
+                    format!("every index on the left must be an index of the right-hand side; use `{}` in an access like `x[.., {}]`", ix.name, ix.name)
+                };
+                return Err(Diagnostic::new(
+                    format!("unbound index `{}` on the left-hand side", ix.name),
+                    ix.span,
+                    "does not occur in the value",
+                )
+                .with_hint(hint));
+            }
+        }
+        for a in &ty.axes {
+            if !s.indices.iter().any(|ix| ix.name == a.name) {
+                let mut lhs: Vec<&str> = s.indices.iter().map(|i| i.name.as_str()).collect();
+                lhs.push(&a.name);
+                return Err(Diagnostic::new(
+                    format!("index `{}` is free on the right-hand side but missing from the left", a.name),
+                    s.value.span,
+                    format!("this value has index `{}`", a.name),
+                )
+                .with_hint(format!(
+                    "add it to the left (`{}[{}]`) or reduce over it (`sum({}, ...)`)",
+                    s.name.name,
+                    lhs.join(", "),
+                    a.name
+                )));
+            }
+        }
+        let axes: Vec<String> = s.indices.iter().map(|i| i.name.clone()).collect();
+        let (node, sty) = self.add(Op::Store { axes }, &[v], s.span)?;
+        self.g.node_mut(node).name = Some(s.name.name.clone());
+        self.names.insert(
+            s.name.name.clone(),
+            Entry {
+                kind: Kind::Stmt,
+                node: Some(node),
+                dtype: sty.dtype,
+                dims: sty.dims().cloned().collect(),
+                span: s.name.span,
+            },
+        );
+        self.order.push(s.name.name.clone());
+        Ok(())
+    }
+
+    /// An index variable must not shadow a declared name.
+    fn check_index_name(&self, ix: &Ident) -> LResult<()> {
+        if let Some(e) = self.names.get(&ix.name) {
+            return Err(Diagnostic::new(
+                format!("`{}` is a {}, not an index variable", ix.name, Self::kind_word(e.kind)),
+                ix.span,
+                "used as an index",
+            )
+            .with_hint(format!(
+                "index variables must differ from declared names (declared at {}); use a lowercase letter such as `t`",
+                self.at(e.span)
+            )));
+        }
+        Ok(())
+    }
+
+    fn resolve_tensor(&self, name: &Ident, cx: &StmtCtx) -> LResult<Entry> {
+        match self.names.get(&name.name) {
+            Some(e) if e.kind == Kind::Dim => Err(Diagnostic::new(
+                format!("`{}` is a dimension and cannot be indexed", name.name),
+                name.span,
+                "a dimension",
+            )
+            .with_hint(format!("use `{}` without brackets for its size as a number", name.name))),
+            Some(e) => Ok(e.clone()),
+            None if name.name == cx.name => Err(Diagnostic::new(
+                format!("`{}` is used in its own definition", name.name),
+                name.span,
+                "not defined yet",
+            )
+            .with_hint("a statement can only use parameters and earlier statements")),
+            None => Err(self.unknown_name(name)),
+        }
+    }
+
+    fn unknown_name(&self, name: &Ident) -> Diagnostic {
+        let hint = match suggest(&name.name, self.order.iter().map(|s| s.as_str())) {
+            Some(s) => format!("did you mean `{s}`? {}", self.declared_hint()),
+            None => self.declared_hint(),
+        };
+        Diagnostic::new(format!("unknown name `{}`", name.name), name.span, "not declared").with_hint(hint)
+    }
+
+    /// First pass over a statement: every access fixes the sizes of its index variables.
+    fn collect_sizes(&self, e: &Expr, cx: &mut StmtCtx) -> LResult<()> {
+        match &e.kind {
+            ExprKind::Access { name, indices } => {
+                let ent = self.resolve_tensor(name, cx)?;
+                if ent.dims.is_empty() {
+                    return Err(Diagnostic::new(
+                        format!("scalar `{}` cannot be indexed", name.name),
+                        e.span,
+                        "indexed here",
+                    )
+                    .with_hint(format!("`{}` has no axes; write just `{}`", name.name, name.name)));
+                }
+                if ent.dims.len() != indices.len() {
+                    let example: Vec<&str> = ["b", "h", "i", "d", "e", "f", "g", "k"]
+                        .iter()
+                        .copied()
+                        .take(ent.dims.len())
+                        .collect();
+                    return Err(Diagnostic::new(
+                        format!(
+                            "`{}` has rank {} but is accessed with {} ind{}",
+                            name.name,
+                            ent.dims.len(),
+                            indices.len(),
+                            if indices.len() == 1 { "ex" } else { "ices" }
+                        ),
+                        e.span,
+                        format!("expected {} indices", ent.dims.len()),
+                    )
+                    .with_hint(format!(
+                        "`{}` is {}{}; write one index per axis, e.g. `{}[{}]`",
+                        name.name,
+                        ent.dtype,
+                        fmt_dims(&ent.dims),
+                        name.name,
+                        example.join(", ")
+                    )));
+                }
+                for (n, ix) in indices.iter().enumerate() {
+                    self.check_index_name(ix)?;
+                    if indices[..n].iter().any(|p| p.name == ix.name) {
+                        return Err(Diagnostic::new(
+                            format!("index `{}` appears twice in one access", ix.name),
+                            ix.span,
+                            "repeated index",
+                        )
+                        .with_hint("diagonal access is not supported; use distinct indices"));
+                    }
+                    let d = &ent.dims[n];
+                    match cx.sizes.get(&ix.name) {
+                        Some((d0, s0)) if d0 != d => {
+                            return Err(Diagnostic::new(
+                                format!("index `{}` has size {} here but size {} at its first use", ix.name, d, d0),
+                                ix.span,
+                                format!("axis {n} of `{}` has size {d}", name.name),
+                            )
+                            .with_hint(format!(
+                                "`{}` was first used at {} with size {d0}; an index has one size per statement, so use another index name",
+                                ix.name,
+                                self.at(*s0)
+                            )))
+                        }
+                        Some(_) => {}
+                        None => {
+                            cx.sizes.insert(ix.name.clone(), (d.clone(), ix.span));
+                        }
+                    }
+                }
+                Ok(())
+            }
+            ExprKind::Unary(_, a) => self.collect_sizes(a, cx),
+            ExprKind::Binary(_, a, b) => {
+                self.collect_sizes(a, cx)?;
+                self.collect_sizes(b, cx)
+            }
+            ExprKind::Call { args, .. } => {
+                for a in args {
+                    self.collect_sizes(a, cx)?;
+                }
+                Ok(())
+            }
+            ExprKind::Num { .. } | ExprKind::Name(_) => Ok(()),
+        }
+    }
+
+    fn expr(&mut self, e: &Expr, cx: &StmtCtx) -> LResult<(ValueId, ValueType)> {
+        match &e.kind {
+            ExprKind::Num { value, .. } => self.add(Op::Const(*value), &[], e.span),
+            ExprKind::Name(id) => self.name_value(id, cx),
+            ExprKind::Access { name, indices } => {
+                let ent = self.resolve_tensor(name, cx)?;
+                let node = ent.node.ok_or_else(|| self.unknown_name(name))?;
+                let axes = indices.iter().map(|i| i.name.clone()).collect();
+                self.add(Op::Bind { axes }, &[node], e.span)
+            }
+            ExprKind::Unary(UnOp::Neg, a) => {
+                let (v, t) = self.expr(a, cx)?;
+                self.need_float(&t, a.span, "`-`")?;
+                self.add(Op::Unary(UnaryOp::Neg), &[v], e.span)
+            }
+            ExprKind::Binary(op, a, b) => {
+                let (va, ta) = self.expr(a, cx)?;
+                let (vb, tb) = self.expr(b, cx)?;
+                let what = format!("`{}`", op.symbol());
+                self.need_float(&ta, a.span, &what)?;
+                self.need_float(&tb, b.span, &what)?;
+                let bop = match op {
+                    BinOp::Add => BinaryOp::Add,
+                    BinOp::Sub => BinaryOp::Sub,
+                    BinOp::Mul => BinaryOp::Mul,
+                    BinOp::Div => BinaryOp::Div,
+                    BinOp::Lt => BinaryOp::Lt,
+                    BinOp::Le => BinaryOp::Le,
+                    BinOp::Gt => BinaryOp::Gt,
+                    BinOp::Ge => BinaryOp::Ge,
+                    BinOp::Eq => BinaryOp::Eq,
+                    BinOp::Ne => BinaryOp::Ne,
+                };
+                self.add(Op::Binary(bop), &[va, vb], e.span)
+            }
+            ExprKind::Call { func, args } => self.call(e, func, args, cx),
+        }
+    }
+
+    fn need_float(&self, t: &ValueType, span: Span, what: &str) -> LResult<()> {
+        if t.dtype == DType::Bool {
+            return Err(Diagnostic::new(
+                format!("{what} needs a number, found a comparison result (bool)"),
+                span,
+                "this is a bool",
+            )
+            .with_hint("turn a condition into numbers with `select(cond, a, b)`"));
+        }
+        Ok(())
+    }
+
+    fn name_value(&mut self, id: &Ident, cx: &StmtCtx) -> LResult<(ValueId, ValueType)> {
+        if let Some(ent) = self.names.get(&id.name).cloned() {
+            return match ent.kind {
+                Kind::Dim => self.add(Op::DimSize(Dim::Sym(id.name.clone())), &[], id.span),
+                Kind::Param | Kind::Stmt if ent.dims.is_empty() => {
+                    let node = ent.node.ok_or_else(|| self.unknown_name(id))?;
+                    Ok((node, self.g.ty(node).clone()))
+                }
+                _ => {
+                    let example: Vec<&str> = ["b", "h", "i", "d", "e", "f", "g", "k"]
+                        .iter()
+                        .copied()
+                        .take(ent.dims.len())
+                        .collect();
+                    Err(Diagnostic::new(
+                        format!("`{}` has rank {} but is used without indices", id.name, ent.dims.len()),
+                        id.span,
+                        "needs indices",
+                    )
+                    .with_hint(format!(
+                        "`{}` is {}{}; access it with one index per axis, e.g. `{}[{}]`",
+                        id.name,
+                        ent.dtype,
+                        fmt_dims(&ent.dims),
+                        id.name,
+                        example.join(", ")
+                    )))
+                }
+            };
+        }
+        if id.name == cx.name {
+            return Err(Diagnostic::new(
+                format!("`{}` is used in its own definition", id.name),
+                id.span,
+                "not defined yet",
+            )
+            .with_hint("a statement can only use parameters and earlier statements"));
+        }
+        if let Some((d, _)) = cx.sizes.get(&id.name) {
+            let ty = ValueType { dtype: DType::F32, axes: vec![Axis::new(&id.name, d.clone())] };
+            let v = self.g.add(Op::Iota { axis: id.name.clone() }, ty.clone(), &[], id.span);
+            return Ok((v, ty));
+        }
+        if cx.lhs.iter().any(|i| i.name == id.name) {
+            return Err(Diagnostic::new(
+                format!("cannot infer the size of index `{}`", id.name),
+                id.span,
+                "used as a value",
+            )
+            .with_hint(format!(
+                "an index gets its size from an access; use `{}` to index a tensor in this statement",
+                id.name
+            )));
+        }
+        Err(self.unknown_name(id))
+    }
+
+    /// The index argument of a reduction, scan or mask: a bare identifier, not a declared name.
+    fn index_arg<'e>(&self, f: &Ident, arg: &'e Expr, what: &str) -> LResult<&'e Ident> {
+        match &arg.kind {
+            ExprKind::Name(id) => {
+                self.check_index_name(id)?;
+                Ok(id)
+            }
+            _ => Err(Diagnostic::new(
+                format!("the {what} of `{}` must be an index variable", f.name),
+                arg.span,
+                "not an index variable",
+            )
+            .with_hint(format!("write the index name alone, e.g. `{}`", Self::call_example(&f.name)))),
+        }
+    }
+
+    fn call_example(f: &str) -> &'static str {
+        match f {
+            "sum" => "sum(d, q[b, h, i, d] * k[b, h, j, d])",
+            "max" => "max(j, s[b, h, i, j])",
+            "cumsum" => "cumsum(t, x[b, h, t])",
+            "softmax" => "softmax(j, s[b, h, i, j])",
+            "causal" => "causal(i, j, s[b, h, i, j])",
+            "window" => "window(i, j, 256, s[b, h, i, j])",
+            "rmsnorm" => "rmsnorm(q[b, h, i, d], wq[d])",
+            "select" => "select(x[i] > 0, x[i], 0)",
+            "min" => "min(x[i], 0)",
+            _ => "exp(x[i])",
+        }
+    }
+
+    fn arity(&self, e: &Expr, f: &Ident, args: &[Expr], n: usize) -> LResult<()> {
+        if args.len() != n {
+            return Err(Diagnostic::new(
+                format!(
+                    "`{}` takes {n} argument{}, found {}",
+                    f.name,
+                    if n == 1 { "" } else { "s" },
+                    args.len()
+                ),
+                e.span,
+                "wrong number of arguments",
+            )
+            .with_hint(format!("for example `{}`", Self::call_example(&f.name))));
+        }
+        Ok(())
+    }
+
+    /// `axis` must be an index of the operand of `f`.
+    fn need_axis(&self, f: &Ident, ix: &Ident, t: &ValueType, operand: Span) -> LResult<()> {
+        if t.axis(&ix.name).is_none() {
+            let have: Vec<&str> = t.axes.iter().map(|a| a.name.as_str()).collect();
+            let have = if have.is_empty() { "none".to_string() } else { have.join(", ") };
+            return Err(Diagnostic::new(
+                format!("`{}` over index `{}`, which its operand does not have", f.name, ix.name),
+                ix.span,
+                "not an index of the operand",
+            )
+            .with_hint(format!("the operand (at {}) has indices: {have}", self.at(operand))));
+        }
+        Ok(())
+    }
+
+    fn call(&mut self, e: &Expr, f: &Ident, args: &[Expr], cx: &StmtCtx) -> LResult<(ValueId, ValueType)> {
+        let name = f.name.as_str();
+        if let Some((_, u)) = UNARY_FUNCS.iter().find(|(n, _)| *n == name) {
+            self.arity(e, f, args, 1)?;
+            let (v, t) = self.expr(&args[0], cx)?;
+            self.need_float(&t, args[0].span, &format!("`{name}`"))?;
+            return self.add(Op::Unary(*u), &[v], e.span);
+        }
+        match name {
+            "min" | "max" => {
+                self.arity(e, f, args, 2)?;
+                let reduction = name == "max"
+                    && matches!(&args[0].kind, ExprKind::Name(id)
+                        if !self.names.contains_key(&id.name) && !cx.lhs.iter().any(|l| l.name == id.name));
+                if reduction {
+                    return self.reduce_like(e, f, args, cx);
+                }
+                let (va, ta) = self.expr(&args[0], cx)?;
+                let (vb, tb) = self.expr(&args[1], cx)?;
+                self.need_float(&ta, args[0].span, &format!("`{name}`"))?;
+                self.need_float(&tb, args[1].span, &format!("`{name}`"))?;
+                let op = if name == "min" { BinaryOp::Min } else { BinaryOp::Max };
+                self.add(Op::Binary(op), &[va, vb], e.span)
+            }
+            "select" => {
+                self.arity(e, f, args, 3)?;
+                let (vc, tc) = self.expr(&args[0], cx)?;
+                if tc.dtype != DType::Bool {
+                    return Err(Diagnostic::new(
+                        "the condition of `select` must be a comparison",
+                        args[0].span,
+                        format!("this is {}, not bool", tc.dtype),
+                    )
+                    .with_hint("write a comparison such as `x[i] > 0` as the first argument"));
+                }
+                let (va, ta) = self.expr(&args[1], cx)?;
+                let (vb, tb) = self.expr(&args[2], cx)?;
+                self.need_float(&ta, args[1].span, "`select`")?;
+                self.need_float(&tb, args[2].span, "`select`")?;
+                self.add(Op::Select, &[vc, va, vb], e.span)
+            }
+            "sum" | "cumsum" | "softmax" => self.reduce_like(e, f, args, cx),
+            "causal" | "window" => {
+                let n = if name == "causal" { 3 } else { 4 };
+                self.arity(e, f, args, n)?;
+                let i = self.index_arg(f, &args[0], "first argument")?;
+                let j = self.index_arg(f, &args[1], "second argument")?;
+                if i.name == j.name {
+                    return Err(Diagnostic::new(
+                        format!("`{name}` needs two different indices"),
+                        args[0].span.join(args[1].span),
+                        "the same index twice",
+                    )
+                    .with_hint(format!(
+                        "the query index comes first, the key index second: `{}`",
+                        Self::call_example(name)
+                    )));
+                }
+                let size = if name == "window" {
+                    match &args[2].kind {
+                        ExprKind::Num { value, int: true, .. } if *value >= 1.0 && *value < 9.0e15 => {
+                            *value as u64
+                        }
+                        _ => {
+                            return Err(Diagnostic::new(
+                                "the window size must be a positive integer literal",
+                                args[2].span,
+                                "not a positive integer",
+                            )
+                            .with_hint(
+                                "write the size as a number, e.g. `window(i, j, 256, s[b, h, i, j])`",
+                            ))
+                        }
+                    }
+                } else {
+                    0
+                };
+                let body = &args[n - 1];
+                let (v, t) = self.expr(body, cx)?;
+                self.need_float(&t, body.span, &format!("`{name}`"))?;
+                self.need_axis(f, i, &t, body.span)?;
+                self.need_axis(f, j, &t, body.span)?;
+                let op = if name == "causal" {
+                    Op::Causal { i: i.name.clone(), j: j.name.clone() }
+                } else {
+                    Op::Window { i: i.name.clone(), j: j.name.clone(), size }
+                };
+                self.add(op, &[v], e.span)
+            }
+            "rmsnorm" => {
+                self.arity(e, f, args, 2)?;
+                let (vx, tx) = self.expr(&args[0], cx)?;
+                let (vw, tw) = self.expr(&args[1], cx)?;
+                self.need_float(&tx, args[0].span, "`rmsnorm`")?;
+                self.need_float(&tw, args[1].span, "`rmsnorm`")?;
+                if tw.rank() != 1 {
+                    return Err(Diagnostic::new(
+                        format!("the weight of `rmsnorm` must have exactly one index, found {}", tw.rank()),
+                        args[1].span,
+                        "the weight",
+                    )
+                    .with_hint("index the weight by the normalized index alone, e.g. `rmsnorm(q[b, h, i, d], wq[d])`"));
+                }
+                let axis = tw.axes[0].name.clone();
+                if tx.axis(&axis).is_none() {
+                    return Err(Diagnostic::new(
+                        format!("`rmsnorm` normalizes over `{axis}`, which its input does not have"),
+                        args[1].span,
+                        format!("indexed by `{axis}`"),
+                    )
+                    .with_hint("the weight's index names the normalized axis of the input; use one of the input's indices"));
+                }
+                self.add(Op::RmsNorm { axis, eps: RMSNORM_EPS }, &[vx, vw], e.span)
+            }
+            _ => {
+                let hint = match suggest(name, ALL_FUNCS.iter().copied()) {
+                    Some(s) => format!("did you mean `{s}`? functions: {}", ALL_FUNCS.join(", ")),
+                    None if self.names.contains_key(name) => {
+                        format!("`{name}` is not a function; index tensors with brackets: `{name}[...]`")
+                    }
+                    None => format!("functions: {}", ALL_FUNCS.join(", ")),
+                };
+                Err(Diagnostic::new(format!("unknown function `{name}`"), f.span, "not a function")
+                    .with_hint(hint))
+            }
+        }
+    }
+
+    /// `sum(i, e)`, `max(i, e)`, `cumsum(i, e)`, `softmax(i, e)`.
+    fn reduce_like(
+        &mut self,
+        e: &Expr,
+        f: &Ident,
+        args: &[Expr],
+        cx: &StmtCtx,
+    ) -> LResult<(ValueId, ValueType)> {
+        self.arity(e, f, args, 2)?;
+        let ix = self.index_arg(f, &args[0], "first argument")?;
+        let (v, t) = self.expr(&args[1], cx)?;
+        self.need_float(&t, args[1].span, &format!("`{}`", f.name))?;
+        self.need_axis(f, ix, &t, args[1].span)?;
+        let axis = ix.name.clone();
+        let op = match f.name.as_str() {
+            "sum" => Op::Reduce { kind: ReduceKind::Sum, axis },
+            "max" => Op::Reduce { kind: ReduceKind::Max, axis },
+            "cumsum" => Op::Cumsum { axis },
+            _ => Op::Softmax { axis },
+        };
+        if matches!(op, Op::Reduce { .. }) && cx.lhs.iter().any(|l| l.name == ix.name) {
+            return Err(Diagnostic::new(
+                format!("`{}` reduces over `{}`, an index of the left-hand side", f.name, ix.name),
+                ix.span,
+                "reduced here",
+            )
+            .with_hint(format!(
+                "the result has no index `{}` after the reduction; remove it from the left, or do not reduce over it",
+                ix.name
+            )));
+        }
+        self.add(op, &[v], e.span)
+    }
+
+    fn ret(&mut self, prog: &Program) -> LResult<()> {
+        let r = &prog.result;
+        let ent = match self.names.get(&r.name) {
+            Some(e) if e.kind != Kind::Dim => e.clone(),
+            Some(_) => {
+                return Err(Diagnostic::new(
+                    format!("cannot return the dimension `{}`", r.name),
+                    r.span,
+                    "a dimension",
+                )
+                .with_hint("return the name of a statement"))
+            }
+            None => {
+                let stmts: Vec<&str> = prog.stmts.iter().map(|s| s.name.name.as_str()).collect();
+                let hint = match suggest(&r.name, stmts.iter().copied()) {
+                    Some(s) => format!("did you mean `{s}`?"),
+                    None if stmts.is_empty() => "define the result in a statement before `return`".into(),
+                    None => format!("statements: {}", stmts.join(", ")),
+                };
+                return Err(Diagnostic::new(
+                    format!("return of unknown name `{}`", r.name),
+                    r.span,
+                    "not defined",
+                )
+                .with_hint(hint));
+            }
+        };
+        let mut want = Vec::new();
+        for d in &prog.ret.dims {
+            want.push(self.dim(d, None)?);
+        }
+        let node = ent.node.ok_or_else(|| self.unknown_name(r))?;
+        if ent.dims != want {
+            return Err(Diagnostic::new(
+                format!(
+                    "return shape mismatch: `{}` is {} but the result is declared {}",
+                    r.name,
+                    fmt_dims(&ent.dims),
+                    fmt_dims(&want)
+                ),
+                r.span,
+                format!("has shape {}", fmt_dims(&ent.dims)),
+            )
+            .with_hint(format!(
+                "declared at {}: make the last statement's left-hand side produce {}",
+                self.at(prog.ret.span),
+                fmt_dims(&want)
+            )));
+        }
+        if ent.dtype == DType::Bool {
+            return Err(Diagnostic::new(
+                format!("cannot return `{}`: it is a comparison result (bool)", r.name),
+                r.span,
+                "bool",
+            )
+            .with_hint("turn it into numbers with `select(cond, 1, 0)`"));
+        }
+        let out = if ent.dtype != prog.ret.dtype {
+            let ty = ValueType::tensor(prog.ret.dtype, want);
+            self.g.add(Op::Cast, ty, &[node], r.span)
+        } else {
+            node
+        };
+        self.g.output = Some(out);
+        Ok(())
+    }
+}
