@@ -9,11 +9,13 @@ pub mod check;
 pub mod diag;
 pub mod frontend;
 pub mod graph;
+pub mod interp;
 pub mod lexer;
 pub mod lower;
 pub mod ops;
 pub mod parser;
 pub mod print;
+pub mod shapes;
 pub mod types;
 pub mod verify;
 

@@ -1,0 +1,1011 @@
+//! The f64 reference interpreter: executes any verified graph on host tensors. It is the oracle of
+//! every test, so it favours obviously-correct loops over speed, with two exceptions that keep
+//! realistic shapes runnable:
+//! - the fused attention ops run row by row and never materialize a `T x T` matrix;
+//! - a `mul` whose only user is a `sum` is never materialized: the `sum` contracts its two
+//!   operands directly (so the unfused `sum(d, q * k)` costs `T*T` values, not `T*T*D`).
+//!
+//! Numerics (documented contract, tests rely on it):
+//! - every value is f64 whatever its declared dtype; only `cast` rounds (bf16/f16 through the
+//!   `half` crate, f32 by `as f32`, i32 truncating toward zero and saturating, NaN -> 0 as Rust's
+//!   `as` does, bool as `x != 0`). Parameters are used as given (the caller read them in their
+//!   dtype already).
+//! - comparisons give 1.0 / 0.0 (NaN compares false except `ne`); `select` takes `a` where the
+//!   condition is non-zero.
+//! - NaN propagates: `min`, `max`, `reduce_max`, the gate floor and the threshold minimum return
+//!   NaN when an operand is NaN (unlike `f64::max`). The runtime, not the interpreter, reports it.
+//! - `softmax`: entries of `-inf` get weight 0; a row whose entries are all `-inf` (or an empty
+//!   row) gives all zeros, not NaN. The fused attention ops do the same for an empty or fully
+//!   masked row (output 0).
+//! - `reduce_max` over an empty axis gives `-inf`, `sum` gives 0.
+//!
+//! Any intermediate of more than [`MAX_ELEMENTS`] elements is an error asking for a smaller shape.
+
+use crate::graph::{Graph, ValueId};
+use crate::ops::{
+    AttnAttrs, BinaryOp, GateKind, NormBound, Op, PruneRule, ReduceKind, Tiles, UnaryOp, LOG_F_FLOOR,
+};
+use crate::shapes::{bind_dims, bind_dims_partial, concrete_shape, DimBindings, ShapeError};
+use crate::types::DType;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::rc::Rc;
+
+/// Largest intermediate (in elements) the interpreter will allocate: 2^28 f64 = 2 GiB.
+pub const MAX_ELEMENTS: u128 = 1 << 28;
+
+/// A dense row-major f64 tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f64>,
+}
+
+impl Tensor {
+    /// A tensor from its shape and row-major data (panics if they disagree: test helper).
+    pub fn new(shape: &[usize], data: Vec<f64>) -> Tensor {
+        assert_eq!(shape.iter().product::<usize>(), data.len(), "shape does not match data");
+        Tensor { shape: shape.to_vec(), data }
+    }
+
+    pub fn from_fn(shape: &[usize], f: impl FnMut(usize) -> f64) -> Tensor {
+        let n = shape.iter().product();
+        Tensor { shape: shape.to_vec(), data: (0..n).map(f).collect() }
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Element at a multi-index (panics when out of bounds: test helper).
+    pub fn at(&self, idx: &[usize]) -> f64 {
+        self.data[linear(&self.shape, idx)]
+    }
+}
+
+fn linear(shape: &[usize], idx: &[usize]) -> usize {
+    assert_eq!(shape.len(), idx.len(), "index rank");
+    idx.iter().zip(shape).fold(0, |acc, (&i, &n)| {
+        assert!(i < n, "index out of bounds");
+        acc * n + i
+    })
+}
+
+/// Statistics of one `pruned_decay_attention` node (see docs/SEMANTICS.md).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PruneStats {
+    pub node: ValueId,
+    /// Sum over (b, h, m) of `diag(m) - start[m] + 1` (clamped to `[0, diag(m) + 1]`).
+    pub kept_tiles: u64,
+    /// Sum over (b, h, m) of `diag(m) + 1`: the causal tiles.
+    pub total_tiles: u64,
+    /// Largest pruned mass of any row: the dense softmax weight of the keys it skipped.
+    pub max_pruned_mass: f64,
+}
+
+impl PruneStats {
+    pub fn kept_fraction(&self) -> f64 {
+        if self.total_tiles == 0 {
+            1.0
+        } else {
+            self.kept_tiles as f64 / self.total_tiles as f64
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunResult {
+    pub output: Tensor,
+    /// One entry per `pruned_decay_attention` node evaluated, in topological order.
+    pub prune: Vec<PruneStats>,
+}
+
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum InterpError {
+    #[error(transparent)]
+    Shape(#[from] ShapeError),
+    #[error("graph `{0}` has no output")]
+    NoOutput(String),
+    #[error("input tensor `{0}` is required but was not given")]
+    MissingInput(String),
+    #[error("input tensor `{tensor}` has shape {shape:?} ({expected} elements) but {got} values")]
+    BadInputData { tensor: String, shape: Vec<usize>, expected: usize, got: usize },
+    #[error("input tensor `{tensor}` has shape {got:?}, but the graph needs {expected:?}")]
+    InputShape { tensor: String, expected: Vec<usize>, got: Vec<usize> },
+    #[error(
+        "{node} would hold {elements} elements (shape {shape:?}), more than the reference interpreter's limit of 2^28; use a smaller shape (e.g. a smaller T or B)"
+    )]
+    TooLarge { node: String, elements: u128, shape: Vec<usize> },
+    #[error("target node {0} is not in the graph")]
+    UnknownTarget(usize),
+    /// The graph is not one the verifier would accept (an internal error, not a user error).
+    #[error("malformed graph at {node}: {what}")]
+    Malformed { node: String, what: String },
+}
+
+/// A value during evaluation: named axes (positional values use "0", "1", ...), sizes, data.
+#[derive(Clone, Debug)]
+struct Val {
+    axes: Vec<String>,
+    shape: Vec<usize>,
+    data: Rc<Vec<f64>>,
+}
+
+impl Val {
+    fn strides(&self) -> Vec<usize> {
+        row_strides(&self.shape)
+    }
+
+    fn pos(&self, axis: &str) -> Option<usize> {
+        self.axes.iter().position(|a| a == axis)
+    }
+}
+
+fn row_strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// Iterate the row-major index space of `shape`, tracking one offset per operand (`strides[k]`
+/// gives operand k's stride for each output axis; 0 broadcasts), and collect `f(offsets)`.
+fn gather<const N: usize>(
+    shape: &[usize],
+    strides: [&[usize]; N],
+    mut f: impl FnMut([usize; N]) -> f64,
+) -> Vec<f64> {
+    let n: usize = shape.iter().product();
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    let r = shape.len();
+    let mut idx = vec![0usize; r];
+    let mut offs = [0usize; N];
+    loop {
+        out.push(f(offs));
+        // odometer increment
+        let mut ax = r;
+        loop {
+            if ax == 0 {
+                return out;
+            }
+            ax -= 1;
+            idx[ax] += 1;
+            for k in 0..N {
+                offs[k] += strides[k][ax];
+            }
+            if idx[ax] < shape[ax] {
+                break;
+            }
+            for k in 0..N {
+                offs[k] -= strides[k][ax] * shape[ax];
+            }
+            idx[ax] = 0;
+        }
+    }
+}
+
+fn nan_max(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+fn nan_min(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.min(b)
+    }
+}
+
+/// `log(sigmoid(z))`, stable for large |z|.
+pub fn logsigmoid(z: f64) -> f64 {
+    if z.is_nan() {
+        return z;
+    }
+    z.min(0.0) - (-z.abs()).exp().ln_1p()
+}
+
+fn unary(u: UnaryOp, x: f64) -> f64 {
+    match u {
+        UnaryOp::Neg => -x,
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
+        UnaryOp::Sigmoid => {
+            if x >= 0.0 {
+                1.0 / (1.0 + (-x).exp())
+            } else {
+                let e = x.exp();
+                e / (1.0 + e)
+            }
+        }
+        UnaryOp::LogSigmoid => logsigmoid(x),
+        UnaryOp::Softplus => -logsigmoid(-x),
+        UnaryOp::Relu => {
+            if x.is_nan() {
+                x
+            } else {
+                x.max(0.0)
+            }
+        }
+    }
+}
+
+fn binary(b: BinaryOp, x: f64, y: f64) -> f64 {
+    let t = |c: bool| if c { 1.0 } else { 0.0 };
+    match b {
+        BinaryOp::Add => x + y,
+        BinaryOp::Sub => x - y,
+        BinaryOp::Mul => x * y,
+        BinaryOp::Div => x / y,
+        BinaryOp::Min => nan_min(x, y),
+        BinaryOp::Max => nan_max(x, y),
+        BinaryOp::Lt => t(x < y),
+        BinaryOp::Le => t(x <= y),
+        BinaryOp::Gt => t(x > y),
+        BinaryOp::Ge => t(x >= y),
+        BinaryOp::Eq => t(x == y),
+        BinaryOp::Ne => t(x != y),
+    }
+}
+
+fn cast(dt: DType, x: f64) -> f64 {
+    match dt {
+        DType::BF16 => half::bf16::from_f64(x).to_f64(),
+        DType::F16 => half::f16::from_f64(x).to_f64(),
+        DType::F32 => x as f32 as f64,
+        DType::I32 => (x as i32) as f64,
+        DType::Bool => {
+            if x != 0.0 {
+                1.0
+            } else {
+                0.0
+            }
+        }
+    }
+}
+
+/// Run the whole graph: every parameter must be given; returns the output and pruning stats.
+pub fn run(g: &Graph, inputs: &BTreeMap<String, Tensor>) -> Result<RunResult, InterpError> {
+    let out = g.output.ok_or_else(|| InterpError::NoOutput(g.name.clone()))?;
+    let shapes: Vec<(String, Vec<usize>)> =
+        inputs.iter().map(|(k, t)| (k.clone(), t.shape.clone())).collect();
+    let dims = bind_dims(g, &shapes)?;
+    let mut ev = Evaluator::new(g, inputs, dims, &[out])?;
+    let mut vals = ev.eval_all()?;
+    let v = vals.remove(&out).ok_or_else(|| malformed(g, out, "output was not computed"))?;
+    Ok(RunResult { output: v, prune: ev.prune })
+}
+
+/// Evaluate only what `targets` need (parameters not needed may be absent from `inputs`).
+/// Used to compute thresholds and block boundaries at long T without running attention.
+pub fn eval(
+    g: &Graph,
+    inputs: &BTreeMap<String, Tensor>,
+    targets: &[ValueId],
+) -> Result<BTreeMap<ValueId, Tensor>, InterpError> {
+    let shapes: Vec<(String, Vec<usize>)> =
+        inputs.iter().map(|(k, t)| (k.clone(), t.shape.clone())).collect();
+    let dims = bind_dims_partial(g, &shapes)?;
+    let mut ev = Evaluator::new(g, inputs, dims, targets)?;
+    ev.eval_all()
+}
+
+fn describe(g: &Graph, id: ValueId) -> String {
+    let n = g.node(id);
+    match &n.name {
+        Some(name) => format!("node %{} `{}` ({})", id.index(), name, n.op.mnemonic()),
+        None => format!("node %{} ({})", id.index(), n.op.mnemonic()),
+    }
+}
+
+fn malformed(g: &Graph, id: ValueId, what: impl Into<String>) -> InterpError {
+    InterpError::Malformed { node: describe(g, id), what: what.into() }
+}
+
+struct Evaluator<'a> {
+    g: &'a Graph,
+    inputs: &'a BTreeMap<String, Tensor>,
+    dims: DimBindings,
+    order: Vec<ValueId>,
+    targets: BTreeSet<ValueId>,
+    /// Remaining uses of each needed value (freed at zero unless a target).
+    uses: HashMap<ValueId, usize>,
+    /// `mul` nodes contracted directly by their single `sum` user.
+    deferred: BTreeSet<ValueId>,
+    vals: HashMap<ValueId, Val>,
+    prune: Vec<PruneStats>,
+}
+
+impl<'a> Evaluator<'a> {
+    fn new(
+        g: &'a Graph,
+        inputs: &'a BTreeMap<String, Tensor>,
+        dims: DimBindings,
+        targets: &[ValueId],
+    ) -> Result<Evaluator<'a>, InterpError> {
+        let mut needed = BTreeSet::new();
+        let mut stack = Vec::new();
+        for &t in targets {
+            if !g.g.contains_node(t) {
+                return Err(InterpError::UnknownTarget(t.index()));
+            }
+            stack.push(t);
+        }
+        while let Some(n) = stack.pop() {
+            if needed.insert(n) {
+                stack.extend(g.operands(n));
+            }
+        }
+        let targets: BTreeSet<ValueId> = targets.iter().copied().collect();
+        let order: Vec<ValueId> = g.topo_order().into_iter().filter(|n| needed.contains(n)).collect();
+        let mut uses: HashMap<ValueId, usize> = HashMap::new();
+        for &n in &order {
+            for o in g.operands(n) {
+                *uses.entry(o).or_default() += 1;
+            }
+        }
+        let mut deferred = BTreeSet::new();
+        for &n in &order {
+            if matches!(g.op(n), Op::Binary(BinaryOp::Mul)) && !targets.contains(&n) {
+                let users: Vec<ValueId> = g.users(n).into_iter().filter(|u| needed.contains(u)).collect();
+                if users.len() == 1
+                    && uses.get(&n) == Some(&1)
+                    && matches!(g.op(users[0]), Op::Reduce { kind: ReduceKind::Sum, .. })
+                {
+                    deferred.insert(n);
+                }
+            }
+        }
+        Ok(Evaluator { g, inputs, dims, order, targets, uses, deferred, vals: HashMap::new(), prune: vec![] })
+    }
+
+    fn eval_all(&mut self) -> Result<BTreeMap<ValueId, Tensor>, InterpError> {
+        let order = std::mem::take(&mut self.order);
+        let mut out = BTreeMap::new();
+        for n in order {
+            if self.deferred.contains(&n) {
+                continue;
+            }
+            let v = self.eval_node(n)?;
+            if self.targets.contains(&n) {
+                out.insert(n, Tensor { shape: v.shape.clone(), data: v.data.as_ref().clone() });
+            }
+            self.vals.insert(n, v);
+            // Free operands that nobody needs any more (deferred muls' operands included).
+            let mut ops = self.g.operands(n);
+            let mut i = 0;
+            while i < ops.len() {
+                let o = ops[i];
+                if self.deferred.contains(&o) {
+                    ops.extend(self.g.operands(o));
+                }
+                if let Some(c) = self.uses.get_mut(&o) {
+                    *c = c.saturating_sub(1);
+                    if *c == 0 && !self.targets.contains(&o) {
+                        self.vals.remove(&o);
+                    }
+                }
+                i += 1;
+            }
+        }
+        Ok(out)
+    }
+
+    fn err(&self, id: ValueId, what: impl Into<String>) -> InterpError {
+        malformed(self.g, id, what)
+    }
+
+    fn val(&self, id: ValueId, of: ValueId) -> Result<&Val, InterpError> {
+        self.vals.get(&id).ok_or_else(|| self.err(of, "operand not computed"))
+    }
+
+    fn operands(&self, id: ValueId) -> Result<Vec<ValueId>, InterpError> {
+        let ops = self.g.operands(id);
+        if let Some(a) = self.g.op(id).arity() {
+            if ops.len() != a {
+                return Err(self.err(id, format!("expects {a} operands, has {}", ops.len())));
+            }
+        }
+        Ok(ops)
+    }
+
+    /// Concrete shape and axis names of node `id`'s declared type, with the size guard.
+    fn node_layout(&self, id: ValueId) -> Result<(Vec<String>, Vec<usize>), InterpError> {
+        let ty = self.g.ty(id);
+        let shape = concrete_shape(ty, &self.dims)?;
+        let elements: u128 = shape.iter().map(|&s| s as u128).product();
+        if elements > MAX_ELEMENTS {
+            return Err(InterpError::TooLarge { node: describe(self.g, id), elements, shape });
+        }
+        Ok((ty.axes.iter().map(|a| a.name.clone()).collect(), shape))
+    }
+
+    /// Strides of `v` for an output of axes `axes`/`shape` (0 where `v` lacks the axis).
+    fn bstrides(
+        &self,
+        id: ValueId,
+        v: &Val,
+        axes: &[String],
+        shape: &[usize],
+    ) -> Result<Vec<usize>, InterpError> {
+        let vs = v.strides();
+        for a in &v.axes {
+            if !axes.contains(a) {
+                return Err(self.err(id, format!("operand axis `{a}` is not an axis of the result {axes:?}")));
+            }
+        }
+        let mut st = Vec::with_capacity(axes.len());
+        for (a, &n) in axes.iter().zip(shape) {
+            // Summing the strides of repeated axes takes a diagonal (`bind [i, i]`).
+            let mut s = 0;
+            for (p, name) in v.axes.iter().enumerate() {
+                if name == a {
+                    if v.shape[p] != n {
+                        return Err(self.err(
+                            id,
+                            format!("operand axis `{a}` has size {}, the result has {n}", v.shape[p]),
+                        ));
+                    }
+                    s += vs[p];
+                }
+            }
+            st.push(s);
+        }
+        Ok(st)
+    }
+
+    /// `v` laid out (broadcast, transposed) as `axes`/`shape`.
+    fn conform(&self, id: ValueId, v: &Val, axes: &[String], shape: &[usize]) -> Result<Val, InterpError> {
+        if v.axes == axes && v.shape == shape {
+            return Ok(v.clone());
+        }
+        let st = self.bstrides(id, v, axes, shape)?;
+        let d = &v.data;
+        let data = gather(shape, [&st], |[o]| d[o]);
+        Ok(Val { axes: axes.to_vec(), shape: shape.to_vec(), data: Rc::new(data) })
+    }
+
+    fn eval_node(&mut self, id: ValueId) -> Result<Val, InterpError> {
+        let g = self.g;
+        let op = g.op(id);
+        let ops = self.operands(id)?;
+        let (axes, shape) = self.node_layout(id)?;
+        let mk = |data: Vec<f64>| Val { axes: axes.clone(), shape: shape.clone(), data: Rc::new(data) };
+        let n: usize = shape.iter().product();
+        let v = match op {
+            Op::Param { name, .. } => {
+                let t = self.inputs.get(name).ok_or_else(|| InterpError::MissingInput(name.clone()))?;
+                if t.data.len() != t.numel() {
+                    return Err(InterpError::BadInputData {
+                        tensor: name.clone(),
+                        shape: t.shape.clone(),
+                        expected: t.numel(),
+                        got: t.data.len(),
+                    });
+                }
+                if t.shape != shape {
+                    return Err(InterpError::InputShape {
+                        tensor: name.clone(),
+                        expected: shape,
+                        got: t.shape.clone(),
+                    });
+                }
+                mk(t.data.clone())
+            }
+            Op::Const(c) => mk(vec![*c; n]),
+            Op::DimSize(d) => {
+                let s = self.dims.eval(d).ok_or_else(|| ShapeError::Unbound { dim: d.to_string() })?;
+                mk(vec![s as f64; n])
+            }
+            Op::Iota { axis } => {
+                let p = axes
+                    .iter()
+                    .position(|a| a == axis)
+                    .ok_or_else(|| self.err(id, "iota axis not in its type"))?;
+                let st = row_strides(&shape);
+                mk((0..n).map(|l| ((l / st[p]) % shape[p]) as f64).collect())
+            }
+            Op::Bind { axes: names } => {
+                let a = self.val(ops[0], id)?;
+                if names.len() != a.axes.len() {
+                    return Err(
+                        self.err(id, format!("binds {} names to a rank-{} value", names.len(), a.axes.len()))
+                    );
+                }
+                let renamed = Val { axes: names.clone(), shape: a.shape.clone(), data: a.data.clone() };
+                self.conform(id, &renamed, &axes, &shape)?
+            }
+            Op::Store { axes: names } => {
+                let a = self.val(ops[0], id)?;
+                if names.len() != shape.len() {
+                    return Err(self.err(id, "store axes do not match the result rank"));
+                }
+                let st = self.bstrides(id, a, names, &shape)?;
+                let d = &a.data;
+                mk(gather(&shape, [&st], |[o]| d[o]))
+            }
+            Op::Unary(u) => {
+                let a = self.conform(id, self.val(ops[0], id)?, &axes, &shape)?;
+                mk(a.data.iter().map(|&x| unary(*u, x)).collect())
+            }
+            Op::Binary(b) => {
+                let (x, y) = (self.val(ops[0], id)?, self.val(ops[1], id)?);
+                let sx = self.bstrides(id, x, &axes, &shape)?;
+                let sy = self.bstrides(id, y, &axes, &shape)?;
+                let (dx, dy) = (&x.data, &y.data);
+                mk(gather(&shape, [&sx, &sy], |[i, j]| binary(*b, dx[i], dy[j])))
+            }
+            Op::Select => {
+                let (c, x, y) = (self.val(ops[0], id)?, self.val(ops[1], id)?, self.val(ops[2], id)?);
+                let sc = self.bstrides(id, c, &axes, &shape)?;
+                let sx = self.bstrides(id, x, &axes, &shape)?;
+                let sy = self.bstrides(id, y, &axes, &shape)?;
+                let (dc, dx, dy) = (&c.data, &x.data, &y.data);
+                mk(gather(&shape, [&sc, &sx, &sy], |[k, i, j]| if dc[k] != 0.0 { dx[i] } else { dy[j] }))
+            }
+            Op::Reduce { kind, axis } => {
+                if self.deferred.contains(&ops[0]) {
+                    return self.contract(id, ops[0], axis, axes, shape);
+                }
+                let a = self.val(ops[0], id)?;
+                let p = a
+                    .pos(axis)
+                    .ok_or_else(|| self.err(id, format!("reduced axis `{axis}` not in the operand")))?;
+                let (len, stride) = (a.shape[p], a.strides()[p]);
+                let mut raxes = a.axes.clone();
+                raxes.remove(p);
+                let mut rshape = a.shape.clone();
+                rshape.remove(p);
+                let mut ost = a.strides();
+                ost.remove(p);
+                let d = &a.data;
+                let data = gather(&rshape, [&ost], |[o]| {
+                    let it = (0..len).map(|k| d[o + k * stride]);
+                    match kind {
+                        ReduceKind::Sum => it.sum(),
+                        ReduceKind::Max => it.fold(f64::NEG_INFINITY, nan_max),
+                    }
+                });
+                let r = Val { axes: raxes, shape: rshape, data: Rc::new(data) };
+                self.conform(id, &r, &axes, &shape)?
+            }
+            Op::Cumsum { axis } => {
+                let a = self.conform(id, self.val(ops[0], id)?, &axes, &shape)?;
+                let p = a
+                    .pos(axis)
+                    .ok_or_else(|| self.err(id, format!("cumsum axis `{axis}` not in the value")))?;
+                let stride = a.strides()[p];
+                let mut d = a.data.as_ref().clone();
+                // Row-major order visits `l - stride` before `l`, so one pass is a prefix sum.
+                for l in 0..d.len() {
+                    if (l / stride) % shape[p] > 0 {
+                        d[l] += d[l - stride];
+                    }
+                }
+                mk(d)
+            }
+            Op::Softmax { axis } => {
+                let a = self.conform(id, self.val(ops[0], id)?, &axes, &shape)?;
+                let p = a
+                    .pos(axis)
+                    .ok_or_else(|| self.err(id, format!("softmax axis `{axis}` not in the value")))?;
+                let mut d = a.data.as_ref().clone();
+                for_each_line(&shape, p, |idx| softmax_line(&mut d, idx));
+                mk(d)
+            }
+            Op::Causal { i, j } | Op::Window { i, j, .. } => {
+                let window = if let Op::Window { size, .. } = op { Some(*size) } else { None };
+                let a = self.conform(id, self.val(ops[0], id)?, &axes, &shape)?;
+                let pi = a.pos(i).ok_or_else(|| self.err(id, format!("mask axis `{i}` not in the value")))?;
+                let pj = a.pos(j).ok_or_else(|| self.err(id, format!("mask axis `{j}` not in the value")))?;
+                let st = row_strides(&shape);
+                let d = a.data.iter().enumerate().map(|(l, &x)| {
+                    let (ci, cj) = ((l / st[pi]) % shape[pi], (l / st[pj]) % shape[pj]);
+                    let visible = cj <= ci && window.is_none_or(|w| ((ci - cj) as u64) < w);
+                    if visible {
+                        x
+                    } else {
+                        f64::NEG_INFINITY
+                    }
+                });
+                mk(d.collect())
+            }
+            Op::RmsNorm { axis, eps } => {
+                let a = self.conform(id, self.val(ops[0], id)?, &axes, &shape)?;
+                let w = self.val(ops[1], id)?;
+                let p = a
+                    .pos(axis)
+                    .ok_or_else(|| self.err(id, format!("rmsnorm axis `{axis}` not in the value")))?;
+                if w.shape.len() != 1 || w.shape[0] != shape[p] {
+                    return Err(self.err(
+                        id,
+                        format!("rmsnorm weight has shape {:?}, expected [{}]", w.shape, shape[p]),
+                    ));
+                }
+                let mut d = a.data.as_ref().clone();
+                let wd = &w.data;
+                for_each_line(&shape, p, |idx| {
+                    let ms = idx.clone().map(|l| d[l] * d[l]).sum::<f64>() / idx.len() as f64;
+                    let r = 1.0 / (ms + eps).sqrt();
+                    for (k, l) in idx.enumerate() {
+                        d[l] = d[l] * r * wd[k];
+                    }
+                });
+                mk(d)
+            }
+            Op::Cast => {
+                let a = self.conform(id, self.val(ops[0], id)?, &axes, &shape)?;
+                let dt = g.ty(id).dtype;
+                mk(a.data.iter().map(|&x| cast(dt, x)).collect())
+            }
+            Op::GateCumsum { kind } => mk(self.gate_cumsum(id, *kind, ops[0], &shape)?),
+            Op::Threshold { rule, log_eps, bound, scale, bm } => {
+                mk(self.threshold(id, &ops, *rule, *log_eps, *bound, *scale, *bm, &shape)?)
+            }
+            Op::BlockBoundary(t) => mk(self.block_boundary(id, &ops, *t, &shape)?),
+            Op::DecayAttention(attrs) => {
+                let (d, _) = self.attention(id, &ops, attrs, None)?;
+                mk(d)
+            }
+            Op::PrunedDecayAttention { attn, tiles } => {
+                let (d, stats) = self.attention(id, &ops, attn, Some(*tiles))?;
+                if let Some(s) = stats {
+                    self.prune.push(s);
+                }
+                mk(d)
+            }
+        };
+        if v.shape != shape {
+            return Err(self.err(id, format!("computed shape {:?}, declared {:?}", v.shape, shape)));
+        }
+        Ok(v)
+    }
+
+    /// `sum(axis, x * y)` without materializing `x * y`.
+    fn contract(
+        &self,
+        id: ValueId,
+        mul: ValueId,
+        axis: &str,
+        axes: Vec<String>,
+        shape: Vec<usize>,
+    ) -> Result<Val, InterpError> {
+        let mo = self.operands(mul)?;
+        let (x, y) = (self.val(mo[0], mul)?, self.val(mo[1], mul)?);
+        let (maxes, mshape) = self.node_layout_unguarded(mul)?;
+        let p = maxes
+            .iter()
+            .position(|a| a == axis)
+            .ok_or_else(|| self.err(id, "reduced axis not in operand"))?;
+        let len = mshape[p];
+        let sx = self.bstrides(mul, x, &maxes, &mshape)?;
+        let sy = self.bstrides(mul, y, &maxes, &mshape)?;
+        // Output strides of x and y: drop the reduced axis, then follow the sum's own layout.
+        let mut oaxes = maxes.clone();
+        oaxes.remove(p);
+        let pick = |s: &[usize]| -> Result<Vec<usize>, InterpError> {
+            axes.iter()
+                .map(|a| {
+                    let q = oaxes
+                        .iter()
+                        .position(|b| b == a)
+                        .ok_or_else(|| self.err(id, "result axis not in operand"))?;
+                    let q = if q >= p { q + 1 } else { q };
+                    Ok(s[q])
+                })
+                .collect()
+        };
+        let (ox, oy) = (pick(&sx)?, pick(&sy)?);
+        let (kx, ky) = (sx[p], sy[p]);
+        let (dx, dy) = (&x.data, &y.data);
+        let data =
+            gather(&shape, [&ox, &oy], |[i, j]| (0..len).map(|k| dx[i + k * kx] * dy[j + k * ky]).sum());
+        Ok(Val { axes, shape, data: Rc::new(data) })
+    }
+
+    fn node_layout_unguarded(&self, id: ValueId) -> Result<(Vec<String>, Vec<usize>), InterpError> {
+        let ty = self.g.ty(id);
+        Ok((ty.axes.iter().map(|a| a.name.clone()).collect(), concrete_shape(ty, &self.dims)?))
+    }
+
+    fn positional(
+        &self,
+        id: ValueId,
+        operand: ValueId,
+        rank: usize,
+        what: &str,
+    ) -> Result<&Val, InterpError> {
+        let v = self.val(operand, id)?;
+        if v.shape.len() != rank {
+            return Err(self.err(id, format!("operand {what} has shape {:?}, expected rank {rank}", v.shape)));
+        }
+        Ok(v)
+    }
+
+    fn gate_cumsum(
+        &self,
+        id: ValueId,
+        kind: GateKind,
+        x: ValueId,
+        shape: &[usize],
+    ) -> Result<Vec<f64>, InterpError> {
+        if shape.len() != 3 {
+            return Err(self.err(id, "gate_cumsum result must be [B, H, T]"));
+        }
+        let (b, h, t) = (shape[0], shape[1], shape[2]);
+        let v = match kind {
+            GateKind::Slope => self.positional(id, x, 1, "m")?,
+            _ => self.positional(id, x, 3, "gate")?,
+        };
+        let expect: Vec<usize> = if kind == GateKind::Slope { vec![h] } else { shape.to_vec() };
+        if v.shape != expect {
+            return Err(self.err(id, format!("gate operand has shape {:?}, expected {expect:?}", v.shape)));
+        }
+        let mut out = vec![0.0; b * h * t];
+        for bi in 0..b {
+            for hi in 0..h {
+                let base = (bi * h + hi) * t;
+                let mut acc = 0.0;
+                for ti in 0..t {
+                    let lf = match kind {
+                        GateKind::Logits => logsigmoid(v.data[base + ti]),
+                        GateKind::LogGate => v.data[base + ti],
+                        GateKind::Slope => -v.data[hi],
+                    };
+                    acc += nan_max(lf, LOG_F_FLOOR);
+                    out[base + ti] = acc;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn threshold(
+        &self,
+        id: ValueId,
+        ops: &[ValueId],
+        rule: PruneRule,
+        log_eps: f64,
+        bound: NormBound,
+        scale: f64,
+        bm: u32,
+        shape: &[usize],
+    ) -> Result<Vec<f64>, InterpError> {
+        let q = self.positional(id, ops[0], 4, "q")?;
+        let k = self.positional(id, ops[1], 4, "k")?;
+        if q.shape != k.shape {
+            return Err(self.err(id, format!("q {:?} and k {:?} differ", q.shape, k.shape)));
+        }
+        let (b, h, t, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+        if bm == 0 {
+            return Err(self.err(id, "bm = 0"));
+        }
+        let mt = t.div_ceil(bm as usize);
+        if shape != [b, h, mt] {
+            return Err(self.err(id, format!("result {shape:?}, expected {:?}", [b, h, mt])));
+        }
+        let norm = |x: &[f64]| x.iter().map(|a| a * a).sum::<f64>().sqrt();
+        let ln_t = (t as f64).ln();
+        let mut out = Vec::with_capacity(b * h * mt);
+        for bh in 0..b * h {
+            let row = |i: usize| (bh * t + i) * d..(bh * t + i + 1) * d;
+            let data_max = |x: &Val| (0..t).map(|i| norm(&x.data[row(i)])).fold(0.0, nan_max);
+            let (qmax, kmax) = match bound {
+                NormBound::Static { q_max, k_max } => (q_max, k_max),
+                NormBound::Data => (data_max(q), data_max(k)),
+            };
+            for m in 0..mt {
+                let delta = match rule {
+                    PruneRule::Paper => log_eps - 2.0 * scale.abs() * qmax * kmax - ln_t,
+                    PruneRule::Tight => {
+                        let lo = m * bm as usize;
+                        let hi = (lo + bm as usize).min(t);
+                        (lo..hi)
+                            .map(|i| {
+                                let qi = &q.data[row(i)];
+                                let ki = &k.data[row(i)];
+                                let sii: f64 = qi.iter().zip(ki).map(|(a, b)| a * b).sum();
+                                log_eps - ln_t - scale.abs() * norm(qi) * kmax + scale * sii
+                            })
+                            .fold(f64::INFINITY, nan_min)
+                    }
+                };
+                out.push(delta);
+            }
+        }
+        Ok(out)
+    }
+
+    fn block_boundary(
+        &self,
+        id: ValueId,
+        ops: &[ValueId],
+        tiles: Tiles,
+        shape: &[usize],
+    ) -> Result<Vec<f64>, InterpError> {
+        let c = self.positional(id, ops[0], 3, "c")?;
+        let delta = self.positional(id, ops[1], 3, "delta")?;
+        let (b, h, t) = (c.shape[0], c.shape[1], c.shape[2]);
+        let (bm, bn) = (tiles.bm as usize, tiles.bn as usize);
+        if bm == 0 || bn == 0 {
+            return Err(self.err(id, "zero tile size"));
+        }
+        let mt = t.div_ceil(bm);
+        if delta.shape != [b, h, mt] || shape != [b, h, mt] {
+            return Err(self
+                .err(id, format!("delta {:?} / result {shape:?}, expected {:?}", delta.shape, [b, h, mt])));
+        }
+        let mut out = Vec::with_capacity(b * h * mt);
+        for bh in 0..b * h {
+            let cr = &c.data[bh * t..(bh + 1) * t];
+            for m in 0..mt {
+                let dm = delta.data[bh * mt + m];
+                let i0 = m * bm;
+                let diag = i0 / bn;
+                let mut start = diag;
+                for n in 0..diag {
+                    let jend = (n * bn + bn - 1).min(t - 1);
+                    // NaN comparison is false: the tile is kept.
+                    let skipped = cr[i0] - cr[jend] < dm;
+                    if !skipped {
+                        start = n;
+                        break;
+                    }
+                }
+                out.push(start as f64);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Dense (`tiles = None`) or pruned decay attention, row by row.
+    fn attention(
+        &self,
+        id: ValueId,
+        ops: &[ValueId],
+        attrs: &AttnAttrs,
+        tiles: Option<Tiles>,
+    ) -> Result<(Vec<f64>, Option<PruneStats>), InterpError> {
+        let q = self.positional(id, ops[0], 4, "q")?;
+        let k = self.positional(id, ops[1], 4, "k")?;
+        let v = self.positional(id, ops[2], 4, "v")?;
+        if q.shape != k.shape || q.shape[..3] != v.shape[..3] {
+            return Err(self.err(id, format!("q {:?}, k {:?}, v {:?} disagree", q.shape, k.shape, v.shape)));
+        }
+        let (b, h, t, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+        let dv = v.shape[3];
+        let c = if attrs.has_decay || tiles.is_some() {
+            let c = self.positional(id, ops[3], 3, "c")?;
+            if c.shape != [b, h, t] {
+                return Err(self.err(id, format!("c has shape {:?}, expected {:?}", c.shape, [b, h, t])));
+            }
+            Some(c)
+        } else {
+            None
+        };
+        let use_c = if attrs.has_decay { c } else { None };
+        let (start, bm, bn) = match tiles {
+            Some(tl) => {
+                let (bm, bn) = (tl.bm as usize, tl.bn as usize);
+                if bm == 0 || bn == 0 {
+                    return Err(self.err(id, "zero tile size"));
+                }
+                let st = self.positional(id, ops[4], 3, "start")?;
+                let mt = t.div_ceil(bm);
+                if st.shape != [b, h, mt] {
+                    return Err(
+                        self.err(id, format!("start has shape {:?}, expected {:?}", st.shape, [b, h, mt]))
+                    );
+                }
+                (Some(st), bm, bn)
+            }
+            None => (None, 1, 1),
+        };
+        let mut out = vec![0.0; b * h * t * dv];
+        let mut s = vec![0.0; t];
+        let mut stats = PruneStats { node: id, kept_tiles: 0, total_tiles: 0, max_pruned_mass: 0.0 };
+        for bh in 0..b * h {
+            if let Some(st) = start {
+                let mt = t.div_ceil(bm);
+                for m in 0..mt {
+                    let i0 = m * bm;
+                    let diag = ((i0 + bm - 1).min(t - 1) / bn) as u64;
+                    let sm = st.data[bh * mt + m];
+                    let sm = if sm.is_nan() || sm < 0.0 { 0 } else { sm as u64 };
+                    stats.total_tiles += diag + 1;
+                    stats.kept_tiles += (diag + 1).saturating_sub(sm);
+                }
+            }
+            for i in 0..t {
+                let lo = match attrs.window {
+                    Some(w) => (i + 1).saturating_sub(w as usize),
+                    None => 0,
+                };
+                let kstart = match start {
+                    Some(st) => {
+                        let sm = st.data[bh * t.div_ceil(bm) + i / bm];
+                        let sm = if sm.is_nan() || sm < 0.0 { 0.0 } else { sm };
+                        // Beyond the row: nothing kept (saturate rather than overflow).
+                        ((sm * bn as f64).min((i + 1) as f64)) as usize
+                    }
+                    None => 0,
+                };
+                let qi = &q.data[(bh * t + i) * d..(bh * t + i + 1) * d];
+                let mut mx = f64::NEG_INFINITY;
+                for j in lo..=i {
+                    let kj = &k.data[(bh * t + j) * d..(bh * t + j + 1) * d];
+                    let dot: f64 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
+                    let bias = use_c.map_or(0.0, |c| c.data[bh * t + i] - c.data[bh * t + j]);
+                    s[j] = attrs.scale * dot + bias;
+                    mx = mx.max(s[j]);
+                }
+                let klo = lo.max(kstart);
+                if start.is_some() && klo > lo && mx != f64::NEG_INFINITY {
+                    let z: f64 = (lo..=i).map(|j| (s[j] - mx).exp()).sum();
+                    let pruned: f64 = (lo..klo).map(|j| (s[j] - mx).exp()).sum::<f64>() / z;
+                    stats.max_pruned_mass = nan_max(stats.max_pruned_mass, pruned);
+                }
+                let kmx = (klo..=i).fold(f64::NEG_INFINITY, |a, j| a.max(s[j]));
+                if kmx == f64::NEG_INFINITY && (klo..=i).all(|j| !s[j].is_nan()) {
+                    continue; // empty or fully masked row: output 0
+                }
+                let o = &mut out[(bh * t + i) * dv..(bh * t + i + 1) * dv];
+                let mut z = 0.0;
+                for j in klo..=i {
+                    let p = (s[j] - kmx).exp();
+                    z += p;
+                    let vj = &v.data[(bh * t + j) * dv..(bh * t + j + 1) * dv];
+                    for (oe, ve) in o.iter_mut().zip(vj) {
+                        *oe += p * ve;
+                    }
+                }
+                for oe in o.iter_mut() {
+                    *oe /= z;
+                }
+            }
+        }
+        Ok((out, tiles.map(|_| stats)))
+    }
+}
+
+/// Call `f` with the linear indices of every line of `shape` along axis `p`.
+fn for_each_line(shape: &[usize], p: usize, mut f: impl FnMut(std::iter::StepBy<std::ops::Range<usize>>)) {
+    let st = row_strides(shape);
+    let (len, stride) = (shape[p], st[p]);
+    let outer: usize = shape[..p].iter().product();
+    for o in 0..outer {
+        for inner in 0..stride {
+            let base = o * len * stride + inner;
+            f((base..base + len * stride).step_by(stride.max(1)));
+        }
+    }
+}
+
+fn softmax_line(d: &mut [f64], idx: std::iter::StepBy<std::ops::Range<usize>>) {
+    let mx = idx.clone().fold(f64::NEG_INFINITY, |a, l| a.max(d[l]));
+    let has_nan = idx.clone().any(|l| d[l].is_nan());
+    if mx == f64::NEG_INFINITY && !has_nan {
+        // All entries masked: weight 0 everywhere rather than 0/0.
+        for l in idx {
+            d[l] = 0.0;
+        }
+        return;
+    }
+    let mut z = 0.0;
+    for l in idx.clone() {
+        d[l] = (d[l] - mx).exp();
+        z += d[l];
+    }
+    for l in idx {
+        d[l] /= z;
+    }
+}
