@@ -1,0 +1,255 @@
+//! Checking user-supplied input tensors against a graph's signature before anything runs.
+//!
+//! Every failure is a user error whose message names the tensor (and the index or axis):
+//! missing and unexpected tensors, dtype mismatches, shape mismatches, NaN, infinities (allowed
+//! only where the declared range includes them, e.g. `log f = -inf` for a hard reset in a
+//! parameter declared `in [-inf, 0]`), and values outside a declared range.
+
+use crate::tensor::TensorMap;
+use foxc_ir::shapes::{bind_dims, DimBindings, ShapeError};
+use foxc_ir::Graph;
+
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum InputError {
+    #[error("missing input tensor{} {}: graph `{graph}` takes {expected}", plural(.missing), names(.missing))]
+    Missing { missing: Vec<String>, graph: String, expected: String },
+    #[error("unexpected input tensor{} {}: graph `{graph}` takes {expected}", plural(.extra), names(.extra))]
+    Extra { extra: Vec<String>, graph: String, expected: String },
+    #[error("input tensor `{tensor}` has dtype {got}, but the graph declares {declared}")]
+    Dtype { tensor: String, declared: String, got: String },
+    #[error(transparent)]
+    Shape(#[from] ShapeError),
+    #[error("input tensor `{tensor}` has shape {shape:?} but {got} data bytes (expected {expected})")]
+    Data { tensor: String, shape: Vec<usize>, expected: usize, got: usize },
+    #[error("input tensor `{tensor}` holds {value} at index {index:?}{}", allowed(.range))]
+    NonFinite { tensor: String, index: Vec<usize>, value: f64, range: Option<(f64, f64)> },
+    #[error(
+        "input tensor `{tensor}` holds {value} at index {index:?}, outside its declared range [{lo}, {hi}]"
+    )]
+    OutOfRange { tensor: String, index: Vec<usize>, value: f64, lo: f64, hi: f64 },
+}
+
+fn plural(v: &[String]) -> &'static str {
+    if v.len() == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+fn names(v: &[String]) -> String {
+    v.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+}
+
+fn allowed(range: &Option<(f64, f64)>) -> String {
+    match range {
+        Some((lo, hi)) => format!(" (declared range [{lo}, {hi}])"),
+        None => " (inputs must be finite; declare a range such as `in [-inf, 0]` to allow infinities)".into(),
+    }
+}
+
+fn unravel(mut l: usize, shape: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0; shape.len()];
+    for (i, &n) in shape.iter().enumerate().rev() {
+        if n > 0 {
+            idx[i] = l % n;
+            l /= n;
+        }
+    }
+    idx
+}
+
+/// Check `inputs` against the parameters of `g`; on success, the bound dimensions.
+pub fn check_inputs(g: &Graph, inputs: &TensorMap) -> Result<DimBindings, InputError> {
+    let expected = g.params.iter().map(|p| format!("{}: {}", p.name, p.ty)).collect::<Vec<_>>().join(", ");
+    let missing: Vec<String> =
+        g.params.iter().filter(|p| !inputs.contains_key(&p.name)).map(|p| p.name.clone()).collect();
+    if !missing.is_empty() {
+        return Err(InputError::Missing { missing, graph: g.name.clone(), expected });
+    }
+    let extra: Vec<String> = inputs.keys().filter(|k| g.param(k).is_none()).cloned().collect();
+    if !extra.is_empty() {
+        return Err(InputError::Extra { extra, graph: g.name.clone(), expected });
+    }
+    for p in &g.params {
+        let t = &inputs[&p.name];
+        if t.dtype != p.ty.dtype {
+            return Err(InputError::Dtype {
+                tensor: p.name.clone(),
+                declared: p.ty.to_string(),
+                got: t.dtype.to_string(),
+            });
+        }
+    }
+    let shapes: Vec<(String, Vec<usize>)> =
+        g.params.iter().map(|p| (p.name.clone(), inputs[&p.name].shape.clone())).collect();
+    let dims = bind_dims(g, &shapes)?;
+    for p in &g.params {
+        let t = &inputs[&p.name];
+        let expected = t.numel() * t.dtype.size_bytes();
+        if t.data.len() != expected {
+            return Err(InputError::Data {
+                tensor: p.name.clone(),
+                shape: t.shape.clone(),
+                expected,
+                got: t.data.len(),
+            });
+        }
+        if !t.dtype.is_float() && p.range.is_none() {
+            continue;
+        }
+        for (l, v) in t.to_f64_vec().into_iter().enumerate() {
+            let in_range = p.range.is_some_and(|(lo, hi)| v >= lo && v <= hi);
+            if v.is_nan() || (v.is_infinite() && !in_range) {
+                return Err(InputError::NonFinite {
+                    tensor: p.name.clone(),
+                    index: unravel(l, &t.shape),
+                    value: v,
+                    range: p.range,
+                });
+            }
+            if let Some((lo, hi)) = p.range {
+                if !in_range {
+                    return Err(InputError::OutOfRange {
+                        tensor: p.name.clone(),
+                        index: unravel(l, &t.shape),
+                        value: v,
+                        lo,
+                        hi,
+                    });
+                }
+            }
+        }
+    }
+    Ok(dims)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::HostTensor;
+    use foxc_ir::{DType, Dim, Span, ValueType};
+
+    fn pos(dt: DType, dims: &[&str]) -> ValueType {
+        ValueType::tensor(dt, dims.iter().map(|d| Dim::sym(d)))
+    }
+
+    fn graph() -> Graph {
+        let sp = Span::default();
+        let mut g = Graph::new("fox");
+        for n in ["q", "k", "v"] {
+            g.add_param(n, pos(DType::BF16, &["B", "H", "T", "D"]), sp);
+        }
+        g.add_param_in("logf", pos(DType::F32, &["B", "H", "T"]), (f64::NEG_INFINITY, 0.0), sp);
+        g
+    }
+
+    fn good() -> TensorMap {
+        let mut m = TensorMap::new();
+        let n = 2 * 3 * 5 * 4;
+        let vals: Vec<f32> = (0..n).map(|i| ((i * 7919) % 13) as f32 / 6.0 - 1.0).collect();
+        for name in ["q", "k", "v"] {
+            m.insert(name.into(), HostTensor::from_f32_as_bf16(&[2, 3, 5, 4], &vals));
+        }
+        let lf: Vec<f32> = (0..30).map(|i| -(i as f32) / 30.0).collect();
+        m.insert("logf".into(), HostTensor::from_f32(&[2, 3, 5], &lf));
+        m
+    }
+
+    fn err(m: &TensorMap) -> String {
+        check_inputs(&graph(), m).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn good_inputs_bind_dims() {
+        let d = check_inputs(&graph(), &good()).unwrap();
+        assert_eq!(d.to_string(), "B=2,D=4,H=3,T=5");
+        // -inf is a hard reset, allowed by the declared range
+        let mut m = good();
+        let mut lf = m["logf"].to_f32_vec();
+        lf[4] = f32::NEG_INFINITY;
+        m.insert("logf".into(), HostTensor::from_f32(&[2, 3, 5], &lf));
+        assert!(check_inputs(&graph(), &m).is_ok());
+    }
+
+    #[test]
+    fn missing_and_extra_are_named() {
+        let mut m = good();
+        m.remove("k");
+        m.remove("v");
+        let e = err(&m);
+        assert!(e.starts_with("missing input tensors `k`, `v`"), "{e}");
+        let mut m = good();
+        m.insert("bias".into(), HostTensor::from_f32(&[1], &[0.0]));
+        let e = err(&m);
+        assert!(e.starts_with("unexpected input tensor `bias`") && e.contains("q: bf16[B, H, T, D]"), "{e}");
+    }
+
+    #[test]
+    fn dtype_mismatch_is_named() {
+        let mut m = good();
+        let v = m["v"].to_f32_vec();
+        m.insert("v".into(), HostTensor::from_f32(&[2, 3, 5, 4], &v));
+        let e = err(&m);
+        assert!(e.contains("`v` has dtype f32, but the graph declares bf16[B, H, T, D]"), "{e}");
+    }
+
+    #[test]
+    fn shape_mismatch_names_tensor_and_dims() {
+        let mut m = good();
+        let v = m["k"].to_f32_vec();
+        m.insert("k".into(), HostTensor::from_f32_as_bf16(&[2, 3, 4, 5], &v));
+        let e = err(&m);
+        assert!(e.contains("`k` axis 2 (T) has size 4") && e.contains("T = 5") && e.contains("`q`"), "{e}");
+        let mut m = good();
+        m.insert("logf".into(), HostTensor::from_f32(&[6, 5], &[0.0; 30]));
+        let e = err(&m);
+        assert!(e.contains("`logf` has rank 2"), "{e}");
+    }
+
+    #[test]
+    fn nan_and_inf_are_named_with_index() {
+        let mut m = good();
+        let mut v = m["v"].to_f32_vec();
+        v[1 * 60 + 2 * 20 + 3 * 4 + 1] = f32::NAN;
+        m.insert("v".into(), HostTensor::from_f32_as_bf16(&[2, 3, 5, 4], &v));
+        let e = err(&m);
+        assert!(e.contains("`v` holds NaN at index [1, 2, 3, 1]"), "{e}");
+        let mut m = good();
+        let mut q = m["q"].to_f32_vec();
+        q[7] = f32::INFINITY;
+        m.insert("q".into(), HostTensor::from_f32_as_bf16(&[2, 3, 5, 4], &q));
+        let e = err(&m);
+        assert!(e.contains("`q` holds inf at index [0, 0, 1, 3]") && e.contains("must be finite"), "{e}");
+        let mut m = good();
+        let mut lf = m["logf"].to_f32_vec();
+        lf[2] = f32::NAN;
+        m.insert("logf".into(), HostTensor::from_f32(&[2, 3, 5], &lf));
+        assert!(err(&m).contains("`logf` holds NaN at index [0, 0, 2]"));
+    }
+
+    #[test]
+    fn out_of_range_is_named() {
+        let mut m = good();
+        let mut lf = m["logf"].to_f32_vec();
+        lf[29] = 0.5;
+        m.insert("logf".into(), HostTensor::from_f32(&[2, 3, 5], &lf));
+        let e = err(&m);
+        assert!(
+            e.contains("`logf` holds 0.5 at index [1, 2, 4], outside its declared range [-inf, 0]"),
+            "{e}"
+        );
+        let mut m = good();
+        let mut lf = m["logf"].to_f32_vec();
+        lf[0] = f32::INFINITY;
+        m.insert("logf".into(), HostTensor::from_f32(&[2, 3, 5], &lf));
+        assert!(err(&m).contains("`logf` holds inf at index [0, 0, 0] (declared range [-inf, 0])"));
+    }
+
+    #[test]
+    fn truncated_data_is_an_error() {
+        let mut m = good();
+        m.get_mut("v").unwrap().data.truncate(10);
+        assert!(err(&m).contains("`v` has shape [2, 3, 5, 4] but 10 data bytes"));
+    }
+}
