@@ -1,1 +1,113 @@
-//! placeholder
+//! foxc-passes: the pass pipeline that turns a lowered attention graph into fused,
+//! pruned attention.
+//!
+//! Passes, in order (the verifier runs after each):
+//! 1. `recognize-attention` ([`recognize`]): egg-based recognition of decay-gated softmax
+//!    attention in any of its spellings; the output statement becomes one `decay_attention`
+//!    node whose `c` operand is a `gate_cumsum` (gate logits, log-gates or an ALiBi slope).
+//! 2. `monotonicity` ([`monotone`]): proves `c` non-increasing (the decay bias `c_i - c_j <= 0`
+//!    for `j <= i`). Changes nothing in the IR; an unproven gate gets an [`Explanation`].
+//! 3. `acp` ([`acp`]): Adaptive Computation Pruning — `threshold`, `block_boundary` and
+//!    `pruned_decay_attention` for every proven `decay_attention`.
+
+pub mod acp;
+pub mod lang;
+pub mod monotone;
+pub mod recognize;
+pub mod tiles;
+
+use foxc_ir::print::print_graph;
+pub use foxc_ir::PruneRule;
+use foxc_ir::{Graph, Span, ValueId};
+use std::collections::BTreeMap;
+pub use tiles::tiles_for;
+
+/// The code generation target (selects tile sizes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    Cpu,
+    Sm90a,
+    Sm80,
+}
+
+/// Options of the pass pipeline (`foxc compile` flags).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PassOptions {
+    /// Insert ACP (`--no-prune` sets false: `decay_attention` stays dense).
+    pub prune: bool,
+    /// Natural log of the pruned-mass bound eps (`--log-eps`, default -10).
+    pub log_eps: f64,
+    /// Threshold rule (`--prune-rule paper|tight`).
+    pub rule: PruneRule,
+    pub target: Target,
+    /// Record the IR after every pass in [`PassReport::dumps`].
+    pub print_after_all: bool,
+}
+
+impl Default for PassOptions {
+    fn default() -> Self {
+        PassOptions {
+            prune: true,
+            log_eps: -10.0,
+            rule: PruneRule::Paper,
+            target: Target::Cpu,
+            print_after_all: false,
+        }
+    }
+}
+
+/// Why something was not fused or not pruned, pointing at the source (`foxc compile --explain`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Explanation {
+    pub message: String,
+    pub span: Span,
+    pub hint: Option<String>,
+}
+
+/// What the pipeline did.
+#[derive(Clone, Debug, Default)]
+pub struct PassReport {
+    /// `(pass name, IR text after it)` for every pass, when `print_after_all` is set.
+    pub dumps: Vec<(String, String)>,
+    pub explanations: Vec<Explanation>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PassError {
+    #[error("the IR after pass `{pass}` does not verify: {error}")]
+    Verify { pass: String, error: foxc_ir::verify::VerifyError },
+    #[error("internal error in the passes: {0}")]
+    Internal(String),
+}
+
+/// What one pass proved, for the passes after it.
+#[derive(Default)]
+pub struct PassContext {
+    /// Monotonicity verdict per `decay_attention` node.
+    pub verdicts: BTreeMap<ValueId, monotone::Verdict>,
+    pub explanations: Vec<Explanation>,
+}
+
+type PassFn = fn(&mut Graph, &PassOptions, &mut PassContext) -> Result<(), PassError>;
+
+/// The passes in order.
+pub const PASSES: &[(&str, PassFn)] = &[
+    ("recognize-attention", |g, _, cx| recognize::recognize(g, &mut cx.explanations).map(|_| ())),
+    ("monotonicity", monotone::run),
+    ("acp", acp::run),
+];
+
+/// Run the pipeline on `g` in place, verifying after every pass.
+pub fn optimize(g: &mut Graph, opts: &PassOptions) -> Result<PassReport, PassError> {
+    let mut cx = PassContext::default();
+    let mut report = PassReport::default();
+    for (name, pass) in PASSES {
+        pass(g, opts, &mut cx)?;
+        foxc_ir::verify::verify(g).map_err(|error| PassError::Verify { pass: name.to_string(), error })?;
+        if opts.print_after_all {
+            report.dumps.push((name.to_string(), print_graph(g)));
+        }
+    }
+    report.explanations = cx.explanations;
+    Ok(report)
+}

@@ -1,0 +1,370 @@
+//! The egg language of attention terms, its analysis (free index variables, value intervals,
+//! constants) and the spelling-equivalence rewrite rules.
+//!
+//! Terms use *named* index variables exactly like the DSL: `(in q b h i d)` reads parameter `q`
+//! with its axes named `b, h, i, d`; `(sum d x)` reduces `x` over `d`; `(iota i)` is the value of
+//! index `i`. Statement results are inlined (with their axes renamed to the use site) before a
+//! term is built, so one term is the whole attention expression.
+
+use egg::{define_language, rewrite, Analysis, DidMerge, EGraph, Id, Pattern, Rewrite, Subst, Symbol, Var};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::str::FromStr;
+
+/// A numeric literal, stored by its bit pattern so that it can be hashed and ordered.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub struct Num(u64);
+
+impl Num {
+    pub fn new(x: f64) -> Num {
+        // One representation for zero, so that -0.0 and 0.0 are one e-node.
+        Num(if x == 0.0 { 0.0f64.to_bits() } else { x.to_bits() })
+    }
+    pub fn get(self) -> f64 {
+        f64::from_bits(self.0)
+    }
+}
+
+impl fmt::Display for Num {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.get())
+    }
+}
+
+impl FromStr for Num {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Num, ()> {
+        // Only things that look like numbers: axis names such as `inf` stay symbols.
+        let first = s.chars().next().ok_or(())?;
+        if !(first.is_ascii_digit() || first == '-' || first == '.') {
+            return Err(());
+        }
+        s.parse::<f64>().map(Num::new).map_err(|_| ())
+    }
+}
+
+define_language! {
+    // Attention terms over named index variables.
+    pub enum Attn {
+        "+" = Add([Id; 2]),
+        "-" = Sub([Id; 2]),
+        "*" = Mul([Id; 2]),
+        "/" = Div([Id; 2]),
+        "neg" = Neg(Id),
+        "recip" = Recip(Id),
+        "exp" = Exp(Id),
+        "log" = Log(Id),
+        "sqrt" = Sqrt(Id),
+        "rsqrt" = Rsqrt(Id),
+        "sigmoid" = Sigmoid(Id),
+        "logsigmoid" = LogSigmoid(Id),
+        "softplus" = Softplus(Id),
+        "relu" = Relu(Id),
+        "min" = Min([Id; 2]),
+        "max" = Max([Id; 2]),
+        "<" = Lt([Id; 2]),
+        "<=" = Le([Id; 2]),
+        ">" = Gt([Id; 2]),
+        ">=" = Ge([Id; 2]),
+        "==" = Eq([Id; 2]),
+        "!=" = Ne([Id; 2]),
+        "select" = Select([Id; 3]),
+        "sum" = Sum([Id; 2]),
+        "rmax" = RMax([Id; 2]),
+        "cumsum" = Cumsum([Id; 2]),
+        "softmax" = Softmax([Id; 2]),
+        "causal" = Causal([Id; 3]),
+        "window" = Window([Id; 4]),
+        "rmsnorm" = RmsNorm([Id; 4]),
+        "dim" = Dim(Id),
+        "iota" = Iota(Id),
+        "in" = In(Box<[Id]>),
+        // The fused node: `(dattn i j d window scale q k v ci cj)`; window 0 means none,
+        "dattn" = DAttn([Id; 10]),
+        Num(Num),
+        Symbol(Symbol),
+    }
+}
+
+/// What the analysis knows about an e-class.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Data {
+    /// The symbol, for symbol leaves (axis and tensor names).
+    pub sym: Option<Symbol>,
+    /// Free index variables of the value.
+    pub axes: BTreeSet<Symbol>,
+    /// A sound interval containing every value (bounds may be infinite).
+    pub lo: f64,
+    pub hi: f64,
+    /// The value, when it is a known constant.
+    pub konst: Option<f64>,
+}
+
+/// The e-graph analysis: free axes, interval bounds (the monotonicity proofs rest on `hi <= 0`
+/// of a gate term) and constant folding.
+#[derive(Default)]
+pub struct AttnAnalysis {
+    /// Declared value ranges of the tensors read by `in` leaves.
+    pub ranges: BTreeMap<Symbol, (f64, f64)>,
+}
+
+pub type AttnGraph = EGraph<Attn, AttnAnalysis>;
+
+fn nan_lo(x: f64) -> f64 {
+    if x.is_nan() {
+        f64::NEG_INFINITY
+    } else {
+        x
+    }
+}
+fn nan_hi(x: f64) -> f64 {
+    if x.is_nan() {
+        f64::INFINITY
+    } else {
+        x
+    }
+}
+
+/// Interval product; `0 * inf` counts as 0 (a factor that is exactly 0 kills any finite value,
+/// and interval ends are limits, never attained infinities of real data).
+fn mul_iv(a: (f64, f64), b: (f64, f64)) -> (f64, f64) {
+    let m = |x: f64, y: f64| if x == 0.0 || y == 0.0 { 0.0 } else { x * y };
+    let c = [m(a.0, b.0), m(a.0, b.1), m(a.1, b.0), m(a.1, b.1)];
+    (c.iter().cloned().fold(f64::INFINITY, f64::min), c.iter().cloned().fold(f64::NEG_INFINITY, f64::max))
+}
+
+fn logsigmoid(x: f64) -> f64 {
+    x.min(0.0) - (-x.abs()).exp().ln_1p()
+}
+fn softplus(x: f64) -> f64 {
+    x.max(0.0) + (-x.abs()).exp().ln_1p()
+}
+
+const FULL: (f64, f64) = (f64::NEG_INFINITY, f64::INFINITY);
+
+impl Analysis<Attn> for AttnAnalysis {
+    type Data = Data;
+
+    fn make(egraph: &mut AttnGraph, enode: &Attn, _id: Id) -> Data {
+        let d = |i: &Id| &egraph[*i].data;
+        let iv = |i: &Id| (egraph[*i].data.lo, egraph[*i].data.hi);
+        let k = |i: &Id| egraph[*i].data.konst;
+        let sym = |i: &Id| egraph[*i].data.sym;
+        let union =
+            |ids: &[Id]| -> BTreeSet<Symbol> { ids.iter().flat_map(|i| d(i).axes.iter().cloned()).collect() };
+        let mut sym_out = None;
+        let mut konst = None;
+        let (axes, (lo, hi)) = match enode {
+            Attn::Num(n) => {
+                konst = Some(n.get());
+                (BTreeSet::new(), (n.get(), n.get()))
+            }
+            Attn::Symbol(s) => {
+                sym_out = Some(*s);
+                (BTreeSet::new(), FULL)
+            }
+            Attn::Dim(_) => (BTreeSet::new(), (1.0, f64::INFINITY)),
+            Attn::Iota(a) => (sym(a).into_iter().collect(), (0.0, f64::INFINITY)),
+            Attn::In(ch) => {
+                let axes = ch[1..].iter().filter_map(sym).collect();
+                let r = sym(&ch[0]).and_then(|s| egraph.analysis.ranges.get(&s).cloned()).unwrap_or(FULL);
+                (axes, r)
+            }
+            Attn::Add([a, b]) => {
+                konst = k(a).zip(k(b)).map(|(x, y)| x + y);
+                (union(&[*a, *b]), (nan_lo(iv(a).0 + iv(b).0), nan_hi(iv(a).1 + iv(b).1)))
+            }
+            Attn::Sub([a, b]) => {
+                konst = k(a).zip(k(b)).map(|(x, y)| x - y);
+                (union(&[*a, *b]), (nan_lo(iv(a).0 - iv(b).1), nan_hi(iv(a).1 - iv(b).0)))
+            }
+            Attn::Mul([a, b]) => {
+                konst = k(a).zip(k(b)).map(|(x, y)| x * y);
+                (union(&[*a, *b]), mul_iv(iv(a), iv(b)))
+            }
+            Attn::Div([a, b]) => {
+                konst = k(a).zip(k(b)).filter(|(_, y)| *y != 0.0).map(|(x, y)| x / y);
+                let (blo, bhi) = iv(b);
+                let r = if blo > 0.0 || bhi < 0.0 { mul_iv(iv(a), (1.0 / bhi, 1.0 / blo)) } else { FULL };
+                (union(&[*a, *b]), r)
+            }
+            Attn::Neg(a) => {
+                konst = k(a).map(|x| -x);
+                (union(&[*a]), (-iv(a).1, -iv(a).0))
+            }
+            Attn::Recip(a) => {
+                konst = k(a).filter(|x| *x != 0.0).map(|x| 1.0 / x);
+                let (lo, hi) = iv(a);
+                (union(&[*a]), if lo > 0.0 || hi < 0.0 { (1.0 / hi, 1.0 / lo) } else { FULL })
+            }
+            Attn::Exp(a) => {
+                konst = k(a).map(f64::exp);
+                (union(&[*a]), (iv(a).0.exp(), iv(a).1.exp()))
+            }
+            Attn::Log(a) => {
+                konst = k(a).filter(|x| *x > 0.0).map(f64::ln);
+                let (lo, hi) = iv(a);
+                (union(&[*a]), if lo >= 0.0 { (lo.ln(), hi.ln()) } else { FULL })
+            }
+            Attn::Sqrt(a) => {
+                konst = k(a).filter(|x| *x >= 0.0).map(f64::sqrt);
+                let (lo, hi) = iv(a);
+                (union(&[*a]), if lo >= 0.0 { (lo.sqrt(), hi.sqrt()) } else { (0.0, nan_hi(hi.sqrt())) })
+            }
+            Attn::Rsqrt(a) => {
+                konst = k(a).filter(|x| *x > 0.0).map(|x| 1.0 / x.sqrt());
+                let (lo, hi) = iv(a);
+                (
+                    union(&[*a]),
+                    if lo > 0.0 { (1.0 / hi.sqrt(), 1.0 / lo.sqrt()) } else { (0.0, f64::INFINITY) },
+                )
+            }
+            Attn::Sigmoid(a) => (union(&[*a]), (0.0, 1.0)),
+            Attn::LogSigmoid(a) => {
+                (union(&[*a]), (nan_lo(logsigmoid(iv(a).0)), nan_hi(logsigmoid(iv(a).1)).min(0.0)))
+            }
+            Attn::Softplus(a) => {
+                (union(&[*a]), (nan_lo(softplus(iv(a).0)).max(0.0), nan_hi(softplus(iv(a).1))))
+            }
+            Attn::Relu(a) => (union(&[*a]), (iv(a).0.max(0.0), iv(a).1.max(0.0))),
+            Attn::Min([a, b]) => {
+                konst = k(a).zip(k(b)).map(|(x, y)| x.min(y));
+                (union(&[*a, *b]), (iv(a).0.min(iv(b).0), iv(a).1.min(iv(b).1)))
+            }
+            Attn::Max([a, b]) => {
+                konst = k(a).zip(k(b)).map(|(x, y)| x.max(y));
+                (union(&[*a, *b]), (iv(a).0.max(iv(b).0), iv(a).1.max(iv(b).1)))
+            }
+            Attn::Lt(x) | Attn::Le(x) | Attn::Gt(x) | Attn::Ge(x) | Attn::Eq(x) | Attn::Ne(x) => {
+                (union(x), (0.0, 1.0))
+            }
+            Attn::Select([c, a, b]) => (union(&[*c, *a, *b]), (iv(a).0.min(iv(b).0), iv(a).1.max(iv(b).1))),
+            Attn::Sum([ax, x]) | Attn::Cumsum([ax, x]) => {
+                let mut axes = union(&[*x]);
+                if matches!(enode, Attn::Sum(_)) {
+                    if let Some(s) = sym(ax) {
+                        axes.remove(&s);
+                    }
+                }
+                let (lo, hi) = iv(x);
+                let r = if lo >= 0.0 {
+                    (0.0, f64::INFINITY)
+                } else if hi <= 0.0 {
+                    (f64::NEG_INFINITY, 0.0)
+                } else {
+                    FULL
+                };
+                (axes, r)
+            }
+            Attn::RMax([ax, x]) => {
+                let mut axes = union(&[*x]);
+                if let Some(s) = sym(ax) {
+                    axes.remove(&s);
+                }
+                (axes, iv(x))
+            }
+            Attn::Softmax([_, x]) => (union(&[*x]), (0.0, 1.0)),
+            Attn::Causal([_, _, x]) | Attn::Window([_, _, _, x]) => {
+                (union(&[*x]), (f64::NEG_INFINITY, iv(x).1))
+            }
+            Attn::RmsNorm([_, _, x, _]) => (union(&[*x]), FULL),
+            Attn::DAttn([i, j, _, _, _, _, _, v, _, _]) => {
+                let mut axes = union(&[*v]);
+                if let Some(s) = sym(j) {
+                    axes.remove(&s);
+                }
+                axes.extend(sym(i));
+                (axes, FULL)
+            }
+        };
+        let (lo, hi) = match konst {
+            Some(c) if c.is_finite() => (c, c),
+            _ => (lo, hi),
+        };
+        Data { sym: sym_out, axes, lo, hi, konst: konst.filter(|c| !c.is_nan()) }
+    }
+
+    fn merge(&mut self, a: &mut Data, b: Data) -> DidMerge {
+        // Equal values: intersect what is known about them.
+        let before = a.clone();
+        a.lo = a.lo.max(b.lo);
+        a.hi = a.hi.min(b.hi);
+        if a.konst.is_none() {
+            a.konst = b.konst;
+        }
+        if a.sym.is_none() {
+            a.sym = b.sym;
+        }
+        let changed = *a != before;
+        DidMerge(changed, *a != b)
+    }
+
+    fn modify(egraph: &mut AttnGraph, id: Id) {
+        // Constant folding: a class with a known finite value also holds the literal.
+        if let Some(c) = egraph[id].data.konst {
+            if c.is_finite() && egraph[id].data.axes.is_empty() {
+                let n = egraph.add(Attn::Num(Num::new(c)));
+                egraph.union(id, n);
+            }
+        }
+    }
+}
+
+fn var(s: &str) -> Var {
+    s.parse().expect("valid variable")
+}
+
+/// `?d` does not occur free in `?s`: moving `?s` across a reduction over `?d` is sound.
+fn not_free(d: &'static str, s: &'static str) -> impl Fn(&mut AttnGraph, Id, &Subst) -> bool {
+    let (dv, sv) = (var(d), var(s));
+    move |eg, _, subst| match eg[subst[dv]].data.sym {
+        Some(dsym) => !eg[subst[sv]].data.axes.contains(&dsym),
+        None => false,
+    }
+}
+
+/// The rewrite rules, as data: spellings that change form but not meaning.
+pub fn rules() -> Vec<Rewrite<Attn, AttnAnalysis>> {
+    let mut r: Vec<Rewrite<Attn, AttnAnalysis>> = vec![
+        // Commutativity and associativity of + and *.
+        rewrite!("add-comm"; "(+ ?a ?b)" => "(+ ?b ?a)"),
+        rewrite!("add-assoc-l"; "(+ ?a (+ ?b ?c))" => "(+ (+ ?a ?b) ?c)"),
+        rewrite!("add-assoc-r"; "(+ (+ ?a ?b) ?c)" => "(+ ?a (+ ?b ?c))"),
+        rewrite!("mul-comm"; "(* ?a ?b)" => "(* ?b ?a)"),
+        rewrite!("mul-assoc-l"; "(* ?a (* ?b ?c))" => "(* (* ?a ?b) ?c)"),
+        rewrite!("mul-assoc-r"; "(* (* ?a ?b) ?c)" => "(* ?a (* ?b ?c))"),
+        // Subtraction and negation.
+        rewrite!("sub-add-neg"; "(- ?a ?b)" => "(+ ?a (neg ?b))"),
+        rewrite!("add-neg-sub"; "(+ ?a (neg ?b))" => "(- ?a ?b)"),
+        rewrite!("neg-neg"; "(neg (neg ?a))" => "?a"),
+        rewrite!("neg-sub"; "(neg (- ?a ?b))" => "(- ?b ?a)"),
+        rewrite!("neg-add"; "(neg (+ ?a ?b))" => "(+ (neg ?a) (neg ?b))"),
+        rewrite!("neg-mul-l"; "(neg (* ?a ?b))" => "(* (neg ?a) ?b)"),
+        rewrite!("neg-mul-in"; "(* (neg ?a) ?b)" => "(neg (* ?a ?b))"),
+        rewrite!("mul-neg-one"; "(* -1 ?a)" => "(neg ?a)"),
+        rewrite!("distribute"; "(* ?a (+ ?b ?c))" => "(+ (* ?a ?b) (* ?a ?c))"),
+        rewrite!("distribute-sub"; "(* ?a (- ?b ?c))" => "(- (* ?a ?b) (* ?a ?c))"),
+        // Where the scale sits: `/x` is `* recip(x)`, `/sqrt(D)` is `* rsqrt(D)`.
+        rewrite!("div-recip"; "(/ ?a ?b)" => "(* ?a (recip ?b))"),
+        rewrite!("recip-sqrt"; "(recip (sqrt ?a))" => "(rsqrt ?a)"),
+        rewrite!("rsqrt-recip"; "(rsqrt ?a)" => "(recip (sqrt ?a))"),
+        rewrite!("mul-one"; "(* 1 ?a)" => "?a"),
+        // Log-gate spellings: log(sigmoid z) = logsigmoid z = -softplus(-z).
+        rewrite!("log-sigmoid"; "(log (sigmoid ?z))" => "(logsigmoid ?z)"),
+        rewrite!("neg-softplus-neg"; "(neg (softplus (neg ?z)))" => "(logsigmoid ?z)"),
+        rewrite!("min-zero"; "(min 0 ?z)" => "(min ?z 0)"),
+        // Masks: select(j <= i, s, -inf) is causal(i, j, s).
+        rewrite!("select-le-causal"; "(select (<= (iota ?j) (iota ?i)) ?s -inf)" => "(causal ?i ?j ?s)"),
+        rewrite!("select-ge-causal"; "(select (>= (iota ?i) (iota ?j)) ?s -inf)" => "(causal ?i ?j ?s)"),
+        rewrite!("select-gt-causal"; "(select (> (iota ?j) (iota ?i)) -inf ?s)" => "(causal ?i ?j ?s)"),
+        rewrite!("select-lt-causal"; "(select (< (iota ?i) (iota ?j)) -inf ?s)" => "(causal ?i ?j ?s)"),
+    ];
+    // A factor free of the reduced axis moves out of the reduction (the scale of q or k).
+    r.push(rewrite!("sum-factor-out"; "(sum ?d (* ?s ?x))" => "(* ?s (sum ?d ?x))" if not_free("?d", "?s")));
+    r
+}
+
+/// Parse a pattern written in this module (the patterns are literals: a failure is a bug).
+pub fn pat(s: &str) -> Pattern<Attn> {
+    s.parse().expect("pattern literal parses")
+}

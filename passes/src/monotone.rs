@@ -1,0 +1,132 @@
+//! Monotonicity analysis: is the log-decay cumsum `c` of a `decay_attention` non-increasing?
+//!
+//! Only then is the bias `c_i - c_j <= 0` for `j <= i` and falls with distance, which is what
+//! the ACP block rule relies on. The proof uses the interval part of the e-graph analysis
+//! ([`crate::lang::AttnAnalysis`]) on the gate term after saturation with the spelling rules:
+//! - `gate_cumsum {Logits}`: `logsigmoid(z) <= 0` always;
+//! - `gate_cumsum {LogGate}` of `x`: needs `hi(x) <= 0` (logsigmoid, log of a value in (0, 1],
+//!   `-softplus`, `-relu`, `-exp`, `min(x, 0)`, a parameter declared `in [lo, hi]` with
+//!   `hi <= 0`, ...);
+//! - `gate_cumsum {Slope}` of `m`: needs `lo(m) >= 0` (ALiBi: `-m (i - j)` with `m >= 0`);
+//! - any other `c`: not proven.
+
+use crate::lang::AttnGraph;
+use crate::recognize::Builder;
+use crate::{Explanation, PassContext, PassError, PassOptions};
+use egg::Runner;
+use foxc_ir::{GateKind, Graph, Op, Span, ValueId};
+use std::time::Duration;
+
+/// What the analysis concluded for one attention node.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    /// `c` is non-increasing; the string says why (for tests and `--explain`).
+    Decay(String),
+    /// No decay bias: plain causal (or windowed) attention.
+    NoDecay,
+    /// Not proven: why, and where.
+    Unproven(String, Span),
+}
+
+/// Interval `(lo, hi)` of the positional value `n` (named axes are irrelevant for bounds).
+fn interval(g: &Graph, n: ValueId) -> Option<(f64, f64)> {
+    let mut b = Builder::new(g);
+    let axes: Vec<String> = (0..g.ty(n).rank()).map(|k| format!("x{k}")).collect();
+    let id = b.positional(n, &axes, g.node(n).span).ok()?;
+    let eg: AttnGraph = std::mem::take(&mut b.eg);
+    let runner = Runner::default()
+        .with_egraph(eg)
+        .with_iter_limit(8)
+        .with_node_limit(10_000)
+        .with_time_limit(Duration::from_secs(2))
+        .run(&crate::lang::rules());
+    let d = &runner.egraph[runner.egraph.find(id)].data;
+    Some((d.lo, d.hi))
+}
+
+/// The source span that best shows the gate term of `n`.
+fn gate_span(g: &Graph, n: ValueId) -> Span {
+    match g.op(n) {
+        Op::Store { .. } => g.node(g.operands(n)[0]).span,
+        _ => g.node(n).span,
+    }
+}
+
+fn fmt_iv((lo, hi): (f64, f64)) -> String {
+    format!("[{lo}, {hi}]")
+}
+
+/// The verdict for the `c` operand of an attention node.
+pub fn verdict(g: &Graph, attn: ValueId) -> Verdict {
+    let ops = g.operands(attn);
+    let has_decay = match g.op(attn) {
+        Op::DecayAttention(a) => a.has_decay,
+        Op::PrunedDecayAttention { attn: a, .. } => a.has_decay,
+        _ => return Verdict::Unproven("not an attention node".into(), g.node(attn).span),
+    };
+    if !has_decay {
+        return Verdict::NoDecay;
+    }
+    let c = ops[3];
+    match g.op(c) {
+        Op::GateCumsum { kind: GateKind::Logits } => Verdict::Decay("log f = logsigmoid(z) <= 0".into()),
+        Op::GateCumsum { kind: GateKind::LogGate } => {
+            let x = g.operands(c)[0];
+            match interval(g, x) {
+                Some((lo, hi)) if hi <= 0.0 => Verdict::Decay(format!("log f in {} <= 0", fmt_iv((lo, hi)))),
+                Some(iv) => Verdict::Unproven(
+                    format!(
+                        "cannot prove the log forget gate is <= 0 (it is only known to lie in {}): \
+                         the decay bias c[i] - c[j] may grow with distance",
+                        fmt_iv(iv)
+                    ),
+                    gate_span(g, x),
+                ),
+                None => Verdict::Unproven("the log forget gate is not analyzable".into(), gate_span(g, x)),
+            }
+        }
+        Op::GateCumsum { kind: GateKind::Slope } => {
+            let m = g.operands(c)[0];
+            match interval(g, m) {
+                Some((lo, hi)) if lo >= 0.0 => {
+                    Verdict::Decay(format!("ALiBi slope in {} >= 0", fmt_iv((lo, hi))))
+                }
+                Some(iv) => Verdict::Unproven(
+                    format!(
+                        "cannot prove the ALiBi slope is >= 0 (it is only known to lie in {}): \
+                         the bias -slope * (i - j) may grow with distance",
+                        fmt_iv(iv)
+                    ),
+                    gate_span(g, m),
+                ),
+                None => Verdict::Unproven("the ALiBi slope is not analyzable".into(), gate_span(g, m)),
+            }
+        }
+        _ => Verdict::Unproven(
+            "the decay bias c[i] - c[j] is not a cumsum of log forget gates nor an ALiBi ramp, \
+             so it cannot be proven to fall with distance"
+                .into(),
+            gate_span(g, c),
+        ),
+    }
+}
+
+/// The monotonicity pass: a verdict for every `decay_attention` node.
+pub fn run(g: &mut Graph, _opts: &PassOptions, cx: &mut PassContext) -> Result<(), PassError> {
+    for n in g.find(|op| matches!(op, Op::DecayAttention(_))) {
+        let v = verdict(g, n);
+        if let Verdict::Unproven(msg, span) = &v {
+            cx.explanations.push(Explanation {
+                message: format!("not pruned: {msg}"),
+                span: *span,
+                hint: Some(
+                    "write the gate as logsigmoid(z), -softplus(z), min(x, 0), ..., or declare the parameter's range, \
+                     e.g. `logf: f32[B, H, T] in [-inf, 0]`"
+                        .into(),
+                ),
+            });
+        }
+        cx.verdicts.insert(n, v);
+    }
+    Ok(())
+}
