@@ -1,3 +1,4 @@
 //! placeholder
 
 pub mod nvptx;
+pub mod cpu;

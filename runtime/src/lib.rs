@@ -1,6 +1,7 @@
 //! foxc-runtime: host tensors and safetensors I/O, the CPU executor and a thin CUDA runtime.
 //! It never links LLVM: compiled kernels arrive as data (PTX text, function pointers).
 
+pub mod cpu;
 pub mod io;
 pub mod tensor;
 pub mod validate;

@@ -1,0 +1,834 @@
+//! CLIF emission of each kernel kind. Every kernel body is a loop over its tasks
+//! `task_begin..task_end`; see [`super::abi`] for the argument layout.
+
+use super::emit::{Fx, F32, F32X4, F64, I32, I64};
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{FuncRef, InstBuilder, Value};
+use foxc_ir::{DType, GateKind, NormBound, PruneRule, LOG_F_FLOOR};
+
+/// A kernel, with every size a compile-time constant.
+#[derive(Clone, Debug)]
+pub enum Kind {
+    /// Elementwise conversion of `n` elements.
+    Cast {
+        src: DType,
+        dst: DType,
+        n: u64,
+    },
+    /// `rows` rows of `d` elements; w `[d]`.
+    RmsNorm {
+        x: DType,
+        w: DType,
+        out: DType,
+        rows: u64,
+        d: u64,
+        eps: f64,
+    },
+    GateCumsum {
+        kind: GateKind,
+        src: DType,
+        b: u64,
+        h: u64,
+        t: u64,
+    },
+    Threshold {
+        q: DType,
+        k: DType,
+        bh: u64,
+        t: u64,
+        d: u64,
+        rule: PruneRule,
+        log_eps: f64,
+        bound: NormBound,
+        scale: f64,
+        bm: u64,
+    },
+    BlockBoundary {
+        c: DType,
+        delta: DType,
+        bh: u64,
+        t: u64,
+        bm: u64,
+        bn: u64,
+    },
+    Attention(AttnKernel),
+}
+
+#[derive(Clone, Debug)]
+pub struct AttnKernel {
+    pub q: DType,
+    pub k: DType,
+    pub v: DType,
+    /// dtype of the cumsum operand when there is one.
+    pub c: Option<DType>,
+    /// Whether operand 4 holds the first kept key tile per query tile.
+    pub pruned: bool,
+    pub bh: u64,
+    pub t: u64,
+    pub d: u64,
+    pub bm: u64,
+    pub bn: u64,
+    pub scale: f64,
+    pub window: Option<u64>,
+}
+
+/// Elements of one Cast task.
+pub const CAST_GRAIN: u64 = 4096;
+
+fn round_up(x: u64, m: u64) -> u64 {
+    x.div_ceil(m) * m
+}
+
+/// Byte offsets of the attention kernel's per-thread scratch areas.
+pub struct AttnScratch {
+    pub bmp: u64,
+    pub bnp: u64,
+    pub dp: u64,
+    pub qs: i64,
+    pub kt: i64,
+    pub vp: i64,
+    pub s: i64,
+    pub o: i64,
+    pub ci: i64,
+    pub cj: i64,
+    pub mrow: i64,
+    pub lrow: i64,
+    pub arow: i64,
+    pub bytes: usize,
+}
+
+impl AttnKernel {
+    pub fn mt(&self) -> u64 {
+        self.t.div_ceil(self.bm)
+    }
+
+    pub fn scratch(&self) -> AttnScratch {
+        let bmp = round_up(self.bm, 4);
+        let bnp = round_up(self.bn, 8);
+        let dp = round_up(self.d, 8);
+        let mut off = 0u64;
+        let mut take = |floats: u64| {
+            let o = off;
+            off = round_up(off + floats * 4, 64);
+            o as i64
+        };
+        let qs = take(bmp * self.d);
+        let kt = take(self.d * bnp);
+        let vp = take(bnp * dp);
+        let s = take(bmp * bnp);
+        let o = take(bmp * dp);
+        let ci = take(bmp);
+        let cj = take(bnp);
+        let mrow = take(bmp);
+        let lrow = take(bmp);
+        let arow = take(bmp);
+        AttnScratch { bmp, bnp, dp, qs, kt, vp, s, o, ci, cj, mrow, lrow, arow, bytes: off as usize }
+    }
+}
+
+impl Kind {
+    /// (task count, tasks per grab, scratch bytes)
+    pub fn tasks(&self) -> (u64, u64, usize) {
+        match self {
+            Kind::Cast { n, .. } => (n.div_ceil(CAST_GRAIN), 1, 0),
+            Kind::RmsNorm { rows, .. } => (*rows, 64, 0),
+            Kind::GateCumsum { b, h, .. } => (b * h, 1, 0),
+            Kind::Threshold { bh, .. } | Kind::BlockBoundary { bh, .. } => (*bh, 1, 0),
+            Kind::Attention(a) => (a.bh * a.mt(), 1, a.scratch().bytes),
+        }
+    }
+}
+
+/// Helpers a kernel may call.
+pub struct Helpers {
+    /// `log1p(exp(-|z|))` in f64 (gate logits).
+    pub log1p_exp_neg_abs: Option<FuncRef>,
+}
+
+pub struct Frame {
+    pub args: Value,
+    pub begin: Value,
+    pub end: Value,
+    pub scratch: Value,
+}
+
+impl Fx<'_> {
+    fn arg(&mut self, args: Value, k: usize) -> Value {
+        self.load(I64, args, (8 * k) as i32)
+    }
+}
+
+pub fn emit(fx: &mut Fx, kind: &Kind, f: &Frame, h: &Helpers) {
+    match kind {
+        Kind::Cast { src, dst, n } => emit_cast(fx, *src, *dst, *n, f),
+        Kind::RmsNorm { x, w, out, rows: _, d, eps } => emit_rmsnorm(fx, *x, *w, *out, *d, *eps, f),
+        Kind::GateCumsum { kind, src, b: _, h: nh, t } => emit_gate_cumsum(fx, *kind, *src, *nh, *t, f, h),
+        Kind::Threshold { q, k, bh: _, t, d, rule, log_eps, bound, scale, bm } => {
+            emit_threshold(fx, *q, *k, *t, *d, *rule, *log_eps, *bound, *scale, *bm, f)
+        }
+        Kind::BlockBoundary { c, delta, bh: _, t, bm, bn } => {
+            emit_block_boundary(fx, *c, *delta, *t, *bm, *bn, f)
+        }
+        Kind::Attention(a) => emit_attention(fx, a, f),
+    }
+}
+
+fn emit_cast(fx: &mut Fx, src: DType, dst: DType, n: u64, f: &Frame) {
+    let x = fx.arg(f.args, 0);
+    let y = fx.arg(f.args, 1);
+    fx.for_range(f.begin, f.end, 1, |fx, task| {
+        let lo = fx.b.ins().imul_imm_s(task, CAST_GRAIN as i64);
+        let hi = fx.b.ins().iadd_imm_s(lo, CAST_GRAIN as i64);
+        let nv = fx.ic(n as i64);
+        let hi = fx.imin(hi, nv);
+        fx.for_range(lo, hi, 1, |fx, i| {
+            let v = fx.load_f32(src, x, i);
+            fx.store_f32(dst, y, i, v);
+        });
+    });
+}
+
+#[allow(clippy::too_many_arguments)]
+fn emit_rmsnorm(fx: &mut Fx, xt: DType, wt: DType, ot: DType, d: u64, eps: f64, f: &Frame) {
+    let x = fx.arg(f.args, 0);
+    let w = fx.arg(f.args, 1);
+    let y = fx.arg(f.args, 2);
+    fx.for_range(f.begin, f.end, 1, |fx, row| {
+        let base = fx.b.ins().imul_imm_s(row, d as i64);
+        let ss = fx.b.declare_var(F64);
+        let z = fx.f64c(0.0);
+        fx.b.def_var(ss, z);
+        fx.for_n(0, d as i64, 1, |fx, j| {
+            let idx = fx.b.ins().iadd(base, j);
+            let v = fx.load_f64(xt, x, idx);
+            let acc = fx.b.use_var(ss);
+            let sq = fx.b.ins().fmul(v, v);
+            let acc = fx.b.ins().fadd(acc, sq);
+            fx.b.def_var(ss, acc);
+        });
+        let acc = fx.b.use_var(ss);
+        let inv_d = fx.f64c(1.0 / d as f64);
+        let mean = fx.b.ins().fmul(acc, inv_d);
+        let e = fx.f64c(eps);
+        let mean = fx.b.ins().fadd(mean, e);
+        let rt = fx.b.ins().sqrt(mean);
+        let one = fx.f64c(1.0);
+        let r = fx.b.ins().fdiv(one, rt);
+        fx.for_n(0, d as i64, 1, |fx, j| {
+            let idx = fx.b.ins().iadd(base, j);
+            let v = fx.load_f64(xt, x, idx);
+            let wv = fx.load_f64(wt, w, j);
+            let v = fx.b.ins().fmul(v, r);
+            let v = fx.b.ins().fmul(v, wv);
+            let v = fx.b.ins().fdemote(F32, v);
+            fx.store_f32(ot, y, idx, v);
+        });
+    });
+}
+
+#[allow(clippy::too_many_arguments)]
+fn emit_gate_cumsum(fx: &mut Fx, kind: GateKind, src: DType, nh: u64, t: u64, f: &Frame, h: &Helpers) {
+    let x = fx.arg(f.args, 0);
+    let y = fx.arg(f.args, 1);
+    fx.for_range(f.begin, f.end, 1, |fx, bh| {
+        let base = fx.b.ins().imul_imm_s(bh, t as i64);
+        let acc = fx.b.declare_var(F64);
+        let z = fx.f64c(0.0);
+        fx.b.def_var(acc, z);
+        let floor = fx.f64c(LOG_F_FLOOR);
+        // Slope: log f = -m[h] for every t, so c[t] = -m[h] (t + 1) (a product, as the contract says).
+        let slope = if kind == GateKind::Slope {
+            let hh = fx.b.ins().urem_imm_s(bh, nh as i64);
+            let m = fx.load_f64(src, x, hh);
+            let lf = fx.b.ins().fneg(m);
+            Some(fx.fmax_s(lf, floor))
+        } else {
+            None
+        };
+        fx.for_n(0, t as i64, 1, |fx, tt| {
+            let idx = fx.b.ins().iadd(base, tt);
+            let c = match kind {
+                GateKind::Slope => {
+                    let n = fx.b.ins().iadd_imm_s(tt, 1);
+                    let n = fx.b.ins().fcvt_from_sint(F64, n);
+                    fx.b.ins().fmul(slope.expect("set above"), n)
+                }
+                GateKind::LogGate | GateKind::Logits => {
+                    let v = fx.load_f64(src, x, idx);
+                    let lf = if kind == GateKind::Logits {
+                        // logsigmoid(z) = min(z, 0) - log1p(exp(-|z|))
+                        let zero = fx.f64c(0.0);
+                        let mn = fx.fmin_s(v, zero);
+                        let call =
+                            fx.b.ins().call(h.log1p_exp_neg_abs.expect("helper imported for logits"), &[v]);
+                        let l = fx.b.inst_results(call)[0];
+                        fx.b.ins().fsub(mn, l)
+                    } else {
+                        v
+                    };
+                    // Clamp below without hiding NaN (a NaN compares false and stays).
+                    let low = fx.b.ins().fcmp(FloatCC::LessThan, lf, floor);
+                    let lf = fx.b.ins().select(low, floor, lf);
+                    let a = fx.b.use_var(acc);
+                    let a = fx.b.ins().fadd(a, lf);
+                    fx.b.def_var(acc, a);
+                    a
+                }
+            };
+            let c = fx.b.ins().fdemote(F32, c);
+            fx.store_f32(DType::F32, y, idx, c);
+        });
+    });
+}
+
+/// `sqrt(sum_d x[base + d]^2)` in f64.
+fn norm_f64(fx: &mut Fx, dt: DType, p: Value, base: Value, d: u64) -> Value {
+    let ss = fx.b.declare_var(F64);
+    let z = fx.f64c(0.0);
+    fx.b.def_var(ss, z);
+    fx.for_n(0, d as i64, 1, |fx, j| {
+        let idx = fx.b.ins().iadd(base, j);
+        let v = fx.load_f64(dt, p, idx);
+        let a = fx.b.use_var(ss);
+        let sq = fx.b.ins().fmul(v, v);
+        let a = fx.b.ins().fadd(a, sq);
+        fx.b.def_var(ss, a);
+    });
+    let a = fx.b.use_var(ss);
+    fx.b.ins().sqrt(a)
+}
+
+/// max over rows j < t of |x_j| (f64) for the (b, h) starting at element `base`.
+fn max_norm(fx: &mut Fx, dt: DType, p: Value, bhbase: Value, t: u64, d: u64) -> Value {
+    let mx = fx.b.declare_var(F64);
+    let z = fx.f64c(0.0);
+    fx.b.def_var(mx, z);
+    fx.for_n(0, t as i64, 1, |fx, j| {
+        let off = fx.b.ins().imul_imm_s(j, d as i64);
+        let base = fx.b.ins().iadd(bhbase, off);
+        let n = norm_f64(fx, dt, p, base, d);
+        let m = fx.b.use_var(mx);
+        let m = fx.fmax_s(n, m);
+        fx.b.def_var(mx, m);
+    });
+    fx.b.use_var(mx)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn emit_threshold(
+    fx: &mut Fx,
+    qt: DType,
+    kt: DType,
+    t: u64,
+    d: u64,
+    rule: PruneRule,
+    log_eps: f64,
+    bound: NormBound,
+    scale: f64,
+    bm: u64,
+    f: &Frame,
+) {
+    let q = fx.arg(f.args, 0);
+    let k = fx.arg(f.args, 1);
+    let out = fx.arg(f.args, 2);
+    let mt = t.div_ceil(bm);
+    let ln_t = (t as f64).ln();
+    fx.for_range(f.begin, f.end, 1, |fx, bh| {
+        let bhbase = fx.b.ins().imul_imm_s(bh, (t * d) as i64);
+        let obase = fx.b.ins().imul_imm_s(bh, mt as i64);
+        let kmax = match bound {
+            NormBound::Static { k_max, .. } => fx.f64c(k_max),
+            NormBound::Data => max_norm(fx, kt, k, bhbase, t, d),
+        };
+        match rule {
+            PruneRule::Paper => {
+                let qmax = match bound {
+                    NormBound::Static { q_max, .. } => fx.f64c(q_max),
+                    NormBound::Data => max_norm(fx, qt, q, bhbase, t, d),
+                };
+                let s = fx.f64c(scale.abs());
+                let u = fx.b.ins().fmul(s, qmax);
+                let u = fx.b.ins().fmul(u, kmax);
+                let two_u = fx.b.ins().fadd(u, u);
+                let c = fx.f64c(log_eps - ln_t);
+                let delta = fx.b.ins().fsub(c, two_u);
+                let delta = fx.b.ins().fdemote(F32, delta);
+                fx.for_n(0, mt as i64, 1, |fx, m| {
+                    let idx = fx.b.ins().iadd(obase, m);
+                    fx.store_f32(DType::F32, out, idx, delta);
+                });
+            }
+            PruneRule::Tight => {
+                fx.for_n(0, mt as i64, 1, |fx, m| {
+                    let dmin = fx.b.declare_var(F64);
+                    let inf = fx.f64c(f64::INFINITY);
+                    fx.b.def_var(dmin, inf);
+                    let i0 = fx.b.ins().imul_imm_s(m, bm as i64);
+                    let i1 = fx.b.ins().iadd_imm_s(i0, bm as i64);
+                    let tv = fx.ic(t as i64);
+                    let i1 = fx.imin(i1, tv);
+                    fx.for_range(i0, i1, 1, |fx, i| {
+                        let off = fx.b.ins().imul_imm_s(i, d as i64);
+                        let base = fx.b.ins().iadd(bhbase, off);
+                        let qq = fx.b.declare_var(F64);
+                        let qk = fx.b.declare_var(F64);
+                        let z = fx.f64c(0.0);
+                        fx.b.def_var(qq, z);
+                        fx.b.def_var(qk, z);
+                        fx.for_n(0, d as i64, 1, |fx, j| {
+                            let idx = fx.b.ins().iadd(base, j);
+                            let a = fx.load_f64(qt, q, idx);
+                            let b = fx.load_f64(kt, k, idx);
+                            let x = fx.b.use_var(qq);
+                            let aa = fx.b.ins().fmul(a, a);
+                            let x = fx.b.ins().fadd(x, aa);
+                            fx.b.def_var(qq, x);
+                            let y = fx.b.use_var(qk);
+                            let ab = fx.b.ins().fmul(a, b);
+                            let y = fx.b.ins().fadd(y, ab);
+                            fx.b.def_var(qk, y);
+                        });
+                        let qq = fx.b.use_var(qq);
+                        let qn = fx.b.ins().sqrt(qq);
+                        let qk = fx.b.use_var(qk);
+                        let sa = fx.f64c(scale.abs());
+                        let pen = fx.b.ins().fmul(sa, qn);
+                        let pen = fx.b.ins().fmul(pen, kmax);
+                        let sc = fx.f64c(scale);
+                        let sii = fx.b.ins().fmul(sc, qk);
+                        let c = fx.f64c(log_eps - ln_t);
+                        let v = fx.b.ins().fsub(c, pen);
+                        let v = fx.b.ins().fadd(v, sii);
+                        let cur = fx.b.use_var(dmin);
+                        let nv = fx.fmin_s(v, cur);
+                        fx.b.def_var(dmin, nv);
+                    });
+                    let dm = fx.b.use_var(dmin);
+                    let dm = fx.b.ins().fdemote(F32, dm);
+                    let idx = fx.b.ins().iadd(obase, m);
+                    fx.store_f32(DType::F32, out, idx, dm);
+                });
+            }
+        }
+    });
+}
+
+fn emit_block_boundary(fx: &mut Fx, ct: DType, dt: DType, t: u64, bm: u64, bn: u64, f: &Frame) {
+    let c = fx.arg(f.args, 0);
+    let delta = fx.arg(f.args, 1);
+    let out = fx.arg(f.args, 2);
+    let mt = t.div_ceil(bm);
+    fx.for_range(f.begin, f.end, 1, |fx, bh| {
+        let cbase = fx.b.ins().imul_imm_s(bh, t as i64);
+        let obase = fx.b.ins().imul_imm_s(bh, mt as i64);
+        fx.for_n(0, mt as i64, 1, |fx, m| {
+            let i0 = fx.b.ins().imul_imm_s(m, bm as i64);
+            let ci = fx.b.ins().iadd(cbase, i0);
+            let ci0 = fx.load_f64(ct, c, ci);
+            let didx = fx.b.ins().iadd(obase, m);
+            let dl = fx.load_f64(dt, delta, didx);
+            // The diagonal tile (holding j = i0) is never skipped.
+            let lim = fx.b.ins().udiv_imm_s(i0, bn as i64);
+            // start = first n < lim whose tile is kept, else lim. A linear scan from 0 follows
+            // the contract even for a cumsum that is not monotone.
+            let header = fx.b.create_block();
+            fx.b.append_block_param(header, I64);
+            let test = fx.b.create_block();
+            let next = fx.b.create_block();
+            let done = fx.b.create_block();
+            fx.b.append_block_param(done, I64);
+            let zero = fx.ic(0);
+            fx.b.ins().jump(header, &[zero.into()]);
+            fx.b.switch_to_block(header);
+            let n = fx.b.block_params(header)[0];
+            let at_lim = fx.b.ins().icmp(IntCC::SignedGreaterThanOrEqual, n, lim);
+            fx.b.ins().brif(at_lim, done, &[n.into()], test, &[]);
+            fx.b.switch_to_block(test);
+            let jend = fx.b.ins().imul_imm_s(n, bn as i64);
+            let jend = fx.b.ins().iadd_imm_s(jend, bn as i64 - 1);
+            let tl = fx.ic(t as i64 - 1);
+            let jend = fx.imin(jend, tl);
+            let cj = fx.b.ins().iadd(cbase, jend);
+            let cj = fx.load_f64(ct, c, cj);
+            let diff = fx.b.ins().fsub(ci0, cj);
+            let skip = fx.b.ins().fcmp(FloatCC::LessThan, diff, dl);
+            fx.b.ins().brif(skip, next, &[], done, &[n.into()]);
+            fx.b.switch_to_block(next);
+            let n1 = fx.b.ins().iadd_imm_s(n, 1);
+            fx.b.ins().jump(header, &[n1.into()]);
+            fx.b.switch_to_block(done);
+            let start = fx.b.block_params(done)[0];
+            let s32 = fx.b.ins().ireduce(I32, start);
+            let a = fx.addr(out, didx, 4);
+            fx.store(s32, a, 0);
+        });
+    });
+}
+
+/// Copy `n` elements of `dt` from element `src_idx` of `src` to f32 at byte address `dst`,
+/// multiplied by `mul` when given. Vector path when `n % 4 == 0`.
+fn copy_row(fx: &mut Fx, dt: DType, src: Value, src_idx: Value, dst: Value, n: u64, mul: Option<Value>) {
+    if n % 4 == 0 {
+        for j in (0..n).step_by(4) {
+            let idx = fx.b.ins().iadd_imm_s(src_idx, j as i64);
+            let mut v = fx.load4_f32(dt, src, idx);
+            if let Some(m) = mul {
+                v = fx.b.ins().fmul(v, m);
+            }
+            fx.store(v, dst, (j * 4) as i32);
+        }
+    } else {
+        let ms = mul.map(|m| fx.b.ins().extractlane(m, 0));
+        for j in 0..n {
+            let idx = fx.b.ins().iadd_imm_s(src_idx, j as i64);
+            let mut v = fx.load_f32(dt, src, idx);
+            if let Some(m) = ms {
+                v = fx.b.ins().fmul(v, m);
+            }
+            fx.store(v, dst, (j * 4) as i32);
+        }
+    }
+}
+
+/// Store zeros over `floats` f32 (a multiple of 4) at the 16-byte aligned byte address `dst`.
+fn zero_fill(fx: &mut Fx, dst: Value, floats: u64) {
+    let z = fx.splat_c(0.0);
+    let n = (floats / 4) as i64;
+    if n <= 16 {
+        for j in 0..n {
+            fx.store(z, dst, (j * 16) as i32);
+        }
+    } else {
+        fx.for_n(0, n, 1, |fx, j| {
+            let a = fx.addr(dst, j, 16);
+            fx.store(z, a, 0);
+        });
+    }
+}
+
+fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame) {
+    let sc = a.scratch();
+    let (bmp, bnp, dp) = (sc.bmp, sc.bnp, sc.dp);
+    let (t, d, bm, bn) = (a.t, a.d, a.bm, a.bn);
+    let mt = a.mt();
+    let q = fx.arg(f.args, 0);
+    let k = fx.arg(f.args, 1);
+    let v = fx.arg(f.args, 2);
+    let mut next = 3;
+    let c = a.c.map(|_| {
+        next += 1;
+        fx.arg(f.args, next - 1)
+    });
+    let start = if a.pruned {
+        next += 1;
+        Some(fx.arg(f.args, next - 1))
+    } else {
+        None
+    };
+    let out = fx.arg(f.args, next);
+    let scr = f.scratch;
+    let qs = fx.b.ins().iadd_imm_s(scr, sc.qs);
+    let kt = fx.b.ins().iadd_imm_s(scr, sc.kt);
+    let vp = fx.b.ins().iadd_imm_s(scr, sc.vp);
+    let sb = fx.b.ins().iadd_imm_s(scr, sc.s);
+    let ob = fx.b.ins().iadd_imm_s(scr, sc.o);
+    let cib = fx.b.ins().iadd_imm_s(scr, sc.ci);
+    let cjb = fx.b.ins().iadd_imm_s(scr, sc.cj);
+    let mrow = fx.b.ins().iadd_imm_s(scr, sc.mrow);
+    let lrow = fx.b.ins().iadd_imm_s(scr, sc.lrow);
+    let arow = fx.b.ins().iadd_imm_s(scr, sc.arow);
+    let bhn = a.bh;
+
+    fx.for_range(f.begin, f.end, 1, |fx, task| {
+        // Longest query tiles first: task -> (m = Mt-1 - task / BH, bh = task % BH).
+        let mq = fx.b.ins().udiv_imm_s(task, bhn as i64);
+        let mlast = fx.ic(mt as i64 - 1);
+        let m = fx.b.ins().isub(mlast, mq);
+        let bh = fx.b.ins().urem_imm_s(task, bhn as i64);
+        let i0 = fx.b.ins().imul_imm_s(m, bm as i64);
+        let tv = fx.ic(t as i64);
+        let rem = fx.b.ins().isub(tv, i0);
+        let bmv = fx.ic(bm as i64);
+        let rows = fx.imin(bmv, rem);
+        let row_base = fx.b.ins().imul_imm_s(bh, t as i64); // row index of (bh, 0)
+        let ilast = fx.b.ins().iadd(i0, rows);
+        let ilast = fx.b.ins().iadd_imm_s(ilast, -1);
+        let diag = fx.b.ins().udiv_imm_s(ilast, bn as i64);
+        let mut n_lo = fx.ic(0);
+        if let Some(sp) = start {
+            let idx = fx.b.ins().imul_imm_s(bh, mt as i64);
+            let idx = fx.b.ins().iadd(idx, m);
+            let sa = fx.addr(sp, idx, 4);
+            let s32 = fx.load(I32, sa, 0);
+            let s = fx.b.ins().sextend(I64, s32);
+            let zero = fx.ic(0);
+            let s = fx.imax(s, zero);
+            n_lo = fx.imin(s, diag);
+        }
+        if let Some(w) = a.window {
+            // Tiles whose last column jend satisfies i0 - jend >= window hold no visible key
+            // for any row of the tile: first kept n = ceil((i0 + 2 - window - bn) / bn), >= 0.
+            let w = w.min(i64::MAX as u64 / 4) as i64;
+            let x = fx.b.ins().iadd_imm_s(i0, 2 - w - bn as i64 + (bn as i64 - 1));
+            let zero = fx.ic(0);
+            let x = fx.imax(x, zero);
+            let nw = fx.b.ins().sdiv_imm_s(x, bn as i64);
+            let nw = fx.imin(nw, diag);
+            n_lo = fx.imax(n_lo, nw);
+        }
+
+        // Per-task init.
+        zero_fill(fx, qs, round_up(bmp * d, 4));
+        zero_fill(fx, ob, bmp * dp);
+        zero_fill(fx, vp, bnp * dp);
+        zero_fill(fx, cib, bmp);
+        let ninf = fx.splat_c(f32::NEG_INFINITY);
+        let zv = fx.splat_c(0.0);
+        for r in (0..bmp).step_by(4) {
+            fx.store(ninf, mrow, (r * 4) as i32);
+            fx.store(zv, lrow, (r * 4) as i32);
+        }
+        let scale_v = fx.splat_c(a.scale as f32);
+        let z0 = fx_zero(fx);
+        fx.for_range(z0, rows, 1, |fx, r| {
+            let row = fx.b.ins().iadd(row_base, i0);
+            let row = fx.b.ins().iadd(row, r);
+            let src = fx.b.ins().imul_imm_s(row, d as i64);
+            let dst = fx.addr(qs, r, (d * 4) as i64);
+            copy_row(fx, a.q, q, src, dst, d, Some(scale_v));
+            if let (Some(cp), Some(ct)) = (c, a.c) {
+                let cv = fx.load_f32(ct, cp, row);
+                let ca = fx.addr(cib, r, 4);
+                fx.store(cv, ca, 0);
+            }
+        });
+
+        let diag1 = fx.b.ins().iadd_imm_s(diag, 1);
+        fx.for_range(n_lo, diag1, 1, |fx, n| {
+            let j0 = fx.b.ins().imul_imm_s(n, bn as i64);
+            let tv = fx.ic(t as i64);
+            let remj = fx.b.ins().isub(tv, j0);
+            let bnv = fx.ic(bn as i64);
+            let cols = fx.imin(bnv, remj);
+            // Pack K transposed ([d][bnp]) and V ([bnp][dp]) as f32, and c_j.
+            let z0 = fx_zero(fx);
+            fx.for_range(z0, cols, 1, |fx, cc| {
+                let row = fx.b.ins().iadd(row_base, j0);
+                let row = fx.b.ins().iadd(row, cc);
+                let src = fx.b.ins().imul_imm_s(row, d as i64);
+                let ktc = fx.addr(kt, cc, 4);
+                if d % 4 == 0 {
+                    for j in (0..d).step_by(4) {
+                        let idx = fx.b.ins().iadd_imm_s(src, j as i64);
+                        let x = fx.load4_f32(a.k, k, idx);
+                        for l in 0..4u8 {
+                            let e = fx.b.ins().extractlane(x, l);
+                            fx.store(e, ktc, ((j + l as u64) * bnp * 4) as i32);
+                        }
+                    }
+                } else {
+                    for j in 0..d {
+                        let idx = fx.b.ins().iadd_imm_s(src, j as i64);
+                        let e = fx.load_f32(a.k, k, idx);
+                        fx.store(e, ktc, (j * bnp * 4) as i32);
+                    }
+                }
+                let vdst = fx.addr(vp, cc, (dp * 4) as i64);
+                copy_row(fx, a.v, v, src, vdst, d, None);
+                if let (Some(cp), Some(ct)) = (c, a.c) {
+                    let cv = fx.load_f32(ct, cp, row);
+                    let ca = fx.addr(cjb, cc, 4);
+                    fx.store(cv, ca, 0);
+                }
+            });
+            // The last key tile may be short: zero the padding columns so that they stay finite.
+            let short = fx.b.ins().icmp_imm_s(IntCC::SignedLessThan, cols, bnp as i64);
+            fx.if_then(short, |fx| {
+                let hi = fx.ic(bnp as i64);
+                fx.for_range(cols, hi, 1, |fx, cc| {
+                    let ktc = fx.addr(kt, cc, 4);
+                    let z = fx.f32c(0.0);
+                    for j in 0..d {
+                        fx.store(z, ktc, (j * bnp * 4) as i32);
+                    }
+                    let vdst = fx.addr(vp, cc, (dp * 4) as i64);
+                    zero_fill(fx, vdst, dp);
+                    let ca = fx.addr(cjb, cc, 4);
+                    fx.store(z, ca, 0);
+                });
+            });
+
+            // S = (scale Q) K^T, register blocks of 4 rows x 8 columns.
+            fx.for_n(0, bmp as i64, 4, |fx, rb| {
+                let qrow = fx.addr(qs, rb, (d * 4) as i64);
+                let srow = fx.addr(sb, rb, (bnp * 4) as i64);
+                fx.for_n(0, bnp as i64, 8, |fx, cb| {
+                    let ktc = fx.addr(kt, cb, 4);
+                    let mut acc = [fx.splat_c(0.0); 8];
+                    for j in 0..d {
+                        let k0 = fx.load(F32X4, ktc, (j * bnp * 4) as i32);
+                        let k1 = fx.load(F32X4, ktc, (j * bnp * 4 + 16) as i32);
+                        for r in 0..4 {
+                            let qv = fx.load(F32, qrow, ((r * d + j) * 4) as i32);
+                            let qv = fx.splat(qv);
+                            acc[2 * r as usize] = fx.fmadd(qv, k0, acc[2 * r as usize]);
+                            acc[2 * r as usize + 1] = fx.fmadd(qv, k1, acc[2 * r as usize + 1]);
+                        }
+                    }
+                    let sdst = fx.addr(srow, cb, 4);
+                    for r in 0..4u64 {
+                        fx.store(acc[2 * r as usize], sdst, (r * bnp * 4) as i32);
+                        fx.store(acc[2 * r as usize + 1], sdst, (r * bnp * 4 + 16) as i32);
+                    }
+                });
+            });
+
+            // Bias, mask, online softmax per row.
+            fx.for_n(0, bmp as i64, 1, |fx, r| {
+                let i = fx.b.ins().iadd(i0, r);
+                // Visible columns of row i in this tile: [c_lo, c_hi).
+                let rel = fx.b.ins().isub(i, j0);
+                let rel1 = fx.b.ins().iadd_imm_s(rel, 1);
+                let chi = fx.imin(cols, rel1);
+                let in_rows = fx.b.ins().icmp(IntCC::SignedLessThan, r, rows);
+                let zero = fx.ic(0);
+                let chi = fx.b.ins().select(in_rows, chi, zero);
+                let chi_f = fx.b.ins().fcvt_from_sint(F32, chi);
+                let chi_v = fx.splat(chi_f);
+                let clo_v = a.window.map(|w| {
+                    let w = w.min(i64::MAX as u64 / 4) as i64;
+                    let lo = fx.b.ins().iadd_imm_s(rel, 1 - w);
+                    let zero = fx.ic(0);
+                    let lo = fx.imax(lo, zero);
+                    let lo = fx.b.ins().fcvt_from_sint(F32, lo);
+                    fx.splat(lo)
+                });
+                let srow = fx.addr(sb, r, (bnp * 4) as i64);
+                let civ = if a.c.is_some() {
+                    let ca = fx.addr(cib, r, 4);
+                    let ci = fx.load(F32, ca, 0);
+                    Some(fx.splat(ci))
+                } else {
+                    None
+                };
+                let mut vmx = fx.splat_c(f32::NEG_INFINITY);
+                let ninf = vmx;
+                for cc in (0..bnp).step_by(4) {
+                    let mut s = fx.load(F32X4, srow, (cc * 4) as i32);
+                    if let Some(civ) = civ {
+                        let cj = fx.load(F32X4, cjb, (cc * 4) as i32);
+                        let bias = fx.b.ins().fsub(civ, cj);
+                        s = fx.b.ins().fadd(s, bias);
+                    }
+                    let cf = cc as f32;
+                    let idx = fx.vconst4([cf, cf + 1.0, cf + 2.0, cf + 3.0]);
+                    let mut ok = fx.b.ins().fcmp(FloatCC::LessThan, idx, chi_v);
+                    if let Some(clo_v) = clo_v {
+                        let ok2 = fx.b.ins().fcmp(FloatCC::GreaterThanOrEqual, idx, clo_v);
+                        ok = fx.b.ins().band(ok, ok2);
+                    }
+                    s = fx.vsel(ok, s, ninf);
+                    fx.store(s, srow, (cc * 4) as i32);
+                    vmx = fx.vmax(vmx, s);
+                }
+                let tmax = fx.hmax(vmx);
+                let ma = fx.addr(mrow, r, 4);
+                let m_old = fx.load(F32, ma, 0);
+                let m_new = fx.fmax_s(m_old, tmax);
+                let ninf_s = fx.f32c(f32::NEG_INFINITY);
+                let none = fx.b.ins().fcmp(FloatCC::Equal, m_new, ninf_s);
+                let zf = fx.f32c(0.0);
+                let m_use = fx.b.ins().select(none, zf, m_new);
+                let dm = fx.b.ins().fsub(m_old, m_use);
+                let alpha = fx.exp_s(dm);
+                let mu = fx.splat(m_use);
+                let mut vs = fx.splat_c(0.0);
+                for cc in (0..bnp).step_by(4) {
+                    let s = fx.load(F32X4, srow, (cc * 4) as i32);
+                    let x = fx.b.ins().fsub(s, mu);
+                    let p = fx.vexp(x);
+                    fx.store(p, srow, (cc * 4) as i32);
+                    vs = fx.b.ins().fadd(vs, p);
+                }
+                let la = fx.addr(lrow, r, 4);
+                let l_old = fx.load(F32, la, 0);
+                let psum = fx.hsum(vs);
+                let l_new = fx.fmadd(l_old, alpha, psum);
+                fx.store(l_new, la, 0);
+                fx.store(m_new, ma, 0);
+                let aa = fx.addr(arow, r, 4);
+                fx.store(alpha, aa, 0);
+            });
+
+            // O = alpha O + P V, register blocks of 4 rows x 8 head dims.
+            fx.for_n(0, bmp as i64, 4, |fx, rb| {
+                let prow = fx.addr(sb, rb, (bnp * 4) as i64);
+                let orow = fx.addr(ob, rb, (dp * 4) as i64);
+                let arb = fx.addr(arow, rb, 4);
+                let mut al = [fx.splat_c(0.0); 4];
+                for (r, x) in al.iter_mut().enumerate() {
+                    let s = fx.load(F32, arb, (r * 4) as i32);
+                    *x = fx.splat(s);
+                }
+                fx.for_n(0, dp as i64, 8, |fx, db| {
+                    let oc = fx.addr(orow, db, 4);
+                    let vc = fx.addr(vp, db, 4);
+                    let mut acc = [al[0]; 8];
+                    for r in 0..4u64 {
+                        for hh in 0..2u64 {
+                            let o = fx.load(F32X4, oc, (r * dp * 4 + hh * 16) as i32);
+                            acc[(2 * r + hh) as usize] = fx.b.ins().fmul(o, al[r as usize]);
+                        }
+                    }
+                    for cc in 0..bnp {
+                        let v0 = fx.load(F32X4, vc, (cc * dp * 4) as i32);
+                        let v1 = fx.load(F32X4, vc, (cc * dp * 4 + 16) as i32);
+                        for r in 0..4u64 {
+                            let p = fx.load(F32, prow, ((r * bnp + cc) * 4) as i32);
+                            let p = fx.splat(p);
+                            acc[2 * r as usize] = fx.fmadd(p, v0, acc[2 * r as usize]);
+                            acc[2 * r as usize + 1] = fx.fmadd(p, v1, acc[2 * r as usize + 1]);
+                        }
+                    }
+                    for r in 0..4u64 {
+                        for hh in 0..2u64 {
+                            fx.store(acc[(2 * r + hh) as usize], oc, (r * dp * 4 + hh * 16) as i32);
+                        }
+                    }
+                });
+            });
+        });
+
+        // out_i = O_i / l_i
+        let z0 = fx_zero(fx);
+        fx.for_range(z0, rows, 1, |fx, r| {
+            let la = fx.addr(lrow, r, 4);
+            let l = fx.load(F32, la, 0);
+            let one = fx.f32c(1.0);
+            let inv = fx.b.ins().fdiv(one, l);
+            let invv = fx.splat(inv);
+            let row = fx.b.ins().iadd(row_base, i0);
+            let row = fx.b.ins().iadd(row, r);
+            let dst = fx.b.ins().imul_imm_s(row, (d * 4) as i64);
+            let dst = fx.b.ins().iadd(out, dst);
+            let src = fx.addr(ob, r, (dp * 4) as i64);
+            if d % 4 == 0 {
+                for j in (0..d).step_by(4) {
+                    let x = fx.load(F32X4, src, (j * 4) as i32);
+                    let y = fx.b.ins().fmul(x, invv);
+                    fx.store(y, dst, (j * 4) as i32);
+                }
+            } else {
+                for j in 0..d {
+                    let x = fx.load(F32, src, (j * 4) as i32);
+                    let y = fx.b.ins().fmul(x, inv);
+                    fx.store(y, dst, (j * 4) as i32);
+                }
+            }
+        });
+    });
+}
+
+fn fx_zero(fx: &mut Fx) -> Value {
+    fx.ic(0)
+}

@@ -1,0 +1,429 @@
+//! The CPU backend: Cranelift machine code for the fused ops of an optimized graph.
+//!
+//! [`compile`] turns a graph, with its symbolic dims bound to concrete sizes, into one JIT-compiled
+//! kernel per non-parameter node (see [`abi`] for the calling convention). The runtime's executor
+//! (`foxc_runtime::cpu`) allocates the buffers and runs the kernels in topological order, in
+//! parallel over each kernel's task space. [`clif_text`] gives the Cranelift IR for
+//! `foxc compile --emit clif`.
+//!
+//! Lowered ops: `param` (no code), `cast` (to f32 or bf16), `rmsnorm` (last axis), `gate_cumsum`,
+//! `threshold`, `block_boundary`, `decay_attention` and `pruned_decay_attention`, exactly as
+//! docs/SEMANTICS.md states them. Any other op is an error naming it; nothing falls back to the
+//! interpreter.
+
+pub mod abi;
+mod emit;
+mod kernels;
+
+use cranelift_codegen::ir::{types, AbiParam, UserFuncName};
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_frontend::FunctionBuilderContext;
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::{default_libcall_names, FuncId, Linkage, Module};
+use foxc_ir::{DType, Dim, Graph, Op, ValueId};
+use kernels::{AttnKernel, Kind};
+use std::collections::{BTreeMap, HashMap};
+
+/// Tiles of `decay_attention` (`--no-prune`), which carries no tile attributes: the same shape
+/// the passes choose for the CPU's pruned kernel, so that the two are compared like for like.
+pub const DENSE_TILES: foxc_ir::Tiles = foxc_ir::Tiles { bm: 64, bn: 64 };
+
+#[derive(Debug, thiserror::Error)]
+pub enum CpuError {
+    /// The graph holds an op the CPU backend has no kernel for.
+    #[error("the CPU backend cannot lower op `{op}` (value %{value}): only param, cast, rmsnorm, gate_cumsum, threshold, block_boundary, decay_attention and pruned_decay_attention run on the CPU; run the optimization passes first")]
+    Unsupported { op: String, value: usize },
+    /// Shapes, dtypes or dims that the kernels do not accept.
+    #[error("{0}")]
+    Invalid(String),
+    /// Cranelift refused the generated code (a foxc bug).
+    #[error("cranelift: {0}")]
+    Cranelift(String),
+}
+
+/// Options of code generation.
+#[derive(Clone, Copy, Debug)]
+pub struct CpuOptions {
+    /// Emit `fma` (the host has fused multiply-add); otherwise `fmul` + `fadd`.
+    pub fma: bool,
+}
+
+impl Default for CpuOptions {
+    fn default() -> Self {
+        CpuOptions { fma: host_has_fma() }
+    }
+}
+
+fn host_has_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        true
+    }
+}
+
+/// The tasks of one kernel: `0..count`, handed out `chunk` at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskSpace {
+    pub count: u64,
+    pub chunk: u64,
+}
+
+/// One compiled kernel: computes the value `node`.
+#[derive(Debug)]
+pub struct CpuKernel {
+    pub node: ValueId,
+    /// `k<value>_<op>`, as in the CLIF text.
+    pub name: String,
+    /// Entry point, an [`abi::KernelFn`]; valid while the owning [`CpuProgram`] lives.
+    pub entry: *const u8,
+    pub tasks: TaskSpace,
+    /// Per-thread scratch the kernel needs ([`abi::SCRATCH_ALIGN`]-aligned).
+    pub scratch_bytes: usize,
+}
+
+/// A compiled graph: kernels in topological order, owning their machine code.
+pub struct CpuProgram {
+    pub kernels: Vec<CpuKernel>,
+    /// The Cranelift IR of every kernel, before optimization.
+    pub clif: String,
+    /// The dims the program was compiled for.
+    pub dims: BTreeMap<String, u64>,
+    module: Option<JITModule>,
+}
+
+impl std::fmt::Debug for CpuProgram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuProgram").field("kernels", &self.kernels).field("dims", &self.dims).finish()
+    }
+}
+
+impl Drop for CpuProgram {
+    fn drop(&mut self) {
+        if let Some(m) = self.module.take() {
+            // SAFETY: the entry points die with the program; callers hold `&CpuProgram` while running.
+            unsafe { m.free_memory() };
+        }
+    }
+}
+
+/// Compile `g` for the concrete `dims` with the host's default options.
+pub fn compile(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<CpuProgram, CpuError> {
+    compile_with(g, dims, CpuOptions::default())
+}
+
+pub fn compile_with(
+    g: &Graph,
+    dims: &BTreeMap<String, u64>,
+    opts: CpuOptions,
+) -> Result<CpuProgram, CpuError> {
+    let specs = plan(g, dims)?;
+    let (mut module, built, clif) = build(&specs, opts)?;
+    module.finalize_definitions().map_err(|e| CpuError::Cranelift(e.to_string()))?;
+    let kernels = specs
+        .iter()
+        .zip(built)
+        .map(|(s, id)| {
+            let (count, chunk, scratch_bytes) = s.kind.tasks();
+            CpuKernel {
+                node: s.node,
+                name: s.name.clone(),
+                entry: module.get_finalized_function(id),
+                tasks: TaskSpace { count, chunk },
+                scratch_bytes,
+            }
+        })
+        .collect();
+    Ok(CpuProgram { kernels, clif, dims: dims.clone(), module: Some(module) })
+}
+
+/// The Cranelift IR of every kernel of `g` (for `foxc compile --emit clif`).
+pub fn clif_text(g: &Graph, dims: &BTreeMap<String, u64>, opts: CpuOptions) -> Result<String, CpuError> {
+    let specs = plan(g, dims)?;
+    let (module, _, clif) = build(&specs, opts)?;
+    // SAFETY: nothing was finalized, so no code from this module is reachable.
+    unsafe { module.free_memory() };
+    Ok(clif)
+}
+
+/// One kernel to generate.
+struct Spec {
+    node: ValueId,
+    name: String,
+    kind: Kind,
+}
+
+/// Concrete shape of a value.
+fn shape(
+    g: &Graph,
+    id: ValueId,
+    dims: &BTreeMap<String, u64>,
+    num: &HashMap<ValueId, usize>,
+) -> Result<Vec<u64>, CpuError> {
+    g.ty(id)
+        .dims()
+        .map(|d| {
+            d.eval(&|s| dims.get(s).copied()).ok_or_else(|| {
+                let unbound = unbound_sym(d).unwrap_or_default();
+                CpuError::Invalid(format!(
+                    "dimension `{unbound}` of value %{} is not bound to a size",
+                    num[&id]
+                ))
+            })
+        })
+        .collect()
+}
+
+fn unbound_sym(d: &Dim) -> Option<String> {
+    match d {
+        Dim::Sym(s) => Some(s.clone()),
+        Dim::Const(_) => None,
+        Dim::Tiles(b, _) => unbound_sym(b),
+    }
+}
+
+fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> {
+    let order = g.topo_order();
+    let num: HashMap<ValueId, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    let Some(output) = g.output else {
+        return Err(CpuError::Invalid("the graph has no output".into()));
+    };
+    if matches!(g.op(output), Op::Param { .. }) {
+        return Err(CpuError::Invalid(
+            "the graph's output is a parameter: there is nothing to compute".into(),
+        ));
+    }
+    let mut specs = vec![];
+    for &n in &order {
+        let op = g.op(n);
+        let v = num[&n];
+        let ops = g.operands(n);
+        let invalid = |msg: String| CpuError::Invalid(format!("value %{v} ({}): {msg}", op.mnemonic()));
+        let sh = |id: ValueId| shape(g, id, dims, &num);
+        let dt = |id: ValueId| g.ty(id).dtype;
+        let float_in = |id: ValueId| -> Result<DType, CpuError> {
+            match dt(id) {
+                d @ (DType::F32 | DType::BF16) => Ok(d),
+                d => Err(invalid(format!(
+                    "operand %{} has dtype {d}; the CPU kernels read f32 or bf16",
+                    num[&id]
+                ))),
+            }
+        };
+        let out_shape = sh(n)?;
+        let rank4 = |id: ValueId| -> Result<[u64; 4], CpuError> {
+            let s = sh(id)?;
+            <[u64; 4]>::try_from(s.as_slice())
+                .map_err(|_| invalid(format!("operand %{} must be [B, H, T, D]", num[&id])))
+        };
+        let expect = |id: ValueId, want: &[u64], what: &str| -> Result<(), CpuError> {
+            let s = sh(id)?;
+            if s != want {
+                return Err(invalid(format!(
+                    "operand %{} ({what}) has shape {s:?}, expected {want:?}",
+                    num[&id]
+                )));
+            }
+            Ok(())
+        };
+        let kind = match op {
+            Op::Param { .. } => continue,
+            Op::Cast => {
+                let src = dt(ops[0]);
+                if !matches!(src, DType::F32 | DType::BF16 | DType::I32) {
+                    return Err(invalid(format!("cannot cast from {src} on the CPU")));
+                }
+                let dst = g.ty(n).dtype;
+                if !matches!(dst, DType::F32 | DType::BF16) {
+                    return Err(invalid(format!("cannot cast to {dst} on the CPU")));
+                }
+                Kind::Cast { src, dst, n: out_shape.iter().product() }
+            }
+            Op::RmsNorm { axis, eps } => {
+                let xs = sh(ops[0])?;
+                let Some(&d) = xs.last() else { return Err(invalid("rmsnorm of a scalar".into())) };
+                if *axis != (xs.len() - 1).to_string() {
+                    return Err(invalid(format!("rmsnorm over axis `{axis}`; the CPU kernel normalizes the last axis of a positional tensor")));
+                }
+                expect(ops[1], &[d], "w")?;
+                let out = g.ty(n).dtype;
+                if !matches!(out, DType::F32 | DType::BF16) {
+                    return Err(invalid(format!("result dtype {out} is not f32 or bf16")));
+                }
+                Kind::RmsNorm {
+                    x: float_in(ops[0])?,
+                    w: float_in(ops[1])?,
+                    out,
+                    rows: xs.iter().product::<u64>() / d.max(1),
+                    d,
+                    eps: *eps,
+                }
+            }
+            Op::GateCumsum { kind } => {
+                let [b, h, t] = <[u64; 3]>::try_from(out_shape.as_slice())
+                    .map_err(|_| invalid("result must be [B, H, T]".into()))?;
+                if *kind == foxc_ir::GateKind::Slope {
+                    expect(ops[0], &[h], "slopes [H]")?;
+                } else {
+                    expect(ops[0], &[b, h, t], "gates [B, H, T]")?;
+                }
+                Kind::GateCumsum { kind: *kind, src: float_in(ops[0])?, b, h, t }
+            }
+            Op::Threshold { rule, log_eps, bound, scale, bm } => {
+                let [b, h, t, d] = rank4(ops[0])?;
+                expect(ops[1], &[b, h, t, d], "k")?;
+                if *bm == 0 {
+                    return Err(invalid("bm = 0".into()));
+                }
+                Kind::Threshold {
+                    q: float_in(ops[0])?,
+                    k: float_in(ops[1])?,
+                    bh: b * h,
+                    t,
+                    d,
+                    rule: *rule,
+                    log_eps: *log_eps,
+                    bound: *bound,
+                    scale: *scale,
+                    bm: *bm as u64,
+                }
+            }
+            Op::BlockBoundary(tiles) => {
+                let cs = sh(ops[0])?;
+                let [b, h, t] =
+                    <[u64; 3]>::try_from(cs.as_slice()).map_err(|_| invalid("c must be [B, H, T]".into()))?;
+                if tiles.bm == 0 || tiles.bn == 0 {
+                    return Err(invalid("zero tile size".into()));
+                }
+                let mt = t.div_ceil(tiles.bm as u64);
+                expect(ops[1], &[b, h, mt], "delta")?;
+                Kind::BlockBoundary {
+                    c: float_in(ops[0])?,
+                    delta: float_in(ops[1])?,
+                    bh: b * h,
+                    t,
+                    bm: tiles.bm as u64,
+                    bn: tiles.bn as u64,
+                }
+            }
+            Op::DecayAttention(attn) | Op::PrunedDecayAttention { attn, .. } => {
+                let (tiles, pruned) = match op {
+                    Op::PrunedDecayAttention { tiles, .. } => (*tiles, true),
+                    _ => (DENSE_TILES, false),
+                };
+                let [b, h, t, d] = rank4(ops[0])?;
+                expect(ops[1], &[b, h, t, d], "k")?;
+                expect(ops[2], &[b, h, t, d], "v")?;
+                let mut c = None;
+                if attn.has_decay {
+                    expect(ops[3], &[b, h, t], "c")?;
+                    c = Some(float_in(ops[3])?);
+                }
+                if pruned {
+                    let s = ops[if attn.has_decay { 4 } else { 3 }];
+                    if dt(s) != DType::I32 {
+                        return Err(invalid(format!("start operand %{} must be i32", num[&s])));
+                    }
+                    expect(s, &[b, h, t.div_ceil(tiles.bm.max(1) as u64)], "start")?;
+                }
+                if tiles.bm == 0 || tiles.bn == 0 {
+                    return Err(invalid("zero tile size".into()));
+                }
+                if g.ty(n).dtype != DType::F32 {
+                    return Err(invalid("the attention result must be f32".into()));
+                }
+                if t == 0 || d == 0 {
+                    return Err(invalid("T and D must be at least 1".into()));
+                }
+                Kind::Attention(AttnKernel {
+                    q: float_in(ops[0])?,
+                    k: float_in(ops[1])?,
+                    v: float_in(ops[2])?,
+                    c,
+                    pruned,
+                    bh: b * h,
+                    t,
+                    d,
+                    bm: tiles.bm as u64,
+                    bn: tiles.bn as u64,
+                    scale: attn.scale,
+                    window: attn.window,
+                })
+            }
+            other => return Err(CpuError::Unsupported { op: other.mnemonic().to_string(), value: v }),
+        };
+        specs.push(Spec { node: n, name: format!("k{v}_{}", op.mnemonic()), kind });
+    }
+    Ok(specs)
+}
+
+extern "C" fn foxc_log1p_exp_neg_abs(z: f64) -> f64 {
+    (-z.abs()).exp().ln_1p()
+}
+
+const LOG1P_SYM: &str = "foxc_log1p_exp_neg_abs";
+
+fn build(specs: &[Spec], opts: CpuOptions) -> Result<(JITModule, Vec<FuncId>, String), CpuError> {
+    let cl = |e: &dyn std::fmt::Display| CpuError::Cranelift(e.to_string());
+    let mut flags = settings::builder();
+    for (k, v) in [("opt_level", "speed"), ("is_pic", "false"), ("use_colocated_libcalls", "false")] {
+        flags.set(k, v).map_err(|e| cl(&e))?;
+    }
+    let isa = cranelift_native::builder()
+        .map_err(|e| CpuError::Cranelift(format!("host ISA: {e}")))?
+        .finish(settings::Flags::new(flags))
+        .map_err(|e| cl(&e))?;
+    let mut jb = JITBuilder::with_isa(isa, default_libcall_names());
+    jb.symbol(LOG1P_SYM, foxc_log1p_exp_neg_abs as *const u8);
+    let mut module = JITModule::new(jb);
+    let ptr = types::I64;
+    let mut helper_sig = module.make_signature();
+    helper_sig.params.push(AbiParam::new(types::F64));
+    helper_sig.returns.push(AbiParam::new(types::F64));
+    let helper = module.declare_function(LOG1P_SYM, Linkage::Import, &helper_sig).map_err(|e| cl(&e))?;
+
+    let mut ctx = module.make_context();
+    let mut fbc = FunctionBuilderContext::new();
+    let mut ids = vec![];
+    let mut text = String::new();
+    for (i, s) in specs.iter().enumerate() {
+        let mut sig = module.make_signature();
+        for _ in 0..4 {
+            sig.params.push(AbiParam::new(ptr));
+        }
+        let id = module.declare_function(&s.name, Linkage::Local, &sig).map_err(|e| cl(&e))?;
+        ctx.func.signature = sig;
+        ctx.func.name = UserFuncName::user(0, i as u32);
+        let log1p = match &s.kind {
+            Kind::GateCumsum { kind: foxc_ir::GateKind::Logits, .. } => {
+                Some(module.declare_func_in_func(helper, &mut ctx.func))
+            }
+            _ => None,
+        };
+        let tcfg = module.target_config();
+        {
+            let b = cranelift_frontend::FunctionBuilder::new(&mut ctx.func, &mut fbc);
+            let mut fx = emit::Fx { b, fma: opts.fma };
+            let entry = fx.b.create_block();
+            fx.b.append_block_params_for_function_params(entry);
+            fx.b.switch_to_block(entry);
+            let p = fx.b.block_params(entry).to_vec();
+            let frame = kernels::Frame { args: p[0], begin: p[1], end: p[2], scratch: p[3] };
+            kernels::emit(&mut fx, &s.kind, &frame, &kernels::Helpers { log1p_exp_neg_abs: log1p });
+            use cranelift_codegen::ir::InstBuilder;
+            fx.b.ins().return_(&[]);
+            fx.b.seal_all_blocks();
+            fx.b.finalize(tcfg);
+        }
+        text.push_str(&format!("; {}\n{}\n", s.name, ctx.func.display()));
+        module
+            .define_function(id, &mut ctx)
+            .map_err(|e| CpuError::Cranelift(format!("{}: {e:?}", s.name)))?;
+        module.clear_context(&mut ctx);
+        ids.push(id);
+    }
+    Ok((module, ids, text))
+}

@@ -1,0 +1,181 @@
+//! The CPU executor: runs JIT-compiled kernels (entry points handed over as raw addresses, so
+//! that this crate never links a compiler) over host tensors.
+//!
+//! Kernel ABI (mirrors `foxc_codegen::cpu::abi`; change both together and bump [`ABI_VERSION`]):
+//!
+//! ```text
+//! extern "C" fn(args: *const u64, task_begin: u64, task_end: u64, scratch: *mut u8)
+//! ```
+//! `args[k]` is the address of operand `k` of the kernel's node, `args[n]` the address of its
+//! result (dense row-major buffers of the values' dtypes and concrete shapes). A kernel runs tasks
+//! `task_begin..task_end`; distinct tasks write disjoint results, so any partition of the tasks
+//! over threads gives the same bits. `scratch` is private to the calling thread, 64-byte aligned,
+//! at least `scratch_bytes` long, with arbitrary contents.
+
+use crate::tensor::{HostTensor, TensorMap};
+use foxc_ir::{Graph, Op, ValueId};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub const ABI_VERSION: u32 = 1;
+pub const SCRATCH_ALIGN: usize = 64;
+
+/// The Rust type of a kernel entry point.
+pub type KernelFn = unsafe extern "C" fn(args: *const u64, task_begin: u64, task_end: u64, scratch: *mut u8);
+
+/// One kernel to run: it computes value `node` of the graph.
+#[derive(Clone, Copy, Debug)]
+pub struct Launch {
+    pub node: ValueId,
+    /// A [`KernelFn`].
+    pub entry: *const u8,
+    pub tasks: u64,
+    /// Tasks taken per grab of the shared counter.
+    pub chunk: u64,
+    pub scratch_bytes: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// An input tensor is missing or has the wrong dtype or shape.
+    #[error("{0}")]
+    Input(String),
+    /// The launches do not fit the graph (a foxc bug).
+    #[error("cpu executor: {0}")]
+    Internal(String),
+}
+
+/// Element storage, 8-byte aligned.
+struct Buf {
+    words: Vec<u64>,
+    bytes: usize,
+}
+
+/// Threads to use: all cores.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+/// Concrete shape of a value.
+pub fn value_shape(g: &Graph, id: ValueId, dims: &BTreeMap<String, u64>) -> Result<Vec<usize>, ExecError> {
+    g.ty(id)
+        .dims()
+        .map(|d| {
+            d.eval(&|s| dims.get(s).copied())
+                .map(|x| x as usize)
+                .ok_or_else(|| ExecError::Input(format!("dimension `{d}` is not bound to a size")))
+        })
+        .collect()
+}
+
+/// Check that `inputs` holds every parameter of `g` with its dtype and concrete shape.
+pub fn check_params(g: &Graph, dims: &BTreeMap<String, u64>, inputs: &TensorMap) -> Result<(), ExecError> {
+    for p in &g.params {
+        let t = inputs
+            .get(&p.name)
+            .ok_or_else(|| ExecError::Input(format!("missing input tensor `{}`", p.name)))?;
+        let want = value_shape(g, p.node, dims)?;
+        if t.dtype != p.ty.dtype || t.shape != want {
+            return Err(ExecError::Input(format!(
+                "input tensor `{}` is {}{:?}, expected {}{:?} ({})",
+                p.name, t.dtype, t.shape, p.ty.dtype, want, p.ty
+            )));
+        }
+        if t.data.len() != t.numel() * t.dtype.size_bytes() {
+            return Err(ExecError::Input(format!(
+                "input tensor `{}` holds {} bytes, expected {}",
+                p.name,
+                t.data.len(),
+                t.numel() * t.dtype.size_bytes()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Run `launches` (topological order) of a program compiled for `g` and `dims` on `threads`
+/// threads and return the graph's output.
+///
+/// # Safety
+/// Every `entry` must be a live kernel that follows the ABI above and was compiled for exactly
+/// this graph and these dims (the executor sizes the buffers from them).
+pub unsafe fn execute(
+    g: &Graph,
+    dims: &BTreeMap<String, u64>,
+    launches: &[Launch],
+    inputs: &TensorMap,
+    threads: usize,
+) -> Result<HostTensor, ExecError> {
+    check_params(g, dims, inputs)?;
+    let mut addr: HashMap<ValueId, u64> = HashMap::new();
+    for p in &g.params {
+        addr.insert(p.node, inputs[&p.name].data.as_ptr() as u64);
+    }
+    let mut bufs: HashMap<ValueId, Buf> = HashMap::new();
+    let ok_before: std::collections::HashSet<ValueId> = launches.iter().map(|l| l.node).collect();
+    for n in g.topo_order() {
+        if !matches!(g.op(n), Op::Param { .. }) && !ok_before.contains(&n) {
+            return Err(ExecError::Internal(format!(
+                "no kernel for value {} ({})",
+                n.index(),
+                g.op(n).mnemonic()
+            )));
+        }
+    }
+    for l in launches {
+        let mut args: Vec<u64> = vec![];
+        for o in g.operands(l.node) {
+            let a = addr.get(&o).ok_or_else(|| {
+                ExecError::Internal(format!("operand {} not computed before use", o.index()))
+            })?;
+            args.push(*a);
+        }
+        let shape = value_shape(g, l.node, dims)?;
+        let bytes = shape.iter().product::<usize>() * g.ty(l.node).dtype.size_bytes();
+        let mut words = vec![0u64; bytes.div_ceil(8).max(1)];
+        args.push(words.as_mut_ptr() as u64);
+        addr.insert(l.node, words.as_ptr() as u64);
+        run_parallel(l, &args, threads);
+        bufs.insert(l.node, Buf { words, bytes });
+    }
+    let out = g.output.ok_or_else(|| ExecError::Internal("graph has no output".into()))?;
+    let b = bufs
+        .remove(&out)
+        .ok_or_else(|| ExecError::Internal("the output is not computed by a kernel".into()))?;
+    let data: Vec<u8> = b.words.iter().flat_map(|w| w.to_le_bytes()).take(b.bytes).collect();
+    Ok(HostTensor { dtype: g.ty(out).dtype, shape: value_shape(g, out, dims)?, data })
+}
+
+/// Run one kernel over its task space: workers take `chunk` tasks at a time from a shared counter.
+unsafe fn run_parallel(l: &Launch, args: &[u64], threads: usize) {
+    let f: KernelFn = std::mem::transmute::<*const u8, KernelFn>(l.entry);
+    let counter = AtomicU64::new(0);
+    let chunk = l.chunk.max(1);
+    let args_addr = args.as_ptr() as usize;
+    let (tasks, scratch_bytes) = (l.tasks, l.scratch_bytes);
+    let work = || {
+        let mut scratch = vec![0u8; scratch_bytes + SCRATCH_ALIGN];
+        let off = scratch.as_ptr().align_offset(SCRATCH_ALIGN);
+        let sp = scratch.as_mut_ptr().wrapping_add(off);
+        loop {
+            let s = counter.fetch_add(chunk, Ordering::Relaxed);
+            if s >= tasks {
+                break;
+            }
+            let e = (s + chunk).min(tasks);
+            // SAFETY: the caller of `execute` vouches for the kernel; args outlive the scope.
+            unsafe { f(args_addr as *const u64, s, e, sp) };
+        }
+    };
+    let nthreads = threads.max(1).min(l.tasks.div_ceil(chunk) as usize);
+    if nthreads <= 1 {
+        work();
+        return;
+    }
+    std::thread::scope(|sc| {
+        for _ in 1..nthreads {
+            sc.spawn(work);
+        }
+        work();
+    });
+}
