@@ -607,6 +607,7 @@ fn examples_run_when_the_frontend_is_there() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
     let Ok(entries) = std::fs::read_dir(&dir) else { return };
     let mut rng = StdRng::seed_from_u64(91);
+    let mut ran = 0;
     for e in entries.flatten() {
         let path = e.path();
         if path.extension().and_then(|s| s.to_str()) != Some("attn") {
@@ -632,5 +633,23 @@ fn examples_run_when_the_frontend_is_there() {
         }
         let r = interp::run(&g, &ins).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert!(r.output.data.iter().all(|x| x.is_finite()), "{}", path.display());
+        eprintln!("ran {}", path.display());
+        ran += 1;
     }
+    assert!(ran >= 6, "only {ran} examples compiled");
+}
+
+#[test]
+fn fox_example_matches_naive_fox() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/fox.attn");
+    let Ok(bytes) = std::fs::read(&path) else { return };
+    let c =
+        foxc_ir::frontend::compile("fox.attn", &bytes).unwrap_or_else(|_| panic!("fox.attn must compile"));
+    let ins = random_fox_inputs(101, 2, 2, 19, 8);
+    let r = interp::run(&c.graph, &ins).unwrap();
+    let want = naive_fox(&ins["q"], &ins["k"], &ins["v"], &ins["fgate"]);
+    // The example returns bf16: allow the final rounding if lowering inserts a cast.
+    let err = max_abs_diff(&r.output, &want);
+    let tol = want.data.iter().fold(0.0f64, |a, x| a.max(x.abs())) * 2f64.powi(-8);
+    assert!(err <= tol, "max abs diff {err}");
 }
