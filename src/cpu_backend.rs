@@ -1,1 +1,217 @@
-//! CPU backend glue (owned by the CPU backend work).
+//! CPU backend glue: compile an optimized graph with Cranelift (`foxc_codegen::cpu`) and run it
+//! with the runtime's CPU executor (`foxc_runtime::cpu`), which receives the kernels as raw
+//! entry points (the runtime never links a compiler).
+
+use crate::Error;
+use foxc_codegen::cpu::{self as cg, CpuError, CpuProgram};
+use foxc_ir::{Graph, Op};
+use foxc_runtime::cpu::{self as rt, ExecError, Launch};
+use foxc_runtime::{HostTensor, TensorMap};
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// The result of one CPU run.
+#[derive(Clone, Debug)]
+pub struct CpuRun {
+    pub out: HostTensor,
+    pub compile_ms: f64,
+    pub run_ms: f64,
+}
+
+/// Timing of repeated runs of one compiled program (compilation excluded).
+#[derive(Clone, Debug)]
+pub struct BenchStats {
+    pub median_ms: f64,
+    pub min_ms: f64,
+    pub max_ms: f64,
+    pub iters: usize,
+    pub compile_ms: f64,
+    pub threads: usize,
+}
+
+fn cg_err(e: CpuError) -> Error {
+    match e {
+        CpuError::Unsupported { .. } | CpuError::Invalid(_) => Error::user(format!("error: {e}")),
+        CpuError::Cranelift(_) => Error::internal(format!("internal error: {e}")),
+    }
+}
+
+fn rt_err(e: ExecError) -> Error {
+    match e {
+        ExecError::Input(m) => Error::user(format!("error: {m}")),
+        ExecError::Internal(m) => Error::internal(format!("internal error: {m}")),
+    }
+}
+
+/// Validate the inputs (names, dtypes, shapes, NaN) and bind the graph's dims.
+fn bind(g: &Graph, inputs: &TensorMap) -> Result<BTreeMap<String, u64>, Error> {
+    let dims =
+        foxc_runtime::validate::check_inputs(g, inputs).map_err(|e| Error::user(format!("error: {e}")))?;
+    Ok(dims.0)
+}
+
+fn launches(p: &CpuProgram) -> Vec<Launch> {
+    p.kernels
+        .iter()
+        .map(|k| Launch {
+            node: k.node,
+            entry: k.entry,
+            tasks: k.tasks.count,
+            chunk: k.tasks.chunk,
+            scratch_bytes: k.scratch_bytes,
+        })
+        .collect()
+}
+
+fn compile(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<(CpuProgram, f64), Error> {
+    let t0 = Instant::now();
+    let p = cg::compile(g, dims).map_err(cg_err)?;
+    Ok((p, t0.elapsed().as_secs_f64() * 1e3))
+}
+
+fn execute(g: &Graph, p: &CpuProgram, inputs: &TensorMap) -> Result<HostTensor, Error> {
+    let ls = launches(p);
+    // SAFETY: the launches come from `p`, compiled for this graph and these dims, alive here.
+    unsafe { rt::execute(g, &p.dims, &ls, inputs, rt::default_threads()) }.map_err(rt_err)
+}
+
+/// Compile `g` (an optimized graph) for the shapes of `inputs` and run it on all cores.
+pub fn run(g: &Graph, inputs: &TensorMap) -> Result<CpuRun, Error> {
+    let dims = bind(g, inputs)?;
+    let (p, compile_ms) = compile(g, &dims)?;
+    let t0 = Instant::now();
+    let out = execute(g, &p, inputs)?;
+    Ok(CpuRun { out, compile_ms, run_ms: t0.elapsed().as_secs_f64() * 1e3 })
+}
+
+/// The Cranelift IR of every kernel of `g`. Kernels are specialized to concrete dims; dims not
+/// given default to 128 (the text does not depend on them beyond constants).
+pub fn emit_clif(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<String, Error> {
+    let mut d = dims.clone();
+    let mut defaulted = vec![];
+    for name in &g.dims {
+        if !d.contains_key(name) {
+            d.insert(name.clone(), 128);
+            defaulted.push(name.clone());
+        }
+    }
+    let text = cg::clif_text(g, &d, cg::CpuOptions::default()).map_err(cg_err)?;
+    let shown: Vec<String> = d.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let mut head = format!("; foxc CPU kernels for @{} specialized to {}", g.name, shown.join(","));
+    if !defaulted.is_empty() {
+        head.push_str(&format!(" ({} not given: defaulted)", defaulted.join(",")));
+    }
+    Ok(format!("{head}\n{text}"))
+}
+
+/// Compile once, run once to warm up, then time `iters` runs.
+pub fn bench(g: &Graph, inputs: &TensorMap, iters: usize) -> Result<BenchStats, Error> {
+    let dims = bind(g, inputs)?;
+    let (p, compile_ms) = compile(g, &dims)?;
+    execute(g, &p, inputs)?;
+    let mut ts = vec![];
+    for _ in 0..iters.max(1) {
+        let t0 = Instant::now();
+        let out = execute(g, &p, inputs)?;
+        ts.push(t0.elapsed().as_secs_f64() * 1e3);
+        drop(out);
+    }
+    ts.sort_by(|a, b| a.total_cmp(b));
+    Ok(BenchStats {
+        median_ms: ts[ts.len() / 2],
+        min_ms: ts[0],
+        max_ms: ts[ts.len() - 1],
+        iters: ts.len(),
+        compile_ms,
+        threads: rt::default_threads(),
+    })
+}
+
+/// A plain Rust triple-loop FoX forward in f32 (single thread, no tiling, no pruning) on the
+/// tensors `q`, `k`, `v` `[B, H, T, D]` and gate logits `[B, H, T]` named by `names`
+/// (`(q, k, v, gate)`, gate optional), for the side-by-side benchmark. Returns (milliseconds, out).
+pub fn naive_reference_ms(
+    inputs: &TensorMap,
+    names: (&str, &str, &str, Option<&str>),
+) -> Result<(f64, Vec<f32>), Error> {
+    let get =
+        |n: &str| inputs.get(n).ok_or_else(|| Error::user(format!("error: missing input tensor `{n}`")));
+    let (q, k, v) = (get(names.0)?, get(names.1)?, get(names.2)?);
+    let [b, h, t, d] = <[usize; 4]>::try_from(q.shape.as_slice())
+        .map_err(|_| Error::user(format!("error: `{}` must be [B, H, T, D]", names.0)))?;
+    if k.shape != q.shape || v.shape != q.shape {
+        return Err(Error::user("error: q, k and v must have the same shape".to_string()));
+    }
+    let (q, k, v) = (q.to_f32_vec(), k.to_f32_vec(), v.to_f32_vec());
+    let z = match names.3 {
+        Some(n) => {
+            let z = get(n)?;
+            if z.shape != [b, h, t] {
+                return Err(Error::user(format!("error: `{n}` must be [B, H, T]")));
+            }
+            Some(z.to_f32_vec())
+        }
+        None => None,
+    };
+    let t0 = Instant::now();
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut out = vec![0f32; b * h * t * d];
+    let mut c = vec![0f32; t];
+    let mut s = vec![0f32; t];
+    for bh in 0..b * h {
+        let mut acc = 0f32;
+        for (tt, cv) in c.iter_mut().enumerate() {
+            if let Some(z) = &z {
+                let x = z[bh * t + tt];
+                acc += (x.min(0.0) - (-x.abs()).exp().ln_1p()).max(-100.0);
+            }
+            *cv = acc;
+        }
+        for i in 0..t {
+            let qi = &q[(bh * t + i) * d..(bh * t + i + 1) * d];
+            let mut mx = f32::NEG_INFINITY;
+            for j in 0..=i {
+                let kj = &k[(bh * t + j) * d..(bh * t + j + 1) * d];
+                let dot: f32 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
+                s[j] = scale * dot + c[i] - c[j];
+                mx = mx.max(s[j]);
+            }
+            let mut l = 0f32;
+            for sj in s.iter_mut().take(i + 1) {
+                *sj = (*sj - mx).exp();
+                l += *sj;
+            }
+            let o = &mut out[(bh * t + i) * d..(bh * t + i + 1) * d];
+            for (j, sj) in s.iter().enumerate().take(i + 1) {
+                let p = sj / l;
+                let vj = &v[(bh * t + j) * d..(bh * t + j + 1) * d];
+                for (oe, ve) in o.iter_mut().zip(vj) {
+                    *oe += p * ve;
+                }
+            }
+        }
+    }
+    Ok((t0.elapsed().as_secs_f64() * 1e3, out))
+}
+
+/// Whether `g` holds only ops the CPU backend lowers (for callers that want to ask first).
+pub fn supports(g: &Graph) -> Result<(), Error> {
+    for n in g.topo_order() {
+        let op = g.op(n);
+        let ok = matches!(
+            op,
+            Op::Param { .. }
+                | Op::Cast
+                | Op::RmsNorm { .. }
+                | Op::GateCumsum { .. }
+                | Op::Threshold { .. }
+                | Op::BlockBoundary(_)
+                | Op::DecayAttention(_)
+                | Op::PrunedDecayAttention { .. }
+        );
+        if !ok {
+            return Err(Error::user(format!("error: the CPU backend cannot lower op `{}`", op.mnemonic())));
+        }
+    }
+    Ok(())
+}
