@@ -123,6 +123,10 @@ fn floor_boundary(s: &str, i: usize) -> usize {
     i
 }
 
+/// Longest source line shown whole, and the context kept around the caret in longer ones.
+const MAX_LINE: usize = 120;
+const CONTEXT: usize = 40;
+
 fn render_one(out: &mut String, d: &Diagnostic, file_name: &str, src: &str) {
     use std::fmt::Write;
     let start = floor_boundary(src, d.span.start as usize);
@@ -154,7 +158,24 @@ fn render_one(out: &mut String, d: &Diagnostic, file_name: &str, src: &str) {
         pos += c.len_utf8();
     }
     let caret_len = caret_len.max(1);
-    let _ = writeln!(out, "{line_no} | {}", shown.trim_end());
+    // Long lines (generated or minified input) are cut to a window around the caret.
+    let chars: Vec<char> = shown.trim_end().chars().collect();
+    let (mut from, mut to) = (0usize, chars.len());
+    if chars.len() > MAX_LINE {
+        from = caret_off.saturating_sub(CONTEXT);
+        to = (caret_off + caret_len.min(MAX_LINE - 2 * CONTEXT) + CONTEXT).min(chars.len());
+    }
+    let mut text: String = chars[from.min(to)..to].iter().collect();
+    let mut caret_off = caret_off - from;
+    let caret_len = if chars.len() > MAX_LINE { caret_len.min(MAX_LINE - 2 * CONTEXT) } else { caret_len };
+    if from > 0 {
+        text.insert_str(0, "...");
+        caret_off += 3;
+    }
+    if to < chars.len() {
+        text.push_str("...");
+    }
+    let _ = writeln!(out, "{line_no} |{}", if text.is_empty() { String::new() } else { format!(" {text}") });
     let label = if d.label.is_empty() { String::new() } else { format!(" {}", d.label) };
     let _ = writeln!(out, "{pad} | {}{}{}", " ".repeat(caret_off), "^".repeat(caret_len), label);
     if let Some(h) = &d.hint {
@@ -189,5 +210,23 @@ mod tests {
         assert!(r.contains("f:1:4"), "{r}");
         let r = Diagnostics::from(Diagnostic::new("e", Span::new(0, 0), "")).render("f", "");
         assert!(r.contains("f:1:1"), "{r}");
+    }
+}
+
+#[cfg(test)]
+mod long_line_tests {
+    use super::*;
+
+    #[test]
+    fn long_lines_are_windowed() {
+        let src = format!("{}XYZ{}", "a ".repeat(500), " b".repeat(500));
+        let d = Diagnostic::new("m", Span::new(1000, 1003), "here");
+        let r = Diagnostics::from(d).render("f", &src);
+        let lines: Vec<&str> = r.lines().collect();
+        assert!(lines[3].len() < 140, "{r}");
+        let src_col = lines[3].find("XYZ").unwrap();
+        let caret_col = lines[4].find('^').unwrap();
+        assert_eq!(src_col, caret_col, "{r}");
+        assert!(lines[4].contains("^^^ here"));
     }
 }

@@ -42,7 +42,7 @@ pub fn parse(file_name: &str, bytes: &[u8]) -> Result<ast::Program, Diagnostics>
     let _ = file_name;
     let src = source(bytes)?;
     let toks = crate::lexer::lex(src)?;
-    Ok(crate::parser::parse_tokens(&toks)?)
+    Ok(crate::parser::parse_tokens(&toks, src)?)
 }
 
 /// Parse, check and lower `bytes` to a verified graph.

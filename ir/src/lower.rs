@@ -88,7 +88,7 @@ struct Entry {
 }
 
 /// Line and column (1-based, in chars) of a byte offset.
-fn line_col(src: &str, off: u32) -> (usize, usize) {
+pub fn line_col(src: &str, off: u32) -> (usize, usize) {
     let mut off = (off as usize).min(src.len());
     while off > 0 && !src.is_char_boundary(off) {
         off -= 1;
@@ -112,12 +112,14 @@ fn edit_distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
-/// The closest candidate within a small edit distance.
+/// The closest candidate within a small edit distance (a third of the name's length, at least 1
+/// for names of two or more characters), or one that differs only in case.
 fn suggest<'a>(name: &str, cands: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
-    let limit = (name.chars().count() / 3).max(1);
+    let n = name.chars().count();
+    let limit = if n >= 2 { (n / 3).max(1) } else { 0 };
     cands
         .into_iter()
-        .map(|c| (edit_distance(name, c), c))
+        .map(|c| (if c.eq_ignore_ascii_case(name) { 0 } else { edit_distance(name, c) }, c))
         .filter(|(d, _)| *d <= limit)
         .min_by_key(|(d, c)| (*d, *c))
         .map(|(_, c)| c)
@@ -300,7 +302,7 @@ impl<'a> Lowerer<'a> {
                 let hint = if cx.sizes.contains_key(&ix.name) {
                     format!("`{}` is reduced away on the right-hand side; remove it from the left, or do not reduce over it", ix.name)
                 } else {
-                    format!("every index on the left must be an index of the right-hand side; use `{}` in an access like `x[.., {}]`", ix.name, ix.name)
+                    format!("every index on the left must be an index of the right-hand side; use `{}` to index a tensor there, or remove it", ix.name)
                 };
                 return Err(Diagnostic::new(
                     format!("unbound index `{}` on the left-hand side", ix.name),
@@ -597,7 +599,7 @@ impl<'a> Lowerer<'a> {
         }
     }
 
-    fn call_example(f: &str) -> &'static str {
+    fn call_example(f: &str) -> String {
         match f {
             "sum" => "sum(d, q[b, h, i, d] * k[b, h, j, d])",
             "max" => "max(j, s[b, h, i, j])",
@@ -608,8 +610,9 @@ impl<'a> Lowerer<'a> {
             "rmsnorm" => "rmsnorm(q[b, h, i, d], wq[d])",
             "select" => "select(x[i] > 0, x[i], 0)",
             "min" => "min(x[i], 0)",
-            _ => "exp(x[i])",
+            _ => return format!("{f}(x[i])"),
         }
+        .to_string()
     }
 
     fn arity(&self, e: &Expr, f: &Ident, args: &[Expr], n: usize) -> LResult<()> {

@@ -30,22 +30,30 @@ pub const MAX_HEIGHT: u32 = 128;
 type PResult<T> = Result<T, Diagnostic>;
 
 pub struct Parser<'t> {
+    src: &'t str,
     toks: &'t [Token],
     pos: usize,
     nesting: u32,
 }
 
-/// Parse a token stream (ending in [`Tok::Eof`], as [`crate::lexer::lex`] makes it).
-pub fn parse_tokens(toks: &[Token]) -> PResult<Program> {
+/// Parse a token stream (ending in [`Tok::Eof`], as [`crate::lexer::lex`] makes it) of `src`
+/// (used for line:column references in hints).
+pub fn parse_tokens(toks: &[Token], src: &str) -> PResult<Program> {
     if toks.is_empty() {
         return Err(Diagnostic::new("empty input", Span::default(), "expected `attention`")
             .with_hint("a program starts with `attention name(params) -> type { ... }`"));
     }
-    let mut p = Parser { toks, pos: 0, nesting: 0 };
+    let mut p = Parser { src, toks, pos: 0, nesting: 0 };
     p.program()
 }
 
 impl<'t> Parser<'t> {
+    /// `line:col` of a span's start.
+    fn at(&self, span: Span) -> String {
+        let (l, c) = crate::lower::line_col(self.src, span.start);
+        format!("{l}:{c}")
+    }
+
     fn peek(&self) -> &Tok {
         &self.toks[self.pos.min(self.toks.len() - 1)].tok
     }
@@ -351,6 +359,18 @@ impl<'t> Parser<'t> {
         let span = name.span.join(value.span);
         if *self.peek() == Tok::Semi {
             self.bump();
+        } else if *self.peek() == Tok::Assign {
+            // `a = x +` NEWLINE `p[i] = ...`: the next statement's name was taken as an operand.
+            return Err(Diagnostic::new(
+                format!("unexpected {}: the expression before it is unfinished", self.peek()),
+                self.span(),
+                "a new statement cannot start inside an expression",
+            )
+            .with_hint(format!(
+                "the statement `{}` (at {}) seems to end with a dangling operator; complete or remove it",
+                name.name,
+                self.at(name.span)
+            )));
         } else if !matches!(self.peek(), Tok::Ident(_) | Tok::RBrace) {
             return Err(self.error_here(
                 "an operator or the next statement",
@@ -375,11 +395,12 @@ impl<'t> Parser<'t> {
         Ok(())
     }
 
-    fn node(&self, kind: ExprKind, span: Span, depth: u32) -> PResult<Expr> {
+    /// Build an expression node; `at` is where to point if the tree gets too tall.
+    fn node(&self, kind: ExprKind, span: Span, depth: u32, at: Span) -> PResult<Expr> {
         if depth > MAX_HEIGHT {
-            return Err(Diagnostic::new("expression too large", span, "this expression").with_hint(format!(
-                "at most {MAX_HEIGHT} levels of operators; split it into several statements"
-            )));
+            return Err(Diagnostic::new("expression too large", at, "height limit reached here").with_hint(
+                format!("at most {MAX_HEIGHT} levels of operators; split it into several statements"),
+            ));
         }
         Ok(Expr { kind, span, depth })
     }
@@ -412,7 +433,8 @@ impl<'t> Parser<'t> {
     fn binary(&self, op: BinOp, a: Expr, b: Expr) -> PResult<Expr> {
         let span = a.span.join(b.span);
         let depth = a.depth.max(b.depth) + 1;
-        self.node(ExprKind::Binary(op, Box::new(a), Box::new(b)), span, depth)
+        let at = b.span;
+        self.node(ExprKind::Binary(op, Box::new(a), Box::new(b)), span, depth, at)
     }
 
     fn sum(&mut self) -> PResult<Expr> {
@@ -452,7 +474,7 @@ impl<'t> Parser<'t> {
             let e = e?;
             let span = start.join(e.span);
             let depth = e.depth + 1;
-            return self.node(ExprKind::Unary(UnOp::Neg, Box::new(e)), span, depth);
+            return self.node(ExprKind::Unary(UnOp::Neg, Box::new(e)), span, depth, start);
         }
         self.primary()
     }
@@ -461,7 +483,7 @@ impl<'t> Parser<'t> {
         match self.peek().clone() {
             Tok::Num { value, int, text } => {
                 let span = self.bump().span;
-                self.node(ExprKind::Num { value, int, text }, span, 1)
+                self.node(ExprKind::Num { value, int, text }, span, 1, span)
             }
             Tok::Ident(_) => {
                 let name = self.ident("a name", "")?;
@@ -469,7 +491,7 @@ impl<'t> Parser<'t> {
                     Tok::LBracket => {
                         let indices = self.index_list()?;
                         let span = name.span.join(self.prev_span());
-                        self.node(ExprKind::Access { name, indices }, span, 1)
+                        self.node(ExprKind::Access { name, indices }, span, 1, span)
                     }
                     Tok::LParen => {
                         self.bump();
@@ -485,20 +507,23 @@ impl<'t> Parser<'t> {
                                 }
                                 Tok::RParen => {}
                                 _ => {
-                                    return Err(self.error_here(
-                                        "`,` or `)`",
-                                        "separate the arguments of a call with commas",
-                                    ))
+                                    let hint = format!(
+                                        "separate the arguments with commas, and close the `(` of `{}` (at {}) with `)`",
+                                        name.name,
+                                        self.at(name.span)
+                                    );
+                                    return Err(self.error_here("`,` or `)`", &hint));
                                 }
                             }
                         }
                         let close = self.bump().span;
                         let span = name.span.join(close);
-                        self.node(ExprKind::Call { func: name, args }, span, depth)
+                        let at = name.span;
+                        self.node(ExprKind::Call { func: name, args }, span, depth, at)
                     }
                     _ => {
                         let span = name.span;
-                        self.node(ExprKind::Name(name), span, 1)
+                        self.node(ExprKind::Name(name), span, 1, span)
                     }
                 }
             }
