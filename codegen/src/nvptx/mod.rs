@@ -1,3 +1,185 @@
-//! NVPTX backend (LLVM IR through inkwell). Minimal module list; the backend owner (H5a) merges.
+//! NVPTX backend: LLVM IR through inkwell, lowered to PTX by LLVM's NVPTX target.
+//!
+//! [`compile`] turns an optimized graph (fused ops after the passes) into one PTX module with one
+//! kernel per node, plus a *launch plan*: the device buffers the program needs and, in order, the
+//! kernels with their arguments and launch geometry as functions of the symbolic dimensions.
+//! The runtime crate never sees this type (it does not link LLVM); the facade's glue converts
+//! an [`NvptxArtifact`] into the runtime's launch descriptions once the dimensions are bound.
+//!
+//! Kernel per node:
+//! - `gate_cumsum`: a block scan per (b, h) (`Logits`, `LogGate`) or a closed form (`Slope`);
+//! - `rmsnorm` (last axis), `cast`: row / elementwise kernels;
+//! - `threshold`: for a data bound, a max-norm reduction (atomicMax on f32 bits) then a per-tile
+//!   delta kernel; for a static bound, the delta kernel alone;
+//! - `block_boundary`: no launch: the attention kernel finds `start[m]` itself by a search over
+//!   `c` and `delta` (SEMANTICS.md allows this), so the plan passes `delta` to attention;
+//! - `decay_attention`, `pruned_decay_attention`: [`attention::build_attention_kernel`].
 
 pub mod attention;
+pub mod kernels;
+pub mod module;
+pub mod target;
+
+use foxc_ir::{DType, Dim, ValueId};
+use std::collections::BTreeMap;
+
+pub use attention::{AttnKernelConfig, LaunchGeometry};
+pub use module::compile;
+pub use target::NvptxTarget;
+
+/// What to compile for.
+#[derive(Clone, Debug)]
+pub struct NvptxSpec {
+    pub target: NvptxTarget,
+    /// Dimensions fixed at compile time; at least the head dimension `D` (kernels are
+    /// specialized on it). Other dimensions (B, H, T) stay runtime values.
+    pub dims: BTreeMap<String, u64>,
+}
+
+/// Errors of the NVPTX backend.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CodegenError {
+    /// The graph holds an op this backend has no kernel for.
+    #[error(
+        "the NVPTX backend cannot lower op `{op}` (value %{node}); run the passes first or use --backend cpu"
+    )]
+    Unsupported { op: String, node: usize },
+    /// A configuration the user can change (a head dimension, a missing `--shape D=...`).
+    #[error("{0}")]
+    User(String),
+    /// A bug in foxc or an LLVM failure.
+    #[error("internal NVPTX codegen error: {0}")]
+    Internal(String),
+}
+
+/// Where a device buffer's contents come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BufferKind {
+    /// Graph parameter number `index` (uploaded from the user's tensor `name`).
+    Param { index: usize, name: String },
+    /// The result of a graph node.
+    Value(ValueId),
+    /// Kernel-private scratch (norms of the threshold, the log-sum-exp of attention, bf16 copies).
+    Scratch(String),
+}
+
+/// One device buffer of the plan: a dense tensor of `shape` (resolved with the bound dims).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BufferInfo {
+    pub dtype: DType,
+    pub shape: Vec<Dim>,
+    pub kind: BufferKind,
+}
+
+/// A kernel argument.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KernelArg {
+    /// Device pointer of buffer number `n` of [`NvptxArtifact::buffers`].
+    Buffer(usize),
+    /// The product of the dims, as i32.
+    I32(Vec<Dim>),
+    /// The product of the dims, as i64.
+    I64(Vec<Dim>),
+    /// `ln` of the product of the dims, as f32 (the threshold's `ln T`).
+    LnF32(Vec<Dim>),
+}
+
+/// One grid extent: a constant, or `ceil(product of dims / n)`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GridDim {
+    Const(u32),
+    Ceil(Vec<Dim>, u32),
+}
+
+/// How a kernel is launched.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Launch {
+    /// Geometry from [`attention::launch_geometry`] for sequence length `t` and `bh` heads.
+    Attention { cfg: AttnKernelConfig, t: Dim, bh: Vec<Dim> },
+    /// A plain grid with static shared memory.
+    Grid { x: GridDim, y: GridDim, block: u32 },
+}
+
+/// One kernel launch of the plan, in execution order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelInfo {
+    /// The graph node this kernel computes (a part of).
+    pub node: ValueId,
+    /// The PTX entry name.
+    pub name: String,
+    pub args: Vec<KernelArg>,
+    pub launch: Launch,
+    /// Buffers to zero right before this launch (the atomicMax targets).
+    pub zero_first: Vec<usize>,
+}
+
+/// The compiled program: LLVM IR and PTX of one module, and its launch plan.
+#[derive(Clone, Debug)]
+pub struct NvptxArtifact {
+    pub target: NvptxTarget,
+    /// Optimized LLVM IR of the whole module.
+    pub llvm_ir: String,
+    pub ptx: String,
+    pub buffers: Vec<BufferInfo>,
+    pub kernels: Vec<KernelInfo>,
+    /// The buffer holding the graph's output.
+    pub output: usize,
+}
+
+/// Product of `dims` resolved by `bind`.
+pub fn eval_product(dims: &[Dim], bind: &dyn Fn(&str) -> Option<u64>) -> Result<u64, CodegenError> {
+    let mut p: u64 = 1;
+    for d in dims {
+        let v = d.eval(bind).ok_or_else(|| CodegenError::User(format!("dimension {d} is not bound")))?;
+        p = p.checked_mul(v).ok_or_else(|| CodegenError::User("tensor size overflows u64".into()))?;
+    }
+    Ok(p)
+}
+
+impl GridDim {
+    pub fn eval(&self, bind: &dyn Fn(&str) -> Option<u64>) -> Result<u64, CodegenError> {
+        Ok(match self {
+            GridDim::Const(c) => *c as u64,
+            GridDim::Ceil(dims, n) => eval_product(dims, bind)?.div_ceil(*n as u64),
+        })
+    }
+}
+
+impl KernelInfo {
+    /// Grid, block and dynamic shared memory once the dims are bound. Errors (user errors) when
+    /// a grid extent exceeds what CUDA allows.
+    pub fn geometry(&self, bind: &dyn Fn(&str) -> Option<u64>) -> Result<LaunchGeometry, CodegenError> {
+        let (gx, gy, block, shared) = match &self.launch {
+            Launch::Attention { cfg, t, bh } => {
+                let t = eval_product(std::slice::from_ref(t), bind)?;
+                let bh = eval_product(bh, bind)?;
+                let g = attention::launch_geometry(cfg, t, bh);
+                let mt = t.div_ceil(cfg.bm.max(1) as u64);
+                (mt, bh, g.block, g.shared_bytes)
+            }
+            Launch::Grid { x, y, block } => (x.eval(bind)?, y.eval(bind)?, (*block, 1, 1), 0),
+        };
+        if gx == 0 || gy == 0 {
+            return Err(CodegenError::User(format!(
+                "kernel {} has an empty grid (a dimension is 0)",
+                self.name
+            )));
+        }
+        if gx > i32::MAX as u64 || gy > 65535 {
+            return Err(CodegenError::User(format!(
+                "kernel {}: grid ({gx}, {gy}) exceeds CUDA's limits (x < 2^31, y <= 65535); use fewer batch x heads",
+                self.name
+            )));
+        }
+        Ok(LaunchGeometry { grid: (gx as u32, gy as u32, 1), block, shared_bytes: shared })
+    }
+}
+
+impl BufferInfo {
+    /// Size in bytes once the dims are bound.
+    pub fn bytes(&self, bind: &dyn Fn(&str) -> Option<u64>) -> Result<u64, CodegenError> {
+        let n = eval_product(&self.shape, bind)?;
+        n.checked_mul(self.dtype.size_bytes() as u64)
+            .ok_or_else(|| CodegenError::User("tensor size overflows u64".into()))
+    }
+}

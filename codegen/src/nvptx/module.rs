@@ -1,0 +1,476 @@
+//! Module assembly: walks the graph, builds one kernel per node into a single LLVM module and
+//! records the launch plan (buffers, arguments, geometry) that goes with it.
+
+use super::attention::{self, AttnKernelConfig};
+use super::kernels::{self, BoundSrc, ELEM_THREADS, NORM_ROWS_PER_BLOCK, ROW_THREADS, SCAN_THREADS};
+use super::target;
+use super::{
+    BufferInfo, BufferKind, CodegenError, GridDim, KernelArg, KernelInfo, Launch, NvptxArtifact, NvptxSpec,
+};
+use foxc_ir::{AttnAttrs, DType, Dim, GateKind, Graph, NormBound, Op, Tiles, ValueId, ValueType};
+use inkwell::context::Context;
+use inkwell::module::Module;
+use inkwell::values::FunctionValue;
+use std::collections::{BTreeMap, HashSet};
+
+/// The one place the attention kernel builder is called (H5b's flash-attention kernel).
+fn build_attention<'ctx>(
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    cfg: &AttnKernelConfig,
+) -> Result<FunctionValue<'ctx>, CodegenError> {
+    cfg.validate().map_err(CodegenError::User)?;
+    attention::build_attention_kernel(ctx, module, cfg).map_err(CodegenError::Internal)
+}
+
+/// Compiles `g` (after the passes) for `spec.target`.
+pub fn compile(g: &Graph, spec: &NvptxSpec) -> Result<NvptxArtifact, CodegenError> {
+    let tm = target::target_machine(spec.target).map_err(CodegenError::Internal)?;
+    let ctx = Context::create();
+    let module = ctx.create_module(&format!("foxc_{}", g.name));
+    target::prepare_module(&module, &tm);
+    let mut asm = Assembler {
+        g,
+        spec,
+        ctx: &ctx,
+        module: &module,
+        buffers: vec![],
+        kernels: vec![],
+        buf_of: BTreeMap::new(),
+    };
+    let output = asm.run()?;
+    let (llvm_ir, ptx) = target::finish(&module, &tm).map_err(CodegenError::Internal)?;
+    Ok(NvptxArtifact {
+        target: spec.target,
+        llvm_ir,
+        ptx,
+        buffers: asm.buffers,
+        kernels: asm.kernels,
+        output,
+    })
+}
+
+struct Assembler<'a, 'ctx> {
+    g: &'a Graph,
+    spec: &'a NvptxSpec,
+    ctx: &'ctx Context,
+    module: &'a Module<'ctx>,
+    buffers: Vec<BufferInfo>,
+    kernels: Vec<KernelInfo>,
+    buf_of: BTreeMap<ValueId, usize>,
+}
+
+fn user(msg: impl Into<String>) -> CodegenError {
+    CodegenError::User(msg.into())
+}
+
+impl<'a, 'ctx> Assembler<'a, 'ctx> {
+    fn run(&mut self) -> Result<usize, CodegenError> {
+        let g = self.g;
+        let out = g.output.ok_or_else(|| user(format!("graph `{}` has no output", g.name)))?;
+        // Only what the output needs is lowered (dead nodes may remain after the passes).
+        let mut live = HashSet::new();
+        let mut stack = vec![out];
+        while let Some(n) = stack.pop() {
+            if live.insert(n) {
+                stack.extend(g.operands(n));
+            }
+        }
+        for p in &g.params {
+            let id = self.add_buffer(
+                p.ty.dtype,
+                &p.ty,
+                BufferKind::Param { index: self.param_index(p.node)?, name: p.name.clone() },
+            );
+            self.buf_of.insert(p.node, id);
+        }
+        for n in g.topo_order() {
+            if !live.contains(&n) || matches!(g.op(n), Op::Param { .. }) {
+                continue;
+            }
+            self.lower(n, out)?;
+        }
+        self.buf_of.get(&out).copied().ok_or_else(|| user("the graph output has no buffer"))
+    }
+
+    fn param_index(&self, node: ValueId) -> Result<usize, CodegenError> {
+        match self.g.op(node) {
+            Op::Param { index, .. } => Ok(*index),
+            _ => Err(CodegenError::Internal("parameter node is not a param op".into())),
+        }
+    }
+
+    fn add_buffer(&mut self, dtype: DType, ty: &ValueType, kind: BufferKind) -> usize {
+        self.buffers.push(BufferInfo { dtype, shape: ty.dims().cloned().collect(), kind });
+        self.buffers.len() - 1
+    }
+
+    fn scratch(&mut self, dtype: DType, shape: Vec<Dim>, what: String) -> usize {
+        self.buffers.push(BufferInfo { dtype, shape, kind: BufferKind::Scratch(what) });
+        self.buffers.len() - 1
+    }
+
+    fn buf(&self, v: ValueId) -> Result<usize, CodegenError> {
+        self.buf_of
+            .get(&v)
+            .copied()
+            .ok_or_else(|| CodegenError::Internal(format!("value %{} has no buffer", v.index())))
+    }
+
+    fn ty(&self, v: ValueId) -> &'a ValueType {
+        &self.g.node(v).ty
+    }
+
+    /// The compile-time value of a dimension (the head dimension).
+    fn static_dim(&self, d: &Dim, what: &str) -> Result<u32, CodegenError> {
+        let v = d.eval(&|s| self.spec.dims.get(s).copied()).ok_or_else(|| {
+            user(format!("the GPU kernels are specialized on {what} ({d}); give it at compile time, e.g. --shape {d}=128"))
+        })?;
+        u32::try_from(v).ok().filter(|v| *v > 0).ok_or_else(|| user(format!("{what} = {v} is out of range")))
+    }
+
+    /// `[B, H, T, D]` of a rank-4 operand: (bh dims, T, D).
+    fn bhtd(&self, v: ValueId, what: &str) -> Result<(Vec<Dim>, Dim, Dim), CodegenError> {
+        let d: Vec<Dim> = self.ty(v).dims().cloned().collect();
+        if d.len() != 4 {
+            return Err(user(format!("{what} must be a [B, H, T, D] tensor, got {}", self.ty(v))));
+        }
+        Ok((vec![d[0].clone(), d[1].clone()], d[2].clone(), d[3].clone()))
+    }
+
+    fn name(&self, n: ValueId, op: &str) -> String {
+        format!(
+            "foxc_{}_{}_n{}",
+            self.g.name.replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
+            op,
+            n.index()
+        )
+    }
+
+    fn push(
+        &mut self,
+        node: ValueId,
+        name: String,
+        args: Vec<KernelArg>,
+        launch: Launch,
+        zero_first: Vec<usize>,
+    ) {
+        self.kernels.push(KernelInfo { node, name, args, launch, zero_first });
+    }
+
+    fn lower(&mut self, n: ValueId, out: ValueId) -> Result<(), CodegenError> {
+        let g = self.g;
+        let node = g.node(n);
+        let ops = g.operands(n);
+        let ie = CodegenError::Internal;
+        match &node.op {
+            Op::BlockBoundary(_) => {
+                // Computed inside the attention kernel: check that only attention consumes it.
+                if n == out {
+                    return Err(user("block_boundary cannot be the output on the GPU: the attention kernel computes it internally"));
+                }
+                for u in g.users(n) {
+                    if !matches!(g.op(u), Op::PrunedDecayAttention { .. }) {
+                        return Err(CodegenError::Unsupported {
+                            op: format!("block_boundary used by {}", g.op(u).mnemonic()),
+                            node: n.index(),
+                        });
+                    }
+                }
+                return Ok(());
+            }
+            Op::GateCumsum { .. }
+            | Op::RmsNorm { .. }
+            | Op::Cast
+            | Op::Threshold { .. }
+            | Op::DecayAttention(_)
+            | Op::PrunedDecayAttention { .. } => {}
+            other => {
+                return Err(CodegenError::Unsupported { op: other.mnemonic().to_string(), node: n.index() })
+            }
+        }
+        let res = self.add_buffer(node.ty.dtype, &node.ty, BufferKind::Value(n));
+        self.buf_of.insert(n, res);
+        let arity_ok = node.op.arity().is_none_or(|a| a == ops.len());
+        if !arity_ok {
+            return Err(ie(format!("{} has {} operands", node.op.mnemonic(), ops.len())));
+        }
+        match &node.op {
+            Op::GateCumsum { kind } => {
+                let x = ops[0];
+                let xdt = self.ty(x).dtype;
+                let rd: Vec<Dim> = node.ty.dims().cloned().collect();
+                if rd.len() != 3 {
+                    return Err(user(format!("gate_cumsum result must be [B, H, T], got {}", node.ty)));
+                }
+                let bh = vec![rd[0].clone(), rd[1].clone()];
+                let t = rd[2].clone();
+                let name = self.name(n, "gate_cumsum");
+                match kind {
+                    GateKind::Logits | GateKind::LogGate => {
+                        kernels::build_gate_scan(self.ctx, self.module, &name, *kind, xdt).map_err(ie)?;
+                        let args = vec![
+                            KernelArg::Buffer(self.buf(x)?),
+                            KernelArg::Buffer(res),
+                            KernelArg::I32(vec![t]),
+                        ];
+                        let launch = Launch::Grid {
+                            x: GridDim::Ceil(bh, 1),
+                            y: GridDim::Const(1),
+                            block: SCAN_THREADS,
+                        };
+                        self.push(n, name, args, launch, vec![]);
+                    }
+                    GateKind::Slope => {
+                        kernels::build_gate_slope(self.ctx, self.module, &name, xdt).map_err(ie)?;
+                        let h = rd[1].clone();
+                        let args = vec![
+                            KernelArg::Buffer(self.buf(x)?),
+                            KernelArg::Buffer(res),
+                            KernelArg::I32(vec![t.clone()]),
+                            KernelArg::I32(vec![h]),
+                        ];
+                        let launch = Launch::Grid {
+                            x: GridDim::Ceil(vec![t], ELEM_THREADS),
+                            y: GridDim::Ceil(bh, 1),
+                            block: ELEM_THREADS,
+                        };
+                        self.push(n, name, args, launch, vec![]);
+                    }
+                }
+            }
+            Op::RmsNorm { axis, eps } => {
+                let (x, w) = (ops[0], ops[1]);
+                let xd: Vec<Dim> = self.ty(x).dims().cloned().collect();
+                if xd.is_empty() || (axis != "3" && *axis != (xd.len() - 1).to_string()) {
+                    return Err(CodegenError::Unsupported {
+                        op: format!("rmsnorm over axis {axis} (only the last axis)"),
+                        node: n.index(),
+                    });
+                }
+                let d =
+                    self.static_dim(xd.last().ok_or_else(|| ie("rank 0".into()))?, "the normalized axis")?;
+                let rows = xd[..xd.len() - 1].to_vec();
+                let name = self.name(n, "rmsnorm");
+                kernels::build_rmsnorm(
+                    self.ctx,
+                    self.module,
+                    &name,
+                    d,
+                    *eps,
+                    (self.ty(x).dtype, self.ty(w).dtype, node.ty.dtype),
+                )
+                .map_err(ie)?;
+                let args = vec![
+                    KernelArg::Buffer(self.buf(x)?),
+                    KernelArg::Buffer(self.buf(w)?),
+                    KernelArg::Buffer(res),
+                    KernelArg::I32(rows.clone()),
+                ];
+                let launch = Launch::Grid {
+                    x: GridDim::Ceil(rows, ROW_THREADS / 32),
+                    y: GridDim::Const(1),
+                    block: ROW_THREADS,
+                };
+                self.push(n, name, args, launch, vec![]);
+            }
+            Op::Cast => {
+                let x = ops[0];
+                let name = self.name(n, "cast");
+                self.cast(n, name, x, self.buf(x)?, res, node.ty.dtype)?;
+            }
+            Op::Threshold { rule, log_eps, bound, scale, bm } => {
+                let (q, k) = (ops[0], ops[1]);
+                let (bh, t, dd) = self.bhtd(q, "threshold's q")?;
+                let d = self.static_dim(&dd, "the head dimension")?;
+                let dts = (self.ty(q).dtype, self.ty(k).dtype);
+                let (qb, kb) = (self.buf(q)?, self.buf(k)?);
+                let (src, norms) = match bound {
+                    NormBound::Static { q_max, k_max } => {
+                        (BoundSrc::Static { q_max: *q_max, k_max: *k_max }, res)
+                    }
+                    NormBound::Data => {
+                        let mut shape = bh.clone();
+                        shape.push(Dim::Const(2));
+                        let nb = self.scratch(
+                            DType::I32,
+                            shape,
+                            format!("max squared norms of q, k for %{}", n.index()),
+                        );
+                        let name = self.name(n, "threshold_norms");
+                        kernels::build_threshold_norms(self.ctx, self.module, &name, d, dts).map_err(ie)?;
+                        let args = vec![
+                            KernelArg::Buffer(qb),
+                            KernelArg::Buffer(kb),
+                            KernelArg::Buffer(nb),
+                            KernelArg::I32(vec![t.clone()]),
+                        ];
+                        let launch = Launch::Grid {
+                            x: GridDim::Ceil(vec![t.clone()], NORM_ROWS_PER_BLOCK),
+                            y: GridDim::Ceil(bh.clone(), 1),
+                            block: ROW_THREADS,
+                        };
+                        self.push(n, name, args, launch, vec![nb]);
+                        (BoundSrc::Norms, nb)
+                    }
+                };
+                if *bm == 0 {
+                    return Err(user("threshold bm must be positive"));
+                }
+                let name = self.name(n, "threshold_delta");
+                kernels::build_threshold_delta(
+                    self.ctx,
+                    self.module,
+                    &name,
+                    d,
+                    dts,
+                    *rule,
+                    *log_eps,
+                    *scale,
+                    *bm,
+                    src,
+                )
+                .map_err(ie)?;
+                let args = vec![
+                    KernelArg::Buffer(qb),
+                    KernelArg::Buffer(kb),
+                    KernelArg::Buffer(norms),
+                    KernelArg::Buffer(res),
+                    KernelArg::I32(vec![t.clone()]),
+                    KernelArg::LnF32(vec![t.clone()]),
+                ];
+                let launch = Launch::Grid {
+                    x: GridDim::Ceil(vec![t], *bm),
+                    y: GridDim::Ceil(bh, 1),
+                    block: ROW_THREADS,
+                };
+                self.push(n, name, args, launch, vec![]);
+            }
+            Op::DecayAttention(a) => self.attention(n, res, &ops, a, None)?,
+            Op::PrunedDecayAttention { attn, tiles } => self.attention(n, res, &ops, attn, Some(*tiles))?,
+            _ => unreachable!("filtered above"),
+        }
+        Ok(())
+    }
+
+    /// A cast kernel from buffer `src` (value `x`'s dtype) into buffer `dst` of dtype `to`.
+    fn cast(
+        &mut self,
+        n: ValueId,
+        name: String,
+        x: ValueId,
+        src: usize,
+        dst: usize,
+        to: DType,
+    ) -> Result<(), CodegenError> {
+        let from = self.ty(x).dtype;
+        if !from.is_float() || !to.is_float() {
+            return Err(CodegenError::Unsupported { op: format!("cast {from} -> {to}"), node: n.index() });
+        }
+        kernels::build_cast(self.ctx, self.module, &name, from, to).map_err(CodegenError::Internal)?;
+        let dims: Vec<Dim> = self.ty(x).dims().cloned().collect();
+        let args = vec![KernelArg::Buffer(src), KernelArg::Buffer(dst), KernelArg::I64(dims.clone())];
+        let launch =
+            Launch::Grid { x: GridDim::Ceil(dims, ELEM_THREADS), y: GridDim::Const(1), block: ELEM_THREADS };
+        self.push(n, name, args, launch, vec![]);
+        Ok(())
+    }
+
+    fn attention(
+        &mut self,
+        n: ValueId,
+        res: usize,
+        ops: &[ValueId],
+        a: &AttnAttrs,
+        tiles: Option<Tiles>,
+    ) -> Result<(), CodegenError> {
+        let (bh, t, dd) = self.bhtd(ops[0], "attention's q")?;
+        let d = self.static_dim(&dd, "the head dimension")?;
+        let mut cfg = AttnKernelConfig::new(d, a.has_decay, tiles.is_some());
+        cfg.scale = a.scale as f32;
+        cfg.sm = self.spec.target.sm();
+        cfg.window = match a.window {
+            Some(w) => Some(u32::try_from(w).map_err(|_| user(format!("window {w} is too large")))?),
+            None => None,
+        };
+        // q, k, v in bf16: cast others into scratch copies first.
+        let mut qkv = vec![];
+        for (i, &v) in ops[..3].iter().enumerate() {
+            let b = self.buf(v)?;
+            if self.ty(v).dtype == DType::BF16 {
+                qkv.push(b);
+            } else {
+                let shape: Vec<Dim> = self.ty(v).dims().cloned().collect();
+                let s =
+                    self.scratch(DType::BF16, shape, format!("bf16 copy of operand {i} of %{}", n.index()));
+                let name = self.name(n, &format!("attn_in{i}_to_bf16"));
+                self.cast(n, name, v, b, s, DType::BF16)?;
+                qkv.push(s);
+            }
+        }
+        let c = if a.has_decay {
+            let c = *ops.get(3).ok_or_else(|| CodegenError::Internal("attention without c".into()))?;
+            if self.ty(c).dtype != DType::F32 {
+                return Err(user(format!("the gate cumsum c must be f32, got {}", self.ty(c).dtype)));
+            }
+            Some(c)
+        } else {
+            None
+        };
+        let mut delta = None;
+        if let Some(tl) = tiles {
+            cfg.bm = tl.bm;
+            cfg.bn = tl.bn;
+            let start =
+                *ops.get(4).ok_or_else(|| CodegenError::Internal("pruned attention without start".into()))?;
+            let Op::BlockBoundary(bt) = self.g.op(start) else {
+                return Err(CodegenError::Unsupported {
+                    op: format!("pruned_decay_attention whose start comes from {} (the GPU kernel needs block_boundary)", self.g.op(start).mnemonic()),
+                    node: n.index(),
+                });
+            };
+            if *bt != tl {
+                return Err(user(format!(
+                    "block_boundary tiles {}x{} differ from the attention's {}x{}",
+                    bt.bm, bt.bn, tl.bm, tl.bn
+                )));
+            }
+            let bops = self.g.operands(start);
+            if bops.len() != 2 || Some(bops[0]) != c {
+                return Err(CodegenError::Unsupported {
+                    op: "block_boundary over a different c than its attention".into(),
+                    node: n.index(),
+                });
+            }
+            if let Op::Threshold { bm, .. } = self.g.op(bops[1]) {
+                if *bm != tl.bm {
+                    return Err(user(format!("threshold bm {bm} differs from the attention's bm {}", tl.bm)));
+                }
+            }
+            delta = Some(self.buf(bops[1])?);
+        }
+        let name = build_attention(self.ctx, self.module, &cfg)?.get_name().to_string_lossy().into_owned();
+        let lse = self.scratch(
+            DType::F32,
+            bh.iter().cloned().chain([t.clone()]).collect(),
+            format!("log-sum-exp of %{}", n.index()),
+        );
+        // Unused pointer parameters get any valid buffer (the kernel does not read them).
+        let c_buf = match c {
+            Some(c) => self.buf(c)?,
+            None => qkv[0],
+        };
+        let args = vec![
+            KernelArg::Buffer(qkv[0]),
+            KernelArg::Buffer(qkv[1]),
+            KernelArg::Buffer(qkv[2]),
+            KernelArg::Buffer(c_buf),
+            KernelArg::Buffer(delta.unwrap_or(c_buf)),
+            KernelArg::Buffer(res),
+            KernelArg::Buffer(lse),
+            KernelArg::I32(vec![t.clone()]),
+        ];
+        self.push(n, name, args, Launch::Attention { cfg, t, bh }, vec![]);
+        Ok(())
+    }
+}

@@ -1,0 +1,245 @@
+//! NVPTX backend: module assembly, launch plans, LLVM IR snapshots, and (when ptxas is found)
+//! that every kernel's PTX assembles for sm_90a and sm_80.
+
+use foxc_codegen::nvptx::{compile, BufferKind, CodegenError, KernelArg, Launch, NvptxSpec, NvptxTarget};
+use foxc_ir::{AttnAttrs, DType, Dim, GateKind, Graph, NormBound, Op, PruneRule, Span, Tiles, ValueType};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn bhtd() -> Vec<Dim> {
+    vec![Dim::sym("B"), Dim::sym("H"), Dim::sym("T"), Dim::sym("D")]
+}
+fn bht() -> Vec<Dim> {
+    vec![Dim::sym("B"), Dim::sym("H"), Dim::sym("T")]
+}
+fn tiles_ty(bm: u32) -> ValueType {
+    ValueType::tensor(DType::F32, [Dim::sym("B"), Dim::sym("H"), Dim::Tiles(Box::new(Dim::sym("T")), bm)])
+}
+
+/// The pruned FoX forward as the passes produce it: gate cumsum of logits, a data-bound paper
+/// threshold, block boundary, pruned attention, cast to bf16.
+fn fox_graph(rule: PruneRule, bound: NormBound) -> Graph {
+    let s = Span::default();
+    let mut g = Graph::new("fox");
+    g.dims = vec!["B".into(), "H".into(), "T".into(), "D".into()];
+    let q = g.add_param("q", ValueType::tensor(DType::BF16, bhtd()), s);
+    let k = g.add_param("k", ValueType::tensor(DType::BF16, bhtd()), s);
+    let v = g.add_param("v", ValueType::tensor(DType::BF16, bhtd()), s);
+    let f = g.add_param("fgate", ValueType::tensor(DType::F32, bht()), s);
+    let c = g.add(Op::GateCumsum { kind: GateKind::Logits }, ValueType::tensor(DType::F32, bht()), &[f], s);
+    let scale = 1.0 / 8.0;
+    let th = Op::Threshold { rule, log_eps: -10.0, bound, scale, bm: 128 };
+    let delta = g.add(th, tiles_ty(128), &[q, k], s);
+    let tiles = Tiles { bm: 128, bn: 64 };
+    let mut st_ty = tiles_ty(128);
+    st_ty.dtype = DType::I32;
+    let start = g.add(Op::BlockBoundary(tiles), st_ty, &[c, delta], s);
+    let attn = AttnAttrs { scale, has_decay: true, window: None };
+    let o = g.add(
+        Op::PrunedDecayAttention { attn, tiles },
+        ValueType::tensor(DType::F32, bhtd()),
+        &[q, k, v, c, start],
+        s,
+    );
+    let out = g.add(Op::Cast, ValueType::tensor(DType::BF16, bhtd()), &[o], s);
+    g.output = Some(out);
+    g
+}
+
+/// QK-norm, ALiBi slopes, dense attention over f32 q/k (cast to bf16 inside the plan).
+fn qknorm_alibi_graph() -> Graph {
+    let s = Span::default();
+    let mut g = Graph::new("alibi qk");
+    let q = g.add_param("q", ValueType::tensor(DType::BF16, bhtd()), s);
+    let k = g.add_param("k", ValueType::tensor(DType::BF16, bhtd()), s);
+    let v = g.add_param("v", ValueType::tensor(DType::BF16, bhtd()), s);
+    let wq = g.add_param("wq", ValueType::tensor(DType::F32, [Dim::sym("D")]), s);
+    let m = g.add_param("m", ValueType::tensor(DType::F32, [Dim::sym("H")]), s);
+    let rms = |g: &mut Graph, x, w| {
+        g.add(Op::RmsNorm { axis: "3".into(), eps: 1e-6 }, ValueType::tensor(DType::F32, bhtd()), &[x, w], s)
+    };
+    let qn = rms(&mut g, q, wq);
+    let kn = rms(&mut g, k, wq);
+    let c = g.add(Op::GateCumsum { kind: GateKind::Slope }, ValueType::tensor(DType::F32, bht()), &[m], s);
+    let attn = AttnAttrs { scale: 0.125, has_decay: true, window: Some(256) };
+    let o = g.add(Op::DecayAttention(attn), ValueType::tensor(DType::F32, bhtd()), &[qn, kn, v, c], s);
+    g.output = Some(o);
+    g
+}
+
+fn spec(t: NvptxTarget, d: u64) -> NvptxSpec {
+    NvptxSpec { target: t, dims: BTreeMap::from([("D".to_string(), d)]) }
+}
+
+#[test]
+fn fox_plan_has_one_kernel_per_node_and_no_boundary_launch() {
+    let g = fox_graph(PruneRule::Paper, NormBound::Data);
+    let a = compile(&g, &spec(NvptxTarget::Sm90a, 64)).expect("compiles");
+    let names: Vec<&str> = a.kernels.iter().map(|k| k.name.as_str()).collect();
+    assert_eq!(names.len(), 5, "{names:?}");
+    assert!(names[0].contains("gate_cumsum"), "{names:?}");
+    assert!(names[1].contains("threshold_norms"), "{names:?}");
+    assert!(names[2].contains("threshold_delta"), "{names:?}");
+    assert!(names[3].starts_with("foxc_attn_fwd_d64_bm128_bn64_decay_prune"), "{names:?}");
+    assert!(names[4].contains("cast"), "{names:?}");
+    for k in &a.kernels {
+        assert!(a.ptx.contains(&format!(".entry {}", k.name)), "PTX lacks {}", k.name);
+    }
+    assert!(a.ptx.contains(".target sm_90a"));
+    // The norms buffer is zeroed before its atomicMax kernel.
+    let nb = a.kernels[1].zero_first[0];
+    assert!(matches!(a.buffers[nb].kind, BufferKind::Scratch(_)));
+    // Attention reads delta directly (argument 5) and its geometry follows the tiles.
+    let delta_buf = match &a.kernels[3].args[4] {
+        KernelArg::Buffer(b) => *b,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        a.buffers[delta_buf].kind,
+        BufferKind::Value(g.find(|o| matches!(o, Op::Threshold { .. }))[0])
+    );
+    let bind = |s: &str| match s {
+        "B" => Some(2),
+        "H" => Some(3),
+        "T" => Some(1000),
+        "D" => Some(64),
+        _ => None,
+    };
+    let geo = a.kernels[3].geometry(&bind).unwrap();
+    assert_eq!(geo.grid, (8, 6, 1));
+    assert!(matches!(a.kernels[3].launch, Launch::Attention { .. }));
+    assert_eq!(a.kernels[0].geometry(&bind).unwrap().grid, (6, 1, 1));
+    assert_eq!(a.buffers[a.output].dtype, DType::BF16);
+}
+
+#[test]
+fn static_tight_and_sm80() {
+    let g = fox_graph(PruneRule::Tight, NormBound::Static { q_max: 8.0, k_max: 8.0 });
+    let a = compile(&g, &spec(NvptxTarget::Sm80, 128)).expect("compiles");
+    assert_eq!(a.kernels.len(), 4);
+    assert!(a.ptx.contains(".target sm_80"));
+}
+
+#[test]
+fn qknorm_alibi_casts_attention_inputs() {
+    let a = compile(&qknorm_alibi_graph(), &spec(NvptxTarget::Sm90a, 128)).expect("compiles");
+    let names: Vec<&str> = a.kernels.iter().map(|k| k.name.as_str()).collect();
+    assert!(names.iter().filter(|n| n.contains("rmsnorm")).count() == 2, "{names:?}");
+    assert!(names.iter().filter(|n| n.contains("to_bf16")).count() == 2, "{names:?}");
+    assert!(names.iter().any(|n| n.contains("_w256_")), "{names:?}");
+}
+
+#[test]
+fn unsupported_op_is_named() {
+    let s = Span::default();
+    let mut g = Graph::new("bad");
+    let x = g.add_param("x", ValueType::tensor(DType::F32, bht()), s);
+    let y = g.add(Op::Unary(foxc_ir::UnaryOp::Exp), ValueType::tensor(DType::F32, bht()), &[x], s);
+    g.output = Some(y);
+    let e = compile(&g, &spec(NvptxTarget::Sm90a, 64)).unwrap_err();
+    assert!(matches!(&e, CodegenError::Unsupported { op, .. } if op == "exp"), "{e}");
+    assert!(e.to_string().contains("`exp`"));
+}
+
+#[test]
+fn missing_head_dim_and_bad_head_dim_are_user_errors() {
+    let g = fox_graph(PruneRule::Paper, NormBound::Data);
+    let no_d = NvptxSpec { target: NvptxTarget::Sm90a, dims: BTreeMap::new() };
+    let e = compile(&g, &no_d).unwrap_err();
+    assert!(matches!(e, CodegenError::User(_)), "{e}");
+    assert!(e.to_string().contains("D"), "{e}");
+    let e = compile(&g, &spec(NvptxTarget::Sm90a, 48)).unwrap_err();
+    assert!(matches!(e, CodegenError::User(_)), "{e}");
+}
+
+/// Snapshot of the LLVM IR of the small kernels (attention excluded: its IR belongs to the
+/// attention kernel's own tests and is large).
+#[test]
+fn small_kernels_llvm_ir_snapshot() {
+    let a = compile(&qknorm_alibi_graph(), &spec(NvptxTarget::Sm90a, 64)).expect("compiles");
+    let mut small = String::new();
+    let mut keep = false;
+    for line in a.llvm_ir.lines() {
+        if line.starts_with("define ") {
+            keep = !line.contains("foxc_attn_fwd");
+        }
+        if keep {
+            small.push_str(line);
+            small.push('\n');
+        }
+        if line == "}" {
+            keep = false;
+        }
+    }
+    insta::assert_snapshot!("nvptx_small_kernels_sm90a_d64", small);
+}
+
+#[test]
+fn fox_gate_and_threshold_llvm_ir_snapshot() {
+    let a = compile(&fox_graph(PruneRule::Tight, NormBound::Data), &spec(NvptxTarget::Sm90a, 64))
+        .expect("compiles");
+    let mut small = String::new();
+    let mut keep = false;
+    for line in a.llvm_ir.lines() {
+        if line.starts_with("define ") {
+            keep = !line.contains("foxc_attn_fwd");
+        }
+        if keep {
+            small.push_str(line);
+            small.push('\n');
+        }
+        if line == "}" {
+            keep = false;
+        }
+    }
+    insta::assert_snapshot!("nvptx_fox_gate_threshold_sm90a_d64", small);
+}
+
+fn ptxas() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var("PTXAS").ok().map(PathBuf::from),
+        Some(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.tools/nvcc/nvidia/cu13/bin/ptxas"))),
+        Some(PathBuf::from("/tmp/nvcc/nvidia/cu13/bin/ptxas")),
+    ];
+    candidates.into_iter().flatten().find(|p| p.is_file())
+}
+
+#[test]
+fn every_kernel_assembles_with_ptxas() {
+    let Some(ptxas) = ptxas() else {
+        eprintln!("note: ptxas not found (set $PTXAS); skipping the PTX assembly check");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("foxc_nvptx_test_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let graphs = [
+        fox_graph(PruneRule::Paper, NormBound::Data),
+        fox_graph(PruneRule::Tight, NormBound::Static { q_max: 8.0, k_max: 8.0 }),
+        qknorm_alibi_graph(),
+    ];
+    for (gi, g) in graphs.iter().enumerate() {
+        for t in [NvptxTarget::Sm90a, NvptxTarget::Sm80] {
+            for d in [64, 128] {
+                let a = compile(g, &spec(t, d)).expect("compiles");
+                let p = dir.join(format!("g{gi}_{}_d{d}.ptx", t.cpu()));
+                std::fs::write(&p, &a.ptx).unwrap();
+                let out = Command::new(&ptxas)
+                    .arg(format!("-arch={}", t.cpu()))
+                    .arg("-v")
+                    .arg(&p)
+                    .arg("-o")
+                    .arg(dir.join("a.cubin"))
+                    .output()
+                    .expect("ptxas runs");
+                assert!(
+                    out.status.success(),
+                    "ptxas failed on {}:\n{}",
+                    p.display(),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
