@@ -39,6 +39,7 @@ use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
 use inkwell::types::{BasicMetadataTypeEnum, BasicType, BasicTypeEnum};
+use inkwell::values::BasicValue;
 use inkwell::values::{
     BasicMetadataValueEnum, BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue,
 };
@@ -104,9 +105,10 @@ impl AttnKernelConfig {
         self.bm / 16 * 32
     }
 
-    /// Dynamic shared memory: Q tile + two buffers each of K and V.
+    /// Dynamic shared memory: Q tile, two buffers each of K and V, two buffers of the per-column
+    /// bias `(c_ref - c_j) * log2 e` (decay only).
     fn shared_bytes(&self) -> u32 {
-        (self.bm + 4 * self.bn) * self.head_dim * 2
+        (self.bm + 4 * self.bn) * self.head_dim * 2 + if self.has_decay { 2 * self.bn * 4 } else { 0 }
     }
 
     /// Errors for configurations this kernel does not implement.
@@ -560,11 +562,28 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         self.load_tile(&env, vb, j_end0, cfg.bn, v_off[0])?;
         self.call("llvm.nvvm.cp.async.commit.group", None, &[])?;
 
+        // Per-column bias in log2 units relative to c_ref = c[i0]: b_j = (c_ref - c_j) * log2 e.
+        // Kept keys have |c_ref - c_j| bounded by |delta| + the tile span, so the relative value
+        // keeps its precision, and the row term (c_i - c_ref) cancels in the softmax (it returns
+        // only in the LSE). One thread per column writes it to shared memory once per tile.
+        let l2e = self.cf(LOG2E);
+        let colb_base = bm * d * 2 + 4 * kv_bytes;
+        let colb_off = [self.ci(colb_base), self.ci(colb_base + bn * 4)];
+        let c_ref = if cfg.has_decay {
+            let cr = self.load_f32(self.gep_g(f32t.into(), cb, self.sext64(i0)?)?)?;
+            let cj = self.load_col_c(&env, cb, n_end)?;
+            self.store_colb(&env, cr, cj, colb_off[0])?;
+            Some(cr)
+        } else {
+            None
+        };
+
         // ---- start tile: window bound and the in-kernel pruning search ----
         let mut n_start = self.ci(0);
         if let Some(w) = cfg.window {
-            // First key tile whose end reaches the last row's window start.
-            let x = self.addc(i_last, 1 - w as i64)?;
+            // A tile is outside every row's window iff i0 - jend(n) >= w: keep the first tile whose
+            // end reaches the first row's window start.
+            let x = self.addc(i0, 1 - w as i64)?;
             let x = self.smax(x, self.ci(0))?;
             n_start = self.b.build_int_signed_div(x, self.ci(bn), "").map_err(be)?;
         }
@@ -598,16 +617,15 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         // Rows of this thread: i0 + warp*16 + g and + 8.
         let iw0 = self.add(i0, wrow0)?;
         let row_i = [self.add(iw0, g)?, self.addc(self.add(iw0, g)?, 8)?];
-        let c_row = if cfg.has_decay {
-            let mut v = [self.cf(0.0); 2];
+        // Row term (c_i - c_ref) * log2 e, needed only for the LSE.
+        let mut cir = [self.cf(0.0); 2];
+        if let Some(cr) = c_ref {
             for r in 0..2 {
                 let ii = self.smin(row_i[r], tmax)?;
-                v[r] = self.load_f32(self.gep_g(f32t.into(), cb, self.sext64(ii)?)?)?;
+                let ci = self.load_f32(self.gep_g(f32t.into(), cb, self.sext64(ii)?)?)?;
+                cir[r] = self.fmul(self.fsub(ci, cr)?, l2e)?;
             }
-            Some(v)
-        } else {
-            None
-        };
+        }
         // Offsets inside a K tile for the ldmatrix of n-tile pair jp, k-step s:
         // matrices (keys 0-7, k lo), (keys 0-7, k hi), (keys 8-15, k lo), (keys 8-15, k hi).
         let k_row_l = self.add(l7, self.mulc(l16, 8)?)?;
@@ -693,13 +711,24 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         // Column c values of this thread: keys j0 + 8*jt + 2t + {0,1}.
         let col0 = self.add(j0, self.mulc(tq, 2)?)?;
         let mut c_col = Vec::new();
+        let mut c_next = None;
         if cfg.has_decay {
+            let cbuf = self.seli(is0, colb_off[0], colb_off[1])?;
+            let t8 = self.mulc(tq, 8)?;
+            let v2t = f32t.vec_type(2);
             for jt in 0..nt {
+                let off = self.add(cbuf, self.addc(t8, 32 * jt as i64)?)?;
+                let ld = self.b.build_load(v2t, self.smem_at(&env, off)?, "").map_err(be)?;
+                ld.as_instruction_value().ok_or("load")?.set_alignment(8).map_err(|e| e.to_string())?;
+                let ld = ld.into_vector_value();
                 for e in 0..2 {
-                    let j = self.smin(self.addc(col0, (8 * jt + e) as i64)?, tmax)?;
-                    c_col.push(self.load_f32(self.gep_g(f32t.into(), cb, self.sext64(j)?)?)?);
+                    let x = self.b.build_extract_element(ld, self.ci(e), "").map_err(be)?;
+                    c_col.push(x.into_float_value());
                 }
             }
+            // c of tile n-1 (written to the other bias buffer at the end of this iteration).
+            let nprev = self.smax(self.addc(n, -1)?, self.ci(0))?;
+            c_next = Some(self.load_col_c(&env, cb, nprev)?);
         }
         // S = Q K^T
         let mut s_acc: Vec<[FloatValue<'ctx>; 4]> = vec![[zero; 4]; nt];
@@ -711,19 +740,16 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
                 s_acc[2 * jp + 1] = self.mma(&qf[s], b[2], b[3], &s_acc[2 * jp + 1])?;
             }
         }
-        // Scores in natural units (the max is taken before log2 e is applied).
-        let scale = self.cf(cfg.scale as f64);
+        // Scores in log2 units, less the row term: s2 = scale log2e q.k + b_j.
+        let sl2 = self.cf(cfg.scale as f64 * LOG2E);
         let mut sv: Vec<FloatValue<'ctx>> = Vec::with_capacity(nt * 4);
         for jt in 0..nt {
             for e in 0..4 {
-                let r = e / 2;
                 let x = s_acc[jt][e];
-                let v = match c_row {
-                    Some(cr) => {
-                        let dc = self.fsub(cr[r], c_col[jt * 2 + (e & 1)])?;
-                        self.fma(x, scale, dc)?
-                    }
-                    None => self.fmul(x, scale)?,
+                let v = if cfg.has_decay {
+                    self.fma(x, sl2, c_col[jt * 2 + (e & 1)])?
+                } else {
+                    self.fmul(x, sl2)?
                 };
                 sv.push(v);
             }
@@ -768,7 +794,6 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             s2.push(p.as_basic_value().into_float_value());
         }
         // Online softmax, two rows per thread (row g: elements 0,1; row g+8: elements 2,3).
-        let l2e = self.cf(LOG2E);
         let mut alpha = [zero; 2];
         let mut m_new = [zero; 2];
         let mut m_neg = [zero; 2];
@@ -786,8 +811,8 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             // A row with nothing kept so far keeps max -inf; subtract 0 then (no inf - inf).
             let isinf = self.b.build_float_compare(FloatPredicate::OEQ, mn, ninf, "").map_err(be)?;
             let mu = self.self_(isinf, zero, mn)?;
-            let mneg = self.fmul(mu, self.cf(-LOG2E))?;
-            alpha[r] = self.ex2(self.fma(m_old, l2e, mneg)?)?;
+            let mneg = self.b.build_float_neg(mu, "").map_err(be)?;
+            alpha[r] = self.ex2(self.fadd(m_old, mneg)?)?;
             m_new[r] = mn;
             m_neg[r] = mneg;
         }
@@ -798,18 +823,44 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             for jt in 0..nt {
                 for e in 0..2 {
                     let i = jt * 4 + 2 * r + e;
-                    let p = self.ex2(self.fma(s2[i], l2e, m_neg[r])?)?;
+                    let p = self.ex2(self.fadd(s2[i], m_neg[r])?)?;
                     pv[i] = p;
                     acc = self.fadd(acc, p)?;
                 }
             }
             lsum[r] = acc;
         }
-        // Rescale O, then O += P V.
-        let mut o: Vec<FloatValue<'ctx>> = Vec::with_capacity(dt * 4);
+        // Rescale O only when some row of the warp raised its max (rare after the first tiles:
+        // the diagonal tile, taken first, usually holds the row maximum).
+        let one = self.cf(1.0);
+        let a0 = self.b.build_float_compare(FloatPredicate::UNE, alpha[0], one, "").map_err(be)?;
+        let a1 = self.b.build_float_compare(FloatPredicate::UNE, alpha[1], one, "").map_err(be)?;
+        let anyr = self.b.build_or(a0, a1, "").map_err(be)?;
+        let anyw = self
+            .call(
+                "llvm.nvvm.vote.any.sync",
+                Some(self.ctx.bool_type().into()),
+                &[self.ci(-1).into(), anyr.into()],
+            )?
+            .ok_or("vote.any")?
+            .into_int_value();
+        let resc = self.ctx.append_basic_block(f, "rescale");
+        let pvb = self.ctx.append_basic_block(f, "pv");
+        let soft_end = self.b.get_insert_block().ok_or("no block")?;
+        self.b.build_conditional_branch(anyw, resc, pvb).map_err(be)?;
+        self.b.position_at_end(resc);
+        let mut scaled = Vec::with_capacity(dt * 4);
         for (i, p) in acc_phi.iter().enumerate() {
             let r = (i % 4) / 2;
-            o.push(self.fmul(p.as_basic_value().into_float_value(), alpha[r])?);
+            scaled.push(self.fmul(p.as_basic_value().into_float_value(), alpha[r])?);
+        }
+        self.b.build_unconditional_branch(pvb).map_err(be)?;
+        self.b.position_at_end(pvb);
+        let mut o: Vec<FloatValue<'ctx>> = Vec::with_capacity(dt * 4);
+        for (i, p) in acc_phi.iter().enumerate() {
+            let ph = self.b.build_phi(f32t, "o_s").map_err(be)?;
+            ph.add_incoming(&[(&p.as_basic_value(), soft_end), (&scaled[i], resc)]);
+            o.push(ph.as_basic_value().into_float_value());
         }
         for kk in 0..(bn / 16) as usize {
             let a = [
@@ -828,6 +879,12 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
                 let r1 = self.mma(&a, b[2], b[3], &c1)?;
                 o[(2 * dp + 1) * 4..(2 * dp + 1) * 4 + 4].copy_from_slice(&r1);
             }
+        }
+        if let (Some(cr), Some(cn)) = (c_ref, c_next) {
+            // The other bias buffer was last read in the previous iteration (before this
+            // iteration's barrier); the next iteration reads it after its own barrier.
+            let other = self.seli(is0, colb_off[1], colb_off[0])?;
+            self.store_colb(&env, cr, cn, other)?;
         }
         let n_next = self.addc(n, -1)?;
         let par_next = self.b.build_xor(par, self.ci(1), "").map_err(be)?;
@@ -856,7 +913,8 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             let rl = self.b.build_float_div(self.cf(1.0), l, "").map_err(be)?;
             inv[r] = self.self_(pos, rl, zero)?;
             let lg = self.call_f("llvm.nvvm.lg2.approx.f", &[l.into()])?;
-            let mut lse = self.fma(lg, self.cf(LN2), m_new[r])?;
+            let m2 = self.fadd(m_new[r], cir[r])?;
+            let mut lse = self.fmul(self.fadd(lg, m2)?, self.cf(LN2))?;
             lse = self.self_(pos, lse, ninf)?;
             lse_v[r] = lse;
         }
@@ -895,6 +953,47 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             return Err(format!("LLVM verifier rejected {name}"));
         }
         Ok(f)
+    }
+
+    /// c at column `n * bn + (tid mod bn)` (clamped to T-1), loaded by every thread.
+    fn load_col_c(
+        &self,
+        env: &Env<'ctx>,
+        cb: PointerValue<'ctx>,
+        n: IntValue<'ctx>,
+    ) -> Result<FloatValue<'ctx>, String> {
+        let bn = self.cfg.bn as i64;
+        let tmax = self.addc(env.t_len, -1)?;
+        let col = self.b.build_and(env.tid, self.ci(bn - 1), "").map_err(be)?;
+        let col = if bn.count_ones() == 1 {
+            col
+        } else {
+            self.b.build_int_unsigned_rem(env.tid, self.ci(bn), "").map_err(be)?
+        };
+        let j = self.smin(self.add(self.mulc(n, bn)?, col)?, tmax)?;
+        self.load_f32(self.gep_g(self.f32t().into(), cb, self.sext64(j)?)?)
+    }
+
+    /// Threads `tid < bn` write `(c_ref - c_j) * log2 e` to the bias buffer at `off`.
+    fn store_colb(
+        &self,
+        env: &Env<'ctx>,
+        c_ref: FloatValue<'ctx>,
+        cj: FloatValue<'ctx>,
+        off: IntValue<'ctx>,
+    ) -> Result<(), String> {
+        let bn = self.cfg.bn as i64;
+        let st = self.ctx.append_basic_block(env.f, "colb");
+        let done = self.ctx.append_basic_block(env.f, "colb_done");
+        let c = self.icmp(IntPredicate::SLT, env.tid, self.ci(bn))?;
+        let v = self.fmul(self.fsub(c_ref, cj)?, self.cf(LOG2E))?;
+        self.b.build_conditional_branch(c, st, done).map_err(be)?;
+        self.b.position_at_end(st);
+        let p = self.smem_at(env, self.add(off, self.mulc(env.tid, 4)?)?)?;
+        self.b.build_store(p, v).map_err(be)?;
+        self.b.build_unconditional_branch(done).map_err(be)?;
+        self.b.position_at_end(done);
+        Ok(())
     }
 
     /// start[m] by a 32-ary search per warp: the first key tile n in [0, floor(i0/bn)] with
@@ -1004,6 +1103,6 @@ mod tests {
         let g = launch_geometry(&cfg, 1000, 6);
         assert_eq!(g.grid, (8, 6, 1));
         assert_eq!(g.block, (256, 1, 1));
-        assert_eq!(g.shared_bytes, (128 + 4 * 64) * 128 * 2);
+        assert_eq!(g.shared_bytes, (128 + 4 * 64) * 128 * 2 + 2 * 64 * 4);
     }
 }
