@@ -1,6 +1,6 @@
 //! Prints the PTX of one attention kernel configuration (for the device loop and `ptxas -v`).
 //!
-//! `cargo run -p foxc-codegen --example emit_attention -- D=128 bm=128 bn=64 decay=1 prune=1 window=0 sm=90`
+//! `cargo run -p foxc-codegen --example emit_attention -- D=128 bm=64 bn=64 decay=1 prune=1 window=0 sm=90`
 
 use foxc_codegen::nvptx::attention::{build_attention_kernel, AttnKernelConfig};
 use inkwell::context::Context;

@@ -68,11 +68,12 @@ pub struct AttnKernelConfig {
 }
 
 impl AttnKernelConfig {
-    /// The standard configuration for a head dimension: bm = 128 (8 warps), bn = 64.
+    /// The standard configuration for a head dimension: bm = 64 (4 warps, two blocks per SM;
+    /// measured faster than bm = 128 on the H200, docs/GPU_KERNEL.md), bn = 64.
     pub fn new(head_dim: u32, has_decay: bool, prune: bool) -> Self {
         AttnKernelConfig {
             head_dim,
-            bm: 128,
+            bm: 64,
             bn: 64,
             scale: 1.0 / (head_dim as f32).sqrt(),
             has_decay,
@@ -1099,7 +1100,8 @@ mod tests {
 
     #[test]
     fn geometry() {
-        let cfg = AttnKernelConfig::new(128, true, true);
+        let mut cfg = AttnKernelConfig::new(128, true, true);
+        cfg.bm = 128;
         let g = launch_geometry(&cfg, 1000, 6);
         assert_eq!(g.grid, (8, 6, 1));
         assert_eq!(g.block, (256, 1, 1));
