@@ -439,6 +439,123 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         self.add(a, b)
     }
 
+    /// Byte offset in the wgmma layout (K-major, 128-byte swizzle): the tile is split into panels
+    /// of 64 bf16 columns; in a panel each row is 128 bytes and chunk `c` of row `r` lands at
+    /// chunk `c ^ (r & 7)` (the hardware's 128B swizzle on a 1024-byte aligned atom).
+    fn swz_panel(
+        &self,
+        row: IntValue<'ctx>,
+        ch: IntValue<'ctx>,
+        rows: u32,
+    ) -> Result<IntValue<'ctx>, String> {
+        let r7 = self.b.build_and(row, self.ci(7), "").map_err(be)?;
+        let c8 = self.b.build_and(ch, self.ci(7), "").map_err(be)?;
+        let panel = self.b.build_right_shift(ch, self.ci(3), false, "").map_err(be)?;
+        let c = self.b.build_xor(c8, r7, "").map_err(be)?;
+        let a = self.add(self.mulc(panel, rows as i64 * 128)?, self.mulc(row, 128)?)?;
+        self.add(a, self.mulc(c, 16)?)
+    }
+
+    /// Inline PTX with side effects (kept in order with the other side-effecting asm).
+    fn asm(
+        &self,
+        text: &str,
+        constraints: &str,
+        ret: Option<BasicTypeEnum<'ctx>>,
+        args: &[BasicValueEnum<'ctx>],
+    ) -> Result<Option<BasicValueEnum<'ctx>>, String> {
+        let params: Vec<BasicMetadataTypeEnum> = args.iter().map(|a| a.get_type().into()).collect();
+        let fty = match ret {
+            Some(r) => r.fn_type(&params, false),
+            None => self.ctx.void_type().fn_type(&params, false),
+        };
+        let asm = self.ctx.create_inline_asm(
+            fty,
+            text.to_string(),
+            constraints.to_string(),
+            true,
+            false,
+            None,
+            false,
+        );
+        let margs: Vec<BasicMetadataValueEnum> = args.iter().map(|a| (*a).into()).collect();
+        let cs = self.b.build_indirect_call(fty, asm, &margs, "").map_err(be)?;
+        Ok(match cs.try_as_basic_value() {
+            inkwell::values::ValueKind::Basic(v) => Some(v),
+            _ => None,
+        })
+    }
+
+    /// An asm that returns `vals` unchanged but after `text` (so no use moves above it).
+    fn asm_pass(&self, text: &str, vals: &[FloatValue<'ctx>]) -> Result<Vec<FloatValue<'ctx>>, String> {
+        let n = vals.len();
+        let f = self.f32t();
+        let st = self.ctx.struct_type(&vec![f.into(); n], false);
+        let mut cons: Vec<String> = (0..n).map(|_| "=f".to_string()).collect();
+        cons.extend((0..n).map(|i| i.to_string()));
+        let args: Vec<BasicValueEnum> = vals.iter().map(|v| (*v).into()).collect();
+        let r = self
+            .asm(text, &cons.join(","), Some(st.into()), &args)?
+            .ok_or("asm: no value")?
+            .into_struct_value();
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            out.push(self.b.build_extract_value(r, i as u32, "").map_err(be)?.into_float_value());
+        }
+        Ok(out)
+    }
+
+    /// wgmma m64nNk16 bf16 -> f32, A and B from shared memory descriptors, accumulating into `acc`
+    /// (N/2 values per thread, in the mma.m16n8 C-fragment order per 8 columns).
+    fn wgmma(
+        &self,
+        acc: &[FloatValue<'ctx>],
+        da: IntValue<'ctx>,
+        db: IntValue<'ctx>,
+    ) -> Result<Vec<FloatValue<'ctx>>, String> {
+        let n = acc.len();
+        let regs: Vec<String> = (0..n).map(|i| format!("${i}")).collect();
+        let text = format!(
+            "{{\n.reg .pred p;\nsetp.ne.b32 p, ${}, 0;\nwgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16 {{{}}}, ${}, ${}, p, 1, 1, 0, 0;\n}}",
+            2 * n + 2,
+            2 * n,
+            regs.join(", "),
+            2 * n,
+            2 * n + 1
+        );
+        let mut cons: Vec<String> = (0..n).map(|_| "=f".to_string()).collect();
+        cons.extend((0..n).map(|i| i.to_string()));
+        cons.push("l".into());
+        cons.push("l".into());
+        cons.push("r".into());
+        let f = self.f32t();
+        let st = self.ctx.struct_type(&vec![f.into(); n], false);
+        let mut args: Vec<BasicValueEnum> = acc.iter().map(|v| (*v).into()).collect();
+        args.push(da.into());
+        args.push(db.into());
+        args.push(self.ci(1).into());
+        let r = self
+            .asm(&text, &cons.join(","), Some(st.into()), &args)?
+            .ok_or("wgmma: no value")?
+            .into_struct_value();
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            out.push(self.b.build_extract_value(r, i as u32, "").map_err(be)?.into_float_value());
+        }
+        Ok(out)
+    }
+
+    /// Shared-memory matrix descriptor (sm_90): 128B swizzle, stride 1024 B between 8-row groups.
+    fn gmma_desc(&self, env: &Env<'ctx>, off: IntValue<'ctx>) -> Result<IntValue<'ctx>, String> {
+        let i64t = self.ctx.i64_type();
+        let base = self.b.build_ptr_to_int(env.smem, i64t, "").map_err(be)?;
+        let addr = self.add(base, self.b.build_int_z_extend(off, i64t, "").map_err(be)?)?;
+        let a = self.b.build_right_shift(addr, self.ci64(4), false, "").map_err(be)?;
+        let a = self.b.build_and(a, self.ci64(0x3FFF), "").map_err(be)?;
+        let hi = (1i64 << 16) | (64i64 << 32) | (1i64 << 62);
+        self.b.build_or(a, self.ci64(hi), "").map_err(be)
+    }
+
     /// Issues cp.async of `rows` rows of a [T, D] bf16 matrix starting at row `r0` (rows past
     /// T-1 are clamped to T-1: their values are masked or discarded) into the tile at `dst_off`.
     fn load_tile(
@@ -448,6 +565,7 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         r0: IntValue<'ctx>,
         rows: u32,
         dst_off: IntValue<'ctx>,
+        panels: bool,
     ) -> Result<(), String> {
         let d = self.cfg.head_dim;
         let cpr = d / 8; // 16-byte chunks per row
@@ -462,7 +580,8 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             let grow = self.smin(self.add(r0, row)?, tmax)?;
             let eidx = self.add(self.mulc(grow, d as i64)?, self.mulc(ch, 8)?)?;
             let gp = self.gep_g(self.ctx.i16_type().into(), src, self.sext64(eidx)?)?;
-            let so = self.add(dst_off, self.swz(row, ch)?)?;
+            let lo = if panels { self.swz_panel(row, ch, rows)? } else { self.swz(row, ch)? };
+            let so = self.add(dst_off, lo)?;
             let sp = self.smem_at(env, so)?;
             self.call("llvm.nvvm.cp.async.cg.shared.global.16", None, &[sp.into(), gp.into()])?;
         }
@@ -482,6 +601,8 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         let f32t = self.f32t();
         let i32t = self.i32t();
         let gp = self.gptr();
+        // S = Q K^T on the Hopper tensor-core path (one warpgroup per 64 query rows).
+        let wg = cfg.sm == 90 && cfg.bm == 64;
 
         let fty = self.ctx.void_type().fn_type(
             &[gp.into(), gp.into(), gp.into(), gp.into(), gp.into(), gp.into(), gp.into(), i32t.into()],
@@ -516,7 +637,8 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
                     &smem_name,
                 );
                 g.set_linkage(Linkage::External);
-                g.set_alignment(128);
+                // 1024: the wgmma 128-byte swizzle atom is 8 rows x 128 B.
+                g.set_alignment(1024);
                 g
             }
         };
@@ -556,11 +678,11 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         let kv_bytes = bn * d * 2;
         let k_off = [self.ci(bm * d * 2), self.ci(bm * d * 2 + 2 * kv_bytes)];
         let v_off = [self.ci(bm * d * 2 + kv_bytes), self.ci(bm * d * 2 + 3 * kv_bytes)];
-        self.load_tile(&env, qb, i0, cfg.bm, q_off)?;
+        self.load_tile(&env, qb, i0, cfg.bm, q_off, wg)?;
         self.call("llvm.nvvm.cp.async.commit.group", None, &[])?;
         let j_end0 = self.mulc(n_end, bn)?;
-        self.load_tile(&env, kb, j_end0, cfg.bn, k_off[0])?;
-        self.load_tile(&env, vb, j_end0, cfg.bn, v_off[0])?;
+        self.load_tile(&env, kb, j_end0, cfg.bn, k_off[0], wg)?;
+        self.load_tile(&env, vb, j_end0, cfg.bn, v_off[0], false)?;
         self.call("llvm.nvvm.cp.async.commit.group", None, &[])?;
 
         // Per-column bias in log2 units relative to c_ref = c[i0]: b_j = (c_ref - c_j) * log2 e.
@@ -595,6 +717,9 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
 
         // Q fragments: wait for the Q group only (K/V of the first tile may still fly).
         self.call("llvm.nvvm.cp.async.wait.group", None, &[self.ci(1).into()])?;
+        if wg {
+            self.asm("fence.proxy.async.shared::cta;", "~{memory}", None, &[])?;
+        }
         self.barrier()?;
         let g = self.b.build_right_shift(lane, self.ci(2), false, "g").map_err(be)?;
         let tq = self.b.build_and(lane, self.ci(3), "t").map_err(be)?;
@@ -606,7 +731,7 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         let l16 = self.b.build_right_shift(lane, self.ci(4), false, "").map_err(be)?;
         let wrow0 = self.mulc(warp, 16)?; // first row of this warp in the tile
         let mut qf: Vec<[IntValue<'ctx>; 4]> = Vec::with_capacity(kd);
-        {
+        if !wg {
             // A fragment: matrices (rows 0-7, k lo), (rows 8-15, k lo), (rows 0-7, k hi), (rows 8-15, k hi).
             let row = self.add(self.add(wrow0, l7)?, self.mulc(l8, 8)?)?;
             for s in 0..kd {
@@ -686,6 +811,10 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         let n = n_phi.as_basic_value().into_int_value();
         let par = par_phi.as_basic_value().into_int_value();
         self.call("llvm.nvvm.cp.async.wait.group", None, &[self.ci(0).into()])?;
+        if wg {
+            // cp.async wrote K through the generic proxy; wgmma reads it through the async proxy.
+            self.asm("fence.proxy.async.shared::cta;", "~{memory}", None, &[])?;
+        }
         self.barrier()?;
         let more = self.icmp(IntPredicate::SGT, n, n_start)?;
         self.b.build_conditional_branch(more, pf, comp).map_err(be)?;
@@ -698,8 +827,8 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             let ko = self.seli(is0, k_off[1], k_off[0])?;
             let vo = self.seli(is0, v_off[1], v_off[0])?;
             let jn = self.mulc(self.addc(n, -1)?, bn)?;
-            self.load_tile(&env, kb, jn, cfg.bn, ko)?;
-            self.load_tile(&env, vb, jn, cfg.bn, vo)?;
+            self.load_tile(&env, kb, jn, cfg.bn, ko, wg)?;
+            self.load_tile(&env, vb, jn, cfg.bn, vo, false)?;
             self.b.build_unconditional_branch(comp).map_err(be)?;
         }
 
@@ -733,7 +862,26 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         }
         // S = Q K^T
         let mut s_acc: Vec<[FloatValue<'ctx>; 4]> = vec![[zero; 4]; nt];
-        for s in 0..kd {
+        if wg {
+            let mut acc: Vec<FloatValue<'ctx>> = vec![zero; nt * 4];
+            self.asm("wgmma.fence.sync.aligned;", "~{memory}", None, &[])?;
+            for s in 0..kd {
+                let step = ((s / 4) as i64, (s % 4) as i64 * 32);
+                let qo = self.ci(step.0 * bm * 128 + step.1);
+                let ko = self.addc(kcur, step.0 * bn * 128 + step.1)?;
+                let da = self.gmma_desc(&env, qo)?;
+                let db = self.gmma_desc(&env, ko)?;
+                acc = self.wgmma(&acc, da, db)?;
+            }
+            self.asm("wgmma.commit_group.sync.aligned;", "~{memory}", None, &[])?;
+            acc = self.asm_pass("wgmma.wait_group.sync.aligned 0;", &acc)?;
+            for jt in 0..nt {
+                for e in 0..4 {
+                    s_acc[jt][e] = acc[jt * 4 + e];
+                }
+            }
+        }
+        for s in 0..(if wg { 0 } else { kd }) {
             for jp in 0..nt / 2 {
                 let off = self.add(kcur, k_offs[jp][s])?;
                 let b = self.ldmatrix(self.smem_at(&env, off)?, false)?;
