@@ -2,6 +2,7 @@
 //! It never links LLVM: compiled kernels arrive as data (PTX text, function pointers).
 
 pub mod cpu;
+pub mod cuda;
 pub mod io;
 pub mod tensor;
 pub mod validate;

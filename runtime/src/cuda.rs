@@ -1,0 +1,438 @@
+//! A thin CUDA runtime over cudarc's driver API (loaded at run time: a binary built with it
+//! starts on machines without CUDA and reports that there is none).
+//!
+//! It knows nothing of LLVM or of the compiler: a [`Program`] is PTX text plus a list of
+//! device buffers and kernel launches with concrete arguments and geometry. The facade builds
+//! it from the NVPTX backend's artifact once the dimensions are bound.
+//!
+//! Every driver call returns a `Result`; every error says what was being done.
+
+use cudarc::driver::sys;
+use cudarc::driver::{result, CudaContext, CudaEvent, CudaStream, DriverError};
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::Arc;
+
+/// What went wrong, and whether the user can fix it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CudaErrorKind {
+    /// No CUDA driver library on this machine.
+    NoDriver,
+    /// A driver but no usable GPU.
+    NoDevice,
+    /// A request the program itself got wrong (unknown kernel, wrong input size).
+    Invalid,
+    /// The driver reported an error (a launch failure, out of memory, a PTX the driver rejects).
+    Driver,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct CudaError {
+    pub kind: CudaErrorKind,
+    pub message: String,
+}
+
+impl CudaError {
+    fn new(kind: CudaErrorKind, message: impl Into<String>) -> CudaError {
+        CudaError { kind, message: message.into() }
+    }
+}
+
+/// Adds context to a driver error.
+trait Ctx<T> {
+    fn ctx(self, what: impl FnOnce() -> String) -> Result<T, CudaError>;
+}
+
+impl<T> Ctx<T> for Result<T, DriverError> {
+    fn ctx(self, what: impl FnOnce() -> String) -> Result<T, CudaError> {
+        self.map_err(|e| {
+            let detail = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            CudaError::new(CudaErrorKind::Driver, format!("CUDA error while {}: {e:?} {detail}", what()))
+        })
+    }
+}
+
+/// A kernel argument with its concrete value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ArgDesc {
+    /// The device pointer of buffer `n` of the program.
+    Buffer(usize),
+    I32(i32),
+    I64(i64),
+    F32(f32),
+}
+
+/// One kernel launch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LaunchDesc {
+    pub kernel: String,
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    /// Dynamic shared memory in bytes.
+    pub shared_bytes: u32,
+    pub args: Vec<ArgDesc>,
+    /// Buffers set to zero (on the stream) right before this launch.
+    pub zero_first: Vec<usize>,
+}
+
+/// How a buffer is filled before a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufferInit {
+    /// Copied from input number `n` of [`Session::upload`].
+    Input(usize),
+    /// Filled with 0xFF bytes (NaN in every float dtype), so an element that no kernel writes
+    /// shows up in the output instead of passing as a stale value.
+    Poison,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BufferDesc {
+    pub bytes: usize,
+    pub init: BufferInit,
+    /// For error messages.
+    pub label: String,
+}
+
+/// A complete GPU program: one PTX module, its buffers and its launches in order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Program {
+    pub ptx: String,
+    pub buffers: Vec<BufferDesc>,
+    pub launches: Vec<LaunchDesc>,
+    /// The buffer read back as the result.
+    pub output: usize,
+}
+
+/// What the device is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub multiprocessors: i32,
+    pub total_mem: usize,
+}
+
+/// Whether a CUDA driver library can be loaded here (no panic when there is none).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to open the library by its usual names.
+    unsafe { sys::is_culib_present() }
+}
+
+/// The context and stream on device 0.
+pub struct CudaRuntime {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+}
+
+impl CudaRuntime {
+    /// Opens device 0. Without a driver: a [`CudaErrorKind::NoDriver`] error, never a panic.
+    pub fn new() -> Result<CudaRuntime, CudaError> {
+        if !driver_present() {
+            return Err(CudaError::new(
+                CudaErrorKind::NoDriver,
+                "no CUDA driver found (libcuda.so could not be loaded): the cuda backend needs an NVIDIA GPU and its driver; use --backend cpu",
+            ));
+        }
+        let n = CudaContext::device_count().map_err(|e| {
+            CudaError::new(CudaErrorKind::NoDevice, format!("the CUDA driver found no usable GPU ({e:?})"))
+        })?;
+        if n < 1 {
+            return Err(CudaError::new(CudaErrorKind::NoDevice, "the CUDA driver reports no GPU"));
+        }
+        let ctx = CudaContext::new(0).ctx(|| "creating a context on GPU 0".into())?;
+        let stream = ctx.new_stream().ctx(|| "creating a stream".into())?;
+        Ok(CudaRuntime { ctx, stream })
+    }
+
+    pub fn device_info(&self) -> Result<DeviceInfo, CudaError> {
+        let name = self.ctx.name().ctx(|| "reading the device name".into())?;
+        let compute_capability =
+            self.ctx.compute_capability().ctx(|| "reading the compute capability".into())?;
+        let multiprocessors = self
+            .ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .ctx(|| "reading the multiprocessor count".into())?;
+        let total_mem = self.ctx.total_mem().ctx(|| "reading the memory size".into())?;
+        Ok(DeviceInfo { name, compute_capability, multiprocessors, total_mem })
+    }
+
+    /// Loads the program's PTX, resolves its kernels and allocates its buffers.
+    pub fn load(&self, program: &Program) -> Result<Session<'_>, CudaError> {
+        self.ctx.bind_to_thread().ctx(|| "binding the context".into())?;
+        let module = Module::load(&program.ptx)?;
+        let mut functions = HashMap::new();
+        for l in &program.launches {
+            if functions.contains_key(&l.kernel) {
+                continue;
+            }
+            let c = CString::new(l.kernel.as_str()).map_err(|_| {
+                CudaError::new(CudaErrorKind::Invalid, format!("bad kernel name {:?}", l.kernel))
+            })?;
+            // SAFETY: the module is loaded and outlives the function handles (both in Session).
+            let f = unsafe { result::module::get_function(module.0, c) }
+                .ctx(|| format!("looking up kernel {} in the PTX module", l.kernel))?;
+            if l.shared_bytes > 48 * 1024 {
+                // SAFETY: f is a valid function of a loaded module.
+                unsafe {
+                    result::function::set_function_attribute(
+                        f,
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        l.shared_bytes as i32,
+                    )
+                }
+                .ctx(|| {
+                    format!("allowing {} bytes of dynamic shared memory for {}", l.shared_bytes, l.kernel)
+                })?;
+            }
+            functions.insert(l.kernel.clone(), f);
+        }
+        let mut buffers = Vec::with_capacity(program.buffers.len());
+        for (i, b) in program.buffers.iter().enumerate() {
+            buffers.push(
+                DeviceBuffer::alloc(b.bytes)
+                    .ctx(|| format!("allocating {} bytes for buffer {i} ({})", b.bytes, b.label))?,
+            );
+        }
+        for l in &program.launches {
+            for a in &l.args {
+                if let ArgDesc::Buffer(n) = a {
+                    if *n >= buffers.len() {
+                        return Err(CudaError::new(
+                            CudaErrorKind::Invalid,
+                            format!("kernel {} uses buffer {n}, which does not exist", l.kernel),
+                        ));
+                    }
+                }
+            }
+            if l.zero_first.iter().any(|n| *n >= buffers.len()) {
+                return Err(CudaError::new(
+                    CudaErrorKind::Invalid,
+                    format!("kernel {} zeroes a buffer that does not exist", l.kernel),
+                ));
+            }
+        }
+        if program.output >= buffers.len() {
+            return Err(CudaError::new(CudaErrorKind::Invalid, "the output buffer does not exist"));
+        }
+        Ok(Session { rt: self, program: program.clone(), _module: module, functions, buffers })
+    }
+}
+
+/// A loaded module (unloaded on drop).
+struct Module(sys::CUmodule);
+
+impl Module {
+    fn load(ptx: &str) -> Result<Module, CudaError> {
+        let src = CString::new(ptx)
+            .map_err(|_| CudaError::new(CudaErrorKind::Invalid, "the PTX text holds a NUL byte"))?;
+        let mut log = vec![0u8; 16 * 1024];
+        let mut opts = [
+            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+        ];
+        let mut vals: [*mut c_void; 2] = [log.as_mut_ptr() as *mut c_void, log.len() as *mut c_void];
+        let mut m = std::mem::MaybeUninit::uninit();
+        // SAFETY: src is NUL-terminated PTX; the option arrays have matching lengths and the log
+        // buffer outlives the call.
+        let r = unsafe {
+            sys::cuModuleLoadDataEx(
+                m.as_mut_ptr(),
+                src.as_ptr() as *const c_void,
+                2,
+                opts.as_mut_ptr(),
+                vals.as_mut_ptr(),
+            )
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+            let text = String::from_utf8_lossy(&log[..end]).into_owned();
+            return Err(CudaError::new(
+                CudaErrorKind::Driver,
+                format!("the CUDA driver rejected the PTX module ({r:?}): {}", text.trim()),
+            ));
+        }
+        // SAFETY: the call succeeded, so the module handle is initialized.
+        Ok(Module(unsafe { m.assume_init() }))
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        // SAFETY: loaded by Module::load and unloaded once; errors at teardown are ignored.
+        let _ = unsafe { result::module::unload(self.0) };
+    }
+}
+
+/// Device memory (freed on drop).
+struct DeviceBuffer {
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+}
+
+impl DeviceBuffer {
+    fn alloc(bytes: usize) -> Result<DeviceBuffer, DriverError> {
+        // Zero-sized tensors still get a valid, distinct pointer.
+        let n = bytes.max(16);
+        // SAFETY: plain device allocation in the current context.
+        let ptr = unsafe { result::malloc_sync(n) }?;
+        Ok(DeviceBuffer { ptr, bytes })
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by malloc_sync and freed once.
+        let _ = unsafe { result::free_sync(self.ptr) };
+    }
+}
+
+/// A program loaded on the device with its buffers.
+pub struct Session<'rt> {
+    rt: &'rt CudaRuntime,
+    program: Program,
+    _module: Module,
+    functions: HashMap<String, sys::CUfunction>,
+    buffers: Vec<DeviceBuffer>,
+}
+
+impl Session<'_> {
+    fn stream(&self) -> sys::CUstream {
+        self.rt.stream.cu_stream()
+    }
+
+    /// Copies the inputs into their buffers and poisons every other buffer.
+    pub fn upload(&mut self, inputs: &[&[u8]]) -> Result<(), CudaError> {
+        for (i, (b, d)) in self.buffers.iter().zip(&self.program.buffers).enumerate() {
+            match d.init {
+                BufferInit::Input(n) => {
+                    let src = inputs.get(n).ok_or_else(|| {
+                        CudaError::new(
+                            CudaErrorKind::Invalid,
+                            format!("input {n} ({}) was not given", d.label),
+                        )
+                    })?;
+                    if src.len() != b.bytes {
+                        return Err(CudaError::new(
+                            CudaErrorKind::Invalid,
+                            format!(
+                                "input {} has {} bytes, the program expects {}",
+                                d.label,
+                                src.len(),
+                                b.bytes
+                            ),
+                        ));
+                    }
+                    // SAFETY: the buffer holds at least b.bytes bytes.
+                    unsafe { result::memcpy_htod_sync(b.ptr, src) }
+                        .ctx(|| format!("copying input {} to the GPU", d.label))?;
+                }
+                BufferInit::Poison => {
+                    // SAFETY: within the allocation.
+                    unsafe { result::memset_d8_sync(b.ptr, 0xFF, b.bytes) }
+                        .ctx(|| format!("poisoning buffer {i} ({})", d.label))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Enqueues the whole forward pass on the stream (asynchronous).
+    pub fn enqueue(&self) -> Result<(), CudaError> {
+        for l in &self.program.launches {
+            for &z in &l.zero_first {
+                let b = &self.buffers[z];
+                // SAFETY: within the allocation, on our stream.
+                unsafe { result::memset_d8_async(b.ptr, 0, b.bytes, self.stream()) }
+                    .ctx(|| format!("zeroing buffer {z} before {}", l.kernel))?;
+            }
+            let f = *self.functions.get(&l.kernel).ok_or_else(|| {
+                CudaError::new(CudaErrorKind::Invalid, format!("kernel {} was not loaded", l.kernel))
+            })?;
+            // Each argument lives in its own 8-byte slot; the driver reads the low bytes
+            // (little-endian) for 4-byte arguments.
+            let mut slots: Vec<u64> = l
+                .args
+                .iter()
+                .map(|a| match *a {
+                    ArgDesc::Buffer(n) => self.buffers[n].ptr,
+                    ArgDesc::I32(v) => v as u32 as u64,
+                    ArgDesc::I64(v) => v as u64,
+                    ArgDesc::F32(v) => v.to_bits() as u64,
+                })
+                .collect();
+            let mut ptrs: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+            // SAFETY: f belongs to the loaded module; the argument list matches the kernel's
+            // parameters as the backend declared them; every buffer stays alive in self.
+            unsafe { result::launch_kernel(f, l.grid, l.block, l.shared_bytes, self.stream(), &mut ptrs) }
+                .ctx(|| {
+                    format!(
+                        "launching {} (grid {:?}, block {:?}, {} B shared)",
+                        l.kernel, l.grid, l.block, l.shared_bytes
+                    )
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the stream; reports any asynchronous kernel fault.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.rt.stream.synchronize().ctx(|| "running the kernels (a kernel faulted)".into())
+    }
+
+    /// Runs the forward pass once and returns its time in milliseconds (CUDA events around
+    /// all launches).
+    pub fn timed_run(&self) -> Result<f64, CudaError> {
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start: CudaEvent = self.rt.ctx.new_event(flags).ctx(|| "creating an event".into())?;
+        let end: CudaEvent = self.rt.ctx.new_event(flags).ctx(|| "creating an event".into())?;
+        start.record(&self.rt.stream).ctx(|| "recording the start event".into())?;
+        self.enqueue()?;
+        end.record(&self.rt.stream).ctx(|| "recording the end event".into())?;
+        self.synchronize()?;
+        let ms = start.elapsed_ms(&end).ctx(|| "reading the event timer".into())?;
+        Ok(ms as f64)
+    }
+
+    /// Copies buffer `n` back.
+    pub fn download(&self, n: usize) -> Result<Vec<u8>, CudaError> {
+        let b = self
+            .buffers
+            .get(n)
+            .ok_or_else(|| CudaError::new(CudaErrorKind::Invalid, format!("buffer {n} does not exist")))?;
+        self.synchronize()?;
+        let mut out = vec![0u8; b.bytes];
+        // SAFETY: out has exactly b.bytes bytes.
+        unsafe { result::memcpy_dtoh_sync(&mut out, b.ptr) }.ctx(|| format!("copying buffer {n} back"))?;
+        Ok(out)
+    }
+
+    /// Copies the program's output back.
+    pub fn download_output(&self) -> Result<Vec<u8>, CudaError> {
+        self.download(self.program.output)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_driver_is_an_error_not_a_panic() {
+        match CudaRuntime::new() {
+            Ok(rt) => {
+                // A machine with a GPU: the device answers.
+                assert!(rt.device_info().is_ok());
+            }
+            Err(e) => {
+                assert!(matches!(
+                    e.kind,
+                    CudaErrorKind::NoDriver | CudaErrorKind::NoDevice | CudaErrorKind::Driver
+                ));
+                if !driver_present() {
+                    assert!(e.message.contains("no CUDA driver found"), "{e}");
+                }
+            }
+        }
+    }
+}
