@@ -1,7 +1,8 @@
 //! The f64 reference interpreter: executes any verified graph on host tensors. It is the oracle of
 //! every test, so it favours obviously-correct loops over speed, with two exceptions that keep
 //! realistic shapes runnable:
-//! - the fused attention ops run row by row and never materialize a `T x T` matrix;
+//! - the fused attention ops run row by row, heads spread over the cores (the result does not
+//!   depend on the split), and never materialize a `T x T` matrix;
 //! - a `mul` whose only user is a `sum` is never materialized: the `sum` contracts its two
 //!   operands directly (so the unfused `sum(d, q * k)` costs `T*T` values, not `T*T*D`).
 //!
@@ -45,6 +46,12 @@ impl Tensor {
     pub fn new(shape: &[usize], data: Vec<f64>) -> Tensor {
         assert_eq!(shape.iter().product::<usize>(), data.len(), "shape does not match data");
         Tensor { shape: shape.to_vec(), data }
+    }
+
+    /// A tensor from its shape and row-major data, or `None` if they disagree.
+    pub fn try_new(shape: &[usize], data: Vec<f64>) -> Option<Tensor> {
+        let n = shape.iter().try_fold(1usize, |a, &s| a.checked_mul(s))?;
+        (n == data.len()).then(|| Tensor { shape: shape.to_vec(), data })
     }
 
     pub fn from_fn(shape: &[usize], f: impl FnMut(usize) -> f64) -> Tensor {
@@ -910,70 +917,137 @@ impl<'a> Evaluator<'a> {
             }
             None => (None, 1, 1),
         };
+        let job = AttnJob {
+            q: &q.data,
+            k: &k.data,
+            v: &v.data,
+            c: use_c.map(|c| c.data.as_slice()),
+            start: start.map(|s| s.data.as_slice()),
+            t,
+            d,
+            dv,
+            bm,
+            bn,
+            scale: attrs.scale,
+            window: attrs.window,
+        };
         let mut out = vec![0.0; b * h * t * dv];
-        let mut s = vec![0.0; t];
         let mut stats = PruneStats { node: id, kept_tiles: 0, total_tiles: 0, max_pruned_mass: 0.0 };
-        for bh in 0..b * h {
-            if let Some(st) = start {
-                let mt = t.div_ceil(bm);
-                for m in 0..mt {
-                    let i0 = m * bm;
-                    let diag = ((i0 + bm - 1).min(t - 1) / bn) as u64;
-                    let sm = st.data[bh * mt + m];
-                    let sm = if sm.is_nan() || sm < 0.0 { 0 } else { sm as u64 };
-                    stats.total_tiles += diag + 1;
-                    stats.kept_tiles += (diag + 1).saturating_sub(sm);
-                }
-            }
-            for i in 0..t {
-                let lo = match attrs.window {
-                    Some(w) => (i + 1).saturating_sub(w as usize),
-                    None => 0,
-                };
-                let kstart = match start {
-                    Some(st) => {
-                        let sm = st.data[bh * t.div_ceil(bm) + i / bm];
-                        let sm = if sm.is_nan() || sm < 0.0 { 0.0 } else { sm };
-                        // Beyond the row: nothing kept (saturate rather than overflow).
-                        ((sm * bn as f64).min((i + 1) as f64)) as usize
-                    }
-                    None => 0,
-                };
-                let qi = &q.data[(bh * t + i) * d..(bh * t + i + 1) * d];
-                let mut mx = f64::NEG_INFINITY;
-                for j in lo..=i {
-                    let kj = &k.data[(bh * t + j) * d..(bh * t + j + 1) * d];
-                    let dot: f64 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
-                    let bias = use_c.map_or(0.0, |c| c.data[bh * t + i] - c.data[bh * t + j]);
-                    s[j] = attrs.scale * dot + bias;
-                    mx = mx.max(s[j]);
-                }
-                let klo = lo.max(kstart);
-                if start.is_some() && klo > lo && mx != f64::NEG_INFINITY {
-                    let z: f64 = (lo..=i).map(|j| (s[j] - mx).exp()).sum();
-                    let pruned: f64 = (lo..klo).map(|j| (s[j] - mx).exp()).sum::<f64>() / z;
-                    stats.max_pruned_mass = nan_max(stats.max_pruned_mass, pruned);
-                }
-                let kmx = (klo..=i).fold(f64::NEG_INFINITY, |a, j| a.max(s[j]));
-                if kmx == f64::NEG_INFINITY && (klo..=i).all(|j| !s[j].is_nan()) {
-                    continue; // empty or fully masked row: output 0
-                }
-                let o = &mut out[(bh * t + i) * dv..(bh * t + i + 1) * dv];
-                let mut z = 0.0;
-                for j in klo..=i {
-                    let p = (s[j] - kmx).exp();
-                    z += p;
-                    let vj = &v.data[(bh * t + j) * dv..(bh * t + j + 1) * dv];
-                    for (oe, ve) in o.iter_mut().zip(vj) {
-                        *oe += p * ve;
-                    }
-                }
-                for oe in o.iter_mut() {
-                    *oe /= z;
-                }
-            }
+        // Heads are independent: spread them over the cores (results do not depend on the split).
+        let heads = b * h;
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(heads).max(1);
+        let per = heads.div_ceil(threads).max(1);
+        let chunk = (per * t * dv).max(1);
+        let parts: Vec<(u64, u64, f64)> = std::thread::scope(|sc| {
+            let handles: Vec<_> = out
+                .chunks_mut(chunk)
+                .enumerate()
+                .map(|(n, o)| {
+                    let job = &job;
+                    sc.spawn(move || {
+                        let mut acc = (0u64, 0u64, 0.0f64);
+                        for (k, oh) in o.chunks_mut((t * dv).max(1)).enumerate() {
+                            let (kept, total, mass) = job.head(n * per + k, oh);
+                            acc = (acc.0 + kept, acc.1 + total, nan_max(acc.2, mass));
+                        }
+                        acc
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|hd| hd.join().unwrap_or((0, 0, f64::NAN))).collect()
+        });
+        for (kept, total, mass) in parts {
+            stats.kept_tiles += kept;
+            stats.total_tiles += total;
+            stats.max_pruned_mass = nan_max(stats.max_pruned_mass, mass);
         }
         Ok((out, tiles.map(|_| stats)))
+    }
+}
+
+/// The operands of one attention node, as flat slices (positional, head-first).
+struct AttnJob<'a> {
+    q: &'a [f64],
+    k: &'a [f64],
+    v: &'a [f64],
+    c: Option<&'a [f64]>,
+    start: Option<&'a [f64]>,
+    t: usize,
+    d: usize,
+    dv: usize,
+    bm: usize,
+    bn: usize,
+    scale: f64,
+    window: Option<u64>,
+}
+
+impl AttnJob<'_> {
+    /// Attention of head `bh` (= b * H + h) into `o` (`[T, Dv]`); returns the kept and total
+    /// tiles and the largest pruned mass of its rows.
+    fn head(&self, bh: usize, o: &mut [f64]) -> (u64, u64, f64) {
+        let AttnJob { q, k, v, c, start, t, d, dv, bm, bn, .. } = *self;
+        let (mut kept, mut total, mut max_mass) = (0u64, 0u64, 0.0f64);
+        let mt = t.div_ceil(bm);
+        if let Some(st) = start {
+            for m in 0..mt {
+                let i0 = m * bm;
+                let diag = ((i0 + bm - 1).min(t - 1) / bn) as u64;
+                let sm = st[bh * mt + m];
+                let sm = if sm.is_nan() || sm < 0.0 { 0 } else { sm as u64 };
+                total += diag + 1;
+                kept += (diag + 1).saturating_sub(sm);
+            }
+        }
+        let mut s = vec![0.0; t];
+        for i in 0..t {
+            let lo = match self.window {
+                Some(w) => (i + 1).saturating_sub(w as usize),
+                None => 0,
+            };
+            let kstart = match start {
+                Some(st) => {
+                    let sm = st[bh * mt + i / bm];
+                    let sm = if sm.is_nan() || sm < 0.0 { 0.0 } else { sm };
+                    // Beyond the row: nothing kept (saturate rather than overflow).
+                    ((sm * bn as f64).min((i + 1) as f64)) as usize
+                }
+                None => 0,
+            };
+            let qi = &q[(bh * t + i) * d..(bh * t + i + 1) * d];
+            let mut mx = f64::NEG_INFINITY;
+            for (j, sj) in s.iter_mut().enumerate().take(i + 1).skip(lo) {
+                let kj = &k[(bh * t + j) * d..(bh * t + j + 1) * d];
+                let dot: f64 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
+                let bias = c.map_or(0.0, |c| c[bh * t + i] - c[bh * t + j]);
+                *sj = self.scale * dot + bias;
+                mx = mx.max(*sj);
+            }
+            let klo = lo.max(kstart);
+            if start.is_some() && klo > lo && mx != f64::NEG_INFINITY {
+                let z: f64 = s[lo..=i].iter().map(|x| (x - mx).exp()).sum();
+                let pruned: f64 = s[lo..klo].iter().map(|x| (x - mx).exp()).sum::<f64>() / z;
+                max_mass = nan_max(max_mass, pruned);
+            }
+            let row = &s[klo.min(i + 1)..=i];
+            let kmx = row.iter().fold(f64::NEG_INFINITY, |a, &x| a.max(x));
+            if kmx == f64::NEG_INFINITY && row.iter().all(|x| !x.is_nan()) {
+                continue; // empty or fully masked row: output 0
+            }
+            let oi = &mut o[i * dv..(i + 1) * dv];
+            let mut z = 0.0;
+            for (j, sj) in s.iter().enumerate().take(i + 1).skip(klo) {
+                let p = (sj - kmx).exp();
+                z += p;
+                let vj = &v[(bh * t + j) * dv..(bh * t + j + 1) * dv];
+                for (oe, ve) in oi.iter_mut().zip(vj) {
+                    *oe += p * ve;
+                }
+            }
+            for oe in oi.iter_mut() {
+                *oe /= z;
+            }
+        }
+        (kept, total, max_mass)
     }
 }
 

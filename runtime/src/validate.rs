@@ -211,7 +211,7 @@ mod tests {
     fn nan_and_inf_are_named_with_index() {
         let mut m = good();
         let mut v = m["v"].to_f32_vec();
-        v[1 * 60 + 2 * 20 + 3 * 4 + 1] = f32::NAN;
+        v[60 + 2 * 20 + 3 * 4 + 1] = f32::NAN; // [1, 2, 3, 1]
         m.insert("v".into(), HostTensor::from_f32_as_bf16(&[2, 3, 5, 4], &v));
         let e = err(&m);
         assert!(e.contains("`v` holds NaN at index [1, 2, 3, 1]"), "{e}");
