@@ -202,7 +202,8 @@ impl Analysis<Attn> for AttnAnalysis {
                 (union(&[*a]), (iv(a).0.exp(), iv(a).1.exp()))
             }
             Attn::Log(a) => {
-                konst = k(a).filter(|x| *x > 0.0).map(f64::ln);
+                // log(0) = -inf is how the DSL spells the masked value.
+                konst = k(a).filter(|x| *x >= 0.0).map(f64::ln);
                 let (lo, hi) = iv(a);
                 (union(&[*a]), if lo >= 0.0 { (lo.ln(), hi.ln()) } else { FULL })
             }
@@ -302,7 +303,7 @@ impl Analysis<Attn> for AttnAnalysis {
     fn modify(egraph: &mut AttnGraph, id: Id) {
         // Constant folding: a class with a known finite value also holds the literal.
         if let Some(c) = egraph[id].data.konst {
-            if c.is_finite() && egraph[id].data.axes.is_empty() {
+            if !c.is_nan() && egraph[id].data.axes.is_empty() {
                 let n = egraph.add(Attn::Num(Num::new(c)));
                 egraph.union(id, n);
             }
@@ -321,6 +322,12 @@ fn not_free(d: &'static str, s: &'static str) -> impl Fn(&mut AttnGraph, Id, &Su
         Some(dsym) => !eg[subst[sv]].data.axes.contains(&dsym),
         None => false,
     }
+}
+
+/// `?x > 0` by the interval analysis (so `sqrt` and `rsqrt` of it are real and finite).
+fn positive(x: &'static str) -> impl Fn(&mut AttnGraph, Id, &Subst) -> bool {
+    let xv = var(x);
+    move |eg, _, subst| eg[subst[xv]].data.lo > 0.0
 }
 
 /// The rewrite rules, as data: spellings that change form but not meaning.
@@ -360,6 +367,8 @@ pub fn rules() -> Vec<Rewrite<Attn, AttnAnalysis>> {
         rewrite!("select-lt-causal"; "(select (< (iota ?i) (iota ?j)) -inf ?s)" => "(causal ?i ?j ?s)"),
     ];
     // A factor free of the reduced axis moves out of the reduction (the scale of q or k).
+    r.push(rewrite!("rsqrt-square"; "(* (rsqrt ?x) (rsqrt ?x))" => "(recip ?x)" if positive("?x")));
+    r.push(rewrite!("sqrt-square"; "(* (sqrt ?x) (sqrt ?x))" => "?x" if positive("?x")));
     r.push(rewrite!("sum-factor-out"; "(sum ?d (* ?s ?x))" => "(* ?s (sum ?d ?x))" if not_free("?d", "?s")));
     r
 }

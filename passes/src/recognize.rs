@@ -23,14 +23,14 @@ use std::time::Duration;
 
 /// Renaming of axis names while inlining a statement.
 #[derive(Clone, PartialEq, Eq, Hash)]
-struct Ren {
+pub(crate) struct Ren {
     map: Vec<(String, String)>,
     /// Suffix for names the statement binds itself (None at the top level).
     scope: Option<usize>,
 }
 
 impl Ren {
-    fn top() -> Ren {
+    pub(crate) fn top() -> Ren {
         Ren { map: vec![], scope: None }
     }
     fn name(&self, a: &str) -> String {
@@ -51,7 +51,7 @@ pub(crate) struct Builder<'a> {
     memo: HashMap<(ValueId, Ren), Id>,
     scopes: HashMap<(ValueId, Ren), usize>,
     /// Source span of the IR value each class was first built from.
-    pub spans: HashMap<Id, Span>,
+    pub spans: BTreeMap<Id, Span>,
     /// The IR value an `in` leaf reads, by leaf name.
     pub leaves: BTreeMap<Symbol, ValueId>,
     /// The size of every axis name seen.
@@ -71,7 +71,7 @@ impl<'a> Builder<'a> {
             eg: AttnGraph::new(AttnAnalysis { ranges }),
             memo: HashMap::new(),
             scopes: HashMap::new(),
-            spans: HashMap::new(),
+            spans: BTreeMap::new(),
             leaves: BTreeMap::new(),
             dims: BTreeMap::new(),
         }
@@ -382,6 +382,8 @@ impl Searcher2<'_> {
     fn scores(&self, i: Symbol, j: Symbol, window: Option<u64>, s: Id, v: Id) -> Result<Match, String> {
         let eg = self.eg;
         let mut last = "the scores are not `scale * sum(d, q * k)` plus a bias `c[i] - c[j]`".to_string();
+        let ex = Extractor::new(eg, FusedCost);
+        let mut best: Option<(f64, Match)> = None;
         let mut parts: Vec<(Id, Option<Id>)> = vec![(s, None)];
         for m in matches(eg, "(+ ?x ?bias)", s) {
             parts.push((m[var("?x")], Some(m[var("?bias")])));
@@ -406,13 +408,20 @@ impl Searcher2<'_> {
                 let Some(d) = sym_of(eg, m, "?d") else { continue };
                 for c in &biases {
                     match self.check(i, j, window, *sc, d, m[var("?q")], m[var("?k")], v, *c) {
-                        Ok(found) => return Ok(found),
+                        Ok(found) => {
+                            // Among equivalent decompositions, keep the one with the simplest
+                            // q and k (a scale split over q and k belongs to the scale).
+                            let cost = ex.find_best_cost(found.q) + ex.find_best_cost(found.k);
+                            if best.as_ref().is_none_or(|(c0, _)| cost < *c0) {
+                                best = Some((cost, found));
+                            }
+                        }
                         Err(why) => last = why,
                     }
                 }
             }
         }
-        Err(last)
+        best.map(|(_, m)| m).ok_or(last)
     }
 }
 
@@ -420,7 +429,9 @@ impl Searcher2<'_> {
 fn diagnose(eg: &AttnGraph, root: Id) -> (String, Id) {
     for m in matches(eg, "(sum ?j (* (softmax ?a ?x) ?v))", root) {
         let (a, jj) = (eg[m[var("?a")]].data.sym, eg[m[var("?j")]].data.sym);
-        let x = m[var("?x")];
+        // Blame the softmax itself.
+        let x = eg.lookup(Attn::Softmax([m[var("?a")], m[var("?x")]])).unwrap_or(m[var("?x")]);
+        let sx = m[var("?x")];
         if a != jj {
             let name = |s: Option<Symbol>| s.map(|s| s.to_string()).unwrap_or_default();
             return (
@@ -448,11 +459,6 @@ fn diagnose(eg: &AttnGraph, root: Id) -> (String, Id) {
         return ("the mask's key index is not the softmax axis".into(), x);
     }
     ("the output is not `sum(j, softmax(j, mask(scores)) * v)`".into(), root)
-}
-
-/// Result of the recognition pass.
-pub(crate) struct Recognized {
-    pub node: ValueId,
 }
 
 /// Emits e-classes back into the IR (named-axis values), cheapest spelling first.
@@ -652,7 +658,7 @@ impl Emit<'_, '_> {
 }
 
 /// The recognition pass: replace the output statement by one `decay_attention` node.
-pub(crate) fn recognize(g: &mut Graph, ex: &mut Vec<Explanation>) -> Result<Option<Recognized>, PassError> {
+pub(crate) fn recognize(g: &mut Graph, ex: &mut Vec<Explanation>) -> Result<Option<ValueId>, PassError> {
     let Some(out) = g.output else { return Ok(None) };
     if g.find(|op| matches!(op, Op::DecayAttention(_) | Op::PrunedDecayAttention { .. }))
         .into_iter()
@@ -779,7 +785,7 @@ pub(crate) fn recognize(g: &mut Graph, ex: &mut Vec<Explanation>) -> Result<Opti
     g.node_mut(node).name = store_name;
     g.replace_all_uses(store, node);
     g.remove_dead();
-    Ok(Some(Recognized { node }))
+    Ok(Some(node))
 }
 
 /// The positional `[B, H, T]` log-decay cumsum `c` for the class of `c[i]`: a `gate_cumsum` when
@@ -808,6 +814,9 @@ fn emit_c(em: &mut Emit, ci: Id, order: &[Symbol; 3]) -> Result<ValueId, String>
     for m in matches(eg, "(* ?a (iota ?t))", ci) {
         let a = m[var("?a")];
         if eg[m[var("?t")]].data.sym == Some(i) && eg[a].data.axes.iter().all(|x| *x == hh) {
+            // New nodes of the slope point at the slope's source (for `--explain`).
+            let span = em.b.span_of(a).unwrap_or(span);
+            em.span = span;
             let neg = em.b.eg.lookup(Attn::Neg(a));
             let slope = match neg {
                 Some(n) => em.positional(n, &[hh], span)?,

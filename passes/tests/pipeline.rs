@@ -1,0 +1,213 @@
+//! The pass pipeline on the examples and the FoX spellings: IR snapshots after every pass,
+//! spellings that must all reach the same pruned node, refusals with explanations, options.
+
+mod common;
+
+use common::{all_passes, compile, root, run};
+use foxc_ir::print::print_graph;
+use foxc_ir::{Graph, NormBound, Op, PruneRule};
+use foxc_passes::{tiles_for, PassOptions, Target};
+
+const EXAMPLES: &[&str] = &[
+    "fox",
+    "fox_loggate",
+    "fox_qknorm",
+    "alibi",
+    "causal",
+    "window",
+    "refuse_growing_bias",
+    "refuse_growing_cumsum",
+    "refuse_noncausal",
+    "refuse_wrong_axis",
+];
+
+/// Examples that must end in `pruned_decay_attention`.
+const PRUNED: &[&str] = &["fox", "fox_loggate", "fox_qknorm", "alibi"];
+
+fn count(g: &Graph, pred: impl Fn(&Op) -> bool) -> usize {
+    g.find(pred).len()
+}
+
+fn is_pruned(g: &Graph) -> bool {
+    count(g, |op| matches!(op, Op::PrunedDecayAttention { .. })) == 1
+}
+
+/// The IR after every pass, the explanations with the source text they point at.
+fn report_text(rel: &str) -> String {
+    let g = compile(rel);
+    let src = std::fs::read_to_string(root().join(rel)).unwrap();
+    let (_, report) = run(&g, &all_passes());
+    let mut s = String::new();
+    for (pass, ir) in &report.dumps {
+        s.push_str(&format!("// ---- after {pass}\n{ir}"));
+    }
+    for e in &report.explanations {
+        let text = src.get(e.span.range()).unwrap_or("<bad span>");
+        s.push_str(&format!("// explain: {}\n//   at `{}`\n", e.message, text));
+        if let Some(h) = &e.hint {
+            s.push_str(&format!("//   hint: {h}\n"));
+        }
+    }
+    s
+}
+
+#[test]
+fn ir_after_every_pass_of_every_example() {
+    for ex in EXAMPLES {
+        let text = report_text(&format!("examples/{ex}.attn"));
+        insta::assert_snapshot!(format!("example_{ex}"), text);
+    }
+}
+
+#[test]
+fn examples_prune_exactly_where_expected() {
+    for ex in EXAMPLES {
+        let g = compile(&format!("examples/{ex}.attn"));
+        let (o, report) = run(&g, &PassOptions::default());
+        let want = PRUNED.contains(ex);
+        assert_eq!(is_pruned(&o), want, "{ex}: pruned = {}\n{}", is_pruned(&o), print_graph(&o));
+        if !want {
+            assert!(!report.explanations.is_empty(), "{ex} is not pruned but nothing explains why");
+        }
+    }
+}
+
+#[test]
+fn fused_node_is_recognized_where_expected() {
+    // Everything but the non-attention refusals becomes one fused node.
+    for ex in EXAMPLES {
+        let g = compile(&format!("examples/{ex}.attn"));
+        let (o, _) = run(&g, &PassOptions { prune: false, ..PassOptions::default() });
+        let fused = count(&o, |op| matches!(op, Op::DecayAttention(_)));
+        let want = usize::from(!matches!(*ex, "refuse_noncausal" | "refuse_wrong_axis"));
+        assert_eq!(fused, want, "{ex}\n{}", print_graph(&o));
+        if want == 1 {
+            assert_eq!(count(&o, |op| matches!(op, Op::Softmax { .. } | Op::Reduce { .. })), 0, "{ex}");
+        }
+    }
+}
+
+fn spellings() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(root().join("tests/spellings"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".attn"))
+        .map(|n| format!("tests/spellings/{n}"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn all_fox_spellings_reach_the_same_pruned_node() {
+    let files = spellings();
+    assert!(files.len() >= 8, "need at least 8 spellings, found {}", files.len());
+    let reference = print_graph(&run(&compile("examples/fox.attn"), &PassOptions::default()).0);
+    assert!(reference.contains("pruned_decay_attention"));
+    for f in &files {
+        for rule in [PruneRule::Paper, PruneRule::Tight] {
+            let opts = PassOptions { rule, ..PassOptions::default() };
+            let want = print_graph(&run(&compile("examples/fox.attn"), &opts).0);
+            let (o, report) = run(&compile(f), &opts);
+            assert_eq!(print_graph(&o), want, "{f} differs from examples/fox.attn ({rule:?})");
+            assert!(report.explanations.is_empty(), "{f}: {:?}", report.explanations);
+        }
+    }
+    let _ = reference;
+}
+
+#[test]
+fn refusals_stay_dense_and_explain_at_the_right_place() {
+    let cases = [
+        ("refuse_growing_bias", "slope[h]", "ALiBi slope"),
+        ("refuse_growing_cumsum", "g: f32[B, H, T]", "log forget gate"),
+        ("refuse_noncausal", "softmax(j, s[b, h, i, j])", "not causally masked"),
+        ("refuse_wrong_axis", "causal(i, j, s[b, h, i, j])", "softmax is taken over `i`"),
+    ];
+    for (ex, at, says) in cases {
+        let rel = format!("examples/{ex}.attn");
+        let src = std::fs::read_to_string(root().join(&rel)).unwrap();
+        let (o, report) = run(&compile(&rel), &PassOptions::default());
+        assert!(!is_pruned(&o), "{ex} was pruned");
+        let e = report.explanations.iter().find(|e| e.message.contains(says));
+        let e =
+            e.unwrap_or_else(|| panic!("{ex}: no explanation saying {says:?}: {:?}", report.explanations));
+        let text = &src[e.span.range()];
+        assert!(text.contains(at), "{ex}: explanation points at `{text}`, expected it to contain `{at}`");
+        assert!(e.hint.is_some(), "{ex}: explanation without a hint");
+    }
+}
+
+#[test]
+fn no_prune_keeps_dense_attention() {
+    for ex in PRUNED {
+        let (o, report) = run(
+            &compile(&format!("examples/{ex}.attn")),
+            &PassOptions { prune: false, ..PassOptions::default() },
+        );
+        assert_eq!(count(&o, |op| matches!(op, Op::DecayAttention(_))), 1, "{ex}");
+        assert!(!is_pruned(&o));
+        assert_eq!(count(&o, |op| matches!(op, Op::Threshold { .. } | Op::BlockBoundary(_))), 0);
+        assert!(report.explanations.iter().any(|e| e.message.contains("--no-prune")));
+    }
+}
+
+#[test]
+fn options_reach_the_attributes() {
+    let g = compile("examples/fox_qknorm.attn");
+    for (target, rule, log_eps) in [
+        (Target::Cpu, PruneRule::Paper, -10.0),
+        (Target::Sm90a, PruneRule::Tight, -7.5),
+        (Target::Sm80, PruneRule::Paper, -3.0),
+    ] {
+        let opts = PassOptions { target, rule, log_eps, ..PassOptions::default() };
+        let (o, _) = run(&g, &opts);
+        let tiles = tiles_for(target, None);
+        let th = o.find(|op| matches!(op, Op::Threshold { .. }));
+        let Op::Threshold { rule: r, log_eps: l, bound, bm, .. } = o.op(th[0]).clone() else {
+            unreachable!()
+        };
+        assert_eq!((r, l, bm), (rule, log_eps, tiles.bm));
+        // The rmsnorm weights are data (no declared range): the bound reads the data.
+        assert_eq!(bound, NormBound::Data);
+        let bb = o.find(|op| matches!(op, Op::BlockBoundary(_)));
+        assert_eq!(o.op(bb[0]), &Op::BlockBoundary(tiles));
+        let pa = o.find(|op| matches!(op, Op::PrunedDecayAttention { .. }));
+        let Op::PrunedDecayAttention { tiles: t, .. } = o.op(pa[0]) else { unreachable!() };
+        assert_eq!(*t, tiles);
+        // q and k of QK-norm are positional rmsnorms over axis 3.
+        let ops = o.operands(pa[0]);
+        assert!(o
+            .operands(ops[0])
+            .iter()
+            .any(|x| matches!(o.op(*x), Op::RmsNorm { axis, .. } if axis == "3")));
+        assert!(matches!(o.op(ops[1]), Op::RmsNorm { axis, .. } if axis == "3"));
+    }
+    assert_eq!(tiles_for(Target::Cpu, Some(64)), foxc_ir::Tiles { bm: 64, bn: 64 });
+    assert_eq!(tiles_for(Target::Sm90a, Some(128)), foxc_ir::Tiles { bm: 128, bn: 64 });
+}
+
+/// A QK-norm program with constant D and ranged weights gets a static bound.
+#[test]
+fn static_bound_from_ranged_rmsnorm_weights() {
+    let src =
+        "attention f(q: bf16[B, H, T, 16], k: bf16[B, H, T, 16], v: bf16[B, H, T, 16], fgate: f32[B, H, T],
+                     wq: f32[16] in [-2, 1.5], wk: f32[16] in [0, 0.5]) -> bf16[B, H, T, 16] {
+        c[b, h, t]      = cumsum(t, logsigmoid(fgate[b, h, t]))
+        qn[b, h, t, d]  = rmsnorm(q[b, h, t, d], wq[d])
+        kn[b, h, t, d]  = rmsnorm(k[b, h, t, d], wk[d])
+        s[b, h, i, j]   = sum(d, qn[b, h, i, d] * kn[b, h, j, d]) / sqrt(16) + c[b, h, i] - c[b, h, j]
+        p[b, h, i, j]   = softmax(j, causal(i, j, s[b, h, i, j]))
+        out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
+        return out
+    }";
+    let g = foxc_ir::frontend::compile("static.attn", src.as_bytes())
+        .map_err(|d| d.render("s", src))
+        .unwrap()
+        .graph;
+    let (o, _) = run(&g, &PassOptions::default());
+    let th = o.find(|op| matches!(op, Op::Threshold { .. }));
+    let Op::Threshold { bound, scale, .. } = o.op(th[0]).clone() else { unreachable!() };
+    assert_eq!(bound, NormBound::Static { q_max: 2.0 * 4.0, k_max: 0.5 * 4.0 });
+    assert_eq!(scale, 0.25);
+}
