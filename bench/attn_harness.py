@@ -210,10 +210,11 @@ def flex_fn(q, k, v, c, b, h, t, d, delta):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ptx-dir", default="bench/ptx")
+    ap.add_argument("--ptx-dir", default="bench/ptx", help="comma-separated folders of attn_*.ptx")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--flex", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--sizes", default="4096,8192,16384,32768")
     ap.add_argument("--dims", default="128,64")
     args = ap.parse_args()
@@ -221,7 +222,8 @@ def main():
     torch.backends.cudnn.allow_tf32 = False
     cuda = Cuda()
     kernels = {}
-    for p in sorted(glob.glob(os.path.join(args.ptx_dir, "attn_*.ptx"))):
+    paths = [p for d in args.ptx_dir.split(",") for p in sorted(glob.glob(os.path.join(d, "attn_*.ptx")))]
+    for p in paths:
         kname = os.path.basename(p)[5:-4]  # d128_prune
         try:
             kernels[kname] = Kernel(cuda, p)
@@ -234,6 +236,8 @@ def main():
     checks = [(1, 2, 1000, 128), (1, 1, 1, 128), (1, 3, 777, 64), (2, 4, 4096, 128), (2, 4, 4096, 64)]
     if not args.quick:
         checks += [(1, 16, 16384, 128)]
+    if args.no_check:
+        checks = []
     for (b, h, t, d) in checks:
         q, k, v, c = workload(b, h, t, d, seed=t + d + h)
         scale = 1.0 / math.sqrt(d)

@@ -545,14 +545,57 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         Ok(out)
     }
 
+    /// wgmma m64nNk16 with A (bf16, the warp's 16 rows in mma.m16n8k16 A-fragment order) from
+    /// registers and B from a transposed (MN-major) shared-memory descriptor.
+    fn wgmma_rs(
+        &self,
+        acc: &[FloatValue<'ctx>],
+        a: &[IntValue<'ctx>; 4],
+        db: IntValue<'ctx>,
+    ) -> Result<Vec<FloatValue<'ctx>>, String> {
+        let n = acc.len();
+        let regs: Vec<String> = (0..n).map(|i| format!("${i}")).collect();
+        let text = format!(
+            "{{\n.reg .pred p;\nsetp.ne.b32 p, ${}, 0;\nwgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16 {{{}}}, {{${}, ${}, ${}, ${}}}, ${}, p, 1, 1, 1;\n}}",
+            2 * n + 5,
+            2 * n,
+            regs.join(", "),
+            2 * n,
+            2 * n + 1,
+            2 * n + 2,
+            2 * n + 3,
+            2 * n + 4
+        );
+        let mut cons: Vec<String> = (0..n).map(|_| "=f".to_string()).collect();
+        cons.extend((0..n).map(|i| i.to_string()));
+        cons.extend(["r", "r", "r", "r", "l", "r"].iter().map(|c| c.to_string()));
+        let f = self.f32t();
+        let st = self.ctx.struct_type(&vec![f.into(); n], false);
+        let mut args: Vec<BasicValueEnum> = acc.iter().map(|v| (*v).into()).collect();
+        args.extend(a.iter().map(|v| BasicValueEnum::from(*v)));
+        args.push(db.into());
+        args.push(self.ci(1).into());
+        let r = self
+            .asm(&text, &cons.join(","), Some(st.into()), &args)?
+            .ok_or("wgmma: no value")?
+            .into_struct_value();
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            out.push(self.b.build_extract_value(r, i as u32, "").map_err(be)?.into_float_value());
+        }
+        Ok(out)
+    }
+
     /// Shared-memory matrix descriptor (sm_90): 128B swizzle, stride 1024 B between 8-row groups.
-    fn gmma_desc(&self, env: &Env<'ctx>, off: IntValue<'ctx>) -> Result<IntValue<'ctx>, String> {
+    /// `lbo`: for K-major operands unused (16); for MN-major ones (V, transposed) the byte stride
+    /// between 64-element panels along N.
+    fn gmma_desc(&self, env: &Env<'ctx>, off: IntValue<'ctx>, lbo: i64) -> Result<IntValue<'ctx>, String> {
         let i64t = self.ctx.i64_type();
         let base = self.b.build_ptr_to_int(env.smem, i64t, "").map_err(be)?;
         let addr = self.add(base, self.b.build_int_z_extend(off, i64t, "").map_err(be)?)?;
         let a = self.b.build_right_shift(addr, self.ci64(4), false, "").map_err(be)?;
         let a = self.b.build_and(a, self.ci64(0x3FFF), "").map_err(be)?;
-        let hi = (1i64 << 16) | (64i64 << 32) | (1i64 << 62);
+        let hi = ((lbo >> 4) << 16) | (64i64 << 32) | (1i64 << 62);
         self.b.build_or(a, self.ci64(hi), "").map_err(be)
     }
 
@@ -682,7 +725,7 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         self.call("llvm.nvvm.cp.async.commit.group", None, &[])?;
         let j_end0 = self.mulc(n_end, bn)?;
         self.load_tile(&env, kb, j_end0, cfg.bn, k_off[0], wg)?;
-        self.load_tile(&env, vb, j_end0, cfg.bn, v_off[0], false)?;
+        self.load_tile(&env, vb, j_end0, cfg.bn, v_off[0], wg)?;
         self.call("llvm.nvvm.cp.async.commit.group", None, &[])?;
 
         // Per-column bias in log2 units relative to c_ref = c[i0]: b_j = (c_ref - c_j) * log2 e.
@@ -828,7 +871,7 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             let vo = self.seli(is0, v_off[1], v_off[0])?;
             let jn = self.mulc(self.addc(n, -1)?, bn)?;
             self.load_tile(&env, kb, jn, cfg.bn, ko, wg)?;
-            self.load_tile(&env, vb, jn, cfg.bn, vo, false)?;
+            self.load_tile(&env, vb, jn, cfg.bn, vo, wg)?;
             self.b.build_unconditional_branch(comp).map_err(be)?;
         }
 
@@ -869,8 +912,8 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
                 let step = ((s / 4) as i64, (s % 4) as i64 * 32);
                 let qo = self.ci(step.0 * bm * 128 + step.1);
                 let ko = self.addc(kcur, step.0 * bn * 128 + step.1)?;
-                let da = self.gmma_desc(&env, qo)?;
-                let db = self.gmma_desc(&env, ko)?;
+                let da = self.gmma_desc(&env, qo, 16)?;
+                let db = self.gmma_desc(&env, ko, 16)?;
                 acc = self.wgmma(&acc, da, db)?;
             }
             self.asm("wgmma.commit_group.sync.aligned;", "~{memory}", None, &[])?;
@@ -1018,6 +1061,21 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
                 self.pack_bf16(pv[(2 * kk + 1) * 4], pv[(2 * kk + 1) * 4 + 1])?,
                 self.pack_bf16(pv[(2 * kk + 1) * 4 + 2], pv[(2 * kk + 1) * 4 + 3])?,
             ];
+            if wg {
+                // V tile (keys x D, D contiguous) is the MN-major B operand: 8-key groups 1024 B
+                // apart, 64-column panels bn*128 B apart; keys 16kk.. start at row 16kk.
+                if kk == 0 {
+                    self.asm("wgmma.fence.sync.aligned;", "~{memory}", None, &[])?;
+                }
+                let vo = self.addc(vcur, kk as i64 * 16 * 128)?;
+                let db = self.gmma_desc(&env, vo, bn * 128)?;
+                o = self.wgmma_rs(&o, &a, db)?;
+                if kk + 1 == (bn / 16) as usize {
+                    self.asm("wgmma.commit_group.sync.aligned;", "~{memory}", None, &[])?;
+                    o = self.asm_pass("wgmma.wait_group.sync.aligned 0;", &o)?;
+                }
+                continue;
+            }
             for dp in 0..dt / 2 {
                 let off = self.add(vcur, v_offs[kk][dp])?;
                 let b = self.ldmatrix(self.smem_at(&env, off)?, true)?;
