@@ -6,12 +6,15 @@
 //! * `start[m]` is found inside the kernel (no separate launch): a 32-ary search by each warp over
 //!   the key-tile ends (`c` is non-increasing, so "tile kept" is monotone in the tile index); two or
 //!   three rounds of one load per lane instead of a chain of dependent loads.
-//! * `S = Q K^T` and `O += P V` with `mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32`; Q fragments stay
-//!   in registers for the whole block, P is re-packed to bf16 in registers.
+//! * sm_90 with `bm = 64` (the default; one warpgroup per block): `S = Q K^T` with
+//!   `wgmma.mma_async m64n{bn}k16` (Q and K from shared-memory descriptors, K-major, 128-byte
+//!   swizzle) and `O += P V` with `wgmma m64n{D}k16` (P from registers, V as the transposed,
+//!   MN-major B operand). Otherwise (sm_80, or `bm = 128`): `mma.sync.m16n8k16` bf16 for both,
+//!   Q fragments kept in registers, K and V read with `ldmatrix` (`.trans` for V).
 //! * K and V tiles are staged in shared memory with `cp.async` (double buffered: tile n-1 is in
-//!   flight while tile n is computed) and read with `ldmatrix` (`.trans` for V); rows are 16-byte
-//!   chunks XOR-swizzled by `row & 7`, so the eight row addresses of each `ldmatrix` phase hit
-//!   distinct banks.
+//!   flight while tile n is computed; `fence.proxy.async` before wgmma reads them). Rows are 16-byte
+//!   chunks XOR-swizzled by `row & 7` (the wgmma layout splits rows into 64-column panels of
+//!   128 bytes, the hardware's 128B swizzle), so no `ldmatrix` phase has bank conflicts.
 //! * Scores `s = scale * q.k + (c_i - c_j)`, online softmax with `ex2.approx` (log2 e folded into
 //!   one FMA per element); the causal / tail / window mask runs only on tiles that need it.
 //! * Query tiles are scheduled longest first (`blockIdx.x` reversed), so blocks with few kept
@@ -32,8 +35,8 @@
 //! (above 48 KiB, so the launcher must raise `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`).
 //!
 //! Supported: `head_dim` 64 or 128 (others are rejected with an error for now), `bm` 64 or 128,
-//! `bn` a multiple of 16 up to 128, bf16 inputs, sm_80 and sm_90 (the code uses only sm_80
-//! instructions).
+//! `bn` a multiple of 16 up to 128, bf16 inputs, sm_80 (mma.sync) and sm_90 (wgmma when bm = 64;
+//! the PTX then needs `sm_90a`). Measured on the H200: docs/GPU_KERNEL.md.
 
 use inkwell::builder::Builder;
 use inkwell::context::Context;
@@ -120,11 +123,11 @@ impl AttnKernelConfig {
         if self.bm != 64 && self.bm != 128 {
             return Err(format!("GPU attention needs bm = 64 or 128, got {}", self.bm));
         }
-        if self.bn == 0 || self.bn % 16 != 0 || self.bn > 128 {
+        if self.bn == 0 || !self.bn.is_multiple_of(16) || self.bn > 128 {
             return Err(format!("GPU attention needs bn a multiple of 16 up to 128, got {}", self.bn));
         }
         let chunks = self.bn * self.head_dim / 8;
-        if chunks % self.threads() != 0 {
+        if !chunks.is_multiple_of(self.threads()) {
             return Err(format!(
                 "GPU attention: a {}x{} K tile does not split evenly over {} threads",
                 self.bn,
@@ -1302,6 +1305,21 @@ mod tests {
             }
         }
         assert!(m.verify().is_ok());
+    }
+
+    #[test]
+    fn hopper_path_uses_wgmma_and_ampere_path_mma_sync() {
+        let ctx = Context::create();
+        let m = ctx.create_module("t");
+        let mut cfg = AttnKernelConfig::new(128, true, true);
+        build_attention_kernel(&ctx, &m, &cfg).unwrap();
+        cfg.sm = 80;
+        build_attention_kernel(&ctx, &m, &cfg).unwrap();
+        let ir = m.print_to_string().to_string();
+        assert!(ir.contains("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"));
+        assert!(ir.contains("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"));
+        assert!(ir.contains("llvm.nvvm.mma.m16n8k16.row.col.bf16"));
+        assert!(ir.contains("llvm.nvvm.cp.async.cg.shared.global.16"));
     }
 
     #[test]
