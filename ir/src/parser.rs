@@ -268,7 +268,7 @@ impl<'t> Parser<'t> {
                         let s = self.bump().span;
                         dims.push(DimExpr::Sym(Ident { name, span: s }));
                     }
-                    Tok::Num { value, int: true, .. } if value >= 1.0 && value < 9.0e15 => {
+                    Tok::Num { value, int: true, .. } if (1.0..9.0e15).contains(&value) => {
                         let s = self.bump().span;
                         dims.push(DimExpr::Const(value as u64, s));
                     }

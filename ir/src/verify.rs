@@ -139,3 +139,214 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
 pub fn verify_verbose(g: &Graph) -> Result<(), String> {
     verify(g).map_err(|e| format!("{e}\n{}", print_graph(g)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::{AttnAttrs, NormBound, PruneRule, ReduceKind, Tiles};
+    use crate::types::{Axis, Dim, Span};
+    use petgraph::visit::EdgeRef;
+
+    fn bhtd() -> Vec<Dim> {
+        ["B", "H", "T", "D"].iter().map(|s| Dim::sym(s)).collect()
+    }
+
+    fn t(dtype: DType, dims: Vec<Dim>) -> ValueType {
+        ValueType::tensor(dtype, dims)
+    }
+
+    /// q, k, v, fgate parameters.
+    fn params(g: &mut Graph) -> [ValueId; 4] {
+        let sp = Span::default();
+        let q = g.add_param("q", t(DType::BF16, bhtd()), sp);
+        let k = g.add_param("k", t(DType::BF16, bhtd()), sp);
+        let v = g.add_param("v", t(DType::BF16, bhtd()), sp);
+        let f = g.add_param("fgate", t(DType::F32, bhtd()[..3].to_vec()), sp);
+        [q, k, v, f]
+    }
+
+    /// The graph a pruning pass produces for FoX.
+    fn pruned_fox() -> Graph {
+        let sp = Span::default();
+        let mut g = Graph::new("fox");
+        let [q, k, v, f] = params(&mut g);
+        let bht = bhtd()[..3].to_vec();
+        let c = g.add(
+            Op::GateCumsum { kind: crate::ops::GateKind::Logits },
+            t(DType::F32, bht.clone()),
+            &[f],
+            sp,
+        );
+        let tiles = ValueType::tensor(
+            DType::F32,
+            [Dim::sym("B"), Dim::sym("H"), Dim::Tiles(Box::new(Dim::sym("T")), 64)],
+        );
+        let delta = g.add(
+            Op::Threshold {
+                rule: PruneRule::Tight,
+                log_eps: -10.0,
+                bound: NormBound::Data,
+                scale: 0.125,
+                bm: 64,
+            },
+            tiles.clone(),
+            &[q, k],
+            sp,
+        );
+        let start = ValueType { dtype: DType::I32, axes: tiles.axes.clone() };
+        let st = g.add(Op::BlockBoundary(Tiles { bm: 64, bn: 32 }), start, &[c, delta], sp);
+        let attn = AttnAttrs { scale: 0.125, has_decay: true, window: None };
+        let o = g.add(
+            Op::PrunedDecayAttention { attn, tiles: Tiles { bm: 64, bn: 32 } },
+            t(DType::F32, bhtd()),
+            &[q, k, v, c, st],
+            sp,
+        );
+        let out = g.add(Op::Cast, t(DType::BF16, bhtd()), &[o], sp);
+        g.output = Some(out);
+        g
+    }
+
+    #[test]
+    fn accepts_fused_ops() {
+        verify(&pruned_fox()).unwrap();
+        // Dense decay attention without c, and a slope cumsum.
+        let sp = Span::default();
+        let mut g = Graph::new("causal");
+        let [q, k, v, _] = params(&mut g);
+        let attn = AttnAttrs { scale: 0.125, has_decay: false, window: Some(256) };
+        let o = g.add(Op::DecayAttention(attn), t(DType::F32, bhtd()), &[q, k, v], sp);
+        g.output = Some(o);
+        verify(&g).unwrap();
+        let m = g.add_param("slope", t(DType::F32, vec![Dim::sym("H")]), sp);
+        let c = g.add(
+            Op::GateCumsum { kind: crate::ops::GateKind::Slope },
+            t(DType::F32, bhtd()[..3].to_vec()),
+            &[m],
+            sp,
+        );
+        let attn = AttnAttrs { scale: 0.125, has_decay: true, window: None };
+        let o = g.add(Op::DecayAttention(attn), t(DType::F32, bhtd()), &[q, k, v, c], sp);
+        g.output = Some(o);
+        verify(&g).unwrap();
+    }
+
+    #[test]
+    fn accepts_positional_rmsnorm() {
+        let sp = Span::default();
+        let mut g = Graph::new("n");
+        let [q, ..] = params(&mut g);
+        let w = g.add_param("w", t(DType::F32, vec![Dim::sym("D")]), sp);
+        let o = g.add(Op::RmsNorm { axis: "3".into(), eps: 1e-6 }, t(DType::F32, bhtd()), &[q, w], sp);
+        g.output = Some(o);
+        verify(&g).unwrap();
+    }
+
+    fn fails(g: &Graph, needle: &str) {
+        let e = verify(g).unwrap_err().to_string();
+        assert!(e.contains(needle), "expected `{needle}` in: {e}");
+    }
+
+    #[test]
+    fn rejects_malformed_graphs() {
+        let sp = Span::default();
+        // No output.
+        let mut g = pruned_fox();
+        g.output = None;
+        fails(&g, "no output");
+        // Wrong result type of a fused op.
+        let mut g = pruned_fox();
+        let att = g.find(|o| matches!(o, Op::PrunedDecayAttention { .. }))[0];
+        g.node_mut(att).ty = t(DType::F32, bhtd()[..3].to_vec());
+        fails(&g, "type should be f32[B, H, T, D]");
+        // Operand of the wrong shape: c swapped for delta.
+        let mut g = pruned_fox();
+        let bb = g.find(|o| matches!(o, Op::BlockBoundary(_)))[0];
+        let ops = g.operands(bb);
+        let e: Vec<_> = g.g.edges_directed(bb, Direction::Incoming).map(|e| e.id()).collect();
+        for e in e {
+            g.g.remove_edge(e);
+        }
+        g.g.add_edge(ops[1], bb, 0);
+        g.g.add_edge(ops[0], bb, 1);
+        fails(&g, "block_boundary");
+        // Missing operand.
+        let mut g = pruned_fox();
+        let cast = g.output.unwrap();
+        let e: Vec<_> = g.g.edges_directed(cast, Direction::Incoming).map(|e| e.id()).collect();
+        g.g.remove_edge(e[0]);
+        fails(&g, "has 0 operands, `cast` takes 1");
+        // A cycle.
+        let mut g = Graph::new("cyc");
+        let [q, ..] = params(&mut g);
+        let a = g.add(Op::Unary(crate::ops::UnaryOp::Exp), t(DType::F32, bhtd()), &[q], sp);
+        let b = g.add(Op::Unary(crate::ops::UnaryOp::Exp), t(DType::F32, bhtd()), &[a], sp);
+        g.g.add_edge(b, a, 1);
+        g.output = Some(b);
+        fails(&g, "cycle");
+        // Broadcast of one axis name with two sizes; reduce over a missing axis; bool arithmetic.
+        let mut g = Graph::new("b");
+        let [q, _, _, f] = params(&mut g);
+        let x = g.add(
+            Op::Bind { axes: vec!["b".into(), "h".into(), "i".into(), "d".into()] },
+            t(DType::BF16, bhtd()),
+            &[q],
+            sp,
+        );
+        g.node_mut(x).ty.axes =
+            ["b", "h", "i", "d"].iter().zip(bhtd()).map(|(n, d)| Axis::new(n, d)).collect();
+        let y = g.add(
+            Op::Bind { axes: vec!["b".into(), "h".into(), "d".into()] },
+            t(DType::F32, bhtd()[..3].to_vec()),
+            &[f],
+            sp,
+        );
+        g.node_mut(y).ty.axes = ["b", "h", "d"].iter().zip(bhtd()).map(|(n, d)| Axis::new(n, d)).collect();
+        let s = g.add(Op::Binary(crate::ops::BinaryOp::Add), ValueType::scalar(DType::F32), &[x, y], sp);
+        g.output = Some(s);
+        fails(&g, "axis `d` has size");
+        g.g.remove_node(s);
+        let mut g2 = g.clone();
+        let r = g2.add(
+            Op::Reduce { kind: ReduceKind::Sum, axis: "z".into() },
+            ValueType::scalar(DType::F32),
+            &[x],
+            sp,
+        );
+        g2.output = Some(r);
+        fails(&g2, "no axis `z`");
+        let xt = g.ty(x).clone();
+        let bt = ValueType { dtype: DType::Bool, axes: xt.axes.clone() };
+        let c = g.add(Op::Binary(crate::ops::BinaryOp::Lt), bt, &[x, x], sp);
+        let n = g.add(Op::Unary(crate::ops::UnaryOp::Neg), ValueType { dtype: DType::F32, ..xt }, &[c], sp);
+        g.output = Some(n);
+        fails(&g, "must be floating point");
+        // Store with the wrong axis count.
+        let mut g = Graph::new("s");
+        let [q, ..] = params(&mut g);
+        let x = g.add(
+            Op::Bind { axes: vec!["b".into(), "h".into(), "i".into(), "d".into()] },
+            t(DType::BF16, bhtd()),
+            &[q],
+            sp,
+        );
+        g.node_mut(x).ty.axes =
+            ["b", "h", "i", "d"].iter().zip(bhtd()).map(|(n, d)| Axis::new(n, d)).collect();
+        let s = g.add(
+            Op::Store { axes: vec!["b".into(), "h".into(), "i".into()] },
+            t(DType::F32, bhtd()[..3].to_vec()),
+            &[x],
+            sp,
+        );
+        g.output = Some(s);
+        fails(&g, "does not have exactly these axes");
+    }
+
+    #[test]
+    fn compiled_examples_verify() {
+        let src = include_str!("../../examples/fox.attn");
+        let c = crate::frontend::compile("fox.attn", src.as_bytes()).unwrap();
+        verify(&c.graph).unwrap();
+        assert!(verify_verbose(&c.graph).is_ok());
+    }
+}
