@@ -65,19 +65,21 @@ class Kernel:
         self.name = re.search(r"\.visible \.entry (\w+)\(", text).group(1)
         m = re.search(r"_d(\d+)_bm(\d+)_bn(\d+)", self.name)
         self.d, self.bm, self.bn = int(m.group(1)), int(m.group(2)), int(m.group(3))
+        k = re.search(r"_k(\d+)_", self.name)  # block rows when they differ from the pruning tile bm
+        self.bk = int(k.group(1)) if k else self.bm
         w = re.search(r"_w(\d+)_", self.name)
         self.window = int(w.group(1)) if w else None
         self.decay = "_decay" in self.name
         self.prune = "_prune" in self.name
         # Must match AttnKernelConfig::shared_bytes (Q, 2 x K, 2 x V, 2 x column bias when decaying).
-        self.smem = (self.bm + 4 * self.bn) * self.d * 2 + (2 * self.bn * 4 if self.decay else 0)
-        self.threads = self.bm // 16 * 32
+        self.smem = (self.bk + 4 * self.bn) * self.d * 2 + (2 * self.bn * 4 if self.decay else 0)
+        self.threads = self.bk // 16 * 32
         self.cuda = cuda
         self.fn = cuda.load(text, self.name, self.smem)
 
     def __call__(self, q, k, v, c, delta, out, lse):
         bh, t, d = q.shape
-        mt = (t + self.bm - 1) // self.bm
+        mt = (t + self.bk - 1) // self.bk
         self.cuda.launch(self.fn, (mt, bh, 1), (self.threads, 1, 1), self.smem, [q, k, v, c, delta, out, lse, t])
 
 

@@ -90,10 +90,11 @@ impl AttnKernelConfig {
     /// Kernel symbol name; distinct for every configuration so several fit in one module.
     pub fn kernel_name(&self) -> String {
         format!(
-            "foxc_attn_fwd_d{}_bm{}_bn{}{}{}{}_s{:08x}_sm{}",
+            "foxc_attn_fwd_d{}_bm{}_bn{}{}{}{}{}_s{:08x}_sm{}",
             self.head_dim,
             self.bm,
             self.bn,
+            if self.block_rows() != self.bm { format!("_k{}", self.block_rows()) } else { String::new() },
             if self.has_decay { "_decay" } else { "" },
             if self.prune { "_prune" } else { "" },
             match self.window {
@@ -105,14 +106,27 @@ impl AttnKernelConfig {
         )
     }
 
+    /// Query rows per thread block. `bm` is the pruning tile of the IR (delta and start are per
+    /// bm rows); on sm_90 the kernel always works in 64-row blocks (one warpgroup, two blocks per
+    /// SM) and a 128-row tile is covered by two blocks that share its `start` (the search uses the
+    /// tile's first row and its delta, so the kept set is exactly the tile's).
+    pub fn block_rows(&self) -> u32 {
+        if self.sm == 90 && self.bm.is_multiple_of(64) {
+            64
+        } else {
+            self.bm
+        }
+    }
+
     fn threads(&self) -> u32 {
-        self.bm / 16 * 32
+        self.block_rows() / 16 * 32
     }
 
     /// Dynamic shared memory: Q tile, two buffers each of K and V, two buffers of the per-column
     /// bias `(c_ref - c_j) * log2 e` (decay only).
     fn shared_bytes(&self) -> u32 {
-        (self.bm + 4 * self.bn) * self.head_dim * 2 + if self.has_decay { 2 * self.bn * 4 } else { 0 }
+        (self.block_rows() + 4 * self.bn) * self.head_dim * 2
+            + if self.has_decay { 2 * self.bn * 4 } else { 0 }
     }
 
     /// Errors for configurations this kernel does not implement.
@@ -159,7 +173,7 @@ pub struct LaunchGeometry {
 /// Launch geometry for sequence length `t` and `bh` = batch x heads:
 /// grid (Mt, BH, 1), one block per query tile.
 pub fn launch_geometry(cfg: &AttnKernelConfig, t: u64, bh: u64) -> LaunchGeometry {
-    let mt = t.div_ceil(cfg.bm.max(1) as u64);
+    let mt = t.div_ceil(cfg.block_rows().max(1) as u64);
     LaunchGeometry {
         grid: (mt as u32, bh as u32, 1),
         block: (cfg.threads(), 1, 1),
@@ -639,7 +653,7 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
     fn build(&mut self, name: &str) -> Result<FunctionValue<'ctx>, String> {
         let cfg = self.cfg.clone();
         let d = cfg.head_dim as i64;
-        let bm = cfg.bm as i64;
+        let bm = cfg.block_rows() as i64; // rows of this block (the IR tile is cfg.bm)
         let bn = cfg.bn as i64;
         let nt = (cfg.bn / 8) as usize; // n-tiles of 8 keys in S
         let kd = (cfg.head_dim / 16) as usize; // k-steps over D
@@ -648,7 +662,7 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         let i32t = self.i32t();
         let gp = self.gptr();
         // S = Q K^T on the Hopper tensor-core path (one warpgroup per 64 query rows).
-        let wg = cfg.sm == 90 && cfg.bm == 64;
+        let wg = cfg.sm == 90 && bm == 64;
 
         let fty = self.ctx.void_type().fn_type(
             &[gp.into(), gp.into(), gp.into(), gp.into(), gp.into(), gp.into(), gp.into(), i32t.into()],
@@ -724,7 +738,7 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         let kv_bytes = bn * d * 2;
         let k_off = [self.ci(bm * d * 2), self.ci(bm * d * 2 + 2 * kv_bytes)];
         let v_off = [self.ci(bm * d * 2 + kv_bytes), self.ci(bm * d * 2 + 3 * kv_bytes)];
-        self.load_tile(&env, qb, i0, cfg.bm, q_off, wg)?;
+        self.load_tile(&env, qb, i0, bm as u32, q_off, wg)?;
         self.call("llvm.nvvm.cp.async.commit.group", None, &[])?;
         let j_end0 = self.mulc(n_end, bn)?;
         self.load_tile(&env, kb, j_end0, cfg.bn, k_off[0], wg)?;
@@ -757,7 +771,10 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             n_start = self.b.build_int_signed_div(x, self.ci(bn), "").map_err(be)?;
         }
         if cfg.prune {
-            let ps = self.prune_search(&env, cb, delta_p, bh, m, i0)?;
+            // The IR tile holding this block (the same block when block_rows == bm).
+            let m_ir = self.b.build_int_unsigned_div(i0, self.ci(cfg.bm as i64), "m_ir").map_err(be)?;
+            let i0_ir = self.mulc(m_ir, cfg.bm as i64)?;
+            let ps = self.prune_search(&env, cb, delta_p, bh, m_ir, i0_ir)?;
             n_start = self.smax(n_start, ps)?;
         }
 
@@ -1208,6 +1225,7 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
 
     /// start[m] by a 32-ary search per warp: the first key tile n in [0, floor(i0/bn)] with
     /// `c[i0] - c[jend(n)] >= delta[m]` (unordered counts as kept), capped at floor(i0/bn).
+    /// `m` and `i0` are the IR tile's index and first row (tiles of `cfg.bm` rows).
     fn prune_search(
         &self,
         env: &Env<'ctx>,
@@ -1326,6 +1344,12 @@ mod tests {
     fn geometry() {
         let mut cfg = AttnKernelConfig::new(128, true, true);
         cfg.bm = 128;
+        // sm_90 covers a 128-row pruning tile with two 64-row blocks.
+        let g = launch_geometry(&cfg, 1000, 6);
+        assert_eq!(g.grid, (16, 6, 1));
+        assert_eq!(g.block, (128, 1, 1));
+        assert!(cfg.kernel_name().contains("_bm128_bn64_k64_"));
+        cfg.sm = 80;
         let g = launch_geometry(&cfg, 1000, 6);
         assert_eq!(g.grid, (8, 6, 1));
         assert_eq!(g.block, (256, 1, 1));
