@@ -427,7 +427,7 @@ impl Searcher2<'_> {
 
 /// Why the output expression is not attention, pointing at the class to blame.
 fn diagnose(eg: &AttnGraph, root: Id) -> (String, Id) {
-    for m in matches(eg, "(sum ?j (* (softmax ?a ?x) ?v))", root) {
+    if let Some(m) = matches(eg, "(sum ?j (* (softmax ?a ?x) ?v))", root).into_iter().next() {
         let (a, jj) = (eg[m[var("?a")]].data.sym, eg[m[var("?j")]].data.sym);
         // Blame the softmax itself.
         let x = eg.lookup(Attn::Softmax([m[var("?a")], m[var("?x")]])).unwrap_or(m[var("?x")]);
@@ -444,8 +444,8 @@ fn diagnose(eg: &AttnGraph, root: Id) -> (String, Id) {
                 x,
             );
         }
-        let masked = !matches(eg, "(causal ?i ?jm ?s)", x).is_empty()
-            || !matches(eg, "(window ?i ?jm ?w ?s)", x).is_empty();
+        let masked = !matches(eg, "(causal ?i ?jm ?s)", sx).is_empty()
+            || !matches(eg, "(window ?i ?jm ?w ?s)", sx).is_empty();
         if !masked {
             return (
                 format!(
