@@ -555,13 +555,15 @@ pub fn build_rmsnorm<'ctx>(
     Ok(k.f)
 }
 
-/// `cast`: params `(x, y, n: i64)`; grid `(ceil(n / ELEM_THREADS))`.
+/// `cast` (and `x * s` for a compile-time scalar `s`): params `(x, y, n: i64)`;
+/// grid `(ceil(n / ELEM_THREADS))`.
 pub fn build_cast<'ctx>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
     name: &str,
     from: DType,
     to: DType,
+    mul: Option<f64>,
 ) -> R<FunctionValue<'ctx>> {
     for dt in [from, to] {
         if !dt.is_float() {
@@ -577,7 +579,10 @@ pub fn build_cast<'ctx>(
     let i = k.add(k.mul(bx, k.ci64(ELEM_THREADS as i64))?, tid)?;
     let inb = k.icmp(IntPredicate::SLT, i, n)?;
     k.if_then(inb, |k| {
-        let v = k.load_f(from, x, i)?;
+        let mut v = k.load_f(from, x, i)?;
+        if let Some(m) = mul {
+            v = k.fmul(v, k.cf(m))?;
+        }
         k.store_f(to, y, i, v)
     })?;
     k.ret()?;

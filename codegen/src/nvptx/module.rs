@@ -7,7 +7,9 @@ use super::target;
 use super::{
     BufferInfo, BufferKind, CodegenError, GridDim, KernelArg, KernelInfo, Launch, NvptxArtifact, NvptxSpec,
 };
-use foxc_ir::{AttnAttrs, DType, Dim, GateKind, Graph, NormBound, Op, Tiles, ValueId, ValueType};
+use foxc_ir::{
+    AttnAttrs, BinaryOp, DType, Dim, GateKind, Graph, NormBound, Op, Tiles, UnaryOp, ValueId, ValueType,
+};
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::FunctionValue;
@@ -37,6 +39,7 @@ pub fn compile(g: &Graph, spec: &NvptxSpec) -> Result<NvptxArtifact, CodegenErro
         buffers: vec![],
         kernels: vec![],
         buf_of: BTreeMap::new(),
+        scaled: BTreeMap::new(),
     };
     let output = asm.run()?;
     let (llvm_ir, ptx) = target::finish(&module, &tm).map_err(CodegenError::Internal)?;
@@ -58,6 +61,8 @@ struct Assembler<'a, 'ctx> {
     buffers: Vec<BufferInfo>,
     kernels: Vec<KernelInfo>,
     buf_of: BTreeMap<ValueId, usize>,
+    /// Values `x * s` folded into their consumers: value -> (x, s).
+    scaled: BTreeMap<ValueId, (ValueId, f64)>,
 }
 
 fn user(msg: impl Into<String>) -> CodegenError {
@@ -158,11 +163,103 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         self.kernels.push(KernelInfo { node, name, args, launch, zero_first });
     }
 
+    /// The value of a rank-0 node computable at compile time (`1 / sqrt(D)` and the like).
+    fn scalar(&self, v: ValueId) -> Option<f64> {
+        let node = self.g.node(v);
+        if node.ty.rank() != 0 {
+            return None;
+        }
+        let ops = self.g.operands(v);
+        let arg = |i: usize| ops.get(i).and_then(|&o| self.scalar(o));
+        Some(match &node.op {
+            Op::Const(c) => *c,
+            Op::DimSize(d) => d.eval(&|s| self.spec.dims.get(s).copied())? as f64,
+            Op::Unary(u) => {
+                let x = arg(0)?;
+                match u {
+                    UnaryOp::Neg => -x,
+                    UnaryOp::Exp => x.exp(),
+                    UnaryOp::Log => x.ln(),
+                    UnaryOp::Sqrt => x.sqrt(),
+                    UnaryOp::Rsqrt => 1.0 / x.sqrt(),
+                    UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+                    UnaryOp::LogSigmoid => x.min(0.0) - (-x.abs()).exp().ln_1p(),
+                    UnaryOp::Softplus => x.max(0.0) + (-x.abs()).exp().ln_1p(),
+                    UnaryOp::Relu => x.max(0.0),
+                }
+            }
+            Op::Binary(b) => {
+                let (x, y) = (arg(0)?, arg(1)?);
+                match b {
+                    BinaryOp::Add => x + y,
+                    BinaryOp::Sub => x - y,
+                    BinaryOp::Mul => x * y,
+                    BinaryOp::Div => x / y,
+                    BinaryOp::Min => x.min(y),
+                    BinaryOp::Max => x.max(y),
+                    _ => return None,
+                }
+            }
+            _ => return None,
+        })
+    }
+
+    /// `x * s` or `x / s` with a compile-time scalar `s`: (x, s).
+    fn as_scaled(&self, n: ValueId) -> Option<(ValueId, f64)> {
+        let ops = self.g.operands(n);
+        if ops.len() != 2 || self.ty(n).rank() == 0 {
+            return None;
+        }
+        match self.g.op(n) {
+            Op::Binary(BinaryOp::Mul) => match (self.scalar(ops[0]), self.scalar(ops[1])) {
+                (None, Some(s)) if self.ty(ops[0]).dims().eq(self.ty(n).dims()) => Some((ops[0], s)),
+                (Some(s), None) if self.ty(ops[1]).dims().eq(self.ty(n).dims()) => Some((ops[1], s)),
+                _ => None,
+            },
+            Op::Binary(BinaryOp::Div) => match (self.scalar(ops[0]), self.scalar(ops[1])) {
+                (None, Some(s)) if self.ty(ops[0]).dims().eq(self.ty(n).dims()) => Some((ops[0], 1.0 / s)),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// Operand 0 of a threshold or attention node, with any folded scale: (value, factor).
+    fn resolve_q(&self, q: ValueId) -> (ValueId, f64) {
+        self.scaled.get(&q).copied().unwrap_or((q, 1.0))
+    }
+
     fn lower(&mut self, n: ValueId, out: ValueId) -> Result<(), CodegenError> {
         let g = self.g;
         let node = g.node(n);
         let ops = g.operands(n);
         let ie = CodegenError::Internal;
+        if n != out && self.scalar(n).is_some() {
+            // Compile-time scalars are folded into the kernels that use them.
+            return Ok(());
+        }
+        if let Some((x, s)) = self.as_scaled(n) {
+            let (x, s) = match self.scaled.get(&x) {
+                Some(&(x0, s0)) => (x0, s0 * s),
+                None => (x, s),
+            };
+            // Fold into consumers that take a scale attribute for their q operand.
+            let foldable = n != out
+                && g.users(n).iter().all(|&u| {
+                    matches!(
+                        g.op(u),
+                        Op::Threshold { .. } | Op::DecayAttention(_) | Op::PrunedDecayAttention { .. }
+                    ) && g.operands(u).iter().enumerate().all(|(i, &o)| o != n || i == 0)
+                });
+            if foldable && s.is_finite() && s != 0.0 {
+                self.scaled.insert(n, (x, s));
+                return Ok(());
+            }
+            let res = self.add_buffer(node.ty.dtype, &node.ty, BufferKind::Value(n));
+            self.buf_of.insert(n, res);
+            let name = self.name(n, "scale");
+            return self.cast(n, name, x, self.buf(x)?, res, node.ty.dtype, Some(s));
+        }
         match &node.op {
             Op::BlockBoundary(_) => {
                 // Computed inside the attention kernel: check that only attention consumes it.
@@ -277,10 +374,20 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             Op::Cast => {
                 let x = ops[0];
                 let name = self.name(n, "cast");
-                self.cast(n, name, x, self.buf(x)?, res, node.ty.dtype)?;
+                self.cast(n, name, x, self.buf(x)?, res, node.ty.dtype, None)?;
             }
             Op::Threshold { rule, log_eps, bound, scale, bm } => {
-                let (q, k) = (ops[0], ops[1]);
+                let (q, s) = self.resolve_q(ops[0]);
+                let k = ops[1];
+                // threshold(s q, k) with scale a equals threshold(q, k) with scale a s, and a
+                // static bound on |s q| is a bound on |q| divided by |s|.
+                let scale = &(scale * s);
+                let bound = &match bound {
+                    NormBound::Static { q_max, k_max } => {
+                        NormBound::Static { q_max: q_max / s.abs(), k_max: *k_max }
+                    }
+                    NormBound::Data => NormBound::Data,
+                };
                 let (bh, t, dd) = self.bhtd(q, "threshold's q")?;
                 let d = self.static_dim(&dd, "the head dimension")?;
                 let dts = (self.ty(q).dtype, self.ty(k).dtype);
@@ -353,7 +460,9 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         Ok(())
     }
 
-    /// A cast kernel from buffer `src` (value `x`'s dtype) into buffer `dst` of dtype `to`.
+    /// A cast kernel from buffer `src` (value `x`'s dtype) into buffer `dst` of dtype `to`,
+    /// multiplying by `mul` on the way if given.
+    #[allow(clippy::too_many_arguments)]
     fn cast(
         &mut self,
         n: ValueId,
@@ -362,12 +471,13 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         src: usize,
         dst: usize,
         to: DType,
+        mul: Option<f64>,
     ) -> Result<(), CodegenError> {
         let from = self.ty(x).dtype;
         if !from.is_float() || !to.is_float() {
             return Err(CodegenError::Unsupported { op: format!("cast {from} -> {to}"), node: n.index() });
         }
-        kernels::build_cast(self.ctx, self.module, &name, from, to).map_err(CodegenError::Internal)?;
+        kernels::build_cast(self.ctx, self.module, &name, from, to, mul).map_err(CodegenError::Internal)?;
         let dims: Vec<Dim> = self.ty(x).dims().cloned().collect();
         let args = vec![KernelArg::Buffer(src), KernelArg::Buffer(dst), KernelArg::I64(dims.clone())];
         let launch =
@@ -384,10 +494,14 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         a: &AttnAttrs,
         tiles: Option<Tiles>,
     ) -> Result<(), CodegenError> {
+        // attention(s q, k, v) with scale a is attention(q, k, v) with scale a s.
+        let (q, qs) = self.resolve_q(ops[0]);
+        let ops: Vec<ValueId> = [q].into_iter().chain(ops[1..].iter().copied()).collect();
+        let ops = &ops[..];
         let (bh, t, dd) = self.bhtd(ops[0], "attention's q")?;
         let d = self.static_dim(&dd, "the head dimension")?;
         let mut cfg = AttnKernelConfig::new(d, a.has_decay, tiles.is_some());
-        cfg.scale = a.scale as f32;
+        cfg.scale = (a.scale * qs) as f32;
         cfg.sm = self.spec.target.sm();
         cfg.window = match a.window {
             Some(w) => Some(u32::try_from(w).map_err(|_| user(format!("window {w} is too large")))?),
@@ -404,7 +518,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 let s =
                     self.scratch(DType::BF16, shape, format!("bf16 copy of operand {i} of %{}", n.index()));
                 let name = self.name(n, &format!("attn_in{i}_to_bf16"));
-                self.cast(n, name, v, b, s, DType::BF16)?;
+                self.cast(n, name, v, b, s, DType::BF16, None)?;
                 qkv.push(s);
             }
         }
