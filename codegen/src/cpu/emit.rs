@@ -247,8 +247,7 @@ impl<'a> Fx<'a> {
         let c2 = self.splat_c(2.121_944_4e-4);
         let x = self.fmadd(fx, c1, x);
         let x = self.fmadd(fx, c2, x);
-        let coeffs =
-            [1.987_569_1e-4f32, 1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_000_1e-1];
+        let coeffs = [1.987_569_1e-4f32, 1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
         let mut y = self.splat_c(coeffs[0]);
         for &c in &coeffs[1..] {
             let cv = self.splat_c(c);

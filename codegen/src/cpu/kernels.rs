@@ -466,9 +466,9 @@ fn emit_block_boundary(fx: &mut Fx, ct: DType, dt: DType, t: u64, bm: u64, bn: u
 }
 
 /// Copy `n` elements of `dt` from element `src_idx` of `src` to f32 at byte address `dst`,
-/// multiplied by `mul` when given. Vector path when `n % 4 == 0`.
+/// multiplied by `mul` when given. Vector path when `n.is_multiple_of(4)`.
 fn copy_row(fx: &mut Fx, dt: DType, src: Value, src_idx: Value, dst: Value, n: u64, mul: Option<Value>) {
-    if n % 4 == 0 {
+    if n.is_multiple_of(4) {
         for j in (0..n).step_by(4) {
             let idx = fx.b.ins().iadd_imm_s(src_idx, j as i64);
             let mut v = fx.load4_f32(dt, src, idx);
@@ -617,7 +617,7 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame) {
                 let row = fx.b.ins().iadd(row, cc);
                 let src = fx.b.ins().imul_imm_s(row, d as i64);
                 let ktc = fx.addr(kt, cc, 4);
-                if d % 4 == 0 {
+                if d.is_multiple_of(4) {
                     for j in (0..d).step_by(4) {
                         let idx = fx.b.ins().iadd_imm_s(src, j as i64);
                         let x = fx.load4_f32(a.k, k, idx);
@@ -812,7 +812,7 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame) {
             let dst = fx.b.ins().imul_imm_s(row, (d * 4) as i64);
             let dst = fx.b.ins().iadd(out, dst);
             let src = fx.addr(ob, r, (dp * 4) as i64);
-            if d % 4 == 0 {
+            if d.is_multiple_of(4) {
                 for j in (0..d).step_by(4) {
                     let x = fx.load(F32X4, src, (j * 4) as i32);
                     let y = fx.b.ins().fmul(x, invv);

@@ -369,7 +369,7 @@ const LOG1P_SYM: &str = "foxc_log1p_exp_neg_abs";
 fn build(specs: &[Spec], opts: CpuOptions) -> Result<(JITModule, Vec<FuncId>, String), CpuError> {
     let cl = |e: &dyn std::fmt::Display| CpuError::Cranelift(e.to_string());
     let mut flags = settings::builder();
-    for (k, v) in [("opt_level", "speed"), ("is_pic", "false"), ("use_colocated_libcalls", "false")] {
+    for (k, v) in [("opt_level", "none"), ("is_pic", "false"), ("use_colocated_libcalls", "false")] {
         flags.set(k, v).map_err(|e| cl(&e))?;
     }
     let isa = cranelift_native::builder()
@@ -389,14 +389,14 @@ fn build(specs: &[Spec], opts: CpuOptions) -> Result<(JITModule, Vec<FuncId>, St
     let mut fbc = FunctionBuilderContext::new();
     let mut ids = vec![];
     let mut text = String::new();
-    for (i, s) in specs.iter().enumerate() {
+    for s in specs {
         let mut sig = module.make_signature();
         for _ in 0..4 {
             sig.params.push(AbiParam::new(ptr));
         }
         let id = module.declare_function(&s.name, Linkage::Local, &sig).map_err(|e| cl(&e))?;
         ctx.func.signature = sig;
-        ctx.func.name = UserFuncName::user(0, i as u32);
+        ctx.func.name = UserFuncName::testcase(&s.name);
         let log1p = match &s.kind {
             Kind::GateCumsum { kind: foxc_ir::GateKind::Logits, .. } => {
                 Some(module.declare_func_in_func(helper, &mut ctx.func))
@@ -422,6 +422,14 @@ fn build(specs: &[Spec], opts: CpuOptions) -> Result<(JITModule, Vec<FuncId>, St
         module
             .define_function(id, &mut ctx)
             .map_err(|e| CpuError::Cranelift(format!("{}: {e:?}", s.name)))?;
+        // FOXC_CPU_DISASM=1 writes each kernel's machine code to the temp dir (for objdump).
+        if std::env::var_os("FOXC_CPU_DISASM").is_some() {
+            if let Some(c) = ctx.compiled_code() {
+                let path = std::env::temp_dir().join(format!("foxc_{}.bin", s.name));
+                let _ = std::fs::write(&path, c.code_buffer());
+                eprintln!("; {} machine code: {} bytes in {}", s.name, c.code_buffer().len(), path.display());
+            }
+        }
         module.clear_context(&mut ctx);
         ids.push(id);
     }

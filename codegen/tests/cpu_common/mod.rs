@@ -1,7 +1,7 @@
 //! Shared helpers of the CPU backend tests: fused graphs built with the graph API, a seeded
 //! RNG, a sequential executor over the kernel ABI (codegen must not depend on the runtime) and a
 //! naive f64 reference of the fused ops.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::needless_range_loop)]
 
 use foxc_codegen::cpu::{self, CpuProgram};
 use foxc_ir::*;
@@ -267,7 +267,7 @@ pub fn random_inputs(
             let mut g = Tensor::random(rng, DType::F32, &[b, h, t], 0.0, 1.0);
             for (i, x) in g.vals.iter_mut().enumerate() {
                 let head = (i / t) % h;
-                *x += if head % 2 == 0 { -1.0 } else { 4.0 };
+                *x += if head.is_multiple_of(2) { -1.0 } else { 4.0 };
             }
             m.insert("fgate".into(), g);
         }
@@ -394,4 +394,53 @@ pub fn rel_l2(a: &[f32], b: &[f64]) -> f64 {
     let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - y).powi(2)).sum();
     let den: f64 = b.iter().map(|y| y * y).sum();
     (num / den.max(1e-300)).sqrt()
+}
+
+/// Run a compiled program on `threads` threads (tasks from a shared counter, as the runtime
+/// does) with inputs already in bytes; returns the output bytes of every kernel's node.
+pub fn execute_parallel(
+    g: &Graph,
+    p: &CpuProgram,
+    input_bytes: &HashMap<ValueId, Vec<u8>>,
+    threads: usize,
+) -> HashMap<ValueId, Vec<u64>> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let mut bufs: HashMap<ValueId, Vec<u64>> = HashMap::new();
+    for k in &p.kernels {
+        let mut args: Vec<u64> = g
+            .operands(k.node)
+            .iter()
+            .map(|o| match input_bytes.get(o) {
+                Some(b) => b.as_ptr() as u64,
+                None => bufs[o].as_ptr() as u64,
+            })
+            .collect();
+        let shape = shape_of(g, k.node, &p.dims);
+        let bytes = shape.iter().product::<usize>() * g.ty(k.node).dtype.size_bytes();
+        let mut out = vec![0u64; bytes.div_ceil(8).max(1)];
+        args.push(out.as_mut_ptr() as u64);
+        let f: cpu::abi::KernelFn = unsafe { std::mem::transmute(k.entry) };
+        let counter = AtomicU64::new(0);
+        let (n, ch, sb) = (k.tasks.count, k.tasks.chunk, k.scratch_bytes);
+        let a = args.as_ptr() as usize;
+        let work = || {
+            let mut scratch = vec![0u8; sb + 64];
+            let off = scratch.as_ptr().align_offset(64);
+            loop {
+                let s = counter.fetch_add(ch, Ordering::Relaxed);
+                if s >= n {
+                    break;
+                }
+                unsafe { f(a as *const u64, s, (s + ch).min(n), scratch.as_mut_ptr().add(off)) };
+            }
+        };
+        std::thread::scope(|sc| {
+            for _ in 1..threads {
+                sc.spawn(work);
+            }
+            work();
+        });
+        bufs.insert(k.node, out);
+    }
+    bufs
 }
