@@ -6,8 +6,14 @@
 //! (tensors, CPU executor, CUDA runtime). The backend glue modules below connect a backend's
 //! compiled artifact to the runtime that runs it (the runtime never links LLVM).
 
+pub mod acp_stats;
+pub mod check;
+pub mod cli;
+pub mod commands;
 pub mod cpu_backend;
 pub mod cuda_backend;
 pub mod error;
+pub mod pipeline;
+pub mod tensors;
 
 pub use error::{Error, ErrorKind};

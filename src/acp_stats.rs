@@ -1,0 +1,86 @@
+//! What pruning kept, measured on real inputs: the kept-tile fraction and the kept work.
+//!
+//! Only the cheap prefix of the optimized graph runs here (gate cumsum, threshold, block
+//! boundary, through the reference interpreter): never the attention itself.
+
+use crate::Error;
+use foxc_ir::interp::Tensor;
+use foxc_ir::{Graph, Op, ValueId};
+use std::collections::BTreeMap;
+
+/// Pruning statistics of one attention node.
+#[derive(Clone, Debug)]
+pub struct AcpStats {
+    pub bm: u32,
+    pub bn: u32,
+    /// Kept causal key tiles over all causal key tiles.
+    pub kept_tile_fraction: f64,
+    /// Kept (query, key) pairs over causal pairs.
+    pub kept_pair_fraction: f64,
+    /// FLOPs of the attention on kept pairs: `4 * D` per pair (QK^T and PV).
+    pub kept_flops: f64,
+    pub dense_flops: f64,
+    /// The first kept key tile per (b, h, query tile), `[B, H, Mt]`.
+    pub start: Tensor,
+}
+
+/// The attention node of an optimized graph: pruned, dense, or none.
+pub fn attention_node(g: &Graph) -> Option<ValueId> {
+    g.find(|op| matches!(op, Op::PrunedDecayAttention { .. } | Op::DecayAttention(_))).into_iter().next()
+}
+
+/// Dense work of an attention node (causal pairs, window applied) when nothing is pruned.
+fn pairs_for_row(i: u64, first_key: u64) -> u64 {
+    i + 1 - first_key.min(i + 1)
+}
+
+/// Statistics for the attention node of `g` on `inputs` (None when there is none).
+pub fn measure(g: &Graph, inputs: &BTreeMap<String, Tensor>) -> Result<Option<AcpStats>, Error> {
+    let Some(attn) = attention_node(g) else { return Ok(None) };
+    let ops = g.operands(attn);
+    let q = g.ty(ops[0]);
+    let _ = q;
+    let (attrs, tiles, start) = match g.op(attn) {
+        Op::PrunedDecayAttention { attn: a, tiles } => {
+            let vals = foxc_ir::interp::eval(g, inputs, &[ops[4]])
+                .map_err(|e| Error::user(format!("error: computing the block boundary: {e}")))?;
+            (*a, *tiles, Some(vals[&ops[4]].clone()))
+        }
+        Op::DecayAttention(a) => (*a, foxc_ir::Tiles { bm: 64, bn: 64 }, None),
+        _ => unreachable!("attention_node returns attention ops"),
+    };
+    let qv = foxc_ir::interp::eval(g, inputs, &[ops[0]])
+        .map_err(|e| Error::user(format!("error: evaluating q: {e}")))?;
+    let shape = &qv[&ops[0]].shape;
+    let (b, h, t, d) = (shape[0] as u64, shape[1] as u64, shape[2] as u64, shape[3] as u64);
+    let mt = t.div_ceil(tiles.bm as u64);
+    let start = start.unwrap_or_else(|| Tensor {
+        shape: vec![b as usize, h as usize, mt as usize],
+        data: vec![0.0; (b * h * mt) as usize],
+    });
+    let (mut kept_tiles, mut all_tiles, mut kept_pairs, mut all_pairs) = (0u64, 0u64, 0u64, 0u64);
+    for bh in 0..b * h {
+        for m in 0..mt {
+            let s = start.data[(bh * mt + m) as usize] as u64;
+            let i0 = m * tiles.bm as u64;
+            let last = (i0 + tiles.bm as u64 - 1).min(t - 1);
+            let diag = last / tiles.bn as u64;
+            kept_tiles += diag + 1 - s.min(diag + 1);
+            all_tiles += diag + 1;
+            for i in i0..=last {
+                let window_first = attrs.window.map_or(0, |w| (i + 1).saturating_sub(w));
+                all_pairs += pairs_for_row(i, window_first);
+                kept_pairs += pairs_for_row(i, window_first.max(s * tiles.bn as u64));
+            }
+        }
+    }
+    Ok(Some(AcpStats {
+        bm: tiles.bm,
+        bn: tiles.bn,
+        kept_tile_fraction: kept_tiles as f64 / all_tiles.max(1) as f64,
+        kept_pair_fraction: kept_pairs as f64 / all_pairs.max(1) as f64,
+        kept_flops: 4.0 * d as f64 * kept_pairs as f64,
+        dense_flops: 4.0 * d as f64 * all_pairs as f64,
+        start,
+    }))
+}

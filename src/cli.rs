@@ -1,0 +1,183 @@
+//! The command line (DESIGN.md section 4 is the contract).
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "foxc",
+    version,
+    about = "A compiler for decay-gated softmax attention with Adaptive Computation Pruning",
+    after_help = "Examples:\n  foxc check examples/fox.attn\n  foxc compile examples/fox.attn --emit opt\n  foxc inputs examples/fox.attn --shape B=1,H=2,T=64,D=16 -o in.safetensors\n  foxc run examples/fox.attn --backend cpu --inputs in.safetensors --check\n  foxc run            (the embedded default: FoX on the CPU, B=1,H=8,T=4096,D=64)"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Parse and type-check; print diagnostics only.
+    #[command(after_help = "Example:\n  foxc check examples/fox.attn")]
+    Check { file: PathBuf },
+
+    /// Compile and print one stage: the AST, the IR, the optimized IR or generated code.
+    #[command(
+        after_help = "Examples:\n  foxc compile examples/fox.attn --emit ir\n  foxc compile examples/fox.attn --emit opt --print-after-all\n  foxc compile examples/fox.attn --emit ptx --target sm_90a --shape D=128 -o fox.ptx\n  foxc compile examples/refuse_noncausal.attn --emit opt --explain"
+    )]
+    Compile(CompileArgs),
+
+    /// Write the standard synthetic workload (bench/WORKLOAD.md) as safetensors.
+    #[command(
+        after_help = "Example:\n  foxc inputs examples/fox.attn --shape B=1,H=2,T=64,D=16 --seed 0 -o in.safetensors"
+    )]
+    Inputs {
+        file: PathBuf,
+        #[arg(long)]
+        shape: String,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(short, long)]
+        o: PathBuf,
+    },
+
+    /// Run a program on a backend; with no FILE, the embedded default (FoX, CPU, B=1,H=8,T=4096,D=64).
+    #[command(
+        after_help = "Examples:\n  foxc run\n  foxc run examples/fox.attn --backend reference --inputs in.safetensors -o out.safetensors --check\n  foxc run examples/fox.attn --backend cuda --shape B=2,H=16,T=16384,D=128 --check"
+    )]
+    Run(RunArgs),
+
+    /// Time the compiled program (median of repeated runs) on generated inputs.
+    #[command(
+        after_help = "Example:\n  foxc bench examples/fox.attn --backend cpu --shape B=1,H=8,T=4096,D=64 --format csv"
+    )]
+    Bench(BenchArgs),
+
+    /// Draw the pruning map (kept key tiles per query tile), one panel per head, as a PNG.
+    #[command(after_help = "Example:\n  foxc mask examples/fox.attn --inputs in.safetensors --png mask.png")]
+    Mask {
+        file: PathBuf,
+        #[arg(long)]
+        inputs: PathBuf,
+        #[arg(long)]
+        png: PathBuf,
+        #[command(flatten)]
+        prune: PruneArgs,
+        #[arg(long, value_enum, default_value_t = TargetArg::Sm90a)]
+        target: TargetArg,
+    },
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PruneArgs {
+    /// Keep dense attention (no ACP).
+    #[arg(long)]
+    pub no_prune: bool,
+    /// ln(eps): the pruned attention mass per row stays below eps.
+    #[arg(long, default_value_t = -10.0, allow_hyphen_values = true)]
+    pub log_eps: f64,
+    /// The safe threshold rule: the paper's, or the tighter per-row rule.
+    #[arg(long, value_enum, default_value_t = RuleArg::Paper)]
+    pub prune_rule: RuleArg,
+}
+
+#[derive(Args, Debug)]
+pub struct CompileArgs {
+    pub file: PathBuf,
+    #[arg(long, value_enum, default_value_t = EmitArg::Opt)]
+    pub emit: EmitArg,
+    #[arg(long, value_enum, default_value_t = TargetArg::Cpu)]
+    pub target: TargetArg,
+    #[command(flatten)]
+    pub prune: PruneArgs,
+    /// Print the IR after every pass (to stderr).
+    #[arg(long)]
+    pub print_after_all: bool,
+    /// Explain why attention was or was not recognized and pruned.
+    #[arg(long)]
+    pub explain: bool,
+    /// Print Graphviz DOT instead of text (with --emit ir or opt).
+    #[arg(long)]
+    pub dot: bool,
+    /// Concrete dims for code generation, e.g. D=128 (default D=64).
+    #[arg(long)]
+    pub shape: Option<String>,
+    #[arg(short, long)]
+    pub o: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    pub file: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    pub backend: BackendArg,
+    #[arg(long, conflicts_with = "shape")]
+    pub inputs: Option<PathBuf>,
+    #[arg(long)]
+    pub shape: Option<String>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(short, long)]
+    pub o: Option<PathBuf>,
+    /// Compare with the f64 reference interpreter; exit 1 beyond tolerance.
+    #[arg(long)]
+    pub check: bool,
+    #[command(flatten)]
+    pub prune: PruneArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    pub file: PathBuf,
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    pub backend: BackendArg,
+    #[arg(long)]
+    pub shape: String,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, value_enum, default_value_t = FormatArg::Table)]
+    pub format: FormatArg,
+    #[arg(long, default_value_t = 10)]
+    pub iters: usize,
+    #[command(flatten)]
+    pub prune: PruneArgs,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmitArg {
+    Ast,
+    Ir,
+    Opt,
+    Clif,
+    Llvm,
+    Ptx,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetArg {
+    Cpu,
+    #[value(name = "sm_90a")]
+    Sm90a,
+    #[value(name = "sm_80")]
+    Sm80,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendArg {
+    Reference,
+    Cpu,
+    Cuda,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuleArg {
+    Paper,
+    Tight,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FormatArg {
+    Table,
+    Csv,
+    Json,
+}

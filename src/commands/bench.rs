@@ -1,0 +1,110 @@
+//! `foxc bench`: median time of the pruned and the dense (`--no-prune`) program on the
+//! standard workload, in one process, with the kept fraction and the rate on kept work.
+
+use crate::cli::{BackendArg, BenchArgs, FormatArg, TargetArg};
+use crate::pipeline::{self, parse_shape, Source};
+use crate::{acp_stats, cpu_backend, cuda_backend, tensors, Error};
+use foxc_ir::Graph;
+use foxc_runtime::TensorMap;
+
+struct Row {
+    variant: &'static str,
+    median_ms: f64,
+    min_ms: f64,
+    kept_tiles: f64,
+    kept_flops: f64,
+}
+
+fn time(backend: BackendArg, g: &Graph, inputs: &TensorMap, iters: usize) -> Result<(f64, f64), Error> {
+    match backend {
+        BackendArg::Cpu => cpu_backend::bench(g, inputs, iters).map(|s| (s.median_ms, s.min_ms)),
+        BackendArg::Cuda => cuda_backend::bench(g, inputs, 10, iters).map(|s| (s.median_ms, s.min_ms)),
+        BackendArg::Reference => {
+            Err(Error::user("error: foxc bench times compiled code: use --backend cpu or cuda"))
+        }
+    }
+}
+
+pub fn bench(a: &BenchArgs) -> Result<(), Error> {
+    let src = Source::read(&a.file)?;
+    let c = src.compile()?;
+    let dims = parse_shape(&a.shape)?;
+    let inputs = tensors::generate(&c.graph, &dims, a.seed)?;
+    tensors::validate(&c.graph, &inputs)?;
+    let target = if a.backend == BackendArg::Cuda { TargetArg::Sm90a } else { TargetArg::Cpu };
+    let interp_inputs = tensors::to_interp(&inputs);
+    let mut rows = Vec::new();
+    let mut variants = vec![("dense", true)];
+    if !a.prune.no_prune {
+        variants.insert(0, ("pruned", false));
+    }
+    for (variant, no_prune) in variants {
+        let mut p = a.prune.clone();
+        p.no_prune = no_prune;
+        let (opt, _) = pipeline::optimize(&c.graph, &pipeline::pass_options(&p, target, false))?;
+        let stats = acp_stats::measure(&opt, &interp_inputs)?;
+        let (median_ms, min_ms) = time(a.backend, &opt, &inputs, a.iters.max(1))?;
+        let (kept_tiles, kept_flops) = match (&stats, no_prune) {
+            (Some(s), false) => (s.kept_tile_fraction, s.kept_flops),
+            (Some(s), true) => (1.0, s.dense_flops),
+            (None, _) => (1.0, 0.0),
+        };
+        rows.push(Row { variant, median_ms, min_ms, kept_tiles, kept_flops });
+    }
+    let backend = format!("{:?}", a.backend).to_lowercase();
+    match a.format {
+        FormatArg::Table => {
+            println!("foxc bench: {} on {backend}, {} (seed {})", src.name, a.shape, a.seed);
+            println!(
+                "{:<8} {:>11} {:>11} {:>11} {:>13}",
+                "variant", "median ms", "min ms", "kept tiles", "GFLOP/s kept"
+            );
+            for r in &rows {
+                println!(
+                    "{:<8} {:>11.3} {:>11.3} {:>11.3} {:>13.1}",
+                    r.variant,
+                    r.median_ms,
+                    r.min_ms,
+                    r.kept_tiles,
+                    r.kept_flops / r.median_ms / 1e6
+                );
+            }
+            if rows.len() == 2 {
+                println!(
+                    "pruned/dense time {:.3} vs kept fraction {:.3}",
+                    rows[0].median_ms / rows[1].median_ms,
+                    rows[0].kept_tiles
+                );
+            }
+        }
+        FormatArg::Csv => {
+            println!("program,backend,shape,variant,median_ms,min_ms,kept_tiles,gflops_kept");
+            for r in &rows {
+                println!(
+                    "{},{backend},\"{}\",{},{:.4},{:.4},{:.4},{:.2}",
+                    src.name,
+                    a.shape,
+                    r.variant,
+                    r.median_ms,
+                    r.min_ms,
+                    r.kept_tiles,
+                    r.kept_flops / r.median_ms / 1e6
+                );
+            }
+        }
+        FormatArg::Json => {
+            let v: Vec<serde_json::Value> = rows
+                .iter()
+                .map(|r| {
+                    serde_json::json!({
+                        "program": src.name, "backend": backend, "shape": a.shape, "variant": r.variant,
+                        "median_ms": r.median_ms, "min_ms": r.min_ms, "kept_tiles": r.kept_tiles,
+                        "gflops_kept": r.kept_flops / r.median_ms / 1e6,
+                    })
+                })
+                .collect();
+            println!("{}", serde_json::Value::Array(v));
+        }
+    }
+    Ok(())
+}

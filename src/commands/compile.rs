@@ -1,0 +1,103 @@
+//! `foxc compile FILE --emit ast|ir|opt|clif|llvm|ptx`
+
+use crate::cli::{CompileArgs, EmitArg, TargetArg};
+use crate::pipeline::{self, parse_shape, Source};
+use crate::{cpu_backend, cuda_backend, Error};
+use foxc_ir::print::{print_graph, to_dot};
+use std::collections::BTreeMap;
+
+pub fn compile(a: &CompileArgs) -> Result<(), Error> {
+    let src = Source::read(&a.file)?;
+    let text = match a.emit {
+        EmitArg::Ast => src.parse()?.to_string(),
+        EmitArg::Ir => {
+            let c = src.compile()?;
+            if a.dot {
+                to_dot(&c.graph)
+            } else {
+                print_graph(&c.graph)
+            }
+        }
+        _ => {
+            let c = src.compile()?;
+            let target = match (a.emit, a.target) {
+                (EmitArg::Llvm | EmitArg::Ptx, TargetArg::Cpu) => TargetArg::Sm90a,
+                (EmitArg::Clif, _) => TargetArg::Cpu,
+                (_, t) => t,
+            };
+            let opts = pipeline::pass_options(&a.prune, target, a.print_after_all);
+            let (opt, report) = pipeline::optimize(&c.graph, &opts)?;
+            if a.print_after_all {
+                for (pass, ir) in &report.dumps {
+                    eprintln!("// ----- IR after {pass} -----\n{ir}");
+                }
+            }
+            if a.explain {
+                let text = String::from_utf8_lossy(&src.bytes).into_owned();
+                for e in &report.explanations {
+                    eprintln!("{}", explain_line(&src.name, &text, e));
+                }
+                if report.explanations.is_empty() {
+                    eprintln!("note: nothing to explain");
+                }
+            }
+            let dims = codegen_dims(a.shape.as_deref())?;
+            match a.emit {
+                EmitArg::Opt if a.dot => to_dot(&opt),
+                EmitArg::Opt => print_graph(&opt),
+                EmitArg::Clif => cpu_backend::emit_clif(&opt, &dims)?,
+                EmitArg::Llvm => {
+                    cuda_backend::emit(&opt, &dims, target_name(target), cuda_backend::Emit::Llvm)?
+                }
+                EmitArg::Ptx => {
+                    cuda_backend::emit(&opt, &dims, target_name(target), cuda_backend::Emit::Ptx)?
+                }
+                EmitArg::Ast | EmitArg::Ir => unreachable!("handled above"),
+            }
+        }
+    };
+    match &a.o {
+        Some(path) => std::fs::write(path, text)
+            .map_err(|e| Error::user(format!("error: cannot write {}: {e}", path.display())))?,
+        None => print!("{text}"),
+    }
+    Ok(())
+}
+
+fn target_name(t: TargetArg) -> &'static str {
+    match t {
+        TargetArg::Sm80 => "sm_80",
+        _ => "sm_90a",
+    }
+}
+
+/// Dims that code generation specializes on; D defaults to 64.
+fn codegen_dims(shape: Option<&str>) -> Result<BTreeMap<String, u64>, Error> {
+    let mut dims = match shape {
+        Some(s) => parse_shape(s)?,
+        None => BTreeMap::new(),
+    };
+    dims.entry("D".to_string()).or_insert(64);
+    Ok(dims)
+}
+
+/// One `--explain` entry, positioned like a diagnostic.
+fn explain_line(file: &str, text: &str, e: &foxc_passes::Explanation) -> String {
+    let start = (e.span.start as usize).min(text.len());
+    let line_no = text[..start].matches('\n').count() + 1;
+    let line_start = text[..start].rfind('\n').map_or(0, |p| p + 1);
+    let col = text[line_start..start].chars().count() + 1;
+    let line = text[line_start..].lines().next().unwrap_or("");
+    let width = (e.span.end.saturating_sub(e.span.start) as usize)
+        .clamp(1, line.len().saturating_sub(col - 1).max(1));
+    let mut s = format!(
+        "note: {}\n  --> {file}:{line_no}:{col}\n   |\n   | {line}\n   | {}{}",
+        e.message,
+        " ".repeat(col - 1),
+        "^".repeat(width)
+    );
+    if let Some(h) = &e.hint {
+        s.push_str(&format!("\n   = hint: {h}"));
+    }
+    s
+}

@@ -1,0 +1,37 @@
+//! One function per CLI command.
+
+mod bench;
+mod compile;
+mod mask;
+mod run;
+
+pub use bench::bench;
+pub use compile::compile;
+pub use mask::mask;
+pub use run::run;
+
+use crate::pipeline::{parse_shape, Source};
+use crate::{tensors, Error};
+use std::path::Path;
+
+/// `foxc check FILE`
+pub fn check(file: &Path) -> Result<(), Error> {
+    let src = Source::read(file)?;
+    let c = src.compile()?;
+    println!("{}: ok (attention @{}, {} parameters)", src.name, c.graph.name, c.graph.params.len());
+    Ok(())
+}
+
+/// `foxc inputs FILE --shape ... -o in.safetensors`
+pub fn inputs(file: &Path, shape: &str, seed: u64, o: &Path) -> Result<(), Error> {
+    let src = Source::read(file)?;
+    let c = src.compile()?;
+    let dims = parse_shape(shape)?;
+    let t = tensors::generate(&c.graph, &dims, seed)?;
+    tensors::write(o, &t)?;
+    for (name, x) in &t {
+        println!("{name}: {} {:?}", x.dtype, x.shape);
+    }
+    println!("wrote {}", o.display());
+    Ok(())
+}

@@ -1,0 +1,115 @@
+//! The front half of the pipeline: source file -> verified graph -> optimized graph.
+
+use crate::cli::{PruneArgs, RuleArg, TargetArg};
+use crate::Error;
+use foxc_ir::frontend::{self, Compiled};
+use foxc_ir::{Graph, PruneRule};
+use foxc_passes::{PassOptions, PassReport, Target};
+use std::path::Path;
+
+/// The FoX program embedded in the binary: what `foxc run` runs without a file.
+pub const DEFAULT_PROGRAM: (&str, &str) = ("examples/fox.attn", include_str!("../examples/fox.attn"));
+/// The shape of the embedded default run (small standard workload, CPU-sized).
+pub const DEFAULT_SHAPE: &str = "B=1,H=8,T=4096,D=64";
+
+/// A source file and the name diagnostics use for it.
+pub struct Source {
+    pub name: String,
+    pub bytes: Vec<u8>,
+}
+
+impl Source {
+    pub fn read(path: &Path) -> Result<Source, Error> {
+        let bytes = std::fs::read(path)
+            .map_err(|e| Error::user(format!("error: cannot read {}: {e}", path.display())))?;
+        Ok(Source { name: path.display().to_string(), bytes })
+    }
+
+    pub fn embedded_default() -> Source {
+        Source { name: DEFAULT_PROGRAM.0.to_string(), bytes: DEFAULT_PROGRAM.1.as_bytes().to_vec() }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes).into_owned()
+    }
+
+    /// Parse, check and lower; a failure carries the rendered diagnostics.
+    pub fn compile(&self) -> Result<Compiled, Error> {
+        frontend::compile(&self.name, &self.bytes)
+            .map_err(|d| Error::user(d.render(&self.name, &self.text())))
+    }
+
+    pub fn parse(&self) -> Result<foxc_ir::ast::Program, Error> {
+        frontend::parse(&self.name, &self.bytes).map_err(|d| Error::user(d.render(&self.name, &self.text())))
+    }
+}
+
+pub fn pass_options(prune: &PruneArgs, target: TargetArg, print_after_all: bool) -> PassOptions {
+    PassOptions {
+        prune: !prune.no_prune,
+        log_eps: prune.log_eps,
+        rule: match prune.prune_rule {
+            RuleArg::Paper => PruneRule::Paper,
+            RuleArg::Tight => PruneRule::Tight,
+        },
+        target: match target {
+            TargetArg::Cpu => Target::Cpu,
+            TargetArg::Sm90a => Target::Sm90a,
+            TargetArg::Sm80 => Target::Sm80,
+        },
+        print_after_all,
+    }
+}
+
+/// Run the pass pipeline on a copy of `g`.
+pub fn optimize(g: &Graph, opts: &PassOptions) -> Result<(Graph, PassReport), Error> {
+    if !opts.log_eps.is_finite() || opts.log_eps >= 0.0 {
+        return Err(Error::user(format!(
+            "error: --log-eps must be a finite negative number (ln of eps < 1), got {}",
+            opts.log_eps
+        )));
+    }
+    let mut opt = g.clone();
+    let report = foxc_passes::optimize(&mut opt, opts).map_err(|e| Error::internal(format!("error: {e}")))?;
+    Ok((opt, report))
+}
+
+/// Parse `B=2,H=4,T=1024,D=64` into dim bindings.
+pub fn parse_shape(s: &str) -> Result<std::collections::BTreeMap<String, u64>, Error> {
+    let mut out = std::collections::BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| Error::user(format!("error: bad --shape entry `{part}`: expected NAME=SIZE")))?;
+        let v: u64 = v.trim().parse().map_err(|_| {
+            Error::user(format!("error: bad --shape size `{v}` for {k}: expected a positive integer"))
+        })?;
+        if v == 0 {
+            return Err(Error::user(format!("error: --shape {k}=0: sizes must be at least 1")));
+        }
+        if out.insert(k.trim().to_string(), v).is_some() {
+            return Err(Error::user(format!("error: --shape names {k} twice")));
+        }
+    }
+    if out.is_empty() {
+        return Err(Error::user("error: --shape is empty: expected e.g. B=1,H=2,T=64,D=16"));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shape_parses_and_rejects() {
+        let s = parse_shape("B=2, H=4,T=1024,D=64").unwrap();
+        assert_eq!(s["T"], 1024);
+        assert_eq!(s.len(), 4);
+        assert!(parse_shape("B=0").is_err());
+        assert!(parse_shape("B").is_err());
+        assert!(parse_shape("B=x").is_err());
+        assert!(parse_shape("B=1,B=2").is_err());
+        assert!(parse_shape("").is_err());
+    }
+}

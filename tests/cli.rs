@@ -1,0 +1,159 @@
+//! End-to-end tests of the `foxc` binary: the CLI contract of DESIGN.md section 4.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn foxc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_foxc"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("foxc runs")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("foxc-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn examples() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "attn"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn every_example_checks_and_prints_ir() {
+    for ex in examples() {
+        let p = ex.to_str().unwrap();
+        let o = foxc(&["check", p]);
+        assert!(o.status.success(), "{p}: {}", text(&o));
+        let o = foxc(&["compile", p, "--emit", "ir"]);
+        assert!(o.status.success(), "{p}: {}", text(&o));
+        assert!(text(&o).contains("graph @"), "{p}: {}", text(&o));
+        let o = foxc(&["compile", p, "--emit", "opt"]);
+        assert!(o.status.success(), "{p}: {}", text(&o));
+    }
+}
+
+#[test]
+fn fox_inputs_then_reference_run_with_check() {
+    let input = tmp("in.safetensors");
+    let out = tmp("out.safetensors");
+    let o =
+        foxc(&["inputs", "examples/fox.attn", "--shape", "B=1,H=2,T=64,D=16", "-o", input.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = foxc(&[
+        "run",
+        "examples/fox.attn",
+        "--backend",
+        "reference",
+        "--inputs",
+        input.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--check",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("check: ok"), "{}", text(&o));
+    let bytes = std::fs::read(&out).unwrap();
+    assert!(bytes.len() > 2 * 64 * 16 * 2, "output file too small");
+}
+
+#[test]
+fn fox_runs_on_the_cpu_backend_and_checks() {
+    for extra in [&[][..], &["--no-prune"][..], &["--prune-rule", "tight"][..]] {
+        let mut args =
+            vec!["run", "examples/fox.attn", "--backend", "cpu", "--shape", "B=1,H=3,T=200,D=32", "--check"];
+        args.extend_from_slice(extra);
+        let o = foxc(&args);
+        assert!(o.status.success(), "{extra:?}: {}", text(&o));
+        assert!(text(&o).contains("check: ok"), "{}", text(&o));
+    }
+}
+
+#[test]
+fn user_errors_exit_1_with_a_message() {
+    let bad = tmp("bad.attn");
+    std::fs::write(
+        &bad,
+        "attention f(q: bf16[T, D]) -> bf16[T, D] {\n  out[i, d] = q[i, d] + nope[i]\n  return out\n}\n",
+    )
+    .unwrap();
+    let o = foxc(&["check", bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("bad.attn:2:"), "diagnostic is positioned: {}", text(&o));
+
+    let o = foxc(&["check", "does/not/exist.attn"]);
+    assert_eq!(o.status.code(), Some(1));
+
+    let o = foxc(&["run", "examples/fox.attn", "--backend", "cpu", "--shape", "B=1,H=2,T=x,D=16"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+
+    let o = foxc(&["run", "examples/fox.attn", "--backend", "cpu", "--shape", "B=1,H=2,T=8"]);
+    assert_eq!(o.status.code(), Some(1), "missing D: {}", text(&o));
+    assert!(text(&o).contains('D'), "{}", text(&o));
+}
+
+#[test]
+fn mismatched_inputs_are_rejected_before_any_work() {
+    let input = tmp("mismatch.safetensors");
+    let o = foxc(&[
+        "inputs",
+        "examples/causal.attn",
+        "--shape",
+        "B=1,H=2,T=16,D=8",
+        "-o",
+        input.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    // fox.attn also needs `fgate`: the file lacks it.
+    let o = foxc(&["run", "examples/fox.attn", "--backend", "cpu", "--inputs", input.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("fgate"), "names the missing tensor: {}", text(&o));
+}
+
+#[test]
+fn cuda_backend_without_a_gpu_is_a_clean_user_error() {
+    if std::path::Path::new("/dev/nvidia0").exists() {
+        return; // a machine with a GPU runs the real thing elsewhere
+    }
+    let o = foxc(&["run", "examples/fox.attn", "--backend", "cuda", "--shape", "B=1,H=2,T=64,D=64"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(!text(&o).contains("panicked"), "{}", text(&o));
+}
+
+#[test]
+fn mask_png_is_written() {
+    let input = tmp("mask-in.safetensors");
+    let png = tmp("mask.png");
+    let o = foxc(&[
+        "inputs",
+        "examples/fox.attn",
+        "--shape",
+        "B=1,H=4,T=1024,D=16",
+        "-o",
+        input.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = foxc(&[
+        "mask",
+        "examples/fox.attn",
+        "--inputs",
+        input.to_str().unwrap(),
+        "--png",
+        png.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&bytes[1..4], b"PNG");
+}
