@@ -27,11 +27,11 @@
 
 use crate::ast::{self, BinOp, Expr, ExprKind, Ident, Program, UnOp};
 use crate::check::infer;
-use crate::diag::Diagnostic;
+use crate::diag::{Diagnostic, Diagnostics};
 use crate::graph::{Graph, ValueId};
 use crate::ops::{BinaryOp, Op, ReduceKind, UnaryOp};
 use crate::types::{Axis, DType, Dim, Span, ValueType};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// Epsilon of `rmsnorm` in the DSL.
 pub const RMSNORM_EPS: f64 = 1e-6;
@@ -136,6 +136,8 @@ struct Lowerer<'a> {
     names: HashMap<String, Entry>,
     /// Declaration order of names, for hints.
     order: Vec<String>,
+    /// Statements that failed to check.
+    poisoned: HashSet<String>,
 }
 
 /// Per-statement state.
@@ -146,15 +148,47 @@ struct StmtCtx<'s> {
     sizes: HashMap<String, (Dim, Span)>,
 }
 
+/// Message of the internal diagnostic that stands for "uses a statement that already failed":
+/// it is dropped, so that one mistake is reported once and not again at every later use.
+const POISONED: &str = "\u{0}poisoned";
+
+/// At most this many diagnostics are reported for one program.
+pub const MAX_DIAGNOSTICS: usize = 20;
+
 /// Check `prog` and lower it to a graph (not yet verified).
-pub fn lower(prog: &Program, src: &str) -> LResult<Graph> {
-    let mut l = Lowerer { src, g: Graph::new(&prog.name.name), names: HashMap::new(), order: vec![] };
+///
+/// Errors in the signature stop at once. A statement with an error is reported and skipped, and
+/// later statements are still checked (uses of the failed statement are not reported again).
+pub fn lower(prog: &Program, src: &str) -> Result<Graph, Diagnostics> {
+    let mut l = Lowerer {
+        src,
+        g: Graph::new(&prog.name.name),
+        names: HashMap::new(),
+        order: vec![],
+        poisoned: HashSet::new(),
+    };
     l.params(prog)?;
+    let mut diags = Diagnostics::new();
     for s in &prog.stmts {
-        l.stmt(s)?;
+        if let Err(d) = l.stmt(s) {
+            if !l.names.contains_key(&s.name.name) {
+                l.poisoned.insert(s.name.name.clone());
+            }
+            if d.message != POISONED && diags.len() < MAX_DIAGNOSTICS {
+                diags.push(d);
+            }
+        }
     }
-    l.ret(prog)?;
-    Ok(l.g)
+    if let Err(d) = l.ret(prog) {
+        if d.message != POISONED && diags.len() < MAX_DIAGNOSTICS {
+            diags.push(d);
+        }
+    }
+    if diags.is_empty() {
+        Ok(l.g)
+    } else {
+        Err(diags)
+    }
 }
 
 impl<'a> Lowerer<'a> {
@@ -382,6 +416,9 @@ impl<'a> Lowerer<'a> {
     }
 
     fn unknown_name(&self, name: &Ident) -> Diagnostic {
+        if self.poisoned.contains(&name.name) {
+            return Diagnostic::new(POISONED, name.span, "");
+        }
         let hint = match suggest(&name.name, self.order.iter().map(|s| s.as_str())) {
             Some(s) => format!("did you mean `{s}`? {}", self.declared_hint()),
             None => self.declared_hint(),
@@ -660,7 +697,7 @@ impl<'a> Lowerer<'a> {
                 self.arity(e, f, args, 2)?;
                 let reduction = name == "max"
                     && matches!(&args[0].kind, ExprKind::Name(id)
-                        if !self.names.contains_key(&id.name) && !cx.lhs.iter().any(|l| l.name == id.name));
+                        if !self.names.contains_key(&id.name) && !self.poisoned.contains(&id.name) && !cx.lhs.iter().any(|l| l.name == id.name));
                 if reduction {
                     return self.reduce_like(e, f, args, cx);
                 }
@@ -811,6 +848,9 @@ impl<'a> Lowerer<'a> {
 
     fn ret(&mut self, prog: &Program) -> LResult<()> {
         let r = &prog.result;
+        if self.poisoned.contains(&r.name) {
+            return Err(Diagnostic::new(POISONED, r.span, ""));
+        }
         let ent = match self.names.get(&r.name) {
             Some(e) if e.kind != Kind::Dim => e.clone(),
             Some(_) => {
