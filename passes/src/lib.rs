@@ -76,6 +76,8 @@ pub struct PassReport {
 pub enum PassError {
     #[error("the IR after pass `{pass}` does not verify: {error}")]
     Verify { pass: String, error: foxc_ir::verify::VerifyError },
+    #[error("invalid pass option: {0}")]
+    InvalidOption(String),
     #[error("internal error in the passes: {0}")]
     Internal(String),
 }
@@ -99,6 +101,12 @@ pub const PASSES: &[(&str, PassFn)] = &[
 
 /// Run the pipeline on `g` in place, verifying after every pass.
 pub fn optimize(g: &mut Graph, opts: &PassOptions) -> Result<PassReport, PassError> {
+    if !(opts.log_eps.is_finite() && opts.log_eps < 0.0) {
+        return Err(PassError::InvalidOption(format!(
+            "log_eps must be a finite negative number (ln of eps < 1), got {}",
+            opts.log_eps
+        )));
+    }
     let mut cx = PassContext::default();
     let mut report = PassReport::default();
     for (name, pass) in PASSES {

@@ -45,9 +45,11 @@ fn interval(g: &Graph, n: ValueId) -> Option<(f64, f64)> {
 }
 
 /// The source span that best shows the gate term of `n`.
-fn gate_span(g: &Graph, n: ValueId) -> Span {
+/// `c` is the `gate_cumsum` reading it: a bare parameter is shown where the cumsum reads it.
+fn gate_span(g: &Graph, n: ValueId, c: ValueId) -> Span {
     match g.op(n) {
         Op::Store { .. } => g.node(g.operands(n)[0]).span,
+        Op::Param { .. } => g.node(c).span,
         _ => g.node(n).span,
     }
 }
@@ -80,9 +82,9 @@ pub fn verdict(g: &Graph, attn: ValueId) -> Verdict {
                          the decay bias c[i] - c[j] may grow with distance",
                         fmt_iv(iv)
                     ),
-                    gate_span(g, x),
+                    gate_span(g, x, c),
                 ),
-                None => Verdict::Unproven("the log forget gate is not analyzable".into(), gate_span(g, x)),
+                None => Verdict::Unproven("the log forget gate is not analyzable".into(), gate_span(g, x, c)),
             }
         }
         Op::GateCumsum { kind: GateKind::Slope } => {
@@ -97,16 +99,16 @@ pub fn verdict(g: &Graph, attn: ValueId) -> Verdict {
                          the bias -slope * (i - j) may grow with distance",
                         fmt_iv(iv)
                     ),
-                    gate_span(g, m),
+                    gate_span(g, m, c),
                 ),
-                None => Verdict::Unproven("the ALiBi slope is not analyzable".into(), gate_span(g, m)),
+                None => Verdict::Unproven("the ALiBi slope is not analyzable".into(), gate_span(g, m, c)),
             }
         }
         _ => Verdict::Unproven(
             "the decay bias c[i] - c[j] is not a cumsum of log forget gates nor an ALiBi ramp, \
              so it cannot be proven to fall with distance"
                 .into(),
-            gate_span(g, c),
+            gate_span(g, c, c),
         ),
     }
 }

@@ -120,7 +120,7 @@ fn all_fox_spellings_reach_the_same_pruned_node() {
 fn refusals_stay_dense_and_explain_at_the_right_place() {
     let cases = [
         ("refuse_growing_bias", "slope[h]", "ALiBi slope"),
-        ("refuse_growing_cumsum", "g: f32[B, H, T]", "log forget gate"),
+        ("refuse_growing_cumsum", "g[b, h, t]", "log forget gate"),
         ("refuse_noncausal", "softmax(j, s[b, h, i, j])", "not causally masked"),
         ("refuse_wrong_axis", "causal(i, j, s[b, h, i, j])", "softmax is taken over `i`"),
     ];
@@ -210,4 +210,14 @@ fn static_bound_from_ranged_rmsnorm_weights() {
     let Op::Threshold { bound, scale, .. } = o.op(th[0]).clone() else { unreachable!() };
     assert_eq!(bound, NormBound::Static { q_max: 2.0 * 4.0, k_max: 0.5 * 4.0 });
     assert_eq!(scale, 0.25);
+}
+
+#[test]
+fn bad_log_eps_is_an_error_not_a_panic() {
+    let g = compile("examples/fox.attn");
+    for log_eps in [f64::NAN, 0.0, 1.0, f64::INFINITY, f64::NEG_INFINITY] {
+        let mut o = g.clone();
+        let e = foxc_passes::optimize(&mut o, &PassOptions { log_eps, ..PassOptions::default() });
+        assert!(matches!(e, Err(foxc_passes::PassError::InvalidOption(_))), "{log_eps}");
+    }
 }
