@@ -174,8 +174,12 @@ pub fn lower(prog: &Program, src: &str) -> Result<Graph, Diagnostics> {
             if !l.names.contains_key(&s.name.name) {
                 l.poisoned.insert(s.name.name.clone());
             }
-            if d.message != POISONED && diags.len() < MAX_DIAGNOSTICS {
+            if d.message != POISONED {
                 diags.push(d);
+            }
+            if diags.len() >= MAX_DIAGNOSTICS {
+                // Enough to act on; checking on would only cost time on a pathological input.
+                return Err(diags);
             }
         }
     }

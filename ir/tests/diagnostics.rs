@@ -62,3 +62,31 @@ fn deep_nesting_is_a_diagnostic() {
     let d = compile("long.attn", s.as_bytes()).unwrap_err();
     assert!(d.list[0].message.contains("too large"), "{d}");
 }
+
+/// Many failing statements: reporting stops at a cap, and quickly.
+#[test]
+fn many_errors_are_capped() {
+    let mut s = String::from("attention f(x: f32[T]) -> f32[T] {\n");
+    for n in 0..20_000 {
+        s.push_str(&format!(" a{n}[t] = zz{n}[t]\n"));
+    }
+    s.push_str(" return a0\n}\n");
+    let t = std::time::Instant::now();
+    let d = compile("many.attn", s.as_bytes()).unwrap_err();
+    assert_eq!(d.len(), foxc_ir::lower::MAX_DIAGNOSTICS);
+    assert!(t.elapsed().as_secs() < 10);
+}
+
+/// A long valid program compiles (no quadratic blow-up).
+#[test]
+fn long_valid_program_compiles() {
+    let mut s = String::from("attention f(x: f32[T]) -> f32[T] {\n a0[t] = x[t]\n");
+    for n in 1..5_000 {
+        s.push_str(&format!(" a{n}[t] = a{}[t] * 0.5 + x[t]\n", n - 1));
+    }
+    s.push_str(" return a4999\n}\n");
+    let t = std::time::Instant::now();
+    let c = compile("long.attn", s.as_bytes()).unwrap();
+    assert_eq!(c.ast.stmts.len(), 5_000);
+    assert!(t.elapsed().as_secs() < 20);
+}
