@@ -90,3 +90,23 @@ fn long_valid_program_compiles() {
     assert_eq!(c.ast.stmts.len(), 5_000);
     assert!(t.elapsed().as_secs() < 20);
 }
+
+/// Expressions just inside the limits compile, also on a small (1 MiB) stack.
+#[test]
+fn nesting_at_the_limit_compiles() {
+    let run = || {
+        // Each `sigmoid(-(` is three levels of nesting (call, minus, parenthesis).
+        let n = 64;
+        let mut s = String::from("attention f(x: f32[T]) -> f32[T] {\n out[t] = ");
+        s.push_str(&"sigmoid(-(".repeat(n / 2));
+        s.push_str("x[t]");
+        s.push_str(&"))".repeat(n / 2));
+        s.push_str("\n y[t] = x[t]");
+        s.push_str(&" + x[t] * 2".repeat(60));
+        s.push_str("\n return out\n}\n");
+        let c =
+            compile("deep.attn", s.as_bytes()).unwrap_or_else(|d| panic!("{}", d.render("deep.attn", &s)));
+        let _ = c.ast.to_string();
+    };
+    std::thread::Builder::new().stack_size(1 << 20).spawn(run).unwrap().join().unwrap();
+}
