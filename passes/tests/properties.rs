@@ -102,7 +102,29 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
     a.data.iter().zip(&b.data).fold(0.0, |m, (x, y)| m.max((x - y).abs()))
 }
 
-const DECAYING: &[&str] = &["fox", "fox_loggate", "fox_qknorm", "alibi"];
+const DECAYING: &[&str] = &["fox", "fox_loggate", "fox_qknorm", "alibi", "fox_window"];
+
+/// FoX restricted to a sliding window: pruned, with the window kept as an attribute.
+fn fox_window() -> Graph {
+    let src = "attention fox_window(q: bf16[B, H, T, D], k: bf16[B, H, T, D], v: bf16[B, H, T, D], fgate: f32[B, H, T]) -> bf16[B, H, T, D] {
+        c[b, h, t]      = cumsum(t, logsigmoid(fgate[b, h, t]))
+        s[b, h, i, j]   = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D) + c[b, h, i] - c[b, h, j]
+        p[b, h, i, j]   = softmax(j, window(i, j, 9, s[b, h, i, j]))
+        out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
+        return out
+    }";
+    let g = foxc_ir::frontend::compile("fox_window.attn", src.as_bytes())
+        .map_err(|d| d.render("w", src))
+        .unwrap()
+        .graph;
+    let mut o = g.clone();
+    optimize(&mut o, &PassOptions::default()).unwrap();
+    let p = o.find(|op| matches!(op, Op::PrunedDecayAttention { .. }));
+    assert!(
+        matches!(o.op(p[0]), Op::PrunedDecayAttention { attn, .. } if attn.window == Some(9) && attn.has_decay)
+    );
+    g
+}
 
 fn dims(b: usize, h: usize, t: usize, d: usize) -> BTreeMap<&'static str, usize> {
     [("B", b), ("H", h), ("T", t), ("D", d)].into_iter().collect()
@@ -147,7 +169,7 @@ fn pruning_case(
     log_eps: f64,
     seed: u64,
 ) -> [(u64, u64); 2] {
-    let g = compile(&format!("examples/{ex}.attn"));
+    let g = if ex == "fox_window" { fox_window() } else { compile(&format!("examples/{ex}.attn")) };
     let (b, h, t, d) = shape;
     let x = inputs(&g, &dims(b, h, t, d), seed);
     let dense = optimized(&g, &PassOptions { prune: false, log_eps, ..PassOptions::default() });
