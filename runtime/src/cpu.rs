@@ -9,11 +9,11 @@
 //! `args[k]` is the address of operand `k` of the kernel's node, `args[n]` the address of its
 //! result (dense row-major buffers of the values' dtypes and concrete shapes). A kernel runs tasks
 //! `task_begin..task_end`; distinct tasks write disjoint results, so any partition of the tasks
-//! over threads gives the same bits. `scratch` is private to the calling thread, 64-byte aligned,
+//! over threads gives the same bits. Scalars folded into a kernel have no buffer; their slots hold 0. `scratch` is private to the calling thread, 64-byte aligned,
 //! at least `scratch_bytes` long, with arbitrary contents.
 
 use crate::tensor::{HostTensor, TensorMap};
-use foxc_ir::{Graph, Op, ValueId};
+use foxc_ir::{Graph, ValueId};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -112,23 +112,21 @@ pub unsafe fn execute(
         addr.insert(p.node, inputs[&p.name].data.as_ptr() as u64);
     }
     let mut bufs: HashMap<ValueId, Buf> = HashMap::new();
-    let ok_before: std::collections::HashSet<ValueId> = launches.iter().map(|l| l.node).collect();
-    for n in g.topo_order() {
-        if !matches!(g.op(n), Op::Param { .. }) && !ok_before.contains(&n) {
-            return Err(ExecError::Internal(format!(
-                "no kernel for value {} ({})",
-                n.index(),
-                g.op(n).mnemonic()
-            )));
-        }
-    }
     for l in launches {
         let mut args: Vec<u64> = vec![];
         for o in g.operands(l.node) {
-            let a = addr.get(&o).ok_or_else(|| {
-                ExecError::Internal(format!("operand {} not computed before use", o.index()))
-            })?;
-            args.push(*a);
+            // A scalar the compiler folded into the kernel has no buffer (ABI: slot 0, never read).
+            match addr.get(&o) {
+                Some(a) => args.push(*a),
+                None if g.ty(o).rank() == 0 => args.push(0),
+                None => {
+                    return Err(ExecError::Internal(format!(
+                        "operand {} of {} is not computed before use",
+                        o.index(),
+                        g.op(l.node).mnemonic()
+                    )))
+                }
+            }
         }
         let shape = value_shape(g, l.node, dims)?;
         let bytes = shape.iter().product::<usize>() * g.ty(l.node).dtype.size_bytes();

@@ -12,7 +12,9 @@
 //! - `args[k]` for `k < n` is the address of operand `k` of the kernel's node (in operand order, see
 //!   `Graph::operands`), a dense row-major buffer of the operand's dtype and concrete shape;
 //!   `args[n]` is the address of the node's result buffer (its dtype, its shape).
-//!   Buffers need no alignment beyond their element size.
+//!   Buffers need no alignment beyond their element size. An operand that the compiler folded
+//!   to a constant (a scalar such as `rsqrt(dim D)`) has no buffer: its slot holds 0 and the
+//!   kernel never reads it.
 //! - The kernel runs tasks `task_begin..task_end` of its task space ([`super::TaskSpace`]).
 //!   Distinct tasks write disjoint parts of the result and read nothing that another task of the
 //!   same launch writes, so any partition of `0..count` over threads gives the same bits.

@@ -4,11 +4,20 @@
 use super::emit::{Fx, F32, F32X4, F64, I32, I64};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{FuncRef, InstBuilder, Value};
-use foxc_ir::{DType, GateKind, NormBound, PruneRule, LOG_F_FLOOR};
+use foxc_ir::{BinaryOp, DType, GateKind, NormBound, PruneRule, LOG_F_FLOOR};
 
 /// A kernel, with every size a compile-time constant.
 #[derive(Clone, Debug)]
 pub enum Kind {
+    /// `x op c` (or `c op x`) elementwise over `n` elements, `c` a folded scalar.
+    ScalarOp {
+        src: DType,
+        dst: DType,
+        op: BinaryOp,
+        c: f64,
+        tensor_first: bool,
+        n: u64,
+    },
     /// Elementwise conversion of `n` elements.
     Cast {
         src: DType,
@@ -130,7 +139,7 @@ impl Kind {
     /// (task count, tasks per grab, scratch bytes)
     pub fn tasks(&self) -> (u64, u64, usize) {
         match self {
-            Kind::Cast { n, .. } => (n.div_ceil(CAST_GRAIN), 1, 0),
+            Kind::Cast { n, .. } | Kind::ScalarOp { n, .. } => (n.div_ceil(CAST_GRAIN), 1, 0),
             Kind::RmsNorm { rows, .. } => (*rows, 64, 0),
             Kind::GateCumsum { b, h, .. } => (b * h, 1, 0),
             Kind::Threshold { bh, .. } | Kind::BlockBoundary { bh, .. } => (*bh, 1, 0),
@@ -161,6 +170,9 @@ impl Fx<'_> {
 pub fn emit(fx: &mut Fx, kind: &Kind, f: &Frame, h: &Helpers) {
     match kind {
         Kind::Cast { src, dst, n } => emit_cast(fx, *src, *dst, *n, f),
+        Kind::ScalarOp { src, dst, op, c, tensor_first, n } => {
+            emit_scalar_op(fx, *src, *dst, *op, *c, *tensor_first, *n, f)
+        }
         Kind::RmsNorm { x, w, out, rows: _, d, eps } => emit_rmsnorm(fx, *x, *w, *out, *d, *eps, f),
         Kind::GateCumsum { kind, src, b: _, h: nh, t } => emit_gate_cumsum(fx, *kind, *src, *nh, *t, f, h),
         Kind::Threshold { q, k, bh: _, t, d, rule, log_eps, bound, scale, bm } => {
@@ -171,6 +183,64 @@ pub fn emit(fx: &mut Fx, kind: &Kind, f: &Frame, h: &Helpers) {
         }
         Kind::Attention(a) => emit_attention(fx, a, f),
     }
+}
+
+/// Apply `op` to `(x, c)` or `(c, x)`; scalars or f32x4 alike.
+fn apply(fx: &mut Fx, op: BinaryOp, x: Value, c: Value, tensor_first: bool, vector: bool) -> Value {
+    let (a, b) = if tensor_first { (x, c) } else { (c, x) };
+    match op {
+        BinaryOp::Add => fx.b.ins().fadd(a, b),
+        BinaryOp::Sub => fx.b.ins().fsub(a, b),
+        BinaryOp::Div => fx.b.ins().fdiv(a, b),
+        BinaryOp::Min if vector => {
+            let m = fx.b.ins().fcmp(FloatCC::LessThan, a, b);
+            fx.vsel(m, a, b)
+        }
+        BinaryOp::Max if vector => fx.vmax(a, b),
+        BinaryOp::Min => fx.fmin_s(a, b),
+        BinaryOp::Max => fx.fmax_s(a, b),
+        // The planner admits only the arithmetic ops above and mul.
+        _ => fx.b.ins().fmul(a, b),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn emit_scalar_op(
+    fx: &mut Fx,
+    src: DType,
+    dst: DType,
+    op: BinaryOp,
+    c: f64,
+    tensor_first: bool,
+    n: u64,
+    f: &Frame,
+) {
+    let operand = if tensor_first { 0 } else { 1 };
+    let x = fx.arg(f.args, operand);
+    let y = fx.arg(f.args, 2);
+    let vector = dst == DType::F32 && n.is_multiple_of(4);
+    fx.for_range(f.begin, f.end, 1, |fx, task| {
+        let lo = fx.b.ins().imul_imm_s(task, CAST_GRAIN as i64);
+        let hi = fx.b.ins().iadd_imm_s(lo, CAST_GRAIN as i64);
+        let nv = fx.ic(n as i64);
+        let hi = fx.imin(hi, nv);
+        if vector {
+            let cv = fx.splat_c(c as f32);
+            fx.for_range(lo, hi, 4, |fx, i| {
+                let v = fx.load4_f32(src, x, i);
+                let r = apply(fx, op, v, cv, tensor_first, true);
+                let a = fx.addr(y, i, 4);
+                fx.store(r, a, 0);
+            });
+        } else {
+            let cs = fx.f32c(c as f32);
+            fx.for_range(lo, hi, 1, |fx, i| {
+                let v = fx.load_f32(src, x, i);
+                let r = apply(fx, op, v, cs, tensor_first, false);
+                fx.store_f32(dst, y, i, r);
+            });
+        }
+    });
 }
 
 fn emit_cast(fx: &mut Fx, src: DType, dst: DType, n: u64, f: &Frame) {

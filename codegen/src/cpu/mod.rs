@@ -20,7 +20,7 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::FunctionBuilderContext;
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, FuncId, Linkage, Module};
-use foxc_ir::{DType, Dim, Graph, Op, ValueId};
+use foxc_ir::{BinaryOp, DType, Dim, Graph, Op, UnaryOp, ValueId};
 use kernels::{AttnKernel, Kind};
 use std::collections::{BTreeMap, HashMap};
 
@@ -196,9 +196,28 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
             "the graph's output is a parameter: there is nothing to compute".into(),
         ));
     }
+    // Only values the output depends on get kernels (passes may leave dead values behind).
+    let mut live = std::collections::HashSet::new();
+    let mut stack = vec![output];
+    while let Some(x) = stack.pop() {
+        if live.insert(x) {
+            stack.extend(g.operands(x));
+        }
+    }
+    // Scalar subgraphs (`rsqrt(dim D)`) fold to constants at compile time: dims are concrete.
+    let mut consts: HashMap<ValueId, f64> = HashMap::new();
     let mut specs = vec![];
     for &n in &order {
+        if !live.contains(&n) {
+            continue;
+        }
         let op = g.op(n);
+        if g.ty(n).rank() == 0 {
+            if let Some(c) = fold_scalar(g, n, op, dims, &consts) {
+                consts.insert(n, c);
+                continue;
+            }
+        }
         let v = num[&n];
         let ops = g.operands(n);
         let invalid = |msg: String| CpuError::Invalid(format!("value %{v} ({}): {msg}", op.mnemonic()));
@@ -231,6 +250,40 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
         };
         let kind = match op {
             Op::Param { .. } => continue,
+            Op::Binary(bop)
+                if ops.len() == 2 && (consts.contains_key(&ops[0]) ^ consts.contains_key(&ops[1])) =>
+            {
+                let tensor_first = consts.contains_key(&ops[1]);
+                let (t, c) = if tensor_first { (ops[0], ops[1]) } else { (ops[1], ops[0]) };
+                if !matches!(
+                    bop,
+                    BinaryOp::Add
+                        | BinaryOp::Sub
+                        | BinaryOp::Mul
+                        | BinaryOp::Div
+                        | BinaryOp::Min
+                        | BinaryOp::Max
+                ) {
+                    return Err(CpuError::Unsupported { op: op.mnemonic().to_string(), value: v });
+                }
+                if sh(t)? != out_shape || !g.ty(n).is_positional() || !g.ty(t).is_positional() {
+                    return Err(invalid(
+                        "only a positional tensor combined with a scalar runs on the CPU".into(),
+                    ));
+                }
+                let dst = g.ty(n).dtype;
+                if !matches!(dst, DType::F32 | DType::BF16) {
+                    return Err(invalid(format!("result dtype {dst} is not f32 or bf16")));
+                }
+                Kind::ScalarOp {
+                    src: float_in(t)?,
+                    dst,
+                    op: *bop,
+                    c: consts[&c],
+                    tensor_first,
+                    n: out_shape.iter().product(),
+                }
+            }
             Op::Cast => {
                 let src = dt(ops[0]);
                 if !matches!(src, DType::F32 | DType::BF16 | DType::I32) {
@@ -358,6 +411,49 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
         specs.push(Spec { node: n, name: format!("k{v}_{}", op.mnemonic()), kind });
     }
     Ok(specs)
+}
+
+/// The value of a scalar node whose operands are all folded constants.
+fn fold_scalar(
+    g: &Graph,
+    n: ValueId,
+    op: &Op,
+    dims: &BTreeMap<String, u64>,
+    consts: &HashMap<ValueId, f64>,
+) -> Option<f64> {
+    let ops = g.operands(n);
+    let arg = |k: usize| ops.get(k).and_then(|o| consts.get(o)).copied();
+    Some(match op {
+        Op::Const(c) => *c,
+        Op::DimSize(d) => d.eval(&|s| dims.get(s).copied())? as f64,
+        Op::Unary(u) => {
+            let x = arg(0)?;
+            match u {
+                UnaryOp::Neg => -x,
+                UnaryOp::Exp => x.exp(),
+                UnaryOp::Log => x.ln(),
+                UnaryOp::Sqrt => x.sqrt(),
+                UnaryOp::Rsqrt => 1.0 / x.sqrt(),
+                UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+                UnaryOp::LogSigmoid => x.min(0.0) - (-x.abs()).exp().ln_1p(),
+                UnaryOp::Softplus => x.max(0.0) + (-x.abs()).exp().ln_1p(),
+                UnaryOp::Relu => x.max(0.0),
+            }
+        }
+        Op::Binary(b) => {
+            let (x, y) = (arg(0)?, arg(1)?);
+            match b {
+                BinaryOp::Add => x + y,
+                BinaryOp::Sub => x - y,
+                BinaryOp::Mul => x * y,
+                BinaryOp::Div => x / y,
+                BinaryOp::Min => x.min(y),
+                BinaryOp::Max => x.max(y),
+                _ => return None,
+            }
+        }
+        _ => return None,
+    })
 }
 
 extern "C" fn foxc_log1p_exp_neg_abs(z: f64) -> f64 {

@@ -210,7 +210,7 @@ pub fn execute(g: &Graph, p: &CpuProgram, inputs: &HashMap<String, Tensor>) -> H
             .iter()
             .map(|o| match input_bytes.get(o) {
                 Some(b) => b.as_ptr() as u64,
-                None => bufs[o].as_ptr() as u64,
+                None => bufs.get(o).map_or(0, |b| b.as_ptr() as u64),
             })
             .collect();
         let shape = shape_of(g, k.node, &p.dims);
@@ -412,7 +412,7 @@ pub fn execute_parallel(
             .iter()
             .map(|o| match input_bytes.get(o) {
                 Some(b) => b.as_ptr() as u64,
-                None => bufs[o].as_ptr() as u64,
+                None => bufs.get(o).map_or(0, |b| b.as_ptr() as u64),
             })
             .collect();
         let shape = shape_of(g, k.node, &p.dims);
