@@ -68,6 +68,12 @@ impl Diagnostics {
         self.list.iter()
     }
 
+    /// True when a diagnostic reports a bug in foxc rather than in the program (its message starts
+    /// with `internal error`): the CLI exits 2 for these, 1 otherwise.
+    pub fn is_internal(&self) -> bool {
+        self.list.iter().any(|d| d.message.starts_with("internal error"))
+    }
+
     /// Render every diagnostic against the source text, separated by blank lines.
     pub fn render(&self, file_name: &str, src: &str) -> String {
         let mut out = String::new();

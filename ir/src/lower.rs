@@ -683,7 +683,18 @@ impl<'a> Lowerer<'a> {
                 ix.span,
                 "not an index of the operand",
             )
-            .with_hint(format!("the operand (at {}) has indices: {have}", self.at(operand))));
+            .with_hint(if f.name == "max" {
+                let dym = match suggest(&ix.name, self.order.iter().map(|s| s.as_str())) {
+                    Some(s) => format!("did you mean `{s}`? "),
+                    None => String::new(),
+                };
+                format!(
+                    "{dym}`max` with an undeclared bare name first is a reduction over that index; the operand (at {}) has indices: {have}",
+                    self.at(operand)
+                )
+            } else {
+                format!("the operand (at {}) has indices: {have}", self.at(operand))
+            }));
         }
         Ok(())
     }
