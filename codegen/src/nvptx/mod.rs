@@ -154,8 +154,15 @@ impl KernelInfo {
                 let t = eval_product(std::slice::from_ref(t), bind)?;
                 let bh = eval_product(bh, bind)?;
                 let g = attention::launch_geometry(cfg, t, bh);
-                let mt = t.div_ceil(cfg.bm.max(1) as u64);
-                (mt, bh, g.block, g.shared_bytes)
+                // The kernel's own grid (a block may own less than a `bm` tile); bh is checked
+                // here before the builder's u32 conversion could wrap.
+                if bh > 65535 {
+                    return Err(CodegenError::User(format!(
+                        "kernel {}: {bh} batch x heads exceed CUDA's grid limit (65535)",
+                        self.name
+                    )));
+                }
+                (g.grid.0 as u64, g.grid.1 as u64, g.block, g.shared_bytes)
             }
             Launch::Grid { x, y, block } => (x.eval(bind)?, y.eval(bind)?, (*block, 1, 1), 0),
         };
