@@ -12,7 +12,8 @@
 //! - `x[i, j]` of a parameter or statement lowers to `bind [i, j]`; its rank must match.
 //!   A rank-0 parameter or statement is used by its bare name.
 //! - A bare name is, in order: a scalar parameter or statement, a dimension (its runtime size as a
-//!   number, `sqrt(D)`), or an index variable (its position `0, 1, ..`, as in ALiBi's `i - j`).
+//!   number, `sqrt(D)`), or an index variable (its position `0, 1, ..`, as in ALiBi's `i - j`);
+//!   such an index must also index some tensor in the statement, which gives its size.
 //! - `sum(i, e)`, `cumsum(i, e)`, `softmax(i, e)`: `i` must be an index of `e`.
 //!   `max(a, b)` is a reduction over `a` when `a` is a bare identifier that is neither a declared
 //!   name nor an index of the statement's left-hand side; otherwise it is the elementwise maximum.
@@ -22,7 +23,8 @@
 //! - `rmsnorm(x, w)` normalizes x over the single index of w (eps = 1e-6).
 //! - The free indices of the right-hand side must be exactly those of the left-hand side; the
 //!   statement lowers to `store [lhs indices]` (f32, positional, named after the statement).
-//! - Arithmetic computes in f32; comparisons give `bool`, which only `select` consumes.
+//! - `bind` keeps the parameter's dtype (a bf16 input stays bf16 until its first operation);
+//!   arithmetic computes in f32; comparisons give `bool`, which only `select` consumes.
 //! - `return x`: x's dims must equal the declared ones; a `cast` is added when dtypes differ.
 
 use crate::ast::{self, BinOp, Expr, ExprKind, Ident, Program, UnOp};
