@@ -128,6 +128,9 @@ pub fn compile_with(
         .zip(built)
         .map(|(s, id)| {
             let (count, chunk, scratch_bytes) = s.kind.tasks();
+            if std::env::var_os("FOXC_CPU_DISASM").is_some() {
+                eprintln!("; {} entry {:p}", s.name, module.get_finalized_function(id));
+            }
             CpuKernel {
                 node: s.node,
                 name: s.name.clone(),
