@@ -6,7 +6,10 @@
 //! index `i`. Statement results are inlined (with their axes renamed to the use site) before a
 //! term is built, so one term is the whole attention expression.
 
-use egg::{define_language, rewrite, Analysis, DidMerge, EGraph, Id, Pattern, Rewrite, Subst, Symbol, Var};
+use egg::{
+    define_language, rewrite, Analysis, Applier, AstSize, DidMerge, EGraph, Extractor, Id, Pattern,
+    PatternAst, RecExpr, Rewrite, Subst, Symbol, Var,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
@@ -369,8 +372,68 @@ pub fn rules() -> Vec<Rewrite<Attn, AttnAnalysis>> {
     // A factor free of the reduced axis moves out of the reduction (the scale of q or k).
     r.push(rewrite!("rsqrt-square"; "(* (rsqrt ?x) (rsqrt ?x))" => "(recip ?x)" if positive("?x")));
     r.push(rewrite!("sqrt-square"; "(* (sqrt ?x) (sqrt ?x))" => "?x" if positive("?x")));
+    // Inside a causal (or windowed) mask, a sum of log-gates over (j, i] is c[i] - c[j].
+    let window_sum = "(sum ?l (select (< (iota ?j) (iota ?l)) (select (<= (iota ?l) (iota ?i)) ?g 0) 0))";
+    r.push(rewrite!("causal-gate-sum"; {pat(&format!("(causal ?i ?j (+ ?x {window_sum}))"))} => {GateSumToCumsum { window: false }}));
+    r.push(rewrite!("window-gate-sum"; {pat(&format!("(window ?i ?j ?w (+ ?x {window_sum}))"))} => {GateSumToCumsum { window: true }}));
     r.push(rewrite!("sum-factor-out"; "(sum ?d (* ?s ?x))" => "(* ?s (sum ?d ?x))" if not_free("?d", "?s")));
     r
+}
+
+/// Rename symbol `from` to `to` in a term.
+pub fn rename(e: &RecExpr<Attn>, from: Symbol, to: Symbol) -> RecExpr<Attn> {
+    let nodes: Vec<Attn> = e
+        .as_ref()
+        .iter()
+        .map(|n| match n {
+            Attn::Symbol(s) if *s == from => Attn::Symbol(to),
+            other => other.clone(),
+        })
+        .collect();
+    RecExpr::from(nodes)
+}
+
+/// `mask(i, j, x + sum(l, [j < l <= i] g[l]))` => `mask(i, j, x + (cumsum(i, g[i]) - cumsum(j, g[j])))`.
+/// Exact wherever the mask keeps an entry (`j <= i`): the sum over `(j, i]` is `C_i - C_j` with
+/// `C` the inclusive cumsum of `g`. Elsewhere both sides are masked to `-inf`, so the rule is
+/// sound only with the mask around it, which the pattern requires.
+struct GateSumToCumsum {
+    window: bool,
+}
+
+impl Applier<Attn, AttnAnalysis> for GateSumToCumsum {
+    fn apply_one(
+        &self,
+        eg: &mut AttnGraph,
+        eclass: Id,
+        subst: &Subst,
+        _ast: Option<&PatternAst<Attn>>,
+        _rule: Symbol,
+    ) -> Vec<Id> {
+        let sym = |v: &str| eg[subst[var(v)]].data.sym;
+        let (Some(i), Some(j), Some(l)) = (sym("?i"), sym("?j"), sym("?l")) else { return vec![] };
+        let g = subst[var("?g")];
+        if i == j || l == i || l == j || eg[g].data.axes.contains(&i) || eg[g].data.axes.contains(&j) {
+            return vec![];
+        }
+        let gt = Extractor::new(eg, AstSize).find_best(g).1;
+        let (gi, gj) = (eg.add_expr(&rename(&gt, l, i)), eg.add_expr(&rename(&gt, l, j)));
+        let (si, sj) = (eg.add(Attn::Symbol(i)), eg.add(Attn::Symbol(j)));
+        let ci = eg.add(Attn::Cumsum([si, gi]));
+        let cj = eg.add(Attn::Cumsum([sj, gj]));
+        let diff = eg.add(Attn::Sub([ci, cj]));
+        let s = eg.add(Attn::Add([subst[var("?x")], diff]));
+        let out = if self.window {
+            eg.add(Attn::Window([si, sj, subst[var("?w")], s]))
+        } else {
+            eg.add(Attn::Causal([si, sj, s]))
+        };
+        if eg.union(eclass, out) {
+            vec![out]
+        } else {
+            vec![]
+        }
+    }
 }
 
 /// Parse a pattern written in this module (the patterns are literals: a failure is a bug).

@@ -11,9 +11,9 @@
 //! 4. Extraction with [`FusedCost`] (the fused node is the cheapest) picks the `dattn` node; its
 //!    operands are emitted back into the IR as positional tensors.
 
-use crate::lang::{pat, Attn, AttnAnalysis, AttnGraph, Num};
+use crate::lang::{pat, rename, Attn, AttnAnalysis, AttnGraph, Num};
 use crate::{Explanation, PassError};
-use egg::{CostFunction, Extractor, Id, Language, RecExpr, Runner, Searcher, Subst, Symbol};
+use egg::{CostFunction, Extractor, Id, Language, Runner, Searcher, Subst, Symbol};
 use foxc_ir::check::infer;
 use foxc_ir::{
     AttnAttrs, BinaryOp, DType, Dim, GateKind, Graph, Op, ReduceKind, Span, UnaryOp, ValueId, ValueType,
@@ -284,19 +284,6 @@ fn sym_of(eg: &AttnGraph, s: &Subst, v: &str) -> Option<Symbol> {
 
 fn matches(eg: &AttnGraph, pattern: &str, class: Id) -> Vec<Subst> {
     pat(pattern).search_eclass(eg, class).map(|m| m.substs).unwrap_or_default()
-}
-
-/// Rename symbol `from` to `to` in a term.
-fn rename(e: &RecExpr<Attn>, from: Symbol, to: Symbol) -> RecExpr<Attn> {
-    let nodes: Vec<Attn> = e
-        .as_ref()
-        .iter()
-        .map(|n| match n {
-            Attn::Symbol(s) if *s == from => Attn::Symbol(to),
-            other => other.clone(),
-        })
-        .collect();
-    RecExpr::from(nodes)
 }
 
 struct Searcher2<'a> {
