@@ -221,3 +221,18 @@ fn bad_log_eps_is_an_error_not_a_panic() {
         assert!(matches!(e, Err(foxc_passes::PassError::InvalidOption(_))), "{log_eps}");
     }
 }
+
+#[test]
+fn dumps_only_on_request_and_optimize_is_idempotent() {
+    for ex in EXAMPLES {
+        let g = compile(&format!("examples/{ex}.attn"));
+        let (o, report) = run(&g, &PassOptions::default());
+        assert!(report.dumps.is_empty());
+        let (_, all) = run(&g, &all_passes());
+        let names: Vec<&str> = all.dumps.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["recognize-attention", "monotonicity", "acp"]);
+        assert_eq!(all.dumps.last().unwrap().1, print_graph(&o));
+        let (again, _) = run(&o, &PassOptions::default());
+        assert_eq!(print_graph(&again), print_graph(&o), "{ex}: a second optimize changed the graph");
+    }
+}
