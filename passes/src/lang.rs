@@ -376,6 +376,8 @@ pub fn rules() -> Vec<Rewrite<Attn, AttnAnalysis>> {
     let window_sum = "(sum ?l (select (< (iota ?j) (iota ?l)) (select (<= (iota ?l) (iota ?i)) ?g 0) 0))";
     r.push(rewrite!("causal-gate-sum"; {pat(&format!("(causal ?i ?j (+ ?x {window_sum}))"))} => {GateSumToCumsum { window: false }}));
     r.push(rewrite!("window-gate-sum"; {pat(&format!("(window ?i ?j ?w (+ ?x {window_sum}))"))} => {GateSumToCumsum { window: true }}));
+    // A factor free of the cumsum axis moves into the cumsum (a scaled gate: 2 * (c[i] - c[j])).
+    r.push(rewrite!("cumsum-factor-in"; "(* ?a (cumsum ?t ?g))" => "(cumsum ?t (* ?a ?g))" if not_free("?t", "?a")));
     r.push(rewrite!("sum-factor-out"; "(sum ?d (* ?s ?x))" => "(* ?s (sum ?d ?x))" if not_free("?d", "?s")));
     r
 }

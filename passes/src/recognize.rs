@@ -381,8 +381,9 @@ impl Searcher2<'_> {
                 dots.push((m[var("?sc")], m));
             }
             for m in matches(eg, "(sum ?d (* ?q ?k))", x) {
-                let one = eg.lookup(Attn::Num(Num::new(1.0))).unwrap_or(x);
-                dots.push((one, m));
+                if let Some(one) = eg.lookup(Attn::Num(Num::new(1.0))) {
+                    dots.push((one, m));
+                }
             }
             let biases: Vec<Option<(Id, Id)>> = match bias {
                 None => vec![None],
@@ -682,6 +683,9 @@ pub(crate) fn recognize(g: &mut Graph, ex: &mut Vec<Explanation>) -> Result<Opti
         .with_time_limit(Duration::from_secs(5))
         .run(&crate::lang::rules());
     b.eg = runner.egraph;
+    // The scale of an unscaled dot product is the literal 1.
+    b.eg.add(Attn::Num(Num::new(1.0)));
+    b.eg.rebuild();
     let root = b.eg.find(root);
 
     // Search the saturated root class for the attention shape.
