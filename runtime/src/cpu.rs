@@ -133,14 +133,27 @@ pub unsafe fn execute(
         let mut words = vec![0u64; bytes.div_ceil(8).max(1)];
         args.push(words.as_mut_ptr() as u64);
         addr.insert(l.node, words.as_ptr() as u64);
+        let t0 = std::time::Instant::now();
         run_parallel(l, &args, threads);
+        // FOXC_CPU_PROFILE=1 prints the wall time of every kernel launch to stderr.
+        if std::env::var_os("FOXC_CPU_PROFILE").is_some() {
+            eprintln!(
+                "cpu kernel {} ({}): {:.3} ms, {} tasks",
+                l.node.index(),
+                g.op(l.node).mnemonic(),
+                t0.elapsed().as_secs_f64() * 1e3,
+                l.tasks
+            );
+        }
         bufs.insert(l.node, Buf { words, bytes });
     }
     let out = g.output.ok_or_else(|| ExecError::Internal("graph has no output".into()))?;
     let b = bufs
         .remove(&out)
         .ok_or_else(|| ExecError::Internal("the output is not computed by a kernel".into()))?;
-    let data: Vec<u8> = b.words.iter().flat_map(|w| w.to_le_bytes()).take(b.bytes).collect();
+    // SAFETY: `words` holds at least `bytes` initialized bytes; u8 has no alignment needs.
+    let data: Vec<u8> =
+        unsafe { std::slice::from_raw_parts(b.words.as_ptr() as *const u8, b.bytes) }.to_vec();
     Ok(HostTensor { dtype: g.ty(out).dtype, shape: value_shape(g, out, dims)?, data })
 }
 
