@@ -5,6 +5,9 @@
 //! 1. `recognize-attention` ([`recognize`]): egg-based recognition of decay-gated softmax
 //!    attention in any of its spellings; the output statement becomes one `decay_attention`
 //!    node whose `c` operand is a `gate_cumsum` (gate logits, log-gates or an ALiBi slope).
+//!    The fused node's `scale` attribute is a number: a constant scale becomes the attribute;
+//!    a symbolic one (`1/sqrt(D)` with `D` symbolic) stays in the IR as `mul q, rsqrt(dim D)`
+//!    on the q operand with `scale = 1` (a backend that knows `D` folds it back).
 //! 2. `monotonicity` ([`monotone`]): proves `c` non-increasing (the decay bias `c_i - c_j <= 0`
 //!    for `j <= i`). Changes nothing in the IR; an unproven gate gets an [`Explanation`].
 //! 3. `acp` ([`acp`]): Adaptive Computation Pruning — `threshold`, `block_boundary` and
