@@ -149,3 +149,39 @@ fn unsupported_ops_are_named() {
     let e = cpu::compile(&build(&Cfg::fox(DType::F32), 8).g, &dims).unwrap_err();
     assert!(e.to_string().contains("not bound"), "{e}");
 }
+
+/// Hard resets (`log f = -inf`) stay finite through the floor; gates of exactly 1 prune nothing.
+#[test]
+fn hard_reset_and_no_decay_gates() {
+    let (b, h, t, d) = (1usize, 2usize, 150usize, 32usize);
+    let mut c = Cfg::fox(DType::F32);
+    c.gate = Some(GateKind::LogGate);
+    c.prune = Some((PruneRule::Tight, NormBound::Data, tiles(16, 16)));
+    let built = build(&c, d as u64);
+    let prog = cpu::compile(&built.g, &dims(b as u64, h as u64, t as u64, d as u64)).unwrap();
+    let mut inp = random_inputs(&mut Rng::new(77), &c, b, h, t, d);
+    let g = inp.get_mut("fgate").unwrap();
+    for (i, x) in g.vals.iter_mut().enumerate() {
+        // head 0: a hard reset every 40 tokens; head 1: no decay at all.
+        *x = if i < t {
+            if i % 40 == 39 {
+                f32::NEG_INFINITY
+            } else {
+                -0.01
+            }
+        } else {
+            0.0
+        };
+    }
+    let res = execute(&built.g, &prog, &inp);
+    let out = &res[&built.attn].vals;
+    assert!(out.iter().all(|x| x.is_finite()), "NaN or inf after a hard reset");
+    let st = &res[&built.start.unwrap()].vals;
+    let mt = t.div_ceil(16);
+    assert!(st[mt..].iter().all(|&s| s == 0.0), "a head without decay was pruned: {:?}", &st[mt..]);
+    assert!(st[mt - 1] > 0.0, "a hard reset did not prune: {:?}", &st[..mt]);
+    let r = reference_prep(&c, &inp, b, h, t, d);
+    let want = reference_attention(&r, &inp["v"].vals, b, h, t, d, true, None, Some((st, 16, 16)));
+    let e = rel_l2(out, &want);
+    assert!(e <= 1e-5, "rel L2 {e:e}");
+}
