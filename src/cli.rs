@@ -79,6 +79,9 @@ pub struct PruneArgs {
     /// The safe threshold rule: the paper's, or the tighter per-row rule.
     #[arg(long, value_enum, default_value_t = RuleArg::Paper)]
     pub prune_rule: RuleArg,
+    /// ACP tile shape BMxBN (default: the target's choice; CPU and GPU 64x64).
+    #[arg(long, value_parser = crate::pipeline::parse_tiles)]
+    pub tiles: Option<foxc_ir::Tiles>,
 }
 
 #[derive(Args, Debug)]

@@ -29,18 +29,21 @@ impl Source {
         Source { name: DEFAULT_PROGRAM.0.to_string(), bytes: DEFAULT_PROGRAM.1.as_bytes().to_vec() }
     }
 
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.bytes).into_owned()
-    }
-
     /// Parse, check and lower; a failure carries the rendered diagnostics.
     pub fn compile(&self) -> Result<Compiled, Error> {
-        frontend::compile(&self.name, &self.bytes)
-            .map_err(|d| Error::user(d.render(&self.name, &self.text())))
+        frontend::compile(&self.name, &self.bytes).map_err(|d| {
+            let text = d.render_bytes(&self.name, &self.bytes);
+            if d.is_internal() {
+                Error::internal(text)
+            } else {
+                Error::user(text)
+            }
+        })
     }
 
     pub fn parse(&self) -> Result<foxc_ir::ast::Program, Error> {
-        frontend::parse(&self.name, &self.bytes).map_err(|d| Error::user(d.render(&self.name, &self.text())))
+        frontend::parse(&self.name, &self.bytes)
+            .map_err(|d| Error::user(d.render_bytes(&self.name, &self.bytes)))
     }
 }
 
@@ -58,7 +61,20 @@ pub fn pass_options(prune: &PruneArgs, target: TargetArg, print_after_all: bool)
             TargetArg::Sm80 => Target::Sm80,
         },
         print_after_all,
+        tiles: prune.tiles,
     }
+}
+
+/// Parse `--tiles 128x64`.
+pub fn parse_tiles(s: &str) -> Result<foxc_ir::Tiles, String> {
+    let (m, n) = s.split_once(['x', 'X']).ok_or_else(|| format!("expected BMxBN (e.g. 64x64), got `{s}`"))?;
+    let parse = |v: &str| -> Result<u32, String> {
+        match v.trim().parse::<u32>() {
+            Ok(x) if x.is_power_of_two() && (8..=256).contains(&x) => Ok(x),
+            _ => Err(format!("tile sizes must be powers of two from 8 to 256, got `{v}`")),
+        }
+    };
+    Ok(foxc_ir::Tiles { bm: parse(m)?, bn: parse(n)? })
 }
 
 /// Run the pass pipeline on a copy of `g`.

@@ -75,7 +75,7 @@ pub fn run(g: &mut Graph, opts: &PassOptions, cx: &mut PassContext) -> Result<()
             Some(Dim::Const(d)) => Some(*d),
             _ => None,
         };
-        let tiles = tiles_for(opts.target, head_dim);
+        let tiles = opts.tiles.unwrap_or_else(|| tiles_for(opts.target, head_dim));
         let bound = match (static_norm(g, q), static_norm(g, k)) {
             (Some(q_max), Some(k_max)) => NormBound::Static { q_max, k_max },
             _ => NormBound::Data,

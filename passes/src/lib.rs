@@ -45,6 +45,9 @@ pub struct PassOptions {
     pub target: Target,
     /// Record the IR after every pass in [`PassReport::dumps`].
     pub print_after_all: bool,
+    /// Tile shape requested by the user (`--tiles BMxBN`); `None`: the target's choice
+    /// ([`tiles_for`]).
+    pub tiles: Option<foxc_ir::Tiles>,
 }
 
 impl Default for PassOptions {
@@ -55,6 +58,7 @@ impl Default for PassOptions {
             rule: PruneRule::Paper,
             target: Target::Cpu,
             print_after_all: false,
+            tiles: None,
         }
     }
 }

@@ -184,7 +184,20 @@ fn options_reach_the_attributes() {
         assert!(matches!(o.op(ops[1]), Op::RmsNorm { axis, .. } if axis == "3"));
     }
     assert_eq!(tiles_for(Target::Cpu, Some(64)), foxc_ir::Tiles { bm: 64, bn: 64 });
-    assert_eq!(tiles_for(Target::Sm90a, Some(128)), foxc_ir::Tiles { bm: 128, bn: 64 });
+    assert_eq!(tiles_for(Target::Sm90a, Some(128)), foxc_ir::Tiles { bm: 64, bn: 64 });
+}
+
+/// A user-requested tile shape overrides the target's choice on every ACP node.
+#[test]
+fn requested_tiles_override_the_target_choice() {
+    let g = compile("examples/fox.attn");
+    let tiles = foxc_ir::Tiles { bm: 128, bn: 32 };
+    let (o, _) =
+        run(&g, &PassOptions { tiles: Some(tiles), target: Target::Sm90a, ..PassOptions::default() });
+    let bb = o.find(|op| matches!(op, Op::BlockBoundary(_)));
+    assert_eq!(o.op(bb[0]), &Op::BlockBoundary(tiles));
+    let th = o.find(|op| matches!(op, Op::Threshold { .. }));
+    assert!(matches!(o.op(th[0]), Op::Threshold { bm: 128, .. }));
 }
 
 /// A QK-norm program with constant D and ranged weights gets a static bound.

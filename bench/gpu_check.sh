@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# GPU correctness on the H200 (issue 5, item 5): foxc --backend cuda --check against the f64
+# reference on the standard workload and odd shapes, pruned and --no-prune, and
+# compute-sanitizer memcheck/racecheck on a small case. Needs target/release/foxc (carried).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+FOXC=${FOXC:-target/release/foxc}
+fail=0
+run() {
+  echo "### foxc run $*"
+  "$FOXC" run "$@" --backend cuda --check 2>&1 | grep -E "pruning|time|check|error" || true
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "FAILED: $*"; fail=1; }
+}
+run examples/fox.attn --shape B=8,H=16,T=4096,D=128
+run examples/fox.attn --shape B=8,H=16,T=4096,D=128 --no-prune
+run examples/fox.attn --shape B=8,H=16,T=4096,D=64
+run examples/fox.attn --shape B=2,H=16,T=16384,D=128
+run examples/fox.attn --shape B=2,H=16,T=16384,D=128 --prune-rule tight
+run examples/fox.attn --shape B=2,H=16,T=16384,D=64
+run examples/fox.attn --shape B=1,H=3,T=1000,D=128
+run examples/fox.attn --shape B=1,H=1,T=1,D=64
+run examples/fox.attn --shape B=1,H=1,T=777,D=64
+run examples/fox_qknorm.attn --shape B=1,H=4,T=2048,D=128
+run examples/fox_loggate.attn --shape B=1,H=4,T=2048,D=64
+run examples/alibi.attn --shape B=1,H=4,T=2048,D=64
+run examples/causal.attn --shape B=1,H=4,T=2048,D=128
+run examples/window.attn --shape B=1,H=4,T=2048,D=64
+if command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    echo "### compute-sanitizer --tool $tool"
+    compute-sanitizer --tool "$tool" --error-exitcode 9 "$FOXC" run examples/fox.attn --backend cuda \
+      --shape B=1,H=2,T=300,D=128 2>&1 | grep -E "ERROR SUMMARY|error|Error" | head -5
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "FAILED: sanitizer $tool"; fail=1; }
+  done
+fi
+echo "gpu_check: $([ $fail -eq 0 ] && echo all passed || echo FAILURES)"
+exit $fail
