@@ -121,7 +121,9 @@ impl AttnKernel {
             off = round_up(off + floats * 4, 64);
             o as i64
         };
-        let qs = take(bmp * self.d);
+        // Q is stored pre-broadcast (each element splatted to an f32x4): the QK block then
+        // loads a ready operand instead of a scalar load and a broadcast per row and column.
+        let qs = take(bmp * self.d * 4);
         let kt = take(self.d * bnp);
         let vp = take(bnp * dp);
         let s = take(bmp * bnp);
@@ -648,7 +650,7 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame) {
         }
 
         // Per-task init.
-        zero_fill(fx, qs, round_up(bmp * d, 4));
+        zero_fill(fx, qs, bmp * d * 4);
         zero_fill(fx, ob, bmp * dp);
         zero_fill(fx, vp, bnp * dp);
         zero_fill(fx, cib, bmp);
@@ -664,8 +666,28 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame) {
             let row = fx.b.ins().iadd(row_base, i0);
             let row = fx.b.ins().iadd(row, r);
             let src = fx.b.ins().imul_imm_s(row, d as i64);
-            let dst = fx.addr(qs, r, (d * 4) as i64);
-            copy_row(fx, a.q, q, src, dst, d, Some(scale_v));
+            let dst = fx.addr(qs, r, (d * 16) as i64);
+            if d.is_multiple_of(4) {
+                for j in (0..d).step_by(4) {
+                    let idx = fx.b.ins().iadd_imm_s(src, j as i64);
+                    let x = fx.load4_f32(a.q, q, idx);
+                    let x = fx.b.ins().fmul(x, scale_v);
+                    for l in 0..4u8 {
+                        let e = fx.b.ins().extractlane(x, l);
+                        let sv = fx.splat(e);
+                        fx.store(sv, dst, ((j + l as u64) * 16) as i32);
+                    }
+                }
+            } else {
+                let sc = fx.f32c(a.scale as f32);
+                for j in 0..d {
+                    let idx = fx.b.ins().iadd_imm_s(src, j as i64);
+                    let x = fx.load_f32(a.q, q, idx);
+                    let x = fx.b.ins().fmul(x, sc);
+                    let sv = fx.splat(x);
+                    fx.store(sv, dst, (j * 16) as i32);
+                }
+            }
             if let (Some(cp), Some(ct)) = (c, a.c) {
                 let cv = fx.load_f32(ct, cp, row);
                 let ca = fx.addr(cib, r, 4);
@@ -730,7 +752,7 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame) {
 
             // S = (scale Q) K^T, register blocks of 4 rows x 8 columns.
             fx.for_n(0, bmp as i64, 4, |fx, rb| {
-                let qrow = fx.addr(qs, rb, (d * 4) as i64);
+                let qrow = fx.addr(qs, rb, (d * 16) as i64);
                 let srow = fx.addr(sb, rb, (bnp * 4) as i64);
                 fx.for_n(0, bnp as i64, 8, |fx, cb| {
                     let ktc = fx.addr(kt, cb, 4);
@@ -739,8 +761,7 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame) {
                         let k0 = fx.load(F32X4, ktc, (j * bnp * 4) as i32);
                         let k1 = fx.load(F32X4, ktc, (j * bnp * 4 + 16) as i32);
                         for r in 0..4 {
-                            let qv = fx.load(F32, qrow, ((r * d + j) * 4) as i32);
-                            let qv = fx.splat(qv);
+                            let qv = fx.load(F32X4, qrow, ((r * d + j) * 16) as i32);
                             acc[2 * r as usize] = fx.fmadd(qv, k0, acc[2 * r as usize]);
                             acc[2 * r as usize + 1] = fx.fmadd(qv, k1, acc[2 * r as usize + 1]);
                         }
