@@ -17,7 +17,7 @@ fn compile(name: &str) -> Graph {
 }
 
 fn optimize(g: &Graph, prune: bool, rule: RuleArg) -> Graph {
-    let args = PruneArgs { no_prune: !prune, log_eps: -10.0, prune_rule: rule };
+    let args = PruneArgs { no_prune: !prune, log_eps: -10.0, prune_rule: rule, tiles: None };
     pipeline::optimize(g, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0
 }
 
@@ -147,4 +147,28 @@ fn unfused_graphs_are_refused_naming_the_op() {
     assert!(e.message.contains("cannot lower op `"), "{e}");
     let clif = cpu_backend::emit_clif(&optimize(&src, true, RuleArg::Paper), &shape("D=16")).unwrap();
     assert!(clif.contains("function %k") && clif.contains("pruned_decay_attention"), "{clif}");
+}
+
+/// `--tiles` reaches the CPU kernels: other tile shapes stay exact against the interpreter.
+#[test]
+fn other_tile_shapes() {
+    let src = compile("fox");
+    for (bm, bn) in [(32, 16), (16, 64), (48, 32)] {
+        let args = PruneArgs {
+            no_prune: false,
+            log_eps: -10.0,
+            prune_rule: RuleArg::Tight,
+            tiles: Some(foxc_ir::Tiles { bm, bn }),
+        };
+        let opt = pipeline::optimize(&src, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0;
+        let inputs = tensors::generate(&src, &shape("B=1,H=4,T=200,D=32"), bm as u64).unwrap();
+        let mut att_g = opt.clone();
+        let a = attention(&att_g);
+        att_g.output = Some(a);
+        att_g.remove_dead();
+        let got = cpu_backend::run(&att_g, &inputs).unwrap().out.to_f64_vec();
+        let want = interp::eval(&att_g, &tensors::to_interp(&inputs), &[a]).unwrap();
+        let e = rel_l2(&got, &want[&a].data);
+        assert!(e <= 1e-5, "tiles {bm}x{bn}: rel L2 {e:e}");
+    }
 }
