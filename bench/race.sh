@@ -19,5 +19,5 @@ for T in $TS; do
     "$FOXC" bench examples/fox.attn --backend cuda --shape "$shape" --seed 0 --iters 50 \
       --prune-rule "$rule" --format csv | sed "s/^/foxc-$rule,/" | tee -a "$OUTDIR/foxc.csv"
   done
-  python3 bench/peers.py "$in" 2>&1 | tee -a "$OUTDIR/peers.csv"
+  python3 bench/peers.py "$in" --no-dense-flex ${PEERS_FLAGS:---no-ref} 2>&1 | tee -a "$OUTDIR/peers.csv"
 done

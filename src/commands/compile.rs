@@ -59,7 +59,16 @@ pub fn compile(a: &CompileArgs) -> Result<(), Error> {
     match &a.o {
         Some(path) => std::fs::write(path, text)
             .map_err(|e| Error::user(format!("error: cannot write {}: {e}", path.display())))?,
-        None => print!("{text}"),
+        None => {
+            // A closed pipe (`foxc compile ... | head`) is not an error worth a panic.
+            use std::io::Write;
+            match std::io::stdout().lock().write_all(text.as_bytes()) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    return Err(Error::internal(format!("error: writing to stdout: {e}")))
+                }
+                _ => {}
+            }
+        }
     }
     Ok(())
 }
