@@ -243,3 +243,25 @@ fn every_kernel_assembles_with_ptxas() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `q * rsqrt(D)` (how the passes leave the softmax scale) folds into the attention and
+/// threshold scales: no kernel and no buffer for the product.
+#[test]
+fn scalar_scale_of_q_is_folded() {
+    let s = Span::default();
+    let mut g = Graph::new("causal");
+    let q = g.add_param("q", ValueType::tensor(DType::BF16, bhtd()), s);
+    let k = g.add_param("k", ValueType::tensor(DType::BF16, bhtd()), s);
+    let v = g.add_param("v", ValueType::tensor(DType::BF16, bhtd()), s);
+    let d = g.add(Op::DimSize(Dim::sym("D")), ValueType::scalar(DType::F32), &[], s);
+    let r = g.add(Op::Unary(foxc_ir::UnaryOp::Rsqrt), ValueType::scalar(DType::F32), &[d], s);
+    let qs = g.add(Op::Binary(foxc_ir::BinaryOp::Mul), ValueType::tensor(DType::F32, bhtd()), &[q, r], s);
+    let attn = AttnAttrs { scale: 1.0, has_decay: false, window: None };
+    let o = g.add(Op::DecayAttention(attn), ValueType::tensor(DType::F32, bhtd()), &[qs, k, v], s);
+    g.output = Some(o);
+    let a = compile(&g, &spec(NvptxTarget::Sm90a, 64)).expect("compiles");
+    assert_eq!(a.kernels.len(), 1, "{:?}", a.kernels.iter().map(|k| &k.name).collect::<Vec<_>>());
+    let Launch::Attention { cfg, .. } = &a.kernels[0].launch else { panic!("not attention") };
+    assert_eq!(cfg.scale, 0.125);
+    assert_eq!(a.kernels[0].args[0], KernelArg::Buffer(0), "attention reads q itself");
+}
