@@ -1,4 +1,6 @@
-//! placeholder
+//! foxc-codegen: the backends. [`cpu`] emits Cranelift machine code (JIT) for the fused ops;
+//! [`nvptx`] emits LLVM IR through inkwell and PTX through LLVM's NVPTX target. Both obey the
+//! IR's attributes (tiles, rule, threshold); neither depends on the runtime that runs them.
 
-pub mod nvptx;
 pub mod cpu;
+pub mod nvptx;
