@@ -20,6 +20,10 @@ fn tiles_ty(bm: u32) -> ValueType {
 /// The pruned FoX forward as the passes produce it: gate cumsum of logits, a data-bound paper
 /// threshold, block boundary, pruned attention, cast to bf16.
 fn fox_graph(rule: PruneRule, bound: NormBound) -> Graph {
+    fox_graph_out(rule, bound, DType::BF16)
+}
+
+fn fox_graph_out(rule: PruneRule, bound: NormBound, out_dtype: DType) -> Graph {
     let s = Span::default();
     let mut g = Graph::new("fox");
     g.dims = vec!["B".into(), "H".into(), "T".into(), "D".into()];
@@ -42,7 +46,7 @@ fn fox_graph(rule: PruneRule, bound: NormBound) -> Graph {
         &[q, k, v, c, start],
         s,
     );
-    let out = g.add(Op::Cast, ValueType::tensor(DType::BF16, bhtd()), &[o], s);
+    let out = g.add(Op::Cast, ValueType::tensor(out_dtype, bhtd()), &[o], s);
     g.output = Some(out);
     g
 }
@@ -77,12 +81,13 @@ fn fox_plan_has_one_kernel_per_node_and_no_boundary_launch() {
     let g = fox_graph(PruneRule::Paper, NormBound::Data);
     let a = compile(&g, &spec(NvptxTarget::Sm90a, 64)).expect("compiles");
     let names: Vec<&str> = a.kernels.iter().map(|k| k.name.as_str()).collect();
-    assert_eq!(names.len(), 5, "{names:?}");
+    // The output cast to bf16 is fused into the attention epilogue: no cast launch.
+    assert_eq!(names.len(), 4, "{names:?}");
     assert!(names[0].contains("gate_cumsum"), "{names:?}");
     assert!(names[1].contains("threshold_norms"), "{names:?}");
     assert!(names[2].contains("threshold_delta"), "{names:?}");
     assert!(names[3].starts_with("foxc_attn_fwd_d64_bm128_bn64") && names[3].contains("_prune"), "{names:?}");
-    assert!(names[4].contains("cast"), "{names:?}");
+    assert!(names[3].contains("_obf16_"), "{names:?}");
     for k in &a.kernels {
         assert!(a.ptx.contains(&format!(".entry {}", k.name)), "PTX lacks {}", k.name);
     }
@@ -113,13 +118,30 @@ fn fox_plan_has_one_kernel_per_node_and_no_boundary_launch() {
     assert_eq!(geo.grid.1, 6);
     assert_eq!(a.kernels[0].geometry(&bind).unwrap().grid, (6, 1, 1));
     assert_eq!(a.buffers[a.output].dtype, DType::BF16);
+    // The attention writes the graph output (the cast's buffer) directly.
+    assert!(matches!(&a.kernels[3].args[5], KernelArg::Buffer(b) if *b == a.output));
+    assert_eq!(a.buffers[a.output].kind, BufferKind::Value(g.output.unwrap()));
+    assert!(cfg.out_bf16);
+}
+
+/// A cast to anything but bf16 is not fused: the attention writes f32 and the cast kernel runs.
+#[test]
+fn cast_to_f16_is_not_fused() {
+    let g = fox_graph_out(PruneRule::Paper, NormBound::Data, DType::F16);
+    let a = compile(&g, &spec(NvptxTarget::Sm90a, 64)).expect("compiles");
+    let names: Vec<&str> = a.kernels.iter().map(|k| k.name.as_str()).collect();
+    assert_eq!(names.len(), 5, "{names:?}");
+    assert!(!names[3].contains("_obf16"), "{names:?}");
+    assert!(names[4].contains("cast"), "{names:?}");
+    let Launch::Attention { cfg, .. } = &a.kernels[3].launch else { panic!("not attention") };
+    assert!(!cfg.out_bf16);
 }
 
 #[test]
 fn static_tight_and_sm80() {
     let g = fox_graph(PruneRule::Tight, NormBound::Static { q_max: 8.0, k_max: 8.0 });
     let a = compile(&g, &spec(NvptxTarget::Sm80, 128)).expect("compiles");
-    assert_eq!(a.kernels.len(), 4);
+    assert_eq!(a.kernels.len(), 3);
     assert!(a.ptx.contains(".target sm_80"));
 }
 

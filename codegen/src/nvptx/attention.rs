@@ -27,7 +27,8 @@
 //! 3. `v`: bf16 `[BH, T, D]`
 //! 4. `c`: f32 `[BH, T]`, the gate cumsum (read only when `has_decay`; pass any valid pointer otherwise)
 //! 5. `delta`: f32 `[BH, Mt]`, `Mt = ceil(T / bm)`, per query tile (read only when `prune`)
-//! 6. `out`: **f32** `[BH, T, D]`
+//! 6. `out`: `[BH, T, D]`, **f32**, or **bf16** (round to nearest even) when `out_bf16` is set
+//!    (the backend sets it when the attention's only user is a cast to bf16, so no cast pass runs)
 //! 7. `lse`: f32 `[BH, T]`, natural-log log-sum-exp of the (kept) scores of each row
 //! 8. `T`: i32, the sequence length (any T >= 1; tails are masked)
 //!
@@ -68,6 +69,8 @@ pub struct AttnKernelConfig {
     pub dtype_in: AttnDtype,
     /// 80 or 90 (the same code; recorded for the kernel name).
     pub sm: u32,
+    /// Write O as bf16 instead of f32 (the output cast fused into the epilogue). The LSE stays f32.
+    pub out_bf16: bool,
 }
 
 impl AttnKernelConfig {
@@ -84,13 +87,14 @@ impl AttnKernelConfig {
             prune,
             dtype_in: AttnDtype::Bf16,
             sm: 90,
+            out_bf16: false,
         }
     }
 
     /// Kernel symbol name; distinct for every configuration so several fit in one module.
     pub fn kernel_name(&self) -> String {
         format!(
-            "foxc_attn_fwd_d{}_bm{}_bn{}{}{}{}{}_s{:08x}_sm{}",
+            "foxc_attn_fwd_d{}_bm{}_bn{}{}{}{}{}{}_s{:08x}_sm{}",
             self.head_dim,
             self.bm,
             self.bn,
@@ -101,6 +105,7 @@ impl AttnKernelConfig {
                 Some(w) => format!("_w{w}"),
                 None => String::new(),
             },
+            if self.out_bf16 { "_obf16" } else { "" },
             self.scale.to_bits(),
             self.sm
         )
@@ -729,7 +734,9 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         let qb = self.gep_g(i16t, q_p, mat_base)?;
         let kb = self.gep_g(i16t, k_p, mat_base)?;
         let vb = self.gep_g(i16t, v_p, mat_base)?;
-        let ob = self.gep_g(f32t.into(), out_p, mat_base)?;
+        // O element type: f32, or bf16 (stored as i16 bit patterns) with the cast fused.
+        let o_elt: BasicTypeEnum = if cfg.out_bf16 { i16t } else { f32t.into() };
+        let ob = self.gep_g(o_elt, out_p, mat_base)?;
         let cb = self.gep_g(f32t.into(), c_p, row_base)?;
         let lb = self.gep_g(f32t.into(), lse_p, row_base)?;
 
@@ -1155,15 +1162,21 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             self.b.position_at_end(st_bb);
             let rowoff = self.mulc(row_i[r], d)?;
             for dtile in 0..dt {
-                let mut vv = v2.get_undef();
-                for e in 0..2 {
-                    let x = self.fmul(o[dtile * 4 + 2 * r + e], inv[r])?;
-                    vv = self.b.build_insert_element(vv, x, self.ci(e as i64), "").map_err(be)?;
-                }
+                let x0 = self.fmul(o[dtile * 4 + 2 * r], inv[r])?;
+                let x1 = self.fmul(o[dtile * 4 + 2 * r + 1], inv[r])?;
                 let idx = self.add(rowoff, self.addc(t2, 8 * dtile as i64)?)?;
-                let p = self.gep_g(f32t.into(), ob, self.sext64(idx)?)?;
-                let st = self.b.build_store(p, vv).map_err(be)?;
-                st.set_alignment(8).map_err(|e| e.to_string())?;
+                let p = self.gep_g(o_elt, ob, self.sext64(idx)?)?;
+                if cfg.out_bf16 {
+                    // Two adjacent columns -> one b32 of bf16 (cvt.rn.bf16x2.f32), same addressing.
+                    let st = self.b.build_store(p, self.pack_bf16(x0, x1)?).map_err(be)?;
+                    st.set_alignment(4).map_err(|e| e.to_string())?;
+                } else {
+                    let mut vv = v2.get_undef();
+                    vv = self.b.build_insert_element(vv, x0, self.ci(0), "").map_err(be)?;
+                    vv = self.b.build_insert_element(vv, x1, self.ci(1), "").map_err(be)?;
+                    let st = self.b.build_store(p, vv).map_err(be)?;
+                    st.set_alignment(8).map_err(|e| e.to_string())?;
+                }
             }
             let t0 = self.icmp(IntPredicate::EQ, tq, self.ci(0))?;
             let lse_bb = self.ctx.append_basic_block(f, "lse");
@@ -1338,6 +1351,26 @@ mod tests {
         assert!(ir.contains("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"));
         assert!(ir.contains("llvm.nvvm.mma.m16n8k16.row.col.bf16"));
         assert!(ir.contains("llvm.nvvm.cp.async.cg.shared.global.16"));
+    }
+
+    #[test]
+    fn bf16_output_variant_coexists_and_packs_on_both_paths() {
+        let ctx = Context::create();
+        let m = ctx.create_module("t");
+        for sm in [90, 80] {
+            let mut cfg = AttnKernelConfig::new(64, true, true);
+            cfg.sm = sm;
+            let f32_name = build_attention_kernel(&ctx, &m, &cfg).unwrap().get_name().to_owned();
+            cfg.out_bf16 = true;
+            let f = build_attention_kernel(&ctx, &m, &cfg).unwrap();
+            assert_ne!(f.get_name(), f32_name.as_c_str());
+            assert!(cfg.kernel_name().contains("_obf16_"));
+            let ir = inkwell::values::AnyValue::print_to_string(&f).to_string();
+            // The epilogue stores packed bf16 pairs, no f32 pairs.
+            assert!(ir.contains("store i32"), "{sm}");
+            assert!(!ir.contains("store <2 x float>"), "{sm}");
+        }
+        assert!(m.verify().is_ok());
     }
 
     #[test]

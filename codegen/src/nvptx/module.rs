@@ -40,6 +40,7 @@ pub fn compile(g: &Graph, spec: &NvptxSpec) -> Result<NvptxArtifact, CodegenErro
         kernels: vec![],
         buf_of: BTreeMap::new(),
         scaled: BTreeMap::new(),
+        fused_cast: BTreeMap::new(),
     };
     let output = asm.run()?;
     let (llvm_ir, ptx) = target::finish(&module, &tm).map_err(CodegenError::Internal)?;
@@ -63,6 +64,9 @@ struct Assembler<'a, 'ctx> {
     buf_of: BTreeMap<ValueId, usize>,
     /// Values `x * s` folded into their consumers: value -> (x, s).
     scaled: BTreeMap<ValueId, (ValueId, f64)>,
+    /// Attention nodes whose bf16 output cast is fused into the kernel's epilogue: attention ->
+    /// cast. The cast launches nothing and shares the attention's (bf16) buffer.
+    fused_cast: BTreeMap<ValueId, ValueId>,
 }
 
 fn user(msg: impl Into<String>) -> CodegenError {
@@ -224,6 +228,19 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         }
     }
 
+    /// The cast to bf16 that is the only user of attention node `n` (f32, not the graph output),
+    /// if any: the attention kernel can then write bf16 itself and the cast kernel disappears.
+    fn fusable_output_cast(&self, n: ValueId, out: ValueId) -> Option<ValueId> {
+        if n == out || self.ty(n).dtype != DType::F32 {
+            return None;
+        }
+        let [u] = self.g.users(n)[..] else { return None };
+        let ok = matches!(self.g.op(u), Op::Cast)
+            && self.ty(u).dtype == DType::BF16
+            && self.ty(u).dims().eq(self.ty(n).dims());
+        ok.then_some(u)
+    }
+
     /// Operand 0 of a threshold or attention node, with any folded scale: (value, factor).
     fn resolve_q(&self, q: ValueId) -> (ValueId, f64) {
         self.scaled.get(&q).copied().unwrap_or((q, 1.0))
@@ -286,7 +303,25 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 return Err(CodegenError::Unsupported { op: other.mnemonic().to_string(), node: n.index() })
             }
         }
-        let res = self.add_buffer(node.ty.dtype, &node.ty, BufferKind::Value(n));
+        if self.fused_cast.values().any(|&c| c == n) {
+            // Written in bf16 by its attention kernel's epilogue (buffer assigned there).
+            return Ok(());
+        }
+        let fused = match &node.op {
+            Op::DecayAttention(_) | Op::PrunedDecayAttention { .. } => self.fusable_output_cast(n, out),
+            _ => None,
+        };
+        let res = match fused {
+            Some(c) => {
+                // The attention writes straight into the cast's buffer; both values map to it.
+                let cty = &g.node(c).ty;
+                let res = self.add_buffer(cty.dtype, cty, BufferKind::Value(c));
+                self.buf_of.insert(c, res);
+                self.fused_cast.insert(n, c);
+                res
+            }
+            None => self.add_buffer(node.ty.dtype, &node.ty, BufferKind::Value(n)),
+        };
         self.buf_of.insert(n, res);
         let arity_ok = node.op.arity().is_none_or(|a| a == ops.len());
         if !arity_ok {
@@ -503,6 +538,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         let mut cfg = AttnKernelConfig::new(d, a.has_decay, tiles.is_some());
         cfg.scale = (a.scale * qs) as f32;
         cfg.sm = self.spec.target.sm();
+        cfg.out_bf16 = self.fused_cast.contains_key(&n);
         cfg.window = match a.window {
             Some(w) => Some(u32::try_from(w).map_err(|_| user(format!("window {w} is too large")))?),
             None => None,
