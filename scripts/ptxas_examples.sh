@@ -15,7 +15,7 @@ for f in examples/*.attn; do
     for d in 64 128; do
       ptx="$out/$name.$target.d$d.ptx"
       if ! "$FOXC" compile "$f" --emit ptx --target "$target" --shape "D=$d" -o "$ptx" 2>"$out/err"; then
-        case "$name" in refuse_*) echo "skip: $name is refused by the passes (no fused kernel to emit)"; continue 2;; esac
+        case "$name" in refuse_*) echo "skip: $name (not pruned by the passes; GPU backend: $(head -n 1 "$out/err"))"; continue 2;; esac
         echo "FAIL: foxc could not emit PTX for $f ($target, D=$d):"; cat "$out/err"; exit 1
       fi
       "$PTXAS" -arch="$target" -v "$ptx" -o "$out/a.cubin" 2>"$out/ptxas.log" || { echo "FAIL: ptxas $ptx"; cat "$out/ptxas.log"; exit 1; }

@@ -75,11 +75,13 @@ pub fn run(a: &RunArgs) -> Result<(), Error> {
     };
     let flops = stats.as_ref().map(|s| s.kept_flops).unwrap_or(0.0);
     if flops > 0.0 {
-        println!(
-            "  time: {ms:.3} ms{extra}; kept work {:.3} GFLOP -> {:.2} GFLOP/s",
-            flops / 1e9,
-            flops / ms / 1e6
-        );
+        let gflops = flops / ms / 1e6;
+        let rate = if gflops >= 1e3 {
+            format!("{:.1} TFLOP/s", gflops / 1e3)
+        } else {
+            format!("{gflops:.2} GFLOP/s")
+        };
+        println!("  time: {ms:.3} ms{extra}; kept work {:.3} GFLOP -> {rate}", flops / 1e9);
     } else {
         println!("  time: {ms:.3} ms{extra}");
     }
