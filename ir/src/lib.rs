@@ -7,6 +7,7 @@
 pub mod ast;
 pub mod check;
 pub mod diag;
+pub mod fold;
 pub mod frontend;
 pub mod graph;
 pub mod interp;

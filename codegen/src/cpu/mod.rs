@@ -20,7 +20,7 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::FunctionBuilderContext;
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, FuncId, Linkage, Module};
-use foxc_ir::{BinaryOp, DType, Dim, Graph, Op, UnaryOp, ValueId};
+use foxc_ir::{BinaryOp, DType, Dim, Graph, Op, ValueId};
 use kernels::{AttnKernel, Kind};
 use std::collections::{BTreeMap, HashMap};
 
@@ -216,7 +216,7 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
         }
         let op = g.op(n);
         if g.ty(n).rank() == 0 {
-            if let Some(c) = fold_scalar(g, n, op, dims, &consts) {
+            if let Some(c) = foxc_ir::fold::scalar_value(g, n, dims) {
                 consts.insert(n, c);
                 continue;
             }
@@ -414,49 +414,6 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
         specs.push(Spec { node: n, name: format!("k{v}_{}", op.mnemonic()), kind });
     }
     Ok(specs)
-}
-
-/// The value of a scalar node whose operands are all folded constants.
-fn fold_scalar(
-    g: &Graph,
-    n: ValueId,
-    op: &Op,
-    dims: &BTreeMap<String, u64>,
-    consts: &HashMap<ValueId, f64>,
-) -> Option<f64> {
-    let ops = g.operands(n);
-    let arg = |k: usize| ops.get(k).and_then(|o| consts.get(o)).copied();
-    Some(match op {
-        Op::Const(c) => *c,
-        Op::DimSize(d) => d.eval(&|s| dims.get(s).copied())? as f64,
-        Op::Unary(u) => {
-            let x = arg(0)?;
-            match u {
-                UnaryOp::Neg => -x,
-                UnaryOp::Exp => x.exp(),
-                UnaryOp::Log => x.ln(),
-                UnaryOp::Sqrt => x.sqrt(),
-                UnaryOp::Rsqrt => 1.0 / x.sqrt(),
-                UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-                UnaryOp::LogSigmoid => x.min(0.0) - (-x.abs()).exp().ln_1p(),
-                UnaryOp::Softplus => x.max(0.0) + (-x.abs()).exp().ln_1p(),
-                UnaryOp::Relu => x.max(0.0),
-            }
-        }
-        Op::Binary(b) => {
-            let (x, y) = (arg(0)?, arg(1)?);
-            match b {
-                BinaryOp::Add => x + y,
-                BinaryOp::Sub => x - y,
-                BinaryOp::Mul => x * y,
-                BinaryOp::Div => x / y,
-                BinaryOp::Min => x.min(y),
-                BinaryOp::Max => x.max(y),
-                _ => return None,
-            }
-        }
-        _ => return None,
-    })
 }
 
 extern "C" fn foxc_log1p_exp_neg_abs(z: f64) -> f64 {

@@ -7,9 +7,7 @@ use super::target;
 use super::{
     BufferInfo, BufferKind, CodegenError, GridDim, KernelArg, KernelInfo, Launch, NvptxArtifact, NvptxSpec,
 };
-use foxc_ir::{
-    AttnAttrs, BinaryOp, DType, Dim, GateKind, Graph, NormBound, Op, Tiles, UnaryOp, ValueId, ValueType,
-};
+use foxc_ir::{AttnAttrs, BinaryOp, DType, Dim, GateKind, Graph, NormBound, Op, Tiles, ValueId, ValueType};
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::FunctionValue;
@@ -169,43 +167,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
 
     /// The value of a rank-0 node computable at compile time (`1 / sqrt(D)` and the like).
     fn scalar(&self, v: ValueId) -> Option<f64> {
-        let node = self.g.node(v);
-        if node.ty.rank() != 0 {
-            return None;
-        }
-        let ops = self.g.operands(v);
-        let arg = |i: usize| ops.get(i).and_then(|&o| self.scalar(o));
-        Some(match &node.op {
-            Op::Const(c) => *c,
-            Op::DimSize(d) => d.eval(&|s| self.spec.dims.get(s).copied())? as f64,
-            Op::Unary(u) => {
-                let x = arg(0)?;
-                match u {
-                    UnaryOp::Neg => -x,
-                    UnaryOp::Exp => x.exp(),
-                    UnaryOp::Log => x.ln(),
-                    UnaryOp::Sqrt => x.sqrt(),
-                    UnaryOp::Rsqrt => 1.0 / x.sqrt(),
-                    UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-                    UnaryOp::LogSigmoid => x.min(0.0) - (-x.abs()).exp().ln_1p(),
-                    UnaryOp::Softplus => x.max(0.0) + (-x.abs()).exp().ln_1p(),
-                    UnaryOp::Relu => x.max(0.0),
-                }
-            }
-            Op::Binary(b) => {
-                let (x, y) = (arg(0)?, arg(1)?);
-                match b {
-                    BinaryOp::Add => x + y,
-                    BinaryOp::Sub => x - y,
-                    BinaryOp::Mul => x * y,
-                    BinaryOp::Div => x / y,
-                    BinaryOp::Min => x.min(y),
-                    BinaryOp::Max => x.max(y),
-                    _ => return None,
-                }
-            }
-            _ => return None,
-        })
+        foxc_ir::fold::scalar_value(self.g, v, &self.spec.dims)
     }
 
     /// `x * s` or `x / s` with a compile-time scalar `s`: (x, s).
