@@ -1,6 +1,7 @@
 //! Timing of the CPU kernels on the workload (B=1, H=8, T=4096, D=64, bf16), pruned vs
 //! dense. Not a test of correctness: run with
 //! `cargo test -p foxc-codegen --test cpu_bench -- --ignored --nocapture`.
+//! The plain triple loop beside it is `foxc bench --backend cpu --naive` (src/cpu_backend.rs).
 
 mod cpu_common;
 
@@ -98,11 +99,6 @@ fn bench_fox_cpu() {
         );
         times.push((med, kept));
     }
-    if std::env::var_os("FOXC_NAIVE").is_some() {
-        let ms = naive_ms(&inp, b, h, t, d);
-        let dense_flops = 4.0 * (b * h) as f64 * d as f64 * (t as f64 * (t as f64 + 1.0) / 2.0);
-        println!("naive f32 triple loop (1 thread): {ms:.1} ms, {:.2} GFLOP/s", dense_flops / ms / 1e6);
-    }
     let (dense, _) = times[0];
     let (pr, kept) = times[1];
     println!(
@@ -110,47 +106,4 @@ fn bench_fox_cpu() {
         pr / dense,
         pr / dense / kept
     );
-}
-
-/// The plain Rust triple loop of `foxc::cpu_backend::naive_reference_ms`, single thread, f32.
-fn naive_ms(inp: &HashMap<String, Tensor>, b: usize, h: usize, t: usize, d: usize) -> f64 {
-    let (q, k, v, z) = (&inp["q"].vals, &inp["k"].vals, &inp["v"].vals, &inp["fgate"].vals);
-    let t0 = Instant::now();
-    let scale = 1.0 / (d as f32).sqrt();
-    let mut out = vec![0f32; b * h * t * d];
-    let mut c = vec![0f32; t];
-    let mut s = vec![0f32; t];
-    for bh in 0..b * h {
-        let mut acc = 0f32;
-        for (tt, cv) in c.iter_mut().enumerate() {
-            let x = z[bh * t + tt];
-            acc += (x.min(0.0) - (-x.abs()).exp().ln_1p()).max(-100.0);
-            *cv = acc;
-        }
-        for i in 0..t {
-            let qi = &q[(bh * t + i) * d..(bh * t + i + 1) * d];
-            let mut mx = f32::NEG_INFINITY;
-            for j in 0..=i {
-                let kj = &k[(bh * t + j) * d..(bh * t + j + 1) * d];
-                let dot: f32 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
-                s[j] = scale * dot + c[i] - c[j];
-                mx = mx.max(s[j]);
-            }
-            let mut l = 0f32;
-            for sj in s.iter_mut().take(i + 1) {
-                *sj = (*sj - mx).exp();
-                l += *sj;
-            }
-            let o = &mut out[(bh * t + i) * d..(bh * t + i + 1) * d];
-            for (j, sj) in s.iter().enumerate().take(i + 1) {
-                let p = sj / l;
-                let vj = &v[(bh * t + j) * d..(bh * t + j + 1) * d];
-                for (oe, ve) in o.iter_mut().zip(vj) {
-                    *oe += p * ve;
-                }
-            }
-        }
-    }
-    std::hint::black_box(&out);
-    t0.elapsed().as_secs_f64() * 1e3
 }
