@@ -39,6 +39,7 @@
 //! `bn` a multiple of 16 up to 128, bf16 inputs, sm_80 (mma.sync) and sm_90 (wgmma when bm = 64;
 //! the PTX then needs `sm_90a`). Measured on the H200: docs/GPU_KERNEL.md.
 
+use super::llvm_util::{be, call_declared};
 use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
@@ -207,10 +208,6 @@ const LN2: f64 = std::f64::consts::LN_2;
 /// The kernel calling convention (`ptx_kernel`) of the NVPTX backend.
 const PTX_KERNEL_CC: u32 = 71;
 
-fn be(e: inkwell::builder::BuilderError) -> String {
-    format!("LLVM builder: {e}")
-}
-
 struct Gen<'a, 'ctx> {
     ctx: &'ctx Context,
     module: &'a Module<'ctx>,
@@ -260,23 +257,7 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         ret: Option<BasicTypeEnum<'ctx>>,
         args: &[BasicValueEnum<'ctx>],
     ) -> Result<Option<BasicValueEnum<'ctx>>, String> {
-        let f = match self.module.get_function(name) {
-            Some(f) => f,
-            None => {
-                let params: Vec<BasicMetadataTypeEnum> = args.iter().map(|a| a.get_type().into()).collect();
-                let ty = match ret {
-                    Some(r) => r.fn_type(&params, false),
-                    None => self.ctx.void_type().fn_type(&params, false),
-                };
-                self.module.add_function(name, ty, None)
-            }
-        };
-        let margs: Vec<BasicMetadataValueEnum> = args.iter().map(|a| (*a).into()).collect();
-        let cs = self.b.build_call(f, &margs, "").map_err(be)?;
-        Ok(match cs.try_as_basic_value() {
-            inkwell::values::ValueKind::Basic(v) => Some(v),
-            _ => None,
-        })
+        call_declared(self.ctx, self.module, &self.b, name, ret, args)
     }
     fn call_i(&self, name: &str, args: &[BasicValueEnum<'ctx>]) -> Result<IntValue<'ctx>, String> {
         let r = self.call(name, Some(self.i32t().into()), args)?;

@@ -6,13 +6,12 @@
 //! Parameter lists are documented on each `build_*` function; the launch geometry that goes
 //! with each kernel lives in [`super::module`].
 
+use super::llvm_util::{be, call_declared};
 use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
-use inkwell::types::{BasicMetadataTypeEnum, BasicType, BasicTypeEnum, FloatType};
-use inkwell::values::{
-    BasicMetadataValueEnum, BasicValueEnum, FloatValue, FunctionValue, GlobalValue, IntValue, PointerValue,
-};
+use inkwell::types::{BasicMetadataTypeEnum, BasicTypeEnum, FloatType};
+use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, GlobalValue, IntValue, PointerValue};
 use inkwell::{AddressSpace, AtomicOrdering, AtomicRMWBinOp, FloatPredicate, IntPredicate};
 
 use foxc_ir::{DType, GateKind, PruneRule, LOG_F_FLOOR};
@@ -29,10 +28,6 @@ pub const ROW_THREADS: u32 = 128;
 pub const NORM_ROWS_PER_BLOCK: u32 = 32;
 
 type R<T> = Result<T, String>;
-
-fn be(e: inkwell::builder::BuilderError) -> String {
-    format!("LLVM builder: {e}")
-}
 
 /// A tiny kernel-writing kit over an inkwell builder: thread indices, loops, warp shuffles.
 pub(crate) struct Kb<'a, 'ctx> {
@@ -103,23 +98,7 @@ impl<'a, 'ctx> Kb<'a, 'ctx> {
         ret: Option<BasicTypeEnum<'ctx>>,
         args: &[BasicValueEnum<'ctx>],
     ) -> R<Option<BasicValueEnum<'ctx>>> {
-        let f = match self.module.get_function(name) {
-            Some(f) => f,
-            None => {
-                let ps: Vec<BasicMetadataTypeEnum> = args.iter().map(|a| a.get_type().into()).collect();
-                let ty = match ret {
-                    Some(r) => r.fn_type(&ps, false),
-                    None => self.ctx.void_type().fn_type(&ps, false),
-                };
-                self.module.add_function(name, ty, None)
-            }
-        };
-        let margs: Vec<BasicMetadataValueEnum> = args.iter().map(|a| (*a).into()).collect();
-        let cs = self.b.build_call(f, &margs, "").map_err(be)?;
-        Ok(match cs.try_as_basic_value() {
-            inkwell::values::ValueKind::Basic(v) => Some(v),
-            _ => None,
-        })
+        call_declared(self.ctx, self.module, &self.b, name, ret, args)
     }
     fn call_f(&self, name: &str, args: &[BasicValueEnum<'ctx>]) -> R<FloatValue<'ctx>> {
         let r = self.call(name, Some(self.f32t().into()), args)?;

@@ -17,6 +17,7 @@
 
 pub mod attention;
 pub mod kernels;
+mod llvm_util;
 pub mod module;
 pub mod target;
 
