@@ -20,6 +20,10 @@ pub fn unary(u: UnaryOp, x: f64) -> f64 {
         UnaryOp::LogSigmoid => x.min(0.0) - (-x.abs()).exp().ln_1p(),
         UnaryOp::Softplus => x.max(0.0) + (-x.abs()).exp().ln_1p(),
         UnaryOp::Relu => x.max(0.0),
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Abs => x.abs(),
+        UnaryOp::Exp2 => x.exp2(),
+        UnaryOp::Log2 => x.log2(),
     }
 }
 

@@ -38,7 +38,7 @@ use std::collections::{HashMap, HashSet};
 /// Epsilon of `rmsnorm` in the DSL.
 pub const RMSNORM_EPS: f64 = 1e-6;
 
-const UNARY_FUNCS: [(&str, UnaryOp); 8] = [
+const UNARY_FUNCS: [(&str, UnaryOp); 12] = [
     ("exp", UnaryOp::Exp),
     ("log", UnaryOp::Log),
     ("sqrt", UnaryOp::Sqrt),
@@ -47,12 +47,20 @@ const UNARY_FUNCS: [(&str, UnaryOp); 8] = [
     ("logsigmoid", UnaryOp::LogSigmoid),
     ("softplus", UnaryOp::Softplus),
     ("relu", UnaryOp::Relu),
+    ("tanh", UnaryOp::Tanh),
+    ("abs", UnaryOp::Abs),
+    ("exp2", UnaryOp::Exp2),
+    ("log2", UnaryOp::Log2),
 ];
 
 /// Every function name, for "did you mean" hints.
-const ALL_FUNCS: [&str; 17] = [
+const ALL_FUNCS: [&str; 21] = [
     "exp",
     "log",
+    "tanh",
+    "abs",
+    "exp2",
+    "log2",
     "sqrt",
     "rsqrt",
     "sigmoid",

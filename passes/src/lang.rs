@@ -63,6 +63,10 @@ define_language! {
         "logsigmoid" = LogSigmoid(Id),
         "softplus" = Softplus(Id),
         "relu" = Relu(Id),
+        "tanh" = Tanh(Id),
+        "abs" = Abs(Id),
+        "exp2" = Exp2(Id),
+        "log2" = Log2(Id),
         "min" = Min([Id; 2]),
         "max" = Max([Id; 2]),
         "<" = Lt([Id; 2]),
@@ -231,6 +235,31 @@ impl Analysis<Attn> for AttnAnalysis {
                 (union(&[*a]), (nan_lo(softplus(iv(a).0)).max(0.0), nan_hi(softplus(iv(a).1))))
             }
             Attn::Relu(a) => (union(&[*a]), (iv(a).0.max(0.0), iv(a).1.max(0.0))),
+            Attn::Tanh(a) => {
+                konst = k(a).map(f64::tanh);
+                (union(&[*a]), (nan_lo(iv(a).0.tanh()), nan_hi(iv(a).1.tanh())))
+            }
+            Attn::Abs(a) => {
+                konst = k(a).map(f64::abs);
+                let (lo, hi) = iv(a);
+                let r = if lo >= 0.0 {
+                    (lo, hi)
+                } else if hi <= 0.0 {
+                    (-hi, -lo)
+                } else {
+                    (0.0, nan_hi((-lo).max(hi)))
+                };
+                (union(&[*a]), r)
+            }
+            Attn::Exp2(a) => {
+                konst = k(a).map(f64::exp2);
+                (union(&[*a]), (nan_lo(iv(a).0.exp2()), nan_hi(iv(a).1.exp2())))
+            }
+            Attn::Log2(a) => {
+                konst = k(a).filter(|x| *x >= 0.0).map(f64::log2);
+                let (lo, hi) = iv(a);
+                (union(&[*a]), if lo >= 0.0 { (lo.log2(), hi.log2()) } else { FULL })
+            }
             Attn::Min([a, b]) => {
                 konst = k(a).zip(k(b)).map(|(x, y)| x.min(y));
                 (union(&[*a, *b]), (iv(a).0.min(iv(b).0), iv(a).1.min(iv(b).1)))

@@ -161,6 +161,10 @@ impl<'a> Builder<'a> {
                     UnaryOp::LogSigmoid => Attn::LogSigmoid(x),
                     UnaryOp::Softplus => Attn::Softplus(x),
                     UnaryOp::Relu => Attn::Relu(x),
+                    UnaryOp::Tanh => Attn::Tanh(x),
+                    UnaryOp::Abs => Attn::Abs(x),
+                    UnaryOp::Exp2 => Attn::Exp2(x),
+                    UnaryOp::Log2 => Attn::Log2(x),
                 };
                 self.add(e, span)
             }
@@ -528,10 +532,20 @@ impl Emit<'_, '_> {
                 let x = self.emit(*x)?;
                 self.node(un(u), &[x], span)?
             }
-            Attn::LogSigmoid(x) | Attn::Softplus(x) | Attn::Relu(x) => {
+            Attn::LogSigmoid(x)
+            | Attn::Softplus(x)
+            | Attn::Relu(x)
+            | Attn::Tanh(x)
+            | Attn::Abs(x)
+            | Attn::Exp2(x)
+            | Attn::Log2(x) => {
                 let u = match &n {
                     Attn::LogSigmoid(_) => UnaryOp::LogSigmoid,
                     Attn::Softplus(_) => UnaryOp::Softplus,
+                    Attn::Tanh(_) => UnaryOp::Tanh,
+                    Attn::Abs(_) => UnaryOp::Abs,
+                    Attn::Exp2(_) => UnaryOp::Exp2,
+                    Attn::Log2(_) => UnaryOp::Log2,
                     _ => UnaryOp::Relu,
                 };
                 let x = self.emit(*x)?;
