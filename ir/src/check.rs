@@ -201,6 +201,10 @@ pub fn infer(op: &Op, ops: &[&ValueType]) -> Result<Option<ValueType>, String> {
             }
             Some(attn)
         }
+        // Result 0; [`crate::attention::Attention::result_types`] gives both.
+        Op::Attention(a) => Some(a.result_types(ops)?.remove(0)),
+        // dq; [`crate::attention::Attention::backward_result_types`] gives them all.
+        Op::AttentionBackward(a) => Some(a.backward_result_types(ops)?.remove(0)),
         Op::PrunedDecayAttention { attn: a, tiles } => {
             let (q, k, v, c, start) = (ops[0], ops[1], ops[2], ops[3], ops[4]);
             let attn = attn_common(q, k, v)?;

@@ -1,8 +1,13 @@
 //! The graph IR: a petgraph DAG of typed ops.
 //!
-//! Nodes are values (an op, its result type, the source span it came from, and an optional
-//! name from the DSL). Edge `src -> dst` with weight `k` says that `src` is operand `k` of
-//! `dst`. A graph has ordered tensor parameters and exactly one output.
+//! Nodes are values (an op, its result types, the source span it came from, and an optional
+//! name from the DSL). Most ops have one result; a few (attention: `out`, `lse`) have more.
+//! Edge `src -> dst` with weight [`Use`] `{ pos: k, result: r }` says that result `r` of `src`
+//! is operand `k` of `dst`. A graph has ordered tensor parameters and exactly one output.
+//!
+//! Single-result code never sees results: a [`ValueId`] names a node and, where a value is
+//! meant, its result 0 (`ty`, `add`, `operands`, `users`). Results above 0 go through
+//! [`Value`] and the `*_results` / `result_*` functions.
 
 use crate::ops::Op;
 use crate::types::{Span, ValueType};
@@ -12,11 +17,41 @@ use petgraph::Direction;
 
 pub use petgraph::stable_graph::NodeIndex as ValueId;
 
-/// One value of the graph.
+/// One result of a node: `%5` is `Value { node: 5, result: 0 }`, `%5#1` its second result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Value {
+    pub node: ValueId,
+    pub result: u32,
+}
+
+impl Value {
+    /// Result 0 of `node`.
+    pub fn of(node: ValueId) -> Value {
+        Value { node, result: 0 }
+    }
+}
+
+impl From<ValueId> for Value {
+    fn from(node: ValueId) -> Value {
+        Value::of(node)
+    }
+}
+
+/// The weight of an edge: result `result` of the source is operand `pos` of the target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Use {
+    pub pos: u32,
+    pub result: u32,
+}
+
+/// One node of the graph.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
     pub op: Op,
+    /// The type of result 0.
     pub ty: ValueType,
+    /// The types of results 1, 2, ... (empty for single-result ops).
+    pub more: Vec<ValueType>,
     /// Where in the source this value came from (for diagnostics and `--explain`).
     pub span: Span,
     /// The DSL name of a statement result (`c`, `s`, `out`), if it is one.
@@ -36,7 +71,7 @@ pub struct Param {
 #[derive(Clone, Debug)]
 pub struct Graph {
     pub name: String,
-    pub g: StableDiGraph<Node, u32>,
+    pub g: StableDiGraph<Node, Use>,
     pub params: Vec<Param>,
     pub output: Option<ValueId>,
     /// Symbolic dimension names in order of first appearance in the signature.
@@ -48,11 +83,19 @@ impl Graph {
         Graph { name: name.to_string(), g: StableDiGraph::new(), params: vec![], output: None, dims: vec![] }
     }
 
-    /// Add a value computed by `op` from `operands`.
+    /// Add a value computed by `op` from `operands` (result 0 of each).
     pub fn add(&mut self, op: Op, ty: ValueType, operands: &[ValueId], span: Span) -> ValueId {
-        let id = self.g.add_node(Node { op, ty, span, name: None });
-        for (k, &o) in operands.iter().enumerate() {
-            self.g.add_edge(o, id, k as u32);
+        let ops: Vec<Value> = operands.iter().map(|&o| Value::of(o)).collect();
+        self.add_multi(op, vec![ty], &ops, span)
+    }
+
+    /// Add a node with the result types `tys` (at least one) computed from `operands`.
+    pub fn add_multi(&mut self, op: Op, tys: Vec<ValueType>, operands: &[Value], span: Span) -> ValueId {
+        let mut tys = tys.into_iter();
+        let ty = tys.next().expect("a node has at least one result");
+        let id = self.g.add_node(Node { op, ty, more: tys.collect(), span, name: None });
+        for (k, o) in operands.iter().enumerate() {
+            self.g.add_edge(o.node, id, Use { pos: k as u32, result: o.result });
         }
         id
     }
@@ -88,10 +131,44 @@ impl Graph {
         &self.g[id].ty
     }
 
-    /// Operands of `id` in order.
+    /// The number of results of node `id`.
+    pub fn result_count(&self, id: ValueId) -> usize {
+        1 + self.g[id].more.len()
+    }
+
+    /// The type of result `r` of node `id` (`None` if it has no such result).
+    pub fn result_ty(&self, id: ValueId, r: u32) -> Option<&ValueType> {
+        let n = &self.g[id];
+        match r {
+            0 => Some(&n.ty),
+            r => n.more.get(r as usize - 1),
+        }
+    }
+
+    /// The type of value `v`. Panics if the result does not exist (the verifier rules it out).
+    pub fn value_ty(&self, v: Value) -> &ValueType {
+        self.result_ty(v.node, v.result).expect("result index in range")
+    }
+
+    /// The types of all results of `id`, in order.
+    pub fn result_types(&self, id: ValueId) -> Vec<&ValueType> {
+        let n = &self.g[id];
+        std::iter::once(&n.ty).chain(n.more.iter()).collect()
+    }
+
+    /// Operands of `id` in order, as the nodes that produce them (see [`Graph::operand_values`]
+    /// for which result).
     pub fn operands(&self, id: ValueId) -> Vec<ValueId> {
-        let mut es: Vec<(u32, ValueId)> =
-            self.g.edges_directed(id, Direction::Incoming).map(|e| (*e.weight(), e.source())).collect();
+        self.operand_values(id).into_iter().map(|v| v.node).collect()
+    }
+
+    /// Operands of `id` in order, with the result of each.
+    pub fn operand_values(&self, id: ValueId) -> Vec<Value> {
+        let mut es: Vec<(u32, Value)> = self
+            .g
+            .edges_directed(id, Direction::Incoming)
+            .map(|e| (e.weight().pos, Value { node: e.source(), result: e.weight().result }))
+            .collect();
         es.sort_by_key(|(k, _)| *k);
         es.into_iter().map(|(_, s)| s).collect()
     }
@@ -104,19 +181,37 @@ impl Graph {
         u
     }
 
-    /// Replace every use of `old` by `new` (the output too).
+    /// Replace every use of every result of `old` by the same result of `new` (the output
+    /// too). `new` must have at least the results of `old` that are used.
     pub fn replace_all_uses(&mut self, old: ValueId, new: ValueId) {
-        let uses: Vec<(petgraph::stable_graph::EdgeIndex, ValueId, u32)> = self
+        let uses: Vec<(petgraph::stable_graph::EdgeIndex, ValueId, Use)> = self
             .g
             .edges_directed(old, Direction::Outgoing)
             .map(|e| (e.id(), e.target(), *e.weight()))
             .collect();
-        for (e, dst, k) in uses {
+        for (e, dst, w) in uses {
             self.g.remove_edge(e);
-            self.g.add_edge(new, dst, k);
+            self.g.add_edge(new, dst, w);
         }
         if self.output == Some(old) {
             self.output = Some(new);
+        }
+    }
+
+    /// Replace every use of value `old` by value `new` (the output only if both are result 0).
+    pub fn replace_value_uses(&mut self, old: Value, new: Value) {
+        let uses: Vec<(petgraph::stable_graph::EdgeIndex, ValueId, Use)> = self
+            .g
+            .edges_directed(old.node, Direction::Outgoing)
+            .filter(|e| e.weight().result == old.result)
+            .map(|e| (e.id(), e.target(), *e.weight()))
+            .collect();
+        for (e, dst, w) in uses {
+            self.g.remove_edge(e);
+            self.g.add_edge(new.node, dst, Use { pos: w.pos, result: new.result });
+        }
+        if old.result == 0 && new.result == 0 && self.output == Some(old.node) {
+            self.output = Some(new.node);
         }
     }
 

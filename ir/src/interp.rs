@@ -242,10 +242,6 @@ fn unary(u: UnaryOp, x: f64) -> f64 {
                 x.max(0.0)
             }
         }
-        UnaryOp::Tanh => x.tanh(),
-        UnaryOp::Abs => x.abs(),
-        UnaryOp::Exp2 => x.exp2(),
-        UnaryOp::Log2 => x.log2(),
     }
 }
 
@@ -666,6 +662,7 @@ impl<'a> Evaluator<'a> {
                 let (d, _) = self.attention(id, &ops, attrs, None)?;
                 mk(d)
             }
+            Op::Attention(_) => return Err(self.err(id, "the generic attention is not evaluated yet")),
             Op::PrunedDecayAttention { attn, tiles } => {
                 let (d, stats) = self.attention(id, &ops, attn, Some(*tiles))?;
                 if let Some(s) = stats {

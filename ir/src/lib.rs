@@ -5,11 +5,14 @@
 //! verified graph in f64 and is the oracle of every test.
 
 pub mod ast;
+pub mod attention;
+mod attention_check;
 pub mod check;
 pub mod diag;
 pub mod fold;
 pub mod frontend;
 pub mod graph;
+pub mod index;
 pub mod interp;
 pub mod lexer;
 pub mod lower;
@@ -20,6 +23,6 @@ pub mod shapes;
 pub mod types;
 pub mod verify;
 
-pub use graph::{Graph, Node, Param, ValueId};
+pub use graph::{Graph, Node, Param, Use, Value, ValueId};
 pub use ops::*;
 pub use types::*;

@@ -4,6 +4,9 @@
 //! the incoming edge whose weight is `k`. Elementwise ops broadcast by axis *name*.
 
 use crate::types::{DType, Dim};
+pub use crate::attention::{
+    AttnOperands, Attention, IndexVar, Mask, Prune, RId, RNode, Region, Scale, ScoreBound,
+};
 use std::fmt;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -19,12 +22,6 @@ pub enum UnaryOp {
     /// `log(1 + exp(x))`, computed stably.
     Softplus,
     Relu,
-    Tanh,
-    Abs,
-    /// `2^x`.
-    Exp2,
-    /// `log2(x)` (`-inf` at 0, NaN below).
-    Log2,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -195,6 +192,11 @@ pub enum Op {
         attn: AttnAttrs,
         tiles: Tiles,
     },
+    /// The generic fused attention ([`Attention`], docs/SEMANTICS.md "attention"). Operands
+    /// q, k, v, then c if `decay`, start or delta if pruned, then the captured tensors (read
+    /// them through [`Attention::operands`]). Results: `out` `[B, H, T, Dv]` in `out_dtype`
+    /// and `lse` f32 `[B, H, T]`.
+    Attention(Attention),
 }
 
 /// Floor applied to `log f` by `gate_cumsum`: `exp(-100)` is 4e-44, a reset in all but name,
@@ -221,10 +223,6 @@ impl Op {
                 UnaryOp::LogSigmoid => "logsigmoid",
                 UnaryOp::Softplus => "softplus",
                 UnaryOp::Relu => "relu",
-                UnaryOp::Tanh => "tanh",
-                UnaryOp::Abs => "abs",
-                UnaryOp::Exp2 => "exp2",
-                UnaryOp::Log2 => "log2",
             },
             Op::Binary(b) => match b {
                 BinaryOp::Add => "add",
@@ -254,6 +252,7 @@ impl Op {
             Op::Threshold { .. } => "threshold",
             Op::BlockBoundary(_) => "block_boundary",
             Op::PrunedDecayAttention { .. } => "pruned_decay_attention",
+            Op::Attention(_) => "attention",
         }
     }
 
@@ -268,6 +267,7 @@ impl Op {
             Op::Select => 3,
             Op::DecayAttention(a) => 3 + a.has_decay as usize,
             Op::PrunedDecayAttention { .. } => 5,
+            Op::Attention(_) => return None,
         })
     }
 
@@ -280,6 +280,7 @@ impl Op {
                 | Op::Threshold { .. }
                 | Op::BlockBoundary(_)
                 | Op::PrunedDecayAttention { .. }
+                | Op::Attention(_)
         )
     }
 }
@@ -338,6 +339,7 @@ impl fmt::Display for Op {
             Op::PrunedDecayAttention { attn: a, tiles } => {
                 write!(f, " {{{}, bm = {}, bn = {}}}", attn(a), tiles.bm, tiles.bn)
             }
+            Op::Attention(a) => write!(f, " {{{a}}}"),
             _ => Ok(()),
         }
     }
@@ -351,6 +353,7 @@ pub fn fused_result_dtype(op: &Op) -> Option<DType> {
         | Op::DecayAttention(_)
         | Op::Threshold { .. }
         | Op::PrunedDecayAttention { .. } => Some(DType::F32),
+        Op::Attention(a) => Some(a.out_dtype),
         _ => None,
     }
 }

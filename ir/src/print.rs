@@ -4,13 +4,19 @@
 //! graph @fox(%q: bf16[B, H, T, D], ...) -> bf16[B, H, T, D] {
 //!   %4 = bind [b, h, t] %3 : f32[b:B, h:H, t:T]        // c
 //!   ...
+//!   %12:2 = attention {scale = 1/sqrt(D), score = 20 * tanh(x / 20), mask = causal, decay} %3, %5, %7, %11 : f32[B, H, T, D], f32[B, H, T]
+//!   %13 = cast %12 : bf16[B, H, T, D]
 //!   return %17
 //! }
 //! ```
+//! A node with several results prints as `%N:count`, its results beyond the first as `%N#r`.
+//! The captured tensors of an attention region print as the values they are (`%7[b, h, j]`).
 //! Values are renumbered densely in topological order, so printing does not depend on the
 //! node indices a pass happened to leave behind.
 
-use crate::graph::{Graph, ValueId};
+use crate::attention::Attention;
+use crate::graph::{Graph, Value, ValueId};
+use crate::ops::Op;
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -18,6 +24,15 @@ fn numbering(g: &Graph) -> (Vec<ValueId>, HashMap<ValueId, usize>) {
     let order = g.topo_order();
     let num = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     (order, num)
+}
+
+/// `%N` for result 0, `%N#r` for result r.
+fn value_name(num: &HashMap<ValueId, usize>, v: Value) -> String {
+    if v.result == 0 {
+        format!("%{}", num[&v.node])
+    } else {
+        format!("%{}#{}", num[&v.node], v.result)
+    }
 }
 
 /// Print the graph in the foxc IR text format.
@@ -29,13 +44,28 @@ pub fn print_graph(g: &Graph) -> String {
     let _ = writeln!(s, "graph @{}({}) -> {} {{", g.name, params.join(", "), ret);
     for n in order {
         let node = g.node(n);
-        let ops: Vec<String> = g.operands(n).iter().map(|o| format!("%{}", num[o])).collect();
-        let mut line = format!("  %{} = {}", num[&n], node.op);
+        let vals = g.operand_values(n);
+        let ops: Vec<String> = vals.iter().map(|o| value_name(&num, *o)).collect();
+        let count = g.result_count(n);
+        let lhs = if count > 1 { format!("%{}:{count}", num[&n]) } else { format!("%{}", num[&n]) };
+        let op = match &node.op {
+            Op::Attention(a) => match Attention::operands(g, n) {
+                Ok(o) => {
+                    let cap =
+                        |k: usize| o.captures.get(k).map_or(format!("${k}"), |c| format!("%{}", num[c]));
+                    format!("attention {{{}}}", a.attrs_with(&cap))
+                }
+                Err(_) => node.op.to_string(),
+            },
+            op => op.to_string(),
+        };
+        let mut line = format!("  {lhs} = {op}");
         if !ops.is_empty() {
             line.push(' ');
             line.push_str(&ops.join(", "));
         }
-        let _ = write!(line, " : {}", node.ty);
+        let tys: Vec<String> = g.result_types(n).iter().map(|t| t.to_string()).collect();
+        let _ = write!(line, " : {}", tys.join(", "));
         if let Some(name) = &node.name {
             let _ = write!(line, "  // {name}");
         }
@@ -60,8 +90,9 @@ pub fn to_dot(g: &Graph) -> String {
         let _ = writeln!(s, "  n{} [label=\"{}\"{}];", num[n], label, style);
     }
     for n in &order {
-        for (k, o) in g.operands(*n).iter().enumerate() {
-            let _ = writeln!(s, "  n{} -> n{} [label=\"{}\"];", num[o], num[n], k);
+        for (k, o) in g.operand_values(*n).iter().enumerate() {
+            let label = if o.result == 0 { k.to_string() } else { format!("{k} (#{})", o.result) };
+            let _ = writeln!(s, "  n{} -> n{} [label=\"{}\"];", num[&o.node], num[n], label);
         }
     }
     if let Some(o) = g.output {

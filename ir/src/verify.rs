@@ -79,7 +79,7 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
     for &id in &order {
         let node = g.node(id);
         // Operand positions: exactly 0..n, each once.
-        let mut ks: Vec<u32> = g.g.edges_directed(id, Direction::Incoming).map(|e| *e.weight()).collect();
+        let mut ks: Vec<u32> = g.g.edges_directed(id, Direction::Incoming).map(|e| e.weight().pos).collect();
         ks.sort_unstable();
         if ks.iter().enumerate().any(|(i, &k)| k as usize != i) {
             return Err(err(g, id, format!("operand positions {ks:?} are not 0..{}", ks.len())));
@@ -93,8 +93,44 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
                 ));
             }
         }
-        let operands = g.operands(id);
-        let tys: Vec<&ValueType> = operands.iter().map(|&o| g.ty(o)).collect();
+        // Every operand names an existing result of its node.
+        for o in g.operand_values(id) {
+            if o.result as usize >= g.result_count(o.node) {
+                return Err(err(
+                    g,
+                    id,
+                    format!("uses result {} of a node with {} result(s)", o.result, g.result_count(o.node)),
+                ));
+            }
+        }
+        // Results beyond 0: only attention has them, and they must be its `lse`.
+        match &node.op {
+            Op::Attention(a) => {
+                let tys: Vec<&ValueType> = g.operand_values(id).iter().map(|&v| g.value_ty(v)).collect();
+                let want = a.result_types(&tys).map_err(|m| err(g, id, m))?;
+                if node.more[..] != want[1..] {
+                    let w: Vec<String> = want.iter().map(|t| t.to_string()).collect();
+                    return Err(err(g, id, format!("result types should be {}", w.join(", "))));
+                }
+            }
+            Op::AttentionBackward(a) => {
+                let tys: Vec<&ValueType> = g.operand_values(id).iter().map(|&v| g.value_ty(v)).collect();
+                let want = a.backward_result_types(&tys).map_err(|m| err(g, id, m))?;
+                if node.more[..] != want[1..] {
+                    let w: Vec<String> = want.iter().map(|t| t.to_string()).collect();
+                    return Err(err(g, id, format!("result types should be {}", w.join(", "))));
+                }
+            }
+            _ if !node.more.is_empty() => {
+                return Err(err(
+                    g,
+                    id,
+                    format!("`{}` has one result, not {}", node.op.mnemonic(), 1 + node.more.len()),
+                ))
+            }
+            _ => {}
+        }
+        let tys: Vec<&ValueType> = g.operand_values(id).iter().map(|&v| g.value_ty(v)).collect();
         let inferred = infer(&node.op, &tys).map_err(|m| err(g, id, m))?;
         match (&node.op, inferred) {
             (_, Some(t)) => {
@@ -267,8 +303,8 @@ mod tests {
         for e in e {
             g.g.remove_edge(e);
         }
-        g.g.add_edge(ops[1], bb, 0);
-        g.g.add_edge(ops[0], bb, 1);
+        g.g.add_edge(ops[1], bb, crate::graph::Use { pos: 0, result: 0 });
+        g.g.add_edge(ops[0], bb, crate::graph::Use { pos: 1, result: 0 });
         fails(&g, "block_boundary");
         // Missing operand.
         let mut g = pruned_fox();
@@ -281,7 +317,7 @@ mod tests {
         let [q, ..] = params(&mut g);
         let a = g.add(Op::Unary(crate::ops::UnaryOp::Exp), t(DType::F32, bhtd()), &[q], sp);
         let b = g.add(Op::Unary(crate::ops::UnaryOp::Exp), t(DType::F32, bhtd()), &[a], sp);
-        g.g.add_edge(b, a, 1);
+        g.g.add_edge(b, a, crate::graph::Use { pos: 1, result: 0 });
         g.output = Some(b);
         fails(&g, "cycle");
         // Broadcast of one axis name with two sizes; reduce over a missing axis; bool arithmetic.

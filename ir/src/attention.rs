@@ -1,0 +1,669 @@
+//! The generic fused attention op (`Op::Attention`), its score region and its named operands.
+//!
+//! One op covers every attention variant foxc fuses (docs/SEMANTICS.md, "attention"):
+//!
+//! ```text
+//! scores  E_ij = R(x_ij, b, h, i, j) + (c_i - c_j if decay)      x_ij = scale * q_i . k_j
+//! kept    K(i) = { j : mask(i, j) } ∩ { j >= start[floor(i / bm)] * bn  if pruned }
+//! out_i   = sum_{j in K(i)} softmax_j(E_ij) v_j                 (result 0, dtype out_dtype)
+//! lse_i   = log sum_{j in K(i)} exp(E_ij)                       (result 1, f32 [B, H, T])
+//! ```
+//!
+//! `R` is a [`Region`]: a small expression over the scaled product `x`, the indices, dims and
+//! captured tensors. The decay `c_i - c_j` is not part of it (it is the decay operand, which is
+//! what ACP prunes on). Key/value heads are shared by `kv_group` consecutive query heads (GQA).
+//!
+//! Operands, in the positional order that only [`Attention::operands`] and
+//! [`AttnOperands::to_vec`] know: `q, k, v, [c], [start | delta], captures...`.
+
+use crate::graph::{Graph, ValueId};
+use crate::index::IndexExpr;
+use crate::ops::{BinaryOp, Op, Tiles, UnaryOp};
+use crate::types::{DType, Dim};
+use std::fmt;
+
+/// The factor of `q . k`: `factor / sqrt(inv_sqrt)` (just `factor` without a dim).
+///
+/// The usual `1/sqrt(D)` stays symbolic (`factor = 1, inv_sqrt = Some(D)`) because `D` may be bound
+/// only at run time; [`Scale::value`] is the one evaluation every backend uses.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scale {
+    pub factor: f64,
+    pub inv_sqrt: Option<Dim>,
+}
+
+impl Scale {
+    /// A numeric scale.
+    pub fn constant(factor: f64) -> Scale {
+        Scale { factor, inv_sqrt: None }
+    }
+
+    /// `factor / sqrt(dim)`.
+    pub fn inv_sqrt(factor: f64, dim: Dim) -> Scale {
+        Scale { factor, inv_sqrt: Some(dim) }
+    }
+
+    /// The number, given the sizes of the symbolic dims (`None` if a dim is unbound).
+    pub fn value(&self, bind: &dyn Fn(&str) -> Option<u64>) -> Option<f64> {
+        match &self.inv_sqrt {
+            None => Some(self.factor),
+            Some(d) => d.eval(bind).map(|n| self.factor / (n as f64).sqrt()),
+        }
+    }
+
+    /// The number when it does not depend on any symbolic dim.
+    pub fn constant_value(&self) -> Option<f64> {
+        self.value(&|_| None)
+    }
+}
+
+impl fmt::Display for Scale {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.inv_sqrt {
+            None => f.write_str(&fmt_num(self.factor)),
+            Some(d) if self.factor == 1.0 => write!(f, "1/sqrt({d})"),
+            Some(d) => write!(f, "{}/sqrt({d})", fmt_num(self.factor)),
+        }
+    }
+}
+
+/// An index variable of the score: batch, head, query row, key column.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IndexVar {
+    B,
+    H,
+    I,
+    J,
+}
+
+impl IndexVar {
+    pub const ALL: [IndexVar; 4] = [IndexVar::B, IndexVar::H, IndexVar::I, IndexVar::J];
+
+    /// The name used in regions and in [`IndexExpr`] terms: `b`, `h`, `i`, `j`.
+    pub fn name(self) -> &'static str {
+        match self {
+            IndexVar::B => "b",
+            IndexVar::H => "h",
+            IndexVar::I => "i",
+            IndexVar::J => "j",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<IndexVar> {
+        IndexVar::ALL.into_iter().find(|v| v.name() == s)
+    }
+}
+
+/// Index of a node inside its [`Region`].
+pub type RId = u32;
+
+/// One node of a region. Operands refer to earlier nodes (the arena is topologically ordered).
+#[derive(Clone, Debug, PartialEq)]
+pub enum RNode {
+    /// `x_ij = scale * q_i . k_j`, the scaled raw product.
+    Score,
+    /// The value of an index variable, as a number.
+    Index(IndexVar),
+    /// The size of a dim, as a number.
+    Dim(Dim),
+    Const(f64),
+    /// Captured tensor number `k` (operand `captures[k]`), read at `index` (one expression per
+    /// axis of the tensor, in the variables `b, h, i, j`).
+    Capture {
+        k: usize,
+        index: Vec<IndexExpr>,
+    },
+    Unary(UnaryOp, RId),
+    /// Arithmetic or a comparison (comparisons give 1 or 0).
+    Binary(BinaryOp, RId, RId),
+    /// `select(c, a, b)`: `a` where `c` is non-zero.
+    Select(RId, RId, RId),
+}
+
+/// A small expression, evaluated once per score entry `(b, h, i, j)`.
+///
+/// `nodes` is an arena in topological order (every operand id is smaller than its user's);
+/// `root` is the value. The identity region (`E = x`) is `[Score]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Region {
+    pub nodes: Vec<RNode>,
+    pub root: RId,
+}
+
+impl Region {
+    /// `R = x`.
+    pub fn identity() -> Region {
+        Region { nodes: vec![RNode::Score], root: 0 }
+    }
+
+    /// An empty region to build with [`Region::push`]; set `root` when done (it starts at 0).
+    pub fn new() -> Region {
+        Region { nodes: vec![], root: 0 }
+    }
+
+    /// Append a node, returning its id (and making it the root).
+    pub fn push(&mut self, n: RNode) -> RId {
+        self.nodes.push(n);
+        self.root = (self.nodes.len() - 1) as RId;
+        self.root
+    }
+
+    pub fn is_identity(&self) -> bool {
+        matches!(self.nodes.get(self.root as usize), Some(RNode::Score))
+    }
+
+    /// Whether the value depends on `x` (a mask region must not).
+    pub fn uses_score(&self) -> bool {
+        self.nodes.iter().any(|n| matches!(n, RNode::Score))
+    }
+
+    /// The capture numbers that appear, sorted, each once.
+    pub fn captures(&self) -> Vec<usize> {
+        let mut ks: Vec<usize> = self
+            .nodes
+            .iter()
+            .filter_map(|n| if let RNode::Capture { k, .. } = n { Some(*k) } else { None })
+            .collect();
+        ks.sort_unstable();
+        ks.dedup();
+        ks
+    }
+
+    /// Operand ids of node `n`.
+    pub fn args(n: &RNode) -> Vec<RId> {
+        match n {
+            RNode::Unary(_, a) => vec![*a],
+            RNode::Binary(_, a, b) => vec![*a, *b],
+            RNode::Select(c, a, b) => vec![*c, *a, *b],
+            _ => vec![],
+        }
+    }
+
+    /// Structural problems: an empty arena, a root or operand out of order, an index expression
+    /// over a variable other than `b, h, i, j`. `None` when well formed.
+    pub fn malformed(&self) -> Option<String> {
+        if self.nodes.is_empty() {
+            return Some("the region is empty".into());
+        }
+        if self.root as usize >= self.nodes.len() {
+            return Some(format!("root %{} is not a node of the region", self.root));
+        }
+        for (n, node) in self.nodes.iter().enumerate() {
+            for a in Region::args(node) {
+                if a as usize >= n {
+                    return Some(format!("node %{n} uses %{a}, which does not come before it"));
+                }
+            }
+            if let RNode::Capture { index, .. } = node {
+                for e in index {
+                    if let Some((v, _)) = e.terms.iter().find(|(v, _)| IndexVar::from_name(v).is_none()) {
+                        return Some(format!("capture index uses `{v}`, not one of b, h, i, j"));
+                    }
+                }
+            }
+            if let RNode::Const(c) = node {
+                if c.is_nan() {
+                    return Some("a region constant is NaN".into());
+                }
+            }
+        }
+        None
+    }
+
+    /// Readable infix form; `capture(k)` names captured tensor `k` (the printer passes `%N`).
+    pub fn display_with(&self, capture: &dyn Fn(usize) -> String) -> String {
+        self.expr(self.root, capture, 0)
+    }
+
+    /// Infix rendering of node `id` inside a context of binding power `ctx` (parenthesized
+    /// when the node binds less tightly).
+    fn expr(&self, id: RId, cap: &dyn Fn(usize) -> String, ctx: u8) -> String {
+        let Some(n) = self.nodes.get(id as usize) else { return format!("<bad %{id}>") };
+        let (s, power) = match n {
+            RNode::Score => ("x".to_string(), 9),
+            RNode::Index(v) => (v.name().to_string(), 9),
+            RNode::Dim(d) => (format!("dim({d})"), 9),
+            RNode::Const(c) => (fmt_num(*c), if *c < 0.0 { 5 } else { 9 }),
+            RNode::Capture { k, index } => {
+                let ix: Vec<String> = index.iter().map(fmt_index).collect();
+                (format!("{}[{}]", cap(*k), ix.join(", ")), 9)
+            }
+            RNode::Unary(UnaryOp::Neg, a) => (format!("-{}", self.expr(*a, cap, 6)), 5),
+            RNode::Unary(u, a) => (format!("{}({})", Op::Unary(*u).mnemonic(), self.expr(*a, cap, 0)), 9),
+            RNode::Binary(b, x, y) => match infix(*b) {
+                Some((sym, p)) => {
+                    // Left-associative: the right operand needs one more level.
+                    (format!("{} {sym} {}", self.expr(*x, cap, p), self.expr(*y, cap, p + 1)), p)
+                }
+                None => {
+                    let name = Op::Binary(*b).mnemonic();
+                    (format!("{name}({}, {})", self.expr(*x, cap, 0), self.expr(*y, cap, 0)), 9)
+                }
+            },
+            RNode::Select(c, a, b) => (
+                format!(
+                    "select({}, {}, {})",
+                    self.expr(*c, cap, 0),
+                    self.expr(*a, cap, 0),
+                    self.expr(*b, cap, 0)
+                ),
+                9,
+            ),
+        };
+        if power < ctx {
+            format!("({s})")
+        } else {
+            s
+        }
+    }
+}
+
+impl Default for Region {
+    fn default() -> Self {
+        Region::identity()
+    }
+}
+
+/// Infix symbol and binding power of the binary ops printed infix.
+fn infix(b: BinaryOp) -> Option<(&'static str, u8)> {
+    Some(match b {
+        BinaryOp::Lt => ("<", 1),
+        BinaryOp::Le => ("<=", 1),
+        BinaryOp::Gt => (">", 1),
+        BinaryOp::Ge => (">=", 1),
+        BinaryOp::Eq => ("==", 1),
+        BinaryOp::Ne => ("!=", 1),
+        BinaryOp::Add => ("+", 2),
+        BinaryOp::Sub => ("-", 2),
+        BinaryOp::Mul => ("*", 3),
+        BinaryOp::Div => ("/", 3),
+        BinaryOp::Min | BinaryOp::Max => return None,
+    })
+}
+
+/// `h / (H/G)`, `i - j + 3`, `0`.
+pub fn fmt_index(e: &IndexExpr) -> String {
+    let mut s = String::new();
+    for (v, c) in &e.terms {
+        let (sign, mag) = if *c < 0 { ("-", -c) } else { ("+", *c) };
+        if s.is_empty() {
+            if sign == "-" {
+                s.push('-');
+            }
+        } else {
+            s.push_str(&format!(" {sign} "));
+        }
+        if mag == 1 {
+            s.push_str(v);
+        } else {
+            s.push_str(&format!("{mag}*{v}"));
+        }
+    }
+    if e.constant != 0 || s.is_empty() {
+        if s.is_empty() {
+            s = e.constant.to_string();
+        } else if e.constant < 0 {
+            s.push_str(&format!(" - {}", -e.constant));
+        } else {
+            s.push_str(&format!(" + {}", e.constant));
+        }
+    }
+    match &e.div {
+        Some(d) if e.terms.len() + (e.constant != 0) as usize > 1 => format!("({s}) / ({d})"),
+        Some(d) => format!("{s} / ({d})"),
+        None => s,
+    }
+}
+
+/// The value of an index expression: `floor((sum c*v + constant) / div)`. `var` gives the
+/// variables, `dim` the dims; `None` when one is unknown or the divisor is 0.
+pub fn eval_index(
+    e: &IndexExpr,
+    var: &dyn Fn(&str) -> Option<i64>,
+    dim: &dyn Fn(&Dim) -> Option<u64>,
+) -> Option<i64> {
+    let mut s = e.constant;
+    for (v, c) in &e.terms {
+        s = s.checked_add(c.checked_mul(var(v)?)?)?;
+    }
+    match &e.div {
+        None => Some(s),
+        Some(d) => {
+            let d = i64::try_from(dim(d)?).ok()?;
+            (d != 0).then(|| s.div_euclid(d))
+        }
+    }
+}
+
+/// Which entries `(i, j)` take part, before pruning.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Mask {
+    /// Every key (bidirectional attention).
+    None,
+    /// `j <= i`.
+    Causal,
+    /// `j <= i && i - j < w` (w >= 1).
+    Window(u64),
+    /// A region of `b, h, i, j`, dims and captures (no `x`): non-zero keeps the entry.
+    Expr(Region),
+}
+
+impl Mask {
+    /// Whether the mask alone (no captures, no data) keeps `(i, j)`; `None` for [`Mask::Expr`].
+    pub fn keeps_static(&self, i: u64, j: u64) -> Option<bool> {
+        match self {
+            Mask::None => Some(true),
+            Mask::Causal => Some(j <= i),
+            Mask::Window(w) => Some(j <= i && i - j < *w),
+            Mask::Expr(_) => None,
+        }
+    }
+
+    /// True for the masks under which row i sees only `j <= i` (ACP's tile rule assumes it).
+    pub fn is_causal(&self) -> bool {
+        matches!(self, Mask::Causal | Mask::Window(_))
+    }
+}
+
+/// How (and whether) key tiles are pruned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Prune {
+    /// Every entry of the mask is computed (tiles entirely outside a window may still be
+    /// skipped: that is exact).
+    Dense,
+    /// Operand `start` (i32 `[B, H, ceil(T/bm)]`, a `block_boundary` result): query tile `m`
+    /// skips every key tile before `start[m]`.
+    Start,
+    /// Operand `delta` (f32 `[B, H, ceil(T/bm)]`, a `threshold` result): the kernel derives
+    /// `start[m]` itself from `c` and `delta` by the `block_boundary` rule (a pass fused the
+    /// boundary node into the attention; the value is identical).
+    Boundary,
+}
+
+/// The attributes of `Op::Attention`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attention {
+    pub scale: Scale,
+    /// `R` of the scores; [`Region::identity`] for plain (decay) attention.
+    pub score: Region,
+    pub mask: Mask,
+    /// Operand `c` (`[B, H, T]`, a `gate_cumsum` result) adds `c_i - c_j` to the scores.
+    pub decay: bool,
+    /// Query heads per key/value head: the kv head of query head `h` is `h / kv_group`.
+    /// `Dim::Const(1)` without grouped-query attention.
+    pub kv_group: Dim,
+    /// The dtype of result 0 (a pass fuses a following cast into it).
+    pub out_dtype: DType,
+    /// `bm x bn` tiles, chosen by the tiles pass for every attention (backends never choose).
+    pub tiles: Option<Tiles>,
+    pub prune: Prune,
+}
+
+impl Attention {
+    /// Dense attention with the identity score and f32 output, as recognition first emits it.
+    pub fn new(scale: Scale, mask: Mask, decay: bool) -> Attention {
+        Attention {
+            scale,
+            score: Region::identity(),
+            mask,
+            decay,
+            kv_group: Dim::Const(1),
+            out_dtype: DType::F32,
+            tiles: None,
+            prune: Prune::Dense,
+        }
+    }
+
+    /// Operands before the captures.
+    pub fn fixed_operands(&self) -> usize {
+        3 + self.decay as usize + (self.prune != Prune::Dense) as usize
+    }
+
+    /// The named operands of attention node `node` of `g`.
+    pub fn operands(g: &Graph, node: ValueId) -> Result<AttnOperands, String> {
+        let Op::Attention(a) = g.op(node) else {
+            return Err(format!("{} is not an attention node", g.op(node).mnemonic()));
+        };
+        AttnOperands::from_positional(a, &g.operands(node))
+    }
+
+    /// The ids of the results: `out` (0) and `lse` (1).
+    pub const OUT: u32 = 0;
+    pub const LSE: u32 = 1;
+
+    /// Whether the tiles are known and the op is one a tiled kernel can run.
+    pub fn tiles_or_err(&self) -> Result<Tiles, String> {
+        self.tiles.ok_or_else(|| "the attention has no tiles (the tiles pass did not run)".to_string())
+    }
+}
+
+/// The operands of one attention node, by name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttnOperands {
+    pub q: ValueId,
+    pub k: ValueId,
+    pub v: ValueId,
+    /// `c`, present iff `decay`.
+    pub decay: Option<ValueId>,
+    /// Present iff `prune == Start`.
+    pub start: Option<ValueId>,
+    /// Present iff `prune == Boundary`.
+    pub delta: Option<ValueId>,
+    /// Captured tensors, `captures[k]` for `RNode::Capture { k, .. }`.
+    pub captures: Vec<ValueId>,
+}
+
+impl AttnOperands {
+    /// Split a positional operand list (the one place that knows the order).
+    pub fn from_positional(a: &Attention, ops: &[ValueId]) -> Result<AttnOperands, String> {
+        let fixed = a.fixed_operands();
+        if ops.len() < fixed {
+            return Err(format!("attention takes at least {fixed} operands, has {}", ops.len()));
+        }
+        let mut p = 3;
+        let mut next = |on: bool| {
+            on.then(|| {
+                p += 1;
+                ops[p - 1]
+            })
+        };
+        let decay = next(a.decay);
+        let start = next(a.prune == Prune::Start);
+        let delta = next(a.prune == Prune::Boundary);
+        Ok(AttnOperands {
+            q: ops[0],
+            k: ops[1],
+            v: ops[2],
+            decay,
+            start,
+            delta,
+            captures: ops[fixed..].to_vec(),
+        })
+    }
+
+    /// The positional operand list of a node built from these operands.
+    pub fn to_vec(&self) -> Vec<ValueId> {
+        let mut v = vec![self.q, self.k, self.v];
+        v.extend(self.decay);
+        v.extend(self.start);
+        v.extend(self.delta);
+        v.extend(self.captures.iter().copied());
+        v
+    }
+}
+
+/// What the `threshold` node assumes about the region: `U >= max |R(x, ...)|` over all entries.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ScoreBound {
+    /// `U` is this number, whatever q and k are (softcapping `a tanh(x / a)` gives `a`).
+    Static(f64),
+    /// `U = gain * X + extra` with `X = |scale| Qmax Kmax` (Qmax, Kmax from the norm bound):
+    /// the identity region is `gain = 1, extra = 0`; `x + bias[j]` with `bias in [lo, hi]` adds
+    /// `max(|lo|, |hi|)` to `extra`.
+    Data { gain: f64, extra: f64 },
+}
+
+impl ScoreBound {
+    /// The bound of the identity region.
+    pub const IDENTITY: ScoreBound = ScoreBound::Data { gain: 1.0, extra: 0.0 };
+
+    /// `U` given `X = |scale| Qmax Kmax`.
+    pub fn u(&self, x: f64) -> f64 {
+        match *self {
+            ScoreBound::Static(u) => u,
+            ScoreBound::Data { gain, extra } => gain * x + extra,
+        }
+    }
+}
+
+impl fmt::Display for ScoreBound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            ScoreBound::Static(u) => write!(f, "static({})", fmt_num(u)),
+            ScoreBound::Data { gain, extra } if gain == 1.0 && extra == 0.0 => f.write_str("x"),
+            ScoreBound::Data { gain, extra } => write!(f, "{} * x + {}", fmt_num(gain), fmt_num(extra)),
+        }
+    }
+}
+
+/// Numbers as the IR text prints them (`20`, `0.5`, `-inf`).
+pub fn fmt_num(x: f64) -> String {
+    if x.is_infinite() {
+        if x > 0.0 { "inf" } else { "-inf" }.to_string()
+    } else {
+        format!("{x}")
+    }
+}
+
+impl fmt::Display for Attention {
+    /// The attribute list: `scale = 1/sqrt(D), score = 20 * tanh(x / 20), mask = causal, ...`
+    /// (captures are named `$k`; the graph printer names them by their values instead).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.attrs_with(&|k| format!("${k}")))
+    }
+}
+
+impl Attention {
+    /// The attribute list with captured tensor `k` printed as `capture(k)`.
+    pub fn attrs_with(&self, capture: &dyn Fn(usize) -> String) -> String {
+        let mut s = format!("scale = {}", self.scale);
+        if !self.score.is_identity() {
+            s.push_str(&format!(", score = {}", self.score.display_with(capture)));
+        }
+        match &self.mask {
+            Mask::None => s.push_str(", mask = none"),
+            Mask::Causal => s.push_str(", mask = causal"),
+            Mask::Window(w) => s.push_str(&format!(", mask = window({w})")),
+            Mask::Expr(r) => s.push_str(&format!(", mask = {}", r.display_with(capture))),
+        }
+        if self.decay {
+            s.push_str(", decay");
+        }
+        if self.kv_group != Dim::Const(1) {
+            s.push_str(&format!(", kv_group = {}", self.kv_group));
+        }
+        if self.out_dtype != DType::F32 {
+            s.push_str(&format!(", out = {}", self.out_dtype));
+        }
+        if let Some(t) = self.tiles {
+            s.push_str(&format!(", bm = {}, bn = {}", t.bm, t.bn));
+        }
+        match self.prune {
+            Prune::Dense => {}
+            Prune::Start => s.push_str(", pruned"),
+            Prune::Boundary => s.push_str(", pruned(fused boundary)"),
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn softcap_plus_bias() -> Region {
+        let mut r = Region::new();
+        let x = r.push(RNode::Score);
+        let a = r.push(RNode::Const(20.0));
+        let d = r.push(RNode::Binary(BinaryOp::Div, x, a));
+        let t = r.push(RNode::Unary(UnaryOp::Sigmoid, d));
+        let m = r.push(RNode::Binary(BinaryOp::Mul, a, t));
+        let iv = |v: &str| IndexExpr { terms: vec![(v.to_string(), 1)], constant: 0, div: None };
+        let kb = r.push(RNode::Capture { k: 0, index: vec![iv("b"), iv("h"), iv("j")] });
+        r.push(RNode::Binary(BinaryOp::Add, m, kb));
+        r
+    }
+
+    #[test]
+    fn region_prints_readably() {
+        let r = softcap_plus_bias();
+        assert_eq!(r.display_with(&|_| "kb".into()), "20 * sigmoid(x / 20) + kb[b, h, j]");
+        assert!(r.malformed().is_none());
+        assert_eq!(r.captures(), vec![0]);
+        assert!(!r.is_identity() && Region::identity().is_identity());
+        // (x - 1) * 2 keeps its parentheses; x - (1 - 2) too.
+        let mut r = Region::new();
+        let x = r.push(RNode::Score);
+        let one = r.push(RNode::Const(1.0));
+        let two = r.push(RNode::Const(2.0));
+        let s = r.push(RNode::Binary(BinaryOp::Sub, x, one));
+        r.push(RNode::Binary(BinaryOp::Mul, s, two));
+        assert_eq!(r.display_with(&|_| String::new()), "(x - 1) * 2");
+        let s2 = r.push(RNode::Binary(BinaryOp::Sub, one, two));
+        r.push(RNode::Binary(BinaryOp::Sub, x, s2));
+        assert_eq!(r.display_with(&|_| String::new()), "x - (1 - 2)");
+    }
+
+    #[test]
+    fn malformed_regions_are_named() {
+        let mut r = Region::new();
+        assert!(r.malformed().unwrap().contains("empty"));
+        r.nodes.push(RNode::Unary(UnaryOp::Neg, 0));
+        assert!(r.malformed().unwrap().contains("does not come before"));
+        let r = Region {
+            nodes: vec![RNode::Capture {
+                k: 0,
+                index: vec![IndexExpr { terms: vec![("d".into(), 1)], constant: 0, div: None }],
+            }],
+            root: 0,
+        };
+        assert!(r.malformed().unwrap().contains("`d`"));
+        let r = Region { nodes: vec![RNode::Score], root: 3 };
+        assert!(r.malformed().unwrap().contains("root"));
+    }
+
+    #[test]
+    fn index_expressions_evaluate_and_print() {
+        let gqa = IndexExpr { terms: vec![("h".into(), 1)], constant: 0, div: Some(Dim::sym("G")) };
+        let var = |v: &str| Some(if v == "h" { 7 } else { 0 });
+        assert_eq!(eval_index(&gqa, &var, &|_| Some(4)), Some(1));
+        assert_eq!(eval_index(&gqa, &var, &|_| Some(0)), None);
+        assert_eq!(fmt_index(&gqa), "h / (G)");
+        let rel = IndexExpr { terms: vec![("i".into(), 1), ("j".into(), -1)], constant: 3, div: None };
+        assert_eq!(fmt_index(&rel), "i - j + 3");
+        let v2 = |v: &str| Some(if v == "i" { 2 } else { 9 });
+        assert_eq!(eval_index(&rel, &v2, &|_| None), Some(-4));
+        // Floor division rounds toward -inf.
+        let neg = IndexExpr { terms: vec![("i".into(), -1)], constant: 0, div: Some(Dim::Const(2)) };
+        assert_eq!(eval_index(&neg, &|_| Some(1), &|d| d.eval(&|_| None)), Some(-1));
+    }
+
+    #[test]
+    fn operand_view_round_trips() {
+        use petgraph::stable_graph::NodeIndex;
+        let ids: Vec<ValueId> = (0..7).map(NodeIndex::new).collect();
+        let mut a = Attention::new(Scale::inv_sqrt(1.0, Dim::sym("D")), Mask::Causal, true);
+        a.prune = Prune::Start;
+        let o = AttnOperands::from_positional(&a, &ids).unwrap();
+        assert_eq!((o.decay, o.start, o.delta), (Some(ids[3]), Some(ids[4]), None));
+        assert_eq!(o.captures, ids[5..].to_vec());
+        assert_eq!(o.to_vec(), ids);
+        a.prune = Prune::Boundary;
+        a.decay = true;
+        let o = AttnOperands::from_positional(&a, &ids[..5]).unwrap();
+        assert_eq!((o.start, o.delta), (None, Some(ids[4])));
+        assert!(AttnOperands::from_positional(&a, &ids[..4]).is_err());
+        assert_eq!(a.scale.value(&|_| Some(64)), Some(0.125));
+        assert_eq!(a.scale.to_string(), "1/sqrt(D)");
+    }
+}
