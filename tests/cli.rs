@@ -157,3 +157,36 @@ fn mask_png_is_written() {
     let bytes = std::fs::read(&png).unwrap();
     assert_eq!(&bytes[1..4], b"PNG");
 }
+
+#[test]
+fn usage_errors_exit_1_internal_errors_exit_2() {
+    // clap's own usage errors (clap would exit 2 by itself).
+    for args in [
+        &["run", "examples/fox.attn", "--backend", "gpu", "--shape", "B=1,H=1,T=8,D=8"][..],
+        &["run", "examples/fox.attn", "--tiles", "7x7", "--shape", "B=1,H=1,T=8,D=8"][..],
+        &["run", "examples/fox.attn", "--no-such-flag"][..],
+        &["no-such-command"][..],
+        &["compile"][..],
+    ] {
+        let o = foxc(args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
+        assert!(!text(&o).is_empty(), "{args:?} says why");
+    }
+    // Our own usage errors.
+    let o = foxc(&["run", "examples/fox.attn", "--shape", "B=1,H=0,T=8,D=8"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let o = foxc(&["run", "examples/fox.attn", "--log-eps", "0.5", "--shape", "B=1,H=1,T=8,D=8"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    // --help and --version are not errors.
+    assert_eq!(foxc(&["--help"]).status.code(), Some(0));
+    assert_eq!(foxc(&["--version"]).status.code(), Some(0));
+    // A panic (a bug) is an internal error: exit 2 with a message, not Rust's 101.
+    let o = Command::new(env!("CARGO_BIN_EXE_foxc"))
+        .args(["check", "examples/fox.attn"])
+        .env("FOXC_TEST_PANIC", "1")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("internal error"), "{}", text(&o));
+}
