@@ -242,6 +242,10 @@ fn unary(u: UnaryOp, x: f64) -> f64 {
                 x.max(0.0)
             }
         }
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Abs => x.abs(),
+        UnaryOp::Exp2 => x.exp2(),
+        UnaryOp::Log2 => x.log2(),
     }
 }
 

@@ -22,6 +22,12 @@ pub enum UnaryOp {
     /// `log(1 + exp(x))`, computed stably.
     Softplus,
     Relu,
+    Tanh,
+    Abs,
+    /// `2^x`.
+    Exp2,
+    /// `log2(x)` (`-inf` at 0, NaN below).
+    Log2,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -223,6 +229,10 @@ impl Op {
                 UnaryOp::LogSigmoid => "logsigmoid",
                 UnaryOp::Softplus => "softplus",
                 UnaryOp::Relu => "relu",
+                UnaryOp::Tanh => "tanh",
+                UnaryOp::Abs => "abs",
+                UnaryOp::Exp2 => "exp2",
+                UnaryOp::Log2 => "log2",
             },
             Op::Binary(b) => match b {
                 BinaryOp::Add => "add",
