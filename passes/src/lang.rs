@@ -7,7 +7,7 @@
 //! term is built, so one term is the whole attention expression.
 
 use egg::{
-    define_language, rewrite, Analysis, Applier, AstSize, DidMerge, EGraph, Extractor, Id, Pattern,
+    define_language, rewrite, Analysis, Applier, AstSize, DidMerge, EGraph, Extractor, Id, Language, Pattern,
     PatternAst, RecExpr, Rewrite, Subst, Symbol, Var,
 };
 use std::collections::{BTreeMap, BTreeSet};
@@ -398,6 +398,10 @@ pub fn rules() -> Vec<Rewrite<Attn, AttnAnalysis>> {
         rewrite!("select-gt-causal"; "(select (> (iota ?j) (iota ?i)) -inf ?s)" => "(causal ?i ?j ?s)"),
         rewrite!("select-lt-causal"; "(select (< (iota ?i) (iota ?j)) -inf ?s)" => "(causal ?i ?j ?s)"),
     ];
+    // A hand-written softmax: exp(a) / sum(l, exp(a with j renamed to l)) is softmax(j, a), and
+    // subtracting a row maximum (free of j) does not change a softmax over j.
+    r.push(rewrite!("hand-softmax"; "(* (exp ?a) (recip (sum ?l (exp ?b))))" => {HandSoftmax}));
+    r.push(rewrite!("softmax-shift"; "(softmax ?j (- ?a (rmax ?l ?m)))" => "(softmax ?j ?a)" if not_free("?j", "?m")));
     // A factor free of the reduced axis moves out of the reduction (the scale of q or k).
     r.push(rewrite!("rsqrt-square"; "(* (rsqrt ?x) (rsqrt ?x))" => "(recip ?x)" if positive("?x")));
     r.push(rewrite!("sqrt-square"; "(* (sqrt ?x) (sqrt ?x))" => "?x" if positive("?x")));
@@ -465,6 +469,106 @@ impl Applier<Attn, AttnAnalysis> for GateSumToCumsum {
             vec![]
         }
     }
+}
+
+/// `exp(a) * recip(sum(l, exp(b)))` => `softmax(j, a)` when `b` is `a` with one of its indices `j`
+/// renamed to the summed index `l` (the denominator sums the numerator over `j`). Exact wherever the
+/// row has a finite entry; a row of all `-inf` is 0/0 = NaN on the left and 0 on the right (the
+/// fused op's empty row), which no causal or windowed mask produces (`j = i` is always kept).
+struct HandSoftmax;
+
+impl Applier<Attn, AttnAnalysis> for HandSoftmax {
+    fn apply_one(
+        &self,
+        eg: &mut AttnGraph,
+        eclass: Id,
+        subst: &Subst,
+        _ast: Option<&PatternAst<Attn>>,
+        _rule: Symbol,
+    ) -> Vec<Id> {
+        let (a, b) = (subst[var("?a")], eg.find(subst[var("?b")]));
+        let Some(l) = eg[subst[var("?l")]].data.sym else { return vec![] };
+        if eg[a].data.axes.contains(&l) || !eg[b].data.axes.contains(&l) {
+            return vec![];
+        }
+        // The softmax index: free in the numerator, absent from the denominator's summand.
+        let cands: Vec<Symbol> =
+            eg[a].data.axes.iter().filter(|s| !eg[b].data.axes.contains(s)).cloned().collect();
+        for j in cands {
+            let mut fuel = ALPHA_FUEL;
+            if !alpha_eq(eg, a, b, &mut vec![(j, l)], &mut fuel) {
+                continue;
+            }
+            let sj = eg.add(Attn::Symbol(j));
+            let sm = eg.add(Attn::Softmax([sj, a]));
+            return if eg.union(eclass, sm) { vec![sm] } else { vec![] };
+        }
+        vec![]
+    }
+}
+
+/// Work limit of one [`alpha_eq`] question (node pairs visited).
+const ALPHA_FUEL: usize = 20_000;
+
+/// Whether class `a`, with the free indices renamed by `ren` (innermost last), is the value of
+/// class `b` up to the names of indices bound inside them (by `sum` and `max` reductions): the
+/// numerator and the denominator of a softmax written in one statement bind their own names.
+/// Gives up (false) when `fuel` runs out.
+pub fn alpha_eq(eg: &AttnGraph, a: Id, b: Id, ren: &mut Vec<(Symbol, Symbol)>, fuel: &mut usize) -> bool {
+    let (a, b) = (eg.find(a), eg.find(b));
+    if a == b && !ren.iter().any(|(from, to)| from != to && eg[a].data.axes.contains(from)) {
+        return true;
+    }
+    if let (Some(x), Some(y)) = (eg[a].data.sym, eg[b].data.sym) {
+        let mapped = ren.iter().rev().find(|(from, _)| *from == x).map(|(_, to)| *to).unwrap_or(x);
+        return mapped == y;
+    }
+    for na in &eg[a].nodes {
+        for nb in &eg[b].nodes {
+            if *fuel == 0 {
+                return false;
+            }
+            *fuel -= 1;
+            if std::mem::discriminant(na) != std::mem::discriminant(nb) || na.len() != nb.len() {
+                continue;
+            }
+            if let (Attn::Num(x), Attn::Num(y)) = (na, nb) {
+                if x == y {
+                    return true;
+                }
+                continue;
+            }
+            let ok = match (na, nb) {
+                (Attn::Sum([xa, ba]), Attn::Sum([xb, bb])) | (Attn::RMax([xa, ba]), Attn::RMax([xb, bb])) => {
+                    match (eg[*xa].data.sym, eg[*xb].data.sym) {
+                        (Some(x), Some(y)) => {
+                            ren.push((x, y));
+                            let r = alpha_eq(eg, *ba, *bb, ren, fuel);
+                            ren.pop();
+                            r
+                        }
+                        _ => false,
+                    }
+                }
+                _ => {
+                    na.children().iter().zip(nb.children()).all(|(ca, cb)| alpha_eq(eg, *ca, *cb, ren, fuel))
+                }
+            };
+            if ok {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// The equality-saturation runner of every pass: limits on iterations and e-nodes only, never on
+/// wall-clock time, so that results do not depend on the machine's load.
+pub fn runner(iters: usize, nodes: usize) -> egg::Runner<Attn, AttnAnalysis> {
+    egg::Runner::default()
+        .with_iter_limit(iters)
+        .with_node_limit(nodes)
+        .with_time_limit(std::time::Duration::MAX)
 }
 
 /// Parse a pattern written in this module (the patterns are literals: a failure is a bug).

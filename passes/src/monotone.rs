@@ -1,4 +1,4 @@
-//! Monotonicity analysis: is the log-decay cumsum `c` of a `decay_attention` non-increasing?
+//! Monotonicity analysis: is the log-decay cumsum `c` of an `attention` non-increasing?
 //!
 //! Only then is the bias `c_i - c_j <= 0` for `j <= i` and falls with distance, which is what
 //! the ACP block rule relies on. The proof uses the interval part of the e-graph analysis
@@ -13,9 +13,7 @@
 use crate::lang::AttnGraph;
 use crate::recognize::Builder;
 use crate::{Explanation, PassContext, PassError, PassOptions};
-use egg::Runner;
-use foxc_ir::{GateKind, Graph, Op, Span, ValueId};
-use std::time::Duration;
+use foxc_ir::{Attention, GateKind, Graph, Op, Span, ValueId};
 
 /// What the analysis concluded for one attention node.
 #[derive(Clone, Debug, PartialEq)]
@@ -29,17 +27,12 @@ pub enum Verdict {
 }
 
 /// Interval `(lo, hi)` of the positional value `n` (named axes are irrelevant for bounds).
-fn interval(g: &Graph, n: ValueId) -> Option<(f64, f64)> {
+pub(crate) fn interval(g: &Graph, n: ValueId) -> Option<(f64, f64)> {
     let mut b = Builder::new(g);
     let axes: Vec<String> = (0..g.ty(n).rank()).map(|k| format!("x{k}")).collect();
     let id = b.positional(n, &axes, g.node(n).span).ok()?;
     let eg: AttnGraph = std::mem::take(&mut b.eg);
-    let runner = Runner::default()
-        .with_egraph(eg)
-        .with_iter_limit(8)
-        .with_node_limit(10_000)
-        .with_time_limit(Duration::from_secs(2))
-        .run(&crate::lang::rules());
+    let runner = crate::lang::runner(8, 10_000).with_egraph(eg).run(&crate::lang::rules());
     let d = &runner.egraph[runner.egraph.find(id)].data;
     Some((d.lo, d.hi))
 }
@@ -60,16 +53,14 @@ fn fmt_iv((lo, hi): (f64, f64)) -> String {
 
 /// The verdict for the `c` operand of an attention node.
 pub fn verdict(g: &Graph, attn: ValueId) -> Verdict {
-    let ops = g.operands(attn);
-    let has_decay = match g.op(attn) {
-        Op::DecayAttention(a) => a.has_decay,
-        Op::PrunedDecayAttention { attn: a, .. } => a.has_decay,
+    let c = match g.op(attn) {
+        Op::Attention(_) => match Attention::operands(g, attn) {
+            Ok(o) => o.decay,
+            Err(e) => return Verdict::Unproven(e, g.node(attn).span),
+        },
         _ => return Verdict::Unproven("not an attention node".into(), g.node(attn).span),
     };
-    if !has_decay {
-        return Verdict::NoDecay;
-    }
-    let c = ops[3];
+    let Some(c) = c else { return Verdict::NoDecay };
     match g.op(c) {
         Op::GateCumsum { kind: GateKind::Logits } => Verdict::Decay("log f = logsigmoid(z) <= 0".into()),
         Op::GateCumsum { kind: GateKind::LogGate } => {
@@ -113,9 +104,9 @@ pub fn verdict(g: &Graph, attn: ValueId) -> Verdict {
     }
 }
 
-/// The monotonicity pass: a verdict for every `decay_attention` node.
+/// The monotonicity pass: a verdict for every `attention` node.
 pub fn run(g: &mut Graph, _opts: &PassOptions, cx: &mut PassContext) -> Result<(), PassError> {
-    for n in g.find(|op| matches!(op, Op::DecayAttention(_))) {
+    for n in g.find(|op| matches!(op, Op::Attention(_))) {
         let v = verdict(g, n);
         if let Verdict::Unproven(msg, span) = &v {
             cx.explanations.push(Explanation {

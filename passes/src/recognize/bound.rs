@@ -1,0 +1,228 @@
+//! The bound `U >= max |R(x, ...)|` of a score region, for ACP's threshold (ATTENTION_OP.md,
+//! "Threshold / ACP with a region"), from the interval analysis of [`crate::lang`]:
+//!
+//! - `Static(U)` when the region is bounded whatever `x` is (softcapping `a tanh(x / a)`: `U = a`);
+//! - otherwise `Data { gain, extra }` (`U = gain X + extra` with `X = |scale| Qmax Kmax >= |x|`)
+//!   when the region is a sum of terms `c x`, `x w` with `w` bounded, and bounded terms
+//!   (`x + kb[b, h, j]` with `kb in [-4, 0]`: gain 1, extra 4);
+//! - otherwise no bound: the attention stays dense, and the error says which term grows.
+
+use crate::lang::{Attn, AttnAnalysis, AttnGraph, Num};
+use egg::{Id, Symbol};
+use foxc_ir::attention::{RId, RNode, Region, ScoreBound};
+use foxc_ir::{Attention, BinaryOp, Graph, Op, UnaryOp, ValueId};
+use std::collections::BTreeMap;
+
+/// A captured tensor as the bound sees it: its name (for messages) and declared range.
+pub struct CaptureInfo {
+    pub name: String,
+    pub range: Option<(f64, f64)>,
+}
+
+/// The e-classes of the region's nodes in a fresh e-graph whose analysis knows the capture
+/// ranges (`x` is unconstrained).
+fn classes(r: &Region, caps: &[CaptureInfo]) -> (AttnGraph, Vec<Id>) {
+    let ranges: BTreeMap<Symbol, (f64, f64)> = caps
+        .iter()
+        .enumerate()
+        .filter_map(|(k, c)| c.range.map(|r| (Symbol::from(format!("$c{k}")), r)))
+        .collect();
+    let mut eg = AttnGraph::new(AttnAnalysis { ranges });
+    let mut ids: Vec<Id> = vec![];
+    for n in &r.nodes {
+        let at = |k: RId| ids[k as usize];
+        let node = match n {
+            RNode::Score => {
+                let s = eg.add(Attn::Symbol(Symbol::from("$x")));
+                Attn::In(vec![s].into_boxed_slice())
+            }
+            RNode::Capture { k, .. } => {
+                let s = eg.add(Attn::Symbol(Symbol::from(format!("$c{k}"))));
+                Attn::In(vec![s].into_boxed_slice())
+            }
+            RNode::Index(v) => Attn::Iota(eg.add(Attn::Symbol(Symbol::from(v.name())))),
+            RNode::Dim(d) => Attn::Dim(eg.add(Attn::Symbol(Symbol::from(d.to_string().as_str())))),
+            RNode::Const(c) => Attn::Num(Num::new(*c)),
+            RNode::Unary(u, a) => {
+                let a = at(*a);
+                match u {
+                    UnaryOp::Neg => Attn::Neg(a),
+                    UnaryOp::Exp => Attn::Exp(a),
+                    UnaryOp::Log => Attn::Log(a),
+                    UnaryOp::Sqrt => Attn::Sqrt(a),
+                    UnaryOp::Rsqrt => Attn::Rsqrt(a),
+                    UnaryOp::Sigmoid => Attn::Sigmoid(a),
+                    UnaryOp::LogSigmoid => Attn::LogSigmoid(a),
+                    UnaryOp::Softplus => Attn::Softplus(a),
+                    UnaryOp::Relu => Attn::Relu(a),
+                    UnaryOp::Tanh => Attn::Tanh(a),
+                    UnaryOp::Abs => Attn::Abs(a),
+                    UnaryOp::Exp2 => Attn::Exp2(a),
+                    UnaryOp::Log2 => Attn::Log2(a),
+                }
+            }
+            RNode::Binary(b, x, y) => {
+                let xy = [at(*x), at(*y)];
+                match b {
+                    BinaryOp::Add => Attn::Add(xy),
+                    BinaryOp::Sub => Attn::Sub(xy),
+                    BinaryOp::Mul => Attn::Mul(xy),
+                    BinaryOp::Div => Attn::Div(xy),
+                    BinaryOp::Min => Attn::Min(xy),
+                    BinaryOp::Max => Attn::Max(xy),
+                    BinaryOp::Lt => Attn::Lt(xy),
+                    BinaryOp::Le => Attn::Le(xy),
+                    BinaryOp::Gt => Attn::Gt(xy),
+                    BinaryOp::Ge => Attn::Ge(xy),
+                    BinaryOp::Eq => Attn::Eq(xy),
+                    BinaryOp::Ne => Attn::Ne(xy),
+                }
+            }
+            RNode::Select(c, a, b) => Attn::Select([at(*c), at(*a), at(*b)]),
+        };
+        ids.push(eg.add(node));
+    }
+    (eg, ids)
+}
+
+fn mag(eg: &AttnGraph, id: Id) -> f64 {
+    let d = &eg[id].data;
+    d.lo.abs().max(d.hi.abs())
+}
+
+/// Signed additive terms of node `n` (`+`, `-`, negation, constant factors).
+fn terms(r: &Region, n: RId, coef: f64, out: &mut Vec<(f64, RId)>) {
+    match &r.nodes[n as usize] {
+        RNode::Binary(BinaryOp::Add, a, b) => {
+            terms(r, *a, coef, out);
+            terms(r, *b, coef, out);
+        }
+        RNode::Binary(BinaryOp::Sub, a, b) => {
+            terms(r, *a, coef, out);
+            terms(r, *b, -coef, out);
+        }
+        RNode::Unary(UnaryOp::Neg, a) => terms(r, *a, -coef, out),
+        RNode::Binary(BinaryOp::Mul, a, b) => match (&r.nodes[*a as usize], &r.nodes[*b as usize]) {
+            (RNode::Const(c), _) if c.is_finite() => terms(r, *b, coef * c, out),
+            (_, RNode::Const(c)) if c.is_finite() => terms(r, *a, coef * c, out),
+            _ => out.push((coef, n)),
+        },
+        RNode::Binary(BinaryOp::Div, a, b) => match &r.nodes[*b as usize] {
+            RNode::Const(c) if c.is_finite() && *c != 0.0 => terms(r, *a, coef / c, out),
+            _ => out.push((coef, n)),
+        },
+        _ => out.push((coef, n)),
+    }
+}
+
+/// The bound of region `r` whose captured tensors are `caps`; `Err` says which term is unbounded.
+pub fn score_bound(r: &Region, caps: &[CaptureInfo]) -> Result<ScoreBound, String> {
+    let (eg, ids) = classes(r, caps);
+    let u = mag(&eg, ids[r.root as usize]);
+    if u.is_finite() {
+        return Ok(ScoreBound::Static(u));
+    }
+    let mut ts = vec![];
+    terms(r, r.root, 1.0, &mut ts);
+    let (mut gain, mut extra) = (0.0, 0.0);
+    for (c, n) in ts {
+        let m = mag(&eg, ids[n as usize]);
+        let bounded_factor = |x: RId, w: RId| {
+            matches!(r.nodes[x as usize], RNode::Score) && mag(&eg, ids[w as usize]).is_finite()
+        };
+        match &r.nodes[n as usize] {
+            _ if m.is_finite() => extra += c.abs() * m,
+            RNode::Score => gain += c.abs(),
+            RNode::Binary(BinaryOp::Mul, a, b) if bounded_factor(*a, *b) => {
+                gain += c.abs() * mag(&eg, ids[*b as usize])
+            }
+            RNode::Binary(BinaryOp::Mul, a, b) if bounded_factor(*b, *a) => {
+                gain += c.abs() * mag(&eg, ids[*a as usize])
+            }
+            _ => {
+                let sub = Region { nodes: r.nodes.clone(), root: n };
+                let text =
+                    sub.display_with(&|k| caps.get(k).map(|c| c.name.clone()).unwrap_or_else(|| "?".into()));
+                return Err(format!(
+                    "the score term `{text}` has no bound (neither a constant nor a multiple of |q| |k| plus a constant), \
+                     so no threshold can be derived"
+                ));
+            }
+        }
+    }
+    Ok(ScoreBound::Data { gain, extra })
+}
+
+/// The bound of attention node `n` of `g`: captures named as in the source, with their declared
+/// ranges (a parameter's `in [lo, hi]`) or the interval the analysis derives for a computed one.
+pub fn attention_bound(g: &Graph, n: ValueId) -> Result<ScoreBound, String> {
+    let Op::Attention(a) = g.op(n) else { return Err("not an attention node".into()) };
+    let ops = Attention::operands(g, n)?;
+    let caps: Vec<CaptureInfo> = ops
+        .captures
+        .iter()
+        .map(|&c| match g.params.iter().find(|p| p.node == c) {
+            Some(p) => CaptureInfo { name: p.name.clone(), range: p.range },
+            None => CaptureInfo {
+                name: g.node(c).name.clone().unwrap_or_else(|| "a computed bias".into()),
+                range: crate::monotone::interval(g, c).filter(|(lo, hi)| lo.is_finite() && hi.is_finite()),
+            },
+        })
+        .collect();
+    score_bound(&a.score, &caps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use foxc_ir::attention::IndexVar;
+    use foxc_ir::index::IndexExpr;
+
+    fn kb() -> RNode {
+        let v = |n: &str| IndexExpr { terms: vec![(n.to_string(), 1)], constant: 0, div: None };
+        RNode::Capture { k: 0, index: vec![v("b"), v("h"), v("j")] }
+    }
+    fn cap(range: Option<(f64, f64)>) -> Vec<CaptureInfo> {
+        vec![CaptureInfo { name: "kb".into(), range }]
+    }
+
+    #[test]
+    fn softcap_is_static_and_biases_add_their_range() {
+        let mut r = Region::new();
+        let x = r.push(RNode::Score);
+        let a = r.push(RNode::Const(20.0));
+        let d = r.push(RNode::Binary(BinaryOp::Div, x, a));
+        let t = r.push(RNode::Unary(UnaryOp::Tanh, d));
+        let cap20 = r.push(RNode::Binary(BinaryOp::Mul, a, t));
+        assert_eq!(score_bound(&r, &[]), Ok(ScoreBound::Static(20.0)));
+        let b = r.push(kb());
+        r.push(RNode::Binary(BinaryOp::Add, cap20, b));
+        assert_eq!(score_bound(&r, &cap(Some((-4.0, 0.0)))), Ok(ScoreBound::Static(24.0)));
+        assert!(score_bound(&r, &cap(None)).is_err());
+        assert_eq!(score_bound(&Region::identity(), &[]), Ok(ScoreBound::IDENTITY));
+        // x - kb[b, h, j] / 2 with kb in [-4, 0]: U = X + 2.
+        let mut r = Region::new();
+        let x = r.push(RNode::Score);
+        let b = r.push(kb());
+        let two = r.push(RNode::Const(2.0));
+        let h = r.push(RNode::Binary(BinaryOp::Div, b, two));
+        r.push(RNode::Binary(BinaryOp::Sub, x, h));
+        assert_eq!(score_bound(&r, &cap(Some((-4.0, 0.0)))), Ok(ScoreBound::Data { gain: 1.0, extra: 2.0 }));
+    }
+
+    #[test]
+    fn growing_terms_have_no_bound() {
+        let mut r = Region::new();
+        let x = r.push(RNode::Score);
+        let e = r.push(RNode::Unary(UnaryOp::Exp, x));
+        r.push(RNode::Binary(BinaryOp::Add, x, e));
+        let err = score_bound(&r, &[]).unwrap_err();
+        assert!(err.contains("`exp(x)`"), "{err}");
+        // x + i: the query index grows with T.
+        let mut r = Region::new();
+        let x = r.push(RNode::Score);
+        let i = r.push(RNode::Index(IndexVar::I));
+        r.push(RNode::Binary(BinaryOp::Add, x, i));
+        assert!(score_bound(&r, &[]).unwrap_err().contains("`i`"));
+    }
+}

@@ -1,0 +1,513 @@
+//! Recognition of any attention variant `sum(j, softmax(j, MASK(E)) * v)` into `Op::Attention`
+//! (ATTENTION_OP.md): the mask becomes an attribute, `E` is split into the region `R` and the
+//! decay `c_i - c_j` ([`super::score`]), and the decay terms become one `gate_cumsum`.
+//!
+//! [`find`] searches the saturated e-graph and returns a [`Recognized`] (e-classes and extracted
+//! terms); [`emit`] writes it into the IR.
+
+use super::names::shown;
+use super::region::{scale_of, RegionBuilder};
+use super::score::{extract, split, sum_of, Terms, T};
+use super::{matches, sym_of, var, Builder, Emit, FusedCost, Ren};
+use crate::lang::{Attn, AttnGraph, Num};
+use crate::{Explanation, PassError};
+use egg::{Id, Language, Symbol};
+use foxc_ir::attention::{Attention, Mask, Scale};
+use foxc_ir::{BinaryOp, DType, Dim, GateKind, Graph, Op, Span, UnaryOp, Value, ValueId, ValueType};
+use std::collections::{BTreeSet, HashMap};
+
+/// The mask of a candidate, before the region exists.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum MaskKind {
+    None,
+    Causal,
+    Window(u64),
+}
+
+/// Where the decay `c_i` of one paired term comes from.
+#[derive(Clone, Debug)]
+pub(crate) enum DecaySrc {
+    /// `coef * cumsum(i, g)`: log gate `coef * g[b, h, i]`; `logits` is `z` when `g = logsigmoid(z)`.
+    Gate { g: Id, logits: Option<Id> },
+    /// `coef * a[h] * i`: log gate `coef * a[h]` (ALiBi).
+    Slope { a: Id },
+    /// Anything else: stored as it is (the monotonicity pass cannot prove it decays).
+    Other { c: Id },
+}
+
+/// A recognized attention, as e-classes and extracted terms (the intermediate form between the
+/// e-graph and `Op::Attention`).
+pub(crate) struct Recognized {
+    pub mask: MaskKind,
+    pub i: Symbol,
+    pub j: Symbol,
+    pub d: Symbol,
+    /// The batch and head indices, and the value feature index.
+    pub batch: [Symbol; 2],
+    pub e: Symbol,
+    pub sc: Id,
+    pub q: Id,
+    pub k: Id,
+    pub v: Id,
+    /// `R` (with the leaf `x`).
+    pub region: T,
+    /// `(coef, source)` of every decay term; `c_i` is their sum.
+    pub decay: Vec<(f64, DecaySrc)>,
+    /// The softmax class (for explanations).
+    pub softmax: Id,
+}
+
+/// Every class reachable from `root`.
+fn reachable(eg: &AttnGraph, root: Id) -> BTreeSet<Id> {
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![eg.find(root)];
+    while let Some(c) = stack.pop() {
+        if !seen.insert(c) {
+            continue;
+        }
+        for n in &eg[c].nodes {
+            stack.extend(n.children().iter().map(|k| eg.find(*k)));
+        }
+    }
+    seen
+}
+
+/// Batch axes and value feature index when q, k, v are indexed as attention needs.
+fn check_qkv(
+    eg: &AttnGraph,
+    out_axes: &[Symbol],
+    (i, j, d): (Symbol, Symbol, Symbol),
+    (q, k, v): (Id, Id, Id),
+) -> Result<([Symbol; 2], Symbol), String> {
+    let (qa, ka, va) = (&eg[q].data.axes, &eg[k].data.axes, &eg[v].data.axes);
+    let (si, sj, sd) = (shown(i), shown(j), shown(d));
+    if !(qa.contains(&i) && qa.contains(&d) && !qa.contains(&j)) {
+        return Err(format!("the query operand must be indexed by `{si}` and `{sd}` and not by `{sj}`"));
+    }
+    if !(ka.contains(&j) && ka.contains(&d) && !ka.contains(&i)) {
+        return Err(format!("the key operand must be indexed by `{sj}` and `{sd}` and not by `{si}`"));
+    }
+    let qb: Vec<Symbol> = qa.iter().filter(|a| **a != i && **a != d).cloned().collect();
+    let kb: Vec<Symbol> = ka.iter().filter(|a| **a != j && **a != d).cloned().collect();
+    if qb != kb || qb.len() != 2 {
+        return Err("q and k must share exactly two batch axes (batch and head)".into());
+    }
+    if out_axes.len() != 4 {
+        return Err("the output must have four axes [batch, head, query, feature]".into());
+    }
+    if out_axes[2] != i {
+        return Err(format!("the output's third axis must be the query index `{si}`"));
+    }
+    let batch = [out_axes[0], out_axes[1]];
+    if !(qb.contains(&batch[0]) && qb.contains(&batch[1])) {
+        return Err("the output's first two axes must be the batch axes of q and k".into());
+    }
+    let e = out_axes[3];
+    let want_v: BTreeSet<Symbol> = [batch[0], batch[1], j, e].into_iter().collect();
+    if *va != want_v {
+        return Err(format!(
+            "the value operand must be indexed by exactly the batch axes, `{sj}` and `{}`",
+            shown(e)
+        ));
+    }
+    Ok((batch, e))
+}
+
+/// The source of one decay term `c_i` (class `ci`).
+fn decay_src(eg: &AttnGraph, ci: Id, i: Symbol, h: Symbol) -> DecaySrc {
+    for m in matches(eg, "(cumsum ?t ?g)", ci) {
+        if eg[m[var("?t")]].data.sym == Some(i) {
+            let g = m[var("?g")];
+            let logits = matches(eg, "(logsigmoid ?z)", g).into_iter().map(|lm| lm[var("?z")]).next();
+            return DecaySrc::Gate { g, logits };
+        }
+    }
+    for m in matches(eg, "(* ?a (iota ?t))", ci) {
+        let a = m[var("?a")];
+        if eg[m[var("?t")]].data.sym == Some(i) && eg[a].data.axes.iter().all(|x| *x == h) {
+            return DecaySrc::Slope { a };
+        }
+    }
+    DecaySrc::Other { c: ci }
+}
+
+/// Cost of a dim in a region: a `1/sqrt(D)` belongs in the scale attribute.
+const DIM_COST: f64 = 10.0;
+
+/// Mask preference: masks that prune first.
+fn mask_rank(m: MaskKind) -> u8 {
+    match m {
+        MaskKind::Causal | MaskKind::Window(_) => 0,
+        MaskKind::None => 1,
+    }
+}
+
+/// Search the saturated root class for attention; `Err` says why the best candidate failed.
+pub(crate) fn find(eg: &mut AttnGraph, root: Id, out_axes: &[Symbol]) -> Result<Recognized, (String, Id)> {
+    // (mask, i, j, masked scores, v, softmax class)
+    let mut cands: Vec<(MaskKind, Symbol, Symbol, Id, Id, Id)> = vec![];
+    for m in matches(eg, "(sum ?j (* (softmax ?j ?x) ?v))", root) {
+        let Some(j) = sym_of(eg, &m, "?j") else { continue };
+        let (x, v) = (m[var("?x")], m[var("?v")]);
+        let sm = eg.lookup(Attn::Softmax([m[var("?j")], x])).unwrap_or(x);
+        for mm in matches(eg, "(causal ?i ?j ?s)", x) {
+            if let (Some(i), Some(jj)) = (sym_of(eg, &mm, "?i"), sym_of(eg, &mm, "?j")) {
+                if jj == j {
+                    cands.push((MaskKind::Causal, i, j, mm[var("?s")], v, sm));
+                }
+            }
+        }
+        for mm in matches(eg, "(window ?i ?j ?w ?s)", x) {
+            let w = eg[mm[var("?w")]].data.konst.filter(|w| *w >= 1.0 && w.fract() == 0.0);
+            if let (Some(i), Some(jj), Some(w)) = (sym_of(eg, &mm, "?i"), sym_of(eg, &mm, "?j"), w) {
+                if jj == j {
+                    cands.push((MaskKind::Window(w as u64), i, j, mm[var("?s")], v, sm));
+                }
+            }
+        }
+        if let Some(&i) = out_axes.get(2) {
+            cands.push((MaskKind::None, i, j, x, v, sm));
+        }
+    }
+    cands.sort_by_key(|c| mask_rank(c.0));
+    let mut best: Option<((u8, f64, f64), Recognized)> = None;
+    let mut why: Option<(String, Id)> = None;
+    for (mask, i, j, s, v, sm) in cands {
+        // Every `scale * sum(d, q * k)` below the scores is a candidate `x`.
+        let mut dots: Vec<(Id, Id, Symbol, Id, Id)> = vec![];
+        let one = eg.add(Attn::Num(Num::new(1.0)));
+        eg.rebuild();
+        let one = eg.find(one);
+        for c in reachable(eg, s) {
+            for m in matches(eg, "(* ?sc (sum ?d (* ?q ?k)))", c) {
+                if let Some(d) = sym_of(eg, &m, "?d") {
+                    dots.push((c, m[var("?sc")], d, m[var("?q")], m[var("?k")]));
+                }
+            }
+            for m in matches(eg, "(sum ?d (* ?q ?k))", c) {
+                if let Some(d) = sym_of(eg, &m, "?d") {
+                    dots.push((c, one, d, m[var("?q")], m[var("?k")]));
+                }
+            }
+        }
+        if dots.is_empty() {
+            why.get_or_insert(("the scores contain no dot product `sum(d, q * k)`".into(), s));
+        }
+        for (x, sc, d, q, k) in dots {
+            let (batch, e) = match check_qkv(eg, out_axes, (i, j, d), (q, k, v)) {
+                Ok(b) => b,
+                Err(w) => {
+                    why.get_or_insert((w, s));
+                    continue;
+                }
+            };
+            if !eg[sc].data.axes.is_empty() {
+                why.get_or_insert(("the scale of `q . k` depends on an index".into(), s));
+                continue;
+            }
+            let Some((term, cost)) = extract(eg, s, Some(x), DIM_COST) else { continue };
+            let parts = split(eg, &term, i, j, batch);
+            eg.rebuild();
+            let Some(region) = sum_of(&parts.region).filter(T::uses_x) else {
+                why.get_or_insert(("the scores do not use `q . k`".into(), s));
+                continue;
+            };
+            // The region must be expressible (captures are checked, not emitted, here).
+            let leaves = Default::default();
+            let mut rb = RegionBuilder::new([batch[0], batch[1], i, j], &leaves);
+            let mut dry = |_: &T, _: &[Symbol]| Ok(ValueId::end());
+            if let Err(w) = rb.add(eg, &region, &mut dry) {
+                why = Some((w, s));
+                continue;
+            }
+            // Prefer the simplest scale, q and k (the user's `q . k / sqrt(D)`), then the
+            // simplest region.
+            let size = |c: Id| extract(eg, c, None, 1.0).map(|e| e.1).unwrap_or(f64::INFINITY);
+            let sc_cost = size(sc);
+            let key = (mask_rank(mask), cost + 2.0 * (sc_cost + size(q) + size(k)), sc_cost);
+            if best.as_ref().is_some_and(|(k0, _)| *k0 <= key) {
+                continue;
+            }
+            let decay: Terms = parts.decay;
+            let classes: Vec<(f64, Id)> = decay.into_iter().map(|(c, t)| (c, t.class_in(eg))).collect();
+            eg.rebuild();
+            let decay =
+                classes.into_iter().map(|(c, ci)| (c, decay_src(eg, eg.find(ci), i, batch[1]))).collect();
+            let rec = Recognized { mask, i, j, d, batch, e, sc, q, k, v, region, decay, softmax: sm };
+            best = Some((key, rec));
+        }
+    }
+    match best {
+        Some((_, r)) => Ok(r),
+        None => Err(why.unwrap_or_else(|| super::diagnose(eg, root))),
+    }
+}
+
+impl Emit<'_, '_> {
+    /// Store the named value `v` positionally in `order`, broadcasting missing axes.
+    fn store_named(&mut self, mut v: ValueId, order: &[Symbol], span: Span) -> Result<ValueId, String> {
+        for a in order {
+            if self.g.ty(v).axis(a.as_str()).is_none() {
+                let dim = self
+                    .b
+                    .dims
+                    .get(a)
+                    .cloned()
+                    .ok_or_else(|| format!("unknown size of axis `{}`", shown(*a)))?;
+                let ty = ValueType { dtype: DType::F32, axes: vec![foxc_ir::Axis::new(a.as_str(), dim)] };
+                let io = self.g.add(Op::Iota { axis: a.to_string() }, ty, &[], span);
+                let zero = self.node(Op::Const(0.0), &[], span)?;
+                let z = self.node(Op::Binary(BinaryOp::Mul), &[zero, io], span)?;
+                v = self.node(Op::Binary(BinaryOp::Add), &[v, z], span)?;
+            }
+        }
+        let axes = order.iter().map(|s| s.to_string()).collect();
+        self.node(Op::Store { axes }, &[v], span)
+    }
+
+    /// `coef * v` as a named value.
+    fn scaled(&mut self, coef: f64, v: ValueId, span: Span) -> Result<ValueId, String> {
+        if coef == 1.0 {
+            return Ok(v);
+        }
+        if coef == -1.0 {
+            return self.node(Op::Unary(UnaryOp::Neg), &[v], span);
+        }
+        let c = self.node(Op::Const(coef), &[], span)?;
+        self.node(Op::Binary(BinaryOp::Mul), &[c, v], span)
+    }
+
+    /// The positional `[B, H, T]` decay operand `c` of the recognized terms.
+    fn decay(&mut self, terms: &[(f64, DecaySrc)], order: [Symbol; 3]) -> Result<Option<ValueId>, String> {
+        let [bb, hh, i] = order;
+        let span_of = |me: &Self, id: Id| me.b.span_of(id).unwrap_or(me.span);
+        match terms {
+            [] => return Ok(None),
+            [(c, DecaySrc::Gate { g, logits })] if *c == 1.0 => {
+                let span = span_of(self, *g);
+                if let Some(z) = logits.filter(|z| self.b.eg[*z].data.axes.iter().all(|a| order.contains(a)))
+                {
+                    let zp = self.positional(z, &order, span)?;
+                    return self.node(Op::GateCumsum { kind: GateKind::Logits }, &[zp], span).map(Some);
+                }
+                let gp = self.positional(*g, &order, span)?;
+                return self.node(Op::GateCumsum { kind: GateKind::LogGate }, &[gp], span).map(Some);
+            }
+            [(c, DecaySrc::Slope { a })] => {
+                // log f = c * a[h] = -m[h]: the Slope operand is m = -c * a.
+                let span = span_of(self, *a);
+                self.span = span;
+                let m = if *c == -1.0 {
+                    self.positional(*a, &[hh], span)?
+                } else {
+                    let av = self.emit(*a)?;
+                    let mv = self.scaled(-c, av, span)?;
+                    self.store_named(mv, &[hh], span)?
+                };
+                let dim = |me: &Self, s: &Symbol| {
+                    me.b.dims.get(s).cloned().ok_or_else(|| format!("unknown size of axis `{}`", shown(*s)))
+                };
+                let ty = ValueType::tensor(DType::F32, [dim(self, &bb)?, dim(self, &hh)?, dim(self, &i)?]);
+                return Ok(Some(self.g.add(Op::GateCumsum { kind: GateKind::Slope }, ty, &[m], span)));
+            }
+            _ => {}
+        }
+        // Several terms: one cumsum of the summed log gates, or (if a term is not a gate) the
+        // summed c itself.
+        let gates = terms.iter().all(|(_, s)| !matches!(s, DecaySrc::Other { .. }));
+        let mut acc: Option<ValueId> = None;
+        let mut span = self.span;
+        for (c, s) in terms {
+            let id = match s {
+                DecaySrc::Gate { g, .. } if gates => *g,
+                DecaySrc::Slope { a } if gates => {
+                    // The gate of a ramp a[h] * i is a[h]; its c is a[h] * i (as a term, below).
+                    *a
+                }
+                DecaySrc::Gate { .. } | DecaySrc::Slope { .. } | DecaySrc::Other { .. } => {
+                    return self.decay_stored(terms, order).map(Some);
+                }
+            };
+            span = span_of(self, id);
+            let v = self.emit(id)?;
+            let v = self.scaled(*c, v, span)?;
+            acc = Some(match acc {
+                None => v,
+                Some(a) => self.node(Op::Binary(BinaryOp::Add), &[a, v], span)?,
+            });
+        }
+        let sum = acc.ok_or("no decay term")?;
+        let gp = self.store_named(sum, &order, span)?;
+        self.node(Op::GateCumsum { kind: GateKind::LogGate }, &[gp], span).map(Some)
+    }
+
+    /// `c = sum coef * c_k` stored positionally (not provably decaying).
+    fn decay_stored(&mut self, terms: &[(f64, DecaySrc)], order: [Symbol; 3]) -> Result<ValueId, String> {
+        let mut acc: Option<ValueId> = None;
+        let span = self.span;
+        for (c, s) in terms {
+            let id = match s {
+                DecaySrc::Other { c } => *c,
+                // A gate or ramp among non-gates: its c_i term itself.
+                DecaySrc::Gate { g, .. } => {
+                    let gv = self.emit(*g)?;
+                    let v = self.node(Op::Cumsum { axis: order[2].to_string() }, &[gv], span)?;
+                    let v = self.scaled(*c, v, span)?;
+                    acc = Some(match acc {
+                        None => v,
+                        Some(a) => self.node(Op::Binary(BinaryOp::Add), &[a, v], span)?,
+                    });
+                    continue;
+                }
+                DecaySrc::Slope { a } => {
+                    let av = self.emit(*a)?;
+                    let dim = self.b.dims.get(&order[2]).cloned().ok_or("unknown size of the query axis")?;
+                    let ty = ValueType {
+                        dtype: DType::F32,
+                        axes: vec![foxc_ir::Axis::new(order[2].as_str(), dim)],
+                    };
+                    let io = self.g.add(Op::Iota { axis: order[2].to_string() }, ty, &[], span);
+                    let v = self.node(Op::Binary(BinaryOp::Mul), &[av, io], span)?;
+                    let v = self.scaled(*c, v, span)?;
+                    acc = Some(match acc {
+                        None => v,
+                        Some(a) => self.node(Op::Binary(BinaryOp::Add), &[a, v], span)?,
+                    });
+                    continue;
+                }
+            };
+            let v = self.emit(id)?;
+            let v = self.scaled(*c, v, span)?;
+            acc = Some(match acc {
+                None => v,
+                Some(a) => self.node(Op::Binary(BinaryOp::Add), &[a, v], span)?,
+            });
+        }
+        let sum = acc.ok_or("no decay term")?;
+        self.store_named(sum, &order, span)
+    }
+}
+
+/// Write the recognized attention into the IR; returns the attention node.
+pub(crate) fn emit(em: &mut Emit, r: &Recognized, span: Span) -> Result<ValueId, String> {
+    let [bb, hh] = r.batch;
+    let mut q = em.positional(r.q, &[bb, hh, r.i, r.d], span)?;
+    let k = em.positional(r.k, &[bb, hh, r.j, r.d], span)?;
+    let v = em.positional(r.v, &[bb, hh, r.j, r.e], span)?;
+    // A scale that is neither a number nor `c / sqrt(D)` multiplies q.
+    let scale = match scale_of(&em.b.eg, r.sc) {
+        Some(s) => s,
+        None => {
+            let s = em.emit(r.sc)?;
+            q = em.node(Op::Binary(BinaryOp::Mul), &[q, s], span)?;
+            Scale::constant(1.0)
+        }
+    };
+    let c = em.decay(&r.decay, [bb, hh, r.i])?;
+    em.span = span;
+    // The region, its captures computed outside where needed.
+    let b = em.b;
+    let mut rb = RegionBuilder::new([bb, hh, r.i, r.j], &b.leaves);
+    let mut mat = |t: &T, order: &[Symbol]| -> Result<ValueId, String> {
+        let class = t.class.ok_or("a computed score term has no e-class")?;
+        let sp = b.span_of(class).unwrap_or(span);
+        em.positional(class, order, sp)
+    };
+    let root = rb.add(&b.eg, &r.region, &mut mat)?;
+    let (score, captures) = rb.finish(root);
+    let mask = match r.mask {
+        MaskKind::None => Mask::None,
+        MaskKind::Causal => Mask::Causal,
+        MaskKind::Window(w) => Mask::Window(w),
+    };
+    let mut a = Attention::new(scale, mask, c.is_some());
+    a.score = score;
+    a.kv_group = Dim::Const(1);
+    let mut operands: Vec<ValueId> = vec![q, k, v];
+    operands.extend(c);
+    operands.extend(captures);
+    let tys: Vec<ValueType> = operands.iter().map(|o| em.g.ty(*o).clone()).collect();
+    let refs: Vec<&ValueType> = tys.iter().collect();
+    let rtys = a.result_types(&refs)?;
+    let vals: Vec<Value> = operands.into_iter().map(Value::of).collect();
+    Ok(em.g.add_multi(Op::Attention(a), rtys, &vals, span))
+}
+
+/// The recognition pass: replace the output statement by one `attention` node (result 0 takes
+/// the statement's uses). Programs that are not attention get an explanation and stay as they are.
+pub(crate) fn run(g: &mut Graph, ex: &mut Vec<Explanation>) -> Result<Option<ValueId>, PassError> {
+    let Some(out) = g.output else { return Ok(None) };
+    if !g.find(|op| matches!(op, Op::Attention(_))).is_empty() {
+        return Ok(None);
+    }
+    let store = if matches!(g.op(out), Op::Cast) { g.operands(out)[0] } else { out };
+    let Op::Store { axes: out_axes } = g.op(store).clone() else {
+        ex.push(Explanation {
+            message: "not recognized as attention: the output is not an index-notation statement".into(),
+            span: g.node(out).span,
+            hint: None,
+        });
+        return Ok(None);
+    };
+    // The builder reads a snapshot (same node ids) while the graph is rewritten.
+    let snapshot = g.clone();
+    let g_ro: &Graph = &snapshot;
+    let mut b = Builder::new(g_ro);
+    let root = match b.term(g_ro.operands(store)[0], &Ren::top()) {
+        Ok(r) => r,
+        Err((msg, span)) => {
+            ex.push(Explanation { message: format!("not recognized as attention: {msg}"), span, hint: None });
+            return Ok(None);
+        }
+    };
+    let eg = std::mem::take(&mut b.eg);
+    let runner = crate::lang::runner(RUN_ITERS, RUN_NODES).with_egraph(eg).run(&crate::lang::rules());
+    b.eg = runner.egraph;
+    b.eg.rebuild();
+    let root = b.eg.find(root);
+    let out_syms: Vec<Symbol> = out_axes.iter().map(|a| Symbol::from(a.as_str())).collect();
+    let store_span = g_ro.node(store).span;
+    let rec = match find(&mut b.eg, root, &out_syms) {
+        Ok(r) => r,
+        Err((why, at)) => {
+            b.eg.rebuild();
+            let span = b.span_of(at).unwrap_or(store_span);
+            ex.push(Explanation {
+                message: format!("not recognized as attention: {why}"),
+                span,
+                hint: Some(
+                    "foxc fuses `sum(j, softmax(j, MASK(E)) * v)` where E uses `scale * sum(d, q * k)`"
+                        .into(),
+                ),
+            });
+            return Ok(None);
+        }
+    };
+    b.eg.rebuild();
+    if rec.mask == MaskKind::None {
+        let span = b.span_of(rec.softmax).unwrap_or(store_span);
+        ex.push(Explanation {
+            message: format!(
+                "not pruned: softmax over `{}` is not causally masked: every key is visible, so no key tile can be \
+                 skipped (fused as dense attention)",
+                shown(rec.j)
+            ),
+            span,
+            hint: Some("mask it with causal(i, j, s) or window(i, j, W, s) if the model is causal".into()),
+        });
+    }
+    let store_name = g_ro.node(store).name.clone();
+    let extractor = egg::Extractor::new(&b.eg, FusedCost);
+    let mut em = Emit { g, b: &b, ex: extractor, span: store_span, memo: HashMap::new() };
+    let node = emit(&mut em, &rec, store_span)
+        .map_err(|e| PassError::Internal(format!("emitting the fused attention: {e}")))?;
+    g.node_mut(node).name = store_name;
+    g.replace_all_uses(store, node);
+    g.remove_dead();
+    Ok(Some(node))
+}
+
+/// Saturation limits of recognition: enough for every example and spelling to saturate or to
+/// contain its attention shape (tests/spellings), independent of the machine's speed.
+pub(crate) const RUN_ITERS: usize = 12;
+pub(crate) const RUN_NODES: usize = 40_000;

@@ -1,0 +1,275 @@
+//! The score `E` of a recognized attention, split into the region `R` (an expression of the
+//! scaled product `x`) and the decay terms `c_i - c_j` (contract: ATTENTION_OP.md).
+//!
+//! 1. [`extract`] reads one term out of the saturated score class with the class of
+//!    `scale * q . k` replaced by the leaf `x` (cheapest spelling, dims costed high so that a
+//!    `1/sqrt(D)` stays in the scale rather than the region).
+//! 2. [`split`] expands the term into a signed sum (distributing factors free of `x` over sums:
+//!    `m[h] (j - i)` is `m[h] j - m[h] i`) and pairs every term `t(i)` that depends on the query
+//!    index (and batch/head) only with a term `-t(j)`: those pairs are the decay `c_i - c_j`.
+//!    Everything else (terms with `x`, unpaired key or query biases, terms of both `i` and `j`)
+//!    is the region.
+
+use crate::lang::{rename, Attn, AttnGraph, Num};
+use egg::{Id, Language, RecExpr, Symbol};
+use std::collections::{BTreeSet, HashMap};
+
+/// The name of the leaf that stands for `x = scale * q . k` in an extracted term.
+pub(crate) const X: &str = "$x";
+
+/// An extracted term: an e-graph node with its children, and the class it came from (`None` for
+/// nodes built by [`split`]).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct T {
+    /// The node; its child ids are meaningless (the children are `kids`).
+    pub op: Attn,
+    pub kids: Vec<T>,
+    pub class: Option<Id>,
+}
+
+impl T {
+    pub fn x(class: Id) -> T {
+        T { op: Attn::Symbol(Symbol::from(X)), kids: vec![], class: Some(class) }
+    }
+    pub fn num(c: f64) -> T {
+        T { op: Attn::Num(Num::new(c)), kids: vec![], class: None }
+    }
+    fn node(op: Attn, kids: Vec<T>) -> T {
+        T { op, kids, class: None }
+    }
+    pub fn is_x(&self) -> bool {
+        matches!(&self.op, Attn::Symbol(s) if s.as_str() == X)
+    }
+    pub fn uses_x(&self) -> bool {
+        self.is_x() || self.kids.iter().any(T::uses_x)
+    }
+    pub fn konst(&self) -> Option<f64> {
+        match &self.op {
+            Attn::Num(n) => Some(n.get()),
+            _ => None,
+        }
+    }
+
+    /// Free index variables (those of the classes; a built node has the union of its children's).
+    pub fn axes(&self, eg: &AttnGraph) -> BTreeSet<Symbol> {
+        match self.class {
+            Some(c) if !self.is_x() => eg[c].data.axes.clone(),
+            _ => self.kids.iter().flat_map(|k| k.axes(eg)).collect(),
+        }
+    }
+
+    /// The term as a `RecExpr` (for adding it to the e-graph).
+    pub fn to_expr(&self) -> RecExpr<Attn> {
+        fn go(t: &T, e: &mut RecExpr<Attn>) -> Id {
+            let ids: Vec<Id> = t.kids.iter().map(|k| go(k, e)).collect();
+            let mut op = t.op.clone();
+            for (slot, id) in op.children_mut().iter_mut().zip(ids) {
+                *slot = id;
+            }
+            e.add(op)
+        }
+        let mut e = RecExpr::default();
+        go(self, &mut e);
+        e
+    }
+
+    /// The e-class of the term, adding it to the e-graph if needed (hash-consing makes equal
+    /// spellings one class).
+    pub fn class_in(&self, eg: &mut AttnGraph) -> Id {
+        match self.class {
+            Some(c) => eg.find(c),
+            None => {
+                let id = eg.add_expr(&self.to_expr());
+                eg.find(id)
+            }
+        }
+    }
+}
+
+/// Own cost of a node (AST size; `dim` costs `dim_cost`); fused nodes are never extracted.
+fn own_cost(n: &Attn, dim_cost: f64) -> Option<f64> {
+    Some(match n {
+        Attn::DAttn(_) => return None,
+        Attn::Dim(_) => dim_cost,
+        Attn::Num(_) | Attn::Symbol(_) => 0.5,
+        // Division by a constant reads as written (`x / 20`, not `x * 0.05`).
+        Attn::Div(_) => 0.9,
+        _ => 1.0,
+    })
+}
+
+/// The cheapest term of class `root`, with class `x` (if any) read as the leaf [`X`] and a dim
+/// costing `dim_cost` (high in regions: a `1/sqrt(D)` belongs in the scale).
+/// Returns the term and its cost; `None` if the class has no finite term.
+pub(crate) fn extract(eg: &AttnGraph, root: Id, x: Option<Id>, dim_cost: f64) -> Option<(T, f64)> {
+    let x = x.map(|x| eg.find(x));
+    let mut best: HashMap<Id, (f64, Attn)> = HashMap::new();
+    let cost_of = |best: &HashMap<Id, (f64, Attn)>, c: Id| -> Option<f64> {
+        let c = eg.find(c);
+        if Some(c) == x {
+            return Some(0.5);
+        }
+        best.get(&c).map(|b| b.0)
+    };
+    // Fixpoint over the classes (the e-graph may have cycles; costs only decrease).
+    loop {
+        let mut changed = false;
+        for class in eg.classes() {
+            if Some(class.id) == x {
+                continue;
+            }
+            for n in &class.nodes {
+                let Some(own) = own_cost(n, dim_cost) else { continue };
+                let kids: Option<f64> = n.children().iter().map(|c| cost_of(&best, *c)).sum();
+                let Some(k) = kids else { continue };
+                let c = own + k;
+                if best.get(&class.id).is_none_or(|b| c < b.0) {
+                    best.insert(class.id, (c, n.clone()));
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    fn build(
+        eg: &AttnGraph,
+        best: &HashMap<Id, (f64, Attn)>,
+        x: Option<Id>,
+        c: Id,
+        depth: usize,
+    ) -> Option<T> {
+        let c = eg.find(c);
+        if Some(c) == x {
+            return Some(T::x(c));
+        }
+        if depth > 200 {
+            return None;
+        }
+        let n = &best.get(&c)?.1;
+        let kids =
+            n.children().iter().map(|k| build(eg, best, x, *k, depth + 1)).collect::<Option<Vec<_>>>()?;
+        Some(T { op: n.clone(), kids, class: Some(c) })
+    }
+    let cost = cost_of(&best, root)?;
+    Some((build(eg, &best, x, root, 0)?, cost))
+}
+
+/// `coef * t` terms of a sum.
+pub(crate) type Terms = Vec<(f64, T)>;
+
+/// Expand `t` into a signed sum of terms (`+`, `-`, negation, constant factors, and products of
+/// `x`-free sums are distributed).
+pub(crate) fn expand(t: &T, coef: f64, out: &mut Terms) {
+    match &t.op {
+        Attn::Add(_) => {
+            expand(&t.kids[0], coef, out);
+            expand(&t.kids[1], coef, out);
+        }
+        Attn::Sub(_) => {
+            expand(&t.kids[0], coef, out);
+            expand(&t.kids[1], -coef, out);
+        }
+        Attn::Neg(_) => expand(&t.kids[0], -coef, out),
+        Attn::Mul(_) => {
+            let (a, b) = (&t.kids[0], &t.kids[1]);
+            if let Some(c) = a.konst().filter(|c| c.is_finite()) {
+                return expand(b, coef * c, out);
+            }
+            if let Some(c) = b.konst().filter(|c| c.is_finite()) {
+                return expand(a, coef * c, out);
+            }
+            if t.uses_x() {
+                return out.push((coef, t.clone()));
+            }
+            let (mut ta, mut tb) = (vec![], vec![]);
+            expand(a, 1.0, &mut ta);
+            expand(b, 1.0, &mut tb);
+            if ta.len() == 1 && tb.len() == 1 && ta[0].1 == *a && tb[0].1 == *b {
+                return out.push((coef * ta[0].0 * tb[0].0, t.clone()));
+            }
+            for (ca, xa) in &ta {
+                for (cb, xb) in &tb {
+                    out.push((
+                        coef * ca * cb,
+                        T::node(Attn::Mul([Id::from(0); 2]), vec![xa.clone(), xb.clone()]),
+                    ));
+                }
+            }
+        }
+        _ => out.push((coef, t.clone())),
+    }
+}
+
+/// Rebuild `sum coef * t` as one term (`None` for an empty sum).
+pub(crate) fn sum_of(terms: &[(f64, T)]) -> Option<T> {
+    let z = Id::from(0);
+    let mut acc: Option<T> = None;
+    for (c, t) in terms {
+        let (neg, mag) = (*c < 0.0, c.abs());
+        let scaled =
+            if mag == 1.0 { t.clone() } else { T::node(Attn::Mul([z; 2]), vec![T::num(mag), t.clone()]) };
+        acc = Some(match acc {
+            None if neg => T::node(Attn::Neg(z), vec![scaled]),
+            None => scaled,
+            Some(a) if neg => T::node(Attn::Sub([z; 2]), vec![a, scaled]),
+            Some(a) => T::node(Attn::Add([z; 2]), vec![a, scaled]),
+        });
+    }
+    acc
+}
+
+/// The score split into region terms and decay terms `c(i)` (each paired with a `-c(j)`).
+#[derive(Clone, Debug)]
+pub(crate) struct Split {
+    pub region: Terms,
+    pub decay: Terms,
+}
+
+/// Split the extracted score `e` (see the module doc). `batch` are the batch and head indices.
+pub(crate) fn split(eg: &mut AttnGraph, e: &T, i: Symbol, j: Symbol, batch: [Symbol; 2]) -> Split {
+    let mut terms = vec![];
+    expand(e, 1.0, &mut terms);
+    let side =
+        |ax: &BTreeSet<Symbol>, k: Symbol| ax.contains(&k) && ax.iter().all(|a| *a == k || batch.contains(a));
+    let mut region = vec![];
+    let mut is = vec![];
+    let mut js = vec![];
+    for (c, t) in terms {
+        let ax = t.axes(eg);
+        if t.uses_x() {
+            region.push((c, t));
+        } else if side(&ax, i) {
+            is.push((c, t));
+        } else if side(&ax, j) {
+            js.push((c, t));
+        } else {
+            region.push((c, t));
+        }
+    }
+    let mut used = vec![false; js.len()];
+    let mut decay = vec![];
+    for (ci, ti) in is {
+        let renamed = eg.add_expr(&rename(&ti.to_expr(), i, j));
+        let cands: Vec<Id> = js.iter().map(|(_, t)| t.class_in(eg)).collect();
+        eg.rebuild();
+        let want = eg.find(renamed);
+        let hit = (0..js.len()).find(|&n| !used[n] && js[n].0 == -ci && eg.find(cands[n]) == want);
+        match hit {
+            Some(n) => {
+                used[n] = true;
+                decay.push((ci, ti));
+            }
+            None => region.push((ci, ti)),
+        }
+    }
+    for (n, t) in js.into_iter().enumerate() {
+        if !used[n] {
+            region.push(t);
+        }
+    }
+    // `x` first: `x + kb[b, h, j]` reads as the user wrote it.
+    region.sort_by_key(|(_, t)| !t.uses_x());
+    Split { region, decay }
+}

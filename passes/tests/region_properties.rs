@@ -1,0 +1,217 @@
+//! Recognition of attention variants into the generic `attention` op: the region, the mask,
+//! the decay operand and the score bound of each variant, and explanations in source names.
+
+use foxc_ir::{Attention, GateKind, Graph, Mask, Op, ScoreBound};
+use foxc_passes::recognize::{attention_bound, recognize_attention};
+
+/// A FoX-like program whose scores statement is `scores` (over `s0 = q . k / sqrt(D)`), masked
+/// by `mask` (with `{}` for the scores), with extra parameters `params`.
+fn program(params: &str, scores: &str, mask: &str) -> String {
+    let masked = mask.replace("{}", "e[b, h, i, j]");
+    format!(
+        "attention variant(q: f32[B, H, T, D], k: f32[B, H, T, D], v: f32[B, H, T, D], fgate: f32[B, H, T]{params}) -> f32[B, H, T, D] {{
+            c[b, h, t]      = cumsum(t, logsigmoid(fgate[b, h, t]))
+            s0[b, h, i, j]  = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D)
+            e[b, h, i, j]   = {scores}
+            p[b, h, i, j]   = softmax(j, {masked})
+            out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
+            return out
+        }}"
+    )
+}
+
+fn compile(src: &str) -> Graph {
+    foxc_ir::frontend::compile("variant.attn", src.as_bytes())
+        .unwrap_or_else(|d| panic!("{}", d.render("v", src)))
+        .graph
+}
+
+/// The recognized attention node of `src` (panics with the explanations if there is none).
+fn recognized(src: &str) -> (Graph, foxc_ir::ValueId) {
+    let mut g = compile(src);
+    let ex = recognize_attention(&mut g).unwrap();
+    let n = g.find(|op| matches!(op, Op::Attention(_)));
+    assert_eq!(n.len(), 1, "not recognized: {ex:?}\n{src}");
+    (g, n[0])
+}
+
+/// `score = ...` as the printer shows it, with captures named by their parameters.
+fn region_text(g: &Graph, n: foxc_ir::ValueId) -> String {
+    let Op::Attention(a) = g.op(n) else { unreachable!() };
+    let ops = Attention::operands(g, n).unwrap();
+    a.score.display_with(&|k| {
+        let c = ops.captures[k];
+        g.params
+            .iter()
+            .find(|p| p.node == c)
+            .map(|p| p.name.clone())
+            .unwrap_or_else(|| format!("%{}", c.index()))
+    })
+}
+
+/// The gate kind of the decay operand, if any.
+fn gate(g: &Graph, n: foxc_ir::ValueId) -> Option<GateKind> {
+    let c = Attention::operands(g, n).unwrap().decay?;
+    match g.op(c) {
+        Op::GateCumsum { kind } => Some(*kind),
+        _ => None,
+    }
+}
+
+struct Case {
+    name: &'static str,
+    params: &'static str,
+    scores: &'static str,
+    mask: &'static str,
+    region: &'static str,
+    gate: Option<GateKind>,
+    mask_is: Mask,
+    bound: Result<ScoreBound, &'static str>,
+}
+
+const FOX: &str = "s0[b, h, i, j] + c[b, h, i] - c[b, h, j]";
+
+fn cases() -> Vec<Case> {
+    use GateKind::*;
+    let case = |name, params, scores, mask, region, gate, mask_is, bound| Case {
+        name,
+        params,
+        scores,
+        mask,
+        region,
+        gate,
+        mask_is,
+        bound,
+    };
+    vec![
+        case("fox", "", FOX, "causal(i, j, {})", "x", Some(Logits), Mask::Causal, Ok(ScoreBound::IDENTITY)),
+        case(
+            "softcap",
+            "",
+            "20 * tanh(s0[b, h, i, j] / 20) + c[b, h, i] - c[b, h, j]",
+            "causal(i, j, {})",
+            "20 * tanh(x / 20)",
+            Some(Logits),
+            Mask::Causal,
+            Ok(ScoreBound::Static(20.0)),
+        ),
+        case(
+            "key bias",
+            ", kb: f32[B, H, T] in [-4, 0]",
+            "s0[b, h, i, j] + kb[b, h, j] + c[b, h, i] - c[b, h, j]",
+            "causal(i, j, {})",
+            "x + kb[b, h, j]",
+            Some(Logits),
+            Mask::Causal,
+            Ok(ScoreBound::Data { gain: 1.0, extra: 4.0 }),
+        ),
+        case(
+            "unbounded key bias",
+            ", kb: f32[B, H, T]",
+            "s0[b, h, i, j] + kb[b, h, j] + c[b, h, i] - c[b, h, j]",
+            "causal(i, j, {})",
+            "x + kb[b, h, j]",
+            Some(Logits),
+            Mask::Causal,
+            Err("kb[b, h, j]"),
+        ),
+        case(
+            "alibi m (j - i)",
+            ", m: f32[H] in [0, inf]",
+            "s0[b, h, i, j] + m[h] * (j - i)",
+            "causal(i, j, {})",
+            "x",
+            Some(Slope),
+            Mask::Causal,
+            Ok(ScoreBound::IDENTITY),
+        ),
+        case(
+            "fox + alibi",
+            ", m: f32[H] in [0, inf]",
+            "s0[b, h, i, j] + c[b, h, i] - c[b, h, j] - m[h] * (i - j)",
+            "causal(i, j, {})",
+            "x",
+            Some(LogGate),
+            Mask::Causal,
+            Ok(ScoreBound::IDENTITY),
+        ),
+        case(
+            "softcap + key bias, windowed",
+            ", kb: f32[B, H, T] in [-1, 1]",
+            "20 * tanh(s0[b, h, i, j] / 20) + kb[b, h, j] + c[b, h, i] - c[b, h, j]",
+            "window(i, j, 7, {})",
+            "20 * tanh(x / 20) + kb[b, h, j]",
+            Some(Logits),
+            Mask::Window(7),
+            Ok(ScoreBound::Static(21.0)),
+        ),
+        case(
+            "relative bias",
+            ", rb: f32[H, T]",
+            "s0[b, h, i, j] + rb[h, i] * rb[h, j]",
+            "select(j <= i, {}, log(0))",
+            "x + rb[h, i] * rb[h, j]",
+            None,
+            Mask::Causal,
+            Err("rb[h, i] * rb[h, j]"),
+        ),
+        case("no mask", "", FOX, "{}", "x", Some(Logits), Mask::None, Ok(ScoreBound::IDENTITY)),
+    ]
+}
+
+#[test]
+fn variants_become_the_op_with_their_region_decay_and_bound() {
+    for c in cases() {
+        let src = program(c.params, c.scores, c.mask);
+        let (g, n) = recognized(&src);
+        let Op::Attention(a) = g.op(n) else { unreachable!() };
+        assert_eq!(region_text(&g, n), c.region, "{}", c.name);
+        assert_eq!(a.mask, c.mask_is, "{}", c.name);
+        assert_eq!(gate(&g, n), c.gate, "{}", c.name);
+        assert_eq!(a.decay, c.gate.is_some(), "{}", c.name);
+        assert_eq!(a.scale.to_string(), "1/sqrt(D)", "{}", c.name);
+        match (attention_bound(&g, n), c.bound) {
+            (Ok(b), Ok(want)) => assert_eq!(b, want, "{}", c.name),
+            (Err(e), Err(at)) => assert!(e.contains(at), "{}: {e}", c.name),
+            (got, want) => panic!("{}: bound {got:?}, want {want:?}", c.name),
+        }
+    }
+}
+
+/// The softmax written out: `exp(s - max) / sum(exp(s - max))`, without the max, and with the
+/// mask applied before or inside the exponential.
+#[test]
+fn hand_written_softmax_is_the_op() {
+    let pre = "attention hw(q: f32[B, H, T, D], k: f32[B, H, T, D], v: f32[B, H, T, D], fgate: f32[B, H, T]) -> f32[B, H, T, D] {
+        c[b, h, t]      = cumsum(t, logsigmoid(fgate[b, h, t]))
+        s[b, h, i, j]   = causal(i, j, sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D) + c[b, h, i] - c[b, h, j])";
+    for body in [
+        "m[b, h, i] = max(j, s[b, h, i, j])
+         e[b, h, i, j] = exp(s[b, h, i, j] - m[b, h, i])
+         z[b, h, i] = sum(j, e[b, h, i, j])
+         out[b, h, i, d] = sum(j, e[b, h, i, j] / z[b, h, i] * v[b, h, j, d])",
+        "e[b, h, i, j] = exp(s[b, h, i, j])
+         out[b, h, i, d] = sum(j, e[b, h, i, j] / sum(l, e[b, h, i, l]) * v[b, h, j, d])",
+        "p[b, h, i, j] = exp(s[b, h, i, j] - max(l, s[b, h, i, l])) / sum(l, exp(s[b, h, i, l] - max(m, s[b, h, i, m])))
+         out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])",
+    ] {
+        let src = format!("{pre}\n{body}\nreturn out\n}}");
+        let (g, n) = recognized(&src);
+        assert_eq!(region_text(&g, n), "x");
+        assert_eq!(gate(&g, n), Some(GateKind::Logits));
+    }
+}
+
+/// Explanations name indices as written, never the private names of inlined statements.
+#[test]
+fn explanations_use_source_names() {
+    // k read at the query index: not attention; the message names `d`, not `d'N`.
+    let src = program("", "sum(d, q[b, h, i, d] * k[b, h, i, d]) / sqrt(D) + c[b, h, j]", "causal(i, j, {})");
+    let mut g = compile(&src);
+    let ex = recognize_attention(&mut g).unwrap();
+    assert!(g.find(|op| matches!(op, Op::Attention(_))).is_empty());
+    assert!(!ex.is_empty());
+    for e in &ex {
+        assert!(!e.message.contains('\''), "internal name in {:?}", e.message);
+    }
+}
