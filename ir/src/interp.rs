@@ -22,6 +22,8 @@
 //!
 //! Any intermediate of more than [`MAX_ELEMENTS`] elements is an error asking for a smaller shape.
 
+pub mod backward;
+
 use crate::graph::{Graph, ValueId};
 use crate::ops::{
     AttnAttrs, BinaryOp, GateKind, NormBound, Op, PruneRule, ReduceKind, Tiles, UnaryOp, LOG_F_FLOOR,
@@ -218,7 +220,8 @@ pub fn logsigmoid(z: f64) -> f64 {
     z.min(0.0) - (-z.abs()).exp().ln_1p()
 }
 
-fn unary(u: UnaryOp, x: f64) -> f64 {
+/// `op(x)`: the definition every backend calls for elementwise math.
+pub fn unary(u: UnaryOp, x: f64) -> f64 {
     match u {
         UnaryOp::Neg => -x,
         UnaryOp::Exp => x.exp(),
@@ -667,6 +670,7 @@ impl<'a> Evaluator<'a> {
                 mk(d)
             }
             Op::Attention(_) => return Err(self.err(id, "the generic attention is not evaluated yet")),
+            Op::AttentionBackward(_) => return Err(self.err(id, "attention_backward is not evaluated yet")),
             Op::PrunedDecayAttention { attn, tiles } => {
                 let (d, stats) = self.attention(id, &ops, attn, Some(*tiles))?;
                 if let Some(s) = stats {

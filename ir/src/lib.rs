@@ -7,6 +7,7 @@
 pub mod ast;
 pub mod attention;
 mod attention_check;
+pub mod attention_grad;
 pub mod check;
 pub mod diag;
 pub mod fold;

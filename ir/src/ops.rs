@@ -203,6 +203,11 @@ pub enum Op {
     /// them through [`Attention::operands`]). Results: `out` `[B, H, T, Dv]` in `out_dtype`
     /// and `lse` f32 `[B, H, T]`.
     Attention(Attention),
+    /// The vector-Jacobian product of an `attention` with these attributes (docs/SEMANTICS.md,
+    /// "attention_backward"). Operands: the forward's operands, then `out` (f32), `lse`, `dout`.
+    /// Results (f32): dq, dk, dv, then dc if `decay`, then one gradient per float capture
+    /// ([`Attention::backward_result_types`]).
+    AttentionBackward(Attention),
 }
 
 /// Floor applied to `log f` by `gate_cumsum`: `exp(-100)` is 4e-44, a reset in all but name,
@@ -263,6 +268,7 @@ impl Op {
             Op::BlockBoundary(_) => "block_boundary",
             Op::PrunedDecayAttention { .. } => "pruned_decay_attention",
             Op::Attention(_) => "attention",
+            Op::AttentionBackward(_) => "attention_backward",
         }
     }
 
@@ -277,7 +283,7 @@ impl Op {
             Op::Select => 3,
             Op::DecayAttention(a) => 3 + a.has_decay as usize,
             Op::PrunedDecayAttention { .. } => 5,
-            Op::Attention(_) => return None,
+            Op::Attention(_) | Op::AttentionBackward(_) => return None,
         })
     }
 
@@ -291,6 +297,7 @@ impl Op {
                 | Op::BlockBoundary(_)
                 | Op::PrunedDecayAttention { .. }
                 | Op::Attention(_)
+                | Op::AttentionBackward(_)
         )
     }
 }
@@ -349,7 +356,7 @@ impl fmt::Display for Op {
             Op::PrunedDecayAttention { attn: a, tiles } => {
                 write!(f, " {{{}, bm = {}, bn = {}}}", attn(a), tiles.bm, tiles.bn)
             }
-            Op::Attention(a) => write!(f, " {{{a}}}"),
+            Op::Attention(a) | Op::AttentionBackward(a) => write!(f, " {{{a}}}"),
             _ => Ok(()),
         }
     }
@@ -364,6 +371,7 @@ pub fn fused_result_dtype(op: &Op) -> Option<DType> {
         | Op::Threshold { .. }
         | Op::PrunedDecayAttention { .. } => Some(DType::F32),
         Op::Attention(a) => Some(a.out_dtype),
+        Op::AttentionBackward(_) => Some(DType::F32),
         _ => None,
     }
 }
