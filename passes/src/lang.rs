@@ -86,6 +86,9 @@ define_language! {
         "dim" = Dim(Id),
         "iota" = Iota(Id),
         "in" = In(Box<[Id]>),
+        // A computed subscript of an `in` leaf: `(ix TEMPLATE v0 v1 ...)`, the template an index
+        // expression over `$0, $1, ...` standing for the variables that follow (`$0 / (H / G)`).
+        "ix" = Ix(Box<[Id]>),
         // The fused node: `(dattn i j d window scale q k v ci cj)`; window 0 means none,
         "dattn" = DAttn([Id; 10]),
         Num(Num),
@@ -172,8 +175,13 @@ impl Analysis<Attn> for AttnAnalysis {
             }
             Attn::Dim(_) => (BTreeSet::new(), (1.0, f64::INFINITY)),
             Attn::Iota(a) => (sym(a).into_iter().collect(), (0.0, f64::INFINITY)),
+            Attn::Ix(ch) => (ch[1..].iter().filter_map(sym).collect(), FULL),
             Attn::In(ch) => {
-                let axes = ch[1..].iter().filter_map(sym).collect();
+                // A plain subscript is its variable; a computed one brings its variables.
+                let axes = ch[1..]
+                    .iter()
+                    .flat_map(|c| sym(c).map_or_else(|| d(c).axes.clone(), |s| [s].into()))
+                    .collect();
                 let r = sym(&ch[0]).and_then(|s| egraph.analysis.ranges.get(&s).cloned()).unwrap_or(FULL);
                 (axes, r)
             }

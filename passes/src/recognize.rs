@@ -13,7 +13,7 @@
 //!    `attention` node ([`region`]: the region and its captures, [`emit`]: e-classes back into
 //!    IR values). [`bound`] gives ACP the bound of a region.
 
-mod bound;
+pub mod bound;
 mod build;
 mod emit;
 mod fuse;
@@ -64,7 +64,7 @@ fn diagnose(eg: &AttnGraph, root: Id) -> (String, Id) {
         let x = eg.lookup(Attn::Softmax([m[var("?a")], m[var("?x")]])).unwrap_or(m[var("?x")]);
         let sx = m[var("?x")];
         if a != jj {
-            let name = |s: Option<Symbol>| s.map(|s| s.to_string()).unwrap_or_default();
+            let name = |s: Option<Symbol>| s.map(shown).unwrap_or_default();
             return (
                 format!(
                     "softmax is taken over `{}` but the values are summed over `{}`: not attention over keys, \
@@ -82,7 +82,7 @@ fn diagnose(eg: &AttnGraph, root: Id) -> (String, Id) {
                 format!(
                     "softmax over `{}` is not causally masked: every key is visible, so no key tile can be skipped \
                      (mask it with causal(i, j, s) or window(i, j, W, s))",
-                    a.map(|s| s.to_string()).unwrap_or_default()
+                    a.map(shown).unwrap_or_default()
                 ),
                 x,
             );

@@ -2,6 +2,7 @@
 
 use crate::lang::{Attn, AttnAnalysis, AttnGraph, Num};
 use egg::{Id, Symbol};
+use foxc_ir::index::IndexExpr;
 use foxc_ir::{BinaryOp, Dim, Graph, Op, ReduceKind, Span, UnaryOp, ValueId};
 use std::collections::{BTreeMap, HashMap};
 
@@ -30,7 +31,7 @@ impl Ren {
 
 /// Translates IR values (named-axis expressions) into e-graph terms.
 pub(crate) struct Builder<'a> {
-    g: &'a Graph,
+    pub g: &'a Graph,
     pub eg: AttnGraph,
     memo: HashMap<(ValueId, Ren), Id>,
     /// Source span of the IR value each class was first built from.
@@ -39,6 +40,8 @@ pub(crate) struct Builder<'a> {
     pub leaves: BTreeMap<Symbol, ValueId>,
     /// The size of every axis name seen.
     pub dims: BTreeMap<Symbol, Dim>,
+    /// The computed subscripts by template text (the `ix` nodes' first child).
+    pub subscripts: BTreeMap<Symbol, IndexExpr>,
 }
 
 impl<'a> Builder<'a> {
@@ -56,6 +59,7 @@ impl<'a> Builder<'a> {
             spans: BTreeMap::new(),
             leaves: BTreeMap::new(),
             dims: BTreeMap::new(),
+            subscripts: BTreeMap::new(),
         }
     }
 
@@ -70,13 +74,56 @@ impl<'a> Builder<'a> {
     }
 
     /// The term of a positional value read with the given (already renamed) axis names.
-    fn leaf(&mut self, n: ValueId, axes: &[String], span: Span) -> Id {
+    /// The leaf name of positional value `n` (its parameter name, else `%N`), registered.
+    fn leaf_name(&mut self, n: ValueId) -> String {
         let name = match self.g.op(n) {
             Op::Param { name, .. } => name.clone(),
             _ => format!("%{}", n.index()),
         };
-        let s = Symbol::from(name.as_str());
-        self.leaves.insert(s, n);
+        self.leaves.insert(Symbol::from(name.as_str()), n);
+        name
+    }
+
+    /// `x[e1, .., er]` with computed subscripts: an `in` leaf whose computed subscripts are `ix`
+    /// nodes (templates over `$0, $1, ...` plus the renamed variables).
+    fn gather(&mut self, n: ValueId, x: ValueId, index: &[IndexExpr], ren: &Ren, span: Span) -> Id {
+        let name = self.leaf_name(x);
+        for a in &self.g.ty(n).axes {
+            self.dims.entry(Symbol::from(ren.name(&a.name).as_str())).or_insert_with(|| a.dim.clone());
+        }
+        let mut ch = vec![self.sym(&name, span)];
+        for e in index {
+            if let Some(v) = e.is_plain_var() {
+                let v = ren.name(v);
+                ch.push(self.sym(&v, span));
+                continue;
+            }
+            let vars: Vec<String> = e.vars().into_iter().map(|v| v.to_string()).collect();
+            let pos = |v: &str| vars.iter().position(|w| w == v).unwrap_or(0);
+            let template = IndexExpr {
+                terms: e
+                    .terms
+                    .iter()
+                    .filter(|(_, c)| *c != 0)
+                    .map(|(v, c)| (format!("${}", pos(v)), *c))
+                    .collect(),
+                constant: e.constant,
+                div: e.div.clone(),
+            };
+            let text = template.to_string();
+            self.subscripts.insert(Symbol::from(text.as_str()), template);
+            let mut ix = vec![self.sym(&text, span)];
+            for v in &vars {
+                let v = ren.name(v);
+                ix.push(self.sym(&v, span));
+            }
+            ch.push(self.add(Attn::Ix(ix.into_boxed_slice()), span));
+        }
+        self.add(Attn::In(ch.into_boxed_slice()), span)
+    }
+
+    fn leaf(&mut self, n: ValueId, axes: &[String], span: Span) -> Id {
+        let name = self.leaf_name(n);
         for (a, d) in axes.iter().zip(self.g.ty(n).dims()) {
             self.dims.entry(Symbol::from(a.as_str())).or_insert_with(|| d.clone());
         }
@@ -128,6 +175,7 @@ impl<'a> Builder<'a> {
                 let s = self.sym(&a, span);
                 self.add(Attn::Iota(s), span)
             }
+            Op::Gather { index, .. } => self.gather(n, ops[0], index, ren, span),
             Op::Bind { axes } => {
                 let axes: Vec<String> = axes.iter().map(|a| ren.name(a)).collect();
                 self.positional(ops[0], &axes, span)?
@@ -223,4 +271,19 @@ impl<'a> Builder<'a> {
         let root = self.eg.find(id);
         self.spans.iter().find(|(k, _)| self.eg.find(**k) == root).map(|(_, s)| *s)
     }
+}
+
+/// A subscript template (over `$0, $1, ...`) with `$k` replaced by `vars[k]`.
+pub(crate) fn instantiate(template: &IndexExpr, vars: &[String]) -> Option<IndexExpr> {
+    let terms = template
+        .terms
+        .iter()
+        .map(|(v, c)| {
+            v.strip_prefix('$')
+                .and_then(|k| k.parse::<usize>().ok())
+                .and_then(|k| vars.get(k))
+                .map(|n| (n.clone(), *c))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(IndexExpr { terms, constant: template.constant, div: template.div.clone() })
 }

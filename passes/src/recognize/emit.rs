@@ -1,9 +1,10 @@
 //! E-classes back into IR values (named-axis expressions), cheapest spelling first.
 
-use super::build::Builder;
+use super::build::{instantiate, Builder};
 use crate::lang::{Attn, AttnAnalysis};
 use egg::{CostFunction, Extractor, Id, Language, Symbol};
 use foxc_ir::check::infer;
+use foxc_ir::index::IndexExpr;
 use foxc_ir::{BinaryOp, DType, Dim, Graph, Op, ReduceKind, Span, UnaryOp, ValueId, ValueType};
 use std::collections::HashMap;
 
@@ -81,8 +82,12 @@ impl Emit<'_, '_> {
             Attn::In(ch) => {
                 let t = self.b.eg[ch[0]].data.sym.ok_or("leaf without a name")?;
                 let leaf = *self.b.leaves.get(&t).ok_or("unknown leaf")?;
-                let axes = ch[1..].iter().map(|a| self.sym(*a)).collect::<Result<Vec<_>, _>>()?;
-                self.node(Op::Bind { axes }, &[leaf], span)?
+                if ch[1..].iter().all(|a| self.b.eg[*a].data.sym.is_some()) {
+                    let axes = ch[1..].iter().map(|a| self.sym(*a)).collect::<Result<Vec<_>, _>>()?;
+                    self.node(Op::Bind { axes }, &[leaf], span)?
+                } else {
+                    self.gather(leaf, &ch[1..], span)?
+                }
             }
             Attn::Recip(x) => {
                 let one = self.node(Op::Const(1.0), &[], span)?;
@@ -181,10 +186,48 @@ impl Emit<'_, '_> {
                 let (x, w) = (self.emit(*x)?, self.emit(*w)?);
                 self.node(Op::RmsNorm { axis, eps }, &[x, w], span)?
             }
-            Attn::DAttn(_) | Attn::Symbol(_) => return Err("unexpected term in an operand".into()),
+            Attn::DAttn(_) | Attn::Symbol(_) | Attn::Ix(_) => {
+                return Err("unexpected term in an operand".into())
+            }
         };
         self.memo.insert(id, v);
         Ok(v)
+    }
+
+    /// `leaf[subscripts]` with computed subscripts (`ix` classes) as a `gather` node.
+    fn gather(&mut self, leaf: ValueId, subs: &[Id], span: Span) -> Result<ValueId, String> {
+        let mut index = vec![];
+        let mut axes: Vec<String> = vec![];
+        for s in subs {
+            let e = match self.b.eg[*s].data.sym {
+                Some(v) => IndexExpr::var(v.as_str()),
+                None => {
+                    let n = self.b.eg[*s]
+                        .nodes
+                        .iter()
+                        .find(|n| matches!(n, Attn::Ix(_)))
+                        .ok_or("a subscript is not an index")?;
+                    let ch = n.children().to_vec();
+                    let text = self.b.eg[ch[0]].data.sym.ok_or("a subscript without a template")?;
+                    let template = self.b.subscripts.get(&text).ok_or("unknown subscript template")?;
+                    let vars = ch[1..].iter().map(|v| self.sym(*v)).collect::<Result<Vec<_>, _>>()?;
+                    instantiate(template, &vars).ok_or("bad subscript template")?
+                }
+            };
+            for v in e.vars() {
+                if !axes.iter().any(|a| a == v) {
+                    axes.push(v.to_string());
+                }
+            }
+            index.push(e);
+        }
+        let dims = axes
+            .iter()
+            .map(|a| self.b.dims.get(&Symbol::from(a.as_str())).cloned().map(|d| foxc_ir::Axis::new(a, d)))
+            .collect::<Option<Vec<_>>>()
+            .ok_or("unknown size of a gathered index")?;
+        let ty = ValueType { dtype: self.g.ty(leaf).dtype, axes: dims };
+        Ok(self.g.add(Op::Gather { index, axes }, ty, &[leaf], span))
     }
 
     /// Broadcast a named value to the given axes (adding `0 * iota(a)` for a missing axis `a`)

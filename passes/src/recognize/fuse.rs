@@ -13,8 +13,9 @@ use crate::lang::{Attn, AttnGraph, Num};
 use crate::{Explanation, PassError};
 use egg::{Id, Language, Symbol};
 use foxc_ir::attention::{Attention, Mask, Scale};
+use foxc_ir::index::IndexExpr;
 use foxc_ir::{BinaryOp, DType, Dim, GateKind, Graph, Op, Span, UnaryOp, Value, ValueId, ValueType};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// The mask of a candidate, before the region exists.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -22,6 +23,9 @@ pub(crate) enum MaskKind {
     None,
     Causal,
     Window(u64),
+    /// `select(c, s, -inf)` with another condition: the class of `c` (its term is
+    /// [`Recognized::mask_term`]).
+    Expr(Id),
 }
 
 /// Where the decay `c_i` of one paired term comes from.
@@ -39,6 +43,8 @@ pub(crate) enum DecaySrc {
 /// e-graph and `Op::Attention`).
 pub(crate) struct Recognized {
     pub mask: MaskKind,
+    /// The condition of an expression mask.
+    pub mask_term: Option<T>,
     pub i: Symbol,
     pub j: Symbol,
     pub d: Symbol,
@@ -138,12 +144,19 @@ const DIM_COST: f64 = 10.0;
 fn mask_rank(m: MaskKind) -> u8 {
     match m {
         MaskKind::Causal | MaskKind::Window(_) => 0,
-        MaskKind::None => 1,
+        MaskKind::Expr(_) => 1,
+        MaskKind::None => 2,
     }
 }
 
 /// Search the saturated root class for attention; `Err` says why the best candidate failed.
-pub(crate) fn find(eg: &mut AttnGraph, root: Id, out_axes: &[Symbol]) -> Result<Recognized, (String, Id)> {
+pub(crate) fn find(
+    eg: &mut AttnGraph,
+    root: Id,
+    out_axes: &[Symbol],
+    leaves: &BTreeMap<Symbol, ValueId>,
+    subscripts: &BTreeMap<Symbol, IndexExpr>,
+) -> Result<Recognized, (String, Id)> {
     // (mask, i, j, masked scores, v, softmax class)
     let mut cands: Vec<(MaskKind, Symbol, Symbol, Id, Id, Id)> = vec![];
     for m in matches(eg, "(sum ?j (* (softmax ?j ?x) ?v))", root) {
@@ -166,6 +179,9 @@ pub(crate) fn find(eg: &mut AttnGraph, root: Id, out_axes: &[Symbol]) -> Result<
             }
         }
         if let Some(&i) = out_axes.get(2) {
+            for mm in matches(eg, "(select ?c ?s -inf)", x) {
+                cands.push((MaskKind::Expr(mm[var("?c")]), i, j, mm[var("?s")], v, sm));
+            }
             cands.push((MaskKind::None, i, j, x, v, sm));
         }
     }
@@ -213,13 +229,25 @@ pub(crate) fn find(eg: &mut AttnGraph, root: Id, out_axes: &[Symbol]) -> Result<
                 continue;
             };
             // The region must be expressible (captures are checked, not emitted, here).
-            let leaves = Default::default();
-            let mut rb = RegionBuilder::new([batch[0], batch[1], i, j], &leaves);
+            let mut rb = RegionBuilder::new([batch[0], batch[1], i, j], leaves, subscripts);
             let mut dry = |_: &T, _: &[Symbol]| Ok(ValueId::end());
             if let Err(w) = rb.add(eg, &region, &mut dry) {
                 why = Some((w, s));
                 continue;
             }
+            let mask_term = match mask {
+                MaskKind::Expr(c) => match extract(eg, c, None, DIM_COST) {
+                    Some((t, _)) => {
+                        if let Err(w) = rb.add(eg, &t, &mut dry) {
+                            why = Some((format!("the mask condition cannot be computed per entry: {w}"), c));
+                            continue;
+                        }
+                        Some(t)
+                    }
+                    None => continue,
+                },
+                _ => None,
+            };
             // Prefer the simplest scale, q and k (the user's `q . k / sqrt(D)`), then the
             // simplest region.
             let size = |c: Id| extract(eg, c, None, 1.0).map(|e| e.1).unwrap_or(f64::INFINITY);
@@ -233,7 +261,8 @@ pub(crate) fn find(eg: &mut AttnGraph, root: Id, out_axes: &[Symbol]) -> Result<
             eg.rebuild();
             let decay =
                 classes.into_iter().map(|(c, ci)| (c, decay_src(eg, eg.find(ci), i, batch[1]))).collect();
-            let rec = Recognized { mask, i, j, d, batch, e, sc, q, k, v, region, decay, softmax: sm };
+            let rec =
+                Recognized { mask, mask_term, i, j, d, batch, e, sc, q, k, v, region, decay, softmax: sm };
             best = Some((key, rec));
         }
     }
@@ -388,12 +417,50 @@ impl Emit<'_, '_> {
     }
 }
 
+/// `x[b, h / G, j, d]` (class `c`, read in `order = [b, h, j, d]`) with `x` a positional
+/// tensor: the tensor and the group size `G`.
+fn grouped(b: &Builder, c: Id, order: [Symbol; 4]) -> Option<(ValueId, Dim)> {
+    let eg = &b.eg;
+    eg[c].nodes.iter().find_map(|n| {
+        let Attn::In(ch) = n else { return None };
+        if ch.len() != 5 {
+            return None;
+        }
+        let plain = |k: usize| eg[ch[k]].data.sym == Some(order[k - 1]);
+        if !(plain(1) && plain(3) && plain(4)) {
+            return None;
+        }
+        let ix = eg[ch[2]].nodes.iter().find(|m| matches!(m, Attn::Ix(_)))?;
+        let ixc = ix.children();
+        let template = b.subscripts.get(&eg[ixc[0]].data.sym?)?;
+        let group = match (template.terms.as_slice(), template.constant, &template.div) {
+            ([(v, 1)], 0, Some(g)) if v == "$0" => g.clone(),
+            _ => return None,
+        };
+        if ixc.len() != 2 || eg[ixc[1]].data.sym != Some(order[1]) {
+            return None;
+        }
+        let leaf = *b.leaves.get(&eg[ch[0]].data.sym?)?;
+        (b.g.ty(leaf).rank() == 4 && b.g.ty(leaf).is_positional()).then_some((leaf, group))
+    })
+}
+
 /// Write the recognized attention into the IR; returns the attention node.
 pub(crate) fn emit(em: &mut Emit, r: &Recognized, span: Span) -> Result<ValueId, String> {
     let [bb, hh] = r.batch;
     let mut q = em.positional(r.q, &[bb, hh, r.i, r.d], span)?;
-    let k = em.positional(r.k, &[bb, hh, r.j, r.d], span)?;
-    let v = em.positional(r.v, &[bb, hh, r.j, r.e], span)?;
+    // Grouped-query attention: k and v read at head `h / G'` are the `[B, H / G', T, D]` tensors
+    // themselves, with kv_group G'.
+    let gk = grouped(em.b, r.k, [bb, hh, r.j, r.d]);
+    let gv = grouped(em.b, r.v, [bb, hh, r.j, r.e]);
+    let (k, v, kv_group) = match (gk, gv) {
+        (Some((k, g1)), Some((v, g2))) if g1 == g2 => (k, v, g1),
+        _ => (
+            em.positional(r.k, &[bb, hh, r.j, r.d], span)?,
+            em.positional(r.v, &[bb, hh, r.j, r.e], span)?,
+            Dim::Const(1),
+        ),
+    };
     // A scale that is neither a number nor `c / sqrt(D)` multiplies q.
     let scale = match scale_of(&em.b.eg, r.sc) {
         Some(s) => s,
@@ -407,22 +474,31 @@ pub(crate) fn emit(em: &mut Emit, r: &Recognized, span: Span) -> Result<ValueId,
     em.span = span;
     // The region, its captures computed outside where needed.
     let b = em.b;
-    let mut rb = RegionBuilder::new([bb, hh, r.i, r.j], &b.leaves);
+    let mut rb = RegionBuilder::new([bb, hh, r.i, r.j], &b.leaves, &b.subscripts);
     let mut mat = |t: &T, order: &[Symbol]| -> Result<ValueId, String> {
         let class = t.class.ok_or("a computed score term has no e-class")?;
         let sp = b.span_of(class).unwrap_or(span);
         em.positional(class, order, sp)
     };
     let root = rb.add(&b.eg, &r.region, &mut mat)?;
-    let (score, captures) = rb.finish(root);
+    let score = rb.take(root);
+    let mask_region = match &r.mask_term {
+        Some(t) => {
+            let root = rb.add(&b.eg, t, &mut mat)?;
+            Some(rb.take(root))
+        }
+        None => None,
+    };
+    let captures = rb.captures;
     let mask = match r.mask {
         MaskKind::None => Mask::None,
         MaskKind::Causal => Mask::Causal,
         MaskKind::Window(w) => Mask::Window(w),
+        MaskKind::Expr(_) => Mask::Expr(mask_region.ok_or("an expression mask without its condition")?),
     };
     let mut a = Attention::new(scale, mask, c.is_some());
     a.score = score;
-    a.kv_group = Dim::Const(1);
+    a.kv_group = kv_group;
     let mut operands: Vec<ValueId> = vec![q, k, v];
     operands.extend(c);
     operands.extend(captures);
@@ -467,7 +543,8 @@ pub(crate) fn run(g: &mut Graph, ex: &mut Vec<Explanation>) -> Result<Option<Val
     let root = b.eg.find(root);
     let out_syms: Vec<Symbol> = out_axes.iter().map(|a| Symbol::from(a.as_str())).collect();
     let store_span = g_ro.node(store).span;
-    let rec = match find(&mut b.eg, root, &out_syms) {
+    let (leaves, subscripts) = (b.leaves.clone(), b.subscripts.clone());
+    let rec = match find(&mut b.eg, root, &out_syms, &leaves, &subscripts) {
         Ok(r) => r,
         Err((why, at)) => {
             b.eg.rebuild();
@@ -484,12 +561,12 @@ pub(crate) fn run(g: &mut Graph, ex: &mut Vec<Explanation>) -> Result<Option<Val
         }
     };
     b.eg.rebuild();
-    if rec.mask == MaskKind::None {
+    if matches!(rec.mask, MaskKind::None | MaskKind::Expr(_)) {
         let span = b.span_of(rec.softmax).unwrap_or(store_span);
         ex.push(Explanation {
             message: format!(
-                "not pruned: softmax over `{}` is not causally masked: every key is visible, so no key tile can be \
-                 skipped (fused as dense attention)",
+                "not pruned: softmax over `{}` is not causally masked: keys after the query are visible, so the \
+                 decay argument does not hold and no key tile can be skipped (fused as dense attention)",
                 shown(rec.j)
             ),
             span,

@@ -6,6 +6,7 @@
 //! most one of `i` and `j` is computed outside the attention and captured (a per-key bias
 //! `kb[b, h, j] = sum(e, w[e] * k[b, h, j, e])` becomes a `[B, H, T]` tensor read at `[b, h, j]`).
 
+use super::build::instantiate;
 use super::names::shown;
 use super::score::T;
 use crate::lang::{pat, Attn, AttnGraph};
@@ -25,6 +26,8 @@ pub(crate) struct RegionBuilder<'a> {
     pub vars: [(Symbol, IndexVar); 4],
     /// The tensor read by each `in` leaf.
     pub leaves: &'a BTreeMap<Symbol, ValueId>,
+    /// Computed subscript templates ([`super::build::Builder::subscripts`]).
+    pub subscripts: &'a BTreeMap<Symbol, IndexExpr>,
     pub captures: Vec<ValueId>,
     pub region: Region,
 }
@@ -34,11 +37,16 @@ fn var_index(v: IndexVar) -> IndexExpr {
 }
 
 impl<'a> RegionBuilder<'a> {
-    pub fn new(vars: [Symbol; 4], leaves: &'a BTreeMap<Symbol, ValueId>) -> RegionBuilder<'a> {
+    pub fn new(
+        vars: [Symbol; 4],
+        leaves: &'a BTreeMap<Symbol, ValueId>,
+        subscripts: &'a BTreeMap<Symbol, IndexExpr>,
+    ) -> RegionBuilder<'a> {
         let iv = IndexVar::ALL;
         RegionBuilder {
             vars: [(vars[0], iv[0]), (vars[1], iv[1]), (vars[2], iv[2]), (vars[3], iv[3])],
             leaves,
+            subscripts,
             captures: vec![],
             region: Region::new(),
         }
@@ -46,6 +54,22 @@ impl<'a> RegionBuilder<'a> {
 
     fn var(&self, s: Symbol) -> Option<IndexVar> {
         self.vars.iter().find(|(n, _)| *n == s).map(|(_, v)| *v)
+    }
+
+    /// One subscript of a leaf in the variables `b, h, i, j` (`None` if it uses another index).
+    fn subscript(&self, a: &T) -> Option<IndexExpr> {
+        if let Some(s) = a.sym() {
+            return self.var(s).map(var_index);
+        }
+        if !matches!(a.op, Attn::Ix(_)) {
+            return None;
+        }
+        let template = self.subscripts.get(&a.kids[0].sym()?)?;
+        let vars = a.kids[1..]
+            .iter()
+            .map(|v| v.sym().and_then(|s| self.var(s)).map(|v| v.name().to_string()))
+            .collect::<Option<Vec<_>>>()?;
+        instantiate(template, &vars)
     }
 
     fn capture(&mut self, v: ValueId, index: Vec<IndexExpr>) -> RId {
@@ -80,13 +104,9 @@ impl<'a> RegionBuilder<'a> {
             }
             Attn::In(_) => {
                 let name = t.kids[0].sym().ok_or("a tensor without a name")?;
-                let vars: Option<Vec<IndexVar>> =
-                    t.kids[1..].iter().map(|a| a.sym().and_then(|s| self.var(s))).collect();
-                match (vars, self.leaves.get(&name)) {
-                    (Some(vars), Some(&v)) => {
-                        let id = self.capture(v, vars.into_iter().map(var_index).collect());
-                        return Ok(id);
-                    }
+                let index: Option<Vec<IndexExpr>> = t.kids[1..].iter().map(|a| self.subscript(a)).collect();
+                match (index, self.leaves.get(&name)) {
+                    (Some(index), Some(&v)) => return Ok(self.capture(v, index)),
                     _ => return self.materialize(eg, t, mat),
                 }
             }
@@ -191,10 +211,12 @@ impl<'a> RegionBuilder<'a> {
         Ok(self.capture(v, order.into_iter().map(|(_, v)| var_index(v)).collect()))
     }
 
-    /// Finish: the region with root `root`.
-    pub fn finish(mut self, root: RId) -> (Region, Vec<ValueId>) {
-        self.region.root = root;
-        (self.region, self.captures)
+    /// The region built so far, with root `root`; the builder starts a new one that shares the
+    /// captures (the score region and the mask region of one op).
+    pub fn take(&mut self, root: RId) -> Region {
+        let mut r = std::mem::replace(&mut self.region, Region::new());
+        r.root = root;
+        r
     }
 }
 
