@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The variants wave's device call (issue 8): correctness of every example on the GPU, FoX's speed
+# against the previous release binary in the same run (interleaved A/B), and softcapped and
+# grouped-query FoX against FlexAttention + ACP with the same score_mod (bench/peers.py --variant).
+# Usage on the GPU machine: bench/wave2_device.sh     needs .devbin/foxc and .devbin/foxc-base (carried)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+NEW=${FOXC:-.devbin/foxc}
+BASE=${FOXC_BASE:-.devbin/foxc-base}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+
+echo "## correctness: every example, --backend cuda --check"
+fail=0
+for f in examples/*.attn; do
+  case "$f" in *refuse_*) continue ;; esac
+  shape="B=1,H=4,T=1000,D=64"
+  case "$f" in *gqa*) shape="B=1,H=4,G=2,T=1000,D=64" ;; esac
+  line=$("$NEW" run "$f" --backend cuda --check --shape "$shape" 2>&1 | grep -E "pruning|check|error" | tr '\n' ' ')
+  rc=${PIPESTATUS[0]}
+  echo "$f [$shape] rc=$rc $line"
+  [ "$rc" -eq 0 ] || fail=1
+done
+for D in 32 64 96 128 256; do
+  line=$("$NEW" run examples/fox.attn --backend cuda --check --shape "B=1,H=3,T=777,D=$D" 2>&1 | grep -E "check|error" | tr '\n' ' ')
+  echo "fox D=$D T=777 rc=${PIPESTATUS[0]} $line"
+done
+echo "correctness: $([ $fail -eq 0 ] && echo all passed || echo FAILURES)"
+
+echo "## FoX speed, new vs previous binary (interleaved), D = 128"
+for shape in B=1,H=16,T=32768,D=128 B=2,H=16,T=16384,D=128; do
+  for rep in 1 2; do
+    for bin in "$BASE" "$NEW"; do
+      "$bin" bench examples/fox.attn --backend cuda --shape "$shape" --seed 0 --iters 50 --format csv 2>&1 |
+        grep -v '^variant' | sed "s|^|$(basename "$bin"),rep$rep,$shape,|"
+    done
+  done
+done | tee "$OUT/fox_ab.csv"
+
+echo "## variants vs FlexAttention + ACP, 2x16x16384x128"
+in_fox=/tmp/in_fox.safetensors
+in_gqa=/tmp/in_gqa.safetensors
+"$NEW" inputs examples/fox_softcap.attn --shape B=2,H=16,T=16384,D=128 --seed 0 -o "$in_fox" >/dev/null
+"$NEW" inputs examples/fox_gqa.attn --shape B=2,H=16,G=4,T=16384,D=128 --seed 0 -o "$in_gqa" >/dev/null
+for f in fox fox_softcap; do
+  "$NEW" bench examples/$f.attn --backend cuda --shape B=2,H=16,T=16384,D=128 --seed 0 --iters 50 --format csv 2>&1 | sed "s|^|$f,|"
+done | tee "$OUT/foxc_variants.csv"
+"$NEW" bench examples/fox_gqa.attn --backend cuda --shape B=2,H=16,G=4,T=16384,D=128 --seed 0 --iters 50 --format csv 2>&1 |
+  sed "s|^|fox_gqa,|" | tee -a "$OUT/foxc_variants.csv"
+python3 bench/peers.py "$in_fox" --variant fox --no-dense-flex --no-ref 2>&1 | tee "$OUT/peers_variants.csv"
+python3 bench/peers.py "$in_fox" --variant softcap --no-dense-flex 2>&1 | tee -a "$OUT/peers_variants.csv"
+python3 bench/peers.py "$in_gqa" --variant gqa --no-dense-flex 2>&1 | tee -a "$OUT/peers_variants.csv"
+exit $fail
