@@ -89,8 +89,6 @@ define_language! {
         // A computed subscript of an `in` leaf: `(ix TEMPLATE v0 v1 ...)`, the template an index
         // expression over `$0, $1, ...` standing for the variables that follow (`$0 / (H / G)`).
         "ix" = Ix(Box<[Id]>),
-        // The fused node: `(dattn i j d window scale q k v ci cj)`; window 0 means none,
-        "dattn" = DAttn([Id; 10]),
         Num(Num),
         Symbol(Symbol),
     }
@@ -309,14 +307,6 @@ impl Analysis<Attn> for AttnAnalysis {
                 (union(&[*x]), (f64::NEG_INFINITY, iv(x).1))
             }
             Attn::RmsNorm([_, _, x, _]) => (union(&[*x]), FULL),
-            Attn::DAttn([i, j, _, _, _, _, _, v, _, _]) => {
-                let mut axes = union(&[*v]);
-                if let Some(s) = sym(j) {
-                    axes.remove(&s);
-                }
-                axes.extend(sym(i));
-                (axes, FULL)
-            }
         };
         let (lo, hi) = match konst {
             Some(c) if c.is_finite() => (c, c),

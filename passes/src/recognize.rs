@@ -37,6 +37,15 @@ pub(crate) fn recognize(g: &mut Graph, ex: &mut Vec<Explanation>) -> Result<Opti
     fuse::run(g, ex)
 }
 
+/// Whether the e-graph of the output statement saturates within recognition's node and iteration
+/// limits (so that what recognition finds does not depend on the limits), and its size.
+pub fn saturates(g: &Graph) -> Option<(bool, usize)> {
+    let out = g.output?;
+    let store = if matches!(g.op(out), foxc_ir::Op::Cast) { g.operands(out)[0] } else { out };
+    let (b, _, stop) = fuse::saturate(g, store).ok()?;
+    Some((matches!(stop, egg::StopReason::Saturated), b.eg.total_size()))
+}
+
 /// Recognition alone (for tests of recognition before the other passes run): the explanations.
 pub fn recognize_attention(g: &mut Graph) -> Result<Vec<Explanation>, PassError> {
     let mut ex = vec![];

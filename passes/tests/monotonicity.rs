@@ -3,7 +3,7 @@
 
 mod common;
 
-use foxc_ir::Op;
+use foxc_ir::{Op, Prune};
 use foxc_passes::{optimize, PassOptions};
 
 fn program(gate: &str) -> String {
@@ -26,9 +26,8 @@ fn compile_gate(gate: &str) -> (bool, Vec<foxc_passes::Explanation>, String) {
         .unwrap_or_else(|d| panic!("{}", d.render("gate.attn", &src)))
         .graph;
     let report = optimize(&mut g, &PassOptions::default()).unwrap();
-    let pruned = !g.find(|op| matches!(op, Op::PrunedDecayAttention { .. })).is_empty();
-    let fused =
-        !g.find(|op| matches!(op, Op::PrunedDecayAttention { .. } | Op::DecayAttention(_))).is_empty();
+    let pruned = !g.find(|op| matches!(op, Op::Attention(a) if a.prune != Prune::Dense)).is_empty();
+    let fused = !g.find(|op| matches!(op, Op::Attention(_))).is_empty();
     assert!(fused, "{gate}: not even recognized: {:?}", report.explanations);
     (pruned, report.explanations, src)
 }

@@ -383,3 +383,117 @@ fn meaning_check_covers_the_variants() {
         .count();
     assert!(fused >= cases().len() + 4 + 20, "only {fused} programs fuse");
 }
+
+// ---- Pruning safety with regions: what ACP skips weighs less than eps. ----
+
+use foxc_ir::{Prune, Tiles, ValueType};
+use foxc_passes::{optimize, PassOptions};
+
+/// Small tiles on every ACP node (the pass picks 64 x 64; small T needs small tiles to prune).
+fn retile(g: &mut Graph, tiles: Tiles) {
+    for n in g.topo_order() {
+        let op = match g.op(n).clone() {
+            Op::Threshold { rule, log_eps, bound, score, scale, .. } => {
+                Op::Threshold { rule, log_eps, bound, score, scale, bm: tiles.bm }
+            }
+            Op::BlockBoundary(_) => Op::BlockBoundary(tiles),
+            Op::Attention(mut a) => {
+                a.tiles = Some(tiles);
+                Op::Attention(a)
+            }
+            _ => continue,
+        };
+        let tys: Vec<ValueType> = g.operands(n).iter().map(|o| g.ty(*o).clone()).collect();
+        let refs: Vec<&ValueType> = tys.iter().collect();
+        let node = g.node_mut(n);
+        match &op {
+            Op::Attention(a) => {
+                let mut rt = a.result_types(&refs).unwrap();
+                node.ty = rt.remove(0);
+                node.more = rt;
+            }
+            _ => node.ty = foxc_ir::check::infer(&op, &refs).unwrap().unwrap(),
+        }
+        node.op = op;
+    }
+    foxc_ir::verify::verify(g).unwrap();
+}
+
+/// The decaying variants: each must be pruned by the pipeline.
+fn decaying() -> Vec<String> {
+    let mut v: Vec<String> = cases()
+        .iter()
+        .filter(|c| c.gate.is_some() && c.bound.is_ok() && c.mask_is != Mask::None)
+        .map(|c| program(c.params, c.scores, c.mask))
+        .collect();
+    v.push(GQA.to_string());
+    v
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    /// Pruned output within `2 eps max|v|` of the program's meaning, and the pruned mass of every
+    /// row below eps, for every decaying variant (static and data bounds).
+    #[test]
+    fn pruning_with_regions_is_safe(t in 4usize..48, d in 2usize..9, h in 1usize..3, seed in any::<u64>(),
+                                    bm in prop_oneof![Just(1u32), Just(4), Just(8)],
+                                    bn in prop_oneof![Just(1u32), Just(4), Just(8)],
+                                    log_eps in -12.0f64..-3.0) {
+        for src in decaying() {
+            let g = compile(&src);
+            let mut o = g.clone();
+            optimize(&mut o, &PassOptions { log_eps, ..PassOptions::default() }).unwrap();
+            let pruned = o.find(|op| matches!(op, Op::Attention(a) if a.prune != Prune::Dense));
+            prop_assert_eq!(pruned.len(), 1, "not pruned:\n{}", src);
+            retile(&mut o, Tiles { bm, bn });
+            let x = inputs(&g, t, d, h, seed);
+            let want = interp::run(&uncast(&g), &x).unwrap().output;
+            let res = interp::run(&uncast(&o), &x).unwrap();
+            let eps = log_eps.exp();
+            let vmax = x["v"].data.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            let diff = want.data.iter().zip(&res.output.data).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+            prop_assert!(diff <= 2.0 * eps * vmax + 1e-9, "|pruned - program| = {} > {}\n{}", diff, 2.0 * eps * vmax, src);
+            prop_assert_eq!(res.prune.len(), 1);
+            prop_assert!(res.prune[0].max_pruned_mass < eps, "pruned mass {} >= {}\n{}", res.prune[0].max_pruned_mass, eps, src);
+        }
+    }
+}
+
+/// The property above is not vacuous: with forgetful gates, tiles are skipped for every variant.
+#[test]
+fn regions_still_prune_tiles() {
+    for src in decaying() {
+        let g = compile(&src);
+        let mut o = g.clone();
+        optimize(&mut o, &PassOptions::default()).unwrap();
+        retile(&mut o, Tiles { bm: 4, bn: 4 });
+        let mut x = inputs(&g, 64, 4, 1, 3);
+        // Strongly forgetful gates and slopes.
+        if let Some(f) = x.get_mut("fgate") {
+            f.data.iter_mut().for_each(|v| *v = -3.0);
+        }
+        if let Some(m) = x.get_mut("m") {
+            m.data.iter_mut().for_each(|v| *v = 2.0);
+        }
+        let res = interp::run(&uncast(&o), &x).unwrap();
+        let st = &res.prune[0];
+        assert!(
+            st.kept_tiles < st.total_tiles,
+            "nothing skipped ({} of {})\n{src}",
+            st.kept_tiles,
+            st.total_tiles
+        );
+    }
+}
+
+/// Recognition's result depends on its node and iteration limits only, and every program
+/// saturates well within them (so the limits do not decide anything either).
+#[test]
+fn every_program_saturates_within_the_limits() {
+    for src in programs() {
+        let g = compile(&src);
+        let (saturated, nodes) = foxc_passes::recognize::saturates(&g).unwrap();
+        assert!(saturated, "{nodes} e-nodes, not saturated:\n{src}");
+    }
+}

@@ -8,8 +8,7 @@ use foxc_ir::index::IndexExpr;
 use foxc_ir::{BinaryOp, DType, Dim, Graph, Op, ReduceKind, Span, UnaryOp, ValueId, ValueType};
 use std::collections::HashMap;
 
-/// Extraction cost: AST size, with the fused node cheapest of all and `logsigmoid` preferred
-/// over its longer spellings.
+/// Extraction cost of operands: AST size (`logsigmoid` is preferred over its longer spellings).
 pub(crate) struct FusedCost;
 
 impl CostFunction<Attn> for FusedCost {
@@ -19,7 +18,6 @@ impl CostFunction<Attn> for FusedCost {
         C: FnMut(Id) -> f64,
     {
         let own = match enode {
-            Attn::DAttn(_) => 0.01,
             Attn::Num(_) | Attn::Symbol(_) => 0.5,
             _ => 1.0,
         };
@@ -186,9 +184,7 @@ impl Emit<'_, '_> {
                 let (x, w) = (self.emit(*x)?, self.emit(*w)?);
                 self.node(Op::RmsNorm { axis, eps }, &[x, w], span)?
             }
-            Attn::DAttn(_) | Attn::Symbol(_) | Attn::Ix(_) => {
-                return Err("unexpected term in an operand".into())
-            }
+            Attn::Symbol(_) | Attn::Ix(_) => return Err("unexpected term in an operand".into()),
         };
         self.memo.insert(id, v);
         Ok(v)

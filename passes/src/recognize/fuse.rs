@@ -528,19 +528,13 @@ pub(crate) fn run(g: &mut Graph, ex: &mut Vec<Explanation>) -> Result<Option<Val
     // The builder reads a snapshot (same node ids) while the graph is rewritten.
     let snapshot = g.clone();
     let g_ro: &Graph = &snapshot;
-    let mut b = Builder::new(g_ro);
-    let root = match b.term(g_ro.operands(store)[0], &Ren::top()) {
-        Ok(r) => r,
+    let (mut b, root, _) = match saturate(g_ro, store) {
+        Ok(s) => s,
         Err((msg, span)) => {
             ex.push(Explanation { message: format!("not recognized as attention: {msg}"), span, hint: None });
             return Ok(None);
         }
     };
-    let eg = std::mem::take(&mut b.eg);
-    let runner = crate::lang::runner(RUN_ITERS, RUN_NODES).with_egraph(eg).run(&crate::lang::rules());
-    b.eg = runner.egraph;
-    b.eg.rebuild();
-    let root = b.eg.find(root);
     let out_syms: Vec<Symbol> = out_axes.iter().map(|a| Symbol::from(a.as_str())).collect();
     let store_span = g_ro.node(store).span;
     let (leaves, subscripts) = (b.leaves.clone(), b.subscripts.clone());
@@ -582,6 +576,23 @@ pub(crate) fn run(g: &mut Graph, ex: &mut Vec<Explanation>) -> Result<Option<Val
     g.replace_all_uses(store, node);
     g.remove_dead();
     Ok(Some(node))
+}
+
+/// The term of statement `store`'s expression, saturated with the spelling rules: the builder
+/// (holding the e-graph), the root class, and why the runner stopped.
+pub(crate) fn saturate(
+    g: &Graph,
+    store: ValueId,
+) -> Result<(Builder<'_>, Id, egg::StopReason), (String, Span)> {
+    let mut b = Builder::new(g);
+    let root = b.term(g.operands(store)[0], &Ren::top())?;
+    let eg = std::mem::take(&mut b.eg);
+    let runner = crate::lang::runner(RUN_ITERS, RUN_NODES).with_egraph(eg).run(&crate::lang::rules());
+    let stop = runner.stop_reason.clone().unwrap_or(egg::StopReason::Saturated);
+    b.eg = runner.egraph;
+    b.eg.rebuild();
+    let root = b.eg.find(root);
+    Ok((b, root, stop))
 }
 
 /// Saturation limits of recognition: enough for every example and spelling to saturate or to

@@ -86,10 +86,9 @@ impl T {
     }
 }
 
-/// Own cost of a node (AST size; `dim` costs `dim_cost`); fused nodes are never extracted.
+/// Own cost of a node (AST size; `dim` costs `dim_cost`).
 fn own_cost(n: &Attn, dim_cost: f64) -> Option<f64> {
     Some(match n {
-        Attn::DAttn(_) => return None,
         Attn::Dim(_) => dim_cost,
         Attn::Num(_) | Attn::Symbol(_) => 0.5,
         // Division by a constant reads as written (`x / 20`, not `x * 0.05`).
