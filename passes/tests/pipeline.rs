@@ -5,14 +5,20 @@ mod common;
 
 use common::{all_passes, compile, root, run};
 use foxc_ir::print::print_graph;
-use foxc_ir::{Attention, Graph, NormBound, Op, Prune, PruneRule};
+use foxc_ir::{Attention, Graph, NormBound, Op, Prune, PruneRule, ScoreBound};
 use foxc_passes::{tiles_for, PassOptions, Target};
 
 const EXAMPLES: &[&str] = &[
     "fox",
     "fox_loggate",
     "fox_qknorm",
+    "fox_softcap",
+    "fox_gqa",
+    "fox_alibi",
+    "fox_keybias",
+    "fox_handwritten",
     "alibi",
+    "alibi_m",
     "causal",
     "window",
     "refuse_growing_bias",
@@ -22,7 +28,38 @@ const EXAMPLES: &[&str] = &[
 ];
 
 /// Examples that must end in a pruned `attention`.
-const PRUNED: &[&str] = &["fox", "fox_loggate", "fox_qknorm", "alibi"];
+const PRUNED: &[&str] = &[
+    "fox",
+    "fox_loggate",
+    "fox_qknorm",
+    "fox_softcap",
+    "fox_gqa",
+    "fox_alibi",
+    "fox_keybias",
+    "fox_handwritten",
+    "alibi",
+    "alibi_m",
+];
+
+/// The score bound each pruned example's threshold carries (static: no pass over the data).
+const BOUNDS: &[(&str, ScoreBound)] = &[
+    ("fox", ScoreBound::IDENTITY),
+    ("fox_softcap", ScoreBound::Static(20.0)),
+    ("fox_keybias", ScoreBound::Data { gain: 1.0, extra: 4.0 }),
+    ("fox_alibi", ScoreBound::IDENTITY),
+    ("fox_gqa", ScoreBound::IDENTITY),
+];
+
+#[test]
+fn thresholds_carry_the_region_bound() {
+    for (ex, want) in BOUNDS {
+        let (o, _) = run(&compile(&format!("examples/{ex}.attn")), &PassOptions::default());
+        let th = o.find(|op| matches!(op, Op::Threshold { .. }));
+        assert_eq!(th.len(), 1, "{ex}");
+        let Op::Threshold { score, .. } = o.op(th[0]) else { unreachable!() };
+        assert_eq!(score, want, "{ex}");
+    }
+}
 
 fn count(g: &Graph, pred: impl Fn(&Op) -> bool) -> usize {
     g.find(pred).len()
@@ -103,7 +140,7 @@ fn spellings() -> Vec<String> {
 #[test]
 fn all_spellings_reach_the_same_pruned_node_as_their_example() {
     let files = spellings();
-    assert!(files.len() >= 14, "need at least 14 spellings, found {}", files.len());
+    assert!(files.len() >= 15, "need at least 15 spellings, found {}", files.len());
     let mut per_example = std::collections::BTreeMap::<String, usize>::new();
     for f in &files {
         let g = compile(f);
@@ -118,7 +155,7 @@ fn all_spellings_reach_the_same_pruned_node_as_their_example() {
             assert!(report.explanations.is_empty(), "{f}: {:?}", report.explanations);
         }
     }
-    assert!(per_example["fox"] >= 12 && per_example["alibi"] >= 2, "{per_example:?}");
+    assert!(per_example["fox"] >= 13 && per_example["alibi"] >= 2, "{per_example:?}");
 }
 
 #[test]
