@@ -14,6 +14,7 @@
 //!    `pruned_decay_attention` for every proven `decay_attention`.
 
 pub mod acp;
+pub mod grad;
 pub mod lang;
 pub mod monotone;
 pub mod recognize;

@@ -1,0 +1,635 @@
+//! `grad`: the vector-Jacobian program of an (optimized) graph (docs/SEMANTICS.md,
+//! "attention_backward" and "Gradients of the other ops").
+//!
+//! The gradient program is the forward graph plus a parameter `dout` (the output's type) and,
+//! for every float parameter `p`, a value `grad_<p>` = `dL/dp` with `L = sum(out * dout)`, in
+//! `p`'s dtype. Reverse mode over the graph: each value gets one adjoint (contributions are
+//! added), fused attention becomes one `attention_backward` node that recomputes `P` from the
+//! forward's `lse` (result 1), everything else becomes ordinary IR ops, so every backend runs
+//! the gradient program with the kernels it already has plus the backward kernel.
+//!
+//! The forward's attention is given an f32 output in the gradient program (a narrower
+//! `out_dtype` becomes a separate `cast`), so that the backward's `delta_i = dout_i . out_i`
+//! reads the unrounded output.
+
+use foxc_ir::check::infer;
+use foxc_ir::{
+    Attention, Axis, BinaryOp, DType, GateKind, Graph, Op, ReduceKind, Span, UnaryOp, Use, Value, ValueId, ValueType,
+    LOG_F_FLOOR,
+};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A graph and its named outputs: `out` first, then `grad_<param>` for every float parameter
+/// (in parameter order).
+#[derive(Clone, Debug)]
+pub struct GradProgram {
+    pub graph: Graph,
+    pub outputs: Vec<(String, Value)>,
+}
+
+impl GradProgram {
+    /// The value of output `name`.
+    pub fn output(&self, name: &str) -> Option<Value> {
+        self.outputs.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GradError {
+    /// The program uses something the gradient pass cannot differentiate (a user error).
+    #[error("cannot differentiate this program: {0}")]
+    Unsupported(String),
+    #[error("internal error in the gradient pass: {0}")]
+    Internal(String),
+}
+
+/// The name of the upstream gradient parameter.
+pub const DOUT: &str = "dout";
+
+/// Build the gradient program of `fwd`.
+pub fn gradient(fwd: &Graph) -> Result<GradProgram, GradError> {
+    let mut g = fwd.clone();
+    let out = g.output.ok_or_else(|| GradError::Internal("the graph has no output".into()))?;
+    if g.param(DOUT).is_some() {
+        return Err(GradError::Unsupported(format!("a parameter is already named `{DOUT}`")));
+    }
+    widen_attention_outputs(&mut g);
+    let out = g.output.unwrap_or(out);
+    let out_ty = g.ty(out).clone();
+    let dout = g.add_param(DOUT, out_ty, Span::default());
+    let mut b = Builder { g, adj: BTreeMap::new() };
+    b.adj.insert(Value::of(out), Value::of(dout));
+    let live = b.depends_on_float_params();
+    let order: Vec<ValueId> = b.g.topo_order();
+    for &n in order.iter().rev() {
+        if n == dout || !live.contains(&n) {
+            continue;
+        }
+        b.node_grad(n, &live)?;
+    }
+    let mut outputs = vec![("out".to_string(), Value::of(out))];
+    for p in fwd.params.clone() {
+        if !p.ty.dtype.is_float() {
+            continue;
+        }
+        let ty = b.g.ty(p.node).clone();
+        let grad = match b.adj.get(&Value::of(p.node)).copied() {
+            Some(v) => b.conform(v, &ty)?,
+            None => b.zeros_like(&ty)?,
+        };
+        // Every output is result 0 of a node, in the parameter's dtype (an f32 result > 0
+        // gets an exact `+ 0`).
+        let grad = if ty.dtype != DType::F32 {
+            Value::of(b.g.add_multi(Op::Cast, vec![ty.clone()], &[grad], Span::default()))
+        } else if grad.result != 0 {
+            let z = b.cnst(0.0);
+            b.bin(BinaryOp::Add, grad, z)?
+        } else {
+            grad
+        };
+        outputs.push((format!("grad_{}", p.name), grad));
+    }
+    foxc_ir::verify::verify(&b.g).map_err(|e| GradError::Internal(format!("the gradient program does not verify: {e}")))?;
+    Ok(GradProgram { graph: b.g, outputs })
+}
+
+/// Give every attention an f32 `out` and move a narrower `out_dtype` into a following `cast`.
+fn widen_attention_outputs(g: &mut Graph) {
+    for n in g.find(|op| matches!(op, Op::Attention(a) if a.out_dtype != DType::F32)) {
+        let Op::Attention(a) = g.op(n).clone() else { continue };
+        let narrow = g.ty(n).clone();
+        let mut wide = a.clone();
+        wide.out_dtype = DType::F32;
+        let node = g.node_mut(n);
+        node.op = Op::Attention(wide);
+        node.ty.dtype = DType::F32;
+        let span = node.span;
+        let name = node.name.take();
+        let cast = g.add(Op::Cast, narrow, &[], span);
+        g.replace_value_uses(Value::of(n), Value::of(cast));
+        g.g.add_edge(n, cast, Use { pos: 0, result: 0 });
+        g.node_mut(cast).name = name;
+    }
+}
+
+struct Builder {
+    g: Graph,
+    /// The adjoint of every value that has one so far (f32, the value's axes).
+    adj: BTreeMap<Value, Value>,
+}
+
+impl Builder {
+    /// Nodes that depend on some float parameter (only they get adjoints).
+    fn depends_on_float_params(&self) -> BTreeSet<ValueId> {
+        let mut live = BTreeSet::new();
+        for n in self.g.topo_order() {
+            let from_param = match self.g.op(n) {
+                Op::Param { name, .. } => name != DOUT && self.g.ty(n).dtype.is_float(),
+                _ => false,
+            };
+            if from_param || self.g.operands(n).iter().any(|o| live.contains(o)) {
+                live.insert(n);
+            }
+        }
+        live
+    }
+
+    fn internal(e: String) -> GradError {
+        GradError::Internal(e)
+    }
+
+    /// Add a node whose type `infer` derives.
+    fn op(&mut self, op: Op, operands: &[Value]) -> Result<Value, GradError> {
+        let tys: Vec<&ValueType> = operands.iter().map(|&v| self.g.value_ty(v)).collect();
+        let ty = infer(&op, &tys)
+            .map_err(|e| Self::internal(format!("{}: {e}", op.mnemonic())))?
+            .ok_or_else(|| Self::internal(format!("{} needs an explicit type", op.mnemonic())))?;
+        Ok(Value::of(self.g.add_multi(op, vec![ty], operands, Span::default())))
+    }
+
+    fn cnst(&mut self, c: f64) -> Value {
+        Value::of(self.g.add(Op::Const(c), ValueType::scalar(DType::F32), &[], Span::default()))
+    }
+
+    fn un(&mut self, u: UnaryOp, a: Value) -> Result<Value, GradError> {
+        self.op(Op::Unary(u), &[a])
+    }
+
+    fn bin(&mut self, o: BinaryOp, a: Value, b: Value) -> Result<Value, GradError> {
+        self.op(Op::Binary(o), &[a, b])
+    }
+
+    fn select(&mut self, c: Value, a: Value, b: Value) -> Result<Value, GradError> {
+        self.op(Op::Select, &[c, a, b])
+    }
+
+    fn reduce_sum(&mut self, v: Value, axis: &str) -> Result<Value, GradError> {
+        self.op(Op::Reduce { kind: ReduceKind::Sum, axis: axis.to_string() }, &[v])
+    }
+
+    /// Zeros with the single axis `axis` (an iota times 0: finite, so never NaN).
+    fn zeros_axis(&mut self, axis: &Axis) -> Result<Value, GradError> {
+        let ty = ValueType { dtype: DType::F32, axes: vec![axis.clone()] };
+        let iota = Value::of(self.g.add(Op::Iota { axis: axis.name.clone() }, ty, &[], Span::default()));
+        let z = self.cnst(0.0);
+        self.bin(BinaryOp::Mul, iota, z)
+    }
+
+    fn zeros_like(&mut self, ty: &ValueType) -> Result<Value, GradError> {
+        let z = self.cnst(0.0);
+        self.broadcast_to(z, ty)
+    }
+
+    /// `v` broadcast to every axis of `ty` (adding zeros), in `ty`'s order.
+    fn broadcast_to(&mut self, v: Value, ty: &ValueType) -> Result<Value, GradError> {
+        let mut v = v;
+        for a in &ty.axes {
+            if self.g.value_ty(v).axis(&a.name).is_none() {
+                let z = self.zeros_axis(a)?;
+                v = self.bin(BinaryOp::Add, v, z)?;
+            }
+        }
+        self.conform(v, ty)
+    }
+
+    /// `v` (whose axes are `ty`'s, by name, in any order) with `ty`'s axis order.
+    fn conform(&mut self, v: Value, ty: &ValueType) -> Result<Value, GradError> {
+        let vt = self.g.value_ty(v).clone();
+        let names = |t: &ValueType| t.axes.iter().map(|a| a.name.clone()).collect::<Vec<_>>();
+        let (have, want) = (names(&vt), names(ty));
+        if have == want {
+            return Ok(v);
+        }
+        let mut hs = have.clone();
+        let mut ws = want.clone();
+        hs.sort();
+        ws.sort();
+        if hs != ws {
+            return Err(Self::internal(format!("cannot lay out {vt} as {ty}")));
+        }
+        let p = self.op(Op::Store { axes: want.clone() }, &[v])?;
+        if ty.is_positional() {
+            Ok(p)
+        } else {
+            self.op(Op::Bind { axes: want }, &[p])
+        }
+    }
+
+    /// `v` summed over the axes `ty` lacks, laid out as `ty`.
+    fn sum_to(&mut self, v: Value, ty: &ValueType) -> Result<Value, GradError> {
+        let mut v = v;
+        let extra: Vec<String> = self
+            .g
+            .value_ty(v)
+            .axes
+            .iter()
+            .filter(|a| ty.axis(&a.name).is_none())
+            .map(|a| a.name.clone())
+            .collect();
+        for a in extra {
+            v = self.reduce_sum(v, &a)?;
+        }
+        self.broadcast_to(v, ty)
+    }
+
+    /// Add `contribution` (laid out as `target`'s type after `sum_to`) to `target`'s adjoint.
+    fn accumulate(&mut self, target: Value, contribution: Value) -> Result<(), GradError> {
+        let ty = self.g.value_ty(target).clone();
+        let c = self.sum_to(contribution, &ty)?;
+        let sum = match self.adj.get(&target).copied() {
+            None => c,
+            Some(prev) => self.bin(BinaryOp::Add, prev, c)?,
+        };
+        self.adj.insert(target, sum);
+        Ok(())
+    }
+
+    /// The contributions of node `n` to its operands' adjoints.
+    fn node_grad(&mut self, n: ValueId, live: &BTreeSet<ValueId>) -> Result<(), GradError> {
+        let ops = self.g.operand_values(n);
+        let wants = |k: usize| ops.get(k).is_some_and(|o| live.contains(&o.node));
+        let op = self.g.op(n).clone();
+        if let Op::Attention(a) = &op {
+            return self.attention_grad(n, a, &ops, live);
+        }
+        let Some(dy) = self.adj.get(&Value::of(n)).copied() else { return Ok(()) };
+        let y = Value::of(n);
+        match op {
+            Op::Param { .. } | Op::Const(_) | Op::DimSize(_) | Op::Iota { .. } => {}
+            // Step functions: zero derivative almost everywhere.
+            Op::Threshold { .. } | Op::BlockBoundary(_) => {}
+            Op::Cast => {
+                if wants(0) {
+                    self.accumulate(ops[0], dy)?;
+                }
+            }
+            Op::Unary(u) => {
+                if wants(0) {
+                    let d = self.unary_grad(u, ops[0], y, dy)?;
+                    self.accumulate(ops[0], d)?;
+                }
+            }
+            Op::Binary(bo) if bo.is_comparison() => {}
+            Op::Binary(bo) => {
+                let (x, z) = (ops[0], ops[1]);
+                let (dx, dz) = self.binary_grad(bo, x, z, y, dy, wants(0), wants(1))?;
+                if let Some(d) = dx {
+                    self.accumulate(x, d)?;
+                }
+                if let Some(d) = dz {
+                    self.accumulate(z, d)?;
+                }
+            }
+            Op::Select => {
+                let zero = self.cnst(0.0);
+                if wants(1) {
+                    let d = self.select(ops[0], dy, zero)?;
+                    self.accumulate(ops[1], d)?;
+                }
+                if wants(2) {
+                    let d = self.select(ops[0], zero, dy)?;
+                    self.accumulate(ops[2], d)?;
+                }
+            }
+            Op::Reduce { kind, axis } => {
+                if wants(0) {
+                    let xt = self.g.value_ty(ops[0]).clone();
+                    let db = self.broadcast_to(dy, &xt)?;
+                    let d = match kind {
+                        ReduceKind::Sum => db,
+                        ReduceKind::Max => {
+                            // To every entry equal to the maximum.
+                            let yb = self.broadcast_to(y, &xt)?;
+                            let at = self.bin(BinaryOp::Eq, ops[0], yb)?;
+                            let zero = self.cnst(0.0);
+                            self.select(at, db, zero)?
+                        }
+                    };
+                    let _ = axis;
+                    self.accumulate(ops[0], d)?;
+                }
+            }
+            Op::Cumsum { axis } => {
+                if wants(0) {
+                    let d = self.reverse_cumsum(dy, &axis)?;
+                    self.accumulate(ops[0], d)?;
+                }
+            }
+            Op::Softmax { axis } => {
+                if wants(0) {
+                    // dx = y (dy - sum_axis(dy y)).
+                    let dyy = self.bin(BinaryOp::Mul, dy, y)?;
+                    let s = self.reduce_sum(dyy, &axis)?;
+                    let yt = self.g.value_ty(y).clone();
+                    let s = self.broadcast_to(s, &yt)?;
+                    let diff = self.bin(BinaryOp::Sub, dy, s)?;
+                    let d = self.bin(BinaryOp::Mul, y, diff)?;
+                    self.accumulate(ops[0], d)?;
+                }
+            }
+            Op::Causal { .. } | Op::Window { .. } => {
+                if wants(0) {
+                    // Pass dy where the mask keeps the entry: the same mask applied to zeros.
+                    let xt = self.g.value_ty(ops[0]).clone();
+                    let z = self.zeros_like(&xt)?;
+                    let m = self.op(op.clone(), &[z])?;
+                    let zero = self.cnst(0.0);
+                    let keep = self.bin(BinaryOp::Eq, m, zero)?;
+                    let d = self.select(keep, dy, zero)?;
+                    self.accumulate(ops[0], d)?;
+                }
+            }
+            Op::Bind { axes } => {
+                if wants(0) {
+                    let d = self.op(Op::Store { axes }, &[dy])?;
+                    self.accumulate(ops[0], d)?;
+                }
+            }
+            Op::Store { axes } => {
+                if wants(0) {
+                    let d = self.op(Op::Bind { axes }, &[dy])?;
+                    self.accumulate(ops[0], d)?;
+                }
+            }
+            Op::RmsNorm { axis, eps } => self.rmsnorm_grad(&ops, &axis, eps, dy, wants(0), wants(1))?,
+            Op::GateCumsum { kind } => {
+                if wants(0) {
+                    self.gate_cumsum_grad(kind, ops[0], dy)?;
+                }
+            }
+            other => {
+                return Err(GradError::Unsupported(format!("no gradient rule for `{}`", other.mnemonic())));
+            }
+        }
+        Ok(())
+    }
+
+    /// `r_t = sum_{s >= t} v_s` along `axis`: the total minus the inclusive prefix plus `v`.
+    fn reverse_cumsum(&mut self, v: Value, axis: &str) -> Result<Value, GradError> {
+        let vt = self.g.value_ty(v).clone();
+        let total = self.reduce_sum(v, axis)?;
+        let total = self.broadcast_to(total, &vt)?;
+        let pre = self.op(Op::Cumsum { axis: axis.to_string() }, &[v])?;
+        let d = self.bin(BinaryOp::Sub, total, pre)?;
+        self.bin(BinaryOp::Add, d, v)
+    }
+
+    fn unary_grad(&mut self, u: UnaryOp, x: Value, y: Value, dy: Value) -> Result<Value, GradError> {
+        use BinaryOp::*;
+        Ok(match u {
+            UnaryOp::Neg => self.un(UnaryOp::Neg, dy)?,
+            UnaryOp::Exp => self.bin(Mul, dy, y)?,
+            UnaryOp::Log => self.bin(Div, dy, x)?,
+            UnaryOp::Sqrt => {
+                let h = self.cnst(0.5);
+                let d = self.bin(Div, h, y)?;
+                self.bin(Mul, dy, d)?
+            }
+            UnaryOp::Rsqrt => {
+                let y2 = self.bin(Mul, y, y)?;
+                let y3 = self.bin(Mul, y2, y)?;
+                let h = self.cnst(-0.5);
+                let d = self.bin(Mul, h, y3)?;
+                self.bin(Mul, dy, d)?
+            }
+            UnaryOp::Sigmoid => {
+                let one = self.cnst(1.0);
+                let om = self.bin(Sub, one, y)?;
+                let d = self.bin(Mul, y, om)?;
+                self.bin(Mul, dy, d)?
+            }
+            UnaryOp::LogSigmoid => {
+                let nx = self.un(UnaryOp::Neg, x)?;
+                let s = self.un(UnaryOp::Sigmoid, nx)?;
+                self.bin(Mul, dy, s)?
+            }
+            UnaryOp::Softplus => {
+                let s = self.un(UnaryOp::Sigmoid, x)?;
+                self.bin(Mul, dy, s)?
+            }
+            UnaryOp::Relu => {
+                let zero = self.cnst(0.0);
+                let pos = self.bin(Gt, x, zero)?;
+                self.select(pos, dy, zero)?
+            }
+            UnaryOp::Tanh => {
+                let one = self.cnst(1.0);
+                let y2 = self.bin(Mul, y, y)?;
+                let d = self.bin(Sub, one, y2)?;
+                self.bin(Mul, dy, d)?
+            }
+            UnaryOp::Abs => {
+                let zero = self.cnst(0.0);
+                let pos = self.bin(Gt, x, zero)?;
+                let neg = self.bin(Lt, x, zero)?;
+                let ndy = self.un(UnaryOp::Neg, dy)?;
+                let inner = self.select(neg, ndy, zero)?;
+                self.select(pos, dy, inner)?
+            }
+            UnaryOp::Exp2 => {
+                let l = self.cnst(std::f64::consts::LN_2);
+                let d = self.bin(Mul, y, l)?;
+                self.bin(Mul, dy, d)?
+            }
+            UnaryOp::Log2 => {
+                let l = self.cnst(std::f64::consts::LN_2);
+                let d = self.bin(Mul, x, l)?;
+                self.bin(Div, dy, d)?
+            }
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn binary_grad(
+        &mut self,
+        bo: BinaryOp,
+        x: Value,
+        z: Value,
+        y: Value,
+        dy: Value,
+        want_x: bool,
+        want_z: bool,
+    ) -> Result<(Option<Value>, Option<Value>), GradError> {
+        use BinaryOp::*;
+        let mut dx = None;
+        let mut dz = None;
+        match bo {
+            Add => {
+                dx = want_x.then_some(dy);
+                dz = want_z.then_some(dy);
+            }
+            Sub => {
+                dx = want_x.then_some(dy);
+                if want_z {
+                    dz = Some(self.un(UnaryOp::Neg, dy)?);
+                }
+            }
+            Mul => {
+                if want_x {
+                    dx = Some(self.bin(Mul, dy, z)?);
+                }
+                if want_z {
+                    dz = Some(self.bin(Mul, dy, x)?);
+                }
+            }
+            Div => {
+                if want_x {
+                    dx = Some(self.bin(Div, dy, z)?);
+                }
+                if want_z {
+                    // d(x/z)/dz = -(x/z)/z.
+                    let t = self.bin(Mul, dy, y)?;
+                    let t = self.bin(Div, t, z)?;
+                    dz = Some(self.un(UnaryOp::Neg, t)?);
+                }
+            }
+            Min | Max => {
+                // The operand picked gets dy; the first one on ties.
+                let first = self.bin(if bo == Min { Le } else { Ge }, x, z)?;
+                let zero = self.cnst(0.0);
+                if want_x {
+                    dx = Some(self.select(first, dy, zero)?);
+                }
+                if want_z {
+                    dz = Some(self.select(first, zero, dy)?);
+                }
+            }
+            Lt | Le | Gt | Ge | Eq | Ne => {}
+        }
+        Ok((dx, dz))
+    }
+
+    /// `y = x r w`, `r = rsqrt(mean_axis(x^2) + eps)`:
+    /// `dx = r w dy - x r^3 / n sum_axis(x w dy)`, `dw = sum_{other axes}(dy x r)`.
+    fn rmsnorm_grad(
+        &mut self,
+        ops: &[Value],
+        axis: &str,
+        eps: f64,
+        dy: Value,
+        want_x: bool,
+        want_w: bool,
+    ) -> Result<(), GradError> {
+        use BinaryOp::*;
+        let (x, w) = (ops[0], ops[1]);
+        let xt = self.g.value_ty(x).clone();
+        let wt = self.g.value_ty(w).clone();
+        let (_, ax) = xt.axis(axis).ok_or_else(|| Self::internal(format!("rmsnorm axis `{axis}` not in {xt}")))?;
+        let dim = ax.dim.clone();
+        // The weight under the normalized axis's name (after passes it is positional `[D]`).
+        let wn = if wt.axis(axis).is_some() { w } else { self.op(Op::Bind { axes: vec![axis.to_string()] }, &[w])? };
+        let n = Value::of(self.g.add(Op::DimSize(dim), ValueType::scalar(DType::F32), &[], Span::default()));
+        let xx = self.bin(Mul, x, x)?;
+        let ss = self.reduce_sum(xx, axis)?;
+        let ms = self.bin(Div, ss, n)?;
+        let e = self.cnst(eps);
+        let ms = self.bin(Add, ms, e)?;
+        let r = self.un(UnaryOp::Rsqrt, ms)?;
+        if want_x {
+            let wdy = self.bin(Mul, wn, dy)?;
+            let t1 = self.bin(Mul, r, wdy)?;
+            let xw = self.bin(Mul, x, wdy)?;
+            let s = self.reduce_sum(xw, axis)?;
+            let r2 = self.bin(Mul, r, r)?;
+            let r3 = self.bin(Mul, r2, r)?;
+            let k = self.bin(Div, r3, n)?;
+            let ks = self.bin(Mul, k, s)?;
+            let t2 = self.bin(Mul, x, ks)?;
+            let d = self.bin(Sub, t1, t2)?;
+            let d = self.conform(d, &xt)?;
+            self.accumulate(x, d)?;
+        }
+        if want_w {
+            let xr = self.bin(Mul, x, r)?;
+            let t = self.bin(Mul, dy, xr)?;
+            let mut v = t;
+            let others: Vec<String> =
+                self.g.value_ty(v).axes.iter().filter(|a| a.name != axis).map(|a| a.name.clone()).collect();
+            for a in others {
+                v = self.reduce_sum(v, &a)?;
+            }
+            let v = if wt.axis(axis).is_some() { v } else { self.op(Op::Store { axes: vec![axis.to_string()] }, &[v])? };
+            self.accumulate(w, v)?;
+        }
+        Ok(())
+    }
+
+    /// `c_t = sum_{l <= t} max(log f_l, LOG_F_FLOOR)` on `[B, H, T]`: `g = reverse cumsum of dc`,
+    /// then through the gate (zero where the floor is active).
+    fn gate_cumsum_grad(&mut self, kind: GateKind, x: Value, dc: Value) -> Result<(), GradError> {
+        use BinaryOp::*;
+        let g = self.reverse_cumsum(dc, "2")?;
+        let floor = self.cnst(LOG_F_FLOOR);
+        let zero = self.cnst(0.0);
+        let d = match kind {
+            GateKind::Logits => {
+                let lf = self.un(UnaryOp::LogSigmoid, x)?;
+                let keep = self.bin(Ge, lf, floor)?;
+                let nx = self.un(UnaryOp::Neg, x)?;
+                let s = self.un(UnaryOp::Sigmoid, nx)?;
+                let gs = self.bin(Mul, g, s)?;
+                self.select(keep, gs, zero)?
+            }
+            GateKind::LogGate => {
+                let keep = self.bin(Ge, x, floor)?;
+                self.select(keep, g, zero)?
+            }
+            GateKind::Slope => {
+                // log f = -m[h] for every (b, t): dm[h] = -sum_{b, t} g.
+                let s = self.reduce_sum(g, "2")?;
+                let s = self.reduce_sum(s, "0")?;
+                let s = self.op(Op::Store { axes: vec!["1".into()] }, &[s])?;
+                let lf = self.un(UnaryOp::Neg, x)?;
+                let keep = self.bin(Ge, lf, floor)?;
+                let ns = self.un(UnaryOp::Neg, s)?;
+                self.select(keep, ns, zero)?
+            }
+        };
+        self.accumulate(x, d)
+    }
+
+    /// One `attention_backward` node; its results feed q, k, v, c and the float captures.
+    fn attention_grad(
+        &mut self,
+        n: ValueId,
+        a: &Attention,
+        ops: &[Value],
+        live: &BTreeSet<ValueId>,
+    ) -> Result<(), GradError> {
+        if self.adj.contains_key(&Value { node: n, result: Attention::LSE }) {
+            return Err(GradError::Unsupported("the gradient through an attention's log-sum-exp".into()));
+        }
+        let Some(dy) = self.adj.get(&Value::of(n)).copied() else { return Ok(()) };
+        let out_ty = self.g.ty(n).clone();
+        let dy = self.conform(dy, &out_ty)?;
+        let mut operands = ops.to_vec();
+        operands.extend([Value::of(n), Value { node: n, result: Attention::LSE }, dy]);
+        let tys: Vec<&ValueType> = operands.iter().map(|&v| self.g.value_ty(v)).collect();
+        let rtys = a.backward_result_types(&tys).map_err(|e| Self::internal(format!("attention_backward: {e}")))?;
+        let bw = self.g.add_multi(Op::AttentionBackward(a.clone()), rtys, &operands, Span::default());
+        // Result r of the backward goes to operand `targets[r]`.
+        let fixed = a.fixed_operands();
+        let mut targets = vec![ops[0], ops[1], ops[2]];
+        if a.decay {
+            targets.push(ops[3]);
+        }
+        for &c in &ops[fixed..] {
+            if self.g.value_ty(c).dtype.is_float() {
+                targets.push(c);
+            }
+        }
+        for (r, t) in targets.into_iter().enumerate() {
+            if live.contains(&t.node) {
+                // Each result enters the rest of the program as result 0 of its own node (an
+                // exact `+ 0`), so that no op reads two results of the backward node.
+                let mut v = Value { node: bw, result: r as u32 };
+                if r > 0 {
+                    let z = self.cnst(0.0);
+                    v = self.bin(BinaryOp::Add, v, z)?;
+                }
+                self.accumulate(t, v)?;
+            }
+        }
+        Ok(())
+    }
+}
