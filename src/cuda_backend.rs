@@ -7,7 +7,8 @@ use foxc_codegen::nvptx::{self as cg, CodegenError, KernelArg, NvptxArtifact, Nv
 use foxc_ir::shapes::DimBindings;
 use foxc_ir::Graph;
 use foxc_runtime::cuda::{
-    ArgDesc, BufferDesc, BufferInit, CudaError, CudaErrorKind, CudaRuntime, LaunchDesc, Program,
+    ArgDesc, BufferDesc, BufferInit, CudaError, CudaErrorKind, CudaRuntime, DeviceInfo, ExternalModule,
+    LaunchDesc, Program,
 };
 use foxc_runtime::{HostTensor, TensorMap};
 use std::collections::BTreeMap;
@@ -75,6 +76,12 @@ pub fn emit(g: &Graph, dims: &BTreeMap<String, u64>, target: &str, what: Emit) -
 
 /// The runtime program for the artifact with the dimensions bound.
 pub fn program(a: &NvptxArtifact, bind: &DimBindings) -> Result<Program, Error> {
+    let (buffers, launches) = plan(a, bind)?;
+    Ok(Program { ptx: a.ptx.clone(), buffers, launches, output: a.output })
+}
+
+/// The artifact's buffers and launches with the dimensions bound (no PTX copy).
+pub fn plan(a: &NvptxArtifact, bind: &DimBindings) -> Result<(Vec<BufferDesc>, Vec<LaunchDesc>), Error> {
     let lookup = |s: &str| bind.get(s);
     let too_big =
         |what: &str| Error::user(format!("error: {what} does not fit the GPU kernels' 32-bit indices"));
@@ -119,7 +126,7 @@ pub fn program(a: &NvptxArtifact, bind: &DimBindings) -> Result<Program, Error> 
             zero_first: k.zero_first.clone(),
         });
     }
-    Ok(Program { ptx: a.ptx.clone(), buffers, launches, output: a.output })
+    Ok((buffers, launches))
 }
 
 /// The kernels index with i32 within one (b, h) slice and i64 across: reject what overflows.
@@ -134,6 +141,18 @@ fn check_sizes(g: &Graph, bind: &DimBindings) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// The NVPTX target of a device: sm_90a on compute capability 9.x, sm_80 on 8.x.
+pub fn target_for(info: &DeviceInfo) -> Result<&'static str, Error> {
+    match info.compute_capability {
+        (9, _) => Ok("sm_90a"),
+        (8, _) => Ok("sm_80"),
+        (ma, mi) => Err(Error::user(format!(
+            "error: the GPU {} has compute capability {ma}.{mi}; foxc's kernels need 8.x (sm_80) or 9.x (sm_90a)",
+            info.name
+        ))),
+    }
 }
 
 /// Validated inputs, the program and its runtime, ready to upload.
@@ -152,16 +171,7 @@ fn prepare(g: &Graph, inputs: &TensorMap) -> Result<Prepared, Error> {
     check_sizes(g, &bind)?;
     let rt = CudaRuntime::new().map_err(cuda_err)?;
     let info = rt.device_info().map_err(cuda_err)?;
-    let target = match info.compute_capability {
-        (9, _) => "sm_90a",
-        (8, _) => "sm_80",
-        (ma, mi) => {
-            return Err(Error::user(format!(
-                "error: the GPU {} has compute capability {ma}.{mi}; foxc's kernels need 8.x (sm_80) or 9.x (sm_90a)",
-                info.name
-            )))
-        }
-    };
+    let target = target_for(&info)?;
     let art = compile(g, &bind.0, target)?;
     let program = program(&art, &bind)?;
     let out = g.output.ok_or_else(|| Error::user(format!("error: graph `{}` has no output", g.name)))?;
@@ -221,6 +231,53 @@ pub fn bench(g: &Graph, inputs: &TensorMap, warmup: usize, iters: usize) -> Resu
     let median_ms =
         if iters % 2 == 1 { times[iters / 2] } else { 0.5 * (times[iters / 2 - 1] + times[iters / 2]) };
     Ok(BenchStats { median_ms, min_ms: times[0], max_ms: times[iters - 1], iters })
+}
+
+/// A program's kernels compiled for one device and loaded there, for callers that own the
+/// memory and the stream (the Python package launches on torch's tensors and current stream).
+pub struct ExternalKernels {
+    pub artifact: NvptxArtifact,
+    pub device: DeviceInfo,
+    module: ExternalModule,
+}
+
+/// The device of GPU `ordinal` (its name and compute capability).
+pub fn device_info(ordinal: usize) -> Result<DeviceInfo, Error> {
+    foxc_runtime::cuda::device_info_of(ordinal).map_err(cuda_err)
+}
+
+/// Compiles `g` (optimized for the GPU) with the compile-time `static_dims` for GPU `ordinal`
+/// and loads it there; `bind` (all dims of a first call) sizes the kernels' shared memory.
+pub fn load_external(
+    g: &Graph,
+    static_dims: &BTreeMap<String, u64>,
+    bind: &DimBindings,
+    ordinal: usize,
+) -> Result<ExternalKernels, Error> {
+    let device = device_info(ordinal)?;
+    let artifact = compile(g, static_dims, target_for(&device)?)?;
+    let (_, launches) = plan(&artifact, bind)?;
+    let module = ExternalModule::load(ordinal, &artifact.ptx, &launches).map_err(cuda_err)?;
+    Ok(ExternalKernels { artifact, device, module })
+}
+
+impl ExternalKernels {
+    /// Enqueues `launches` (from [`plan`] of this artifact) on `stream` with buffer `n` at
+    /// `ptrs[n]`. Asynchronous, no host synchronization.
+    ///
+    /// # Safety
+    /// Every pointer must be live device memory on this device of at least the plan's size
+    /// of its buffer, and `stream` a stream of this device.
+    pub unsafe fn enqueue(
+        &self,
+        launches: &[LaunchDesc],
+        ptrs: &[u64],
+        sizes: &[usize],
+        stream: u64,
+    ) -> Result<(), Error> {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { self.module.enqueue(launches, ptrs, sizes, stream) }.map_err(cuda_err)
+    }
 }
 
 #[cfg(test)]

@@ -146,47 +146,14 @@ impl CudaRuntime {
     }
 
     pub fn device_info(&self) -> Result<DeviceInfo, CudaError> {
-        let name = self.ctx.name().ctx(|| "reading the device name".into())?;
-        let compute_capability =
-            self.ctx.compute_capability().ctx(|| "reading the compute capability".into())?;
-        let multiprocessors = self
-            .ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .ctx(|| "reading the multiprocessor count".into())?;
-        let total_mem = self.ctx.total_mem().ctx(|| "reading the memory size".into())?;
-        Ok(DeviceInfo { name, compute_capability, multiprocessors, total_mem })
+        device_info(&self.ctx)
     }
 
     /// Loads the program's PTX, resolves its kernels and allocates its buffers.
     pub fn load(&self, program: &Program) -> Result<Session<'_>, CudaError> {
         self.ctx.bind_to_thread().ctx(|| "binding the context".into())?;
         let module = Module::load(&program.ptx)?;
-        let mut functions = HashMap::new();
-        for l in &program.launches {
-            if functions.contains_key(&l.kernel) {
-                continue;
-            }
-            let c = CString::new(l.kernel.as_str()).map_err(|_| {
-                CudaError::new(CudaErrorKind::Invalid, format!("bad kernel name {:?}", l.kernel))
-            })?;
-            // SAFETY: the module is loaded and outlives the function handles (both in Session).
-            let f = unsafe { result::module::get_function(module.0, c) }
-                .ctx(|| format!("looking up kernel {} in the PTX module", l.kernel))?;
-            if l.shared_bytes > 48 * 1024 {
-                // SAFETY: f is a valid function of a loaded module.
-                unsafe {
-                    result::function::set_function_attribute(
-                        f,
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        l.shared_bytes as i32,
-                    )
-                }
-                .ctx(|| {
-                    format!("allowing {} bytes of dynamic shared memory for {}", l.shared_bytes, l.kernel)
-                })?;
-            }
-            functions.insert(l.kernel.clone(), f);
-        }
+        let functions = resolve_functions(&module, &program.launches)?;
         let mut buffers = Vec::with_capacity(program.buffers.len());
         for (i, b) in program.buffers.iter().enumerate() {
             buffers.push(
@@ -217,6 +184,93 @@ impl CudaRuntime {
         }
         Ok(Session { rt: self, program: program.clone(), _module: module, functions, buffers })
     }
+}
+
+/// Looks up every kernel the launches name in `module` and allows the dynamic shared memory
+/// they ask for.
+fn resolve_functions(
+    module: &Module,
+    launches: &[LaunchDesc],
+) -> Result<HashMap<String, sys::CUfunction>, CudaError> {
+    let mut functions = HashMap::new();
+    for l in launches {
+        if functions.contains_key(&l.kernel) {
+            continue;
+        }
+        let c = CString::new(l.kernel.as_str())
+            .map_err(|_| CudaError::new(CudaErrorKind::Invalid, format!("bad kernel name {:?}", l.kernel)))?;
+        // SAFETY: the module is loaded and outlives the function handles (both kept together).
+        let f = unsafe { result::module::get_function(module.0, c) }
+            .ctx(|| format!("looking up kernel {} in the PTX module", l.kernel))?;
+        if l.shared_bytes > 48 * 1024 {
+            // SAFETY: f is a valid function of a loaded module.
+            unsafe {
+                result::function::set_function_attribute(
+                    f,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    l.shared_bytes as i32,
+                )
+            }
+            .ctx(|| format!("allowing {} bytes of dynamic shared memory for {}", l.shared_bytes, l.kernel))?;
+        }
+        functions.insert(l.kernel.clone(), f);
+    }
+    Ok(functions)
+}
+
+/// Enqueues `launches` on `stream`; buffer `n` of the program is the device memory at `ptrs[n]`
+/// of `sizes[n]` bytes.
+///
+/// # Safety
+/// Every pointer must be live device memory of at least its size in the current context, and
+/// every launch's arguments must match its kernel's parameters.
+unsafe fn enqueue_launches(
+    functions: &HashMap<String, sys::CUfunction>,
+    launches: &[LaunchDesc],
+    ptrs: &[sys::CUdeviceptr],
+    sizes: &[usize],
+    stream: sys::CUstream,
+) -> Result<(), CudaError> {
+    let missing = |n: usize, kernel: &str| {
+        CudaError::new(
+            CudaErrorKind::Invalid,
+            format!("kernel {kernel} uses buffer {n}, which does not exist"),
+        )
+    };
+    for l in launches {
+        for &z in &l.zero_first {
+            let (p, bytes) = (*ptrs.get(z).ok_or_else(|| missing(z, &l.kernel))?, sizes[z]);
+            // SAFETY: within the allocation (the caller's contract), on the given stream.
+            unsafe { result::memset_d8_async(p, 0, bytes, stream) }
+                .ctx(|| format!("zeroing buffer {z} before {}", l.kernel))?;
+        }
+        let f = *functions.get(&l.kernel).ok_or_else(|| {
+            CudaError::new(CudaErrorKind::Invalid, format!("kernel {} was not loaded", l.kernel))
+        })?;
+        // Each argument lives in its own 8-byte slot; the driver reads the low bytes
+        // (little-endian) for 4-byte arguments.
+        let mut slots = Vec::with_capacity(l.args.len());
+        for a in &l.args {
+            slots.push(match *a {
+                ArgDesc::Buffer(n) => *ptrs.get(n).ok_or_else(|| missing(n, &l.kernel))?,
+                ArgDesc::I32(v) => v as u32 as u64,
+                ArgDesc::I64(v) => v as u64,
+                ArgDesc::F32(v) => v.to_bits() as u64,
+            });
+        }
+        let mut args: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+        // SAFETY: f belongs to a loaded module; the argument list matches the kernel's
+        // parameters as the backend declared them; the buffers are live (the caller's contract).
+        unsafe { result::launch_kernel(f, l.grid, l.block, l.shared_bytes, stream, &mut args) }.ctx(
+            || {
+                format!(
+                    "launching {} (grid {:?}, block {:?}, {} B shared)",
+                    l.kernel, l.grid, l.block, l.shared_bytes
+                )
+            },
+        )?;
+    }
+    Ok(())
 }
 
 /// A loaded module (unloaded on drop).
@@ -339,40 +393,10 @@ impl Session<'_> {
 
     /// Enqueues the whole forward pass on the stream (asynchronous).
     pub fn enqueue(&self) -> Result<(), CudaError> {
-        for l in &self.program.launches {
-            for &z in &l.zero_first {
-                let b = &self.buffers[z];
-                // SAFETY: within the allocation, on our stream.
-                unsafe { result::memset_d8_async(b.ptr, 0, b.bytes, self.stream()) }
-                    .ctx(|| format!("zeroing buffer {z} before {}", l.kernel))?;
-            }
-            let f = *self.functions.get(&l.kernel).ok_or_else(|| {
-                CudaError::new(CudaErrorKind::Invalid, format!("kernel {} was not loaded", l.kernel))
-            })?;
-            // Each argument lives in its own 8-byte slot; the driver reads the low bytes
-            // (little-endian) for 4-byte arguments.
-            let mut slots: Vec<u64> = l
-                .args
-                .iter()
-                .map(|a| match *a {
-                    ArgDesc::Buffer(n) => self.buffers[n].ptr,
-                    ArgDesc::I32(v) => v as u32 as u64,
-                    ArgDesc::I64(v) => v as u64,
-                    ArgDesc::F32(v) => v.to_bits() as u64,
-                })
-                .collect();
-            let mut ptrs: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
-            // SAFETY: f belongs to the loaded module; the argument list matches the kernel's
-            // parameters as the backend declared them; every buffer stays alive in self.
-            unsafe { result::launch_kernel(f, l.grid, l.block, l.shared_bytes, self.stream(), &mut ptrs) }
-                .ctx(|| {
-                    format!(
-                        "launching {} (grid {:?}, block {:?}, {} B shared)",
-                        l.kernel, l.grid, l.block, l.shared_bytes
-                    )
-                })?;
-        }
-        Ok(())
+        let ptrs: Vec<sys::CUdeviceptr> = self.buffers.iter().map(|b| b.ptr).collect();
+        let sizes: Vec<usize> = self.buffers.iter().map(|b| b.bytes).collect();
+        // SAFETY: every buffer is a live allocation of its size, owned by self.
+        unsafe { enqueue_launches(&self.functions, &self.program.launches, &ptrs, &sizes, self.stream()) }
     }
 
     /// Waits for the stream; reports any asynchronous kernel fault.
@@ -411,6 +435,113 @@ impl Session<'_> {
     pub fn download_output(&self) -> Result<Vec<u8>, CudaError> {
         self.download(self.program.output)
     }
+}
+
+/// A PTX module loaded in the primary context of one device, launched on memory and a stream
+/// that the caller owns (a framework such as PyTorch): no allocation, no copy, no host
+/// synchronization. Loading happens once; [`ExternalModule::enqueue`] only launches.
+pub struct ExternalModule {
+    ctx: Arc<CudaContext>,
+    module: Module,
+    functions: HashMap<String, sys::CUfunction>,
+}
+
+// SAFETY: a CUmodule and its CUfunctions are plain driver handles, valid in any thread once their
+// context is current; every use below makes the module's context current first, and the
+// handles are never mutated after loading.
+unsafe impl Send for ExternalModule {}
+unsafe impl Sync for ExternalModule {}
+
+/// Restores the calling thread's previous current context on drop (the caller's framework may
+/// rely on it).
+struct ContextGuard(Option<sys::CUcontext>);
+
+impl ContextGuard {
+    fn enter(ctx: &CudaContext) -> Result<ContextGuard, CudaError> {
+        let prev = result::ctx::get_current().ctx(|| "reading the current context".into())?;
+        ctx.bind_to_thread().ctx(|| format!("binding the context of GPU {}", ctx.ordinal()))?;
+        Ok(ContextGuard(prev))
+    }
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        if let Some(prev) = self.0 {
+            // SAFETY: `prev` was current on this thread a moment ago and is still retained by
+            // its owner; an error here leaves our context current, which is also valid.
+            let _ = unsafe { result::ctx::set_current(prev) };
+        }
+    }
+}
+
+impl ExternalModule {
+    /// Loads `ptx` on device `ordinal` (its primary context, the one CUDA runtime users such as
+    /// PyTorch share) and resolves the kernels `launches` name.
+    pub fn load(ordinal: usize, ptx: &str, launches: &[LaunchDesc]) -> Result<ExternalModule, CudaError> {
+        if !driver_present() {
+            return Err(CudaError::new(
+                CudaErrorKind::NoDriver,
+                "no CUDA driver found (libcuda.so could not be loaded)",
+            ));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| {
+            CudaError::new(CudaErrorKind::NoDevice, format!("cannot open GPU {ordinal}: {e:?}"))
+        })?;
+        let _guard = ContextGuard::enter(&ctx)?;
+        let module = Module::load(ptx)?;
+        let functions = resolve_functions(&module, launches)?;
+        Ok(ExternalModule { ctx, module, functions })
+    }
+
+    pub fn device_info(&self) -> Result<DeviceInfo, CudaError> {
+        device_info(&self.ctx)
+    }
+
+    /// Enqueues `launches` on `stream`; buffer `n` of the plan is the caller's device memory at
+    /// `ptrs[n]`, `sizes[n]` bytes. Asynchronous: faults surface at the caller's next sync.
+    ///
+    /// # Safety
+    /// Every pointer must be live memory of at least its size on this module's device, `stream`
+    /// a live stream of that device (or null), and `launches` the plan this module's PTX was
+    /// compiled with.
+    pub unsafe fn enqueue(
+        &self,
+        launches: &[LaunchDesc],
+        ptrs: &[u64],
+        sizes: &[usize],
+        stream: u64,
+    ) -> Result<(), CudaError> {
+        if ptrs.len() != sizes.len() {
+            return Err(CudaError::new(CudaErrorKind::Invalid, "one size per buffer pointer"));
+        }
+        let _guard = ContextGuard::enter(&self.ctx)?;
+        let _ = &self.module;
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { enqueue_launches(&self.functions, launches, ptrs, sizes, stream as sys::CUstream) }
+    }
+}
+
+fn device_info(ctx: &CudaContext) -> Result<DeviceInfo, CudaError> {
+    let name = ctx.name().ctx(|| "reading the device name".into())?;
+    let compute_capability = ctx.compute_capability().ctx(|| "reading the compute capability".into())?;
+    let multiprocessors = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .ctx(|| "reading the multiprocessor count".into())?;
+    let total_mem = ctx.total_mem().ctx(|| "reading the memory size".into())?;
+    Ok(DeviceInfo { name, compute_capability, multiprocessors, total_mem })
+}
+
+/// What device `ordinal` is (its compute capability picks the kernels' target).
+pub fn device_info_of(ordinal: usize) -> Result<DeviceInfo, CudaError> {
+    if !driver_present() {
+        return Err(CudaError::new(
+            CudaErrorKind::NoDriver,
+            "no CUDA driver found (libcuda.so could not be loaded)",
+        ));
+    }
+    let ctx = CudaContext::new(ordinal)
+        .map_err(|e| CudaError::new(CudaErrorKind::NoDevice, format!("cannot open GPU {ordinal}: {e:?}")))?;
+    device_info(&ctx)
 }
 
 #[cfg(test)]

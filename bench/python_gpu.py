@@ -1,0 +1,233 @@
+"""foxc's torch path on a GPU: outputs against an eager torch f32 reference of the same math,
+torch.compile(fullgraph=True), CUDA graph capture and replay, determinism, no host sync,
+validation errors, and the not-yet-available backward.
+
+    pip install --no-deps --target /tmp/site foxc-*.whl
+    PYTHONPATH=/tmp/site python3 bench/python_gpu.py [--json out.json]
+
+Every check prints one line; the exit code is the number of failed checks.
+"""
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import foxc
+import foxc.torch  # noqa: F401  (registers torch.ops.foxc.attention)
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+results = []
+
+
+def check(name, ok, **info):
+    results.append({"check": name, "ok": bool(ok), **info})
+    extra = " ".join(f"{k}={v}" for k, v in info.items())
+    print(f"{'PASS' if ok else 'FAIL'} {name} {extra}", flush=True)
+
+
+def inputs(attn, B, H, T, D, seed=0):
+    """Random inputs in the declared dtypes; q, k RMS-normalized (|x| = sqrt(D)) as in the
+    standard workload, gate logits spread over heads."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dims = {"B": B, "H": H, "T": T, "D": D}
+    dt = {"bf16": torch.bfloat16, "f32": torch.float32}
+    x = {}
+    for name, dtype, decl in attn.signature:
+        shape = [dims[d] for d in decl]
+        a = torch.randn(shape, generator=g, device="cuda")
+        if name in ("q", "k"):
+            a = a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True))
+        elif name == "fgate":
+            a = a + torch.linspace(-2.0, 8.0, H, device="cuda").view(1, H, 1)
+        elif name == "slope":
+            a = torch.exp2(-8.0 * torch.arange(1, H + 1, device="cuda") / H)
+        elif name in ("wq", "wk"):
+            a = 1.0 + 0.1 * a
+        x[name] = a.to(dt[dtype]).contiguous()
+    return x
+
+
+def reference(name, x):
+    """Eager torch f32 of each example's math (dense, causal)."""
+    q, k, v = (x[n].float() for n in ("q", "k", "v"))
+    T, D = q.shape[-2], q.shape[-1]
+    if name == "fox_qknorm":
+        q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + 1e-6) * x["wq"].float()
+        k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + 1e-6) * x["wk"].float()
+    s = q @ k.transpose(-1, -2) / math.sqrt(D)
+    i = torch.arange(T, device=q.device)
+    if name in ("fox", "fox_qknorm"):
+        c = torch.cumsum(F.logsigmoid(x["fgate"].float()), -1)
+        s = s + c[..., :, None] - c[..., None, :]
+    elif name == "alibi":
+        s = s - x["slope"].float().view(1, -1, 1, 1) * (i[:, None] - i[None, :]).float()
+    mask = i[None, :] <= i[:, None]
+    if name == "window":
+        mask = mask & (i[:, None] - i[None, :] < 256)
+    s = s.masked_fill(~mask, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def rel_l2(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def run_accuracy(B, H, T, D):
+    for ex in ("fox", "fox_qknorm", "alibi", "causal", "window"):
+        for no_prune in (True, False):
+            attn = foxc.load(EXAMPLES / f"{ex}.attn", no_prune=no_prune)
+            x = inputs(attn, B, H, T, D)
+            out = attn(**x)
+            ref = reference(ex, x)
+            err = rel_l2(out, ref)
+            check(
+                f"accuracy {ex} {'dense' if no_prune else 'acp'} D={D}",
+                torch.isfinite(out).all().item() and err <= 1e-2,
+                rel_l2=f"{err:.2e}",
+                shape=f"{B}x{H}x{T}x{D}",
+            )
+
+
+def run_torch_features():
+    attn = foxc.load(EXAMPLES / "fox.attn")
+    x = inputs(attn, 2, 8, 4096, 128, seed=1)
+    out0 = attn(**x)
+    torch.cuda.synchronize()
+    out1 = attn(**x)
+    torch.cuda.synchronize()
+    check("determinism (same bits twice)", torch.equal(out0, out1))
+
+    # The op's own outputs: out and the row log-sum-exp.
+    out, lse = torch.ops.foxc.attention(attn.id, [x[n] for n in attn.params])
+    check("op returns (out, lse)", torch.equal(out, out0) and tuple(lse.shape) == (2, 8, 4096) and lse.dtype == torch.float32)
+
+    # No host synchronization: with the stream busy (a long sleep kernel), the call returns
+    # while the GPU has not reached it.
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)
+    t0 = time.perf_counter()
+    attn(**x)
+    call_ms = (time.perf_counter() - t0) * 1e3
+    busy = not torch.cuda.current_stream().query()
+    torch.cuda.synchronize()
+    check("no host sync (call returns while the stream is busy)", busy, call_ms=f"{call_ms:.3f}")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        attn(**x)
+        check("no sync under torch.cuda.set_sync_debug_mode('error')", True)
+    except RuntimeError as e:
+        check("no sync under torch.cuda.set_sync_debug_mode('error')", False, error=str(e)[:200])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+    # torch's current stream is the one used.
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        out_s = attn(**x)
+    s.synchronize()
+    check("runs on a side stream (torch.cuda.stream)", torch.equal(out_s, out0))
+
+    # torch.compile with no graph break.
+    def f(q, k, v, fgate):
+        return attn(q=q, k=k, v=v, fgate=fgate) * 2.0
+
+    try:
+        cf = torch.compile(f, fullgraph=True)
+        out_c = cf(**x)
+        check("torch.compile(fullgraph=True)", torch.equal(out_c, out0 * 2.0))
+    except Exception as e:  # report, keep going
+        check("torch.compile(fullgraph=True)", False, error=f"{type(e).__name__}: {str(e)[:300]}")
+
+    # CUDA graph capture and replay.
+    try:
+        static = {n: t.clone() for n, t in x.items()}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                attn(**static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out_g = attn(**static)
+        x2 = inputs(attn, 2, 8, 4096, 128, seed=2)
+        for n in static:
+            static[n].copy_(x2[n])
+        graph.replay()
+        torch.cuda.synchronize()
+        ref2 = attn(**x2)
+        check("CUDA graph capture + replay on new inputs", torch.equal(out_g, ref2))
+    except Exception as e:
+        check("CUDA graph capture + replay on new inputs", False, error=f"{type(e).__name__}: {str(e)[:300]}")
+
+    # Kernels cached per (program, options, head dim, device): another T reuses them.
+    before = foxc.cache_info()
+    attn(**inputs(attn, 1, 2, 1000, 128))
+    after = foxc.cache_info()
+    check("kernel cache hit for a new T, same D", after["kernel_builds"] == before["kernel_builds"], info=str(after))
+
+    # Validation: ValueError naming the tensor, before any launch.
+    def expect(label, tensors, pattern):
+        try:
+            attn(**tensors)
+            check(f"error: {label}", False, error="no exception")
+        except ValueError as e:
+            check(f"error: {label}", pattern in str(e), message=str(e)[:160])
+
+    expect("dtype", {**x, "q": x["q"].float()}, "`q`")
+    expect("shape", {**x, "k": x["k"][:, :, :-1].contiguous()}, "`k`")
+    expect("contiguity", {**x, "v": x["v"].transpose(2, 3).contiguous().transpose(2, 3)}, "`v`")
+    expect("device", {**x, "fgate": x["fgate"].cpu()}, "`fgate`")
+    expect("missing", {n: t for n, t in x.items() if n != "fgate"}, "fgate")
+    expect("extra", {**x, "bias": x["fgate"]}, "`bias`")
+
+    # Backward: a clear error until the backward kernels land.
+    xg = {n: t.detach().clone().requires_grad_(t.dtype == torch.bfloat16) for n, t in x.items()}
+    try:
+        attn(**xg).float().sum().backward()
+        check("backward raises a clear error", False, error="no exception")
+    except RuntimeError as e:
+        check("backward raises a clear error", "backward not available yet" in str(e), message=str(e)[:160])
+
+    # Speed (information): foxc (ACP) vs dense foxc vs torch SDPA causal without the decay.
+    dense = foxc.load(EXAMPLES / "fox.attn", no_prune=True)
+    for label, fn in (
+        ("foxc acp", lambda: attn(**x)),
+        ("foxc dense", lambda: dense(**x)),
+        ("sdpa causal (no decay)", lambda: F.scaled_dot_product_attention(x["q"], x["k"], x["v"], is_causal=True)),
+    ):
+        for _ in range(3):
+            fn()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(20):
+            fn()
+        e1.record()
+        torch.cuda.synchronize()
+        print(f"time {label}: {e0.elapsed_time(e1) / 20:.3f} ms (B=2,H=8,T=4096,D=128)")
+        results.append({"time": label, "ms": e0.elapsed_time(e1) / 20})
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, foxc {foxc.__version__}")
+    for D in (64, 128):
+        run_accuracy(2, 4, 1027, D)
+    run_torch_features()
+    failed = [r for r in results if "check" in r and not r["ok"]]
+    print(f"{len([r for r in results if 'check' in r]) - len(failed)} passed, {len(failed)} failed")
+    if a.json:
+        pathlib.Path(a.json).write_text(json.dumps(results, indent=1))
+    sys.exit(len(failed))
+
+
+if __name__ == "__main__":
+    main()

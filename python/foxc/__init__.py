@@ -1,0 +1,148 @@
+"""foxc: compiled decay-gated softmax attention (FoX, ALiBi, causal, windowed, ...) with
+Adaptive Computation Pruning, for NumPy arrays (CPU backend) and torch CUDA tensors (NVPTX
+kernels on torch's current stream).
+
+    import foxc
+    attn = foxc.load("examples/fox.attn")          # a path or DSL text; compiles once
+    out = attn(q=q, k=k, v=v, fgate=fgate)           # keyword names are the DSL parameters
+
+The compiler (LLVM inside) and the runtime live in the extension ``foxc._foxc``: no subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Tuple
+
+from . import _foxc
+from ._foxc import CompileError, cache_info
+
+__all__ = ["load", "reference", "Attention", "CompileError", "cache_info", "__version__"]
+__version__ = _foxc.__version__
+
+
+class Attention:
+    """A compiled attention program; call it with the DSL parameters as keywords."""
+
+    def __init__(self, program: "_foxc.Program"):
+        self._program = program
+        self._gpu_plans: dict = {}
+
+    # ---- what the program is
+    @property
+    def id(self) -> int:
+        """The process-wide id of the compiled program (what the torch op carries)."""
+        return self._program.id
+
+    @property
+    def name(self) -> str:
+        return self._program.name
+
+    @property
+    def source(self) -> str:
+        return self._program.source
+
+    @property
+    def params(self) -> list:
+        """The parameter names, in declaration order."""
+        return [p[0] for p in self._program.params]
+
+    @property
+    def signature(self) -> list:
+        """``[(name, dtype, [dims])]`` of the parameters."""
+        return self._program.params
+
+    @property
+    def output(self) -> Tuple[str, list]:
+        """``(dtype, [dims])`` of the output."""
+        return self._program.output
+
+    @property
+    def options(self) -> Tuple[bool, float, str]:
+        """``(prune, log_eps, prune_rule)``."""
+        return self._program.options
+
+    def ir(self, stage: str = "opt", target: str = "cpu") -> str:
+        """The IR text: ``stage="ir"`` as lowered, ``"opt"`` after the passes for ``target``."""
+        return self._program.ir(stage, target)
+
+    def explain(self) -> str:
+        """Why attention was or was not recognized and pruned."""
+        return "\n".join(self._program.explain())
+
+    def __repr__(self) -> str:
+        return repr(self._program)
+
+    # ---- running it
+    def __call__(self, **tensors: Any):
+        if _any_torch(tensors.values()):
+            from . import torch as foxc_torch
+
+            return foxc_torch.attention(self, **tensors)
+        from . import _numpy
+
+        return _numpy.run(self._program, tensors)
+
+
+def _any_torch(values) -> bool:
+    return any(type(v).__module__.startswith("torch") for v in values)
+
+
+def _read_source(path_or_source) -> Tuple[str, str]:
+    """(text, name for diagnostics) of a path or of DSL text."""
+    if isinstance(path_or_source, os.PathLike):
+        path = os.fspath(path_or_source)
+        with open(path, encoding="utf-8") as f:
+            return f.read(), path
+    if not isinstance(path_or_source, str):
+        raise TypeError(f"foxc.load takes a path or DSL text, got {type(path_or_source).__name__}")
+    s = path_or_source
+    # DSL text always holds a brace; a path to an existing file never needs one.
+    if "{" not in s and "\n" not in s:
+        if not os.path.exists(s):
+            raise FileNotFoundError(f"foxc.load: no such file: {s}")
+        with open(s, encoding="utf-8") as f:
+            return f.read(), s
+    return s, "<string>"
+
+
+def load(
+    path_or_source,
+    prune_rule: str = "paper",
+    log_eps: float = -10.0,
+    no_prune: bool = False,
+    tiles: Optional[Tuple[int, int]] = None,
+) -> Attention:
+    """Compile an attention program (a ``.attn`` path or DSL text) once.
+
+    ``prune_rule``: "paper" or "tight" (ACP's safe threshold); ``log_eps``: ln of the pruned
+    attention mass bound per row; ``no_prune``: keep attention dense; ``tiles``: (BM, BN).
+    Raises ``foxc.CompileError`` (a ``ValueError``) with foxc's diagnostic for a bad program.
+    Loading the same text with the same options again returns the cached compilation.
+    """
+    text, name = _read_source(path_or_source)
+    prog = _foxc.load(text, name, prune_rule, float(log_eps), bool(no_prune), tiles)
+    # One Attention per compiled program, so its GPU plans are shared by every load.
+    return _ATTENTIONS.setdefault(prog.id, Attention(prog))
+
+
+_ATTENTIONS: dict = {}
+
+
+def _attention_by_id(program_id: int) -> Attention:
+    """The Attention of a program id (what the torch op receives)."""
+    a = _ATTENTIONS.get(program_id)
+    if a is None:
+        a = _ATTENTIONS.setdefault(program_id, Attention(_foxc.by_id(program_id)))
+    return a
+
+
+def reference(attn: Attention, pruned: bool = False, **arrays):
+    """The f64 reference interpreter (THE reference) on NumPy inputs, as float64 NumPy.
+
+    Inputs are rounded to the declared dtypes first, as the backends see them. ``pruned=False``
+    runs the program as written (dense); ``pruned=True`` the graph after the CPU passes.
+    """
+    from . import _numpy
+
+    return _numpy.reference(attn._program, arrays, pruned)

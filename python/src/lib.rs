@@ -1,0 +1,26 @@
+//! `foxc._foxc`: the compiler and the runtime of foxc inside a Python process.
+//!
+//! This layer is thin on purpose: it turns Python values into the facade's types and back
+//! (tensors travel as `(dtype, shape, bytes)` triples for the CPU and as raw device pointers for
+//! the GPU) and maps errors to Python exceptions. The Python package (`python/foxc/`) validates
+//! framework tensors and owns the user-facing API.
+
+mod errors;
+mod gpu;
+mod program;
+mod registry;
+mod tensors;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _foxc(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("CompileError", m.py().get_type::<errors::CompileError>())?;
+    m.add_class::<program::Program>()?;
+    m.add_class::<gpu::GpuPlan>()?;
+    m.add_function(wrap_pyfunction!(program::load, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::cache_info, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::by_id, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,245 @@
+//! A compiled program: the checked graph, the pass options, the optimized graph per target
+//! (made on first use) and the GPU kernels per (head dims, device).
+
+use crate::errors::{compile_error, to_py, value_error};
+use crate::registry::{self, Key};
+use crate::tensors::{f32_bytes, f64_bytes, host_inputs, Wire};
+use foxc::pipeline::{self, Source};
+use foxc::{cpu_backend, tensors as ftensors};
+use foxc_ir::{Graph, PruneRule, Tiles};
+use foxc_passes::{PassOptions, Target};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+/// GPU kernels are built per (device ordinal, compile-time dims such as `D`).
+pub type KernelKey = (usize, Vec<(String, u64)>);
+
+/// Everything a load produced (shared by every `Program` handle of the same key).
+pub struct Loaded {
+    pub id: usize,
+    pub name: String,
+    pub source: String,
+    pub graph: Graph,
+    pub opts: PassOptions,
+    /// The optimized graph of each target, made on first use.
+    pub(crate) optimized: Mutex<HashMap<Target, Arc<Graph>>>,
+    /// GPU kernels by (device ordinal, compile-time dims).
+    pub kernels: Mutex<HashMap<KernelKey, Arc<foxc::cuda_backend::ExternalKernels>>>,
+    /// Explanations of the CPU pipeline (why attention was or was not pruned).
+    pub(crate) explanations: Vec<String>,
+}
+
+impl Loaded {
+    /// The optimized graph for `target` (the pass options of the load, this target).
+    pub fn optimized(&self, target: Target) -> PyResult<Arc<Graph>> {
+        let mut m = self.optimized.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(g) = m.get(&target) {
+            return Ok(g.clone());
+        }
+        let opts = PassOptions { target, ..self.opts.clone() };
+        let (g, _) = pipeline::optimize(&self.graph, &opts).map_err(to_py)?;
+        let g = Arc::new(g);
+        m.insert(target, g.clone());
+        Ok(g)
+    }
+}
+
+/// A compiled attention program (see `foxc.load`).
+#[pyclass(frozen, module = "foxc._foxc")]
+pub struct Program {
+    pub inner: Arc<Loaded>,
+}
+
+fn parse_rule(rule: &str) -> PyResult<PruneRule> {
+    match rule {
+        "paper" => Ok(PruneRule::Paper),
+        "tight" => Ok(PruneRule::Tight),
+        other => Err(value_error(format!("prune_rule must be \"paper\" or \"tight\", got {other:?}"))),
+    }
+}
+
+/// Compile `source` (DSL text; `name` is what diagnostics call it) once per (text, options).
+#[pyfunction]
+#[pyo3(signature = (source, name, prune_rule = "paper", log_eps = -10.0, no_prune = false, tiles = None))]
+pub fn load(
+    py: Python<'_>,
+    source: &str,
+    name: &str,
+    prune_rule: &str,
+    log_eps: f64,
+    no_prune: bool,
+    tiles: Option<(u32, u32)>,
+) -> PyResult<Program> {
+    let rule = parse_rule(prune_rule)?;
+    let tiles = match tiles {
+        Some((m, n)) => Some(pipeline::parse_tiles(&format!("{m}x{n}")).map_err(value_error)?),
+        None => None,
+    };
+    let opts = PassOptions {
+        prune: !no_prune,
+        log_eps,
+        rule,
+        target: Target::Cpu,
+        print_after_all: false,
+        tiles,
+    };
+    let key = Key {
+        name: name.to_string(),
+        source: source.as_bytes().to_vec(),
+        prune: opts.prune,
+        log_eps_bits: log_eps.to_bits(),
+        rule: prune_rule.to_string(),
+        tiles: tiles.map(|t: Tiles| (t.bm, t.bn)),
+    };
+    let src = Source { name: name.to_string(), bytes: source.as_bytes().to_vec() };
+    let inner = registry::get_or_insert(key, |id| {
+        py.detach(|| -> PyResult<Loaded> {
+            let c = src.compile().map_err(compile_error)?;
+            // Run the CPU pipeline now: bad options and pass failures surface at load time.
+            let (cpu, report) = pipeline::optimize(&c.graph, &opts).map_err(to_py)?;
+            let explanations = report.explanations.iter().map(|e| e.message.clone()).collect();
+            let mut optimized = HashMap::new();
+            optimized.insert(Target::Cpu, Arc::new(cpu));
+            Ok(Loaded {
+                id,
+                name: src.name.clone(),
+                source: String::from_utf8_lossy(&src.bytes).into_owned(),
+                graph: c.graph,
+                opts: opts.clone(),
+                optimized: Mutex::new(optimized),
+                kernels: Mutex::new(HashMap::new()),
+                explanations,
+            })
+        })
+    })?;
+    Ok(Program { inner })
+}
+
+fn dims_text(ty: &foxc_ir::ValueType) -> Vec<String> {
+    ty.dims().map(|d| d.to_string()).collect()
+}
+
+#[pymethods]
+impl Program {
+    /// The registry id (what the torch op carries).
+    #[getter]
+    fn id(&self) -> usize {
+        self.inner.id
+    }
+
+    /// The attention's name in the DSL.
+    #[getter]
+    fn name(&self) -> String {
+        self.inner.graph.name.clone()
+    }
+
+    #[getter]
+    fn file(&self) -> String {
+        self.inner.name.clone()
+    }
+
+    #[getter]
+    fn source(&self) -> String {
+        self.inner.source.clone()
+    }
+
+    /// `[(name, dtype, [dim, ...]), ...]` in declaration order.
+    #[getter]
+    fn params(&self) -> Vec<(String, String, Vec<String>)> {
+        self.inner
+            .graph
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), p.ty.dtype.name().to_string(), dims_text(&p.ty)))
+            .collect()
+    }
+
+    /// `(dtype, [dim, ...])` of the output.
+    #[getter]
+    fn output(&self) -> PyResult<(String, Vec<String>)> {
+        let g = &self.inner.graph;
+        let o = g.output.ok_or_else(|| value_error(format!("`{}` has no output", g.name)))?;
+        Ok((g.ty(o).dtype.name().to_string(), dims_text(g.ty(o))))
+    }
+
+    /// `(prune, log_eps, rule)` of the load.
+    #[getter]
+    fn options(&self) -> (bool, f64, String) {
+        let o = &self.inner.opts;
+        (o.prune, o.log_eps, format!("{:?}", o.rule).to_lowercase())
+    }
+
+    /// The IR text: `stage` "ir" (as lowered) or "opt" (after the passes for `target`).
+    #[pyo3(signature = (stage = "opt", target = "cpu"))]
+    fn ir(&self, stage: &str, target: &str) -> PyResult<String> {
+        let target = match target {
+            "cpu" => Target::Cpu,
+            "sm_90a" => Target::Sm90a,
+            "sm_80" => Target::Sm80,
+            t => return Err(value_error(format!("target must be cpu, sm_90a or sm_80, got {t:?}"))),
+        };
+        match stage {
+            "ir" => Ok(foxc_ir::print::print_graph(&self.inner.graph)),
+            "opt" => Ok(foxc_ir::print::print_graph(&*self.inner.optimized(target)?)),
+            s => Err(value_error(format!("stage must be \"ir\" or \"opt\", got {s:?}"))),
+        }
+    }
+
+    /// Why attention was or was not recognized and pruned (one line each; empty: nothing to say).
+    fn explain(&self) -> Vec<String> {
+        self.inner.explanations.clone()
+    }
+
+    /// Run on the CPU backend: `{name: (dtype, shape, bytes)}` -> `(shape, f32 bytes)`.
+    fn run_cpu<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: BTreeMap<String, Wire>,
+    ) -> PyResult<(Vec<usize>, Bound<'py, PyBytes>)> {
+        let g = self.inner.optimized(Target::Cpu)?;
+        let host = host_inputs(&g, inputs)?;
+        let run = py.detach(|| cpu_backend::run(&g, &host)).map_err(to_py)?;
+        let bytes = f32_bytes(&run.out.to_f32_vec());
+        Ok((run.out.shape, PyBytes::new(py, &bytes)))
+    }
+
+    /// The f64 reference interpreter on the same inputs (rounded to the declared dtypes as the
+    /// backends see them): the program as written (`pruned=False`, dense) or after the CPU
+    /// passes (`pruned=True`). Returns `(shape, f64 bytes)`.
+    #[pyo3(signature = (inputs, pruned = false))]
+    fn reference<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: BTreeMap<String, Wire>,
+        pruned: bool,
+    ) -> PyResult<(Vec<usize>, Bound<'py, PyBytes>)> {
+        let g = if pruned { self.inner.optimized(Target::Cpu)? } else { Arc::new(self.inner.graph.clone()) };
+        let host = host_inputs(&g, inputs)?;
+        ftensors::validate(&g, &host).map_err(to_py)?;
+        let interp_inputs = ftensors::to_interp(&host);
+        let r = py
+            .detach(|| foxc_ir::interp::run(&g, &interp_inputs))
+            .map_err(|e| value_error(format!("reference interpreter: {e}")))?;
+        Ok((r.output.shape, PyBytes::new(py, &f64_bytes(&r.output.data))))
+    }
+
+    /// GPU plan for tensors of these dtypes and shapes on GPU `device` (see `GpuPlan`).
+    fn cuda_plan(
+        &self,
+        py: Python<'_>,
+        metas: BTreeMap<String, (String, Vec<usize>)>,
+        device: usize,
+    ) -> PyResult<crate::gpu::GpuPlan> {
+        crate::gpu::plan(py, &self.inner, metas, device)
+    }
+
+    fn __repr__(&self) -> String {
+        let o = &self.inner.opts;
+        format!(
+            "<foxc program {} ({}) prune={} log_eps={} rule={:?}>",
+            self.inner.graph.name, self.inner.name, o.prune, o.log_eps, o.rule
+        )
+    }
+}

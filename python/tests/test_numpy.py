@@ -1,0 +1,175 @@
+"""The NumPy path of the foxc extension (CPU backend) against foxc's f64 reference interpreter,
+on fresh random inputs; errors; the load cache. No GPU needed."""
+
+import math
+import pathlib
+import re
+
+import numpy as np
+import pytest
+
+import foxc
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+
+
+def random_inputs(attn, rng, B=1, H=2, T=150, D=16):
+    """Fresh random tensors for every parameter, by its declared shape and role."""
+    dims = {"B": B, "H": H, "T": T, "D": D}
+    out = {}
+    for name, _dtype, decl in attn.signature:
+        shape = [dims[d] for d in decl]
+        if name in ("q", "k"):
+            a = rng.standard_normal(shape) * 1.5
+        elif name == "fgate":
+            # Gate logits spread over heads: some heads forget fast (ACP prunes), some slowly.
+            a = rng.standard_normal(shape) + np.linspace(-3.0, 4.0, H).reshape(1, H, 1)
+        elif name == "slope":
+            a = rng.uniform(0.05, 1.0, shape)
+        elif name in ("wq", "wk"):
+            a = 1.0 + 0.1 * rng.standard_normal(shape)
+        else:
+            a = rng.standard_normal(shape)
+        out[name] = a.astype(np.float32)
+    return out
+
+
+def rel_l2(a, b):
+    return float(np.linalg.norm((a - b).ravel()) / np.linalg.norm(b.ravel()))
+
+
+def assert_close_bf16(out, ref):
+    """`out` (CPU, f32 arithmetic) against `ref` (interpreter, f64), both rounded to the declared
+    bf16 output. The contract (DESIGN.md section 5) allows a relative L2 of 4e-3 for bf16
+    outputs; the two agree far closer: they differ where f32 and f64 round to different bf16
+    neighbours, plus f32 accumulation."""
+    assert rel_l2(out, ref) <= 1e-3, rel_l2(out, ref)
+    assert np.abs(out - ref).max() <= 1e-2 * np.abs(ref).max()
+
+
+CASES = [
+    ("fox.attn", {}),
+    ("alibi.attn", {}),
+    ("causal.attn", {}),
+    ("window.attn", {"T": 300}),
+    ("fox_qknorm.attn", {}),
+]
+
+
+@pytest.mark.parametrize("example,shape", CASES, ids=[c[0] for c in CASES])
+def test_dense_cpu_matches_the_interpreter(example, shape):
+    attn = foxc.load(EXAMPLES / example, no_prune=True)
+    rng = np.random.default_rng()
+    x = random_inputs(attn, rng, **shape)
+    out = attn(**x)
+    ref = foxc.reference(attn, **x)
+    assert out.dtype == np.float32 and out.shape == ref.shape
+    assert np.isfinite(out).all()
+    assert_close_bf16(out, ref)
+
+
+@pytest.mark.parametrize("example", ["fox.attn", "alibi.attn", "fox_qknorm.attn"])
+def test_pruned_cpu_is_within_the_acp_bound(example):
+    log_eps = -10.0
+    attn = foxc.load(EXAMPLES / example, log_eps=log_eps)
+    assert attn.options[0], "pruning is on"
+    assert "pruned_decay_attention" in attn.ir()
+    rng = np.random.default_rng()
+    x = random_inputs(attn, rng, T=256)
+    out = attn(**x)
+    dense = foxc.load(EXAMPLES / example, no_prune=True)(**x)
+    # DESIGN.md section 5: the pruned output differs from the dense one by at most
+    # 2 eps max|v| per element; both are rounded to bf16 (one step, 2^-8 relative, each way).
+    bound = 2 * math.exp(log_eps) * np.abs(x["v"]).max()
+    step = np.maximum(np.abs(out), np.abs(dense)) * 2.0**-8
+    assert (np.abs(out - dense) <= bound + step).all()
+    # Against the interpreter: the program as written (dense) and the pruned graph.
+    assert_close_bf16(out, foxc.reference(attn, **x))
+    assert_close_bf16(out, foxc.reference(attn, pruned=True, **x))
+
+
+def test_bfloat16_arrays_are_taken_as_they_are():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    attn = foxc.load(EXAMPLES / "fox.attn", no_prune=True)
+    x = random_inputs(attn, np.random.default_rng())
+    xb = {n: (a.astype(ml_dtypes.bfloat16) if n in ("q", "k", "v") else a) for n, a in x.items()}
+    # float32 arrays for bf16 parameters are rounded to bf16: the same run bit for bit.
+    np.testing.assert_array_equal(attn(**xb), attn(**x))
+
+
+def test_bad_dtype_names_the_tensor():
+    attn = foxc.load(EXAMPLES / "fox.attn")
+    x = random_inputs(attn, np.random.default_rng())
+    x["k"] = x["k"].astype(np.float64)
+    with pytest.raises(ValueError, match="`k`.*float64"):
+        attn(**x)
+
+
+def test_bad_shape_names_the_tensor():
+    attn = foxc.load(EXAMPLES / "fox.attn")
+    x = random_inputs(attn, np.random.default_rng())
+    x["v"] = x["v"][:, :, :-1]
+    with pytest.raises(ValueError, match="`v`"):
+        attn(**x)
+
+
+def test_missing_and_unexpected_names():
+    attn = foxc.load(EXAMPLES / "fox.attn")
+    x = random_inputs(attn, np.random.default_rng())
+    fgate = x.pop("fgate")
+    with pytest.raises(ValueError, match="fgate"):
+        attn(**x)
+    with pytest.raises(ValueError, match="`gate`"):
+        attn(gate=fgate, fgate=fgate, **x)
+
+
+def test_nan_input_names_the_tensor():
+    attn = foxc.load(EXAMPLES / "fox.attn")
+    x = random_inputs(attn, np.random.default_rng())
+    x["q"][0, 1, 2, 3] = np.nan
+    with pytest.raises(ValueError, match=r"`q`.*NaN"):
+        attn(**x)
+
+
+def test_bad_program_raises_the_diagnostic():
+    src = (EXAMPLES / "fox.attn").read_text().replace("logsigmoid(", "logsigmod(")
+    with pytest.raises(foxc.CompileError) as e:
+        foxc.load(src)
+    msg = str(e.value)
+    assert isinstance(e.value, ValueError)
+    assert "logsigmod" in msg
+    line = next(i for i, l in enumerate(src.splitlines(), 1) if "cumsum(t, logsigmod" in l)
+    assert re.search(rf"<string>:{line}:\d+", msg), msg
+
+
+def test_bad_option_is_a_value_error():
+    with pytest.raises(ValueError, match="prune_rule"):
+        foxc.load(EXAMPLES / "fox.attn", prune_rule="loose")
+    with pytest.raises(ValueError, match="log.eps"):
+        foxc.load(EXAMPLES / "fox.attn", log_eps=1.0)
+
+
+def test_second_load_is_a_cache_hit():
+    src = (EXAMPLES / "causal.attn").read_text() + "\n# cache test\n"
+    before = foxc.cache_info()
+    a = foxc.load(src, log_eps=-9.0)
+    mid = foxc.cache_info()
+    b = foxc.load(src, log_eps=-9.0)
+    after = foxc.cache_info()
+    assert mid["load_misses"] == before["load_misses"] + 1
+    assert after["load_hits"] == mid["load_hits"] + 1
+    assert after["load_misses"] == mid["load_misses"]
+    assert a is b and a.id == b.id
+    # Other options are another program.
+    c = foxc.load(src, log_eps=-8.0)
+    assert c.id != a.id
+
+
+def test_program_metadata():
+    attn = foxc.load(EXAMPLES / "fox_qknorm.attn")
+    assert attn.params == ["q", "k", "v", "fgate", "wq", "wk"]
+    assert attn.name == "fox_qknorm"
+    assert "rmsnorm" in attn.source
+    assert attn.output == ("bf16", ["B", "H", "T", "D"])
+    assert "pruned_decay_attention" in attn.ir("opt")
+    assert "pruned_decay_attention" not in attn.ir("ir")
