@@ -20,6 +20,7 @@ pub mod lower;
 pub mod ops;
 pub mod parser;
 pub mod print;
+pub mod prune_rule;
 pub mod shapes;
 pub mod types;
 pub mod verify;

@@ -18,6 +18,7 @@ pub mod grad;
 pub mod lang;
 pub mod monotone;
 pub mod recognize;
+pub mod rules;
 pub mod tiles;
 
 use foxc_ir::print::print_graph;

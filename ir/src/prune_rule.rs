@@ -1,0 +1,360 @@
+//! Pruning rules as data: a rule's threshold formula is a small expression over named
+//! statistics of q and k, carried by the `threshold` op as an attribute.
+//!
+//! The table of rules (names, formulas, soundness notes) lives in `foxc_passes::rules`; this
+//! module only defines what a formula is, how it prints, and what it evaluates to
+//! ([`threshold`]: THE definition the interpreter uses and the backends render).
+//!
+//! Semantics (docs/RULES.md): for query tile `m` of head `(b, h)`,
+//! `delta[m] = min over rows i of tile m (i < T) of formula(i)`. Statistics that do not depend
+//! on the row take the same value for every row of the tile, so a formula without row
+//! statistics is one number per tile.
+
+use crate::attention::ScoreBound;
+use crate::ops::NormBound;
+use std::fmt;
+
+/// A statistic a threshold formula may read. Norms are Euclidean norms of head-dim rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Stat {
+    /// `ln eps` (the `--log-eps` option).
+    LnEps,
+    /// `ln T`, T the runtime sequence length.
+    LnT,
+    /// `|scale|`, the factor of `q . k`.
+    Scale,
+    /// `|q_i|` of the row (always from the data).
+    QRow,
+    /// `max_i |q_i|` over the whole sequence of the head (or the static QK-norm bound).
+    QMax,
+    /// `max |q_i|` over the rows of the query tile (or the static bound).
+    QTile,
+    /// `max_j |k_j|` over the whole sequence of the (kv) head (or the static bound).
+    KMax,
+    /// `max |k_j|` over the keys a row of the query tile can see causally: `j <= last row of
+    /// the tile` (or the static bound).
+    KCausal,
+    /// The diagonal logit `scale * q_i . k_i` of the row (always from the data). A rule that
+    /// reads it is valid only for the identity score region (`E_ii = s_ii`).
+    Sii,
+}
+
+impl Stat {
+    pub const ALL: [Stat; 9] = [
+        Stat::LnEps,
+        Stat::LnT,
+        Stat::Scale,
+        Stat::QRow,
+        Stat::QMax,
+        Stat::QTile,
+        Stat::KMax,
+        Stat::KCausal,
+        Stat::Sii,
+    ];
+
+    /// The name formulas print.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stat::LnEps => "ln_eps",
+            Stat::LnT => "ln_T",
+            Stat::Scale => "scale",
+            Stat::QRow => "q_i",
+            Stat::QMax => "q_max",
+            Stat::QTile => "q_tile",
+            Stat::KMax => "k_max",
+            Stat::KCausal => "k_causal",
+            Stat::Sii => "s_ii",
+        }
+    }
+
+    /// What it means, one line (for `foxc rules`).
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Stat::LnEps => "ln eps, the pruned-mass bound per row",
+            Stat::LnT => "ln T, the sequence length",
+            Stat::Scale => "|scale|, the factor of q.k",
+            Stat::QRow => "|q_i|, the row's query norm",
+            Stat::QMax => "max |q_i| over the sequence (static with QK-norm)",
+            Stat::QTile => "max |q_i| over the query tile (static with QK-norm)",
+            Stat::KMax => "max |k_j| over the sequence (static with QK-norm)",
+            Stat::KCausal => "max |k_j| over j <= the tile's last row (static with QK-norm)",
+            Stat::Sii => "s_ii = scale q_i.k_i, the diagonal logit (identity score only)",
+        }
+    }
+
+    /// Whether the value differs between rows of one query tile.
+    pub fn per_row(self) -> bool {
+        matches!(self, Stat::QRow | Stat::Sii)
+    }
+}
+
+/// A threshold formula.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RuleExpr {
+    Stat(Stat),
+    Const(f64),
+    Add(Box<RuleExpr>, Box<RuleExpr>),
+    Sub(Box<RuleExpr>, Box<RuleExpr>),
+    Mul(Box<RuleExpr>, Box<RuleExpr>),
+    /// `U(x)`: the attention's score bound applied to `x`, a bound on `|scale q_i . k_j|`
+    /// (`ScoreBound::u`; the identity score gives `x`, softcapping a constant).
+    Bound(Box<RuleExpr>),
+}
+
+/// Builders, so that the rule table reads like the formulas.
+pub mod build {
+    use super::{RuleExpr, Stat};
+
+    pub fn s(x: Stat) -> RuleExpr {
+        RuleExpr::Stat(x)
+    }
+    pub fn c(x: f64) -> RuleExpr {
+        RuleExpr::Const(x)
+    }
+    pub fn add(a: RuleExpr, b: RuleExpr) -> RuleExpr {
+        RuleExpr::Add(Box::new(a), Box::new(b))
+    }
+    pub fn sub(a: RuleExpr, b: RuleExpr) -> RuleExpr {
+        RuleExpr::Sub(Box::new(a), Box::new(b))
+    }
+    pub fn mul(a: RuleExpr, b: RuleExpr) -> RuleExpr {
+        RuleExpr::Mul(Box::new(a), Box::new(b))
+    }
+    pub fn bound(a: RuleExpr) -> RuleExpr {
+        RuleExpr::Bound(Box::new(a))
+    }
+}
+
+impl RuleExpr {
+    /// The value, given the statistics and the score bound map `U(x)`.
+    pub fn eval(&self, stat: &dyn Fn(Stat) -> f64, u: &dyn Fn(f64) -> f64) -> f64 {
+        match self {
+            RuleExpr::Stat(s) => stat(*s),
+            RuleExpr::Const(c) => *c,
+            RuleExpr::Add(a, b) => a.eval(stat, u) + b.eval(stat, u),
+            RuleExpr::Sub(a, b) => a.eval(stat, u) - b.eval(stat, u),
+            RuleExpr::Mul(a, b) => a.eval(stat, u) * b.eval(stat, u),
+            RuleExpr::Bound(a) => u(a.eval(stat, u)),
+        }
+    }
+
+    /// Every statistic read, sorted, each once.
+    pub fn stats(&self) -> Vec<Stat> {
+        fn walk(e: &RuleExpr, out: &mut Vec<Stat>) {
+            match e {
+                RuleExpr::Stat(s) => out.push(*s),
+                RuleExpr::Const(_) => {}
+                RuleExpr::Add(a, b) | RuleExpr::Sub(a, b) | RuleExpr::Mul(a, b) => {
+                    walk(a, out);
+                    walk(b, out);
+                }
+                RuleExpr::Bound(a) => walk(a, out),
+            }
+        }
+        let mut v = vec![];
+        walk(self, &mut v);
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    pub fn uses(&self, s: Stat) -> bool {
+        self.stats().contains(&s)
+    }
+
+    /// Whether the formula differs between rows of a tile (then `delta` is a minimum over rows).
+    pub fn per_row(&self) -> bool {
+        self.stats().iter().any(|s| s.per_row())
+    }
+
+    /// Binding power for the printer: sums 1, products 2, atoms 3.
+    fn power(&self) -> u8 {
+        match self {
+            RuleExpr::Add(..) | RuleExpr::Sub(..) => 1,
+            RuleExpr::Mul(..) => 2,
+            RuleExpr::Const(c) if *c < 0.0 => 1,
+            _ => 3,
+        }
+    }
+
+    fn fmt_in(&self, f: &mut fmt::Formatter<'_>, ctx: u8) -> fmt::Result {
+        let paren = self.power() < ctx;
+        if paren {
+            f.write_str("(")?;
+        }
+        match self {
+            RuleExpr::Stat(s) => f.write_str(s.name())?,
+            RuleExpr::Const(c) => write!(f, "{c}")?,
+            RuleExpr::Add(a, b) => {
+                a.fmt_in(f, 1)?;
+                f.write_str(" + ")?;
+                b.fmt_in(f, 2)?;
+            }
+            RuleExpr::Sub(a, b) => {
+                a.fmt_in(f, 1)?;
+                f.write_str(" - ")?;
+                b.fmt_in(f, 2)?;
+            }
+            RuleExpr::Mul(a, b) => {
+                a.fmt_in(f, 2)?;
+                f.write_str(" * ")?;
+                b.fmt_in(f, 3)?;
+            }
+            RuleExpr::Bound(a) => {
+                f.write_str("U(")?;
+                a.fmt_in(f, 0)?;
+                f.write_str(")")?;
+            }
+        }
+        if paren {
+            f.write_str(")")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for RuleExpr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.fmt_in(f, 0)
+    }
+}
+
+/// A pruning rule as the IR carries it: its name (for people) and its formula (the meaning).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PruneRule {
+    pub name: String,
+    pub formula: RuleExpr,
+}
+
+impl PruneRule {
+    /// Whether the rule is valid for an attention whose score region has bound `score`: a rule
+    /// that reads `s_ii` assumes `E_ii = s_ii` (the identity region).
+    pub fn fits(&self, score: &ScoreBound) -> bool {
+        !self.formula.uses(Stat::Sii) || *score == ScoreBound::IDENTITY
+    }
+}
+
+impl fmt::Display for PruneRule {
+    /// `tight: min_i(ln_eps - ln_T - ...)`, the form the IR printer shows.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.formula.per_row() {
+            write!(f, "{}: min_i({})", self.name, self.formula)
+        } else {
+            write!(f, "{}: {}", self.name, self.formula)
+        }
+    }
+}
+
+/// The inputs of [`threshold`]: q and k as flat head-first f64 rows.
+pub struct ThresholdArgs<'a> {
+    pub q: &'a [f64],
+    pub k: &'a [f64],
+    /// Query heads `B * H` and the kv head that query head `bh` reads.
+    pub heads: usize,
+    pub kv_head: &'a dyn Fn(usize) -> usize,
+    pub t: usize,
+    pub d: usize,
+    pub bm: usize,
+    pub log_eps: f64,
+    /// The signed scale (`s_ii` keeps its sign; `Stat::Scale` is its absolute value).
+    pub scale: f64,
+    pub bound: NormBound,
+    pub score: ScoreBound,
+}
+
+fn nan_max(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+fn nan_min(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.min(b)
+    }
+}
+
+/// `delta [heads, ceil(T / bm)]` of `rule` (docs/RULES.md): the reference every backend matches.
+/// NaN in q or k propagates into delta (and a NaN delta keeps every tile).
+pub fn threshold(rule: &RuleExpr, a: &ThresholdArgs) -> Vec<f64> {
+    let (t, d, bm) = (a.t, a.d, a.bm.max(1));
+    let mt = t.div_ceil(bm);
+    let norm = |x: &[f64]| x.iter().map(|v| v * v).sum::<f64>().sqrt();
+    let ln_t = (t as f64).ln();
+    let u = |x: f64| a.score.u(x);
+    let per_row = rule.per_row();
+    let mut out = Vec::with_capacity(a.heads * mt);
+    for bh in 0..a.heads {
+        let kvh = (a.kv_head)(bh);
+        let qn: Vec<f64> = (0..t).map(|i| norm(&a.q[(bh * t + i) * d..(bh * t + i + 1) * d])).collect();
+        let kn: Vec<f64> = (0..t).map(|j| norm(&a.k[(kvh * t + j) * d..(kvh * t + j + 1) * d])).collect();
+        let (q_max, k_max) = match a.bound {
+            NormBound::Static { q_max, k_max } => (q_max, k_max),
+            NormBound::Data => (qn.iter().copied().fold(0.0, nan_max), kn.iter().copied().fold(0.0, nan_max)),
+        };
+        for m in 0..mt {
+            let (lo, hi) = (m * bm, (m * bm + bm).min(t));
+            let (q_tile, k_causal) = match a.bound {
+                NormBound::Static { q_max, k_max } => (q_max, k_max),
+                NormBound::Data => {
+                    (qn[lo..hi].iter().copied().fold(0.0, nan_max), kn[..hi].iter().copied().fold(0.0, nan_max))
+                }
+            };
+            let (qn, kn) = (&qn, &kn);
+            let at = |i: usize| {
+                move |s: Stat| match s {
+                    Stat::LnEps => a.log_eps,
+                    Stat::LnT => ln_t,
+                    Stat::Scale => a.scale.abs(),
+                    Stat::QRow => qn[i],
+                    Stat::QMax => q_max,
+                    Stat::QTile => q_tile,
+                    Stat::KMax => k_max,
+                    Stat::KCausal => k_causal,
+                    Stat::Sii => {
+                        let qi = &a.q[(bh * t + i) * d..(bh * t + i + 1) * d];
+                        let ki = &a.k[(kvh * t + i) * d..(kvh * t + i + 1) * d];
+                        a.scale * qi.iter().zip(ki).map(|(x, y)| x * y).sum::<f64>()
+                    }
+                }
+            };
+            let delta = if per_row {
+                (lo..hi).map(|i| rule.eval(&at(i), &u)).fold(f64::INFINITY, nan_min)
+            } else {
+                rule.eval(&at(lo), &u)
+            };
+            out.push(delta);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::build::*;
+    use super::*;
+
+    #[test]
+    fn prints_with_the_fewest_parentheses() {
+        let e = sub(sub(s(Stat::LnEps), s(Stat::LnT)), mul(c(2.0), bound(mul(s(Stat::Scale), s(Stat::QMax)))));
+        assert_eq!(e.to_string(), "ln_eps - ln_T - 2 * U(scale * q_max)");
+        let e = sub(s(Stat::LnEps), sub(s(Stat::LnT), s(Stat::Sii)));
+        assert_eq!(e.to_string(), "ln_eps - (ln_T - s_ii)");
+        let r = PruneRule { name: "x".into(), formula: add(s(Stat::Sii), c(-1.0)) };
+        assert_eq!(r.to_string(), "x: min_i(s_ii + (-1))");
+    }
+
+    #[test]
+    fn evaluates_and_lists_statistics() {
+        let e = sub(s(Stat::LnEps), mul(c(2.0), bound(s(Stat::KMax))));
+        let v = e.eval(&|s| if s == Stat::LnEps { -10.0 } else { 3.0 }, &|x| x + 1.0);
+        assert_eq!(v, -18.0);
+        assert_eq!(e.stats(), vec![Stat::LnEps, Stat::KMax]);
+        assert!(!e.per_row());
+        assert!(add(e, s(Stat::QRow)).per_row());
+    }
+}
