@@ -3,8 +3,8 @@
 //! ranges) lies in the interval the analysis derives after saturation with the rewrite rules.
 //! An unsound rule or interval rule would show up as a value outside its class's interval.
 
-use egg::{Id, RecExpr, Runner, Symbol};
-use foxc_passes::lang::{rules, Attn, AttnAnalysis, AttnGraph, Num};
+use egg::{Id, RecExpr, Symbol};
+use foxc_passes::lang::{rules, runner, Attn, AttnAnalysis, AttnGraph, Num};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -29,7 +29,7 @@ fn term() -> impl Strategy<Value = T> {
     ];
     leaf.prop_recursive(5, 24, 2, |inner| {
         prop_oneof![
-            (0u8..9, inner.clone()).prop_map(|(o, a)| T::Un(o, Box::new(a))),
+            (0u8..13, inner.clone()).prop_map(|(o, a)| T::Un(o, Box::new(a))),
             (0u8..5, inner.clone(), inner).prop_map(|(o, a, b)| T::Bin(o, Box::new(a), Box::new(b))),
         ]
     })
@@ -53,7 +53,11 @@ fn build(t: &T, e: &mut RecExpr<Attn>) -> Id {
                 5 => Attn::Softplus(a),
                 6 => Attn::Relu(a),
                 7 => Attn::Sqrt(a),
-                _ => Attn::Recip(a),
+                8 => Attn::Recip(a),
+                9 => Attn::Tanh(a),
+                10 => Attn::Abs(a),
+                11 => Attn::Exp2(a),
+                _ => Attn::Log2(a),
             })
         }
         T::Bin(o, a, b) => {
@@ -86,7 +90,11 @@ fn eval(t: &T, env: &[f64]) -> f64 {
                 6 if a.is_nan() => a,
                 6 => a.max(0.0),
                 7 => a.sqrt(),
-                _ => 1.0 / a,
+                8 => 1.0 / a,
+                9 => a.tanh(),
+                10 => a.abs(),
+                11 => a.exp2(),
+                _ => a.log2(),
             }
         }
         T::Bin(o, a, b) => {
@@ -115,7 +123,7 @@ proptest! {
             LEAVES.iter().filter_map(|(n, r)| r.map(|r| (Symbol::from(*n), r))).collect();
         let mut eg = AttnGraph::new(AttnAnalysis { ranges });
         let root = eg.add_expr(&e);
-        let runner = Runner::default().with_egraph(eg).with_iter_limit(6).with_node_limit(5_000).run(&rules());
+        let runner = runner(6, 5_000).with_egraph(eg).run(&rules());
         let d = &runner.egraph[runner.egraph.find(root)].data;
         let mut rng = StdRng::seed_from_u64(seed);
         for _ in 0..64 {

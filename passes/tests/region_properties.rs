@@ -366,7 +366,7 @@ fn programs() -> Vec<String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 12, failure_persistence: None, ..ProptestConfig::default() })]
 
     /// The interpreter on the program as written and on the recognized graph agree (relative
     /// 1e-9) on fresh random inputs, for every program recognition fuses.
@@ -451,7 +451,7 @@ fn decaying() -> Vec<String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 16, failure_persistence: None, ..ProptestConfig::default() })]
 
     /// Pruned output within `2 eps max|v|` of the program's meaning, and the pruned mass of every
     /// row below eps, for every decaying variant (static and data bounds).
