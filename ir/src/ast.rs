@@ -92,7 +92,8 @@ impl BinOp {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum ExprKind {
-    /// A numeric literal; `int` when written without `.` or exponent; `text` as written.
+    /// A numeric literal; `int` when written without `.` or exponent; `text` as written
+    /// (`inf` is the literal +infinity).
     Num {
         value: f64,
         int: bool,
@@ -100,10 +101,11 @@ pub enum ExprKind {
     },
     /// A bare name: a scalar parameter or statement, a dimension (`D`), or an index variable.
     Name(Ident),
-    /// `x[i, j, ...]`.
+    /// `x[i, j, ...]`; each subscript is an expression (a bare name `i` is a plain index;
+    /// `i - j`, `h / (H / G)` are index expressions, checked by the lowering).
     Access {
         name: Ident,
-        indices: Vec<Ident>,
+        indices: Vec<Expr>,
     },
     Unary(UnOp, Box<Expr>),
     Binary(BinOp, Box<Expr>, Box<Expr>),
@@ -179,7 +181,7 @@ impl fmt::Display for Expr {
             ExprKind::Num { text, .. } => f.write_str(text),
             ExprKind::Name(i) => f.write_str(&i.name),
             ExprKind::Access { name, indices } => {
-                let ix: Vec<&str> = indices.iter().map(|i| i.name.as_str()).collect();
+                let ix: Vec<String> = indices.iter().map(|i| i.to_string()).collect();
                 write!(f, "{}[{}]", name.name, ix.join(", "))
             }
             ExprKind::Unary(UnOp::Neg, e) => write!(f, "(-{e})"),

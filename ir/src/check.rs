@@ -78,7 +78,8 @@ fn dims(t: &ValueType) -> Vec<Dim> {
 
 /// The type of the value `op` computes from operands of types `ops`, for every op whose result
 /// type is determined by its operands and attributes. `Param`, `Iota` and `Cast` carry their
-/// type on the node: for those this returns `None` and the caller checks them itself.
+/// type on the node (so does `Gather`, whose axis sizes are those of its index variables):
+/// for those this returns `None` and the caller checks them itself.
 pub fn infer(op: &Op, ops: &[&ValueType]) -> Result<Option<ValueType>, String> {
     if let Some(n) = op.arity() {
         if ops.len() != n {
@@ -87,7 +88,8 @@ pub fn infer(op: &Op, ops: &[&ValueType]) -> Result<Option<ValueType>, String> {
     }
     let f32_with = |axes: Vec<Axis>| Some(ValueType { dtype: DType::F32, axes });
     Ok(match op {
-        Op::Param { .. } | Op::Iota { .. } | Op::Cast => None,
+        // The sizes of a gather's axes are the index variables' sizes, carried on the node.
+        Op::Param { .. } | Op::Iota { .. } | Op::Cast | Op::Gather { .. } => None,
         Op::Const(_) | Op::DimSize(_) => Some(ValueType::scalar(DType::F32)),
         Op::Bind { axes } => {
             let t = ops[0];

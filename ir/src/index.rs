@@ -1,8 +1,179 @@
-use crate::types::Dim;
+//! Subscripts that are index expressions: `i - j`, `t + 1`, `h / (H / G)`.
+//!
+//! A subscript is an affine form of index variables with integer coefficients and constant,
+//! optionally floor-divided by a positive dim: `floor((sum c*v + constant) / div)`. A plain
+//! subscript (`i`) is the form `1*i + 0` without a divisor; the front end lowers those to `bind`
+//! and every other one to `gather` (ops.rs). The same type describes the subscripts of captured
+//! tensors in the fused attention's score region.
 
+use crate::types::Dim;
+use std::fmt;
+
+/// One subscript: `sum(coef * var) + constant`, then optionally floor-divided by a positive dim.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct IndexExpr {
     pub terms: Vec<(String, i64)>,
     pub constant: i64,
     pub div: Option<Dim>,
+}
+
+impl IndexExpr {
+    /// The plain subscript `name`.
+    pub fn var(name: &str) -> IndexExpr {
+        IndexExpr { terms: vec![(name.to_string(), 1)], constant: 0, div: None }
+    }
+
+    /// The variable of a plain subscript (`i`, not `i + 0 * j` or `2 * i`).
+    pub fn is_plain_var(&self) -> Option<&str> {
+        match (self.terms.as_slice(), self.constant, &self.div) {
+            ([(v, 1)], 0, None) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The variables with a non-zero coefficient, in order of appearance, each once.
+    pub fn vars(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for (v, c) in &self.terms {
+            if *c != 0 && !out.contains(&v.as_str()) {
+                out.push(v);
+            }
+        }
+        out
+    }
+
+    /// The value of the subscript: `var` gives the index variables, `dims` the symbolic dims.
+    /// `None` on overflow, an unbound dim, or a divisor that is not a positive exact quotient.
+    pub fn eval(&self, var: &dyn Fn(&str) -> i64, dims: &dyn Fn(&str) -> Option<u64>) -> Option<i64> {
+        let mut s = self.constant;
+        for (v, c) in &self.terms {
+            s = s.checked_add(c.checked_mul(var(v))?)?;
+        }
+        match &self.div {
+            None => Some(s),
+            Some(d) => {
+                let d = i64::try_from(d.eval(dims)?).ok()?;
+                (d > 0).then(|| s.div_euclid(d))
+            }
+        }
+    }
+
+    /// The smallest and largest value of the subscript when each variable `v` ranges over
+    /// `range(v) = (lo, hi)` (inclusive) and dims are bound by `dims`; `None` as for [`Self::eval`].
+    /// Exact: an affine form takes its extremes at the corners, and floor division by a positive
+    /// number is monotone.
+    pub fn range(
+        &self,
+        range: &dyn Fn(&str) -> (i64, i64),
+        dims: &dyn Fn(&str) -> Option<u64>,
+    ) -> Option<(i64, i64)> {
+        let (mut lo, mut hi) = (self.constant, self.constant);
+        for (v, c) in &self.terms {
+            let (a, b) = range(v);
+            let (x, y) = (c.checked_mul(a)?, c.checked_mul(b)?);
+            lo = lo.checked_add(x.min(y))?;
+            hi = hi.checked_add(x.max(y))?;
+        }
+        match &self.div {
+            None => Some((lo, hi)),
+            Some(d) => {
+                let d = i64::try_from(d.eval(dims)?).ok()?;
+                (d > 0).then(|| (lo.div_euclid(d), hi.div_euclid(d)))
+            }
+        }
+    }
+}
+
+impl fmt::Display for IndexExpr {
+    /// DSL syntax that parses back to the same subscript: `i - j`, `t + 1`, `2 * i`,
+    /// `h / (H / G)`, `(i + j) / 2`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = String::new();
+        for (v, c) in self.terms.iter().filter(|(_, c)| *c != 0) {
+            let mag = c.unsigned_abs();
+            if s.is_empty() {
+                if *c < 0 {
+                    s.push('-');
+                }
+            } else {
+                s.push_str(if *c < 0 { " - " } else { " + " });
+            }
+            if mag != 1 {
+                s.push_str(&format!("{mag} * "));
+            }
+            s.push_str(v);
+        }
+        let n_terms = self.terms.iter().filter(|(_, c)| *c != 0).count();
+        if s.is_empty() {
+            s = self.constant.to_string();
+        } else if self.constant != 0 {
+            let sign = if self.constant < 0 { '-' } else { '+' };
+            s.push_str(&format!(" {sign} {}", self.constant.unsigned_abs()));
+        }
+        match &self.div {
+            None => f.write_str(&s),
+            Some(d) => {
+                let simple_num =
+                    n_terms + (self.constant != 0) as usize <= 1 && !s.starts_with('-') && !s.contains(" * ");
+                let num = if simple_num { s } else { format!("({s})") };
+                match d {
+                    Dim::Sym(_) | Dim::Const(_) => write!(f, "{num} / {d}"),
+                    _ => write!(f, "{num} / ({d})"),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(terms: &[(&str, i64)], constant: i64, div: Option<Dim>) -> IndexExpr {
+        IndexExpr { terms: terms.iter().map(|(v, c)| (v.to_string(), *c)).collect(), constant, div }
+    }
+
+    #[test]
+    fn displays_dsl_syntax() {
+        assert_eq!(e(&[("i", 1), ("j", -1)], 0, None).to_string(), "i - j");
+        assert_eq!(e(&[("t", 1)], 1, None).to_string(), "t + 1");
+        assert_eq!(e(&[("t", -2)], -3, None).to_string(), "-2 * t - 3");
+        assert_eq!(e(&[], 4, None).to_string(), "4");
+        let gqa = e(&[("h", 1)], 0, Some(Dim::quotient(Dim::sym("H"), Dim::sym("G"))));
+        assert_eq!(gqa.to_string(), "h / (H / G)");
+        assert_eq!(e(&[("i", 1), ("j", 1)], 0, Some(Dim::Const(2))).to_string(), "(i + j) / 2");
+        assert_eq!(IndexExpr::var("b").to_string(), "b");
+    }
+
+    #[test]
+    fn evaluates_with_floor_division() {
+        let dims = |s: &str| match s {
+            "H" => Some(16),
+            "G" => Some(4),
+            "K" => Some(3),
+            _ => None,
+        };
+        let gqa = e(&[("h", 1)], 0, Some(Dim::quotient(Dim::sym("H"), Dim::sym("G"))));
+        let heads: Vec<i64> = (0..16).map(|h| gqa.eval(&|_| h, &dims).unwrap()).collect();
+        assert_eq!(heads, [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]);
+        // Floor, not truncation, for negative numerators.
+        assert_eq!(e(&[("i", -1)], 0, Some(Dim::Const(2))).eval(&|_| 3, &dims), Some(-2));
+        // 16 / 3 is not exact: no value.
+        let bad = e(&[("h", 1)], 0, Some(Dim::quotient(Dim::sym("H"), Dim::sym("K"))));
+        assert_eq!(bad.eval(&|_| 1, &dims), None);
+        assert_eq!(
+            e(&[("i", 1), ("j", -1)], 5, None).eval(&|v| if v == "i" { 2 } else { 7 }, &dims),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn plain_and_range() {
+        assert_eq!(IndexExpr::var("i").is_plain_var(), Some("i"));
+        assert_eq!(e(&[("i", 1)], 1, None).is_plain_var(), None);
+        assert_eq!(e(&[("i", 2)], 0, None).is_plain_var(), None);
+        let r = |v: &str| if v == "i" { (0, 9) } else { (0, 4) };
+        assert_eq!(e(&[("i", 1), ("j", -1)], 0, None).range(&r, &|_| None), Some((-4, 9)));
+        assert_eq!(e(&[("i", 1)], 0, Some(Dim::Const(4))).range(&r, &|_| None), Some((0, 2)));
+    }
 }

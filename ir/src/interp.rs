@@ -476,6 +476,49 @@ impl<'a> Evaluator<'a> {
         Ok(st)
     }
 
+    /// `gather`: every result element reads `a` at its computed subscripts, NaN outside `a`.
+    fn gather_op(
+        &self,
+        id: ValueId,
+        a: &Val,
+        index: &[crate::index::IndexExpr],
+        axes: &[String],
+        shape: &[usize],
+    ) -> Result<Vec<f64>, InterpError> {
+        let dims = |s: &str| self.dims.get(s);
+        for e in index {
+            if let Some(d) = &e.div {
+                if let Some((x, xv, y, yv)) = d.failed_division(&dims) {
+                    return Err(self.err(
+                        id,
+                        format!("{x} = {xv} is not divisible by {y} = {yv} (needed by `{e}`)"),
+                    ));
+                }
+                if d.eval(&dims).is_none() {
+                    return Err(ShapeError::Unbound { dim: d.to_string() }.into());
+                }
+            }
+        }
+        let ast = a.strides();
+        let n: usize = shape.iter().product();
+        let st = row_strides(shape);
+        let mut out = Vec::with_capacity(n);
+        for l in 0..n {
+            let coord = |v: &str| {
+                axes.iter().position(|x| x == v).map_or(0, |p| ((l / st[p]) % shape[p]) as i64)
+            };
+            let mut off = Some(0usize);
+            for (p, e) in index.iter().enumerate() {
+                off = match (off, e.eval(&coord, &dims)) {
+                    (Some(o), Some(x)) if x >= 0 && (x as usize) < a.shape[p] => Some(o + x as usize * ast[p]),
+                    _ => None,
+                };
+            }
+            out.push(off.map_or(f64::NAN, |o| a.data[o]));
+        }
+        Ok(out)
+    }
+
     /// `v` laid out (broadcast, transposed) as `axes`/`shape`.
     fn conform(&self, id: ValueId, v: &Val, axes: &[String], shape: &[usize]) -> Result<Val, InterpError> {
         if v.axes == axes && v.shape == shape {
@@ -536,6 +579,10 @@ impl<'a> Evaluator<'a> {
                 }
                 let renamed = Val { axes: names.clone(), shape: a.shape.clone(), data: a.data.clone() };
                 self.conform(id, &renamed, &axes, &shape)?
+            }
+            Op::Gather { index, axes: _ } => {
+                let a = self.val(ops[0], id)?;
+                mk(self.gather_op(id, a, index, &axes, &shape)?)
             }
             Op::Store { axes: names } => {
                 let a = self.val(ops[0], id)?;

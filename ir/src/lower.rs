@@ -11,6 +11,24 @@
 //!   size is an error. An index variable must not be a declared name.
 //! - `x[i, j]` of a parameter or statement lowers to `bind [i, j]`; its rank must match.
 //!   A rank-0 parameter or statement is used by its bare name.
+//! - A subscript may be an index expression: affine in index variables with integer
+//!   coefficients and constants (`rel[h, i - j]`, `x[b, h, t + 1]`, `2 * t`), then optionally
+//!   floor-divided, as its outermost operation, by a dimension expression: a dimension, a positive
+//!   integer, or an exact quotient of those (`k[b, h / (H / G), j, d]`; that `G` divides `H` is
+//!   checked when dims are bound). Such an access lowers to `gather`. Its index variables take their
+//!   sizes from plain uses (`q[b, h, i, d]`) elsewhere in the statement; a constant subscript
+//!   alone (`x[0]`) is not supported.
+//! - Out-of-range subscripts: every subscript must stay inside its axis, `[0, size)`, for all
+//!   values of its index variables (each `v` of size `S` ranges over `[0, S - 1]`) and all values
+//!   of the dims; this is proven at check time or the program is rejected. One exception: a
+//!   subscript that is in range wherever `j <= i`, for two of its variables `i` and `j` of one
+//!   size, is accepted when every use of the accessed value is masked over `(i, j)` before it is
+//!   reduced over `i` or `j`, read by anything but elementwise ops, or returned: by
+//!   `causal(i, j, ...)`, `window(i, j, W, ...)` or `select(j <= i, ..., -inf)` (the mask may sit in
+//!   a later statement; the axes are followed through it). The entries the mask removes are never
+//!   read; the interpreter reads NaN there, so a wrong acceptance would be visible.
+//! - `inf` in an expression is the literal infinity (`-inf` its negation: `select(j <= i, s, -inf)`);
+//!   it cannot be declared as a name.
 //! - A bare name is, in order: a scalar parameter or statement, a dimension (its runtime size as a
 //!   number, `sqrt(D)`), or an index variable (its position `0, 1, ..`, as in ALiBi's `i - j`);
 //!   such an index must also index some tensor in the statement, which gives its size.
@@ -31,6 +49,9 @@ use crate::ast::{self, BinOp, Expr, ExprKind, Ident, Program, UnOp};
 use crate::check::infer;
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::graph::{Graph, ValueId};
+use crate::index::IndexExpr;
+use crate::index_range;
+use crate::mask_flow::check_masked;
 use crate::ops::{BinaryOp, Op, ReduceKind, UnaryOp};
 use crate::types::{Axis, DType, Dim, Span, ValueType};
 use std::collections::{HashMap, HashSet};
@@ -140,6 +161,55 @@ fn fmt_dims(dims: &[Dim]) -> String {
     format!("[{}]", d.join(", "))
 }
 
+/// `inf` is the literal infinity in expressions, so it cannot name anything.
+fn reserved_name(id: &Ident) -> LResult<()> {
+    if id.name == "inf" {
+        return Err(Diagnostic::new("`inf` cannot be declared", id.span, "reserved").with_hint(
+            "`inf` is the literal infinity in expressions (`-inf` masks a score); pick another name",
+        ));
+    }
+    Ok(())
+}
+
+/// `k * x` of an undivided index expression.
+fn scale(x: IndexExpr, k: i64) -> IndexExpr {
+    let terms = x.terms.into_iter().map(|(v, c)| (v, c * k)).collect();
+    normalize(IndexExpr { terms, constant: x.constant * k, div: None })
+}
+
+/// One term per variable (first-appearance order), zero coefficients dropped.
+fn normalize(x: IndexExpr) -> IndexExpr {
+    let mut terms: Vec<(String, i64)> = Vec::new();
+    for (v, c) in x.terms {
+        match terms.iter_mut().find(|(w, _)| *w == v) {
+            Some(t) => t.1 += c,
+            None => terms.push((v, c)),
+        }
+    }
+    terms.retain(|(_, c)| *c != 0);
+    IndexExpr { terms, ..x }
+}
+
+/// `is 1 - T at i = 0, j = T - 1`.
+fn describe_outside(ie: &IndexExpr, size: &Dim, out: &index_range::OutOfRange) -> String {
+    let at = out.corner();
+    let num = match &ie.div {
+        None => out.value.to_string(),
+        Some(d) => format!(
+            "({}) / {}",
+            out.value,
+            if matches!(d, Dim::Div(..)) { format!("({d})") } else { d.to_string() }
+        ),
+    };
+    if out.below {
+        format!("it is {num} at {at}, below 0")
+    } else if ie.div.is_some() {
+        format!("it is {num} at {at}, not provably below {size}")
+    } else {
+        format!("it is {num} at {at}, past the last index {size} - 1")
+    }
+}
+
 struct Lowerer<'a> {
     src: &'a str,
     g: Graph,
@@ -148,6 +218,21 @@ struct Lowerer<'a> {
     order: Vec<String>,
     /// Statements that failed to check.
     poisoned: HashSet<String>,
+    /// Gathers that are in range only under a mask, checked once the program is lowered.
+    masked: Vec<NeedsMask>,
+}
+
+/// A `gather` whose subscript is in range only where `j <= i`.
+struct NeedsMask {
+    node: ValueId,
+    i: String,
+    j: String,
+    /// The subscript, the accessed tensor and where the subscript was written.
+    text: String,
+    tensor: String,
+    span: Span,
+    /// Where it leaves its axis without the mask (for the hint).
+    outside: String,
 }
 
 /// Per-statement state.
@@ -176,6 +261,7 @@ pub fn lower(prog: &Program, src: &str) -> Result<Graph, Diagnostics> {
         names: HashMap::new(),
         order: vec![],
         poisoned: HashSet::new(),
+        masked: vec![],
     };
     l.params(prog)?;
     let mut diags = Diagnostics::new();
@@ -196,6 +282,13 @@ pub fn lower(prog: &Program, src: &str) -> Result<Graph, Diagnostics> {
     if let Err(d) = l.ret(prog) {
         if d.message != POISONED && diags.len() < MAX_DIAGNOSTICS {
             diags.push(d);
+        }
+    }
+    if diags.is_empty() {
+        for m in &l.masked {
+            if let Err(esc) = check_masked(&l.g, m.node, &m.i, &m.j) {
+                diags.push(l.unmasked(m, &esc.reason, esc.span));
+            }
         }
     }
     if diags.is_empty() {
@@ -241,6 +334,7 @@ impl<'a> Lowerer<'a> {
 
     fn params(&mut self, prog: &Program) -> LResult<()> {
         for p in &prog.params {
+            reserved_name(&p.name)?;
             if let Some(prev) = self.names.get(&p.name.name) {
                 let what = Self::kind_word(prev.kind);
                 return Err(Diagnostic::new(
@@ -314,6 +408,7 @@ impl<'a> Lowerer<'a> {
     }
 
     fn stmt(&mut self, s: &ast::Stmt) -> LResult<()> {
+        reserved_name(&s.name)?;
         if let Some(prev) = self.names.get(&s.name.name) {
             let what = Self::kind_word(prev.kind);
             return Err(Diagnostic::new(
@@ -479,9 +574,15 @@ impl<'a> Lowerer<'a> {
                         example.join(", ")
                     )));
                 }
-                for (n, ix) in indices.iter().enumerate() {
+                for (n, sub) in indices.iter().enumerate() {
+                    let ExprKind::Name(ix) = &sub.kind else {
+                        // An index expression: its variables are sized by plain uses.
+                        self.index_expr(sub)?;
+                        continue;
+                    };
                     self.check_index_name(ix)?;
-                    if indices[..n].iter().any(|p| p.name == ix.name) {
+                    if indices[..n].iter().any(|p| matches!(&p.kind, ExprKind::Name(p) if p.name == ix.name))
+                    {
                         return Err(Diagnostic::new(
                             format!("index `{}` appears twice in one access", ix.name),
                             ix.span,
@@ -533,8 +634,22 @@ impl<'a> Lowerer<'a> {
             ExprKind::Access { name, indices } => {
                 let ent = self.resolve_tensor(name, cx)?;
                 let node = ent.node.ok_or_else(|| self.unknown_name(name))?;
-                let axes = indices.iter().map(|i| i.name.clone()).collect();
-                self.add(Op::Bind { axes }, &[node], e.span)
+                let plain: Option<Vec<String>> = indices
+                    .iter()
+                    .map(|i| match &i.kind {
+                        ExprKind::Name(id) => Some(id.name.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                match plain {
+                    Some(axes) => self.add(Op::Bind { axes }, &[node], e.span),
+                    None => self.gather(e, name, &ent, node, indices, cx),
+                }
+            }
+            ExprKind::Unary(UnOp::Neg, a) if matches!(&a.kind, ExprKind::Num { value, .. } if value.is_infinite()) =>
+            {
+                // `-inf`: one constant, as masks are recognized.
+                self.add(Op::Const(f64::NEG_INFINITY), &[], e.span)
             }
             ExprKind::Unary(UnOp::Neg, a) => {
                 let (v, t) = self.expr(a, cx)?;
@@ -562,6 +677,241 @@ impl<'a> Lowerer<'a> {
                 self.add(Op::Binary(bop), &[va, vb], e.span)
             }
             ExprKind::Call { func, args } => self.call(e, func, args, cx),
+        }
+    }
+
+    /// An access with index-expression subscripts: a `gather`, after the range rule.
+    fn gather(
+        &mut self,
+        e: &Expr,
+        name: &Ident,
+        ent: &Entry,
+        node: ValueId,
+        subs: &[Expr],
+        cx: &StmtCtx,
+    ) -> LResult<(ValueId, ValueType)> {
+        let mut index = Vec::new();
+        let mut axes: Vec<Axis> = Vec::new();
+        for sub in subs {
+            let ie = self.index_expr(sub)?;
+            for v in ie.vars() {
+                if axes.iter().any(|a| a.name == v) {
+                    continue;
+                }
+                match cx.sizes.get(v) {
+                    Some((d, _)) => axes.push(Axis::new(v, d.clone())),
+                    None => {
+                        return Err(Diagnostic::new(
+                            format!("cannot infer the size of index `{v}`"),
+                            sub.span,
+                            format!("`{v}` is used only in index expressions"),
+                        )
+                        .with_hint(format!(
+                            "an index gets its size from a plain subscript; use `{v}` alone to index a tensor in this statement (e.g. `q[b, h, {v}, d]`)"
+                        )))
+                    }
+                }
+            }
+            index.push(ie);
+        }
+        let size_of = |v: &str| cx.sizes.get(v).map(|(d, _)| d.clone()).unwrap_or(Dim::Const(1));
+        let mut needs = Vec::new();
+        for (p, (ie, sub)) in index.iter().zip(subs).enumerate() {
+            if ie.is_plain_var().is_some() {
+                continue; // sized by this very axis
+            }
+            let size = &ent.dims[p];
+            let Err(out) = index_range::check(ie, size, &size_of, None) else { continue };
+            let vars = ie.vars();
+            let pair = vars.iter().flat_map(|a| vars.iter().map(move |b| (*a, *b))).find(|(a, b)| {
+                a != b
+                    && size_of(a) == size_of(b)
+                    && index_range::check(ie, size, &size_of, Some((a, b))).is_ok()
+            });
+            let outside = describe_outside(ie, size, &out);
+            match pair {
+                Some((i, j)) => needs.push((i.to_string(), j.to_string(), ie.to_string(), sub.span, outside)),
+                None => {
+                    return Err(Diagnostic::new(
+                        format!("subscript `{ie}` of `{}` can be out of range", name.name),
+                        sub.span,
+                        outside,
+                    )
+                    .with_hint(format!(
+                        "axis {p} of `{}` has size {size}; a subscript must stay in [0, {size}) for every value of its indices \
+                         (or be in range where j <= i and masked by causal(i, j, ...))",
+                        name.name
+                    )))
+                }
+            }
+        }
+        let axis_names: Vec<String> = axes.iter().map(|a| a.name.clone()).collect();
+        let ty = ValueType { dtype: ent.dtype, axes };
+        let v = self.g.add(Op::Gather { index, axes: axis_names }, ty.clone(), &[node], e.span);
+        for (i, j, text, span, outside) in needs {
+            self.masked.push(NeedsMask { node: v, i, j, text, tensor: name.name.clone(), span, outside });
+        }
+        Ok((v, ty))
+    }
+
+    /// The diagnostic of a masked-only subscript whose value escapes the mask.
+    fn unmasked(&self, m: &NeedsMask, reason: &str, at: Span) -> Diagnostic {
+        Diagnostic::new(
+            format!("subscript `{}` of `{}` can be out of range", m.text, m.tensor),
+            m.span,
+            format!("in range only where {} <= {}; {}", m.j, m.i, m.outside),
+        )
+        .with_hint(format!(
+            "mask the value with `causal({i}, {j}, ...)`, `window({i}, {j}, W, ...)` or `select({j} <= {i}, ..., -inf)` \
+             before anything else reads it; here {reason} (at {})",
+            self.at(at),
+            i = m.i,
+            j = m.j
+        ))
+    }
+
+    /// A subscript as an [`IndexExpr`], with a diagnostic for anything that is not one.
+    fn index_expr(&self, e: &Expr) -> LResult<IndexExpr> {
+        let not_index = |what: &str| {
+            Diagnostic::new(format!("{what} in a subscript"), e.span, "not an index expression").with_hint(
+                "a subscript is an index variable, or an index expression: integer constants and index \
+                 variables combined with + - *, optionally divided by a dimension (`i - j`, `t + 1`, `h / (H / G)`)",
+            )
+        };
+        let whole = |x: &IndexExpr, span: Span| -> LResult<()> {
+            match &x.div {
+                Some(_) => Err(Diagnostic::new(
+                    "floor division inside a subscript",
+                    span,
+                    "divided here",
+                )
+                .with_hint("the division must be the outermost operation of a subscript: write `(i + j) / 2`, not `i + j / 2`")),
+                None => Ok(()),
+            }
+        };
+        Ok(match &e.kind {
+            ExprKind::Num { value, int: true, .. } if *value < 9.0e15 => {
+                IndexExpr { terms: vec![], constant: *value as i64, div: None }
+            }
+            ExprKind::Num { text, .. } => {
+                return Err(Diagnostic::new(
+                    format!("non-integer constant `{text}` in a subscript"),
+                    e.span,
+                    "not an integer",
+                )
+                .with_hint("subscripts use integer constants, e.g. `t + 1`"))
+            }
+            ExprKind::Name(id) => {
+                if let Some(ent) = self.names.get(&id.name) {
+                    if ent.kind == Kind::Dim {
+                        return Err(Diagnostic::new(
+                            format!("dimension `{}` used as an index in a subscript", id.name),
+                            id.span,
+                            "a dimension",
+                        )
+                        .with_hint(format!(
+                            "in a subscript a dimension can only divide, as in `h / (H / G)`; index with an index variable such as `{}`",
+                            id.name.to_lowercase()
+                        )));
+                    }
+                    self.check_index_name(id)?;
+                }
+                IndexExpr::var(&id.name)
+            }
+            ExprKind::Unary(UnOp::Neg, a) => {
+                let x = self.index_expr(a)?;
+                whole(&x, a.span)?;
+                scale(x, -1)
+            }
+            ExprKind::Binary(op @ (BinOp::Add | BinOp::Sub), a, b) => {
+                let (x, y) = (self.index_expr(a)?, self.index_expr(b)?);
+                whole(&x, a.span)?;
+                whole(&y, b.span)?;
+                let y = if *op == BinOp::Sub { scale(y, -1) } else { y };
+                let mut terms = x.terms;
+                terms.extend(y.terms);
+                normalize(IndexExpr { terms, constant: x.constant + y.constant, div: None })
+            }
+            ExprKind::Binary(BinOp::Mul, a, b) => {
+                for side in [a, b] {
+                    if let ExprKind::Num { text, int: false, .. } = &side.kind {
+                        return Err(Diagnostic::new(
+                            format!("non-integer coefficient `{text}` in a subscript"),
+                            side.span,
+                            "not an integer",
+                        )
+                        .with_hint("coefficients of index variables are integers; to scale down, divide the whole subscript: `t / 2`"));
+                    }
+                }
+                let (x, y) = (self.index_expr(a)?, self.index_expr(b)?);
+                whole(&x, a.span)?;
+                whole(&y, b.span)?;
+                match (x.terms.is_empty(), y.terms.is_empty()) {
+                    (true, _) => scale(y, x.constant),
+                    (_, true) => scale(x, y.constant),
+                    _ => return Err(Diagnostic::new(
+                        "product of index variables in a subscript",
+                        e.span,
+                        "not affine",
+                    )
+                    .with_hint(
+                        "a subscript is affine: integer constants times index variables, e.g. `2 * t + 1`",
+                    )),
+                }
+            }
+            ExprKind::Binary(BinOp::Div, a, b) => {
+                let x = self.index_expr(a)?;
+                whole(&x, a.span)?;
+                IndexExpr { div: Some(self.divisor(b)?), ..x }
+            }
+            ExprKind::Binary(op, ..) => return Err(not_index(&format!("comparison `{}`", op.symbol()))),
+            ExprKind::Access { name, .. } => {
+                return Err(not_index(&format!("access `{}[...]`", name.name))
+                    .with_hint("subscripts are computed from index variables, not read from tensors"))
+            }
+            ExprKind::Call { func, .. } => return Err(not_index(&format!("call of `{}`", func.name))),
+        })
+    }
+
+    /// The divisor of a subscript: a dimension, a positive integer, or an exact quotient of those.
+    fn divisor(&self, e: &Expr) -> LResult<Dim> {
+        let hint =
+            "divide a subscript by a dimension (`G`), a positive integer, or a quotient of those (`H / G`)";
+        match &e.kind {
+            ExprKind::Name(id) => match self.names.get(&id.name) {
+                Some(ent) if ent.kind == Kind::Dim => Ok(Dim::Sym(id.name.clone())),
+                Some(ent) => Err(Diagnostic::new(
+                    format!("division of a subscript by the {} `{}`", Self::kind_word(ent.kind), id.name),
+                    e.span,
+                    "not a dimension",
+                )
+                .with_hint(hint)),
+                None => Err(Diagnostic::new(
+                    format!("division of a subscript by `{}`, which is not a dimension", id.name),
+                    e.span,
+                    "not a dimension",
+                )
+                .with_hint(match suggest(&id.name, self.g.dims.iter().map(|s| s.as_str())) {
+                    Some(s) => format!("did you mean the dimension `{s}`? {hint}"),
+                    None => hint.to_string(),
+                })),
+            },
+            ExprKind::Num { value, int: true, .. } if *value >= 1.0 && *value < 9.0e15 => {
+                Ok(Dim::Const(*value as u64))
+            }
+            ExprKind::Num { text, .. } => Err(Diagnostic::new(
+                format!("division of a subscript by `{text}`"),
+                e.span,
+                "not a positive integer",
+            )
+            .with_hint(hint)),
+            ExprKind::Binary(BinOp::Div, a, b) => Ok(Dim::quotient(self.divisor(a)?, self.divisor(b)?)),
+            _ => Err(Diagnostic::new(
+                "division of a subscript by a non-dimension",
+                e.span,
+                "not a dimension expression",
+            )
+            .with_hint(hint)),
         }
     }
 

@@ -3,6 +3,7 @@
 //! Operand conventions are documented per variant: operand `k` of a node is the source of
 //! the incoming edge whose weight is `k`. Elementwise ops broadcast by axis *name*.
 
+use crate::index::IndexExpr;
 use crate::types::{DType, Dim};
 pub use crate::attention::{
     AttnOperands, Attention, IndexVar, Mask, Prune, RId, RNode, Region, Scale, ScoreBound,
@@ -128,6 +129,16 @@ pub enum Op {
     Bind {
         axes: Vec<String>,
     },
+    /// Read operand 0 (positional, rank `index.len()`) at computed subscripts: element
+    /// `[v1, .., vn]` of the result (named axes `axes`, the index variables in order of first use)
+    /// is `x[index[0](v), .., index[r-1](v)]` (`rel[h, i - j]`, `k[b, h / (H / G), j, d]`).
+    /// A subscript outside `[0, size)` reads NaN (the front end admits such reads only where a
+    /// mask removes them; docs/SEMANTICS.md). The result keeps the operand's dtype; its axes'
+    /// sizes are the variables' sizes, carried on the node (they do not follow from the operand).
+    Gather {
+        index: Vec<IndexExpr>,
+        axes: Vec<String>,
+    },
     /// Reorder operand 0's named axes to `axes` and make the result positional
     /// (the left-hand side of a statement).
     Store {
@@ -223,6 +234,7 @@ impl Op {
             Op::DimSize(_) => "dim",
             Op::Iota { .. } => "iota",
             Op::Bind { .. } => "bind",
+            Op::Gather { .. } => "gather",
             Op::Store { .. } => "store",
             Op::Unary(u) => match u {
                 UnaryOp::Neg => "neg",
@@ -276,7 +288,7 @@ impl Op {
     pub fn arity(&self) -> Option<usize> {
         Some(match self {
             Op::Param { .. } | Op::Const(_) | Op::DimSize(_) | Op::Iota { .. } => 0,
-            Op::Bind { .. } | Op::Store { .. } | Op::Unary(_) | Op::Cast => 1,
+            Op::Bind { .. } | Op::Store { .. } | Op::Unary(_) | Op::Cast | Op::Gather { .. } => 1,
             Op::Reduce { .. } | Op::Cumsum { .. } | Op::Softmax { .. } => 1,
             Op::Causal { .. } | Op::Window { .. } | Op::GateCumsum { .. } => 1,
             Op::Binary(_) | Op::RmsNorm { .. } | Op::Threshold { .. } | Op::BlockBoundary(_) => 2,
@@ -330,6 +342,10 @@ impl fmt::Display for Op {
             Op::DimSize(d) => write!(f, " {d}"),
             Op::Iota { axis } => write!(f, " {{axis = {axis}}}"),
             Op::Bind { axes } | Op::Store { axes } => write!(f, " [{}]", axes.join(", ")),
+            Op::Gather { index, axes } => {
+                let ix: Vec<String> = index.iter().map(|e| e.to_string()).collect();
+                write!(f, " [{}] {{axes = [{}]}}", ix.join(", "), axes.join(", "))
+            }
             Op::Reduce { axis, .. } | Op::Cumsum { axis } | Op::Softmax { axis } => {
                 write!(f, " {{axis = {axis}}}")
             }

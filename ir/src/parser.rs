@@ -10,8 +10,12 @@
 //! sum     := prod (("+" | "-") prod)*
 //! prod    := unary (("*" | "/") unary)*
 //! unary   := "-" unary | primary
-//! primary := NUMBER | IDENT | IDENT "[" IDENT ("," IDENT)* "]" | IDENT "(" [expr ("," expr)*] ")" | "(" expr ")"
+//! primary := NUMBER | "inf" | IDENT | IDENT "[" sub ("," sub)* "]" | IDENT "(" [expr ("," expr)*] ")" | "(" expr ")"
+//! sub     := sum                                  a subscript: `i`, `i - j`, `t + 1`, `h / (H / G)`
 //! ```
+//! `inf` in an expression is the literal +infinity (`-inf` is its negation); it is not a name.
+//! A subscript is parsed as an arithmetic expression; the lowering checks that it is an index
+//! expression (affine in index variables, integer constants, one floor division by a dim).
 //! Newlines are insignificant: a statement ends where its expression cannot continue.
 //! The parser stops at the first error. Nesting and expression height are bounded
 //! ([`MAX_NESTING`], [`MAX_HEIGHT`]) so that no input can overflow the stack here or in any
@@ -343,6 +347,49 @@ impl<'t> Parser<'t> {
         }
     }
 
+    /// The subscripts of an access `x[...]`: expressions, each checked by the lowering.
+    fn subscript_list(&mut self) -> PResult<Vec<Expr>> {
+        // At `[`.
+        self.bump();
+        let mut ix = Vec::new();
+        loop {
+            match self.peek() {
+                Tok::RBracket if ix.is_empty() => {
+                    return Err(Diagnostic::new("empty index list", self.span(), "no indices")
+                        .with_hint("a scalar is written without brackets"))
+                }
+                Tok::Num { .. }
+                    if matches!(self.toks.get(self.pos + 1).map(|t| &t.tok), Some(Tok::Comma | Tok::RBracket)) =>
+                {
+                    return Err(Diagnostic::new("constant index", self.span(), "indices are variables")
+                        .with_hint(
+                            "index with variables (`x[b, h, i]`, `x[b, h, i - j]`); constant indices are not supported",
+                        ))
+                }
+                _ => {}
+            }
+            self.enter()?;
+            let e = self.sum();
+            self.nesting -= 1;
+            ix.push(e?);
+            match self.peek() {
+                Tok::Comma => {
+                    self.bump();
+                }
+                Tok::RBracket => {
+                    self.bump();
+                    return Ok(ix);
+                }
+                _ => {
+                    return Err(self.error_here(
+                        "`,` or `]`",
+                        "subscripts are index expressions separated by commas, e.g. `x[b, h, i - j]`",
+                    ))
+                }
+            }
+        }
+    }
+
     fn stmt(&mut self) -> PResult<Stmt> {
         let name = self.ident("a statement", "")?;
         let indices = if *self.peek() == Tok::LBracket { self.index_list()? } else { vec![] };
@@ -489,9 +536,10 @@ impl<'t> Parser<'t> {
                 let name = self.ident("a name", "")?;
                 match self.peek() {
                     Tok::LBracket => {
-                        let indices = self.index_list()?;
+                        let indices = self.subscript_list()?;
                         let span = name.span.join(self.prev_span());
-                        self.node(ExprKind::Access { name, indices }, span, 1, span)
+                        let depth = indices.iter().map(|e| e.depth).max().unwrap_or(1);
+                        self.node(ExprKind::Access { name, indices }, span, depth, span)
                     }
                     Tok::LParen => {
                         self.bump();
@@ -520,6 +568,10 @@ impl<'t> Parser<'t> {
                         let span = name.span.join(close);
                         let at = name.span;
                         self.node(ExprKind::Call { func: name, args }, span, depth, at)
+                    }
+                    _ if name.name == "inf" => {
+                        let kind = ExprKind::Num { value: f64::INFINITY, int: false, text: "inf".into() };
+                        self.node(kind, name.span, 1, name.span)
                     }
                     _ => {
                         let span = name.span;

@@ -186,5 +186,14 @@ fn first_unbound(d: &Dim, b: &DimBindings) -> String {
                 d.to_string()
             }
         }
+        Dim::Div(x, y) => {
+            if b.eval(x).is_none() {
+                first_unbound(x, b)
+            } else if b.eval(y).is_none() {
+                first_unbound(y, b)
+            } else {
+                d.to_string()
+            }
+        }
     }
 }

@@ -62,14 +62,17 @@ impl fmt::Display for DType {
     }
 }
 
-/// The size of one axis: a symbolic dimension (`T`), a constant, or a tile count
-/// `ceil(dim / tile)` (the query-tile axis of ACP nodes).
+/// The size of one axis: a symbolic dimension (`T`), a constant, a tile count
+/// `ceil(dim / tile)` (the query-tile axis of ACP nodes), or an exact quotient `H / G` (the
+/// divisor of a grouped-query subscript `h / (H / G)`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Dim {
     Sym(String),
     Const(u64),
     /// `ceil(base / tile)`: number of tiles of size `tile` covering `base`.
     Tiles(Box<Dim>, u32),
+    /// `a / b`, defined only when `b` divides `a` (checked when dims are bound).
+    Div(Box<Dim>, Box<Dim>),
 }
 
 impl Dim {
@@ -83,6 +86,46 @@ impl Dim {
             Dim::Sym(s) => bind(s),
             Dim::Const(c) => Some(*c),
             Dim::Tiles(base, t) => base.eval(bind).map(|b| b.div_ceil(*t as u64)),
+            Dim::Div(a, b) => {
+                let (a, b) = (a.eval(bind)?, b.eval(bind)?);
+                (b != 0 && a % b == 0).then(|| a / b)
+            }
+        }
+    }
+
+    /// `a / b` as an exact quotient.
+    pub fn quotient(a: Dim, b: Dim) -> Dim {
+        Dim::Div(Box::new(a), Box::new(b))
+    }
+
+    /// The first exact quotient in `self` that does not divide under `bind` (its operands'
+    /// values), so that a caller can say which division failed; `None` when all divide or an
+    /// operand is unbound.
+    pub fn failed_division(&self, bind: &dyn Fn(&str) -> Option<u64>) -> Option<(&Dim, u64, &Dim, u64)> {
+        match self {
+            Dim::Sym(_) | Dim::Const(_) => None,
+            Dim::Tiles(base, _) => base.failed_division(bind),
+            Dim::Div(a, b) => {
+                if let Some(f) = a.failed_division(bind).or_else(|| b.failed_division(bind)) {
+                    return Some(f);
+                }
+                let (x, y) = (a.eval(bind)?, b.eval(bind)?);
+                (y == 0 || x % y != 0).then_some((&**a, x, &**b, y))
+            }
+        }
+    }
+
+    /// The symbolic dims `self` mentions, in order.
+    pub fn symbols(&self) -> Vec<&str> {
+        match self {
+            Dim::Sym(s) => vec![s.as_str()],
+            Dim::Const(_) => vec![],
+            Dim::Tiles(b, _) => b.symbols(),
+            Dim::Div(a, b) => {
+                let mut v = a.symbols();
+                v.extend(b.symbols());
+                v
+            }
         }
     }
 }
@@ -93,6 +136,12 @@ impl fmt::Display for Dim {
             Dim::Sym(s) => f.write_str(s),
             Dim::Const(c) => write!(f, "{c}"),
             Dim::Tiles(b, t) => write!(f, "{b}/{t}"),
+            Dim::Div(a, b) => {
+                // Operands that are themselves quotients keep their parentheses: `H / (A / B)`.
+                let paren =
+                    |d: &Dim| if matches!(d, Dim::Div(..)) { format!("({d})") } else { d.to_string() };
+                write!(f, "{} / {}", paren(a), paren(b))
+            }
         }
     }
 }

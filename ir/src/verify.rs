@@ -148,6 +148,11 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
                     return Err(err(g, id, format!("iota must be f32 with the single axis `{axis}`")));
                 }
             }
+            (Op::Gather { index, axes }, None) => {
+                if let Err(m) = check_gather(index, axes, tys[0], &node.ty) {
+                    return Err(err(g, id, m));
+                }
+            }
             (Op::Cast, None) => {
                 if node.ty.axes != tys[0].axes {
                     return Err(err(g, id, format!("cast changes the axes of {}", tys[0])));
@@ -174,6 +179,53 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
 /// Verify, and on failure append the printed graph (for pass debugging and internal errors).
 pub fn verify_verbose(g: &Graph) -> Result<(), String> {
     verify(g).map_err(|e| format!("{e}\n{}", print_graph(g)))
+}
+
+
+/// `gather`: a positional operand of rank `index.len()`; the result has exactly the named axes
+/// `axes`, each the variable of some subscript and every subscript's variables among them; a
+/// plain subscript `v` at position p gives `v` the operand's size at p; dtype kept.
+fn check_gather(
+    index: &[crate::index::IndexExpr],
+    axes: &[String],
+    x: &ValueType,
+    ty: &ValueType,
+) -> Result<(), String> {
+    if !x.is_positional() || x.rank() != index.len() {
+        return Err(format!("gather: {} subscripts for operand {x}", index.len()));
+    }
+    let names: Vec<&str> = ty.axes.iter().map(|a| a.name.as_str()).collect();
+    if names != axes.iter().map(|a| a.as_str()).collect::<Vec<_>>() {
+        return Err(format!("gather: result axes [{}] are not [{}]", names.join(", "), axes.join(", ")));
+    }
+    if ty.dtype != x.dtype {
+        return Err(format!("gather: dtype {} differs from the operand's {}", ty.dtype, x.dtype));
+    }
+    for (n, a) in axes.iter().enumerate() {
+        if axes[..n].contains(a) || a.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!("gather: axis `{a}` repeated or positional"));
+        }
+        if !index.iter().any(|e| e.vars().contains(&a.as_str())) {
+            return Err(format!("gather: axis `{a}` is used by no subscript"));
+        }
+    }
+    for (p, e) in index.iter().enumerate() {
+        for v in e.vars() {
+            if !axes.iter().any(|a| a == v) {
+                return Err(format!("gather: variable `{v}` of subscript `{e}` is not a result axis"));
+            }
+        }
+        if let Some(v) = e.is_plain_var() {
+            let d = ty.axis(v).map(|(_, a)| &a.dim);
+            if d != Some(&x.axes[p].dim) {
+                return Err(format!(
+                    "gather: `{v}` indexes axis {p} of size {} with another size",
+                    x.axes[p].dim
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -34,7 +34,7 @@ fn inputs(g: &Graph, dims: &BTreeMap<&str, usize>, seed: u64) -> BTreeMap<String
                 .map(|d| match d {
                     Dim::Sym(s) => dims[s.as_str()],
                     Dim::Const(c) => *c as usize,
-                    Dim::Tiles(..) => unreachable!("parameters have no tile dims"),
+                    Dim::Tiles(..) | Dim::Div(..) => unreachable!("parameters have no tile or quotient dims"),
                 })
                 .collect();
         // Per-tensor gate strength: some heads forget fast, some slowly.

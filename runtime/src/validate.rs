@@ -3,11 +3,12 @@
 //! Every failure is a user error whose message names the tensor (and the index or axis):
 //! missing and unexpected tensors, dtype mismatches, shape mismatches, NaN, infinities (allowed
 //! only where the declared range includes them, e.g. `log f = -inf` for a hard reset in a
-//! parameter declared `in [-inf, 0]`), and values outside a declared range.
+//! parameter declared `in [-inf, 0]`), values outside a declared range, and dims that break an
+//! exact division a subscript needs (`h / (H / G)` with G not dividing H).
 
 use crate::tensor::TensorMap;
 use foxc_ir::shapes::{bind_dims, DimBindings, ShapeError};
-use foxc_ir::Graph;
+use foxc_ir::{Graph, Op};
 
 #[derive(Debug, PartialEq, thiserror::Error)]
 pub enum InputError {
@@ -27,6 +28,15 @@ pub enum InputError {
         "input tensor `{tensor}` holds {value} at index {index:?}, outside its declared range [{lo}, {hi}]"
     )]
     OutOfRange { tensor: String, index: Vec<usize>, value: f64, lo: f64, hi: f64 },
+    #[error("{num} = {num_value} is not divisible by {den} = {den_value} (needed by `{subscript}` in {tensor}'s subscript)")]
+    Indivisible {
+        num: String,
+        num_value: u64,
+        den: String,
+        den_value: u64,
+        subscript: String,
+        tensor: String,
+    },
 }
 
 fn plural(v: &[String]) -> &'static str {
@@ -84,6 +94,7 @@ pub fn check_inputs(g: &Graph, inputs: &TensorMap) -> Result<DimBindings, InputE
     let shapes: Vec<(String, Vec<usize>)> =
         g.params.iter().map(|p| (p.name.clone(), inputs[&p.name].shape.clone())).collect();
     let dims = bind_dims(g, &shapes)?;
+    check_divisions(g, &dims)?;
     for p in &g.params {
         let t = &inputs[&p.name];
         let expected = t.numel() * t.dtype.size_bytes();
@@ -122,6 +133,32 @@ pub fn check_inputs(g: &Graph, inputs: &TensorMap) -> Result<DimBindings, InputE
         }
     }
     Ok(dims)
+}
+
+/// Every exact quotient of dims that a `gather` subscript divides by must divide under `dims`.
+fn check_divisions(g: &Graph, dims: &DimBindings) -> Result<(), InputError> {
+    for n in g.find(|op| matches!(op, Op::Gather { .. })) {
+        let Op::Gather { index, .. } = g.op(n) else { continue };
+        let src = g.operands(n)[0];
+        let tensor = match g.op(src) {
+            Op::Param { name, .. } => name.clone(),
+            _ => g.node(src).name.clone().unwrap_or_else(|| "a tensor".into()),
+        };
+        for e in index {
+            let Some(d) = &e.div else { continue };
+            if let Some((a, av, b, bv)) = d.failed_division(&|s| dims.get(s)) {
+                return Err(InputError::Indivisible {
+                    num: a.to_string(),
+                    num_value: av,
+                    den: b.to_string(),
+                    den_value: bv,
+                    subscript: e.to_string(),
+                    tensor,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -244,6 +281,20 @@ mod tests {
         lf[0] = f32::INFINITY;
         m.insert("logf".into(), HostTensor::from_f32(&[2, 3, 5], &lf));
         assert!(err(&m).contains("`logf` holds inf at index [0, 0, 0] (declared range [-inf, 0])"));
+    }
+
+    #[test]
+    fn indivisible_group_is_named() {
+        let src = b"attention g(q: f32[H, T], k: f32[G, T]) -> f32[H, T] {\n o[h, t] = q[h, t] * k[h / (H / G), t]\n return o\n}";
+        let g = foxc_ir::frontend::compile("g.attn", src).unwrap().graph;
+        let t = |h: usize| HostTensor::from_f32(&[h, 2], &vec![0.5; h * 2]);
+        let mut m = TensorMap::new();
+        m.insert("q".into(), t(16));
+        m.insert("k".into(), t(3));
+        let e = check_inputs(&g, &m).unwrap_err().to_string();
+        assert_eq!(e, "H = 16 is not divisible by G = 3 (needed by `h / (H / G)` in k's subscript)");
+        m.insert("k".into(), t(4));
+        assert!(check_inputs(&g, &m).is_ok());
     }
 
     #[test]

@@ -185,6 +185,7 @@ fn unbound_sym(d: &Dim) -> Option<String> {
         Dim::Sym(s) => Some(s.clone()),
         Dim::Const(_) => None,
         Dim::Tiles(b, _) => unbound_sym(b),
+        Dim::Div(a, b) => unbound_sym(a).or_else(|| unbound_sym(b)),
     }
 }
 

@@ -1,0 +1,230 @@
+//! Check-time proof that a subscript stays inside its axis for every value of the symbolic dims.
+//!
+//! Each index variable `v` of size `S_v` ranges over `[0, S_v - 1]`. An affine subscript takes
+//! its extremes at the corners of that box, so it is in range iff it is in range at every corner;
+//! floor division by a positive divisor is monotone, so the same holds for `(affine) / d`.
+//! Corner values are affine forms in the dims (`T - 1`, `2 - T`); a form is proven `>= 0` when all
+//! its dim coefficients are `>= 0` and it is `>= 0` with every dim at its least value 1. Distinct
+//! dims are treated as independent, which is sound (it may reject, never wrongly accept).
+//!
+//! Under a causal mask over `(i, j)` (`j <= i`, both of one size S) the pair ranges over the
+//! triangle with corners `(0, 0)`, `(S-1, 0)`, `(S-1, S-1)` instead of the square.
+
+use crate::index::IndexExpr;
+use crate::types::Dim;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// `sum coef * dim + constant` over symbolic dims (quotients `H / G` are atoms).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Lin {
+    pub coef: BTreeMap<Dim, i64>,
+    pub c: i64,
+}
+
+impl Lin {
+    pub fn konst(c: i64) -> Lin {
+        Lin { coef: BTreeMap::new(), c }
+    }
+
+    /// The form of a dim (a constant folds into `c`).
+    pub fn dim(d: &Dim) -> Lin {
+        match d {
+            Dim::Const(c) => Lin::konst(*c as i64),
+            d => Lin { coef: [(d.clone(), 1)].into(), c: 0 },
+        }
+    }
+
+    fn add_scaled(&mut self, o: &Lin, k: i64) {
+        for (d, c) in &o.coef {
+            *self.coef.entry(d.clone()).or_insert(0) += c * k;
+        }
+        self.coef.retain(|_, c| *c != 0);
+        self.c += o.c * k;
+    }
+
+    pub fn scaled(&self, k: i64) -> Lin {
+        let mut r = Lin::default();
+        r.add_scaled(self, k);
+        r
+    }
+
+    pub fn minus(&self, o: &Lin) -> Lin {
+        let mut r = self.clone();
+        r.add_scaled(o, -1);
+        r
+    }
+
+    /// `self >= 0` for every assignment of the dims to positive integers.
+    pub fn provably_nonneg(&self) -> bool {
+        self.coef.values().all(|&c| c >= 0) && self.coef.values().sum::<i64>() + self.c >= 0
+    }
+}
+
+impl fmt::Display for Lin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = String::new();
+        for (d, &c) in &self.coef {
+            let name = if matches!(d, Dim::Div(..)) { format!("({d})") } else { d.to_string() };
+            let mag = if c.abs() == 1 { name } else { format!("{} * {name}", c.abs()) };
+            match (s.is_empty(), c < 0) {
+                (true, false) => s.push_str(&mag),
+                (true, true) => s.push_str(&format!("-{mag}")),
+                (false, neg) => s.push_str(&format!(" {} {mag}", if neg { '-' } else { '+' })),
+            }
+        }
+        if s.is_empty() {
+            return write!(f, "{}", self.c);
+        }
+        if self.c != 0 {
+            s.push_str(&format!(" {} {}", if self.c < 0 { '-' } else { '+' }, self.c.abs()));
+        }
+        f.write_str(&s)
+    }
+}
+
+/// Why a subscript may leave its axis: the corner where it does and the value there.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutOfRange {
+    /// `(variable, its value as a form)` at the corner.
+    pub at: Vec<(String, Lin)>,
+    /// The subscript's numerator there (before any division).
+    pub value: Lin,
+    /// True when the value is below 0, false when it reaches past the axis.
+    pub below: bool,
+}
+
+impl OutOfRange {
+    /// `i = 0, j = T - 1`.
+    pub fn corner(&self) -> String {
+        let parts: Vec<String> = self.at.iter().map(|(v, x)| format!("{v} = {x}")).collect();
+        parts.join(", ")
+    }
+}
+
+/// `d * n` as an affine form when it is one: a constant factor, or `(A / B) * B = A`.
+fn product(d: &Dim, n: &Dim) -> Option<Lin> {
+    match (d, n) {
+        (Dim::Const(c), n) => Some(Lin::dim(n).scaled(*c as i64)),
+        (d, Dim::Const(c)) => Some(Lin::dim(d).scaled(*c as i64)),
+        (Dim::Div(a, b), n) if **b == *n => Some(Lin::dim(a)),
+        _ => None,
+    }
+}
+
+/// Whether `e` stays in `[0, size)` for every value of its variables (`var_size(v)` is the size
+/// of `v`), optionally with `j <= i` for `mask = Some((i, j))`. `Err` gives a corner where it
+/// leaves (or cannot be proven to stay; for an unprovable division the value is the numerator).
+pub fn check(
+    e: &IndexExpr,
+    size: &Dim,
+    var_size: &dyn Fn(&str) -> Dim,
+    mask: Option<(&str, &str)>,
+) -> Result<(), OutOfRange> {
+    let vars = e.vars();
+    let coef = |v: &str| e.terms.iter().filter(|(n, _)| n == v).map(|(_, c)| c).sum::<i64>();
+    // Corners: each variable at 0 or at its size - 1; a masked pair at the triangle's corners.
+    let top = |v: &str| Lin::dim(&var_size(v)).minus(&Lin::konst(1));
+    let mut corners: Vec<Vec<(String, Lin)>> = vec![vec![]];
+    let paired =
+        |v: &str| mask.is_some_and(|(i, j)| (v == i || v == j) && vars.contains(&i) && vars.contains(&j));
+    for v in vars.iter().filter(|v| !paired(v)) {
+        corners = corners
+            .into_iter()
+            .flat_map(|c| {
+                [Lin::konst(0), top(v)].into_iter().map(move |x| {
+                    let mut c = c.clone();
+                    c.push((v.to_string(), x));
+                    c
+                })
+            })
+            .collect();
+    }
+    if let Some((i, j)) = mask.filter(|(i, j)| vars.contains(i) && vars.contains(j)) {
+        let t = top(i);
+        let tri = [(Lin::konst(0), Lin::konst(0)), (t.clone(), Lin::konst(0)), (t.clone(), t)];
+        corners = corners
+            .into_iter()
+            .flat_map(|c| {
+                tri.clone().into_iter().map(move |(xi, xj)| {
+                    let mut c = c.clone();
+                    c.push((i.to_string(), xi));
+                    c.push((j.to_string(), xj));
+                    c
+                })
+            })
+            .collect();
+    }
+    // The numerator must stay <= limit: size - 1, or d * size - 1 under a division by d.
+    let limit = match &e.div {
+        None => Some(Lin::dim(size).minus(&Lin::konst(1))),
+        Some(d) => product(d, size).map(|p| p.minus(&Lin::konst(1))),
+    };
+    // Report a corner that is out of range for every value of the dims when there is one.
+    let mut first: Option<OutOfRange> = None;
+    for at in corners {
+        let mut value = Lin::konst(e.constant);
+        for (v, x) in &at {
+            value.add_scaled(x, coef(v));
+        }
+        let (fail, definite) = if !value.provably_nonneg() {
+            (true, value.scaled(-1).minus(&Lin::konst(1)).provably_nonneg())
+        } else {
+            match &limit {
+                Some(l) if l.minus(&value).provably_nonneg() => continue,
+                Some(l) => (false, value.minus(l).minus(&Lin::konst(1)).provably_nonneg()),
+                None => (false, false),
+            }
+        };
+        let out = OutOfRange { at, value, below: fail };
+        if definite {
+            return Err(out);
+        }
+        first.get_or_insert(out);
+    }
+    first.map_or(Ok(()), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(terms: &[(&str, i64)], constant: i64, div: Option<Dim>) -> IndexExpr {
+        IndexExpr { terms: terms.iter().map(|(v, c)| (v.to_string(), *c)).collect(), constant, div }
+    }
+    fn t(_: &str) -> Dim {
+        Dim::sym("T")
+    }
+
+    #[test]
+    fn relative_position_needs_the_mask() {
+        let rel = e(&[("i", 1), ("j", -1)], 0, None);
+        let err = check(&rel, &Dim::sym("T"), &t, None).unwrap_err();
+        assert!(err.below);
+        assert_eq!(err.corner(), "i = 0, j = T - 1");
+        assert_eq!(err.value.to_string(), "-T + 1");
+        assert_eq!(check(&rel, &Dim::sym("T"), &t, Some(("i", "j"))), Ok(()));
+        // The mask the other way round does not help.
+        assert!(check(&rel, &Dim::sym("T"), &t, Some(("j", "i"))).is_err());
+    }
+
+    #[test]
+    fn shift_leaves_the_axis() {
+        let err = check(&e(&[("t", 1)], 1, None), &Dim::sym("T"), &t, None).unwrap_err();
+        assert!(!err.below);
+        assert_eq!(err.value.to_string(), "T");
+        assert_eq!(check(&e(&[("t", 1)], 0, None), &Dim::sym("T"), &t, None), Ok(()));
+    }
+
+    #[test]
+    fn grouped_heads() {
+        let h = |_: &str| Dim::sym("H");
+        let gqa = e(&[("h", 1)], 0, Some(Dim::quotient(Dim::sym("H"), Dim::sym("G"))));
+        assert_eq!(check(&gqa, &Dim::sym("G"), &h, None), Ok(()));
+        // Into an axis of another size: not provable.
+        assert!(check(&gqa, &Dim::sym("K"), &h, None).is_err());
+        // Constant divisors: h / 2 into an axis of size H is fine; 2 * h is not.
+        assert_eq!(check(&e(&[("h", 1)], 0, Some(Dim::Const(2))), &Dim::sym("H"), &h, None), Ok(()));
+        assert!(check(&e(&[("h", 2)], 0, None), &Dim::sym("H"), &h, None).is_err());
+    }
+}
