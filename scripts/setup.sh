@@ -24,4 +24,14 @@ if [ ! -x "$PTXAS" ]; then
 fi
 "$PTXAS" --version | tail -n 1
 
+# The Python package's build and test tools (maturin builds the wheel of python/; pytest runs
+# python/tests; ml_dtypes lets them pass bfloat16 arrays) into a local folder: no virtual
+# environment needed, and Debian's system Python refuses installs into itself (PEP 668).
+PYTOOLS=.tools/py
+if ! [ -x "$PYTOOLS/bin/maturin" ] || ! PYTHONPATH="$PYTOOLS" python3 -c "import pytest, numpy, ml_dtypes" 2>/dev/null; then
+  echo "setup: installing maturin, pytest, numpy, ml_dtypes into $PYTOOLS"
+  python3 -m pip install -q --disable-pip-version-check --upgrade --target "$PYTOOLS" \
+    "maturin>=1.9.4,<2" pytest numpy ml_dtypes
+fi
+
 command -v cargo >/dev/null || { echo "setup: cargo not found: install Rust (rustup) first" >&2; exit 1; }

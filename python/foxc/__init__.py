@@ -27,40 +27,21 @@ class Attention:
     def __init__(self, program: "_foxc.Program"):
         self._program = program
         self._gpu_plans: dict = {}
-
-    # ---- what the program is
-    @property
-    def id(self) -> int:
-        """The process-wide id of the compiled program (what the torch op carries)."""
-        return self._program.id
-
-    @property
-    def name(self) -> str:
-        return self._program.name
-
-    @property
-    def source(self) -> str:
-        return self._program.source
-
-    @property
-    def params(self) -> list:
-        """The parameter names, in declaration order."""
-        return [p[0] for p in self._program.params]
-
-    @property
-    def signature(self) -> list:
-        """``[(name, dtype, [dims])]`` of the parameters."""
-        return self._program.params
-
-    @property
-    def output(self) -> Tuple[str, list]:
-        """``(dtype, [dims])`` of the output."""
-        return self._program.output
-
-    @property
-    def options(self) -> Tuple[bool, float, str]:
-        """``(prune, log_eps, prune_rule)``."""
-        return self._program.options
+        # Plain Python copies of the metadata: torch.compile traces attribute reads of these
+        # (a call into the extension would be a graph break).
+        #: The process-wide id of the compiled program (what the torch op carries).
+        self.id: int = program.id
+        #: The attention's name in the DSL.
+        self.name: str = program.name
+        self.source: str = program.source
+        #: ``[(name, dtype, [dims])]`` of the parameters, in declaration order.
+        self.signature: list = [(n, t, list(d)) for n, t, d in program.params]
+        #: The parameter names, in declaration order.
+        self.params: list = [p[0] for p in self.signature]
+        #: ``(dtype, [dims])`` of the output.
+        self.output: Tuple[str, list] = tuple(program.output)
+        #: ``(prune, log_eps, prune_rule)``.
+        self.options: Tuple[bool, float, str] = tuple(program.options)
 
     def ir(self, stage: str = "opt", target: str = "cpu") -> str:
         """The IR text: ``stage="ir"`` as lowered, ``"opt"`` after the passes for ``target``."""
@@ -75,7 +56,11 @@ class Attention:
 
     # ---- running it
     def __call__(self, **tensors: Any):
-        if _any_torch(tensors.values()):
+        # `_TORCH` is torch once foxc.torch is imported (dynamo-friendly: a global and an
+        # isinstance); torch tensors before that import it on the first call (eager).
+        if _TORCH is not None and any(isinstance(v, _TORCH.Tensor) for v in tensors.values()):
+            return _torch_attention(self, **tensors)
+        if any(type(v).__module__.split(".")[0] == "torch" for v in tensors.values()):
             from . import torch as foxc_torch
 
             return foxc_torch.attention(self, **tensors)
@@ -84,8 +69,9 @@ class Attention:
         return _numpy.run(self._program, tensors)
 
 
-def _any_torch(values) -> bool:
-    return any(type(v).__module__.startswith("torch") for v in values)
+# Set by foxc.torch when it is imported.
+_TORCH = None
+_torch_attention = None
 
 
 def _read_source(path_or_source) -> Tuple[str, str]:

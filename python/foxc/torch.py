@@ -156,5 +156,17 @@ def attention(attn, **tensors: torch.Tensor) -> torch.Tensor:
             raise ValueError(f"input `{name}` has dtype {t.dtype}, but `{attn.name}` declares {dtype} (no conversion on the GPU)")
         if not t.is_contiguous():
             raise ValueError(f"input `{name}` is not contiguous (call .contiguous())")
-    _bind(attn, [t.shape for t in inputs])
+    if not torch.compiler.is_compiling():
+        # Traced, the fake implementation binds the shapes (and raises the same errors).
+        _bind(attn, [t.shape for t in inputs])
     return attention_op(attn.id, inputs)[0]
+
+
+def _register() -> None:
+    import foxc  # the package (initialized before any of its submodules)
+
+    foxc._TORCH = torch
+    foxc._torch_attention = attention
+
+
+_register()

@@ -48,7 +48,11 @@ impl GpuPlan {
     /// null.
     fn launch(&self, ptrs: Vec<u64>, stream: u64) -> PyResult<()> {
         if ptrs.len() != self.sizes.len() {
-            return Err(value_error(format!("{} buffer pointers for a plan of {}", ptrs.len(), self.sizes.len())));
+            return Err(value_error(format!(
+                "{} buffer pointers for a plan of {}",
+                ptrs.len(),
+                self.sizes.len()
+            )));
         }
         if let Some(n) = ptrs.iter().position(|&p| p == 0) {
             return Err(value_error(format!("buffer {n} ({:?}) has a null device pointer", self.roles[n])));

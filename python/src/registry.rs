@@ -40,10 +40,7 @@ pub static KERNEL_HITS: AtomicU64 = AtomicU64::new(0);
 
 /// The program for `key`, compiled by `make` on a miss (outside the lock: compiling is slow;
 /// two racing first loads may both compile, the first to finish is kept).
-pub fn get_or_insert(
-    key: Key,
-    make: impl FnOnce(usize) -> PyResult<Loaded>,
-) -> PyResult<Arc<Loaded>> {
+pub fn get_or_insert(key: Key, make: impl FnOnce(usize) -> PyResult<Loaded>) -> PyResult<Arc<Loaded>> {
     {
         let r = registry().lock().unwrap_or_else(|e| e.into_inner());
         if let Some(&i) = r.by_key.get(&key) {

@@ -457,10 +457,17 @@ unsafe impl Sync for ExternalModule {}
 struct ContextGuard(Option<sys::CUcontext>);
 
 impl ContextGuard {
+    /// Remembers the thread's current context (initializing the driver first).
+    fn save() -> Result<ContextGuard, CudaError> {
+        result::init().ctx(|| "initializing the CUDA driver".into())?;
+        Ok(ContextGuard(result::ctx::get_current().ctx(|| "reading the current context".into())?))
+    }
+
+    /// Remembers the current context and makes `ctx` current.
     fn enter(ctx: &CudaContext) -> Result<ContextGuard, CudaError> {
-        let prev = result::ctx::get_current().ctx(|| "reading the current context".into())?;
+        let g = ContextGuard::save()?;
         ctx.bind_to_thread().ctx(|| format!("binding the context of GPU {}", ctx.ordinal()))?;
-        Ok(ContextGuard(prev))
+        Ok(g)
     }
 }
 
@@ -484,10 +491,11 @@ impl ExternalModule {
                 "no CUDA driver found (libcuda.so could not be loaded)",
             ));
         }
+        // CudaContext::new makes the device's context current: restore the caller's after.
+        let _guard = ContextGuard::save()?;
         let ctx = CudaContext::new(ordinal).map_err(|e| {
             CudaError::new(CudaErrorKind::NoDevice, format!("cannot open GPU {ordinal}: {e:?}"))
         })?;
-        let _guard = ContextGuard::enter(&ctx)?;
         let module = Module::load(ptx)?;
         let functions = resolve_functions(&module, launches)?;
         Ok(ExternalModule { ctx, module, functions })
@@ -539,6 +547,7 @@ pub fn device_info_of(ordinal: usize) -> Result<DeviceInfo, CudaError> {
             "no CUDA driver found (libcuda.so could not be loaded)",
         ));
     }
+    let _guard = ContextGuard::save()?;
     let ctx = CudaContext::new(ordinal)
         .map_err(|e| CudaError::new(CudaErrorKind::NoDevice, format!("cannot open GPU {ordinal}: {e:?}")))?;
     device_info(&ctx)
