@@ -236,7 +236,7 @@ const SELECT_INF: &str = "attention sel(q: f32[B, H, T, D], k: f32[B, H, T, D], 
 fn grouped_query_attention_is_an_attribute() {
     let (g, n) = recognized(GQA);
     let Op::Attention(a) = g.op(n) else { unreachable!() };
-    assert_eq!(a.kv_group, Dim::div(Dim::sym("H"), Dim::sym("G")));
+    assert_eq!(a.kv_group, Dim::quotient(Dim::sym("H"), Dim::sym("G")));
     let ops = Attention::operands(&g, n).unwrap();
     // k and v are the [B, G, T, D] parameters themselves: no copy per query head.
     assert_eq!(g.op(ops.k), &Op::Param { name: "k".into(), index: 1 });

@@ -187,7 +187,14 @@ pub(crate) fn find(
     }
     cands.sort_by_key(|c| mask_rank(c.0));
     let mut best: Option<((u8, f64, f64), Recognized)> = None;
-    let mut why: Option<(String, Id)> = None;
+    // Why no candidate fused: the reason from the candidate that got furthest (stage 0: no dot
+    // product, 1: q/k/v indexing, 2: scale, 3: region), the best-ranked mask first.
+    let mut why: Option<(u8, String, Id)> = None;
+    let mut note = |stage: u8, msg: String, at: Id| {
+        if why.as_ref().is_none_or(|(s0, _, _)| stage > *s0) {
+            why = Some((stage, msg, at));
+        }
+    };
     for (mask, i, j, s, v, sm) in cands {
         // Every `scale * sum(d, q * k)` below the scores is a candidate `x`.
         let mut dots: Vec<(Id, Id, Symbol, Id, Id)> = vec![];
@@ -207,39 +214,39 @@ pub(crate) fn find(
             }
         }
         if dots.is_empty() {
-            why.get_or_insert(("the scores contain no dot product `sum(d, q * k)`".into(), s));
+            note(0, "the scores contain no dot product `sum(d, q * k)`".into(), s);
         }
         for (x, sc, d, q, k) in dots {
             let (batch, e) = match check_qkv(eg, out_axes, (i, j, d), (q, k, v)) {
                 Ok(b) => b,
                 Err(w) => {
-                    why.get_or_insert((w, s));
+                    note(1, w, s);
                     continue;
                 }
             };
             if !eg[sc].data.axes.is_empty() {
-                why.get_or_insert(("the scale of `q . k` depends on an index".into(), s));
+                note(2, "the scale of `q . k` depends on an index".into(), s);
                 continue;
             }
             let Some((term, cost)) = extract(eg, s, Some(x), DIM_COST) else { continue };
             let parts = split(eg, &term, i, j, batch);
             eg.rebuild();
             let Some(region) = sum_of(&parts.region).filter(T::uses_x) else {
-                why.get_or_insert(("the scores do not use `q . k`".into(), s));
+                note(2, "the scores do not use `q . k`".into(), s);
                 continue;
             };
             // The region must be expressible (captures are checked, not emitted, here).
             let mut rb = RegionBuilder::new([batch[0], batch[1], i, j], leaves, subscripts);
             let mut dry = |_: &T, _: &[Symbol]| Ok(ValueId::end());
             if let Err(w) = rb.add(eg, &region, &mut dry) {
-                why = Some((w, s));
+                note(3, w, s);
                 continue;
             }
             let mask_term = match mask {
                 MaskKind::Expr(c) => match extract(eg, c, None, DIM_COST) {
                     Some((t, _)) => {
                         if let Err(w) = rb.add(eg, &t, &mut dry) {
-                            why = Some((format!("the mask condition cannot be computed per entry: {w}"), c));
+                            note(3, format!("the mask condition cannot be computed per entry: {w}"), c);
                             continue;
                         }
                         Some(t)
@@ -268,7 +275,7 @@ pub(crate) fn find(
     }
     match best {
         Some((_, r)) => Ok(r),
-        None => Err(why.unwrap_or_else(|| super::diagnose(eg, root))),
+        None => Err(why.map(|(_, w, at)| (w, at)).unwrap_or_else(|| super::diagnose(eg, root))),
     }
 }
 
