@@ -92,6 +92,9 @@ pub struct OutOfRange {
     pub value: Lin,
     /// True when the value is below 0, false when it reaches past the axis.
     pub below: bool,
+    /// The divisor times the axis size is not an affine form of the dims (`G * G`): no upper
+    /// bound can be proven at all.
+    pub unprovable: bool,
 }
 
 impl OutOfRange {
@@ -176,7 +179,7 @@ pub fn check(
                 None => (false, false),
             }
         };
-        let out = OutOfRange { at, value, below: fail };
+        let out = OutOfRange { at, value, below: fail, unprovable: !fail && limit.is_none() };
         if definite {
             return Err(out);
         }

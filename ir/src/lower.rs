@@ -128,17 +128,22 @@ pub fn line_col(src: &str, off: u32) -> (usize, usize) {
     (src[..line_start].matches('\n').count() + 1, src[line_start..off].chars().count() + 1)
 }
 
+/// Edit distance where swapping two adjacent characters counts as one edit (`tahn` -> `tanh`).
 fn edit_distance(a: &str, b: &str) -> usize {
     let a: Vec<char> = a.chars().collect();
     let b: Vec<char> = b.chars().collect();
+    let mut before: Vec<usize> = vec![0; b.len() + 1];
     let mut prev: Vec<usize> = (0..=b.len()).collect();
     for i in 1..=a.len() {
         let mut cur = vec![i; b.len() + 1];
         for j in 1..=b.len() {
             let sub = prev[j - 1] + usize::from(a[i - 1] != b[j - 1]);
             cur[j] = sub.min(prev[j] + 1).min(cur[j - 1] + 1);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                cur[j] = cur[j].min(before[j - 2] + 1);
+            }
         }
-        prev = cur;
+        before = std::mem::replace(&mut prev, cur);
     }
     prev[b.len()]
 }
@@ -203,6 +208,9 @@ fn describe_outside(ie: &IndexExpr, size: &Dim, out: &index_range::OutOfRange) -
     };
     if out.below {
         format!("it is {num} at {at}, below 0")
+    } else if out.unprovable {
+        let d = ie.div.as_ref().map(|d| d.to_string()).unwrap_or_default();
+        format!("cannot prove it stays below {size}: that needs the numerator below ({d}) * {size}, which is not a sum of dims")
     } else if ie.div.is_some() {
         format!("it is {num} at {at}, not provably below {size}")
     } else {
