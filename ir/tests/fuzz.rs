@@ -83,6 +83,14 @@ const VOCAB: &[&str] = &[
     "\t",
     "q[b, h, i, d]",
     "x",
+    "tanh",
+    "abs",
+    "exp2",
+    "log2",
+    "G",
+    "-inf",
+    "k[b, h / (H / G), j, d]",
+    "rel[h, i - j]",
 ];
 
 fn check(bytes: &[u8]) {

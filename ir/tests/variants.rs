@@ -312,3 +312,54 @@ fn masked_subscripts_must_stay_masked() {
         "attention r(x: f32[T], rel: f32[T]) -> f32[T] {\n s[i, j] = x[i] * x[j] + rel[i - j]\n p[a, b] = softmax(b, causal(a, b, s[a, b]))\n o[a] = sum(b, p[a, b] * x[b])\n return o\n}",
     );
 }
+
+/// Soundness of the range rule, exhaustively over small subscripts `(a*i + b*j + c) [/ 2]` and
+/// every mask spelling: whatever the front end accepts never reads outside `rel` (which would be
+/// NaN in the output) at any size. Also not vacuous: the masked relative position is accepted.
+#[test]
+fn accepted_subscripts_never_read_out_of_range() {
+    let wraps = [
+        "s[i, j]",
+        "causal(i, j, s[i, j])",
+        "causal(j, i, s[i, j])",
+        "window(i, j, 2, s[i, j])",
+        "select(j <= i, s[i, j], -inf)",
+        "select(i >= j, s[i, j], -inf)",
+        "select(j > i, -inf, s[i, j])",
+        "select(i <= j, s[i, j], -inf)",
+        "exp(s[i, j])",
+    ];
+    let (mut accepted, mut total) = (0, 0);
+    for a in -2i64..=2 {
+        for b in -2i64..=2 {
+            for c in -2i64..=2 {
+                for div in [false, true] {
+                    let affine = format!("{a} * i + {b} * j + {c}").replace("+ -", "- ");
+                    let sub = if div { format!("({affine}) / 2") } else { affine };
+                    for w in wraps {
+                        total += 1;
+                        let src = format!(
+                            "attention r(x: f32[T], rel: f32[T]) -> f32[T, T] {{\n s[i, j] = x[i] * 0 + x[j] * 0 + rel[{sub}]\n m[i, j] = {w}\n return m\n}}"
+                        );
+                        let Ok(c) = compile("t.attn", src.as_bytes()) else { continue };
+                        accepted += 1;
+                        for t in [1usize, 2, 5] {
+                            let x = rand_tensor(&[t], 7, -1.0, 1.0);
+                            let rel = rand_tensor(&[t], 8, -1.0, 1.0);
+                            let o = run_with(&c.graph, &[("x", x), ("rel", rel)]);
+                            assert!(o.data.iter().all(|v| !v.is_nan()), "NaN at T = {t}:\n{src}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(accepted > 100 && accepted < total, "accepted {accepted} of {total}");
+    for ok in ["i - j", "(i - j) / 2", "i + -1 * j"] {
+        let src = format!(
+            "attention r(x: f32[T], rel: f32[T]) -> f32[T, T] {{\n s[i, j] = x[i] * 0 + x[j] * 0 + rel[{ok}]\n m[i, j] = causal(i, j, s[i, j])\n return m\n}}"
+        );
+        compile("t.attn", src.as_bytes())
+            .unwrap_or_else(|d| panic!("{ok}: {}", d.render_bytes("t.attn", src.as_bytes())));
+    }
+}
