@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Emit the PTX of every example that compiles to a GPU kernel and assemble it with ptxas
-# for sm_90a and sm_80 (D = 64 and 128). Invalid PTX fails.
+# for sm_90a and sm_80 at every head dimension the GPU kernel takes (D = 32, 64, 96, 128, 256).
+# Invalid PTX fails; spills are printed (D = 256 on the mma.sync path may spill).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PTXAS=${PTXAS:-.tools/nvcc/nvidia/cu13/bin/ptxas}
@@ -12,7 +13,7 @@ n=0
 for f in examples/*.attn; do
   name=$(basename "$f" .attn)
   for target in sm_90a sm_80; do
-    for d in 64 128; do
+    for d in ${DIMS:-32 64 96 128 256}; do
       ptx="$out/$name.$target.d$d.ptx"
       if ! "$FOXC" compile "$f" --emit ptx --target "$target" --shape "D=$d" -o "$ptx" 2>"$out/err"; then
         case "$name" in refuse_*) echo "skip: $name (not pruned by the passes; GPU backend: $(head -n 1 "$out/err"))"; continue 2;; esac

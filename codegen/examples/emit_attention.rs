@@ -1,6 +1,7 @@
 //! Prints the PTX of one attention kernel configuration (for the device loop and `ptxas -v`).
 //!
 //! `cargo run -p foxc-codegen --example emit_attention -- D=128 bm=64 bn=64 decay=1 prune=1 window=0 sm=90`
+//! (also `obf16=1` for the bf16 epilogue, `scalebits=3e000000` for a scale given by its f32 bits in hex)
 
 use foxc_codegen::nvptx::attention::{build_attention_kernel, AttnKernelConfig};
 use inkwell::context::Context;
@@ -17,6 +18,7 @@ fn main() {
 fn run() -> Result<(), String> {
     let mut cfg = AttnKernelConfig::new(128, true, true);
     let mut emit_ll = false;
+    let mut scale_bits = None;
     for a in std::env::args().skip(1) {
         let (k, v) = a.split_once('=').ok_or_else(|| format!("expected key=value, got {a}"))?;
         let num = || v.parse::<u32>().map_err(|e| format!("{k}: {e}"));
@@ -28,11 +30,16 @@ fn run() -> Result<(), String> {
             "prune" => cfg.prune = num()? != 0,
             "window" => cfg.window = Some(num()?).filter(|w| *w > 0),
             "sm" => cfg.sm = num()?,
+            "obf16" => cfg.out_bf16 = num()? != 0,
+            "scalebits" => scale_bits = Some(u32::from_str_radix(v, 16).map_err(|e| format!("{k}: {e}"))?),
             "ll" => emit_ll = num()? != 0,
             _ => return Err(format!("unknown key {k}")),
         }
     }
-    cfg.scale = 1.0 / (cfg.head_dim as f32).sqrt();
+    cfg.scale = match scale_bits {
+        Some(b) => f32::from_bits(b),
+        None => 1.0 / (cfg.head_dim as f32).sqrt(),
+    };
     let ctx = Context::create();
     let module = ctx.create_module("foxc_attention");
     let triple = TargetTriple::create("nvptx64-nvidia-cuda");

@@ -175,6 +175,56 @@ fn missing_head_dim_and_bad_head_dim_are_user_errors() {
     assert!(e.to_string().contains("D"), "{e}");
     let e = compile(&g, &spec(NvptxTarget::Sm90a, 48)).unwrap_err();
     assert!(matches!(e, CodegenError::User(_)), "{e}");
+    assert!(e.to_string().contains("32, 64, 96, 128 and 256"), "{e}");
+}
+
+/// Every head dimension of the GPU kernel compiles on both targets (D = 32 was refused before);
+/// D = 32 and 96 take the mma.sync path on sm_90a, the others wgmma.
+#[test]
+fn every_head_dim_compiles_on_both_targets() {
+    let g = fox_graph(PruneRule::Paper, NormBound::Data);
+    for d in foxc_codegen::nvptx::attention::HEAD_DIMS {
+        for t in [NvptxTarget::Sm90a, NvptxTarget::Sm80] {
+            let a = compile(&g, &spec(t, d as u64)).unwrap_or_else(|e| panic!("D={d} {t:?}: {e}"));
+            let wgmma = a.ptx.contains("wgmma.mma_async");
+            assert_eq!(wgmma, t == NvptxTarget::Sm90a && d % 64 == 0, "D={d} {t:?}");
+        }
+    }
+}
+
+/// The attention kernel's optimized LLVM IR (D = 64, both targets): any change to the kernel
+/// shows here.
+#[test]
+fn attention_llvm_ir_snapshot() {
+    for (t, name) in
+        [(NvptxTarget::Sm90a, "nvptx_attention_sm90a_d64"), (NvptxTarget::Sm80, "nvptx_attention_sm80_d64")]
+    {
+        let a = compile(&fox_graph(PruneRule::Paper, NormBound::Data), &spec(t, 64)).expect("compiles");
+        insta::assert_snapshot!(name, attention_ir(&a.llvm_ir));
+    }
+}
+
+/// The IR of the attention kernel alone, attribute-group numbers dropped.
+fn attention_ir(ir: &str) -> String {
+    let mut out = String::new();
+    let mut keep = false;
+    for line in ir.lines() {
+        if line.starts_with("define ") {
+            keep = line.contains("foxc_attn_fwd");
+        }
+        if keep {
+            let line = match (line.starts_with("define "), line.rfind(" #")) {
+                (true, Some(p)) => format!("{} {{", &line[..p]),
+                _ => line.to_string(),
+            };
+            out.push_str(&line);
+            out.push('\n');
+        }
+        if line == "}" {
+            keep = false;
+        }
+    }
+    out
 }
 
 /// Snapshot of the LLVM IR of the small kernels (attention excluded: its IR belongs to the
@@ -242,8 +292,8 @@ fn every_kernel_assembles_with_ptxas() {
     ];
     for (gi, g) in graphs.iter().enumerate() {
         for t in [NvptxTarget::Sm90a, NvptxTarget::Sm80] {
-            for d in [64, 128] {
-                let a = compile(g, &spec(t, d)).expect("compiles");
+            for d in foxc_codegen::nvptx::attention::HEAD_DIMS {
+                let a = compile(g, &spec(t, d as u64)).expect("compiles");
                 let p = dir.join(format!("g{gi}_{}_d{d}.ptx", t.cpu()));
                 std::fs::write(&p, &a.ptx).unwrap();
                 let out = Command::new(&ptxas)

@@ -16,8 +16,8 @@
 //! - `decay_attention`, `pruned_decay_attention`: [`attention::build_attention_kernel`].
 
 pub mod attention;
+pub(crate) mod builder;
 pub mod kernels;
-mod llvm_util;
 pub mod module;
 pub mod target;
 

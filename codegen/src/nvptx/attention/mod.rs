@@ -1,0 +1,627 @@
+//! The pruned FoX forward attention kernel (FlashAttention-2 style), emitted as LLVM IR for NVPTX.
+//!
+//! One thread block owns one query tile of `bm` rows (`bm / 16` warps, 16 rows per warp) and walks
+//! its kept key tiles only, from the diagonal tile down to `start[m]`:
+//!
+//! * `start[m]` is found inside the kernel (no separate launch): a 32-ary search by each warp over
+//!   the key-tile ends (`c` is non-increasing, so "tile kept" is monotone in the tile index); two or
+//!   three rounds of one load per lane instead of a chain of dependent loads ([`prune`]).
+//! * sm_90 with `bm = 64` (the default; one warpgroup per block) and `D` a multiple of 64:
+//!   `S = Q K^T` with `wgmma.mma_async m64n{bn}k16` (Q and K from shared-memory descriptors,
+//!   K-major, 128-byte swizzle) and `O += P V` with `wgmma m64n{D}k16` (P from registers, V as the
+//!   transposed, MN-major B operand). Otherwise (sm_80, `bm = 128`, or `D` = 32 or 96):
+//!   `mma.sync.m16n8k16` bf16 for both, Q fragments kept in registers, K and V read with
+//!   `ldmatrix` (`.trans` for V) ([`mma`]).
+//! * K and V tiles are staged in shared memory with `cp.async` (double buffered: tile n-1 is in
+//!   flight while tile n is computed; `fence.proxy.async` before wgmma reads them). Rows are 16-byte
+//!   chunks XOR-swizzled by the row (the wgmma layout splits rows into 64-column panels of
+//!   128 bytes, the hardware's 128B swizzle), so no `ldmatrix` phase has bank conflicts
+//!   ([`tile_io`]).
+//! * Scores `s = scale * q.k + (c_i - c_j)`, modified by the [`score::ScoreMod`] hook; online
+//!   softmax with `ex2.approx` (log2 e folded into one FMA per element); the causal / tail /
+//!   window mask runs only on tiles that need it ([`softmax`]).
+//! * Query tiles are scheduled longest first (`blockIdx.x` reversed), so blocks with few kept
+//!   tiles fill in behind the long ones.
+//!
+//! # Kernel parameters, in order
+//!
+//! 1. `q`: bf16 `[BH, T, D]` (global pointer)
+//! 2. `k`: bf16 `[BH, T, D]`
+//! 3. `v`: bf16 `[BH, T, D]`
+//! 4. `c`: f32 `[BH, T]`, the gate cumsum (read only when `has_decay`; pass any valid pointer otherwise)
+//! 5. `delta`: f32 `[BH, Mt]`, `Mt = ceil(T / bm)`, per query tile (read only when `prune`)
+//! 6. `out`: `[BH, T, D]`, **f32**, or **bf16** (round to nearest even) when `out_bf16` is set
+//!    (the backend sets it when the attention's only user is a cast to bf16, so no cast pass runs)
+//! 7. `lse`: f32 `[BH, T]`, natural-log log-sum-exp of the (kept) scores of each row
+//! 8. `T`: i32, the sequence length (any T >= 1; tails are masked)
+//!
+//! Launch with [`launch_geometry`]; the kernel needs `shared_bytes` of dynamic shared memory
+//! (above 48 KiB, so the launcher must raise `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`).
+//!
+//! Supported: `head_dim` 32, 64, 96, 128 or 256 (64 and 128 are the tuned ones), `bm` 64 or 128,
+//! `bn` a multiple of 16 up to 128, bf16 inputs, sm_80 (mma.sync) and sm_90 (wgmma when bm = 64
+//! and D is a multiple of 64; the PTX then needs `sm_90a`). Measured on the H200:
+//! docs/GPU_KERNEL.md.
+
+mod mma;
+mod prune;
+pub(crate) mod score;
+mod softmax;
+mod tile_io;
+
+use super::builder::control::{basic, floats};
+use super::builder::{KernelBuilder, ParamTy};
+use inkwell::context::Context;
+use inkwell::module::Module;
+use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
+use inkwell::IntPredicate;
+use score::{Identity, ScoreMod};
+
+/// Element type of q, k, v.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnDtype {
+    Bf16,
+}
+
+/// The head dimensions the kernel is built for.
+pub const HEAD_DIMS: [u32; 5] = [32, 64, 96, 128, 256];
+
+/// Most dynamic shared memory one block may use: 227 KiB on sm_90, 163 KiB on sm_80.
+fn max_shared_bytes(sm: u32) -> u32 {
+    if sm >= 90 {
+        232_448
+    } else {
+        166_912
+    }
+}
+
+/// One attention kernel configuration (tile sizes and rule come from the IR attributes).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttnKernelConfig {
+    pub head_dim: u32,
+    pub bm: u32,
+    pub bn: u32,
+    pub scale: f32,
+    pub has_decay: bool,
+    pub window: Option<u32>,
+    /// Start each query tile at `start[m]` found from `delta` by an in-kernel search.
+    pub prune: bool,
+    pub dtype_in: AttnDtype,
+    /// 80 or 90 (the same code; recorded for the kernel name).
+    pub sm: u32,
+    /// Write O as bf16 instead of f32 (the output cast fused into the epilogue). The LSE stays f32.
+    pub out_bf16: bool,
+}
+
+impl AttnKernelConfig {
+    /// The standard configuration for a head dimension: bm = 64 (4 warps, two blocks per SM;
+    /// measured faster than bm = 128 on the H200, docs/GPU_KERNEL.md), bn = 64.
+    pub fn new(head_dim: u32, has_decay: bool, prune: bool) -> Self {
+        AttnKernelConfig {
+            head_dim,
+            bm: 64,
+            bn: 64,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            has_decay,
+            window: None,
+            prune,
+            dtype_in: AttnDtype::Bf16,
+            sm: 90,
+            out_bf16: false,
+        }
+    }
+
+    /// Kernel symbol name; distinct for every configuration so several fit in one module.
+    pub fn kernel_name(&self) -> String {
+        format!(
+            "foxc_attn_fwd_d{}_bm{}_bn{}{}{}{}{}{}_s{:08x}_sm{}",
+            self.head_dim,
+            self.bm,
+            self.bn,
+            if self.block_rows() != self.bm { format!("_k{}", self.block_rows()) } else { String::new() },
+            if self.has_decay { "_decay" } else { "" },
+            if self.prune { "_prune" } else { "" },
+            match self.window {
+                Some(w) => format!("_w{w}"),
+                None => String::new(),
+            },
+            if self.out_bf16 { "_obf16" } else { "" },
+            self.scale.to_bits(),
+            self.sm
+        )
+    }
+
+    /// Query rows per thread block. `bm` is the pruning tile of the IR (delta and start are per
+    /// bm rows); on sm_90 the kernel always works in 64-row blocks (one warpgroup, two blocks per
+    /// SM) and a 128-row tile is covered by two blocks that share its `start` (the search uses the
+    /// tile's first row and its delta, so the kept set is exactly the tile's). On sm_80 the block
+    /// is the whole tile, except at D = 256, where a 128-row block's shared memory (Q and two
+    /// K/V buffers) exceeds the 163 KiB an sm_80 block may have.
+    pub fn block_rows(&self) -> u32 {
+        if (self.sm == 90 || self.head_dim > 128) && self.bm.is_multiple_of(64) {
+            64
+        } else {
+            self.bm
+        }
+    }
+
+    /// The Hopper tensor-core path (wgmma): one warpgroup per 64 query rows, and a head
+    /// dimension of whole 64-column panels (the 128-byte swizzle atom of the V operand).
+    pub fn uses_wgmma(&self) -> bool {
+        self.sm == 90 && self.block_rows() == 64 && self.head_dim.is_multiple_of(64)
+    }
+
+    fn threads(&self) -> u32 {
+        self.block_rows() / 16 * 32
+    }
+
+    /// Dynamic shared memory: Q tile, two buffers each of K and V, two buffers of the per-column
+    /// bias `(c_ref - c_j) * log2 e` (decay only).
+    fn shared_bytes(&self) -> u32 {
+        (self.block_rows() + 4 * self.bn) * self.head_dim * 2
+            + if self.has_decay { 2 * self.bn * 4 } else { 0 }
+    }
+
+    /// Errors for configurations this kernel does not implement.
+    pub fn validate(&self) -> Result<(), String> {
+        if !HEAD_DIMS.contains(&self.head_dim) {
+            return Err(format!(
+                "GPU attention supports head_dim 32, 64, 96, 128 and 256, got {}",
+                self.head_dim
+            ));
+        }
+        if self.bm != 64 && self.bm != 128 {
+            return Err(format!("GPU attention needs bm = 64 or 128, got {}", self.bm));
+        }
+        if self.bn == 0 || !self.bn.is_multiple_of(16) || self.bn > 128 {
+            return Err(format!("GPU attention needs bn a multiple of 16 up to 128, got {}", self.bn));
+        }
+        let chunks = self.bn * self.head_dim / 8;
+        if !chunks.is_multiple_of(self.threads()) {
+            return Err(format!(
+                "GPU attention: a {}x{} K tile does not split evenly over {} threads",
+                self.bn,
+                self.head_dim,
+                self.threads()
+            ));
+        }
+        if self.sm != 80 && self.sm != 90 {
+            return Err(format!("GPU attention targets sm_80 or sm_90, got sm_{}", self.sm));
+        }
+        if self.shared_bytes() > max_shared_bytes(self.sm) {
+            return Err(format!(
+                "GPU attention: tiles {}x{} at head_dim {} need {} bytes of shared memory, more than sm_{} has ({}); use smaller tiles (--tiles)",
+                self.bm,
+                self.bn,
+                self.head_dim,
+                self.shared_bytes(),
+                self.sm,
+                max_shared_bytes(self.sm)
+            ));
+        }
+        if !self.scale.is_finite() {
+            return Err("GPU attention: scale must be finite".into());
+        }
+        if self.window == Some(0) {
+            return Err("GPU attention: window must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// Grid, block and dynamic shared memory of one launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchGeometry {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub shared_bytes: u32,
+}
+
+/// Launch geometry for sequence length `t` and `bh` = batch x heads:
+/// grid (Mt, BH, 1), one block per query tile.
+pub fn launch_geometry(cfg: &AttnKernelConfig, t: u64, bh: u64) -> LaunchGeometry {
+    let mt = t.div_ceil(cfg.block_rows().max(1) as u64);
+    LaunchGeometry {
+        grid: (mt as u32, bh as u32, 1),
+        block: (cfg.threads(), 1, 1),
+        shared_bytes: cfg.shared_bytes(),
+    }
+}
+
+/// Adds the kernel for `cfg` to `module` (named [`AttnKernelConfig::kernel_name`]) and returns it.
+/// If the module already holds it, returns the existing function.
+pub fn build_attention_kernel<'ctx>(
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    cfg: &AttnKernelConfig,
+) -> Result<FunctionValue<'ctx>, String> {
+    build_attention_kernel_with(ctx, module, cfg, &Identity)
+}
+
+/// [`build_attention_kernel`] with the score modified by `score` (the kernel name gets its tag).
+pub(crate) fn build_attention_kernel_with<'ctx>(
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    cfg: &AttnKernelConfig,
+    score: &dyn ScoreMod,
+) -> Result<FunctionValue<'ctx>, String> {
+    cfg.validate()?;
+    let tag = score.tag();
+    let name = if tag.is_empty() { cfg.kernel_name() } else { format!("{}_{tag}", cfg.kernel_name()) };
+    if let Some(f) = module.get_function(&name) {
+        return Ok(f);
+    }
+    let params = [
+        ("q", ParamTy::Ptr),
+        ("k", ParamTy::Ptr),
+        ("v", ParamTy::Ptr),
+        ("c", ParamTy::Ptr),
+        ("delta", ParamTy::Ptr),
+        ("out", ParamTy::Ptr),
+        ("lse", ParamTy::Ptr),
+        ("T", ParamTy::I32),
+    ];
+    // Dynamic shared memory: one extern array per kernel name (PTX aliases them anyway); 1024:
+    // the wgmma 128-byte swizzle atom is 8 rows x 128 B.
+    let b = KernelBuilder::kernel(ctx, module, &name, &params)?;
+    let smem = b.dyn_shared(&format!("{name}_smem"), 1024);
+    let tid = b.sreg("tid.x");
+    let lane = b.named(b.andc(tid, 31), "lane");
+    let a = Attn { b: &b, cfg, smem, tid, lane, t_len: b.param_int(7), wg: cfg.uses_wgmma(), score };
+    a.emit();
+    b.finish()
+}
+
+const LOG2E: f64 = std::f64::consts::LOG2_E;
+const LN2: f64 = std::f64::consts::LN_2;
+
+/// The kernel being emitted: the builder, the configuration, and per-thread values used by
+/// every part (the parts live in the submodules, one concern each).
+struct Attn<'k, 'a, 'ctx> {
+    b: &'k KernelBuilder<'a, 'ctx>,
+    cfg: &'k AttnKernelConfig,
+    /// The dynamic shared memory (byte-addressed with `smem_at`).
+    smem: PointerValue<'ctx>,
+    tid: IntValue<'ctx>,
+    lane: IntValue<'ctx>,
+    t_len: IntValue<'ctx>,
+    /// The wgmma path (see [`AttnKernelConfig::uses_wgmma`]).
+    wg: bool,
+    score: &'k dyn ScoreMod,
+}
+
+/// Byte offsets of the shared-memory regions.
+struct Layout<'ctx> {
+    q: IntValue<'ctx>,
+    k: [IntValue<'ctx>; 2],
+    v: [IntValue<'ctx>; 2],
+    /// The two buffers of the per-column bias (decay only).
+    colb: [IntValue<'ctx>; 2],
+}
+
+/// The mma.sync path's operands: Q fragments (per k-step) and the ldmatrix byte offsets in a
+/// K tile (`k[jp][s]`: n-tile pair, k-step) and a V tile (`v[kk][dp]`: key step, d pair).
+struct Frags<'ctx> {
+    q: Vec<[IntValue<'ctx>; 4]>,
+    k: Vec<Vec<IntValue<'ctx>>>,
+    v: Vec<Vec<IntValue<'ctx>>>,
+}
+
+/// What this thread owns of its warp's 16 query rows (the mma C-fragment rows `g` and `g + 8`).
+struct Rows<'ctx> {
+    /// First query row of the warp.
+    iw0: IntValue<'ctx>,
+    /// This thread's two rows.
+    i: [IntValue<'ctx>; 2],
+    /// `t = lane & 3`: this thread's column pair within each 8-column n-tile.
+    tq: IntValue<'ctx>,
+}
+
+impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
+    fn emit(&self) {
+        let (b, cfg) = (self.b, self.cfg);
+        let d = cfg.head_dim as i64;
+        let bm = cfg.block_rows() as i64; // rows of this block (the IR tile is cfg.bm)
+        let bn = cfg.bn as i64;
+        let dt = (cfg.head_dim / 8) as usize; // n-tiles of 8 dims in O
+        let t_len = self.t_len;
+        let (q_p, k_p, v_p, c_p) = (b.param_ptr(0), b.param_ptr(1), b.param_ptr(2), b.param_ptr(3));
+        let (delta_p, out_p, lse_p) = (b.param_ptr(4), b.param_ptr(5), b.param_ptr(6));
+
+        let warp = b.named(b.lshrc(self.tid, 5), "warp");
+        let bx = b.sreg("ctaid.x");
+        let nbx = b.sreg("nctaid.x");
+        let bh = b.sreg("ctaid.y");
+        // Longest first: blockIdx.x = 0 takes the last query tile.
+        let m = b.sub(b.addc(nbx, -1), bx);
+        let i0 = b.mulc(m, bm);
+        let tmax = b.addc(t_len, -1);
+        let i_last = b.smin(b.addc(i0, bm - 1), tmax);
+        let n_end = b.named(b.sdivc(i_last, bn), "n_end");
+
+        // Per-(b,h) base pointers (64-bit offsets).
+        let bh64 = b.sext64(bh);
+        let t64 = b.sext64(t_len);
+        let row_base = b.mul(bh64, t64); // bh*T
+        let mat_base = b.mulc(row_base, d); // bh*T*D
+        let i16t = b.i16t().into();
+        let f32t = b.f32t().into();
+        let qb = b.gep(i16t, q_p, mat_base);
+        let kb = b.gep(i16t, k_p, mat_base);
+        let vb = b.gep(i16t, v_p, mat_base);
+        // O element type: f32, or bf16 (stored as i16 bit patterns) with the cast fused.
+        let o_elt = if cfg.out_bf16 { i16t } else { f32t };
+        let ob = b.gep(o_elt, out_p, mat_base);
+        let cb = b.gep(f32t, c_p, row_base);
+        let lb = b.gep(f32t, lse_p, row_base);
+
+        // ---- Q load (its own cp.async group) and first K/V tile ----
+        let kv_bytes = bn * d * 2;
+        let lay = Layout {
+            q: b.i32(0),
+            k: [b.i32(bm * d * 2), b.i32(bm * d * 2 + 2 * kv_bytes)],
+            v: [b.i32(bm * d * 2 + kv_bytes), b.i32(bm * d * 2 + 3 * kv_bytes)],
+            colb: [b.i32(bm * d * 2 + 4 * kv_bytes), b.i32(bm * d * 2 + 4 * kv_bytes + bn * 4)],
+        };
+        self.load_tile(qb, i0, bm as u32, lay.q);
+        b.cp_async_commit();
+        let j_end0 = b.mulc(n_end, bn);
+        self.load_tile(kb, j_end0, cfg.bn, lay.k[0]);
+        self.load_tile(vb, j_end0, cfg.bn, lay.v[0]);
+        b.cp_async_commit();
+
+        // Per-column bias in log2 units relative to c_ref = c[i0]: b_j = (c_ref - c_j) * log2 e.
+        // Kept keys have |c_ref - c_j| bounded by |delta| + the tile span, so the relative value
+        // keeps its precision, and the row term (c_i - c_ref) cancels in the softmax (it returns
+        // only in the LSE). One thread per column writes it to shared memory once per tile.
+        let l2e = b.f32(LOG2E);
+        let c_ref = cfg.has_decay.then(|| {
+            let cr = b.load_f32(b.gep(f32t, cb, b.sext64(i0)));
+            let cj = self.load_col_c(cb, n_end);
+            self.store_colb(cr, cj, lay.colb[0]);
+            cr
+        });
+
+        // ---- start tile: window bound and the in-kernel pruning search ----
+        let n_start = self.start_tile(cb, delta_p, bh, i0);
+
+        // Q fragments: wait for the Q group only (K/V of the first tile may still fly).
+        b.cp_async_wait(1);
+        if self.wg {
+            b.asm_stmt("fence.proxy.async.shared::cta;");
+        }
+        b.barrier();
+        let g = b.named(b.lshrc(self.lane, 2), "g");
+        let tq = b.named(b.andc(self.lane, 3), "t");
+        let lanes = (!self.wg).then(|| self.lane_parts());
+        let wrow0 = b.mulc(warp, 16); // first row of this warp in the tile
+        let qf = lanes.as_ref().map(|l| self.q_fragments(l, wrow0));
+        // Rows of this thread: i0 + warp*16 + g and + 8.
+        let iw0 = b.add(i0, wrow0);
+        let rows = Rows { iw0, i: [b.add(iw0, g), b.addc(b.add(iw0, g), 8)], tq };
+        // Row term (c_i - c_ref) * log2 e, needed only for the LSE.
+        let cir = match c_ref {
+            Some(cr) => rows.i.map(|i| {
+                let ci = b.load_f32(b.gep(f32t, cb, b.sext64(b.smin(i, tmax))));
+                b.fmul(b.fsub(ci, cr), l2e)
+            }),
+            None => [b.f32(0.0); 2],
+        };
+        // mma.sync path: Q fragments and the ldmatrix offsets of K and V.
+        let frag = qf.zip(lanes.as_ref().map(|l| self.kv_offsets(l))).map(|(q, (k, v))| Frags { q, k, v });
+
+        // ---- main loop over kept key tiles, diagonal first ----
+        let zero = b.f32(0.0);
+        let ninf = b.f32(f64::NEG_INFINITY);
+        let mut carried: Vec<(&str, BasicValueEnum)> = vec![("n", n_end.into()), ("parity", b.i32(0).into())];
+        carried.extend((0..dt * 4).map(|_| ("o", zero.into())));
+        carried.extend([("m", ninf.into()), ("m", ninf.into()), ("l", zero.into()), ("l", zero.into())]);
+        let last = b.do_while(("tile", "epilogue"), &carried, |b, vals| {
+            let n = vals[0].into_int_value();
+            let par = vals[1].into_int_value();
+            let o_in = floats(&vals[2..2 + dt * 4]);
+            let m_old = [vals[2 + dt * 4].into_float_value(), vals[3 + dt * 4].into_float_value()];
+            let l_old = [vals[4 + dt * 4].into_float_value(), vals[5 + dt * 4].into_float_value()];
+            b.cp_async_wait(0);
+            if self.wg {
+                // cp.async wrote K through the generic proxy; wgmma reads it through the async proxy.
+                b.asm_stmt("fence.proxy.async.shared::cta;");
+            }
+            b.barrier();
+            // Prefetch tile n-1 into the other buffer (read last in the previous iteration, which
+            // every thread has finished: the barrier above).
+            let more = b.icmp(IntPredicate::SGT, n, n_start);
+            b.if_then_named(more, ("prefetch", "compute"), |b| {
+                let is0 = b.icmpc(IntPredicate::EQ, par, 0);
+                let ko = b.select_i(is0, lay.k[1], lay.k[0]);
+                let vo = b.select_i(is0, lay.v[1], lay.v[0]);
+                let jn = b.mulc(b.addc(n, -1), bn);
+                self.load_tile(kb, jn, cfg.bn, ko);
+                self.load_tile(vb, jn, cfg.bn, vo);
+            });
+            b.cp_async_commit();
+            let is0 = b.icmpc(IntPredicate::EQ, par, 0);
+            let kcur = b.select_i(is0, lay.k[0], lay.k[1]);
+            let vcur = b.select_i(is0, lay.v[0], lay.v[1]);
+            let j0 = b.mulc(n, bn);
+            // Column of this thread's first score element: keys j0 + 8*jt + 2t + {0,1}.
+            let col0 = b.add(j0, b.mulc(tq, 2));
+            // Column bias of this thread's columns, and c of tile n-1 (written to the other
+            // bias buffer at the end of this iteration).
+            let (c_col, c_next) = if cfg.has_decay {
+                let cbuf = b.select_i(is0, lay.colb[0], lay.colb[1]);
+                let c_col = self.load_colb(cbuf, tq);
+                let nprev = b.smax(b.addc(n, -1), b.i32(0));
+                (c_col, Some(self.load_col_c(cb, nprev)))
+            } else {
+                (vec![], None)
+            };
+            let s_acc = self.qk(kcur, frag.as_ref());
+            let s2 = self.scores(&s_acc, &c_col, &rows, j0, col0, bh);
+            let st = self.online_softmax(&s2, m_old, l_old);
+            let o = self.rescale(&o_in, st.alpha);
+            let o = self.pv(o, &st.p, vcur, frag.as_ref());
+            if let (Some(cr), Some(cn)) = (c_ref, c_next) {
+                // The other bias buffer was last read in the previous iteration (before this
+                // iteration's barrier); the next iteration reads it after its own barrier.
+                let other = b.select_i(is0, lay.colb[1], lay.colb[0]);
+                self.store_colb(cr, cn, other);
+            }
+            let n_next = b.addc(n, -1);
+            let par_next = b.xorc(par, 1);
+            let again = b.icmp(IntPredicate::SGE, n_next, n_start);
+            let mut next = vec![n_next.into(), par_next.into()];
+            next.extend(basic(&o));
+            next.extend(basic(&st.m_new));
+            next.extend(basic(&st.l_new));
+            (again, next)
+        });
+
+        // ---- epilogue: O / l and LSE ----
+        let o: Vec<FloatValue> = floats(&last[2..2 + dt * 4]);
+        let m_new = [last[2 + dt * 4].into_float_value(), last[3 + dt * 4].into_float_value()];
+        let l_new = [last[4 + dt * 4].into_float_value(), last[5 + dt * 4].into_float_value()];
+        let (inv, lse) = self.finalize(m_new, l_new, cir);
+        self.store_output(&o, inv, lse, &rows, ob, o_elt, lb);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_unsupported_head_dim() {
+        let cfg = AttnKernelConfig::new(80, true, true);
+        let ctx = Context::create();
+        let m = ctx.create_module("t");
+        let e = build_attention_kernel(&ctx, &m, &cfg).unwrap_err();
+        assert!(e.contains("head_dim"), "{e}");
+    }
+
+    #[test]
+    fn builds_and_verifies_all_variants() {
+        let ctx = Context::create();
+        let m = ctx.create_module("t");
+        for d in HEAD_DIMS {
+            for sm in [90, 80] {
+                for (decay, prune, window) in
+                    [(true, true, None), (true, false, None), (false, false, Some(256))]
+                {
+                    let mut cfg = AttnKernelConfig::new(d, decay, prune);
+                    cfg.window = window;
+                    cfg.sm = sm;
+                    let f = build_attention_kernel(&ctx, &m, &cfg).unwrap();
+                    assert_eq!(f.count_params(), 8);
+                }
+            }
+        }
+        assert!(m.verify().is_ok());
+    }
+
+    #[test]
+    fn hopper_path_uses_wgmma_and_ampere_path_mma_sync() {
+        let ctx = Context::create();
+        let m = ctx.create_module("t");
+        let mut cfg = AttnKernelConfig::new(128, true, true);
+        build_attention_kernel(&ctx, &m, &cfg).unwrap();
+        cfg.sm = 80;
+        build_attention_kernel(&ctx, &m, &cfg).unwrap();
+        let ir = m.print_to_string().to_string();
+        assert!(ir.contains("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"));
+        assert!(ir.contains("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"));
+        assert!(ir.contains("llvm.nvvm.mma.m16n8k16.row.col.bf16"));
+        assert!(ir.contains("llvm.nvvm.cp.async.cg.shared.global.16"));
+    }
+
+    /// D = 32 and 96 are not whole 64-column panels: sm_90 runs them on the mma.sync path.
+    #[test]
+    fn odd_head_dims_take_mma_sync_on_hopper() {
+        for (d, wg) in [(32, false), (64, true), (96, false), (128, true), (256, true)] {
+            let cfg = AttnKernelConfig::new(d, true, true);
+            assert_eq!(cfg.uses_wgmma(), wg, "D={d}");
+            let ctx = Context::create();
+            let m = ctx.create_module("t");
+            let f = build_attention_kernel(&ctx, &m, &cfg).unwrap();
+            let ir = inkwell::values::AnyValue::print_to_string(&f).to_string();
+            assert_eq!(ir.contains("wgmma.mma_async"), wg, "D={d}");
+            assert_eq!(ir.contains("llvm.nvvm.mma.m16n8k16"), !wg, "D={d}");
+        }
+    }
+
+    #[test]
+    fn shared_memory_limits() {
+        let mut cfg = AttnKernelConfig::new(256, true, true);
+        cfg.sm = 80;
+        cfg.bm = 128;
+        // D = 256 on sm_80: a 128-row tile runs as two 64-row blocks (164 352 bytes).
+        assert_eq!(cfg.block_rows(), 64);
+        assert!(cfg.validate().is_ok());
+        cfg.bn = 128;
+        let e = cfg.validate().unwrap_err();
+        assert!(e.contains("shared memory"), "{e}");
+    }
+
+    #[test]
+    fn bf16_output_variant_coexists_and_packs_on_both_paths() {
+        let ctx = Context::create();
+        let m = ctx.create_module("t");
+        for sm in [90, 80] {
+            let mut cfg = AttnKernelConfig::new(64, true, true);
+            cfg.sm = sm;
+            let f32_name = build_attention_kernel(&ctx, &m, &cfg).unwrap().get_name().to_owned();
+            cfg.out_bf16 = true;
+            let f = build_attention_kernel(&ctx, &m, &cfg).unwrap();
+            assert_ne!(f.get_name(), f32_name.as_c_str());
+            assert!(cfg.kernel_name().contains("_obf16_"));
+            let ir = inkwell::values::AnyValue::print_to_string(&f).to_string();
+            // The epilogue stores packed bf16 pairs, no f32 pairs.
+            assert!(ir.contains("store i32"), "{sm}");
+            assert!(!ir.contains("store <2 x float>"), "{sm}");
+        }
+        assert!(m.verify().is_ok());
+    }
+
+    /// A score hook is emitted on every fragment element, and names its kernel.
+    #[test]
+    fn score_hook_is_emitted_and_tagged() {
+        struct Cap;
+        impl ScoreMod for Cap {
+            fn tag(&self) -> String {
+                "cap".into()
+            }
+            fn emit<'a, 'ctx>(
+                &self,
+                b: &KernelBuilder<'a, 'ctx>,
+                x: FloatValue<'ctx>,
+                _: score::ScorePos<'ctx>,
+            ) -> FloatValue<'ctx> {
+                b.fmin(x, b.f32(7.25))
+            }
+        }
+        let ctx = Context::create();
+        let m = ctx.create_module("t");
+        let cfg = AttnKernelConfig::new(64, true, true);
+        let f = build_attention_kernel_with(&ctx, &m, &cfg, &Cap).unwrap();
+        assert!(f.get_name().to_string_lossy().ends_with("_cap"));
+        let ir = inkwell::values::AnyValue::print_to_string(&f).to_string();
+        let n = ir.matches("float 7.250000e+00").count();
+        assert_eq!(n, 64 / 8 * 4, "one hook per fragment element");
+    }
+
+    #[test]
+    fn geometry() {
+        let mut cfg = AttnKernelConfig::new(128, true, true);
+        cfg.bm = 128;
+        // sm_90 covers a 128-row pruning tile with two 64-row blocks.
+        let g = launch_geometry(&cfg, 1000, 6);
+        assert_eq!(g.grid, (16, 6, 1));
+        assert_eq!(g.block, (128, 1, 1));
+        assert!(cfg.kernel_name().contains("_bm128_bn64_k64_"));
+        cfg.sm = 80;
+        let g = launch_geometry(&cfg, 1000, 6);
+        assert_eq!(g.grid, (8, 6, 1));
+        assert_eq!(g.block, (256, 1, 1));
+        assert_eq!(g.shared_bytes, (128 + 4 * 64) * 128 * 2 + 2 * 64 * 4);
+    }
+}

@@ -1,0 +1,95 @@
+//! Where a query tile's walk over key tiles stops: the window bound and the in-kernel pruning
+//! search for `start[m]` (a 32-ary search per warp, no separate launch).
+
+use super::Attn;
+use inkwell::values::{IntValue, PointerValue};
+use inkwell::{FloatPredicate, IntPredicate};
+
+impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
+    /// The first key tile this block computes: 0, raised by the window (tiles wholly before the
+    /// first row's window) and by pruning (`start` of the IR tile holding row `i0`).
+    pub(super) fn start_tile(
+        &self,
+        cb: PointerValue<'ctx>,
+        delta_p: PointerValue<'ctx>,
+        bh: IntValue<'ctx>,
+        i0: IntValue<'ctx>,
+    ) -> IntValue<'ctx> {
+        let b = self.b;
+        let bn = self.cfg.bn as i64;
+        let mut n_start = b.i32(0);
+        if let Some(w) = self.cfg.window {
+            // A tile is outside every row's window iff i0 - jend(n) >= w: keep the first tile whose
+            // end reaches the first row's window start.
+            let x = b.addc(i0, 1 - w as i64);
+            let x = b.smax(x, b.i32(0));
+            n_start = b.sdivc(x, bn);
+        }
+        if self.cfg.prune {
+            // The IR tile holding this block (the same block when block_rows == bm).
+            let bm = self.cfg.bm as i64;
+            let m_ir = b.named(b.udivc(i0, bm), "m_ir");
+            let i0_ir = b.mulc(m_ir, bm);
+            let ps = self.prune_search(cb, delta_p, bh, m_ir, i0_ir);
+            n_start = b.smax(n_start, ps);
+        }
+        n_start
+    }
+
+    /// start[m] by a 32-ary search per warp: the first key tile n in [0, floor(i0/bn)] with
+    /// `c[i0] - c[jend(n)] >= delta[m]` (unordered counts as kept), capped at floor(i0/bn).
+    /// `m` and `i0` are the IR tile's index and first row (tiles of `cfg.bm` rows).
+    fn prune_search(
+        &self,
+        cb: PointerValue<'ctx>,
+        delta_p: PointerValue<'ctx>,
+        bh: IntValue<'ctx>,
+        m: IntValue<'ctx>,
+        i0: IntValue<'ctx>,
+    ) -> IntValue<'ctx> {
+        let b = self.b;
+        let bn = self.cfg.bn as i64;
+        let bm = self.cfg.bm as i64;
+        let f32t = b.f32t().into();
+        let tmax = b.addc(self.t_len, -1);
+        let mt = b.named(b.sdivc(b.addc(self.t_len, bm - 1), bm), "mt");
+        let didx = b.add(b.mul(bh, mt), m);
+        let dl = b.load_f32(b.gep(f32t, delta_p, b.sext64(didx)));
+        let ci0 = b.load_f32(b.gep(f32t, cb, b.sext64(i0)));
+        let cap = b.named(b.sdivc(i0, bn), "cap");
+        let out = b.while_loop(
+            ("search", "search_step", "search_done"),
+            &[("lo", b.i32(0).into()), ("hi", cap.into())],
+            |b, v| b.icmp(IntPredicate::SLT, v[0].into_int_value(), v[1].into_int_value()),
+            |b, v| {
+                let (lo, hi) = (v[0].into_int_value(), v[1].into_int_value());
+                // Lane l probes tile lo + l * stride (the range split in 32 parts).
+                let len = b.sub(hi, lo);
+                let stride = b.lshrc(b.addc(len, 31), 5);
+                let nl = b.add(lo, b.mul(self.lane, stride));
+                let inr = b.icmp(IntPredicate::SLT, nl, hi);
+                let nn = b.smin(nl, b.addc(hi, -1));
+                let jend = b.smin(b.addc(b.mulc(nn, bn), bn - 1), tmax);
+                let cj = b.load_f32(b.gep(f32t, cb, b.sext64(jend)));
+                let diff = b.fsub(ci0, cj);
+                let keep = b.fcmp(FloatPredicate::UGE, diff, dl);
+                let not_in = b.not(inr);
+                let pred = b.or(keep, not_in);
+                let mask = b.vote_ballot(pred);
+                let fz = b.cttz(mask);
+                let none = b.icmpc(IntPredicate::EQ, mask, 0);
+                // mask == 0: all 32 probes dropped; the answer lies past the last probe.
+                let lo_none = b.addc(b.add(lo, b.mulc(stride, 31)), 1);
+                let nf = b.add(lo, b.mul(fz, stride));
+                let hi_some = b.smin(nf, hi);
+                let f0 = b.icmpc(IntPredicate::EQ, fz, 0);
+                let prev = b.addc(b.add(lo, b.mul(b.addc(fz, -1), stride)), 1);
+                let lo_some = b.select_i(f0, lo, prev);
+                let lo2 = b.select_i(none, lo_none, lo_some);
+                let hi2 = b.select_i(none, hi, hi_some);
+                vec![lo2.into(), hi2.into()]
+            },
+        );
+        out[0].into_int_value()
+    }
+}

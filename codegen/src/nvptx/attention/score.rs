@@ -1,0 +1,59 @@
+//! The score hook: how an attention variant's score modification enters the kernel.
+//!
+//! The kernel computes `x = scale * q.k` for each element of its score fragment (each lane holds
+//! two rows and `bn / 4` columns of a warp's 16 x bn block, see [`super::mma`]). A [`ScoreMod`]
+//! receives `x` with the element's query row `i`, key column `j` and the flat `(b, h)` index, and
+//! emits the modified score; the kernel then adds the decay bias and runs the online softmax.
+//! Masking (causal, window, tails) stays the kernel's: it runs after the hook, on the tiles that
+//! need it. [`Identity`] (plain FoX) emits nothing and keeps the fused `scale log2 e` FMA.
+
+use crate::nvptx::builder::KernelBuilder;
+use inkwell::values::{FloatValue, IntValue};
+
+/// Where one score element sits: query row `i`, key column `j` (both `< T` except in tail
+/// tiles, whose elements the mask drops afterwards) and the flat batch-head index `bh`.
+#[derive(Clone, Copy, Debug)]
+#[allow(dead_code)] // read by score hooks other than the identity
+pub(crate) struct ScorePos<'ctx> {
+    pub i: IntValue<'ctx>,
+    pub j: IntValue<'ctx>,
+    pub bh: IntValue<'ctx>,
+}
+
+/// A score modification emitted on the fragment values.
+pub(crate) trait ScoreMod {
+    /// True when the modification is the identity (the kernel then emits `x` unchanged, fused
+    /// into one FMA with the decay bias).
+    fn is_identity(&self) -> bool {
+        false
+    }
+    /// A short tag that makes the kernel name unique for this modification (empty for identity).
+    fn tag(&self) -> String;
+    /// Emits the modified score of one element from `x = scale * q.k`.
+    fn emit<'a, 'ctx>(
+        &self,
+        b: &KernelBuilder<'a, 'ctx>,
+        x: FloatValue<'ctx>,
+        at: ScorePos<'ctx>,
+    ) -> FloatValue<'ctx>;
+}
+
+/// The unmodified score (FoX as written today).
+pub(crate) struct Identity;
+
+impl ScoreMod for Identity {
+    fn is_identity(&self) -> bool {
+        true
+    }
+    fn tag(&self) -> String {
+        String::new()
+    }
+    fn emit<'a, 'ctx>(
+        &self,
+        _: &KernelBuilder<'a, 'ctx>,
+        x: FloatValue<'ctx>,
+        _: ScorePos<'ctx>,
+    ) -> FloatValue<'ctx> {
+        x
+    }
+}

@@ -1,0 +1,176 @@
+//! Memory: element addressing, loads and stores (with widening / rounding by dtype), and shared
+//! memory (static arrays and the kernel's dynamic shared memory).
+
+use super::KernelBuilder;
+use foxc_ir::DType;
+use inkwell::module::Linkage;
+use inkwell::types::BasicTypeEnum;
+use inkwell::values::{BasicValue, BasicValueEnum, FloatValue, GlobalValue, IntValue, PointerValue};
+use inkwell::AddressSpace;
+
+/// A kernel-private shared-memory array of `n` f32.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SharedArray<'ctx> {
+    g: GlobalValue<'ctx>,
+    n: u32,
+}
+
+impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
+    /// `&p[idx]` for elements of type `elem` (in bounds).
+    pub fn gep(
+        &self,
+        elem: BasicTypeEnum<'ctx>,
+        p: PointerValue<'ctx>,
+        idx: IntValue<'ctx>,
+    ) -> PointerValue<'ctx> {
+        // SAFETY: the kernels index inside the buffers the launch plan sizes for them.
+        let r = unsafe { self.b.build_in_bounds_gep(elem, p, &[idx], "") };
+        self.keep(r, || p)
+    }
+
+    /// A load of type `ty`.
+    pub fn load(&self, ty: BasicTypeEnum<'ctx>, p: PointerValue<'ctx>) -> BasicValueEnum<'ctx> {
+        self.keep(self.b.build_load(ty, p, ""), || self.zero_of(ty))
+    }
+
+    /// A load of type `ty` at a known alignment (bytes).
+    pub fn load_aligned(
+        &self,
+        ty: BasicTypeEnum<'ctx>,
+        p: PointerValue<'ctx>,
+        align: u32,
+    ) -> BasicValueEnum<'ctx> {
+        let v = self.load(ty, p);
+        match v.as_instruction_value().map(|i| i.set_alignment(align)) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => self.fail(format!("load alignment {align}: {e}")),
+            None => self.fail("load produced no instruction"),
+        }
+        v
+    }
+
+    pub fn load_f32(&self, p: PointerValue<'ctx>) -> FloatValue<'ctx> {
+        match self.load(self.f32t().into(), p) {
+            BasicValueEnum::FloatValue(v) => v,
+            _ => self.f32(0.0),
+        }
+    }
+
+    pub fn store(&self, p: PointerValue<'ctx>, v: impl BasicValue<'ctx>) {
+        let r = self.b.build_store(p, v);
+        self.keep(r.map(|_| ()), || ());
+    }
+
+    /// A store at a known alignment (bytes).
+    pub fn store_aligned(&self, p: PointerValue<'ctx>, v: impl BasicValue<'ctx>, align: u32) {
+        match self.b.build_store(p, v) {
+            Ok(st) => {
+                if let Err(e) = st.set_alignment(align) {
+                    self.fail(format!("store alignment {align}: {e}"));
+                }
+            }
+            Err(e) => self.fail(format!("LLVM builder: {e}")),
+        }
+    }
+
+    // ---- tensors by dtype ----------------------------------------------------------------
+
+    /// The LLVM element type of a tensor dtype.
+    pub fn elem_type(&self, dt: DType) -> BasicTypeEnum<'ctx> {
+        match dt {
+            DType::F32 => self.ctx.f32_type().into(),
+            DType::BF16 => self.ctx.bf16_type().into(),
+            DType::F16 => self.ctx.f16_type().into(),
+            DType::I32 => self.ctx.i32_type().into(),
+            DType::Bool => {
+                self.fail("bool tensors cannot be kernel operands");
+                self.ctx.i8_type().into()
+            }
+        }
+    }
+
+    /// `&p[idx]` of a tensor of dtype `dt`.
+    pub fn gep_dt(&self, dt: DType, p: PointerValue<'ctx>, idx: IntValue<'ctx>) -> PointerValue<'ctx> {
+        self.gep(self.elem_type(dt), p, idx)
+    }
+
+    /// Element `idx` of a float tensor of dtype `dt`, widened to f32.
+    pub fn load_f(&self, dt: DType, p: PointerValue<'ctx>, idx: IntValue<'ctx>) -> FloatValue<'ctx> {
+        let a = self.gep_dt(dt, p, idx);
+        let v = self.load(self.elem_type(dt), a);
+        match (dt, v) {
+            (DType::F32, BasicValueEnum::FloatValue(v)) => v,
+            (DType::BF16 | DType::F16, BasicValueEnum::FloatValue(v)) => self.fpext(v),
+            _ => {
+                self.fail(format!("expected a float tensor, got {dt}"));
+                self.f32(0.0)
+            }
+        }
+    }
+
+    /// Stores an f32 as element `idx` of a float tensor of dtype `dt` (round to nearest even).
+    pub fn store_f(&self, dt: DType, p: PointerValue<'ctx>, idx: IntValue<'ctx>, v: FloatValue<'ctx>) {
+        let a = self.gep_dt(dt, p, idx);
+        let v = match dt {
+            DType::F32 => v,
+            DType::BF16 => self.fptrunc(v, self.ctx.bf16_type()),
+            DType::F16 => self.fptrunc(v, self.ctx.f16_type()),
+            _ => {
+                self.fail(format!("expected a float tensor, got {dt}"));
+                return;
+            }
+        };
+        self.store(a, v);
+    }
+
+    // ---- shared memory -------------------------------------------------------------------
+
+    /// A kernel-private shared-memory array of `n` f32 named `name` (16-byte aligned).
+    pub fn shared_f32(&self, name: &str, n: u32) -> SharedArray<'ctx> {
+        let ty = self.f32t().array_type(n);
+        let g = self.module.add_global(ty, Some(AddressSpace::from(3u16)), name);
+        g.set_linkage(Linkage::Internal);
+        g.set_initializer(&ty.get_undef());
+        g.set_alignment(16);
+        SharedArray { g, n }
+    }
+
+    /// `&a[idx]` (i32 index).
+    pub fn shared_at(&self, a: SharedArray<'ctx>, idx: IntValue<'ctx>) -> PointerValue<'ctx> {
+        let ty = self.f32t().array_type(a.n);
+        let p = a.g.as_pointer_value();
+        // SAFETY: callers index below `n`.
+        let r = unsafe { self.b.build_in_bounds_gep(ty, p, &[self.i32(0), idx], "") };
+        self.keep(r, || p)
+    }
+
+    /// The kernel's dynamic shared memory: a zero-length external array `name`, aligned to
+    /// `align` bytes (created once per name; PTX aliases all of them to the launch's dynamic
+    /// shared memory). Address it in bytes with [`Self::smem_at`].
+    pub fn dyn_shared(&self, name: &str, align: u32) -> PointerValue<'ctx> {
+        let g = match self.module.get_global(name) {
+            Some(g) => g,
+            None => {
+                let g = self.module.add_global(
+                    self.ctx.i8_type().array_type(0),
+                    Some(AddressSpace::from(3u16)),
+                    name,
+                );
+                g.set_linkage(Linkage::External);
+                g.set_alignment(align);
+                g
+            }
+        };
+        g.as_pointer_value()
+    }
+
+    /// `base + off` bytes.
+    pub fn smem_at(&self, base: PointerValue<'ctx>, off: IntValue<'ctx>) -> PointerValue<'ctx> {
+        self.gep(self.ctx.i8_type().into(), base, off)
+    }
+
+    /// The address of a shared pointer as an i64 (for matrix descriptors).
+    pub fn ptr_to_i64(&self, p: PointerValue<'ctx>) -> IntValue<'ctx> {
+        self.keep(self.b.build_ptr_to_int(p, self.i64t(), ""), || self.i64(0))
+    }
+}
