@@ -144,6 +144,13 @@ def run_torch_features():
     except Exception as e:  # report, keep going
         check("torch.compile(fullgraph=True)", False, error=f"{type(e).__name__}: {str(e)[:300]}")
 
+    # The op alone (isolates the wrapper if the check above fails).
+    try:
+        co = torch.compile(lambda q, k, v, fgate: torch.ops.foxc.attention(attn.id, [q, k, v, fgate])[0], fullgraph=True)
+        check("torch.compile(fullgraph=True) of torch.ops.foxc.attention", torch.equal(co(**x), out0))
+    except Exception as e:
+        check("torch.compile(fullgraph=True) of torch.ops.foxc.attention", False, error=f"{type(e).__name__}: {str(e)[:300]}")
+
     # CUDA graph capture and replay.
     try:
         static = {n: t.clone() for n, t in x.items()}

@@ -58,8 +58,10 @@ class Attention:
     def __call__(self, **tensors: Any):
         # `_TORCH` is torch once foxc.torch is imported (dynamo-friendly: a global and an
         # isinstance); torch tensors before that import it on the first call (eager).
-        if _TORCH is not None and any(isinstance(v, _TORCH.Tensor) for v in tensors.values()):
-            return _torch_attention(self, **tensors)
+        if _TORCH is not None:
+            for v in tensors.values():
+                if isinstance(v, _TORCH.Tensor):
+                    return _torch_attention(self, **tensors)
         if any(type(v).__module__.split(".")[0] == "torch" for v in tensors.values()):
             from . import torch as foxc_torch
 

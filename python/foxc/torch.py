@@ -69,11 +69,12 @@ def _out_shapes(attn, shapes) -> Tuple[List[int], List[int]]:
 def attention_op(program: int, inputs: List[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     """Run compiled program ``program`` on ``inputs`` (the DSL parameters in order)."""
     attn = _attention_of(program)
+    _check(attn, inputs)
     dev = inputs[0].device
     key = (dev.index, tuple(tuple(t.shape) for t in inputs))
     plan = attn._gpu_plans.get(key)
     if plan is None:
-        metas = {n: (_NAMES[t.dtype], list(t.shape)) for n, t in zip(attn.params, inputs)}
+        metas = {n: (_NAMES.get(t.dtype, str(t.dtype)), list(t.shape)) for n, t in zip(attn.params, inputs)}
         plan = attn._program.cuda_plan(metas, dev.index)
         if plan.lse_shape is None:
             raise RuntimeError(f"foxc: the GPU plan of `{attn.name}` has no log-sum-exp buffer")
@@ -103,6 +104,7 @@ def attention_op(program: int, inputs: List[torch.Tensor]) -> Tuple[torch.Tensor
 @attention_op.register_fake
 def _attention_fake(program: int, inputs: List[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     attn = _attention_of(program)
+    _check(attn, inputs)
     out_shape, lse_shape = _out_shapes(attn, [t.shape for t in inputs])
     out_dtype = _TORCH_DTYPES[attn.output[0]]
     return inputs[0].new_empty(out_shape, dtype=out_dtype), inputs[0].new_empty(lse_shape, dtype=torch.float32)
@@ -132,8 +134,32 @@ def register_backward(fn: Callable) -> None:
     _backward_impl = fn
 
 
+def _check(attn, inputs: Sequence[torch.Tensor]) -> None:
+    """Dtype, device and contiguity of every input (a ValueError naming the tensor); shapes are
+    bound by the caller (fake: `_out_shapes`; eager: the plan, checked in Rust)."""
+    if len(inputs) != len(attn.params):
+        raise ValueError(f"`{attn.name}` takes {len(attn.params)} tensors ({', '.join(attn.params)}), got {len(inputs)}")
+    dev = inputs[0].device
+    for (name, dtype, _), t in zip(attn.signature, inputs):
+        if not t.is_cuda:
+            raise ValueError(
+                f"input `{name}` is on {t.device}: foxc runs torch tensors on CUDA devices "
+                "(NumPy arrays run on the CPU backend)"
+            )
+        if t.device != dev:
+            raise ValueError(f"input `{name}` is on {t.device}, but `{attn.params[0]}` is on {dev}")
+        if t.dtype != _TORCH_DTYPES[dtype]:
+            raise ValueError(f"input `{name}` has dtype {t.dtype}, but `{attn.name}` declares {dtype} (no conversion on the GPU)")
+        if not t.is_contiguous():
+            raise ValueError(f"input `{name}` is not contiguous (call .contiguous())")
+
+
 def attention(attn, **tensors: torch.Tensor) -> torch.Tensor:
-    """Validate torch tensors against ``attn``'s signature, then run the op; returns ``out``."""
+    """Run ``attn`` on torch CUDA tensors named by its parameters; returns ``out``.
+
+    Everything is checked before any launch (a ValueError naming the tensor): names, dtypes,
+    devices, contiguity and shapes (the op and its fake check again: direct op calls and
+    torch.compile get the same errors)."""
     names = attn.params
     missing = [n for n in names if n not in tensors]
     if missing:
@@ -141,23 +167,12 @@ def attention(attn, **tensors: torch.Tensor) -> torch.Tensor:
     for n in tensors:
         if n not in names:
             raise ValueError(f"unexpected input tensor `{n}`: `{attn.name}` takes {', '.join(names)}")
+        if not isinstance(tensors[n], torch.Tensor):
+            raise ValueError(f"input `{n}` is a {type(tensors[n]).__name__}, not a torch tensor")
     inputs = [tensors[n] for n in names]
-    dev = None
-    for (name, dtype, _), t in zip(attn.signature, inputs):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"input `{name}` is a {type(t).__name__}, not a torch tensor")
-        if not t.is_cuda:
-            raise ValueError(f"input `{name}` is on {t.device}: foxc runs torch tensors on CUDA devices (use NumPy arrays for the CPU backend)")
-        if dev is None:
-            dev = t.device
-        elif t.device != dev:
-            raise ValueError(f"input `{name}` is on {t.device}, but `{names[0]}` is on {dev}")
-        if t.dtype != _TORCH_DTYPES[dtype]:
-            raise ValueError(f"input `{name}` has dtype {t.dtype}, but `{attn.name}` declares {dtype} (no conversion on the GPU)")
-        if not t.is_contiguous():
-            raise ValueError(f"input `{name}` is not contiguous (call .contiguous())")
     if not torch.compiler.is_compiling():
-        # Traced, the fake implementation binds the shapes (and raises the same errors).
+        # Eager: check here, before the dispatcher picks a device; traced, the fake does.
+        _check(attn, inputs)
         _bind(attn, [t.shape for t in inputs])
     return attention_op(attn.id, inputs)[0]
 
