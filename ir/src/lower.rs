@@ -585,7 +585,10 @@ impl<'a> Lowerer<'a> {
                 for (n, sub) in indices.iter().enumerate() {
                     let ExprKind::Name(ix) = &sub.kind else {
                         // An index expression: its variables are sized by plain uses.
-                        self.index_expr(sub)?;
+                        if self.index_expr(sub)?.vars().is_empty() {
+                            return Err(Diagnostic::new("constant index", sub.span, "no index variable")
+                                .with_hint("index with variables (`x[b, h, i]`, `x[b, h, i - j]`); constant indices are not supported"));
+                        }
                         continue;
                     };
                     self.check_index_name(ix)?;
