@@ -125,16 +125,17 @@ fn kernels_for(
 ) -> PyResult<Arc<ExternalKernels>> {
     let sd = static_dims(g, bind);
     let key = (device, sd.iter().map(|(k, v)| (k.clone(), *v)).collect::<Vec<_>>());
-    let mut cache = loaded.kernels.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(k) = cache.get(&key) {
+    if let Some(k) = loaded.kernels.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         KERNEL_HITS.fetch_add(1, Ordering::Relaxed);
         return Ok(k.clone());
     }
+    // Compile without the GIL and without the lock (a thread waiting for the lock while holding
+    // the GIL would deadlock with this one re-taking the GIL); a racing build of the same key
+    // is dropped for the first one stored.
     let k = py.detach(|| cuda_backend::load_external(g, &sd, bind, device)).map_err(to_py)?;
     KERNEL_BUILDS.fetch_add(1, Ordering::Relaxed);
-    let k = Arc::new(k);
-    cache.insert(key, k.clone());
-    Ok(k)
+    let mut cache = loaded.kernels.lock().unwrap_or_else(|e| e.into_inner());
+    Ok(cache.entry(key).or_insert_with(|| Arc::new(k)).clone())
 }
 
 pub fn plan(
