@@ -7,8 +7,9 @@
 //! exact division a subscript needs (`h / (H / G)` with G not dividing H).
 
 use crate::tensor::TensorMap;
+use foxc_ir::index::IndexExpr;
 use foxc_ir::shapes::{bind_dims, DimBindings, ShapeError};
-use foxc_ir::{Graph, Op};
+use foxc_ir::{Graph, Op, RNode, ValueId};
 
 #[derive(Debug, PartialEq, thiserror::Error)]
 pub enum InputError {
@@ -135,27 +136,49 @@ pub fn check_inputs(g: &Graph, inputs: &TensorMap) -> Result<DimBindings, InputE
     Ok(dims)
 }
 
-/// Every exact quotient of dims that a `gather` subscript divides by must divide under `dims`.
+/// Every exact quotient of dims that a subscript divides by must divide under `dims`: those of
+/// `gather` nodes, of captured tensors in a fused attention's score region, and its kv group.
 fn check_divisions(g: &Graph, dims: &DimBindings) -> Result<(), InputError> {
-    for n in g.find(|op| matches!(op, Op::Gather { .. })) {
-        let Op::Gather { index, .. } = g.op(n) else { continue };
-        let src = g.operands(n)[0];
-        let tensor = match g.op(src) {
-            Op::Param { name, .. } => name.clone(),
-            _ => g.node(src).name.clone().unwrap_or_else(|| "a tensor".into()),
-        };
-        for e in index {
-            let Some(d) = &e.div else { continue };
-            if let Some((a, av, b, bv)) = d.failed_division(&|s| dims.get(s)) {
-                return Err(InputError::Indivisible {
-                    num: a.to_string(),
-                    num_value: av,
-                    den: b.to_string(),
-                    den_value: bv,
-                    subscript: e.to_string(),
-                    tensor,
-                });
+    let bind = |s: &str| dims.get(s);
+    let check = |e: &IndexExpr, tensor: &str| -> Result<(), InputError> {
+        let Some(d) = &e.div else { return Ok(()) };
+        match d.failed_division(&bind) {
+            Some((a, av, b, bv)) => Err(InputError::Indivisible {
+                num: a.to_string(),
+                num_value: av,
+                den: b.to_string(),
+                den_value: bv,
+                subscript: e.to_string(),
+                tensor: tensor.to_string(),
+            }),
+            None => Ok(()),
+        }
+    };
+    let name = |v: ValueId| match g.op(v) {
+        Op::Param { name, .. } => name.clone(),
+        _ => g.node(v).name.clone().unwrap_or_else(|| "a tensor".into()),
+    };
+    for n in g.topo_order() {
+        match g.op(n) {
+            Op::Gather { index, .. } => {
+                let src = name(g.operands(n)[0]);
+                for e in index {
+                    check(e, &src)?;
+                }
             }
+            Op::Attention(a) | Op::AttentionBackward(a) => {
+                // The kv head of query head h is h / kv_group.
+                let kv = IndexExpr { div: Some(a.kv_group.clone()), ..IndexExpr::var("h") };
+                check(&kv, "k")?;
+                for node in &a.score.nodes {
+                    if let RNode::Capture { index, .. } = node {
+                        for e in index {
+                            check(e, "a captured tensor")?;
+                        }
+                    }
+                }
+            }
+            _ => {}
         }
     }
     Ok(())
@@ -294,6 +317,27 @@ mod tests {
         let e = check_inputs(&g, &m).unwrap_err().to_string();
         assert_eq!(e, "H = 16 is not divisible by G = 3 (needed by `h / (H / G)` in k's subscript)");
         m.insert("k".into(), t(4));
+        assert!(check_inputs(&g, &m).is_ok());
+    }
+
+    /// After fusion the group lives in the attention op (kv_group), not in a gather.
+    #[test]
+    fn indivisible_kv_group_of_fused_attention_is_named() {
+        let sp = Span::default();
+        let mut g = Graph::new("gqa");
+        let q = g.add_param("q", pos(DType::F32, &["H", "T"]), sp);
+        let k = g.add_param("k", pos(DType::F32, &["G", "T"]), sp);
+        let mut a = foxc_ir::Attention::new(foxc_ir::Scale::constant(1.0), foxc_ir::Mask::Causal, false);
+        a.kv_group = Dim::quotient(Dim::sym("H"), Dim::sym("G"));
+        let ty = pos(DType::F32, &["H", "T"]);
+        g.output = Some(g.add_multi(Op::Attention(a), vec![ty], &[q.into(), k.into()], sp));
+        let t = |h: usize| HostTensor::from_f32(&[h, 2], &vec![0.5; h * 2]);
+        let mut m = TensorMap::new();
+        m.insert("q".into(), t(6));
+        m.insert("k".into(), t(4));
+        let e = check_inputs(&g, &m).unwrap_err().to_string();
+        assert_eq!(e, "H = 6 is not divisible by G = 4 (needed by `h / (H / G)` in k's subscript)");
+        m.insert("k".into(), t(3));
         assert!(check_inputs(&g, &m).is_ok());
     }
 
