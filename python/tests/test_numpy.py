@@ -88,6 +88,16 @@ def test_pruned_cpu_is_within_the_acp_bound(example):
     assert_close_bf16(out, foxc.reference(attn, pruned=True, **x))
 
 
+@pytest.mark.parametrize("example", ["fox.attn", "alibi.attn", "window.attn"])
+def test_one_token_attends_to_itself(example):
+    # T = 1: every row's softmax has one entry, so out = v (rounded to the bf16 output).
+    attn = foxc.load(EXAMPLES / example)
+    x = random_inputs(attn, np.random.default_rng(), B=2, H=3, T=1, D=32)
+    out = attn(**x)
+    np.testing.assert_array_equal(out, foxc.reference(attn, **x))
+    assert (np.abs(out - x["v"]) <= np.abs(x["v"]) * 2.0**-8).all()
+
+
 def test_bfloat16_arrays_are_taken_as_they_are():
     ml_dtypes = pytest.importorskip("ml_dtypes")
     attn = foxc.load(EXAMPLES / "fox.attn", no_prune=True)
