@@ -43,7 +43,7 @@ pub fn tolerance(backend: &str, out_dtype: DType) -> f64 {
     }
 }
 
-fn rel_l2(out: &[f64], reference: &[f64]) -> (f64, f64) {
+pub fn rel_l2(out: &[f64], reference: &[f64]) -> (f64, f64) {
     let (mut num, mut den, mut max_abs) = (0.0f64, 0.0f64, 0.0f64);
     for (&o, &r) in out.iter().zip(reference) {
         let d = o - r;

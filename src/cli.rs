@@ -53,6 +53,12 @@ pub enum Command {
     )]
     Bench(BenchArgs),
 
+    /// The forward output and the gradient of every float parameter (`grad_<name>`).
+    #[command(
+        after_help = "Example:\n  foxc grad examples/fox.attn --backend reference --shape B=1,H=2,T=64,D=16 -o grads.safetensors --check"
+    )]
+    Grad(GradArgs),
+
     /// Draw the pruning map (kept key tiles per query tile), one panel per head, as a PNG.
     #[command(after_help = "Example:\n  foxc mask examples/fox.attn --inputs in.safetensors --png mask.png")]
     Mask {
@@ -130,6 +136,30 @@ pub struct RunArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct GradArgs {
+    pub file: PathBuf,
+    #[arg(long, value_enum, default_value_t = BackendArg::Reference)]
+    pub backend: BackendArg,
+    #[arg(long, conflicts_with = "shape")]
+    pub inputs: Option<PathBuf>,
+    #[arg(long)]
+    pub shape: Option<String>,
+    /// The upstream gradient: a safetensors file with a tensor `dout` shaped like the output
+    /// (default: seeded N(0, 1)).
+    #[arg(long)]
+    pub dout: Option<PathBuf>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(short, long)]
+    pub o: Option<PathBuf>,
+    /// Compare every gradient with the f64 reference interpreter; exit 1 beyond tolerance.
+    #[arg(long)]
+    pub check: bool,
+    #[command(flatten)]
+    pub prune: PruneArgs,
+}
+
+#[derive(Args, Debug)]
 pub struct BenchArgs {
     pub file: PathBuf,
     #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
@@ -155,6 +185,8 @@ pub enum EmitArg {
     Ast,
     Ir,
     Opt,
+    /// The gradient program of the optimized IR (`foxc grad`).
+    Grad,
     Clif,
     Llvm,
     Ptx,

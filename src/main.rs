@@ -37,6 +37,7 @@ fn main() {
         Command::Inputs { file, shape, seed, o } => commands::inputs(&file, &shape, seed, &o),
         Command::Run(args) => commands::run(&args),
         Command::Bench(args) => commands::bench(&args),
+        Command::Grad(args) => commands::grad(&args),
         Command::Mask { file, inputs, png, prune, target } => {
             commands::mask(&file, &inputs, &png, &prune, target)
         }

@@ -45,6 +45,7 @@ pub fn compile(a: &CompileArgs) -> Result<(), Error> {
             match a.emit {
                 EmitArg::Opt if a.dot => to_dot(&opt),
                 EmitArg::Opt => print_graph(&opt),
+                EmitArg::Grad => super::grad::emit_text(&super::grad::grad_program(&opt)?),
                 EmitArg::Clif => cpu_backend::emit_clif(&opt, &dims)?,
                 EmitArg::Llvm => {
                     cuda_backend::emit(&opt, &dims, target_name(target), cuda_backend::Emit::Llvm)?

@@ -2,11 +2,13 @@
 
 mod bench;
 mod compile;
+mod grad;
 mod mask;
 mod run;
 
 pub use bench::bench;
 pub use compile::compile;
+pub use grad::grad;
 pub use mask::mask;
 pub use run::run;
 
