@@ -5,7 +5,7 @@
 
 use crate::Error;
 use foxc_ir::interp::Tensor;
-use foxc_ir::{Graph, Op, ValueId};
+use foxc_ir::{Attention, Graph, Mask, Op, Prune, ValueId};
 use std::collections::BTreeMap;
 
 /// Pruning statistics of one attention node.
@@ -26,7 +26,7 @@ pub struct AcpStats {
 
 /// The attention node of an optimized graph: pruned, dense, or none.
 pub fn attention_node(g: &Graph) -> Option<ValueId> {
-    g.find(|op| matches!(op, Op::PrunedDecayAttention { .. } | Op::DecayAttention(_))).into_iter().next()
+    g.find(|op| matches!(op, Op::Attention(_))).into_iter().next()
 }
 
 /// Dense work of an attention node (causal pairs, window applied) when nothing is pruned.
@@ -34,24 +34,47 @@ fn pairs_for_row(i: u64, first_key: u64) -> u64 {
     i + 1 - first_key.min(i + 1)
 }
 
-/// Statistics for the attention node of `g` on `inputs` (None when there is none).
+/// Statistics for the attention node of `g` on `inputs` (None when there is none), with the
+/// interpreter's block starts.
 pub fn measure(g: &Graph, inputs: &BTreeMap<String, Tensor>) -> Result<Option<AcpStats>, Error> {
+    measure_with(g, inputs, None)
+}
+
+/// [`measure`] with the block starts a backend reported (`[B, H, Mt]`): the kept fraction and
+/// kept work of what that backend ran.
+pub fn measure_with(
+    g: &Graph,
+    inputs: &BTreeMap<String, Tensor>,
+    given: Option<&Tensor>,
+) -> Result<Option<AcpStats>, Error> {
     let Some(attn) = attention_node(g) else { return Ok(None) };
-    let ops = g.operands(attn);
-    let q = g.ty(ops[0]);
-    let _ = q;
-    let (attrs, tiles, start) = match g.op(attn) {
-        Op::PrunedDecayAttention { attn: a, tiles } => {
-            let vals = foxc_ir::interp::eval(g, inputs, &[ops[4]])
-                .map_err(|e| Error::user(format!("error: computing the block boundary: {e}")))?;
-            (*a, *tiles, Some(vals[&ops[4]].clone()))
-        }
-        Op::DecayAttention(a) => (*a, foxc_ir::Tiles { bm: 64, bn: 64 }, None),
-        _ => unreachable!("attention_node returns attention ops"),
+    let Op::Attention(a) = g.op(attn) else { unreachable!("attention_node returns attention ops") };
+    let ops = Attention::operands(g, attn).map_err(Error::internal)?;
+    let tiles = a.tiles.unwrap_or(foxc_ir::Tiles { bm: 64, bn: 64 });
+    let eval = |v: ValueId, what: &str| -> Result<Tensor, Error> {
+        let vals = foxc_ir::interp::eval(g, inputs, &[v])
+            .map_err(|e| Error::user(format!("error: computing {what}: {e}")))?;
+        Ok(vals[&v].clone())
     };
-    let qv = foxc_ir::interp::eval(g, inputs, &[ops[0]])
+    let start = match (a.prune, ops.start, ops.delta, ops.decay) {
+        (Prune::Dense, ..) => None,
+        _ if given.is_some() => given.cloned(),
+        (Prune::Start, Some(s), _, _) => Some(eval(s, "the block boundary")?),
+        (Prune::Boundary, _, Some(dl), Some(c)) => {
+            let (c, dl) = (eval(c, "the decay cumsum")?, eval(dl, "the threshold")?);
+            let (heads, t) = (c.shape[0] * c.shape[1], c.shape[2]);
+            let data = foxc_ir::interp::acp::boundary(&c.data, &dl.data, heads, t, tiles.bm as usize, tiles.bn as usize);
+            Some(Tensor { shape: dl.shape.clone(), data })
+        }
+        _ => None,
+    };
+    let window = match a.mask {
+        Mask::Window(w) => Some(w),
+        _ => None,
+    };
+    let qv = foxc_ir::interp::eval(g, inputs, &[ops.q])
         .map_err(|e| Error::user(format!("error: evaluating q: {e}")))?;
-    let shape = &qv[&ops[0]].shape;
+    let shape = &qv[&ops.q].shape;
     let (b, h, t, d) = (shape[0] as u64, shape[1] as u64, shape[2] as u64, shape[3] as u64);
     let mt = t.div_ceil(tiles.bm as u64);
     let start = start.unwrap_or_else(|| Tensor {
@@ -68,7 +91,7 @@ pub fn measure(g: &Graph, inputs: &BTreeMap<String, Tensor>) -> Result<Option<Ac
             kept_tiles += diag + 1 - s.min(diag + 1);
             all_tiles += diag + 1;
             for i in i0..=last {
-                let window_first = attrs.window.map_or(0, |w| (i + 1).saturating_sub(w));
+                let window_first = window.map_or(0, |w| (i + 1).saturating_sub(w));
                 all_pairs += pairs_for_row(i, window_first);
                 kept_pairs += pairs_for_row(i, window_first.max(s * tiles.bn as u64));
             }

@@ -1,32 +1,79 @@
-//! `--check`: compare a backend's output with the f64 reference interpreter.
+//! `--check` and `foxc verify`: compare an output with the f64 reference interpreter.
 //!
-//! Small problems run the whole *unoptimized* graph through the interpreter (so the check also
-//! covers what the passes did). Large ones evaluate the attention node's operands through the
-//! interpreter and recompute a deterministic sample of rows densely in f64.
+//! The criterion (printed as applied, DESIGN.md section 5):
+//! - relative L2 error `|out - ref| / |ref| <= tol`, where `ref` is the reference computed on the
+//!   kept set the backend used (for a dense run: the dense reference). This tests the arithmetic.
+//! - pruned runs also need `max |out - dense| <= 2 eps max|v| + tol max|dense|` (the ACP bound
+//!   plus a rounding term proportional to the reference) and a pruned mass below eps in every
+//!   checked row, the mass measured on the backend's kept set. This tests pruning's safety.
+//!
+//! Small problems run the whole graph through the interpreter (the dense reference from the
+//! *unoptimized* graph, so the check also covers what the passes did). Large ones take a
+//! deterministic sample of rows through the interpreter's row-sampled entry point
+//! (`interp::attention::sample_rows`: the same per-row definition as the whole-node path).
+//! No attention math lives here.
 
 use crate::acp_stats::attention_node;
 use crate::Error;
 use foxc_ir::interp::{self, Tensor};
-use foxc_ir::{DType, Graph, Op};
+use foxc_ir::{Attention, DType, Graph, Op, Prune, ValueId};
 use std::collections::BTreeMap;
 
 /// Largest `B*H*T*T` for which the full interpreter runs the unoptimized graph (T x T
 /// intermediates through every elementwise op: about a second at this size).
-const FULL_CHECK_LIMIT: u64 = 1 << 20;
+pub const FULL_CHECK_LIMIT: u64 = 1 << 20;
+
+/// Name of the parameter that carries a backend's block starts into the reference graph.
+const BACKEND_START: &str = "__backend_start";
 
 #[derive(Clone, Debug)]
 pub struct CheckReport {
-    /// `|out - ref| / |ref|` over the compared elements (ref: dense, f64).
+    /// Relative L2 error against the reference on the backend's kept set, and its tolerance.
     pub rel_l2: f64,
+    pub tol: f64,
+    /// Largest `|out - dense reference|`, and the bound applied to it on pruned runs:
+    /// `acp_bound + rounding`.
     pub max_abs_diff: f64,
-    /// Largest dense softmax weight any compared row lost to pruning.
-    pub max_pruned_mass: f64,
-    /// What passes: the backend's tolerance, plus the ACP bound `2 eps max|v|` on max abs diff.
-    pub tolerance: f64,
     pub acp_bound: f64,
+    pub rounding: f64,
+    /// Largest dense softmax weight any compared row lost to pruning, and eps.
+    pub max_pruned_mass: f64,
+    pub eps: f64,
+    pub pruned: bool,
     /// "all rows" or "N sampled rows".
     pub coverage: String,
-    pub passed: bool,
+    /// Whose kept set the reference pruned: the backend's own or the interpreter's.
+    pub kept_set: &'static str,
+    /// Every violated condition, in words (empty when passed).
+    pub failures: Vec<String>,
+}
+
+impl CheckReport {
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty()
+    }
+
+    /// The report as `foxc run --check` and `foxc verify` print it.
+    pub fn lines(&self) -> Vec<String> {
+        let mut v = vec![format!(
+            "check vs f64 reference ({}): rel L2 {:.3e} (pass if <= tol {:.1e}; reference on {} kept set)",
+            self.coverage, self.rel_l2, self.tol, self.kept_set
+        )];
+        if self.pruned {
+            v.push(format!(
+                "  max abs diff vs dense {:.3e} (pass if <= {:.3e} = ACP bound 2 eps max|v| {:.3e} + rounding tol max|ref| {:.3e}); max pruned mass {:.3e} (pass if < eps {:.3e})",
+                self.max_abs_diff,
+                self.acp_bound + self.rounding,
+                self.acp_bound,
+                self.rounding,
+                self.max_pruned_mass,
+                self.eps
+            ));
+        } else {
+            v.push(format!("  max abs diff {:.3e} (dense run: not bounded separately)", self.max_abs_diff));
+        }
+        v
+    }
 }
 
 /// Relative L2 tolerance of each backend (DESIGN.md section 5); bf16 outputs add their rounding.
@@ -43,6 +90,7 @@ pub fn tolerance(backend: &str, out_dtype: DType) -> f64 {
     }
 }
 
+/// `(|out - ref| / |ref|, max |out - ref|)`; NaN anywhere makes both infinite.
 pub fn rel_l2(out: &[f64], reference: &[f64]) -> (f64, f64) {
     let (mut num, mut den, mut max_abs) = (0.0f64, 0.0f64, 0.0f64);
     for (&o, &r) in out.iter().zip(reference) {
@@ -55,125 +103,178 @@ pub fn rel_l2(out: &[f64], reference: &[f64]) -> (f64, f64) {
     (if rel.is_nan() { f64::INFINITY } else { rel }, max_abs)
 }
 
-/// Compare `out` (the backend's output, as f64) with the reference.
+fn interp_err(e: impl std::fmt::Display) -> Error {
+    Error::user(format!("error: reference interpreter: {e}"))
+}
+
+/// The attention node of `g`, its attributes and operands (the one place check reads them).
+fn attention(g: &Graph) -> Result<Option<(ValueId, Attention, foxc_ir::AttnOperands)>, Error> {
+    let Some(n) = attention_node(g) else { return Ok(None) };
+    let Op::Attention(a) = g.op(n) else { return Ok(None) };
+    let ops = Attention::operands(g, n).map_err(Error::internal)?;
+    Ok(Some((n, a.clone(), ops)))
+}
+
+/// `g` with the attention's block starts read from the parameter [`BACKEND_START`] (so the
+/// interpreter prunes exactly the tiles the backend skipped), and the inputs with it added.
+fn with_backend_starts(
+    g: &Graph,
+    inputs: &BTreeMap<String, Tensor>,
+    start: Option<&Tensor>,
+) -> Result<(Graph, BTreeMap<String, Tensor>, &'static str), Error> {
+    let (Some(start), Some((_, a, ops))) = (start, attention(g)?) else {
+        return Ok((g.clone(), inputs.clone(), "the interpreter's"));
+    };
+    let Some(node) = ops.start.filter(|_| a.prune == Prune::Start) else {
+        return Ok((g.clone(), inputs.clone(), "the interpreter's"));
+    };
+    let mut g2 = g.clone();
+    let ty = g.ty(node).clone();
+    let span = g.node(node).span;
+    let p = g2.add_param(BACKEND_START, ty, span);
+    g2.replace_all_uses(node, p);
+    g2.remove_dead();
+    let mut ins = inputs.clone();
+    ins.insert(BACKEND_START.to_string(), start.clone());
+    Ok((g2, ins, "the backend's"))
+}
+
+/// Compare `out` (an output, as f64) with the reference. `start` is the block starts the backend
+/// used (`[B, H, Mt]`), when it reports them; otherwise the interpreter's are assumed.
 pub fn check(
     source_graph: &Graph,
     optimized: &Graph,
     inputs: &BTreeMap<String, Tensor>,
     out: &Tensor,
-    backend: &str,
+    tol: f64,
     log_eps: f64,
+    start: Option<&Tensor>,
 ) -> Result<CheckReport, Error> {
-    let out_dtype = optimized.output.map(|o| optimized.ty(o).dtype).unwrap_or(DType::F32);
-    let tol = tolerance(backend, out_dtype);
-    let attn = attention_node(optimized);
+    let attn = attention(optimized)?;
+    let pruned = attn.as_ref().is_some_and(|(_, a, _)| a.prune != Prune::Dense);
+    let eps = log_eps.exp();
     let shape = &out.shape;
     let work: u64 = if shape.len() == 4 {
         shape[0] as u64 * shape[1] as u64 * shape[2] as u64 * shape[2] as u64
     } else {
         0
     };
-    let eps = log_eps.exp();
-    let pruned = attn.is_some_and(|a| matches!(optimized.op(a), Op::PrunedDecayAttention { .. }));
-    if attn.is_none() || work <= FULL_CHECK_LIMIT {
-        let reference = interp::run(source_graph, inputs)
-            .map_err(|e| Error::user(format!("error: reference interpreter: {e}")))?;
-        let (rel, max_abs) = rel_l2(&out.data, &reference.output.data);
-        let (max_mass, max_v) = if pruned {
-            let r = interp::run(optimized, inputs)
-                .map_err(|e| Error::user(format!("error: reference interpreter: {e}")))?;
-            let m = r.prune.iter().map(|p| p.max_pruned_mass).fold(0.0, f64::max);
-            (m, max_abs_v(optimized, inputs)?)
-        } else {
-            (0.0, 0.0)
-        };
-        let acp_bound = 2.0 * eps * max_v;
-        let passed = rel <= tol || (pruned && max_abs <= acp_bound + tol * max_v.max(1.0));
-        return Ok(CheckReport {
-            rel_l2: rel,
-            max_abs_diff: max_abs,
-            max_pruned_mass: max_mass,
-            tolerance: tol,
-            acp_bound,
-            coverage: "all rows".into(),
-            passed: passed && (!pruned || max_mass < eps),
-        });
-    }
-    sampled_check(optimized, inputs, out, tol, eps)
-}
-
-fn max_abs_v(g: &Graph, inputs: &BTreeMap<String, Tensor>) -> Result<f64, Error> {
-    let Some(a) = attention_node(g) else { return Ok(0.0) };
-    let v = g.operands(a)[2];
-    let vals = interp::eval(g, inputs, &[v]).map_err(|e| Error::user(format!("error: {e}")))?;
-    Ok(vals[&v].data.iter().fold(0.0f64, |m, x| m.max(x.abs())))
-}
-
-fn sampled_check(
-    g: &Graph,
-    inputs: &BTreeMap<String, Tensor>,
-    out: &Tensor,
-    tol: f64,
-    eps: f64,
-) -> Result<CheckReport, Error> {
-    let a = attention_node(g).expect("sampled check needs an attention node");
-    let ops = g.operands(a);
-    let (attrs, tiles) = match g.op(a) {
-        Op::PrunedDecayAttention { attn, tiles } => (*attn, Some(*tiles)),
-        Op::DecayAttention(attn) => (*attn, None),
-        _ => unreachable!(),
+    let (g2, ins2, kept_set) = with_backend_starts(optimized, inputs, start)?;
+    let mut r = CheckReport {
+        rel_l2: 0.0,
+        tol,
+        max_abs_diff: 0.0,
+        acp_bound: 0.0,
+        rounding: 0.0,
+        max_pruned_mass: 0.0,
+        eps,
+        pruned,
+        coverage: String::new(),
+        kept_set: if pruned { kept_set } else { "the dense" },
+        failures: vec![],
     };
-    let vals = interp::eval(g, inputs, &ops).map_err(|e| Error::user(format!("error: {e}")))?;
-    let (q, k, v) = (&vals[&ops[0]], &vals[&ops[1]], &vals[&ops[2]]);
-    let c = attrs.has_decay.then(|| &vals[&ops[3]]);
-    let start = tiles.map(|_| &vals[&ops[4]]);
-    let [b, h, t, d] = [q.shape[0], q.shape[1], q.shape[2], q.shape[3]];
-    let samples = if t > 16384 { 48 } else { 192 };
-    let max_v = v.data.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-    let (mut outs, mut refs, mut max_mass) = (Vec::new(), Vec::new(), 0.0f64);
-    for s in 0..samples {
-        // A deterministic spread over heads and rows, always including the last row.
-        let bh = (s * 7919) % (b * h);
-        let i = if s == 0 { t - 1 } else { (s as u64 * 2654435761 % t as u64) as usize };
-        let base = bh * t;
-        let window_first = attrs.window.map_or(0, |w| (i + 1).saturating_sub(w as usize));
-        let kept_first = match (tiles, start) {
-            (Some(tl), Some(st)) => {
-                let m = i / tl.bm as usize;
-                window_first.max(st.data[bh * t.div_ceil(tl.bm as usize) + m] as usize * tl.bn as usize)
-            }
-            _ => window_first,
-        };
-        let mut logits = Vec::with_capacity(i + 1 - window_first);
-        for j in window_first..=i {
-            let dot: f64 = (0..d).map(|x| q.data[(base + i) * d + x] * k.data[(base + j) * d + x]).sum();
-            let bias = c.map_or(0.0, |c| c.data[base + i] - c.data[base + j]);
-            logits.push(attrs.scale * dot + bias);
+    let (max_v, max_ref);
+    if attn.is_none() || work <= FULL_CHECK_LIMIT {
+        let dense = interp::run(source_graph, inputs).map_err(interp_err)?.output;
+        if dense.shape != out.shape {
+            return Err(Error::user(format!(
+                "error: the output has shape {:?}, the reference {:?}",
+                out.shape, dense.shape
+            )));
         }
-        let mx = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let w: Vec<f64> = logits.iter().map(|l| (l - mx).exp()).collect();
-        let z: f64 = w.iter().sum();
-        let mass: f64 = w[..kept_first - window_first].iter().sum::<f64>() / z;
-        max_mass = max_mass.max(mass);
-        for x in 0..d {
-            let o: f64 =
-                (window_first..=i).map(|j| w[j - window_first] * v.data[(base + j) * d + x]).sum::<f64>() / z;
-            refs.push(o);
-            outs.push(out.data[(base + i) * d + x]);
+        let kept = if pruned {
+            let run = interp::run(&g2, &ins2).map_err(interp_err)?;
+            r.max_pruned_mass = run.prune.iter().map(|p| p.max_pruned_mass).fold(0.0, nan_max);
+            run.output
+        } else {
+            dense.clone()
+        };
+        r.rel_l2 = rel_l2(&out.data, &kept.data).0;
+        r.max_abs_diff = rel_l2(&out.data, &dense.data).1;
+        max_ref = dense.data.iter().fold(0.0, |m: f64, x| nan_max(m, x.abs()));
+        max_v = match &attn {
+            Some((_, _, ops)) => max_abs_of(optimized, inputs, ops.v)?,
+            None => 0.0,
+        };
+        r.coverage = "all rows".into();
+    } else {
+        let (node, _, ops) = attn.as_ref().expect("checked above");
+        if !output_is_attention(optimized, *node) {
+            return Err(Error::user(
+                "error: this output is too large for the full reference and is not the attention's output itself: use a smaller shape to check it",
+            ));
+        }
+        let rows = sample(shape[0] * shape[1], shape[2]);
+        let got = interp::attention::sample_rows(&g2, &ins2, *node, &rows).map_err(interp_err)?;
+        let dv = shape[3];
+        let (mut o, mut kept, mut dense) = (vec![], vec![], vec![]);
+        for (&(bh, i), row) in rows.iter().zip(&got) {
+            o.extend_from_slice(&out.data[(bh * shape[2] + i) * dv..(bh * shape[2] + i + 1) * dv]);
+            kept.extend_from_slice(&row.kept);
+            dense.extend_from_slice(&row.dense);
+            r.max_pruned_mass = nan_max(r.max_pruned_mass, row.pruned_mass);
+        }
+        r.rel_l2 = rel_l2(&o, &kept).0;
+        r.max_abs_diff = rel_l2(&o, &dense).1;
+        max_ref = dense.iter().fold(0.0, |m: f64, x| nan_max(m, x.abs()));
+        max_v = max_abs_of(optimized, inputs, ops.v)?;
+        r.coverage = format!("{} sampled rows", rows.len());
+    }
+    r.acp_bound = 2.0 * eps * max_v;
+    r.rounding = tol * max_ref;
+    if !(r.rel_l2 <= tol) {
+        r.failures.push(format!("relative L2 error {:.3e} exceeds tol {:.1e}", r.rel_l2, tol));
+    }
+    if pruned {
+        if !(r.max_abs_diff <= r.acp_bound + r.rounding) {
+            r.failures.push(format!(
+                "max abs diff {:.3e} vs the dense reference exceeds the ACP bound + rounding {:.3e}",
+                r.max_abs_diff,
+                r.acp_bound + r.rounding
+            ));
+        }
+        if !(r.max_pruned_mass < eps) {
+            r.failures.push(format!("pruned mass {:.3e} is not below eps {:.3e}", r.max_pruned_mass, eps));
         }
     }
-    let _ = h;
-    let (rel, max_abs) = rel_l2(&outs, &refs);
-    let acp_bound = 2.0 * eps * max_v;
-    let pruned = tiles.is_some();
-    let passed = (rel <= tol || (pruned && max_abs <= acp_bound + tol * max_v.max(1.0))) && max_mass < eps;
-    Ok(CheckReport {
-        rel_l2: rel,
-        max_abs_diff: max_abs,
-        max_pruned_mass: max_mass,
-        tolerance: tol,
-        acp_bound,
-        coverage: format!("{samples} sampled rows"),
-        passed,
-    })
+    Ok(r)
+}
+
+fn nan_max(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// Whether the graph's output is the attention node's `out` (possibly through casts).
+fn output_is_attention(g: &Graph, node: ValueId) -> bool {
+    let mut o = g.output;
+    while let Some(x) = o {
+        if x == node {
+            return true;
+        }
+        o = matches!(g.op(x), Op::Cast).then(|| g.operands(x)[0]);
+    }
+    false
+}
+
+/// `max |x|` of value `v` of `g`.
+fn max_abs_of(g: &Graph, inputs: &BTreeMap<String, Tensor>, v: ValueId) -> Result<f64, Error> {
+    let vals = interp::eval(g, inputs, &[v]).map_err(interp_err)?;
+    Ok(vals[&v].data.iter().fold(0.0f64, |m, x| nan_max(m, x.abs())))
+}
+
+/// A deterministic spread of `(b * H + h, i)` rows over heads and positions, always including
+/// the last row of the first head (the longest row).
+fn sample(heads: usize, t: usize) -> Vec<(usize, usize)> {
+    let n = if t > 16384 { 48 } else { 192 };
+    (0..n)
+        .map(|s| {
+            let bh = (s * 7919) % heads.max(1);
+            let i = if s == 0 { t - 1 } else { (s as u64 * 2654435761 % t as u64) as usize };
+            (bh, i)
+        })
+        .collect()
 }

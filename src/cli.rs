@@ -59,6 +59,16 @@ pub enum Command {
     )]
     Grad(GradArgs),
 
+    /// Check an output file (any implementation's) against the f64 reference; exit 1 beyond
+    /// tolerance.
+    #[command(
+        after_help = "Example:\n  foxc verify examples/fox.attn --inputs in.safetensors --output out.safetensors --tol 1e-2"
+    )]
+    Verify(VerifyArgs),
+
+    /// List the pruning rules: name, threshold formula, why it is safe (docs/RULES.md).
+    Rules,
+
     /// Draw the pruning map (kept key tiles per query tile), one panel per head, as a PNG.
     #[command(after_help = "Example:\n  foxc mask examples/fox.attn --inputs in.safetensors --png mask.png")]
     Mask {
@@ -155,6 +165,21 @@ pub struct GradArgs {
     /// Compare every gradient with the f64 reference interpreter; exit 1 beyond tolerance.
     #[arg(long)]
     pub check: bool,
+    #[command(flatten)]
+    pub prune: PruneArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    pub file: PathBuf,
+    #[arg(long)]
+    pub inputs: PathBuf,
+    /// A safetensors file holding the output as a tensor named `out`.
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Relative L2 tolerance (default: 1e-5 for f32 outputs, 1e-2 for bf16 and f16).
+    #[arg(long)]
+    pub tol: Option<f64>,
     #[command(flatten)]
     pub prune: PruneArgs,
 }

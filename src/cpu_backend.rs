@@ -84,6 +84,22 @@ pub fn run(g: &Graph, inputs: &TensorMap) -> Result<CpuRun, Error> {
     Ok(CpuRun { out, compile_ms, run_ms: t0.elapsed().as_secs_f64() * 1e3 })
 }
 
+/// The block starts (`[B, H, Mt]`, as f64) that the CPU kernels compute for the attention of `g`
+/// on `inputs`, or `None` when it is not pruned: the program's own threshold and boundary
+/// kernels, compiled and run up to the boundary node (deterministic: any task split gives the
+/// same bits, so these are the starts the full run used).
+pub fn block_starts(g: &Graph, inputs: &TensorMap) -> Result<Option<foxc_ir::interp::Tensor>, Error> {
+    let Some(n) = crate::acp_stats::attention_node(g) else { return Ok(None) };
+    let foxc_ir::Op::Attention(a) = g.op(n) else { return Ok(None) };
+    let ops = foxc_ir::Attention::operands(g, n).map_err(Error::internal)?;
+    let Some(start) = ops.start.filter(|_| a.prune == foxc_ir::Prune::Start) else { return Ok(None) };
+    let mut sub = g.clone();
+    sub.output = Some(start);
+    sub.remove_dead();
+    let r = run(&sub, inputs)?;
+    Ok(Some(foxc_ir::interp::Tensor { shape: r.out.shape.clone(), data: r.out.to_f64_vec() }))
+}
+
 /// The Cranelift IR of every kernel of `g`. Kernels are specialized to concrete dims; dims not
 /// given default to 128 (the text does not depend on them beyond constants).
 pub fn emit_clif(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<String, Error> {

@@ -38,6 +38,8 @@ fn main() {
         Command::Run(args) => commands::run(&args),
         Command::Bench(args) => commands::bench(&args),
         Command::Grad(args) => commands::grad(&args),
+        Command::Verify(args) => commands::verify(&args),
+        Command::Rules => commands::rules(),
         Command::Mask { file, inputs, png, prune, target } => {
             commands::mask(&file, &inputs, &png, &prune, target)
         }

@@ -190,3 +190,90 @@ fn usage_errors_exit_1_internal_errors_exit_2() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("internal error"), "{}", text(&o));
 }
+
+/// `foxc verify` passes foxc's own output and fails a corrupted copy (exit 1): the check can fail.
+#[test]
+fn verify_passes_a_good_output_and_fails_a_corrupted_one() {
+    let input = tmp("verify-in.safetensors");
+    let out = tmp("verify-out.safetensors");
+    let bad = tmp("verify-bad.safetensors");
+    let shape = "B=1,H=2,T=96,D=16";
+    let o = foxc(&["inputs", "examples/fox.attn", "--shape", shape, "-o", input.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = foxc(&[
+        "run",
+        "examples/fox.attn",
+        "--backend",
+        "cpu",
+        "--inputs",
+        input.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let verify = |file: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "verify",
+            "examples/fox.attn",
+            "--inputs",
+            input.to_str().unwrap(),
+            "--output",
+            file.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        foxc(&args)
+    };
+    let o = verify(&out, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("check: ok") && text(&o).contains("tol 1.0e-2"), "{}", text(&o));
+    // The example: 0.0176 off everywhere used to pass the old OR criterion.
+    let mut m = foxc::tensors::read(&out).unwrap();
+    let t = m["out"].clone();
+    let shifted: Vec<f32> = t.to_f32_vec().iter().map(|x| x + 0.0176).collect();
+    m.insert("out".into(), foxc_runtime::HostTensor::from_f32_as_bf16(&t.shape, &shifted));
+    foxc::tensors::write(&bad, &m).unwrap();
+    let o = verify(&bad, &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("relative L2 error"), "{}", text(&o));
+    // One element off by 0.05: still caught.
+    let mut one = t.to_f32_vec();
+    one[77] += 0.05;
+    m.insert("out".into(), foxc_runtime::HostTensor::from_f32_as_bf16(&t.shape, &one));
+    foxc::tensors::write(&bad, &m).unwrap();
+    assert_eq!(verify(&bad, &[]).status.code(), Some(1));
+    // A bad --tol is a usage error.
+    assert_eq!(verify(&out, &["--tol", "-1"]).status.code(), Some(1));
+    // Against the dense reference (--no-prune) the pruned output is still within tolerance.
+    let o = verify(&out, &["--no-prune"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
+
+/// Beyond the full-interpreter size the check samples rows through the interpreter's row entry
+/// point; it runs, passes on the CPU's output and says what it covered.
+#[test]
+fn check_samples_rows_of_large_shapes() {
+    let o = foxc(&[
+        "run",
+        "examples/fox.attn",
+        "--backend",
+        "cpu",
+        "--shape",
+        "B=1,H=1,T=1100,D=16",
+        "--check",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    assert!(t.contains("sampled rows") && t.contains("check: ok"), "{t}");
+    assert!(t.contains("kept set") && t.contains("CPU kernels' block starts"), "{t}");
+}
+
+#[test]
+fn rules_lists_every_rule_with_formula_and_soundness() {
+    let o = foxc(&["rules"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    for r in foxc_passes::rules::RULES {
+        assert!(t.contains(&r.rule().to_string()), "{}: {t}", r.name);
+    }
+    assert!(t.contains("safe because"), "{t}");
+}

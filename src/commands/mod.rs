@@ -4,13 +4,17 @@ mod bench;
 mod compile;
 mod grad;
 mod mask;
+mod rules;
 mod run;
+mod verify;
 
 pub use bench::bench;
 pub use compile::compile;
 pub use grad::grad;
 pub use mask::mask;
+pub use rules::rules;
 pub use run::run;
+pub use verify::verify;
 
 use crate::pipeline::{parse_shape, Source};
 use crate::{tensors, Error};
