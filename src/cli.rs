@@ -197,10 +197,6 @@ pub struct BenchArgs {
     pub format: FormatArg,
     #[arg(long, default_value_t = 10)]
     pub iters: usize,
-    /// Also time a plain Rust triple loop (one thread, f32) on the same inputs (CPU, FoX programs
-    /// with parameters q, k, v and optional fgate).
-    #[arg(long)]
-    pub naive: bool,
     #[command(flatten)]
     pub prune: PruneArgs,
 }

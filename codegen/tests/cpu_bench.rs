@@ -1,7 +1,6 @@
 //! Timing of the CPU kernels on the workload (B=1, H=8, T=4096, D=64, bf16), pruned vs
 //! dense. Not a test of correctness: run with
 //! `cargo test -p foxc-codegen --test cpu_bench -- --ignored --nocapture`.
-//! The plain triple loop beside it is `foxc bench --backend cpu --naive` (src/cpu_backend.rs).
 
 mod cpu_common;
 

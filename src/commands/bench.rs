@@ -51,18 +51,6 @@ pub fn bench(a: &BenchArgs) -> Result<(), Error> {
         };
         rows.push(Row { variant, median_ms, min_ms, kept_tiles, kept_flops });
     }
-    if a.naive {
-        let gate = inputs.contains_key("fgate").then_some("fgate");
-        let (ms, _) = cpu_backend::naive_reference_ms(&inputs, ("q", "k", "v", gate))?;
-        let dense_flops = rows.last().map_or(0.0, |r| r.kept_flops);
-        rows.push(Row {
-            variant: "naive",
-            median_ms: ms,
-            min_ms: ms,
-            kept_tiles: 1.0,
-            kept_flops: dense_flops,
-        });
-    }
     let backend = format!("{:?}", a.backend).to_lowercase();
     match a.format {
         FormatArg::Table => {
