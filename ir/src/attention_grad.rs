@@ -7,8 +7,8 @@
 //! `R` then run its derivatives, so each derivative rule is written exactly once, here.
 
 use crate::attention::{Attention, RId, RNode, Region};
-use crate::types::{DType, Dim, ValueType};
 use crate::ops::{BinaryOp, UnaryOp};
+use crate::types::{DType, Dim, ValueType};
 
 /// The derivatives of a region `R`.
 #[derive(Clone, Debug, PartialEq)]
@@ -45,8 +45,8 @@ impl Builder {
 
     fn mul(&mut self, a: RId, b: RId) -> RId {
         match (self.constant(a), self.constant(b)) {
-            (Some(x), _) if x == 1.0 => b,
-            (_, Some(y)) if y == 1.0 => a,
+            (Some(1.0), _) => b,
+            (_, Some(1.0)) => a,
             _ => self.push(RNode::Binary(BinaryOp::Mul, a, b)),
         }
     }
@@ -207,7 +207,9 @@ fn binary_derivative(b: &mut Builder, op: BinaryOp, x: RId, y: RId) -> Option<(R
         // The operand picked gets the gradient; the first one on ties.
         BinaryOp::Min => (b.bin(BinaryOp::Le, x, y), b.bin(BinaryOp::Gt, x, y)),
         BinaryOp::Max => (b.bin(BinaryOp::Ge, x, y), b.bin(BinaryOp::Lt, x, y)),
-        BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Eq | BinaryOp::Ne => return None,
+        BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Eq | BinaryOp::Ne => {
+            return None
+        }
     })
 }
 
@@ -235,7 +237,10 @@ impl Attention {
             return Err(format!("attention_backward's lse must be {}, found {lse}", want[1]));
         }
         if !dout.dtype.is_float() || !dout.is_positional() || dims(dout) != dims(&want[0]) {
-            return Err(format!("attention_backward's dout must be shaped like out {}, found {dout}", want[0]));
+            return Err(format!(
+                "attention_backward's dout must be shaped like out {}, found {dout}",
+                want[0]
+            ));
         }
         let f32_like = |t: &ValueType| ValueType::tensor(DType::F32, t.dims().cloned());
         let mut res = vec![f32_like(fwd[0]), f32_like(fwd[1]), f32_like(fwd[2])];
@@ -331,7 +336,8 @@ mod tests {
             UnaryOp::Exp2,
             UnaryOp::Log2,
         ];
-        let binaries = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Min, BinaryOp::Max];
+        let binaries =
+            [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Min, BinaryOp::Max];
         let iv = IndexExpr { terms: vec![("j".into(), 1)], constant: 0, div: None };
         for &u in &unaries {
             for &bo in &binaries {

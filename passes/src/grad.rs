@@ -14,8 +14,8 @@
 
 use foxc_ir::check::infer;
 use foxc_ir::{
-    Attention, Axis, BinaryOp, DType, GateKind, Graph, Op, ReduceKind, Span, UnaryOp, Use, Value, ValueId, ValueType,
-    LOG_F_FLOOR,
+    Attention, Axis, BinaryOp, DType, GateKind, Graph, Op, ReduceKind, Span, UnaryOp, Use, Value, ValueId,
+    ValueType, LOG_F_FLOOR,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -89,7 +89,8 @@ pub fn gradient(fwd: &Graph) -> Result<GradProgram, GradError> {
         };
         outputs.push((format!("grad_{}", p.name), grad));
     }
-    foxc_ir::verify::verify(&b.g).map_err(|e| GradError::Internal(format!("the gradient program does not verify: {e}")))?;
+    foxc_ir::verify::verify(&b.g)
+        .map_err(|e| GradError::Internal(format!("the gradient program does not verify: {e}")))?;
     Ok(GradProgram { graph: b.g, outputs })
 }
 
@@ -514,10 +515,15 @@ impl Builder {
         let (x, w) = (ops[0], ops[1]);
         let xt = self.g.value_ty(x).clone();
         let wt = self.g.value_ty(w).clone();
-        let (_, ax) = xt.axis(axis).ok_or_else(|| Self::internal(format!("rmsnorm axis `{axis}` not in {xt}")))?;
+        let (_, ax) =
+            xt.axis(axis).ok_or_else(|| Self::internal(format!("rmsnorm axis `{axis}` not in {xt}")))?;
         let dim = ax.dim.clone();
         // The weight under the normalized axis's name (after passes it is positional `[D]`).
-        let wn = if wt.axis(axis).is_some() { w } else { self.op(Op::Bind { axes: vec![axis.to_string()] }, &[w])? };
+        let wn = if wt.axis(axis).is_some() {
+            w
+        } else {
+            self.op(Op::Bind { axes: vec![axis.to_string()] }, &[w])?
+        };
         let n = Value::of(self.g.add(Op::DimSize(dim), ValueType::scalar(DType::F32), &[], Span::default()));
         let xx = self.bin(Mul, x, x)?;
         let ss = self.reduce_sum(xx, axis)?;
@@ -548,7 +554,11 @@ impl Builder {
             for a in others {
                 v = self.reduce_sum(v, &a)?;
             }
-            let v = if wt.axis(axis).is_some() { v } else { self.op(Op::Store { axes: vec![axis.to_string()] }, &[v])? };
+            let v = if wt.axis(axis).is_some() {
+                v
+            } else {
+                self.op(Op::Store { axes: vec![axis.to_string()] }, &[v])?
+            };
             self.accumulate(w, v)?;
         }
         Ok(())
@@ -605,7 +615,8 @@ impl Builder {
         let mut operands = ops.to_vec();
         operands.extend([Value::of(n), Value { node: n, result: Attention::LSE }, dy]);
         let tys: Vec<&ValueType> = operands.iter().map(|&v| self.g.value_ty(v)).collect();
-        let rtys = a.backward_result_types(&tys).map_err(|e| Self::internal(format!("attention_backward: {e}")))?;
+        let rtys =
+            a.backward_result_types(&tys).map_err(|e| Self::internal(format!("attention_backward: {e}")))?;
         let bw = self.g.add_multi(Op::AttentionBackward(a.clone()), rtys, &operands, Span::default());
         // Result r of the backward goes to operand `targets[r]`.
         let fixed = a.fixed_operands();

@@ -38,7 +38,9 @@ pub fn grad(a: &GradArgs) -> Result<(), Error> {
         (Some(path), _) => tensors::read(path)?,
         (None, Some(shape)) => tensors::generate(&c.graph, &parse_shape(shape)?, a.seed)?,
         (None, None) => {
-            return Err(Error::user("error: `foxc grad FILE` needs --inputs FILE.safetensors or --shape B=..,H=..,T=..,D=.."))
+            return Err(Error::user(
+                "error: `foxc grad FILE` needs --inputs FILE.safetensors or --shape B=..,H=..,T=..,D=..",
+            ))
         }
     };
     tensors::validate(&c.graph, &inputs)?;
@@ -50,9 +52,11 @@ pub fn grad(a: &GradArgs) -> Result<(), Error> {
 
     // The upstream gradient: shaped and typed like the output.
     let mut interp_inputs = tensors::to_interp(&inputs);
-    let shapes: Vec<(String, Vec<usize>)> = interp_inputs.iter().map(|(k, t)| (k.clone(), t.shape.clone())).collect();
+    let shapes: Vec<(String, Vec<usize>)> =
+        interp_inputs.iter().map(|(k, t)| (k.clone(), t.shape.clone())).collect();
     let dims = bind_dims(&c.graph, &shapes).map_err(|e| Error::user(format!("error: {e}")))?;
-    let dout_param = g.param(DOUT).ok_or_else(|| Error::internal("error: the gradient program has no dout"))?;
+    let dout_param =
+        g.param(DOUT).ok_or_else(|| Error::internal("error: the gradient program has no dout"))?;
     let out_shape = concrete_shape(&dout_param.ty, &dims).map_err(|e| Error::user(format!("error: {e}")))?;
     let dout = match &a.dout {
         Some(path) => {
@@ -82,16 +86,14 @@ pub fn grad(a: &GradArgs) -> Result<(), Error> {
         BackendArg::Cpu => "cpu",
         BackendArg::Cuda => "cuda",
     };
+    if a.backend != BackendArg::Reference {
+        return Err(Error::user(format!(
+            "error: foxc grad --backend {backend}: the {backend} backward kernels are not built yet; use --backend reference"
+        )));
+    }
     println!("foxc grad: {} on {backend}", src.name);
     let t0 = Instant::now();
-    let results = match a.backend {
-        BackendArg::Reference => reference(&program, &interp_inputs)?,
-        BackendArg::Cpu | BackendArg::Cuda => {
-            return Err(Error::user(format!(
-                "error: foxc grad --backend {backend}: the {backend} backward kernels are not built yet; use --backend reference"
-            )))
-        }
-    };
+    let results = reference(&program, &interp_inputs)?;
     let ms = t0.elapsed().as_secs_f64() * 1e3;
     println!("  time: {ms:.3} ms (forward + backward)");
     let mut m = TensorMap::new();
@@ -112,7 +114,10 @@ pub fn grad(a: &GradArgs) -> Result<(), Error> {
             let (rel, max_abs) = check::rel_l2(&t.to_f64_vec(), &r.to_f64_vec());
             let tol = check::tolerance(backend, t.dtype);
             let ok = rel <= tol;
-            println!("  check {name:<12} rel L2 {rel:.3e} (tol {tol:.1e}), max abs diff {max_abs:.3e}{}", if ok { "" } else { "  FAILED" });
+            println!(
+                "  check {name:<12} rel L2 {rel:.3e} (tol {tol:.1e}), max abs diff {max_abs:.3e}{}",
+                if ok { "" } else { "  FAILED" }
+            );
             if !ok {
                 failed.push(name.clone());
             }
@@ -126,13 +131,18 @@ pub fn grad(a: &GradArgs) -> Result<(), Error> {
 }
 
 /// Every output of the gradient program through the f64 interpreter, in its node's dtype.
-fn reference(p: &GradProgram, inputs: &BTreeMap<String, Tensor>) -> Result<BTreeMap<String, HostTensor>, Error> {
+fn reference(
+    p: &GradProgram,
+    inputs: &BTreeMap<String, Tensor>,
+) -> Result<BTreeMap<String, HostTensor>, Error> {
     let targets: Vec<foxc_ir::ValueId> = p.outputs.iter().map(|(_, v)| v.node).collect();
     let vals = interp::eval(&p.graph, inputs, &targets)
         .map_err(|e| Error::user(format!("error: reference interpreter: {e}")))?;
     let mut out = BTreeMap::new();
     for (name, v) in &p.outputs {
-        let t = vals.get(&v.node).ok_or_else(|| Error::internal(format!("error: output {name} was not computed")))?;
+        let t = vals
+            .get(&v.node)
+            .ok_or_else(|| Error::internal(format!("error: output {name} was not computed")))?;
         out.insert(name.clone(), tensors::from_interp(t, p.graph.ty(v.node).dtype));
     }
     Ok(out)
