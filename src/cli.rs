@@ -81,6 +81,10 @@ pub enum Command {
         prune: PruneArgs,
         #[arg(long, value_enum, default_value_t = TargetArg::Sm90a)]
         target: TargetArg,
+        /// Draw these rules side by side (one column of panels each), e.g. --rules paper,tight;
+        /// each with its kept fraction and max pruned mass (default: --prune-rule alone).
+        #[arg(long, value_enum, value_delimiter = ',')]
+        rules: Vec<RuleArg>,
     },
 }
 

@@ -40,8 +40,8 @@ fn main() {
         Command::Grad(args) => commands::grad(&args),
         Command::Verify(args) => commands::verify(&args),
         Command::Rules => commands::rules(),
-        Command::Mask { file, inputs, png, prune, target } => {
-            commands::mask(&file, &inputs, &png, &prune, target)
+        Command::Mask { file, inputs, png, prune, target, rules } => {
+            commands::mask(&file, &inputs, &png, &prune, target, &rules)
         }
     };
     if let Err(e) = result {

@@ -277,3 +277,32 @@ fn rules_lists_every_rule_with_formula_and_soundness() {
     }
     assert!(t.contains("safe because"), "{t}");
 }
+
+/// `foxc mask --rules paper,tight`: both rules side by side, each with its kept fraction and its
+/// largest pruned mass; tight never keeps more than paper.
+#[test]
+fn mask_draws_rules_side_by_side() {
+    let input = tmp("mask-rules-in.safetensors");
+    let png = tmp("mask-rules.png");
+    let o = foxc(&["inputs", "examples/fox.attn", "--shape", "B=1,H=2,T=512,D=16", "-o", input.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = foxc(&[
+        "mask",
+        "examples/fox.attn",
+        "--inputs",
+        input.to_str().unwrap(),
+        "--png",
+        png.to_str().unwrap(),
+        "--rules",
+        "paper,tight",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    let kept = |rule: &str| -> f64 {
+        let line = t.lines().find(|l| l.trim_start().starts_with(rule)).unwrap_or_else(|| panic!("{rule}: {t}"));
+        assert!(line.contains("max pruned mass"), "{line}");
+        line.split("kept ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(kept("tight") <= kept("paper"), "{t}");
+    assert_eq!(&std::fs::read(&png).unwrap()[1..4], b"PNG");
+}
