@@ -174,7 +174,34 @@ pub fn check(
         failures: vec![],
     };
     let (max_v, max_ref);
-    if attn.is_none() || work <= FULL_CHECK_LIMIT {
+    let sampled = attn.as_ref().filter(|_| work > FULL_CHECK_LIMIT);
+    if let Some((node, _, ops)) = sampled {
+        if !output_is_attention(optimized, *node) {
+            return Err(Error::user(
+                "error: this output is too large for the full reference and is not the attention's output itself: use a smaller shape to check it",
+            ));
+        }
+        let rows = sample(shape[0] * shape[1], shape[2]);
+        let got = interp::attention::sample_rows(&g2, &ins2, *node, &rows).map_err(interp_err)?;
+        let dv = shape[3];
+        if got.iter().any(|row| row.dense.len() != dv) {
+            return Err(Error::user(format!(
+                "error: the output has shape {shape:?}, unlike the attention's"
+            )));
+        }
+        let (mut o, mut kept, mut dense) = (vec![], vec![], vec![]);
+        for (&(bh, i), row) in rows.iter().zip(&got) {
+            o.extend_from_slice(&out.data[(bh * shape[2] + i) * dv..(bh * shape[2] + i + 1) * dv]);
+            kept.extend_from_slice(&row.kept);
+            dense.extend_from_slice(&row.dense);
+            r.max_pruned_mass = nan_max(r.max_pruned_mass, row.pruned_mass);
+        }
+        r.rel_l2 = rel_l2(&o, &kept).0;
+        r.max_abs_diff = rel_l2(&o, &dense).1;
+        max_ref = dense.iter().fold(0.0, |m: f64, x| nan_max(m, x.abs()));
+        max_v = max_abs_of(optimized, inputs, ops.v)?;
+        r.coverage = format!("{} sampled rows", rows.len());
+    } else {
         let dense = interp::run(source_graph, inputs).map_err(interp_err)?.output;
         if dense.shape != out.shape {
             return Err(Error::user(format!(
@@ -197,47 +224,35 @@ pub fn check(
             None => 0.0,
         };
         r.coverage = "all rows".into();
-    } else {
-        let (node, _, ops) = attn.as_ref().expect("checked above");
-        if !output_is_attention(optimized, *node) {
-            return Err(Error::user(
-                "error: this output is too large for the full reference and is not the attention's output itself: use a smaller shape to check it",
-            ));
-        }
-        let rows = sample(shape[0] * shape[1], shape[2]);
-        let got = interp::attention::sample_rows(&g2, &ins2, *node, &rows).map_err(interp_err)?;
-        let dv = shape[3];
-        let (mut o, mut kept, mut dense) = (vec![], vec![], vec![]);
-        for (&(bh, i), row) in rows.iter().zip(&got) {
-            o.extend_from_slice(&out.data[(bh * shape[2] + i) * dv..(bh * shape[2] + i + 1) * dv]);
-            kept.extend_from_slice(&row.kept);
-            dense.extend_from_slice(&row.dense);
-            r.max_pruned_mass = nan_max(r.max_pruned_mass, row.pruned_mass);
-        }
-        r.rel_l2 = rel_l2(&o, &kept).0;
-        r.max_abs_diff = rel_l2(&o, &dense).1;
-        max_ref = dense.iter().fold(0.0, |m: f64, x| nan_max(m, x.abs()));
-        max_v = max_abs_of(optimized, inputs, ops.v)?;
-        r.coverage = format!("{} sampled rows", rows.len());
     }
     r.acp_bound = 2.0 * eps * max_v;
     r.rounding = tol * max_ref;
-    if !(r.rel_l2 <= tol) {
+    if !within(r.rel_l2, tol) {
         r.failures.push(format!("relative L2 error {:.3e} exceeds tol {:.1e}", r.rel_l2, tol));
     }
     if pruned {
-        if !(r.max_abs_diff <= r.acp_bound + r.rounding) {
+        if !within(r.max_abs_diff, r.acp_bound + r.rounding) {
             r.failures.push(format!(
                 "max abs diff {:.3e} vs the dense reference exceeds the ACP bound + rounding {:.3e}",
                 r.max_abs_diff,
                 r.acp_bound + r.rounding
             ));
         }
-        if !(r.max_pruned_mass < eps) {
+        if !below(r.max_pruned_mass, eps) {
             r.failures.push(format!("pruned mass {:.3e} is not below eps {:.3e}", r.max_pruned_mass, eps));
         }
     }
     Ok(r)
+}
+
+/// `x <= bound`, false for NaN (a NaN error never passes).
+fn within(x: f64, bound: f64) -> bool {
+    x <= bound
+}
+
+/// `x < bound`, false for NaN.
+fn below(x: f64, bound: f64) -> bool {
+    x < bound
 }
 
 fn nan_max(a: f64, b: f64) -> f64 {

@@ -51,7 +51,8 @@ fn case(name: &str, rule: RuleArg, bm: u32, bn: u32, h: u64, t: u64, seed: u64, 
     let mut inputs = tensors::generate(&src, &dims, seed).unwrap();
     perturb(&mut inputs, kind);
     let what = format!("{name} {rule:?} {bm}x{bn} H={h} T={t} seed {seed} kind {kind}");
-    let cpu = cpu_backend::block_starts(&opt, &inputs).unwrap().unwrap_or_else(|| panic!("{what}: not pruned"));
+    let cpu =
+        cpu_backend::block_starts(&opt, &inputs).unwrap().unwrap_or_else(|| panic!("{what}: not pruned"));
     let reference = acp_stats::measure(&opt, &tensors::to_interp(&inputs)).unwrap().unwrap().start;
     assert_eq!(cpu.shape, reference.shape, "{what}");
     assert_eq!(cpu.data, reference.data, "{what}: the CPU kept a different set of tiles");

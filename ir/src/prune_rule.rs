@@ -300,11 +300,12 @@ pub fn threshold(rule: &RuleExpr, a: &ThresholdArgs) -> Vec<f64> {
             let (lo, hi) = (m * bm, (m * bm + bm).min(t));
             let (q_tile, k_causal) = match a.bound {
                 NormBound::Static { q_max, k_max } => (q_max, k_max),
-                NormBound::Data => {
-                    (qn[lo..hi].iter().copied().fold(0.0, nan_max), kn[..hi].iter().copied().fold(0.0, nan_max))
-                }
+                NormBound::Data => (
+                    qn[lo..hi].iter().copied().fold(0.0, nan_max),
+                    kn[..hi].iter().copied().fold(0.0, nan_max),
+                ),
             };
-            let (qn, kn) = (&qn, &kn);
+            let qn = &qn;
             let at = |i: usize| {
                 move |s: Stat| match s {
                     Stat::LnEps => a.log_eps,
@@ -340,7 +341,8 @@ mod tests {
 
     #[test]
     fn prints_with_the_fewest_parentheses() {
-        let e = sub(sub(s(Stat::LnEps), s(Stat::LnT)), mul(c(2.0), bound(mul(s(Stat::Scale), s(Stat::QMax)))));
+        let e =
+            sub(sub(s(Stat::LnEps), s(Stat::LnT)), mul(c(2.0), bound(mul(s(Stat::Scale), s(Stat::QMax)))));
         assert_eq!(e.to_string(), "ln_eps - ln_T - 2 * U(scale * q_max)");
         let e = sub(s(Stat::LnEps), sub(s(Stat::LnT), s(Stat::Sii)));
         assert_eq!(e.to_string(), "ln_eps - (ln_T - s_ii)");

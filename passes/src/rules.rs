@@ -118,7 +118,13 @@ mod tests {
 
     #[test]
     fn the_formulas_read_as_documented() {
-        assert_eq!(by_name("paper").unwrap().to_string(), "paper: ln_eps - ln_T - 2 * U(scale * (q_max * k_max))");
-        assert_eq!(by_name("tight").unwrap().to_string(), "tight: min_i(ln_eps - ln_T - scale * (q_i * k_max) + s_ii)");
+        assert_eq!(
+            by_name("paper").unwrap().to_string(),
+            "paper: ln_eps - ln_T - 2 * U(scale * (q_max * k_max))"
+        );
+        assert_eq!(
+            by_name("tight").unwrap().to_string(),
+            "tight: min_i(ln_eps - ln_T - scale * (q_i * k_max) + s_ii)"
+        );
     }
 }
