@@ -155,8 +155,7 @@ pub fn supports(g: &Graph) -> Result<(), Error> {
                 | Op::GateCumsum { .. }
                 | Op::Threshold { .. }
                 | Op::BlockBoundary(_)
-                | Op::DecayAttention(_)
-                | Op::PrunedDecayAttention { .. }
+                | Op::Attention(_)
         );
         if !ok {
             return Err(Error::user(format!("error: the CPU backend cannot lower op `{}`", op.mnemonic())));

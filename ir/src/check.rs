@@ -191,47 +191,28 @@ pub fn infer(op: &Op, ops: &[&ValueType]) -> Result<Option<ValueType>, String> {
                 }
             }
         }
-        Op::DecayAttention(a) => {
-            let (q, k, v) = (ops[0], ops[1], ops[2]);
-            let attn = attn_common(q, k, v)?;
-            if a.has_decay {
-                positional_rank(ops[3], 3, "decay_attention's c")?;
-                check_bht(ops[3], q, "decay_attention's c")?;
-            }
-            if a.window == Some(0) {
-                return Err("decay_attention: window must be at least 1".into());
-            }
-            Some(attn)
-        }
         // Result 0; [`crate::attention::Attention::result_types`] gives both.
         Op::Attention(a) => Some(a.result_types(ops)?.remove(0)),
         // dq; [`crate::attention::Attention::backward_result_types`] gives them all.
         Op::AttentionBackward(a) => Some(a.backward_result_types(ops)?.remove(0)),
-        Op::PrunedDecayAttention { attn: a, tiles } => {
-            let (q, k, v, c, start) = (ops[0], ops[1], ops[2], ops[3], ops[4]);
-            let attn = attn_common(q, k, v)?;
-            // c is an operand even with `no_decay`: the block boundary was derived from it.
-            let _ = a;
-            positional_rank(c, 3, "pruned_decay_attention's c")?;
-            check_bht(c, q, "pruned_decay_attention's c")?;
-            tiles_ok(tiles.bm, tiles.bn)?;
-            check_tiles(start, q, tiles.bm, DType::I32, "pruned_decay_attention's start")?;
-            Some(attn)
-        }
-        Op::Threshold { bm, log_eps, scale, .. } => {
+        Op::Threshold { rule, bm, log_eps, score, scale, .. } => {
             let (q, k) = (ops[0], ops[1]);
             positional_rank(q, 4, "threshold's q")?;
             positional_rank(k, 4, "threshold's k")?;
             float(q, "threshold's q")?;
             float(k, "threshold's k")?;
-            if dims(q) != dims(k) {
-                return Err(format!("threshold: q {q} and k {k} differ in shape"));
+            let (dq, dk) = (dims(q), dims(k));
+            if dq[0] != dk[0] || dq[2..] != dk[2..] {
+                return Err(format!("threshold: k {k} does not match q {q} in B, T and D"));
             }
             if *bm == 0 {
                 return Err("threshold: bm must be at least 1".into());
             }
-            if log_eps.is_nan() || scale.is_nan() {
+            if log_eps.is_nan() || scale.factor.is_nan() {
                 return Err("threshold: log_eps and scale must not be NaN".into());
+            }
+            if *rule == crate::ops::PruneRule::Tight && *score != crate::ops::ScoreBound::IDENTITY {
+                return Err("threshold: the tight rule needs the identity score (its diagonal logit is q.k)".into());
             }
             let d = dims(q);
             Some(ValueType::tensor(
@@ -264,38 +245,5 @@ fn tiles_ok(bm: u32, bn: u32) -> Result<(), String> {
     Ok(())
 }
 
-/// `t` is `dtype [B, H, T/bm]` for q's B, H, T.
-fn check_tiles(t: &ValueType, q: &ValueType, bm: u32, dtype: DType, what: &str) -> Result<(), String> {
-    let d = dims(q);
-    let want = ValueType::tensor(dtype, [d[0].clone(), d[1].clone(), Dim::Tiles(Box::new(d[2].clone()), bm)]);
-    if *t != want {
-        return Err(format!("{what} must be {want}, found {t}"));
-    }
-    Ok(())
-}
 
-/// `t` is `[B, H, T]` for q's B, H, T.
-fn check_bht(t: &ValueType, q: &ValueType, what: &str) -> Result<(), String> {
-    float(t, what)?;
-    if dims(t)[..] != dims(q)[..3] {
-        return Err(format!("{what} must have q's [B, H, T], found {t} for q {q}"));
-    }
-    Ok(())
-}
 
-/// q, k, v `[B, H, T, D]` (v may have its own last dim); the result is f32 `[B, H, T, Dv]`.
-fn attn_common(q: &ValueType, k: &ValueType, v: &ValueType) -> Result<ValueType, String> {
-    for (t, w) in [(q, "q"), (k, "k"), (v, "v")] {
-        positional_rank(t, 4, &format!("attention's {w}"))?;
-        float(t, &format!("attention's {w}"))?;
-    }
-    if dims(q) != dims(k) {
-        return Err(format!("attention: q {q} and k {k} differ in shape"));
-    }
-    if dims(v)[..3] != dims(k)[..3] {
-        return Err(format!("attention: v {v} and k {k} differ in [B, H, T]"));
-    }
-    let mut d = dims(q);
-    d[3] = dims(v)[3].clone();
-    Ok(ValueType::tensor(DType::F32, d))
-}

@@ -24,10 +24,12 @@
 
 pub mod backward;
 
-use crate::graph::{Graph, ValueId};
-use crate::ops::{
-    AttnAttrs, BinaryOp, GateKind, NormBound, Op, PruneRule, ReduceKind, Tiles, UnaryOp, LOG_F_FLOOR,
-};
+pub mod acp;
+pub mod attention;
+pub mod region;
+
+use crate::graph::{Graph, Value, ValueId};
+use crate::ops::{BinaryOp, GateKind, Op, ReduceKind, UnaryOp, LOG_F_FLOOR};
 use crate::shapes::{bind_dims, bind_dims_partial, concrete_shape, DimBindings, ShapeError};
 use crate::types::DType;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -79,7 +81,7 @@ fn linear(shape: &[usize], idx: &[usize]) -> usize {
     })
 }
 
-/// Statistics of one `pruned_decay_attention` node (see docs/SEMANTICS.md).
+/// Statistics of one pruned `attention` node (see docs/SEMANTICS.md).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PruneStats {
     pub node: ValueId,
@@ -104,7 +106,7 @@ impl PruneStats {
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunResult {
     pub output: Tensor,
-    /// One entry per `pruned_decay_attention` node evaluated, in topological order.
+    /// One entry per pruned `attention` node evaluated, in topological order.
     pub prune: Vec<PruneStats>,
 }
 
@@ -298,6 +300,31 @@ pub fn run(g: &Graph, inputs: &BTreeMap<String, Tensor>) -> Result<RunResult, In
     Ok(RunResult { output: v, prune: ev.prune })
 }
 
+/// Evaluate only what `targets` need and return every result of each target (`lse` of an
+/// attention is `Value { node, result: 1 }`).
+pub fn eval_values(
+    g: &Graph,
+    inputs: &BTreeMap<String, Tensor>,
+    targets: &[Value],
+) -> Result<BTreeMap<Value, Tensor>, InterpError> {
+    let nodes: Vec<ValueId> = targets.iter().map(|v| v.node).collect();
+    let shapes: Vec<(String, Vec<usize>)> =
+        inputs.iter().map(|(k, t)| (k.clone(), t.shape.clone())).collect();
+    let dims = bind_dims_partial(g, &shapes)?;
+    let mut ev = Evaluator::new(g, inputs, dims, &nodes)?;
+    let firsts = ev.eval_all()?;
+    let mut out = BTreeMap::new();
+    for v in targets {
+        let t = if v.result == 0 {
+            firsts.get(&v.node).cloned()
+        } else {
+            ev.target_more.get(&(v.node, v.result)).cloned()
+        };
+        out.insert(*v, t.ok_or_else(|| malformed(g, v.node, format!("has no result {}", v.result)))?);
+    }
+    Ok(out)
+}
+
 /// Evaluate only what `targets` need (parameters not needed may be absent from `inputs`).
 /// Used to compute thresholds and block boundaries at long T without running attention.
 pub fn eval(
@@ -336,6 +363,12 @@ struct Evaluator<'a> {
     deferred: BTreeSet<ValueId>,
     vals: HashMap<ValueId, Val>,
     prune: Vec<PruneStats>,
+    /// Results beyond the first of the node being evaluated (set by `eval_node`).
+    pending_more: Vec<Val>,
+    /// Results beyond the first of live multi-result nodes.
+    more: HashMap<ValueId, Vec<Val>>,
+    /// Results beyond the first of the targets, `(node, result)`.
+    target_more: BTreeMap<(ValueId, u32), Tensor>,
 }
 
 impl<'a> Evaluator<'a> {
@@ -378,7 +411,12 @@ impl<'a> Evaluator<'a> {
                 }
             }
         }
-        Ok(Evaluator { g, inputs, dims, order, targets, uses, deferred, vals: HashMap::new(), prune: vec![] })
+        Ok(Evaluator { g, inputs, dims, order, targets, uses, deferred, vals: HashMap::new(),
+            prune: vec![],
+            pending_more: vec![],
+            more: HashMap::new(),
+            target_more: BTreeMap::new(),
+        })
     }
 
     fn eval_all(&mut self) -> Result<BTreeMap<ValueId, Tensor>, InterpError> {
@@ -393,6 +431,16 @@ impl<'a> Evaluator<'a> {
                 out.insert(n, Tensor { shape: v.shape.clone(), data: v.data.as_ref().clone() });
             }
             self.vals.insert(n, v);
+            let more = std::mem::take(&mut self.pending_more);
+            if !more.is_empty() {
+                if self.targets.contains(&n) {
+                    for (r, m) in more.iter().enumerate() {
+                        let t = Tensor { shape: m.shape.clone(), data: m.data.as_ref().clone() };
+                        self.target_more.insert((n, r as u32 + 1), t);
+                    }
+                }
+                self.more.insert(n, more);
+            }
             // Free operands that nobody needs any more (deferred muls' operands included).
             let mut ops = self.g.operands(n);
             let mut i = 0;
@@ -405,6 +453,7 @@ impl<'a> Evaluator<'a> {
                     *c = c.saturating_sub(1);
                     if *c == 0 && !self.targets.contains(&o) {
                         self.vals.remove(&o);
+                        self.more.remove(&o);
                     }
                 }
                 i += 1;
@@ -419,6 +468,19 @@ impl<'a> Evaluator<'a> {
 
     fn val(&self, id: ValueId, of: ValueId) -> Result<&Val, InterpError> {
         self.vals.get(&id).ok_or_else(|| self.err(of, "operand not computed"))
+    }
+
+    /// Any result of a computed node.
+    #[allow(dead_code)]
+    fn value(&self, v: Value, of: ValueId) -> Result<&Val, InterpError> {
+        match v.result {
+            0 => self.val(v.node, of),
+            r => self
+                .more
+                .get(&v.node)
+                .and_then(|m| m.get(r as usize - 1))
+                .ok_or_else(|| self.err(of, "operand result not computed")),
+        }
     }
 
     fn operands(&self, id: ValueId) -> Result<Vec<ValueId>, InterpError> {
@@ -708,23 +770,14 @@ impl<'a> Evaluator<'a> {
                 mk(a.data.iter().map(|&x| cast(dt, x)).collect())
             }
             Op::GateCumsum { kind } => mk(self.gate_cumsum(id, *kind, ops[0], &shape)?),
-            Op::Threshold { rule, log_eps, bound, scale, bm } => {
-                mk(self.threshold(id, &ops, *rule, *log_eps, *bound, *scale, *bm, &shape)?)
+            Op::Threshold { .. } => mk(self.threshold(id, &ops, &shape)?),
+            Op::BlockBoundary(_) => mk(self.block_boundary(id, &ops, &shape)?),
+            Op::Attention(_) => {
+                let (out, lse) = self.attention_node(id)?;
+                self.pending_more = vec![lse];
+                out
             }
-            Op::BlockBoundary(t) => mk(self.block_boundary(id, &ops, *t, &shape)?),
-            Op::DecayAttention(attrs) => {
-                let (d, _) = self.attention(id, &ops, attrs, None)?;
-                mk(d)
-            }
-            Op::Attention(_) => return Err(self.err(id, "the generic attention is not evaluated yet")),
             Op::AttentionBackward(_) => return Err(self.err(id, "attention_backward is not evaluated yet")),
-            Op::PrunedDecayAttention { attn, tiles } => {
-                let (d, stats) = self.attention(id, &ops, attn, Some(*tiles))?;
-                if let Some(s) = stats {
-                    self.prune.push(s);
-                }
-                mk(d)
-            }
         };
         if v.shape != shape {
             return Err(self.err(id, format!("computed shape {:?}, declared {:?}", v.shape, shape)));
@@ -831,280 +884,6 @@ impl<'a> Evaluator<'a> {
         Ok(out)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn threshold(
-        &self,
-        id: ValueId,
-        ops: &[ValueId],
-        rule: PruneRule,
-        log_eps: f64,
-        bound: NormBound,
-        scale: f64,
-        bm: u32,
-        shape: &[usize],
-    ) -> Result<Vec<f64>, InterpError> {
-        let q = self.positional(id, ops[0], 4, "q")?;
-        let k = self.positional(id, ops[1], 4, "k")?;
-        if q.shape != k.shape {
-            return Err(self.err(id, format!("q {:?} and k {:?} differ", q.shape, k.shape)));
-        }
-        let (b, h, t, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
-        if bm == 0 {
-            return Err(self.err(id, "bm = 0"));
-        }
-        let mt = t.div_ceil(bm as usize);
-        if shape != [b, h, mt] {
-            return Err(self.err(id, format!("result {shape:?}, expected {:?}", [b, h, mt])));
-        }
-        let norm = |x: &[f64]| x.iter().map(|a| a * a).sum::<f64>().sqrt();
-        let ln_t = (t as f64).ln();
-        let mut out = Vec::with_capacity(b * h * mt);
-        for bh in 0..b * h {
-            let row = |i: usize| (bh * t + i) * d..(bh * t + i + 1) * d;
-            let data_max = |x: &Val| (0..t).map(|i| norm(&x.data[row(i)])).fold(0.0, nan_max);
-            let (qmax, kmax) = match bound {
-                NormBound::Static { q_max, k_max } => (q_max, k_max),
-                NormBound::Data => (data_max(q), data_max(k)),
-            };
-            for m in 0..mt {
-                let delta = match rule {
-                    PruneRule::Paper => log_eps - 2.0 * scale.abs() * qmax * kmax - ln_t,
-                    PruneRule::Tight => {
-                        let lo = m * bm as usize;
-                        let hi = (lo + bm as usize).min(t);
-                        (lo..hi)
-                            .map(|i| {
-                                let qi = &q.data[row(i)];
-                                let ki = &k.data[row(i)];
-                                let sii: f64 = qi.iter().zip(ki).map(|(a, b)| a * b).sum();
-                                log_eps - ln_t - scale.abs() * norm(qi) * kmax + scale * sii
-                            })
-                            .fold(f64::INFINITY, nan_min)
-                    }
-                };
-                out.push(delta);
-            }
-        }
-        Ok(out)
-    }
-
-    fn block_boundary(
-        &self,
-        id: ValueId,
-        ops: &[ValueId],
-        tiles: Tiles,
-        shape: &[usize],
-    ) -> Result<Vec<f64>, InterpError> {
-        let c = self.positional(id, ops[0], 3, "c")?;
-        let delta = self.positional(id, ops[1], 3, "delta")?;
-        let (b, h, t) = (c.shape[0], c.shape[1], c.shape[2]);
-        let (bm, bn) = (tiles.bm as usize, tiles.bn as usize);
-        if bm == 0 || bn == 0 {
-            return Err(self.err(id, "zero tile size"));
-        }
-        let mt = t.div_ceil(bm);
-        if delta.shape != [b, h, mt] || shape != [b, h, mt] {
-            return Err(self
-                .err(id, format!("delta {:?} / result {shape:?}, expected {:?}", delta.shape, [b, h, mt])));
-        }
-        let mut out = Vec::with_capacity(b * h * mt);
-        for bh in 0..b * h {
-            let cr = &c.data[bh * t..(bh + 1) * t];
-            for m in 0..mt {
-                let dm = delta.data[bh * mt + m];
-                let i0 = m * bm;
-                let diag = i0 / bn;
-                let mut start = diag;
-                for n in 0..diag {
-                    let jend = (n * bn + bn - 1).min(t - 1);
-                    // NaN comparison is false: the tile is kept.
-                    let skipped = cr[i0] - cr[jend] < dm;
-                    if !skipped {
-                        start = n;
-                        break;
-                    }
-                }
-                out.push(start as f64);
-            }
-        }
-        Ok(out)
-    }
-
-    /// Dense (`tiles = None`) or pruned decay attention, row by row.
-    fn attention(
-        &self,
-        id: ValueId,
-        ops: &[ValueId],
-        attrs: &AttnAttrs,
-        tiles: Option<Tiles>,
-    ) -> Result<(Vec<f64>, Option<PruneStats>), InterpError> {
-        let q = self.positional(id, ops[0], 4, "q")?;
-        let k = self.positional(id, ops[1], 4, "k")?;
-        let v = self.positional(id, ops[2], 4, "v")?;
-        if q.shape != k.shape || q.shape[..3] != v.shape[..3] {
-            return Err(self.err(id, format!("q {:?}, k {:?}, v {:?} disagree", q.shape, k.shape, v.shape)));
-        }
-        let (b, h, t, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
-        let dv = v.shape[3];
-        let c = if attrs.has_decay || tiles.is_some() {
-            let c = self.positional(id, ops[3], 3, "c")?;
-            if c.shape != [b, h, t] {
-                return Err(self.err(id, format!("c has shape {:?}, expected {:?}", c.shape, [b, h, t])));
-            }
-            Some(c)
-        } else {
-            None
-        };
-        let use_c = if attrs.has_decay { c } else { None };
-        let (start, bm, bn) = match tiles {
-            Some(tl) => {
-                let (bm, bn) = (tl.bm as usize, tl.bn as usize);
-                if bm == 0 || bn == 0 {
-                    return Err(self.err(id, "zero tile size"));
-                }
-                let st = self.positional(id, ops[4], 3, "start")?;
-                let mt = t.div_ceil(bm);
-                if st.shape != [b, h, mt] {
-                    return Err(
-                        self.err(id, format!("start has shape {:?}, expected {:?}", st.shape, [b, h, mt]))
-                    );
-                }
-                (Some(st), bm, bn)
-            }
-            None => (None, 1, 1),
-        };
-        let job = AttnJob {
-            q: &q.data,
-            k: &k.data,
-            v: &v.data,
-            c: use_c.map(|c| c.data.as_slice()),
-            start: start.map(|s| s.data.as_slice()),
-            t,
-            d,
-            dv,
-            bm,
-            bn,
-            scale: attrs.scale,
-            window: attrs.window,
-        };
-        let mut out = vec![0.0; b * h * t * dv];
-        let mut stats = PruneStats { node: id, kept_tiles: 0, total_tiles: 0, max_pruned_mass: 0.0 };
-        // Heads are independent: spread them over the cores (results do not depend on the split).
-        let heads = b * h;
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(heads).max(1);
-        let per = heads.div_ceil(threads).max(1);
-        let chunk = (per * t * dv).max(1);
-        let parts: Vec<(u64, u64, f64)> = std::thread::scope(|sc| {
-            let handles: Vec<_> = out
-                .chunks_mut(chunk)
-                .enumerate()
-                .map(|(n, o)| {
-                    let job = &job;
-                    sc.spawn(move || {
-                        let mut acc = (0u64, 0u64, 0.0f64);
-                        for (k, oh) in o.chunks_mut((t * dv).max(1)).enumerate() {
-                            let (kept, total, mass) = job.head(n * per + k, oh);
-                            acc = (acc.0 + kept, acc.1 + total, nan_max(acc.2, mass));
-                        }
-                        acc
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|hd| hd.join().unwrap_or((0, 0, f64::NAN))).collect()
-        });
-        for (kept, total, mass) in parts {
-            stats.kept_tiles += kept;
-            stats.total_tiles += total;
-            stats.max_pruned_mass = nan_max(stats.max_pruned_mass, mass);
-        }
-        Ok((out, tiles.map(|_| stats)))
-    }
-}
-
-/// The operands of one attention node, as flat slices (positional, head-first).
-struct AttnJob<'a> {
-    q: &'a [f64],
-    k: &'a [f64],
-    v: &'a [f64],
-    c: Option<&'a [f64]>,
-    start: Option<&'a [f64]>,
-    t: usize,
-    d: usize,
-    dv: usize,
-    bm: usize,
-    bn: usize,
-    scale: f64,
-    window: Option<u64>,
-}
-
-impl AttnJob<'_> {
-    /// Attention of head `bh` (= b * H + h) into `o` (`[T, Dv]`); returns the kept and total
-    /// tiles and the largest pruned mass of its rows.
-    fn head(&self, bh: usize, o: &mut [f64]) -> (u64, u64, f64) {
-        let AttnJob { q, k, v, c, start, t, d, dv, bm, bn, .. } = *self;
-        let (mut kept, mut total, mut max_mass) = (0u64, 0u64, 0.0f64);
-        let mt = t.div_ceil(bm);
-        if let Some(st) = start {
-            for m in 0..mt {
-                let i0 = m * bm;
-                let diag = ((i0 + bm - 1).min(t - 1) / bn) as u64;
-                let sm = st[bh * mt + m];
-                let sm = if sm.is_nan() || sm < 0.0 { 0 } else { sm as u64 };
-                total += diag + 1;
-                kept += (diag + 1).saturating_sub(sm);
-            }
-        }
-        let mut s = vec![0.0; t];
-        for i in 0..t {
-            let lo = match self.window {
-                Some(w) => (i + 1).saturating_sub(w as usize),
-                None => 0,
-            };
-            let kstart = match start {
-                Some(st) => {
-                    let sm = st[bh * mt + i / bm];
-                    let sm = if sm.is_nan() || sm < 0.0 { 0.0 } else { sm };
-                    // Beyond the row: nothing kept (saturate rather than overflow).
-                    ((sm * bn as f64).min((i + 1) as f64)) as usize
-                }
-                None => 0,
-            };
-            let qi = &q[(bh * t + i) * d..(bh * t + i + 1) * d];
-            let mut mx = f64::NEG_INFINITY;
-            for (j, sj) in s.iter_mut().enumerate().take(i + 1).skip(lo) {
-                let kj = &k[(bh * t + j) * d..(bh * t + j + 1) * d];
-                let dot: f64 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
-                let bias = c.map_or(0.0, |c| c[bh * t + i] - c[bh * t + j]);
-                *sj = self.scale * dot + bias;
-                mx = mx.max(*sj);
-            }
-            let klo = lo.max(kstart);
-            if start.is_some() && klo > lo && mx != f64::NEG_INFINITY {
-                let z: f64 = s[lo..=i].iter().map(|x| (x - mx).exp()).sum();
-                let pruned: f64 = s[lo..klo].iter().map(|x| (x - mx).exp()).sum::<f64>() / z;
-                max_mass = nan_max(max_mass, pruned);
-            }
-            let row = &s[klo.min(i + 1)..=i];
-            let kmx = row.iter().fold(f64::NEG_INFINITY, |a, &x| a.max(x));
-            if kmx == f64::NEG_INFINITY && row.iter().all(|x| !x.is_nan()) {
-                continue; // empty or fully masked row: output 0
-            }
-            let oi = &mut o[i * dv..(i + 1) * dv];
-            let mut z = 0.0;
-            for (j, sj) in s.iter().enumerate().take(i + 1).skip(klo) {
-                let p = (sj - kmx).exp();
-                z += p;
-                let vj = &v[(bh * t + j) * dv..(bh * t + j + 1) * dv];
-                for (oe, ve) in oi.iter_mut().zip(vj) {
-                    *oe += p * ve;
-                }
-            }
-            for oe in oi.iter_mut() {
-                *oe /= z;
-            }
-        }
-        (kept, total, max_mass)
-    }
 }
 
 /// Call `f` with the linear indices of every line of `shape` along axis `p`.

@@ -91,17 +91,6 @@ pub enum NormBound {
     Data,
 }
 
-/// Attributes shared by `decay_attention` and `pruned_decay_attention`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AttnAttrs {
-    /// Multiplies `q . k` (usually `1/sqrt(D)`).
-    pub scale: f64,
-    /// Whether a log-decay cumsum `c` operand is present (absent: plain causal attention).
-    pub has_decay: bool,
-    /// Sliding window: key `j` is visible from query `i` only if `i - j < window`.
-    pub window: Option<u64>,
-}
-
 /// Tile shape of ACP: `bm` query rows by `bn` key columns. Chosen per target by a pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tiles {
@@ -187,28 +176,20 @@ pub enum Op {
     GateCumsum {
         kind: GateKind,
     },
-    /// Causal softmax attention with the log-decay bias `c_i - c_j`.
-    /// Operands: q, k, v `[B, H, T, D]`, then c `[B, H, T]` if `has_decay`.
-    /// Result: f32 `[B, H, T, D]`.
-    DecayAttention(AttnAttrs),
-    /// The per-query-tile pruning threshold delta. Operands: q, k `[B, H, T, D]`.
-    /// Result: f32 `[B, H, T/bm]`.
+    /// The per-query-tile pruning threshold delta of an attention. Operands: q `[B, H, T, D]`,
+    /// k `[B, Hk, T, D]` (kv head of query head h: `h / (H / Hk)`). Result: f32 `[B, H, T/bm]`.
+    /// `U = score.u(|scale| Qmax Kmax)` bounds the attention's region (docs/SEMANTICS.md).
     Threshold {
         rule: PruneRule,
         log_eps: f64,
         bound: NormBound,
-        scale: f64,
+        score: ScoreBound,
+        scale: Scale,
         bm: u32,
     },
     /// The first kept key tile of every query tile (the block-sparse mask).
     /// Operands: c `[B, H, T]`, delta `[B, H, T/bm]`. Result: i32 `[B, H, T/bm]`.
     BlockBoundary(Tiles),
-    /// `decay_attention` that skips, for query tile m, every key tile before `start[m]`.
-    /// Operands: q, k, v, c, start. Result: f32 `[B, H, T, D]`.
-    PrunedDecayAttention {
-        attn: AttnAttrs,
-        tiles: Tiles,
-    },
     /// The generic fused attention ([`Attention`], docs/SEMANTICS.md "attention"). Operands
     /// q, k, v, then c if `decay`, start or delta if pruned, then the captured tensors (read
     /// them through [`Attention::operands`]). Results: `out` `[B, H, T, Dv]` in `out_dtype`
@@ -275,10 +256,8 @@ impl Op {
             Op::RmsNorm { .. } => "rmsnorm",
             Op::Cast => "cast",
             Op::GateCumsum { .. } => "gate_cumsum",
-            Op::DecayAttention(_) => "decay_attention",
             Op::Threshold { .. } => "threshold",
             Op::BlockBoundary(_) => "block_boundary",
-            Op::PrunedDecayAttention { .. } => "pruned_decay_attention",
             Op::Attention(_) => "attention",
             Op::AttentionBackward(_) => "attention_backward",
         }
@@ -293,8 +272,6 @@ impl Op {
             Op::Causal { .. } | Op::Window { .. } | Op::GateCumsum { .. } => 1,
             Op::Binary(_) | Op::RmsNorm { .. } | Op::Threshold { .. } | Op::BlockBoundary(_) => 2,
             Op::Select => 3,
-            Op::DecayAttention(a) => 3 + a.has_decay as usize,
-            Op::PrunedDecayAttention { .. } => 5,
             Op::Attention(_) | Op::AttentionBackward(_) => return None,
         })
     }
@@ -304,10 +281,8 @@ impl Op {
         matches!(
             self,
             Op::GateCumsum { .. }
-                | Op::DecayAttention(_)
                 | Op::Threshold { .. }
                 | Op::BlockBoundary(_)
-                | Op::PrunedDecayAttention { .. }
                 | Op::Attention(_)
                 | Op::AttentionBackward(_)
         )
@@ -326,16 +301,6 @@ fn fmt_f64(x: f64) -> String {
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.mnemonic())?;
-        let attn = |a: &AttnAttrs| {
-            let mut s = format!("scale = {}", fmt_f64(a.scale));
-            if !a.has_decay {
-                s.push_str(", no_decay");
-            }
-            if let Some(w) = a.window {
-                s.push_str(&format!(", window = {w}"));
-            }
-            s
-        };
         match self {
             Op::Param { name, index } => write!(f, " \"{name}\" #{index}"),
             Op::Const(c) => write!(f, " {}", fmt_f64(*c)),
@@ -353,25 +318,17 @@ impl fmt::Display for Op {
             Op::Window { i, j, size } => write!(f, " {{i = {i}, j = {j}, size = {size}}}"),
             Op::RmsNorm { axis, eps } => write!(f, " {{axis = {axis}, eps = {eps:e}}}"),
             Op::GateCumsum { kind } => write!(f, " {{gate = {kind:?}}}"),
-            Op::DecayAttention(a) => write!(f, " {{{}}}", attn(a)),
-            Op::Threshold { rule, log_eps, bound, scale, bm } => {
+            Op::Threshold { rule, log_eps, bound, score, scale, bm } => {
                 let b = match bound {
                     NormBound::Static { q_max, k_max } => {
                         format!("static(q_max = {}, k_max = {})", fmt_f64(*q_max), fmt_f64(*k_max))
                     }
                     NormBound::Data => "data".to_string(),
                 };
-                write!(
-                    f,
-                    " {{rule = {rule:?}, log_eps = {}, bound = {b}, scale = {}, bm = {bm}}}",
-                    fmt_f64(*log_eps),
-                    fmt_f64(*scale)
-                )
+                let u = if *score == ScoreBound::IDENTITY { String::new() } else { format!(", u = {score}") };
+                write!(f, " {{rule = {rule:?}, log_eps = {}, bound = {b}{u}, scale = {scale}, bm = {bm}}}", fmt_f64(*log_eps))
             }
             Op::BlockBoundary(t) => write!(f, " {{bm = {}, bn = {}}}", t.bm, t.bn),
-            Op::PrunedDecayAttention { attn: a, tiles } => {
-                write!(f, " {{{}, bm = {}, bn = {}}}", attn(a), tiles.bm, tiles.bn)
-            }
             Op::Attention(a) | Op::AttentionBackward(a) => write!(f, " {{{a}}}"),
             _ => Ok(()),
         }
@@ -383,9 +340,7 @@ pub fn fused_result_dtype(op: &Op) -> Option<DType> {
     match op {
         Op::BlockBoundary(_) => Some(DType::I32),
         Op::GateCumsum { .. }
-        | Op::DecayAttention(_)
-        | Op::Threshold { .. }
-        | Op::PrunedDecayAttention { .. } => Some(DType::F32),
+        | Op::Threshold { .. } => Some(DType::F32),
         Op::Attention(a) => Some(a.out_dtype),
         Op::AttentionBackward(_) => Some(DType::F32),
         _ => None,

@@ -231,7 +231,9 @@ fn check_gather(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::{AttnAttrs, NormBound, PruneRule, ReduceKind, Tiles};
+    use crate::attention::{Attention, Mask, Prune, RNode, Region, Scale, ScoreBound};
+    use crate::graph::Value;
+    use crate::ops::{NormBound, PruneRule, ReduceKind, Tiles};
     use crate::types::{Axis, Dim, Span};
     use petgraph::visit::EdgeRef;
 
@@ -274,7 +276,8 @@ mod tests {
                 rule: PruneRule::Tight,
                 log_eps: -10.0,
                 bound: NormBound::Data,
-                scale: 0.125,
+                score: ScoreBound::IDENTITY,
+                scale: Scale::constant(0.125),
                 bm: 64,
             },
             tiles.clone(),
@@ -283,16 +286,22 @@ mod tests {
         );
         let start = ValueType { dtype: DType::I32, axes: tiles.axes.clone() };
         let st = g.add(Op::BlockBoundary(Tiles { bm: 64, bn: 32 }), start, &[c, delta], sp);
-        let attn = AttnAttrs { scale: 0.125, has_decay: true, window: None };
-        let o = g.add(
-            Op::PrunedDecayAttention { attn, tiles: Tiles { bm: 64, bn: 32 } },
-            t(DType::F32, bhtd()),
-            &[q, k, v, c, st],
-            sp,
-        );
+        let mut a = Attention::new(Scale::constant(0.125), Mask::Causal, true);
+        a.tiles = Some(Tiles { bm: 64, bn: 32 });
+        a.prune = Prune::Start;
+        let o = attention(&mut g, a, &[q, k, v, c, st]);
         let out = g.add(Op::Cast, t(DType::BF16, bhtd()), &[o], sp);
         g.output = Some(out);
         g
+    }
+
+    /// An attention node with its two results typed by the op's rule.
+    fn attention(g: &mut Graph, a: Attention, ops: &[ValueId]) -> ValueId {
+        let tys: Vec<ValueType> = ops.iter().map(|&o| g.ty(o).clone()).collect();
+        let refs: Vec<&ValueType> = tys.iter().collect();
+        let rt = a.result_types(&refs).unwrap();
+        let vals: Vec<Value> = ops.iter().map(|&o| Value::of(o)).collect();
+        g.add_multi(Op::Attention(a), rt, &vals, Span::default())
     }
 
     #[test]
@@ -302,8 +311,7 @@ mod tests {
         let sp = Span::default();
         let mut g = Graph::new("causal");
         let [q, k, v, _] = params(&mut g);
-        let attn = AttnAttrs { scale: 0.125, has_decay: false, window: Some(256) };
-        let o = g.add(Op::DecayAttention(attn), t(DType::F32, bhtd()), &[q, k, v], sp);
+        let o = attention(&mut g, Attention::new(Scale::inv_sqrt(1.0, Dim::sym("D")), Mask::Window(256), false), &[q, k, v]);
         g.output = Some(o);
         verify(&g).unwrap();
         let m = g.add_param("slope", t(DType::F32, vec![Dim::sym("H")]), sp);
@@ -313,10 +321,43 @@ mod tests {
             &[m],
             sp,
         );
-        let attn = AttnAttrs { scale: 0.125, has_decay: true, window: None };
-        let o = g.add(Op::DecayAttention(attn), t(DType::F32, bhtd()), &[q, k, v, c], sp);
+        let o = attention(&mut g, Attention::new(Scale::constant(0.125), Mask::Causal, true), &[q, k, v, c]);
         g.output = Some(o);
         verify(&g).unwrap();
+        // A softcapped score with a captured per-key bias, grouped-query heads, bf16 output.
+        let kb = g.add_param("kb", t(DType::F32, bhtd()[..3].to_vec()), sp);
+        let mut r = Region::new();
+        let x = r.push(RNode::Score);
+        let th = r.push(RNode::Unary(crate::ops::UnaryOp::Tanh, x));
+        let iv = |v: &str| crate::index::IndexExpr { terms: vec![(v.to_string(), 1)], constant: 0, div: None };
+        let cap = r.push(RNode::Capture { k: 0, index: vec![iv("b"), iv("h"), iv("j")] });
+        r.push(RNode::Binary(crate::ops::BinaryOp::Add, th, cap));
+        let mut a = Attention::new(Scale::constant(0.125), Mask::None, true);
+        a.score = r;
+        a.out_dtype = DType::BF16;
+        let o = attention(&mut g, a.clone(), &[q, k, v, c, kb]);
+        g.output = Some(o);
+        verify(&g).unwrap();
+        let text = print_graph(&g);
+        assert!(text.contains(":2 = attention {scale = 0.125, score = tanh(x) + %"), "{text}");
+        assert!(text.contains("bf16[B, H, T, D], f32[B, H, T]"), "{text}");
+        // Capture index out of range, a wrong subscript count, a missing lse, a bad result index.
+        let mut bad = a.clone();
+        bad.score.nodes[2] = RNode::Capture { k: 1, index: vec![iv("b"), iv("h"), iv("j")] };
+        g.node_mut(o).op = Op::Attention(bad);
+        fails(&g, "reads capture 1, but the node has 1 captures");
+        let mut bad = a.clone();
+        bad.score.nodes[2] = RNode::Capture { k: 0, index: vec![iv("b"), iv("j")] };
+        g.node_mut(o).op = Op::Attention(bad);
+        fails(&g, "with 2 subscripts");
+        g.node_mut(o).op = Op::Attention(a);
+        let lse = g.node(o).more.clone();
+        g.node_mut(o).more.clear();
+        fails(&g, "result types should be");
+        g.node_mut(o).more = lse;
+        let user = g.add_multi(Op::Unary(crate::ops::UnaryOp::Exp), vec![t(DType::F32, bhtd()[..3].to_vec())], &[Value { node: o, result: 2 }], sp);
+        g.output = Some(user);
+        fails(&g, "uses result 2 of a node with 2 result(s)");
     }
 
     #[test]
@@ -344,7 +385,7 @@ mod tests {
         fails(&g, "no output");
         // Wrong result type of a fused op.
         let mut g = pruned_fox();
-        let att = g.find(|o| matches!(o, Op::PrunedDecayAttention { .. }))[0];
+        let att = g.find(|o| matches!(o, Op::Attention(_)))[0];
         g.node_mut(att).ty = t(DType::F32, bhtd()[..3].to_vec());
         fails(&g, "type should be f32[B, H, T, D]");
         // Operand of the wrong shape: c swapped for delta.

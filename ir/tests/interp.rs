@@ -140,6 +140,15 @@ fn unfused_fox() -> Graph {
     g
 }
 
+/// An attention node with both results typed by the op's rule.
+fn attention(g: &mut Graph, a: Attention, ops: &[ValueId]) -> ValueId {
+    let tys: Vec<ValueType> = ops.iter().map(|&o| g.ty(o).clone()).collect();
+    let refs: Vec<&ValueType> = tys.iter().collect();
+    let rt = a.result_types(&refs).unwrap();
+    let vals: Vec<foxc_ir::Value> = ops.iter().map(|&o| foxc_ir::Value::of(o)).collect();
+    g.add_multi(Op::Attention(a), rt, &vals, SP)
+}
+
 struct Fused {
     g: Graph,
     c: ValueId,
@@ -156,18 +165,29 @@ fn fused_fox(scale: f64, prune: Option<(PruneRule, f64, Tiles)>, window: Option<
     let v = g.add_param("v", bhtd(), SP);
     let f = g.add_param("fgate", bht(), SP);
     let c = g.add(Op::GateCumsum { kind: GateKind::Logits }, bht(), &[f], SP);
-    let attn = AttnAttrs { scale, has_decay: true, window };
+    let mask = window.map_or(Mask::Causal, Mask::Window);
+    let attn = Attention::new(Scale::constant(scale), mask, true);
     let (out, delta, start) = match prune {
-        None => (g.add(Op::DecayAttention(attn), bhtd(), &[q, k, v, c], SP), None, None),
+        None => (attention(&mut g, attn, &[q, k, v, c]), None, None),
         Some((rule, log_eps, tiles)) => {
             let mt =
                 ValueType::tensor(DType::F32, [sym("B"), sym("H"), Dim::Tiles(Box::new(sym("T")), tiles.bm)]);
-            let th = Op::Threshold { rule, log_eps, bound: NormBound::Data, scale, bm: tiles.bm };
+            let th = Op::Threshold {
+                rule,
+                log_eps,
+                bound: NormBound::Data,
+                score: ScoreBound::IDENTITY,
+                scale: Scale::constant(scale),
+                bm: tiles.bm,
+            };
             let delta = g.add(th, mt.clone(), &[q, k], SP);
             let mut mt_i = mt;
             mt_i.dtype = DType::I32;
             let start = g.add(Op::BlockBoundary(tiles), mt_i, &[c, delta], SP);
-            let out = g.add(Op::PrunedDecayAttention { attn, tiles }, bhtd(), &[q, k, v, c, start], SP);
+            let mut attn = attn;
+            attn.tiles = Some(tiles);
+            attn.prune = Prune::Start;
+            let out = attention(&mut g, attn, &[q, k, v, c, start]);
             (out, Some(delta), Some(start))
         }
     };
@@ -230,8 +250,8 @@ fn hand_computed_decay_attention_t3_d2() {
     let k = g.add_param("k", bhtd(), SP);
     let v = g.add_param("v", bhtd(), SP);
     let c = g.add_param("c", bht(), SP);
-    let attn = AttnAttrs { scale: 1.0, has_decay: true, window: None };
-    g.output = Some(g.add(Op::DecayAttention(attn), bhtd(), &[q, k, v, c], SP));
+    g.output =
+        Some(attention(&mut g, Attention::new(Scale::constant(1.0), Mask::Causal, true), &[q, k, v, c]));
     let ins = inputs(vec![
         ("q", Tensor::new(&[1, 1, 3, 2], vec![1., 0., 0., 1., 1., 1.])),
         ("k", Tensor::new(&[1, 1, 3, 2], vec![1., 0., 0., 1., 1., -1.])),
@@ -293,7 +313,14 @@ fn hand_computed_threshold_both_rules() {
         let qn = g.add_param("q", bhtd(), SP);
         let kn = g.add_param("k", bhtd(), SP);
         let mt = ValueType::tensor(DType::F32, [sym("B"), sym("H"), Dim::Tiles(Box::new(sym("T")), 2)]);
-        let op = Op::Threshold { rule, log_eps: -10.0, bound: NormBound::Data, scale: 0.5, bm: 2 };
+        let op = Op::Threshold {
+            rule,
+            log_eps: -10.0,
+            bound: NormBound::Data,
+            score: ScoreBound::IDENTITY,
+            scale: Scale::constant(0.5),
+            bm: 2,
+        };
         g.output = Some(g.add(op, mt, &[qn, kn], SP));
         g
     };

@@ -1,17 +1,22 @@
-//! ACP insertion: `decay_attention` with a proven decay becomes
-//! `threshold -> block_boundary -> pruned_decay_attention` (docs/SEMANTICS.md).
+//! ACP insertion: a dense `attention` with a proven decay becomes
+//! `threshold -> block_boundary -> attention {pruned}` (docs/SEMANTICS.md).
 //!
-//! The bound on `max|q_i|`, `max|k_j|`: with QK-norm, `|rmsnorm(x, w)_i| <= max|w| sqrt(D)`
-//! (each normalized row has mean square 1, before the weight). `max|w|` is data unless the weight
-//! parameter declares a range (`w: f32[D] in [lo, hi]` gives `max|w| <= max(|lo|, |hi|)`) and
-//! `D` is a constant of the signature; only then is the bound `Static`. Otherwise the
-//! `threshold` node reduces the data (`Data`), which is always valid and never looser.
+//! The threshold needs `U >= max |R(x, ...)|` over the attention's score region `R`: the
+//! region's interval analysis ([`crate::recognize::bound`]) gives it statically (softcapping:
+//! `U = a`) or as `gain * X + extra` with `X = |scale| Qmax Kmax`. The bound on `max|q_i|`,
+//! `max|k_j|`: with QK-norm, `|rmsnorm(x, w)_i| <= max|w| sqrt(D)` (each normalized row has mean
+//! square 1, before the weight). `max|w|` is data unless the weight parameter declares a range
+//! (`w: f32[D] in [lo, hi]` gives `max|w| <= max(|lo|, |hi|)`) and `D` is a constant of the
+//! signature; only then is the norm bound `Static`. Otherwise the `threshold` node reduces the
+//! data (`Data`), which is always valid and never looser. What has no bound stays dense, with an
+//! explanation at the attention's source span.
 
 use crate::monotone::Verdict;
-use crate::tiles::tiles_for;
 use crate::{Explanation, PassContext, PassError, PassOptions};
 use foxc_ir::check::infer;
-use foxc_ir::{Dim, Graph, NormBound, Op, ValueId, ValueType};
+use foxc_ir::{
+    Attention, Dim, Graph, NormBound, Op, Prune, PruneRule, ScoreBound, Value, ValueId, ValueType,
+};
 
 /// `max|x_i|` without reading data, when `x` is a positional rmsnorm of a weight with a
 /// declared range and a constant feature size.
@@ -39,52 +44,96 @@ fn add(g: &mut Graph, op: Op, operands: &[ValueId], span: foxc_ir::Span) -> Resu
     Ok(g.add(op, ty, operands, span))
 }
 
+/// Add an attention node (both results typed by the op's rule).
+pub(crate) fn add_attention(
+    g: &mut Graph,
+    a: Attention,
+    operands: &[ValueId],
+    span: foxc_ir::Span,
+) -> Result<ValueId, PassError> {
+    let tys: Vec<ValueType> = operands.iter().map(|o| g.ty(*o).clone()).collect();
+    let refs: Vec<&ValueType> = tys.iter().collect();
+    let rt = a.result_types(&refs).map_err(|e| PassError::Internal(format!("attention: {e}")))?;
+    let vals: Vec<Value> = operands.iter().map(|&o| Value::of(o)).collect();
+    Ok(g.add_multi(Op::Attention(a), rt, &vals, span))
+}
+
 /// The ACP pass.
 pub fn run(g: &mut Graph, opts: &PassOptions, cx: &mut PassContext) -> Result<(), PassError> {
-    for n in g.find(|op| matches!(op, Op::DecayAttention(_))) {
-        let Op::DecayAttention(attn) = *g.op(n) else { continue };
+    for n in g.find(|op| matches!(op, Op::Attention(a) if a.prune == Prune::Dense)) {
+        let Op::Attention(attn) = g.op(n).clone() else { continue };
         let span = g.node(n).span;
         let verdict = cx.verdicts.get(&n).cloned().unwrap_or_else(|| crate::monotone::verdict(g, n));
+        let explain = |cx: &mut PassContext, message: String, hint: Option<String>| {
+            cx.explanations.push(Explanation { message, span, hint })
+        };
         match verdict {
             Verdict::Decay(_) => {}
             Verdict::NoDecay => {
-                cx.explanations.push(Explanation {
-                    message: "not pruned: the attention has no decay bias, so no key tile falls below the threshold"
-                        .into(),
-                    span,
-                    hint: attn
-                        .window
-                        .map(|_| "tiles entirely outside the window are skipped exactly by the kernel".to_string()),
+                let hint = matches!(attn.mask, foxc_ir::Mask::Window(_)).then(|| {
+                    "tiles entirely outside the window are skipped exactly by the kernel".to_string()
                 });
+                explain(
+                    cx,
+                    "not pruned: the attention has no decay bias, so no key tile falls below the threshold"
+                        .into(),
+                    hint,
+                );
                 continue;
             }
             // The monotonicity pass already explained it.
             Verdict::Unproven(..) => continue,
         }
         if !opts.prune {
-            cx.explanations.push(Explanation {
-                message: "not pruned: pruning is disabled (--no-prune)".into(),
-                span,
-                hint: None,
-            });
+            explain(cx, "not pruned: pruning is disabled (--no-prune)".into(), None);
             continue;
         }
-        let ops = g.operands(n);
-        let (q, k, v, c) = (ops[0], ops[1], ops[2], ops[3]);
-        let head_dim = match g.ty(q).axes.get(3).map(|a| &a.dim) {
-            Some(Dim::Const(d)) => Some(*d),
-            _ => None,
+        if !attn.mask.is_causal() {
+            // Recognition already explained a missing mask at the softmax.
+            if matches!(attn.mask, foxc_ir::Mask::None) {
+                continue;
+            }
+            explain(
+                cx,
+                "not pruned: ACP's tile rule needs a causal (or sliding-window) mask, so that the diagonal bounds each row"
+                    .into(),
+                None,
+            );
+            continue;
+        }
+        let score = match crate::recognize::bound::attention_bound(g, n) {
+            Ok(b) => b,
+            Err(why) => {
+                explain(cx, format!("not pruned: {why}"), None);
+                continue;
+            }
         };
-        let tiles = opts.tiles.unwrap_or_else(|| tiles_for(opts.target, head_dim));
-        let bound = match (static_norm(g, q), static_norm(g, k)) {
+        let Some(tiles) = attn.tiles else {
+            return Err(PassError::Internal("acp: the tiles pass did not set the attention's tiles".into()));
+        };
+        let ops = Attention::operands(g, n).map_err(PassError::Internal)?;
+        let c = ops.decay.ok_or_else(|| PassError::Internal("acp: decay verdict without c".into()))?;
+        let bound = match (static_norm(g, ops.q), static_norm(g, ops.k)) {
             (Some(q_max), Some(k_max)) => NormBound::Static { q_max, k_max },
             _ => NormBound::Data,
         };
-        let th =
-            Op::Threshold { rule: opts.rule, log_eps: opts.log_eps, bound, scale: attn.scale, bm: tiles.bm };
-        let delta = add(g, th, &[q, k], span)?;
+        // The tight rule's diagonal logit is q_i . k_i: the identity score only.
+        let rule = if score == ScoreBound::IDENTITY { opts.rule } else { PruneRule::Paper };
+        let th = Op::Threshold {
+            rule,
+            log_eps: opts.log_eps,
+            bound,
+            score,
+            scale: attn.scale.clone(),
+            bm: tiles.bm,
+        };
+        let delta = add(g, th, &[ops.q, ops.k], span)?;
         let start = add(g, Op::BlockBoundary(tiles), &[c, delta], span)?;
-        let pruned = add(g, Op::PrunedDecayAttention { attn, tiles }, &[q, k, v, c, start], span)?;
+        let mut pa = attn.clone();
+        pa.prune = Prune::Start;
+        let mut po = ops.clone();
+        po.start = Some(start);
+        let pruned = add_attention(g, pa, &po.to_vec(), span)?;
         g.node_mut(pruned).name = g.node(n).name.clone();
         g.replace_all_uses(n, pruned);
         g.remove_dead();

@@ -3,17 +3,19 @@
 //!
 //! Passes, in order (the verifier runs after each):
 //! 1. `recognize-attention` ([`recognize`]): egg-based recognition of decay-gated softmax
-//!    attention in any of its spellings; the output statement becomes one `decay_attention`
-//!    node whose `c` operand is a `gate_cumsum` (gate logits, log-gates or an ALiBi slope).
-//!    The fused node's `scale` attribute is a number: a constant scale becomes the attribute;
-//!    a symbolic one (`1/sqrt(D)` with `D` symbolic) stays in the IR as `mul q, rsqrt(dim D)`
-//!    on the q operand with `scale = 1` (a backend that knows `D` folds it back).
+//!    attention in any of its spellings; the output statement becomes one `attention` node
+//!    (docs/SEMANTICS.md) whose score region, mask, scale (`1/sqrt(D)` stays symbolic in the
+//!    attribute) and decay operand (a `gate_cumsum`) say what the source said.
 //! 2. `monotonicity` ([`monotone`]): proves `c` non-increasing (the decay bias `c_i - c_j <= 0`
 //!    for `j <= i`). Changes nothing in the IR; an unproven gate gets an [`Explanation`].
-//! 3. `acp` ([`acp`]): Adaptive Computation Pruning — `threshold`, `block_boundary` and
-//!    `pruned_decay_attention` for every proven `decay_attention`.
+//! 3. `tiles` ([`tiles`]): the target's `bm x bn` (or `--tiles`) on every attention, dense too.
+//! 4. `acp` ([`acp`]): Adaptive Computation Pruning — `threshold`, `block_boundary` and a pruned
+//!    `attention` for every proven dense `attention` whose score region has a bound.
+//! 5. `fuse-output-cast`, `fuse-boundary` ([`fuse_out`]): the output cast becomes the attention's
+//!    `out_dtype`; on GPU targets the kernel derives the block boundary itself.
 
 pub mod acp;
+pub mod fuse_out;
 pub mod grad;
 pub mod lang;
 pub mod monotone;
@@ -105,7 +107,10 @@ type PassFn = fn(&mut Graph, &PassOptions, &mut PassContext) -> Result<(), PassE
 pub const PASSES: &[(&str, PassFn)] = &[
     ("recognize-attention", |g, _, cx| recognize::recognize(g, &mut cx.explanations).map(|_| ())),
     ("monotonicity", monotone::run),
+    ("tiles", tiles::run),
     ("acp", acp::run),
+    ("fuse-output-cast", fuse_out::output_cast),
+    ("fuse-boundary", fuse_out::boundary),
 ];
 
 /// Run the pipeline on `g` in place, verifying after every pass.

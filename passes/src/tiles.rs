@@ -1,7 +1,8 @@
-//! Tile shapes of ACP per target. Backends obey the chosen tiles (they are IR attributes).
+//! Tile shapes per target, and the `tiles` pass that writes them on every attention (dense
+//! too): backends obey the attribute and never choose tiles themselves.
 
-use crate::Target;
-use foxc_ir::Tiles;
+use crate::{PassContext, PassError, PassOptions, Target};
+use foxc_ir::{Dim, Graph, Op, Tiles};
 
 /// The `bm x bn` tiles for `target`. `head_dim` is `D` when the signature fixes it.
 ///
@@ -14,4 +15,19 @@ pub fn tiles_for(target: Target, head_dim: Option<u64>) -> Tiles {
         Target::Cpu => Tiles { bm: 64, bn: 64 },
         Target::Sm90a | Target::Sm80 => Tiles { bm: 64, bn: 64 },
     }
+}
+
+/// The tiles pass: `--tiles` if given, else the target's choice, on every attention without tiles.
+pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
+    for n in g.find(|op| matches!(op, Op::Attention(a) if a.tiles.is_none())) {
+        let head_dim = match g.ty(g.operands(n)[0]).axes.get(3).map(|a| &a.dim) {
+            Some(Dim::Const(d)) => Some(*d),
+            _ => None,
+        };
+        let tiles = opts.tiles.unwrap_or_else(|| tiles_for(opts.target, head_dim));
+        if let Op::Attention(a) = &mut g.node_mut(n).op {
+            a.tiles = Some(tiles);
+        }
+    }
+    Ok(())
 }

@@ -213,10 +213,17 @@ fn options_reach_the_attributes() {
         // The rmsnorm weights are data (no declared range): the bound reads the data.
         assert_eq!(bound, NormBound::Data);
         let bb = o.find(|op| matches!(op, Op::BlockBoundary(_)));
-        assert_eq!(o.op(bb[0]), &Op::BlockBoundary(tiles));
         let pa = o.find(|op| matches!(op, Op::Attention(a) if a.prune != Prune::Dense));
         let Op::Attention(a) = o.op(pa[0]) else { unreachable!() };
         assert_eq!(a.tiles, Some(tiles));
+        // The CPU runs block_boundary as its own kernel; GPU targets fuse it into the attention.
+        if target == Target::Cpu {
+            assert_eq!(o.op(bb[0]), &Op::BlockBoundary(tiles));
+            assert_eq!(a.prune, Prune::Start);
+        } else {
+            assert!(bb.is_empty());
+            assert_eq!(a.prune, Prune::Boundary);
+        }
         // q and k of QK-norm are positional rmsnorms over axis 3 (the scale is an attribute).
         let ops = Attention::operands(&o, pa[0]).unwrap();
         assert!(matches!(o.op(ops.q), Op::RmsNorm { axis, .. } if axis == "3"));
@@ -233,10 +240,14 @@ fn requested_tiles_override_the_target_choice() {
     let tiles = foxc_ir::Tiles { bm: 128, bn: 32 };
     let (o, _) =
         run(&g, &PassOptions { tiles: Some(tiles), target: Target::Sm90a, ..PassOptions::default() });
-    let bb = o.find(|op| matches!(op, Op::BlockBoundary(_)));
-    assert_eq!(o.op(bb[0]), &Op::BlockBoundary(tiles));
+    // On the GPU the boundary is fused: the tiles are the attention's.
+    let pa = o.find(|op| matches!(op, Op::Attention(a) if a.prune == Prune::Boundary));
+    assert!(matches!(o.op(pa[0]), Op::Attention(a) if a.tiles == Some(tiles)));
     let th = o.find(|op| matches!(op, Op::Threshold { .. }));
     assert!(matches!(o.op(th[0]), Op::Threshold { bm: 128, .. }));
+    let (o, _) = run(&g, &PassOptions { tiles: Some(tiles), target: Target::Cpu, ..PassOptions::default() });
+    let bb = o.find(|op| matches!(op, Op::BlockBoundary(_)));
+    assert_eq!(o.op(bb[0]), &Op::BlockBoundary(tiles));
 }
 
 /// A QK-norm program with constant D and ranged weights gets a static bound.

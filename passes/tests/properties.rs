@@ -59,6 +59,13 @@ fn uncast(g: &Graph) -> Graph {
         g.output = Some(g.operands(out)[0]);
         g.remove_dead();
     }
+    // A fused output cast: the attention writes f32 again.
+    let out = g.output.unwrap();
+    let node = g.node_mut(out);
+    if let Op::Attention(a) = &mut node.op {
+        a.out_dtype = foxc_ir::DType::F32;
+        node.ty.dtype = foxc_ir::DType::F32;
+    }
     g
 }
 
@@ -66,11 +73,14 @@ fn uncast(g: &Graph) -> Graph {
 fn retile(g: &mut Graph, tiles: Tiles) {
     for n in g.topo_order() {
         let op = match g.op(n).clone() {
-            Op::Threshold { rule, log_eps, bound, scale, .. } => {
-                Op::Threshold { rule, log_eps, bound, scale, bm: tiles.bm }
+            Op::Threshold { rule, log_eps, bound, score, scale, .. } => {
+                Op::Threshold { rule, log_eps, bound, score, scale, bm: tiles.bm }
             }
             Op::BlockBoundary(_) => Op::BlockBoundary(tiles),
-            Op::PrunedDecayAttention { attn, .. } => Op::PrunedDecayAttention { attn, tiles },
+            Op::Attention(mut a) => {
+                a.tiles = Some(tiles);
+                Op::Attention(a)
+            }
             _ => continue,
         };
         let tys: Vec<ValueType> = g.operands(n).iter().map(|o| g.ty(*o).clone()).collect();
@@ -119,10 +129,8 @@ fn fox_window() -> Graph {
         .graph;
     let mut o = g.clone();
     optimize(&mut o, &PassOptions::default()).unwrap();
-    let p = o.find(|op| matches!(op, Op::PrunedDecayAttention { .. }));
-    assert!(
-        matches!(o.op(p[0]), Op::PrunedDecayAttention { attn, .. } if attn.window == Some(9) && attn.has_decay)
-    );
+    let p = o.find(|op| matches!(op, Op::Attention(a) if a.prune != foxc_ir::Prune::Dense));
+    assert!(matches!(o.op(p[0]), Op::Attention(a) if a.mask == foxc_ir::Mask::Window(9) && a.decay));
     g
 }
 

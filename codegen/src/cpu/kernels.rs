@@ -2,9 +2,10 @@
 //! `task_begin..task_end`; see [`super::abi`] for the argument layout.
 
 use super::emit::{Fx, F32, F32X4, F64, I32, I64};
+use super::region::{self, CaptureCode, Lanes, RegionCode};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{FuncRef, InstBuilder, Value};
-use foxc_ir::{BinaryOp, DType, GateKind, NormBound, PruneRule, LOG_F_FLOOR};
+use foxc_ir::{BinaryOp, DType, GateKind, NormBound, PruneRule, ScoreBound, LOG_F_FLOOR};
 
 /// A kernel, with every size a compile-time constant.
 #[derive(Clone, Debug)]
@@ -46,9 +47,13 @@ pub enum Kind {
         bh: u64,
         t: u64,
         d: u64,
+        /// Query heads and kv heads (k has `hk` heads; query head h reads kv head h / (h / hk)).
+        h: u64,
+        hk: u64,
         rule: PruneRule,
         log_eps: f64,
         bound: NormBound,
+        score: ScoreBound,
         scale: f64,
         bm: u64,
     },
@@ -70,15 +75,28 @@ pub struct AttnKernel {
     pub v: DType,
     /// dtype of the cumsum operand when there is one.
     pub c: Option<DType>,
-    /// Whether operand 4 holds the first kept key tile per query tile.
+    /// Whether the operand after c holds the first kept key tile per query tile.
     pub pruned: bool,
     pub bh: u64,
+    /// Query heads and kv heads (query head h reads kv head h / (h / hk)).
+    pub h: u64,
+    pub hk: u64,
     pub t: u64,
     pub d: u64,
     pub bm: u64,
     pub bn: u64,
     pub scale: f64,
+    /// Causal rows see `j <= i` (and `i - j < window` if set); otherwise every key (before the
+    /// expression mask, if any).
+    pub causal: bool,
     pub window: Option<u64>,
+    /// The score region (`None`: identity) and the expression mask (non-zero keeps).
+    pub score: Option<RegionCode>,
+    pub mask: Option<RegionCode>,
+    /// The captured tensors (operands after start).
+    pub captures: Vec<CaptureCode>,
+    /// Result 0's dtype (f32 or bf16).
+    pub out: DType,
 }
 
 /// Elements of one Cast task.
@@ -177,8 +195,8 @@ pub fn emit(fx: &mut Fx, kind: &Kind, f: &Frame, h: &Helpers) {
         }
         Kind::RmsNorm { x, w, out, rows: _, d, eps } => emit_rmsnorm(fx, *x, *w, *out, *d, *eps, f),
         Kind::GateCumsum { kind, src, b: _, h: nh, t } => emit_gate_cumsum(fx, *kind, *src, *nh, *t, f, h),
-        Kind::Threshold { q, k, bh: _, t, d, rule, log_eps, bound, scale, bm } => {
-            emit_threshold(fx, *q, *k, *t, *d, *rule, *log_eps, *bound, *scale, *bm, f)
+        Kind::Threshold { q, k, bh: _, t, d, h, hk, rule, log_eps, bound, score, scale, bm } => {
+            emit_threshold(fx, *q, *k, *t, *d, (*h, *hk), *rule, *log_eps, *bound, *score, *scale, *bm, f)
         }
         Kind::BlockBoundary { c, delta, bh: _, t, bm, bn } => {
             emit_block_boundary(fx, *c, *delta, *t, *bm, *bn, f)
@@ -393,9 +411,11 @@ fn emit_threshold(
     kt: DType,
     t: u64,
     d: u64,
+    (h, hk): (u64, u64),
     rule: PruneRule,
     log_eps: f64,
     bound: NormBound,
+    score: ScoreBound,
     scale: f64,
     bm: u64,
     f: &Frame,
@@ -408,9 +428,20 @@ fn emit_threshold(
     fx.for_range(f.begin, f.end, 1, |fx, bh| {
         let bhbase = fx.b.ins().imul_imm_s(bh, (t * d) as i64);
         let obase = fx.b.ins().imul_imm_s(bh, mt as i64);
+        // The kv head of (b, h): b * hk + h / (H / hk) (itself without grouped-query heads).
+        let kbase = if hk == h {
+            bhbase
+        } else {
+            let bi = fx.b.ins().udiv_imm_s(bh, h as i64);
+            let hi = fx.b.ins().urem_imm_s(bh, h as i64);
+            let kvh = fx.b.ins().udiv_imm_s(hi, (h / hk.max(1)).max(1) as i64);
+            let kvb = fx.b.ins().imul_imm_s(bi, hk as i64);
+            let kvh = fx.b.ins().iadd(kvb, kvh);
+            fx.b.ins().imul_imm_s(kvh, (t * d) as i64)
+        };
         let kmax = match bound {
             NormBound::Static { k_max, .. } => fx.f64c(k_max),
-            NormBound::Data => max_norm(fx, kt, k, bhbase, t, d),
+            NormBound::Data => max_norm(fx, kt, k, kbase, t, d),
         };
         match rule {
             PruneRule::Paper => {
@@ -419,8 +450,18 @@ fn emit_threshold(
                     NormBound::Data => max_norm(fx, qt, q, bhbase, t, d),
                 };
                 let s = fx.f64c(scale.abs());
-                let u = fx.b.ins().fmul(s, qmax);
-                let u = fx.b.ins().fmul(u, kmax);
+                let x = fx.b.ins().fmul(s, qmax);
+                let x = fx.b.ins().fmul(x, kmax);
+                // U = score.u(X) (docs/SEMANTICS.md, threshold).
+                let u = match score {
+                    ScoreBound::Static(u) => fx.f64c(u),
+                    ScoreBound::Data { gain, extra } => {
+                        let g = fx.f64c(gain);
+                        let e = fx.f64c(extra);
+                        let gx = fx.b.ins().fmul(g, x);
+                        fx.b.ins().fadd(gx, e)
+                    }
+                };
                 let two_u = fx.b.ins().fadd(u, u);
                 let c = fx.f64c(log_eps - ln_t);
                 let delta = fx.b.ins().fsub(c, two_u);
@@ -442,6 +483,7 @@ fn emit_threshold(
                     fx.for_range(i0, i1, 1, |fx, i| {
                         let off = fx.b.ins().imul_imm_s(i, d as i64);
                         let base = fx.b.ins().iadd(bhbase, off);
+                        let kb = fx.b.ins().iadd(kbase, off);
                         let qq = fx.b.declare_var(F64);
                         let qk = fx.b.declare_var(F64);
                         let z = fx.f64c(0.0);
@@ -450,7 +492,8 @@ fn emit_threshold(
                         fx.for_n(0, d as i64, 1, |fx, j| {
                             let idx = fx.b.ins().iadd(base, j);
                             let a = fx.load_f64(qt, q, idx);
-                            let b = fx.load_f64(kt, k, idx);
+                            let kidx = fx.b.ins().iadd(kb, j);
+                            let b = fx.load_f64(kt, k, kidx);
                             let x = fx.b.use_var(qq);
                             let aa = fx.b.ins().fmul(a, a);
                             let x = fx.b.ins().fadd(x, aa);
@@ -597,7 +640,9 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame) {
     } else {
         None
     };
-    let out = fx.arg(f.args, next);
+    let caps: Vec<(Value, CaptureCode)> =
+        a.captures.iter().enumerate().map(|(k, cc)| (fx.arg(f.args, next + k), cc.clone())).collect();
+    let out = fx.arg(f.args, next + a.captures.len());
     let scr = f.scratch;
     let qs = fx.b.ins().iadd_imm_s(scr, sc.qs);
     let kt = fx.b.ins().iadd_imm_s(scr, sc.kt);
@@ -623,9 +668,22 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame) {
         let bmv = fx.ic(bm as i64);
         let rows = fx.imin(bmv, rem);
         let row_base = fx.b.ins().imul_imm_s(bh, t as i64); // row index of (bh, 0)
+                                                            // k and v rows of the kv head b * hk + h / (H / hk).
+        let bi = fx.b.ins().udiv_imm_s(bh, a.h as i64);
+        let hi = fx.b.ins().urem_imm_s(bh, a.h as i64);
+        let kv_base = if a.hk == a.h {
+            row_base
+        } else {
+            let kvh = fx.b.ins().udiv_imm_s(hi, (a.h / a.hk.max(1)).max(1) as i64);
+            let kvb = fx.b.ins().imul_imm_s(bi, a.hk as i64);
+            let kvh = fx.b.ins().iadd(kvb, kvh);
+            fx.b.ins().imul_imm_s(kvh, t as i64)
+        };
         let ilast = fx.b.ins().iadd(i0, rows);
         let ilast = fx.b.ins().iadd_imm_s(ilast, -1);
-        let diag = fx.b.ins().udiv_imm_s(ilast, bn as i64);
+        // The last key tile: the diagonal one for causal rows, else the last of the sequence.
+        let diag =
+            if a.causal { fx.b.ins().udiv_imm_s(ilast, bn as i64) } else { fx.ic(((t - 1) / bn) as i64) };
         let mut n_lo = fx.ic(0);
         if let Some(sp) = start {
             let idx = fx.b.ins().imul_imm_s(bh, mt as i64);
@@ -707,7 +765,9 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame) {
             fx.for_range(z0, cols, 1, |fx, cc| {
                 let row = fx.b.ins().iadd(row_base, j0);
                 let row = fx.b.ins().iadd(row, cc);
-                let src = fx.b.ins().imul_imm_s(row, d as i64);
+                let kvrow = fx.b.ins().iadd(kv_base, j0);
+                let kvrow = fx.b.ins().iadd(kvrow, cc);
+                let src = fx.b.ins().imul_imm_s(kvrow, d as i64);
                 let ktc = fx.addr(kt, cc, 4);
                 if d.is_multiple_of(4) {
                     for j in (0..d).step_by(4) {
@@ -780,7 +840,7 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame) {
                 // Visible columns of row i in this tile: [c_lo, c_hi).
                 let rel = fx.b.ins().isub(i, j0);
                 let rel1 = fx.b.ins().iadd_imm_s(rel, 1);
-                let chi = fx.imin(cols, rel1);
+                let chi = if a.causal { fx.imin(cols, rel1) } else { cols };
                 let in_rows = fx.b.ins().icmp(IntCC::SignedLessThan, r, rows);
                 let zero = fx.ic(0);
                 let chi = fx.b.ins().select(in_rows, chi, zero);
@@ -806,6 +866,11 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame) {
                 let ninf = vmx;
                 for cc in (0..bnp).step_by(4) {
                     let mut s = fx.load(F32X4, srow, (cc * 4) as i32);
+                    let jc = fx.b.ins().iadd_imm_s(j0, cc as i64);
+                    let at = Lanes { b: bi, h: hi, i, j0: jc };
+                    if let Some(rc) = &a.score {
+                        s = region::emit(fx, rc, &caps, &at, s);
+                    }
                     if let Some(civ) = civ {
                         let cj = fx.load(F32X4, cjb, (cc * 4) as i32);
                         let bias = fx.b.ins().fsub(civ, cj);
@@ -816,6 +881,12 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame) {
                     let mut ok = fx.b.ins().fcmp(FloatCC::LessThan, idx, chi_v);
                     if let Some(clo_v) = clo_v {
                         let ok2 = fx.b.ins().fcmp(FloatCC::GreaterThanOrEqual, idx, clo_v);
+                        ok = fx.b.ins().band(ok, ok2);
+                    }
+                    if let Some(mc) = &a.mask {
+                        let x0 = fx.splat_c(0.0);
+                        let keep = region::emit(fx, mc, &caps, &at, x0);
+                        let ok2 = fx.b.ins().fcmp(FloatCC::NotEqual, keep, x0);
                         ok = fx.b.ins().band(ok, ok2);
                     }
                     s = fx.vsel(ok, s, ninf);
@@ -903,7 +974,15 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame) {
             let dst = fx.b.ins().imul_imm_s(row, (d * 4) as i64);
             let dst = fx.b.ins().iadd(out, dst);
             let src = fx.addr(ob, r, (dp * 4) as i64);
-            if d.is_multiple_of(4) {
+            if a.out == DType::BF16 {
+                let base = fx.b.ins().imul_imm_s(row, d as i64);
+                for j in 0..d {
+                    let x = fx.load(F32, src, (j * 4) as i32);
+                    let y = fx.b.ins().fmul(x, inv);
+                    let idx = fx.b.ins().iadd_imm_s(base, j as i64);
+                    fx.store_f32(DType::BF16, out, idx, y);
+                }
+            } else if d.is_multiple_of(4) {
                 for j in (0..d).step_by(4) {
                     let x = fx.load(F32X4, src, (j * 4) as i32);
                     let y = fx.b.ins().fmul(x, invv);

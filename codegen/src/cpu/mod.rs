@@ -14,6 +14,7 @@
 pub mod abi;
 mod emit;
 mod kernels;
+mod region;
 
 use cranelift_codegen::ir::{types, AbiParam, UserFuncName};
 use cranelift_codegen::settings::{self, Configurable};
@@ -24,9 +25,6 @@ use foxc_ir::{BinaryOp, DType, Dim, Graph, Op, ValueId};
 use kernels::{AttnKernel, Kind};
 use std::collections::{BTreeMap, HashMap};
 
-/// Tiles of `decay_attention` (`--no-prune`), which carries no tile attributes: the same shape
-/// the passes choose for the CPU's pruned kernel, so that the two are compared like for like.
-pub const DENSE_TILES: foxc_ir::Tiles = foxc_ir::Tiles { bm: 64, bn: 64 };
 
 #[derive(Debug, thiserror::Error)]
 pub enum CpuError {
@@ -329,22 +327,33 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
                 }
                 Kind::GateCumsum { kind: *kind, src: float_in(ops[0])?, b, h, t }
             }
-            Op::Threshold { rule, log_eps, bound, scale, bm } => {
+            Op::Threshold { rule, log_eps, bound, score, scale, bm } => {
                 let [b, h, t, d] = rank4(ops[0])?;
-                expect(ops[1], &[b, h, t, d], "k")?;
+                let ks = sh(ops[1])?;
+                let hk = ks.get(1).copied().unwrap_or(0);
+                expect(ops[1], &[b, hk, t, d], "k")?;
+                if hk == 0 || h % hk != 0 {
+                    return Err(invalid(format!("k has {hk} heads, which do not divide q's {h}")));
+                }
                 if *bm == 0 {
                     return Err(invalid("bm = 0".into()));
                 }
+                let scale = scale
+                    .value(&|x| dims.get(x).copied())
+                    .ok_or_else(|| invalid("the scale's dim is not bound".into()))?;
                 Kind::Threshold {
                     q: float_in(ops[0])?,
                     k: float_in(ops[1])?,
                     bh: b * h,
                     t,
                     d,
+                    h,
+                    hk,
                     rule: *rule,
                     log_eps: *log_eps,
                     bound: *bound,
-                    scale: *scale,
+                    score: *score,
+                    scale,
                     bm: *bm as u64,
                 }
             }
@@ -366,21 +375,36 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
                     bn: tiles.bn as u64,
                 }
             }
-            Op::DecayAttention(attn) | Op::PrunedDecayAttention { attn, .. } => {
-                let (tiles, pruned) = match op {
-                    Op::PrunedDecayAttention { tiles, .. } => (*tiles, true),
-                    _ => (DENSE_TILES, false),
+            Op::Attention(attn) => {
+                let ao = foxc_ir::Attention::operands(g, n).map_err(invalid)?;
+                let tiles = attn.tiles.ok_or_else(|| invalid("the attention has no tiles (run the tiles pass)".into()))?;
+                let pruned = match attn.prune {
+                    foxc_ir::Prune::Dense => false,
+                    foxc_ir::Prune::Start => true,
+                    foxc_ir::Prune::Boundary => {
+                        return Err(invalid(
+                            "the attention derives its block boundary in-kernel (a GPU pass); compile for the CPU target".into(),
+                        ))
+                    }
                 };
-                let [b, h, t, d] = rank4(ops[0])?;
-                expect(ops[1], &[b, h, t, d], "k")?;
-                expect(ops[2], &[b, h, t, d], "v")?;
-                let mut c = None;
-                if attn.has_decay {
-                    expect(ops[3], &[b, h, t], "c")?;
-                    c = Some(float_in(ops[3])?);
+                let [b, h, t, d] = rank4(ao.q)?;
+                let ks = sh(ao.k)?;
+                let hk = ks.get(1).copied().unwrap_or(0);
+                let group = attn
+                    .kv_group
+                    .eval(&|x| dims.get(x).copied())
+                    .ok_or_else(|| invalid("kv_group's dim is not bound".into()))?;
+                if hk == 0 || hk * group != h {
+                    return Err(invalid(format!("k has {hk} heads: not {h} query heads / kv_group {group}")));
                 }
-                if pruned {
-                    let s = ops[if attn.has_decay { 4 } else { 3 }];
+                expect(ao.k, &[b, hk, t, d], "k")?;
+                expect(ao.v, &[b, hk, t, d], "v")?;
+                let mut c = None;
+                if let Some(cv) = ao.decay {
+                    expect(cv, &[b, h, t], "c")?;
+                    c = Some(float_in(cv)?);
+                }
+                if let Some(s) = ao.start {
                     if dt(s) != DType::I32 {
                         return Err(invalid(format!("start operand %{} must be i32", num[&s])));
                     }
@@ -389,25 +413,56 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
                 if tiles.bm == 0 || tiles.bn == 0 {
                     return Err(invalid("zero tile size".into()));
                 }
-                if g.ty(n).dtype != DType::F32 {
-                    return Err(invalid("the attention result must be f32".into()));
+                if !matches!(attn.out_dtype, DType::F32 | DType::BF16) {
+                    return Err(invalid(format!("the CPU attention writes f32 or bf16, not {}", attn.out_dtype)));
                 }
                 if t == 0 || d == 0 {
                     return Err(invalid("T and D must be at least 1".into()));
                 }
+                let dim = |x: &Dim| x.eval(&|s| dims.get(s).copied());
+                let score = if attn.score.is_identity() {
+                    None
+                } else {
+                    Some(region::RegionCode::new(&attn.score, &dim).map_err(invalid)?)
+                };
+                let (causal, window, mask) = match &attn.mask {
+                    foxc_ir::Mask::None => (false, None, None),
+                    foxc_ir::Mask::Causal => (true, None, None),
+                    foxc_ir::Mask::Window(w) => (true, Some(*w), None),
+                    foxc_ir::Mask::Expr(r) => (false, None, Some(region::RegionCode::new(r, &dim).map_err(invalid)?)),
+                };
+                let mut captures = vec![];
+                for &cv in &ao.captures {
+                    let cd = dt(cv);
+                    if !matches!(cd, DType::F32 | DType::BF16 | DType::I32) {
+                        return Err(invalid(format!("captured tensor %{} has dtype {cd}; the CPU kernel reads f32, bf16 or i32", num[&cv])));
+                    }
+                    captures.push(region::CaptureCode { dtype: cd, shape: sh(cv)? });
+                }
+                let scale = attn
+                    .scale
+                    .value(&|x| dims.get(x).copied())
+                    .ok_or_else(|| invalid("the scale's dim is not bound".into()))?;
                 Kind::Attention(AttnKernel {
-                    q: float_in(ops[0])?,
-                    k: float_in(ops[1])?,
-                    v: float_in(ops[2])?,
+                    q: float_in(ao.q)?,
+                    k: float_in(ao.k)?,
+                    v: float_in(ao.v)?,
                     c,
                     pruned,
                     bh: b * h,
+                    h,
+                    hk,
                     t,
                     d,
                     bm: tiles.bm as u64,
                     bn: tiles.bn as u64,
-                    scale: attn.scale,
-                    window: attn.window,
+                    scale,
+                    causal,
+                    window,
+                    score,
+                    mask,
+                    captures,
+                    out: attn.out_dtype,
                 })
             }
             other => return Err(CpuError::Unsupported { op: other.mnemonic().to_string(), value: v }),

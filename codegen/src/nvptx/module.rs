@@ -7,7 +7,10 @@ use super::target;
 use super::{
     BufferInfo, BufferKind, CodegenError, GridDim, KernelArg, KernelInfo, Launch, NvptxArtifact, NvptxSpec,
 };
-use foxc_ir::{AttnAttrs, BinaryOp, DType, Dim, GateKind, Graph, NormBound, Op, Tiles, ValueId, ValueType};
+use foxc_ir::{
+    Attention, BinaryOp, DType, Dim, GateKind, Graph, Mask, NormBound, Op, Prune, ScoreBound, ValueId,
+    ValueType,
+};
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::FunctionValue;
@@ -190,19 +193,6 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         }
     }
 
-    /// The cast to bf16 that is the only user of attention node `n` (f32, not the graph output),
-    /// if any: the attention kernel can then write bf16 itself and the cast kernel disappears.
-    fn fusable_output_cast(&self, n: ValueId, out: ValueId) -> Option<ValueId> {
-        if n == out || self.ty(n).dtype != DType::F32 {
-            return None;
-        }
-        let [u] = self.g.users(n)[..] else { return None };
-        let ok = matches!(self.g.op(u), Op::Cast)
-            && self.ty(u).dtype == DType::BF16
-            && self.ty(u).dims().eq(self.ty(n).dims());
-        ok.then_some(u)
-    }
-
     /// Operand 0 of a threshold or attention node, with any folded scale: (value, factor).
     fn resolve_q(&self, q: ValueId) -> (ValueId, f64) {
         self.scaled.get(&q).copied().unwrap_or((q, 1.0))
@@ -225,10 +215,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             // Fold into consumers that take a scale attribute for their q operand.
             let foldable = n != out
                 && g.users(n).iter().all(|&u| {
-                    matches!(
-                        g.op(u),
-                        Op::Threshold { .. } | Op::DecayAttention(_) | Op::PrunedDecayAttention { .. }
-                    ) && g.operands(u).iter().enumerate().all(|(i, &o)| o != n || i == 0)
+                    matches!(g.op(u), Op::Threshold { .. } | Op::Attention(_))
+                        && g.operands(u).iter().enumerate().all(|(i, &o)| o != n || i == 0)
                 });
             if foldable && s.is_finite() && s != 0.0 {
                 self.scaled.insert(n, (x, s));
@@ -241,26 +229,20 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         }
         match &node.op {
             Op::BlockBoundary(_) => {
-                // Computed inside the attention kernel: check that only attention consumes it.
-                if n == out {
-                    return Err(user("block_boundary cannot be the output on the GPU: the attention kernel computes it internally"));
-                }
-                for u in g.users(n) {
-                    if !matches!(g.op(u), Op::PrunedDecayAttention { .. }) {
-                        return Err(CodegenError::Unsupported {
-                            op: format!("block_boundary used by {}", g.op(u).mnemonic()),
-                            node: n.index(),
-                        });
-                    }
-                }
-                return Ok(());
+                // The fuse-boundary pass moves it into the attention kernel; one left over has no
+                // kernel of its own on the GPU.
+                let _ = out;
+                return Err(CodegenError::Unsupported {
+                    op: "block_boundary outside the attention kernel (the fuse-boundary pass did not apply)"
+                        .into(),
+                    node: n.index(),
+                });
             }
             Op::GateCumsum { .. }
             | Op::RmsNorm { .. }
             | Op::Cast
             | Op::Threshold { .. }
-            | Op::DecayAttention(_)
-            | Op::PrunedDecayAttention { .. } => {}
+            | Op::Attention(_) => {}
             other => {
                 return Err(CodegenError::Unsupported { op: other.mnemonic().to_string(), node: n.index() })
             }
@@ -269,10 +251,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             // Written in bf16 by its attention kernel's epilogue (buffer assigned there).
             return Ok(());
         }
-        let fused = match &node.op {
-            Op::DecayAttention(_) | Op::PrunedDecayAttention { .. } => self.fusable_output_cast(n, out),
-            _ => None,
-        };
+        let fused: Option<ValueId> = None;
         let res = match fused {
             Some(c) => {
                 // The attention writes straight into the cast's buffer; both values map to it.
@@ -373,9 +352,24 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 let name = self.name(n, "cast");
                 self.cast(n, name, x, self.buf(x)?, res, node.ty.dtype, None)?;
             }
-            Op::Threshold { rule, log_eps, bound, scale, bm } => {
+            Op::Threshold { rule, log_eps, bound, score, scale, bm } => {
                 let (q, s) = self.resolve_q(ops[0]);
                 let k = ops[1];
+                if *score != ScoreBound::IDENTITY {
+                    return Err(CodegenError::Unsupported {
+                        op: format!(
+                            "threshold with the score bound U = {score} (the GPU backend cannot yet run it)"
+                        ),
+                        node: n.index(),
+                    });
+                }
+                if self.ty(k).axes.get(1).map(|a| &a.dim) != self.ty(q).axes.get(1).map(|a| &a.dim) {
+                    return Err(CodegenError::Unsupported {
+                        op: "threshold of grouped-query attention (the GPU backend cannot yet run it)".into(),
+                        node: n.index(),
+                    });
+                }
+                let scale = self.scale_value(scale)?;
                 // threshold(s q, k) with scale a equals threshold(q, k) with scale a s, and a
                 // static bound on |s q| is a bound on |q| divided by |s|.
                 let scale = &(scale * s);
@@ -450,8 +444,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 };
                 self.push(n, name, args, launch, vec![]);
             }
-            Op::DecayAttention(a) => self.attention(n, res, &ops, a, None)?,
-            Op::PrunedDecayAttention { attn, tiles } => self.attention(n, res, &ops, attn, Some(*tiles))?,
+            Op::Attention(a) => self.attention(n, res, a)?,
             _ => unreachable!("filtered above"),
         }
         Ok(())
@@ -483,31 +476,66 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         Ok(())
     }
 
-    fn attention(
-        &mut self,
-        n: ValueId,
-        res: usize,
-        ops: &[ValueId],
-        a: &AttnAttrs,
-        tiles: Option<Tiles>,
-    ) -> Result<(), CodegenError> {
-        // attention(s q, k, v) with scale a is attention(q, k, v) with scale a s.
-        let (q, qs) = self.resolve_q(ops[0]);
-        let ops: Vec<ValueId> = [q].into_iter().chain(ops[1..].iter().copied()).collect();
-        let ops = &ops[..];
-        let (bh, t, dd) = self.bhtd(ops[0], "attention's q")?;
-        let d = self.static_dim(&dd, "the head dimension")?;
-        let mut cfg = AttnKernelConfig::new(d, a.has_decay, tiles.is_some());
-        cfg.scale = (a.scale * qs) as f32;
-        cfg.sm = self.spec.target.sm();
-        cfg.out_bf16 = self.fused_cast.contains_key(&n);
-        cfg.window = match a.window {
-            Some(w) => Some(u32::try_from(w).map_err(|_| user(format!("window {w} is too large")))?),
-            None => None,
+    /// The value of a scale attribute (its dim must be static, like the head dim).
+    fn scale_value(&self, s: &foxc_ir::Scale) -> Result<f64, CodegenError> {
+        match &s.inv_sqrt {
+            None => Ok(s.factor),
+            Some(d) => Ok(s.factor / (self.static_dim(d, "the dim of the scale")? as f64).sqrt()),
+        }
+    }
+
+    /// "the GPU backend cannot yet run <construct>", before any launch.
+    fn not_yet(n: ValueId, what: &str) -> CodegenError {
+        CodegenError::Unsupported {
+            op: format!("attention with {what} (the GPU backend cannot yet run it)"),
+            node: n.index(),
+        }
+    }
+
+    /// Dispatch of `attention` onto the flash-attention kernel: identity score, causal or window
+    /// mask, no grouped-query heads, dense or with the boundary fused (`delta` operand).
+    fn attention(&mut self, n: ValueId, res: usize, a: &Attention) -> Result<(), CodegenError> {
+        let o = Attention::operands(self.g, n).map_err(CodegenError::Internal)?;
+        if !a.score.is_identity() {
+            return Err(Self::not_yet(n, "a score region"));
+        }
+        let window = match a.mask {
+            Mask::Causal => None,
+            Mask::Window(w) => Some(u32::try_from(w).map_err(|_| user(format!("window {w} is too large")))?),
+            Mask::None => return Err(Self::not_yet(n, "no mask (bidirectional)")),
+            Mask::Expr(_) => return Err(Self::not_yet(n, "an expression mask")),
         };
+        if a.kv_group != Dim::Const(1) {
+            return Err(Self::not_yet(n, "grouped-query heads"));
+        }
+        if !o.captures.is_empty() {
+            return Err(Self::not_yet(n, "captured tensors"));
+        }
+        if a.prune == Prune::Start {
+            return Err(Self::not_yet(n, "a separate block_boundary (the fuse-boundary pass did not apply)"));
+        }
+        let out_bf16 = match a.out_dtype {
+            DType::F32 => false,
+            DType::BF16 => true,
+            d => return Err(Self::not_yet(n, &format!("output dtype {d}"))),
+        };
+        let tiles = a.tiles.ok_or_else(|| {
+            CodegenError::Internal("attention without tiles (the tiles pass did not run)".into())
+        })?;
+        // attention(s q, k, v) with scale a is attention(q, k, v) with scale a s.
+        let (q, qs) = self.resolve_q(o.q);
+        let (bh, t, dd) = self.bhtd(q, "attention's q")?;
+        let d = self.static_dim(&dd, "the head dimension")?;
+        let mut cfg = AttnKernelConfig::new(d, a.decay, a.prune == Prune::Boundary);
+        cfg.scale = (self.scale_value(&a.scale)? * qs) as f32;
+        cfg.sm = self.spec.target.sm();
+        cfg.out_bf16 = out_bf16;
+        cfg.window = window;
+        cfg.bm = tiles.bm;
+        cfg.bn = tiles.bn;
         // q, k, v in bf16: cast others into scratch copies first.
         let mut qkv = vec![];
-        for (i, &v) in ops[..3].iter().enumerate() {
+        for (i, &v) in [q, o.k, o.v].iter().enumerate() {
             let b = self.buf(v)?;
             if self.ty(v).dtype == DType::BF16 {
                 qkv.push(b);
@@ -520,47 +548,16 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 qkv.push(s);
             }
         }
-        let c = if a.has_decay {
-            let c = *ops.get(3).ok_or_else(|| CodegenError::Internal("attention without c".into()))?;
+        let c = o.decay;
+        if let Some(c) = c {
             if self.ty(c).dtype != DType::F32 {
                 return Err(user(format!("the gate cumsum c must be f32, got {}", self.ty(c).dtype)));
             }
-            Some(c)
-        } else {
-            None
-        };
-        let mut delta = None;
-        if let Some(tl) = tiles {
-            cfg.bm = tl.bm;
-            cfg.bn = tl.bn;
-            let start =
-                *ops.get(4).ok_or_else(|| CodegenError::Internal("pruned attention without start".into()))?;
-            let Op::BlockBoundary(bt) = self.g.op(start) else {
-                return Err(CodegenError::Unsupported {
-                    op: format!("pruned_decay_attention whose start comes from {} (the GPU kernel needs block_boundary)", self.g.op(start).mnemonic()),
-                    node: n.index(),
-                });
-            };
-            if *bt != tl {
-                return Err(user(format!(
-                    "block_boundary tiles {}x{} differ from the attention's {}x{}",
-                    bt.bm, bt.bn, tl.bm, tl.bn
-                )));
-            }
-            let bops = self.g.operands(start);
-            if bops.len() != 2 || Some(bops[0]) != c {
-                return Err(CodegenError::Unsupported {
-                    op: "block_boundary over a different c than its attention".into(),
-                    node: n.index(),
-                });
-            }
-            if let Op::Threshold { bm, .. } = self.g.op(bops[1]) {
-                if *bm != tl.bm {
-                    return Err(user(format!("threshold bm {bm} differs from the attention's bm {}", tl.bm)));
-                }
-            }
-            delta = Some(self.buf(bops[1])?);
         }
+        let delta = match o.delta {
+            Some(dl) => Some(self.buf(dl)?),
+            None => None,
+        };
         let name = build_attention(self.ctx, self.module, &cfg)?.get_name().to_string_lossy().into_owned();
         let lse = self.scratch(
             DType::F32,

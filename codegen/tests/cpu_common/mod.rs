@@ -154,16 +154,34 @@ pub fn build(cfg: &Cfg, d: u64) -> Built {
         q = g.add(Op::RmsNorm { axis: "3".into(), eps: 1e-6 }, f4.clone(), &[q, wq], sp);
         k = g.add(Op::RmsNorm { axis: "3".into(), eps: 1e-6 }, f4, &[k, wk], sp);
     }
-    let attrs = AttnAttrs { scale: 1.0 / (d as f64).sqrt(), has_decay: c.is_some(), window: cfg.window };
-    let f4 = ValueType::tensor(DType::F32, dims4());
+    let mut attrs = Attention::new(
+        Scale::constant(1.0 / (d as f64).sqrt()),
+        cfg.window.map_or(Mask::Causal, Mask::Window),
+        c.is_some(),
+    );
+    attrs.tiles = Some(cfg.prune.map_or(Tiles { bm: 64, bn: 64 }, |p| p.2));
     let mut ops = vec![q, k, v];
     ops.extend(c);
+    let add_attn = |g: &mut Graph, a: Attention, ops: &[ValueId]| {
+        let tys: Vec<ValueType> = ops.iter().map(|&o| g.ty(o).clone()).collect();
+        let refs: Vec<&ValueType> = tys.iter().collect();
+        let rt = a.result_types(&refs).unwrap();
+        let vals: Vec<Value> = ops.iter().map(|&o| Value::of(o)).collect();
+        g.add_multi(Op::Attention(a), rt, &vals, sp)
+    };
     let (attn, start, delta) = match cfg.prune {
-        None => (g.add(Op::DecayAttention(attrs), f4, &ops, sp), None, None),
+        None => (add_attn(&mut g, attrs, &ops), None, None),
         Some((rule, bound, tiles)) => {
             let mt = || vec![Dim::sym("B"), Dim::sym("H"), Dim::Tiles(Box::new(Dim::sym("T")), tiles.bm)];
             let delta = g.add(
-                Op::Threshold { rule, log_eps: cfg.log_eps, bound, scale: attrs.scale, bm: tiles.bm },
+                Op::Threshold {
+                    rule,
+                    log_eps: cfg.log_eps,
+                    bound,
+                    score: ScoreBound::IDENTITY,
+                    scale: attrs.scale.clone(),
+                    bm: tiles.bm,
+                },
                 ValueType::tensor(DType::F32, mt()),
                 &[q, k],
                 sp,
@@ -175,7 +193,8 @@ pub fn build(cfg: &Cfg, d: u64) -> Built {
                 sp,
             );
             ops.push(start);
-            (g.add(Op::PrunedDecayAttention { attn: attrs, tiles }, f4, &ops, sp), Some(start), Some(delta))
+            attrs.prune = Prune::Start;
+            (add_attn(&mut g, attrs, &ops), Some(start), Some(delta))
         }
     };
     let out = if cfg.out != DType::F32 {

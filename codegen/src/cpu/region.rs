@@ -1,0 +1,239 @@
+//! Cranelift code for an attention score region (docs/SEMANTICS.md, "attention"), evaluated on
+//! four key columns at once (f32x4 lanes `j0 .. j0 + 4` of one query row `i`). One emitter per
+//! `RNode`, translating the node one to one; the f64 interpreter
+//! (`foxc_ir::interp::region`) is the reference it is tested against.
+
+use super::emit::{Fx, F32, F32X4, I64};
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{InstBuilder, Value};
+use foxc_ir::attention::{IndexVar, RNode, Region};
+use foxc_ir::index::IndexExpr;
+use foxc_ir::{BinaryOp, DType, UnaryOp};
+
+/// A region prepared for one compiled program: dims resolved to numbers.
+#[derive(Clone, Debug)]
+pub struct RegionCode {
+    pub region: Region,
+    /// The value of each `RNode::Dim` (by node position), and of each index divisor, by node
+    /// position then axis (`None` when the axis does not divide).
+    pub dims: Vec<f32>,
+    pub divs: Vec<Vec<Option<i64>>>,
+}
+
+/// A captured tensor as the kernel reads it.
+#[derive(Clone, Debug)]
+pub struct CaptureCode {
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+}
+
+/// The unary ops the kernel evaluates in vector form (others: a clear planning error).
+pub fn supported_unary(u: UnaryOp) -> bool {
+    matches!(
+        u,
+        UnaryOp::Neg
+            | UnaryOp::Abs
+            | UnaryOp::Exp
+            | UnaryOp::Tanh
+            | UnaryOp::Sigmoid
+            | UnaryOp::Relu
+            | UnaryOp::Sqrt
+    )
+}
+
+impl RegionCode {
+    /// Resolve the dims of `r`; `Err` names what the CPU kernel cannot evaluate.
+    pub fn new(r: &Region, dim: &dyn Fn(&foxc_ir::Dim) -> Option<u64>) -> Result<RegionCode, String> {
+        let mut dims = vec![0.0; r.nodes.len()];
+        let mut divs = vec![vec![]; r.nodes.len()];
+        for (n, node) in r.nodes.iter().enumerate() {
+            match node {
+                RNode::Dim(d) => dims[n] = dim(d).ok_or_else(|| format!("dim {d} is not bound"))? as f32,
+                RNode::Unary(u, _) if !supported_unary(*u) => {
+                    return Err(format!(
+                        "the CPU attention kernel cannot yet evaluate `{}` in a score region",
+                        foxc_ir::Op::Unary(*u).mnemonic()
+                    ))
+                }
+                RNode::Capture { index, .. } => {
+                    for e in index {
+                        divs[n].push(match &e.div {
+                            Some(d) => {
+                                let v = dim(d).ok_or_else(|| format!("dim {d} is not bound"))?;
+                                if v == 0 {
+                                    return Err(format!("an index divides by {d} = 0"));
+                                }
+                                Some(v as i64)
+                            }
+                            None => None,
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(RegionCode { region: r.clone(), dims, divs })
+    }
+}
+
+/// Where the lanes are: the entry's `b`, `h`, `i` (i64) and the first lane's `j` (i64).
+pub struct Lanes {
+    pub b: Value,
+    pub h: Value,
+    pub i: Value,
+    pub j0: Value,
+}
+
+/// The region's value on the four lanes, with `x` (f32x4) the scaled products.
+pub fn emit(fx: &mut Fx, rc: &RegionCode, caps: &[(Value, CaptureCode)], at: &Lanes, x: Value) -> Value {
+    let mut vals: Vec<Value> = Vec::with_capacity(rc.region.nodes.len());
+    for (n, node) in rc.region.nodes.iter().enumerate() {
+        let v = |k: u32| vals[k as usize];
+        let val = match node {
+            RNode::Score => x,
+            RNode::Index(IndexVar::J) => {
+                let j = fx.b.ins().fcvt_from_sint(F32, at.j0);
+                let j = fx.splat(j);
+                let lanes = fx.vconst4([0.0, 1.0, 2.0, 3.0]);
+                fx.b.ins().fadd(j, lanes)
+            }
+            RNode::Index(var) => {
+                let s = match var {
+                    IndexVar::B => at.b,
+                    IndexVar::H => at.h,
+                    _ => at.i,
+                };
+                let f = fx.b.ins().fcvt_from_sint(F32, s);
+                fx.splat(f)
+            }
+            RNode::Dim(_) => fx.splat_c(rc.dims[n]),
+            RNode::Const(c) => fx.splat_c(*c as f32),
+            RNode::Capture { k, index } => capture(fx, &caps[*k], index, &rc.divs[n], at),
+            RNode::Unary(u, a) => unary(fx, *u, v(*a)),
+            RNode::Binary(op, a, b) => binary(fx, *op, v(*a), v(*b)),
+            RNode::Select(c, a, b) => {
+                let z = fx.splat_c(0.0);
+                let m = fx.b.ins().fcmp(FloatCC::NotEqual, v(*c), z);
+                fx.vsel(m, v(*a), v(*b))
+            }
+        };
+        vals.push(val);
+    }
+    vals[rc.region.root as usize]
+}
+
+fn unary(fx: &mut Fx, u: UnaryOp, a: Value) -> Value {
+    match u {
+        UnaryOp::Neg => fx.b.ins().fneg(a),
+        UnaryOp::Abs => fx.b.ins().fabs(a),
+        UnaryOp::Sqrt => fx.b.ins().sqrt(a),
+        UnaryOp::Exp => {
+            let hi = fx.splat_c(88.0);
+            let a = fx.b.ins().fmin(a, hi);
+            fx.vexp(a)
+        }
+        // tanh(a) = 1 - 2 / (exp(2a) + 1), with 2a clamped where tanh is +-1 in f32 anyway.
+        UnaryOp::Tanh => {
+            let two = fx.splat_c(2.0);
+            let a2 = fx.b.ins().fmul(a, two);
+            let hi = fx.splat_c(40.0);
+            let lo = fx.splat_c(-40.0);
+            let a2 = fx.b.ins().fmin(a2, hi);
+            let a2 = fx.b.ins().fmax(a2, lo);
+            let e = fx.vexp(a2);
+            let one = fx.splat_c(1.0);
+            let d = fx.b.ins().fadd(e, one);
+            let q = fx.b.ins().fdiv(two, d);
+            fx.b.ins().fsub(one, q)
+        }
+        UnaryOp::Sigmoid => {
+            let na = fx.b.ins().fneg(a);
+            let hi = fx.splat_c(80.0);
+            let na = fx.b.ins().fmin(na, hi);
+            let e = fx.vexp(na);
+            let one = fx.splat_c(1.0);
+            let d = fx.b.ins().fadd(e, one);
+            fx.b.ins().fdiv(one, d)
+        }
+        UnaryOp::Relu => {
+            let z = fx.splat_c(0.0);
+            fx.b.ins().fmax(a, z)
+        }
+        // RegionCode::new rejects the others before any code is emitted.
+        _ => a,
+    }
+}
+
+fn binary(fx: &mut Fx, op: BinaryOp, a: Value, b: Value) -> Value {
+    let cmp = |cc: FloatCC| Some(cc);
+    let cc = match op {
+        BinaryOp::Add => return fx.b.ins().fadd(a, b),
+        BinaryOp::Sub => return fx.b.ins().fsub(a, b),
+        BinaryOp::Mul => return fx.b.ins().fmul(a, b),
+        BinaryOp::Div => return fx.b.ins().fdiv(a, b),
+        BinaryOp::Min => return fx.b.ins().fmin(a, b),
+        BinaryOp::Max => return fx.b.ins().fmax(a, b),
+        BinaryOp::Lt => cmp(FloatCC::LessThan),
+        BinaryOp::Le => cmp(FloatCC::LessThanOrEqual),
+        BinaryOp::Gt => cmp(FloatCC::GreaterThan),
+        BinaryOp::Ge => cmp(FloatCC::GreaterThanOrEqual),
+        BinaryOp::Eq => cmp(FloatCC::Equal),
+        BinaryOp::Ne => cmp(FloatCC::NotEqual),
+    };
+    let m = fx.b.ins().fcmp(cc.expect("comparison"), a, b);
+    let one = fx.splat_c(1.0);
+    let zero = fx.splat_c(0.0);
+    fx.vsel(m, one, zero)
+}
+
+/// Lane-wise read of a captured tensor at `index`; NaN where the index is out of range (as the
+/// interpreter defines it).
+fn capture(
+    fx: &mut Fx,
+    cap: &(Value, CaptureCode),
+    index: &[IndexExpr],
+    divs: &[Option<i64>],
+    at: &Lanes,
+) -> Value {
+    let (ptr, cc) = cap;
+    let mut out = fx.splat_c(f32::NAN);
+    for lane in 0..4u8 {
+        let j = fx.b.ins().iadd_imm_s(at.j0, lane as i64);
+        let mut off = fx.ic(0);
+        let mut ok = fx.b.ins().iconst(cranelift_codegen::ir::types::I8, 1);
+        for ((e, &n), div) in index.iter().zip(&cc.shape).zip(divs) {
+            let mut p = fx.ic(e.constant);
+            for (var, coef) in &e.terms {
+                let x = match IndexVar::from_name(var) {
+                    Some(IndexVar::B) => at.b,
+                    Some(IndexVar::H) => at.h,
+                    Some(IndexVar::I) => at.i,
+                    _ => j,
+                };
+                let t = fx.b.ins().imul_imm_s(x, *coef);
+                p = fx.b.ins().iadd(p, t);
+            }
+            if let Some(d) = *div {
+                // Floor division: shift negative numerators down by d - 1 first.
+                let neg = fx.b.ins().icmp_imm_s(IntCC::SignedLessThan, p, 0);
+                let adj = fx.b.ins().iadd_imm_s(p, -(d - 1));
+                let p2 = fx.b.ins().select(neg, adj, p);
+                p = fx.b.ins().sdiv_imm_s(p2, d);
+            }
+            let ge0 = fx.b.ins().icmp_imm_s(IntCC::SignedGreaterThanOrEqual, p, 0);
+            let lt = fx.b.ins().icmp_imm_s(IntCC::SignedLessThan, p, n as i64);
+            let in_range = fx.b.ins().band(ge0, lt);
+            ok = fx.b.ins().band(ok, in_range);
+            let scaled = fx.b.ins().imul_imm_s(off, n as i64);
+            off = fx.b.ins().iadd(scaled, p);
+        }
+        let zero = fx.ic(0);
+        let safe = fx.b.ins().select(ok, off, zero);
+        let x = fx.load_f32(cc.dtype, *ptr, safe);
+        let nan = fx.f32c(f32::NAN);
+        let x = fx.b.ins().select(ok, x, nan);
+        out = fx.b.ins().insertlane(out, x, lane);
+    }
+    let _ = (F32X4, I64);
+    out
+}

@@ -1,0 +1,108 @@
+//! `threshold` and `block_boundary` in f64 (docs/SEMANTICS.md): the ACP nodes' reference.
+
+use super::attention::block_start;
+use super::{nan_max, nan_min, Evaluator, InterpError};
+use crate::graph::ValueId;
+use crate::ops::{NormBound, Op, PruneRule};
+
+impl Evaluator<'_> {
+    /// `delta [B, H, ceil(T / bm)]` of a `threshold` node.
+    pub(super) fn threshold(
+        &self,
+        id: ValueId,
+        ops: &[ValueId],
+        shape: &[usize],
+    ) -> Result<Vec<f64>, InterpError> {
+        let Op::Threshold { rule, log_eps, bound, score, scale, bm } = self.g.op(id) else {
+            return Err(self.err(id, "not a threshold node"));
+        };
+        let q = self.positional(id, ops[0], 4, "q")?;
+        let k = self.positional(id, ops[1], 4, "k")?;
+        let (b, h, t, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+        let hk = k.shape[1];
+        if k.shape[0] != b || k.shape[2..] != q.shape[2..] || hk == 0 || h % hk != 0 {
+            return Err(self.err(
+                id,
+                format!("k {:?} does not fit q {:?} (kv heads must divide heads)", k.shape, q.shape),
+            ));
+        }
+        let group = h / hk;
+        let bm = *bm as usize;
+        if bm == 0 {
+            return Err(self.err(id, "bm = 0"));
+        }
+        let mt = t.div_ceil(bm);
+        if shape != [b, h, mt] {
+            return Err(self.err(id, format!("result {shape:?}, expected {:?}", [b, h, mt])));
+        }
+        let scale =
+            scale.value(&|s| self.dims.get(s)).ok_or_else(|| self.err(id, "the scale's dim is not bound"))?;
+        let norm = |x: &[f64]| x.iter().map(|a| a * a).sum::<f64>().sqrt();
+        let ln_t = (t as f64).ln();
+        let mut out = Vec::with_capacity(b * h * mt);
+        for bh in 0..b * h {
+            let kvh = (bh / h) * hk + (bh % h) / group;
+            let qrow = |i: usize| &q.data[(bh * t + i) * d..(bh * t + i + 1) * d];
+            let krow = |i: usize| &k.data[(kvh * t + i) * d..(kvh * t + i + 1) * d];
+            let (qmax, kmax) = match *bound {
+                NormBound::Static { q_max, k_max } => (q_max, k_max),
+                NormBound::Data => (
+                    (0..t).map(|i| norm(qrow(i))).fold(0.0, nan_max),
+                    (0..t).map(|i| norm(krow(i))).fold(0.0, nan_max),
+                ),
+            };
+            for m in 0..mt {
+                let delta = match rule {
+                    PruneRule::Paper => log_eps - 2.0 * score.u(scale.abs() * qmax * kmax) - ln_t,
+                    // Only with the identity score (the verifier's rule): E_ii = scale q_i . k_i.
+                    PruneRule::Tight => (m * bm..(m * bm + bm).min(t))
+                        .map(|i| {
+                            let sii: f64 = qrow(i).iter().zip(krow(i)).map(|(a, b)| a * b).sum();
+                            log_eps - ln_t - scale.abs() * norm(qrow(i)) * kmax + scale * sii
+                        })
+                        .fold(f64::INFINITY, nan_min),
+                };
+                out.push(delta);
+            }
+        }
+        Ok(out)
+    }
+
+    /// `start [B, H, ceil(T / bm)]` of a `block_boundary` node.
+    pub(super) fn block_boundary(
+        &self,
+        id: ValueId,
+        ops: &[ValueId],
+        shape: &[usize],
+    ) -> Result<Vec<f64>, InterpError> {
+        let Op::BlockBoundary(tiles) = self.g.op(id) else {
+            return Err(self.err(id, "not a block_boundary node"));
+        };
+        let c = self.positional(id, ops[0], 3, "c")?;
+        let delta = self.positional(id, ops[1], 3, "delta")?;
+        let (b, h, t) = (c.shape[0], c.shape[1], c.shape[2]);
+        let (bm, bn) = (tiles.bm as usize, tiles.bn as usize);
+        if bm == 0 || bn == 0 {
+            return Err(self.err(id, "zero tile size"));
+        }
+        let mt = t.div_ceil(bm);
+        if delta.shape != [b, h, mt] || shape != [b, h, mt] {
+            return Err(self
+                .err(id, format!("delta {:?} / result {shape:?}, expected {:?}", delta.shape, [b, h, mt])));
+        }
+        Ok(boundary(&c.data, &delta.data, b * h, t, bm, bn))
+    }
+}
+
+/// `start` for every (head, query tile) from `c [BH, T]` and `delta [BH, Mt]`.
+pub fn boundary(c: &[f64], delta: &[f64], heads: usize, t: usize, bm: usize, bn: usize) -> Vec<f64> {
+    let mt = t.div_ceil(bm);
+    let mut out = Vec::with_capacity(heads * mt);
+    for bh in 0..heads {
+        let cr = &c[bh * t..(bh + 1) * t];
+        for m in 0..mt {
+            out.push(block_start(cr, delta[bh * mt + m], m * bm, bn) as f64);
+        }
+    }
+    out
+}

@@ -1,0 +1,63 @@
+//! Decisions the backends used to make by matching IR shapes, made once here as attributes:
+//!
+//! - `fuse-output-cast`: an attention whose output's only user is a `cast` to another float
+//!   dtype writes that dtype itself (`out_dtype`); the cast disappears.
+//! - `fuse-boundary` (GPU targets): a pruned attention whose `start` is a `block_boundary` of its
+//!   own `c` reads the threshold `delta` instead and finds `start[m]` itself (a binary search
+//!   over the monotone `c`, the same value: docs/SEMANTICS.md), saving a launch.
+
+use crate::acp::add_attention;
+use crate::{PassContext, PassError, PassOptions, Target};
+use foxc_ir::{Attention, Graph, Op, Prune};
+
+/// The `fuse-output-cast` pass.
+pub fn output_cast(g: &mut Graph, _opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
+    for n in g.find(|op| matches!(op, Op::Attention(_))) {
+        let users = g.users(n);
+        let [u] = users[..] else { continue };
+        let only_out = g.operand_values(u).iter().all(|v| v.node != n || v.result == 0)
+            && g.g.edges_directed(n, petgraph::Direction::Outgoing).count() == 1;
+        let to = g.ty(u).dtype;
+        if !matches!(g.op(u), Op::Cast) || !only_out || !to.is_float() || g.ty(u).axes != g.ty(n).axes {
+            continue;
+        }
+        let name = g.node(u).name.clone().or_else(|| g.node(n).name.clone());
+        let node = g.node_mut(n);
+        if let Op::Attention(a) = &mut node.op {
+            a.out_dtype = to;
+        }
+        node.ty.dtype = to;
+        node.name = name;
+        g.replace_all_uses(u, n);
+        g.remove_dead();
+    }
+    Ok(())
+}
+
+/// The `fuse-boundary` pass (GPU targets only).
+pub fn boundary(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
+    if opts.target == Target::Cpu {
+        return Ok(());
+    }
+    for n in g.find(|op| matches!(op, Op::Attention(a) if a.prune == Prune::Start)) {
+        let Op::Attention(a) = g.op(n).clone() else { continue };
+        let ops = Attention::operands(g, n).map_err(PassError::Internal)?;
+        let Some(start) = ops.start else { continue };
+        let Op::BlockBoundary(t) = g.op(start) else { continue };
+        let bops = g.operands(start);
+        if Some(*t) != a.tiles || Some(bops[0]) != ops.decay {
+            continue;
+        }
+        let mut fa = a.clone();
+        fa.prune = Prune::Boundary;
+        let mut fo = ops.clone();
+        fo.start = None;
+        fo.delta = Some(bops[1]);
+        let span = g.node(n).span;
+        let f = add_attention(g, fa, &fo.to_vec(), span)?;
+        g.node_mut(f).name = g.node(n).name.clone();
+        g.replace_all_uses(n, f);
+        g.remove_dead();
+    }
+    Ok(())
+}
