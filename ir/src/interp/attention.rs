@@ -54,7 +54,13 @@ pub struct HeadStats {
 pub fn block_start(c: &[f64], delta: f64, i0: usize, bn: usize) -> usize {
     let t = c.len();
     let diag = i0 / bn;
-    (0..diag).find(|&n| !(c[i0] - c[(n * bn + bn - 1).min(t - 1)] < delta)).unwrap_or(diag)
+    (0..diag)
+        .find(|&n| {
+            // A NaN comparison is false: the tile is kept.
+            let skipped = c[i0] - c[(n * bn + bn - 1).min(t - 1)] < delta;
+            !skipped
+        })
+        .unwrap_or(diag)
 }
 
 fn nan_max(a: f64, b: f64) -> f64 {
