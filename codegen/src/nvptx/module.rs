@@ -355,21 +355,28 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             Op::Threshold { rule, log_eps, bound, score, scale, bm } => {
                 let (q, s) = self.resolve_q(ops[0]);
                 let k = ops[1];
-                if *score != ScoreBound::IDENTITY {
-                    return Err(CodegenError::Unsupported {
+                // The kernel computes U = |scale| Qmax Kmax. A static U (softcapping) is that
+                // formula with scale 1, Qmax = U, Kmax = 1 (the paper rule reads nothing else;
+                // the q-scale fold below keeps U: |1 s| * U / |s| * 1).
+                let (bound, scale) = match (*score, rule) {
+                    (ScoreBound::IDENTITY, _) => (*bound, self.scale_value(scale)?),
+                    (ScoreBound::Static(u), foxc_ir::PruneRule::Paper) => {
+                        (NormBound::Static { q_max: u, k_max: 1.0 }, 1.0)
+                    }
+                    _ => return Err(CodegenError::Unsupported {
                         op: format!(
                             "threshold with the score bound U = {score} (the GPU backend cannot yet run it)"
                         ),
                         node: n.index(),
-                    });
-                }
+                    }),
+                };
+                let bound = &bound;
                 if self.ty(k).axes.get(1).map(|a| &a.dim) != self.ty(q).axes.get(1).map(|a| &a.dim) {
                     return Err(CodegenError::Unsupported {
                         op: "threshold of grouped-query attention (the GPU backend cannot yet run it)".into(),
                         node: n.index(),
                     });
                 }
-                let scale = self.scale_value(scale)?;
                 // threshold(s q, k) with scale a equals threshold(q, k) with scale a s, and a
                 // static bound on |s q| is a bound on |q| divided by |s|.
                 let scale = &(scale * s);
