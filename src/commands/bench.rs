@@ -42,7 +42,13 @@ pub fn bench(a: &BenchArgs) -> Result<(), Error> {
         let mut p = a.prune.clone();
         p.no_prune = no_prune;
         let (opt, _) = pipeline::optimize(&c.graph, &pipeline::pass_options(&p, target, false))?;
-        let stats = acp_stats::measure(&opt, &interp_inputs)?;
+        // The kept set the backend used: the CPU kernels' own block starts; the GPU kernel does
+        // not report its own, so the reference's stand in there.
+        let starts = match a.backend {
+            BackendArg::Cpu => cpu_backend::block_starts(&opt, &inputs)?,
+            _ => None,
+        };
+        let stats = acp_stats::measure_with(&opt, &interp_inputs, starts.as_ref())?;
         let (median_ms, min_ms) = time(a.backend, &opt, &inputs, a.iters.max(1))?;
         let (kept_tiles, kept_flops) = match (&stats, no_prune) {
             (Some(s), false) => (s.kept_tile_fraction, s.kept_flops),
