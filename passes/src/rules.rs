@@ -4,9 +4,8 @@
 //! Every rule guarantees the same thing: with `delta[m]` from the formula, a key tile `n` of
 //! query tile `m` with `c[i0] - c[jend(n)] < delta[m]` holds entries whose total softmax weight
 //! in any row of the tile is below `eps` (at most `T` entries per row are pruned, each with
-//! weight below `eps / T`). The interpreter evaluates the formula; the backends render it.
-//! Adding a rule here is all it takes: `foxc rules`, `--prune-rule NAME`, the safety property
-//! test and `bench/kept_table.sh` pick it up.
+//! weight below `eps / T`). `foxc rules` prints this table. Not wired yet (docs/RULES.md,
+//! "Status"): the `threshold` op still carries the two-arm `foxc_ir::PruneRule` enum.
 
 use foxc_ir::prune_rule::build::*;
 use foxc_ir::prune_rule::{PruneRule, RuleExpr, Stat};
