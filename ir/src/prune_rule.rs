@@ -1,5 +1,6 @@
 //! Pruning rules as data: a rule's threshold formula is a small expression over named
-//! statistics of q and k, carried by the `threshold` op as an attribute.
+//! statistics of q and k, meant to be carried by the `threshold` op as an attribute (not yet:
+//! the op still holds the two-arm `ops::PruneRule` enum; docs/RULES.md, "Status").
 //!
 //! The table of rules (names, formulas, soundness notes) lives in `foxc_passes::rules`; this
 //! module only defines what a formula is, how it prints, and what it evaluates to
