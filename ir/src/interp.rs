@@ -467,6 +467,19 @@ impl<'a> Evaluator<'a> {
     }
 
     fn val(&self, id: ValueId, of: ValueId) -> Result<&Val, InterpError> {
+        // An operand edge may name a result > 0 of a multi-result node (the gradient program
+        // reads `attention_backward`'s dk, dv, ... through ordinary ops).
+        if !self.g.node(id).more.is_empty() {
+            let mut rs: Vec<u32> =
+                self.g.operand_values(of).iter().filter(|v| v.node == id).map(|v| v.result).collect();
+            rs.sort_unstable();
+            rs.dedup();
+            match rs[..] {
+                [r] if r > 0 => return self.value(Value { node: id, result: r }, of),
+                [_, _, ..] => return Err(self.err(of, "reads two results of one node")),
+                _ => {}
+            }
+        }
         self.vals.get(&id).ok_or_else(|| self.err(of, "operand not computed"))
     }
 
@@ -474,7 +487,7 @@ impl<'a> Evaluator<'a> {
     #[allow(dead_code)]
     fn value(&self, v: Value, of: ValueId) -> Result<&Val, InterpError> {
         match v.result {
-            0 => self.val(v.node, of),
+            0 => self.vals.get(&v.node).ok_or_else(|| self.err(of, "operand not computed")),
             r => self
                 .more
                 .get(&v.node)
@@ -777,7 +790,11 @@ impl<'a> Evaluator<'a> {
                 self.pending_more = vec![lse];
                 out
             }
-            Op::AttentionBackward(_) => return Err(self.err(id, "attention_backward is not evaluated yet")),
+            Op::AttentionBackward(_) => {
+                let mut rs = self.attention_backward_node(id)?;
+                self.pending_more = rs.split_off(1);
+                rs.remove(0)
+            }
         };
         if v.shape != shape {
             return Err(self.err(id, format!("computed shape {:?}, declared {:?}", v.shape, shape)));

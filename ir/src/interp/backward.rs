@@ -2,49 +2,31 @@
 //! "attention_backward"). This is THE reference of the backward: every kernel is checked
 //! against it, and it is checked against finite differences of the forward.
 //!
+//! The forward's operands come as the forward's own [`AttnArgs`] (same kept set, same score
+//! region evaluator); the derivatives of the score region are regions too ([`Region::grad`]),
+//! evaluated by the same [`RegionEval`].
+//!
 //! Work is split over (batch, kv head): one task owns the `kv_group` query heads that share a
 //! kv head, so `dk`/`dv` of that kv head are summed in one fixed order (query heads ascending,
 //! rows ascending) by one thread. Capture gradients, which several tasks may touch, are summed
 //! per task and then added in task order: the result does not depend on the number of threads.
 
-use super::binary;
-use crate::attention::{Attention, IndexVar, Mask, RNode, Region};
+use super::attention::AttnArgs;
+use super::region::{Capture, RegionEval};
+use crate::attention::{eval_index, IndexVar, Mask, RNode, Region};
 use crate::attention_grad::RegionGrad;
-use crate::index::IndexExpr;
 use crate::types::Dim;
 
-/// A captured tensor: its concrete shape and data.
-pub struct CaptureIn<'a> {
-    pub shape: Vec<usize>,
-    pub data: &'a [f64],
-    /// Whether a gradient is wanted (float captures).
-    pub float: bool,
-}
-
-/// The operands of one `attention_backward` node, as flat head-first slices.
+/// The operands of one `attention_backward` node.
 pub struct BackwardArgs<'a> {
-    pub attn: &'a Attention,
-    pub scale: f64,
-    pub b: usize,
-    /// Query heads.
-    pub h: usize,
-    /// Query heads per kv head.
-    pub group: usize,
-    pub t: usize,
-    pub d: usize,
-    pub dv: usize,
-    pub q: &'a [f64],
-    pub k: &'a [f64],
-    pub v: &'a [f64],
-    pub c: Option<&'a [f64]>,
-    /// `start [B, H, ceil(T / bm)]` of a pruned attention (derived by the block_boundary rule
-    /// when the boundary is fused), with `bm`, `bn`.
-    pub start: Option<(&'a [f64], usize, usize)>,
+    /// The forward's operands (q, k, v, c, start, captures) and sizes.
+    pub fwd: AttnArgs<'a>,
+    /// `out [B, H, T, Dv]`, `lse [B, H, T]`, `dout [B, H, T, Dv]`.
     pub out: &'a [f64],
     pub lse: &'a [f64],
     pub dout: &'a [f64],
-    pub captures: Vec<CaptureIn<'a>>,
-    pub dim: &'a (dyn Fn(&Dim) -> Option<u64> + Sync),
+    /// Which captures get a gradient (the float ones).
+    pub float_captures: Vec<bool>,
 }
 
 /// The results, flat: dq `[B, H, T, D]`, dk `[B, H/G, T, D]`, dv `[B, H/G, T, Dv]`, dc
@@ -57,249 +39,340 @@ pub struct BackwardResult {
     pub dcaps: Vec<Vec<f64>>,
 }
 
-/// Per-entry evaluation of the regions, with a reusable scratch buffer.
-struct Regions<'a> {
-    args: &'a BackwardArgs<'a>,
-    score: &'a Region,
-    grad: RegionGrad,
-    mask: Option<&'a Region>,
-    buf: Vec<f64>,
-}
-
-impl Regions<'_> {
-    /// The linear index of capture `k` read at `index` for entry `vars`.
-    fn capture_at(&self, k: usize, index: &[IndexExpr], vars: [i64; 4]) -> Result<usize, String> {
-        let cap = self.args.captures.get(k).ok_or_else(|| format!("capture {k} is not an operand"))?;
-        if index.len() != cap.shape.len() {
-            return Err(format!("capture {k} read with {} subscripts, has rank {}", index.len(), cap.shape.len()));
-        }
-        let var = |v: &str| IndexVar::from_name(v).map(|iv| vars[iv as usize]);
-        let dim = |d: &Dim| (self.args.dim)(d);
-        let mut lin = 0usize;
-        for (e, &n) in index.iter().zip(&cap.shape) {
-            let x = crate::attention::eval_index(e, &var, &dim)
-                .ok_or_else(|| format!("capture {k}: index {} cannot be evaluated", crate::attention::fmt_index(e)))?;
-            if x < 0 || x as usize >= n {
-                return Err(format!("capture {k}: index {x} out of bounds (size {n}) at (b, h, i, j) = {vars:?}"));
-            }
-            lin = lin * n + x as usize;
-        }
-        Ok(lin)
-    }
-
-    /// Evaluate `r` at entry `vars` with score `x` into `self.buf`; returns the root's value.
-    fn eval(&mut self, which: Which, x: f64, vars: [i64; 4]) -> Result<f64, String> {
-        let r: &Region = match which {
-            Which::Score => self.score,
-            Which::Dx => &self.grad.dx,
-            Which::Cap(n) => &self.grad.captures[n].1,
-            Which::Mask => self.mask.expect("mask region"),
-        };
-        let mut buf = std::mem::take(&mut self.buf);
-        buf.clear();
-        for node in &r.nodes {
-            let v = match node {
-                RNode::Score => x,
-                RNode::Index(iv) => vars[*iv as usize] as f64,
-                RNode::Dim(d) => (self.args.dim)(d).ok_or_else(|| format!("dim {d} is not bound"))? as f64,
-                RNode::Const(c) => *c,
-                RNode::Capture { k, index } => self.args.captures[*k].data[self.capture_at(*k, index, vars)?],
-                RNode::Unary(u, a) => super::unary(*u, buf[*a as usize]),
-                RNode::Binary(op, a, b) => binary(*op, buf[*a as usize], buf[*b as usize]),
-                RNode::Select(c, a, b) => {
-                    if buf[*c as usize] != 0.0 {
-                        buf[*a as usize]
-                    } else {
-                        buf[*b as usize]
-                    }
-                }
-            };
-            buf.push(v);
-        }
-        let v = buf[r.root as usize];
-        self.buf = buf;
-        Ok(v)
-    }
-}
-
-#[derive(Clone, Copy)]
-enum Which {
-    Score,
-    Dx,
-    Cap(usize),
-    Mask,
-}
-
 /// The outputs of one task (one batch, one kv head).
 struct TaskOut {
     dq: Vec<f64>,
     dk: Vec<f64>,
     dv: Vec<f64>,
     dc: Vec<f64>,
+    /// Per capture (empty for the ones without a gradient).
     dcaps: Vec<Vec<f64>>,
 }
 
-impl BackwardArgs<'_> {
-    /// Whether `(i, j)` of head `bh` is in the forward's kept set K(i).
-    fn kept(&self, regions: &mut Regions, bh: usize, i: usize, j: usize) -> Result<bool, String> {
-        let in_mask = match &self.attn.mask {
-            Mask::None => true,
-            Mask::Causal => j <= i,
-            Mask::Window(w) => j <= i && ((i - j) as u64) < *w,
-            Mask::Expr(_) => {
-                let vars = [(bh / self.h) as i64, (bh % self.h) as i64, i as i64, j as i64];
-                regions.eval(Which::Mask, 0.0, vars)? != 0.0
-            }
-        };
-        if !in_mask {
-            return Ok(false);
+/// The flat position of capture `k` read at `index` for entry `at` (`None` outside it).
+fn capture_offset(
+    cap: &Capture,
+    index: &[crate::index::IndexExpr],
+    at: [usize; 4],
+    dim: &dyn Fn(&Dim) -> Option<u64>,
+) -> Option<usize> {
+    let var = |v: &str| IndexVar::from_name(v).map(|v| at[v as usize] as i64);
+    let mut off = 0usize;
+    for (e, &n) in index.iter().zip(cap.shape) {
+        match eval_index(e, &var, dim) {
+            Some(p) if p >= 0 && (p as usize) < n => off = off * n + p as usize,
+            _ => return None,
         }
-        Ok(match self.start {
-            None => true,
+    }
+    Some(off)
+}
+
+impl BackwardArgs<'_> {
+    /// The first key of row `i` of head `bh` that pruning keeps: the rule of the forward
+    /// (`start[m] * bn`, NaN or negative keeps everything, beyond the row keeps nothing).
+    fn kstart(&self, bh: usize, i: usize) -> usize {
+        let f = &self.fwd;
+        match f.start {
             Some((st, bm, bn)) => {
-                let mt = self.t.div_ceil(bm);
+                let mt = f.t.div_ceil(bm);
                 let sm = st[bh * mt + i / bm];
-                // As the forward: NaN or negative keeps everything.
                 let sm = if sm.is_nan() || sm < 0.0 { 0.0 } else { sm };
-                (j as f64) >= sm * bn as f64
+                (sm * bn as f64).min(f.t as f64) as usize
             }
-        })
+            None => 0,
+        }
     }
 
     /// Task `task` = b * (H / G) + kv head.
-    fn task(&self, task: usize) -> Result<TaskOut, String> {
-        let (t, d, dv, g) = (self.t, self.d, self.dv, self.group);
-        let hk = self.h / g;
+    fn task(&self, task: usize, grad: &RegionGrad) -> Result<TaskOut, String> {
+        let f = &self.fwd;
+        let (t, d, dv, g) = (f.t, f.d, f.dv, f.group);
+        let hk = f.h / g;
         let (bi, kh) = (task / hk, task % hk);
-        let mut regions = Regions {
-            args: self,
-            score: &self.attn.score,
-            grad: self.attn.score.grad(),
-            mask: match &self.attn.mask {
-                Mask::Expr(r) => Some(r),
-                _ => None,
-            },
-            buf: Vec::new(),
+        let mut score = RegionEval::new(&f.attn.score, &f.captures, f.dim)?;
+        let mut dx_eval = RegionEval::new(&grad.dx, &f.captures, f.dim)?;
+        let mut mask = match &f.attn.mask {
+            Mask::Expr(r) => Some(RegionEval::new(r, &f.captures, f.dim)?),
+            _ => None,
         };
-        let cap_nodes: Vec<(usize, usize)> = regions
-            .grad
-            .captures
-            .iter()
-            .enumerate()
-            .filter_map(|(n, (id, _))| match &self.attn.score.nodes[*id as usize] {
-                RNode::Capture { k, .. } if self.captures[*k].float => Some((n, *k)),
-                _ => None,
-            })
-            .collect();
+        // (capture number, its index expressions, the evaluator of d R / d(that read)).
+        let mut cap_evals: Vec<(usize, &[crate::index::IndexExpr], RegionEval)> = vec![];
+        for (id, r) in &grad.captures {
+            if let RNode::Capture { k, index } = &f.attn.score.nodes[*id as usize] {
+                if self.float_captures.get(*k).copied().unwrap_or(false) {
+                    cap_evals.push((*k, index.as_slice(), RegionEval::new(r, &f.captures, f.dim)?));
+                }
+            }
+        }
         let mut out = TaskOut {
             dq: vec![0.0; g * t * d],
             dk: vec![0.0; t * d],
             dv: vec![0.0; t * dv],
             dc: vec![0.0; g * t],
-            dcaps: self.captures.iter().map(|c| vec![0.0; if c.float { c.data.len() } else { 0 }]).collect(),
+            dcaps: f
+                .captures
+                .iter()
+                .zip(&self.float_captures)
+                .map(|(c, &fl)| vec![0.0; if fl { c.data.len() } else { 0 }])
+                .collect(),
         };
         let kvh = bi * hk + kh;
-        let kr = |j: usize| &self.k[(kvh * t + j) * d..(kvh * t + j + 1) * d];
-        let vr = |j: usize| &self.v[(kvh * t + j) * dv..(kvh * t + j + 1) * dv];
+        let kr = |j: usize| &f.k[(kvh * t + j) * d..(kvh * t + j + 1) * d];
+        let vr = |j: usize| &f.v[(kvh * t + j) * dv..(kvh * t + j + 1) * dv];
         for gi in 0..g {
             let hq = kh * g + gi;
-            let bh = bi * self.h + hq;
-            let qr = |i: usize| &self.q[(bh * t + i) * d..(bh * t + i + 1) * d];
+            let bh = bi * f.h + hq;
             for i in 0..t {
                 let lse = self.lse[bh * t + i];
                 if lse == f64::NEG_INFINITY {
-                    continue; // empty row: P = 0, no gradient
+                    continue; // no kept entry: P = 0, no gradient
                 }
-                let dout = &self.dout[(bh * t + i) * dv..(bh * t + i + 1) * dv];
-                let o = &self.out[(bh * t + i) * dv..(bh * t + i + 1) * dv];
+                // The mask's key range of row i (as the forward), then pruning's first key.
+                let (jlo, jhi) = match f.attn.mask {
+                    Mask::Causal => (0, i + 1),
+                    Mask::Window(w) => ((i + 1).saturating_sub(w as usize), i + 1),
+                    Mask::None | Mask::Expr(_) => (0, t),
+                };
+                let jlo = jlo.max(self.kstart(bh, i));
+                let row = |w: usize| (bh * t + i) * w..(bh * t + i + 1) * w;
+                let dout = &self.dout[row(dv)];
+                let o = &self.out[row(dv)];
                 let delta: f64 = dout.iter().zip(o).map(|(a, b)| a * b).sum();
-                let qi = qr(i);
-                for j in 0..t {
-                    if !self.kept(&mut regions, bh, i, j)? {
-                        continue;
+                let qi = &f.q[(bh * t + i) * d..(bh * t + i + 1) * d];
+                for j in jlo..jhi {
+                    let at = [bi, hq, i, j];
+                    if let Some(m) = mask.as_mut() {
+                        if m.eval(0.0, at) == 0.0 {
+                            continue;
+                        }
                     }
                     let kj = kr(j);
-                    let x = self.scale * qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>();
-                    let vars = [bi as i64, hq as i64, i as i64, j as i64];
-                    let bias = self.c.map_or(0.0, |c| c[bh * t + i] - c[bh * t + j]);
-                    let e = regions.eval(Which::Score, x, vars)? + bias;
-                    let p = (e - lse).exp();
+                    let x = f.scale * qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>();
+                    let bias = f.c.map_or(0.0, |c| c[bh * t + i] - c[bh * t + j]);
+                    let p = (score.eval(x, at) + bias - lse).exp();
                     let vj = vr(j);
                     let dp: f64 = dout.iter().zip(vj).map(|(a, b)| a * b).sum();
                     let ds = p * (dp - delta);
                     for (acc, &go) in out.dv[j * dv..(j + 1) * dv].iter_mut().zip(dout) {
                         *acc += p * go;
                     }
-                    let dx = ds * regions.eval(Which::Dx, x, vars)?;
+                    let dx = ds * dx_eval.eval(x, at);
                     for (acc, &kv) in out.dq[(gi * t + i) * d..(gi * t + i + 1) * d].iter_mut().zip(kj) {
-                        *acc += self.scale * dx * kv;
+                        *acc += f.scale * dx * kv;
                     }
                     for (acc, &qv) in out.dk[j * d..(j + 1) * d].iter_mut().zip(qi) {
-                        *acc += self.scale * dx * qv;
+                        *acc += f.scale * dx * qv;
                     }
                     out.dc[gi * t + i] += ds;
                     out.dc[gi * t + j] -= ds;
-                    for &(n, k) in &cap_nodes {
-                        let local = regions.eval(Which::Cap(n), x, vars)?;
-                        let id = regions.grad.captures[n].0;
-                        let RNode::Capture { index, .. } = &self.attn.score.nodes[id as usize] else {
-                            unreachable!("capture node")
-                        };
-                        let at = regions.capture_at(k, index, vars)?;
-                        out.dcaps[k][at] += ds * local;
+                    for (k, index, ev) in cap_evals.iter_mut() {
+                        let local = ev.eval(x, at);
+                        // A read outside the tensor evaluated to NaN in the forward: nothing to add.
+                        if let Some(off) = capture_offset(&f.captures[*k], index, at, f.dim) {
+                            out.dcaps[*k][off] += ds * local;
+                        }
                     }
                 }
             }
         }
         Ok(out)
     }
-}
 
-/// The backward of one attention node.
-pub fn attention_backward(a: &BackwardArgs) -> Result<BackwardResult, String> {
-    let (b, h, g, t, d, dv) = (a.b, a.h, a.group, a.t, a.d, a.dv);
-    if g == 0 || h % g != 0 {
-        return Err(format!("kv_group {g} does not divide H = {h}"));
-    }
-    let hk = h / g;
-    let tasks = b * hk;
-    let mut res = BackwardResult {
-        dq: vec![0.0; b * h * t * d],
-        dk: vec![0.0; tasks * t * d],
-        dv: vec![0.0; tasks * t * dv],
-        dc: a.c.map(|_| vec![0.0; b * h * t]),
-        dcaps: a.captures.iter().filter(|c| c.float).map(|c| vec![0.0; c.data.len()]).collect(),
-    };
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, tasks.max(1));
-    // Waves of `threads` tasks; results are merged in task order.
-    let mut next = 0;
-    while next < tasks {
-        let wave: Vec<usize> = (next..(next + threads).min(tasks)).collect();
-        next += wave.len();
-        let outs: Vec<Result<TaskOut, String>> = std::thread::scope(|sc| {
-            let hs: Vec<_> = wave.iter().map(|&tk| sc.spawn(move || a.task(tk))).collect();
-            hs.into_iter().map(|hd| hd.join().unwrap_or_else(|_| Err("backward task panicked".into()))).collect()
-        });
-        for (&tk, o) in wave.iter().zip(outs) {
-            let o = o?;
-            let (bi, kh) = (tk / hk, tk % hk);
-            let h0 = bi * h + kh * g;
-            res.dq[h0 * t * d..(h0 + g) * t * d].copy_from_slice(&o.dq);
-            res.dk[tk * t * d..(tk + 1) * t * d].copy_from_slice(&o.dk);
-            res.dv[tk * t * dv..(tk + 1) * t * dv].copy_from_slice(&o.dv);
-            if let Some(dc) = res.dc.as_mut() {
-                dc[h0 * t..(h0 + g) * t].copy_from_slice(&o.dc);
-            }
-            let mut fl = 0;
-            for (k, cap) in a.captures.iter().enumerate() {
-                if cap.float {
-                    for (acc, x) in res.dcaps[fl].iter_mut().zip(&o.dcaps[k]) {
-                        *acc += x;
+    /// Every gradient of the node.
+    pub fn run(&self) -> Result<BackwardResult, String> {
+        let f = &self.fwd;
+        let (b, h, g, t, d, dv) = (f.b, f.h, f.group, f.t, f.d, f.dv);
+        if g == 0 || h % g != 0 {
+            return Err(format!("kv_group {g} does not divide H = {h}"));
+        }
+        let hk = h / g;
+        let tasks = b * hk;
+        let grad: RegionGrad = Region::grad(&f.attn.score);
+        let mut res = BackwardResult {
+            dq: vec![0.0; b * h * t * d],
+            dk: vec![0.0; tasks * t * d],
+            dv: vec![0.0; tasks * t * dv],
+            dc: f.c.map(|_| vec![0.0; b * h * t]),
+            dcaps: f
+                .captures
+                .iter()
+                .zip(&self.float_captures)
+                .filter(|(_, &fl)| fl)
+                .map(|(c, _)| vec![0.0; c.data.len()])
+                .collect(),
+        };
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, tasks.max(1));
+        // Waves of `threads` tasks; results are merged in task order.
+        let mut next = 0;
+        while next < tasks {
+            let wave: Vec<usize> = (next..(next + threads).min(tasks)).collect();
+            next += wave.len();
+            let grad = &grad;
+            let outs: Vec<Result<TaskOut, String>> = std::thread::scope(|sc| {
+                let hs: Vec<_> = wave.iter().map(|&tk| sc.spawn(move || self.task(tk, grad))).collect();
+                hs.into_iter()
+                    .map(|hd| hd.join().unwrap_or_else(|_| Err("a backward worker panicked".into())))
+                    .collect()
+            });
+            for (&tk, o) in wave.iter().zip(outs) {
+                let o = o?;
+                let (bi, kh) = (tk / hk, tk % hk);
+                let h0 = bi * h + kh * g;
+                res.dq[h0 * t * d..(h0 + g) * t * d].copy_from_slice(&o.dq);
+                res.dk[tk * t * d..(tk + 1) * t * d].copy_from_slice(&o.dk);
+                res.dv[tk * t * dv..(tk + 1) * t * dv].copy_from_slice(&o.dv);
+                if let Some(dc) = res.dc.as_mut() {
+                    dc[h0 * t..(h0 + g) * t].copy_from_slice(&o.dc);
+                }
+                let mut fl = 0;
+                for (k, &float) in self.float_captures.iter().enumerate() {
+                    if float {
+                        for (acc, x) in res.dcaps[fl].iter_mut().zip(&o.dcaps[k]) {
+                            *acc += x;
+                        }
+                        fl += 1;
                     }
-                    fl += 1;
                 }
             }
         }
+        Ok(res)
     }
-    Ok(res)
+}
+
+impl super::Evaluator<'_> {
+    /// Every result of `attention_backward` node `id`, in result order.
+    pub(super) fn attention_backward_node(
+        &mut self,
+        id: crate::graph::ValueId,
+    ) -> Result<Vec<super::Val>, super::InterpError> {
+        use crate::attention::{AttnOperands, Prune};
+        use std::rc::Rc;
+        let g = self.g;
+        let crate::ops::Op::AttentionBackward(a) = g.op(id) else {
+            return Err(self.err(id, "not attention_backward"));
+        };
+        let vals = g.operand_values(id);
+        if vals.len() < a.fixed_operands() + 3 {
+            return Err(self.err(id, "too few operands"));
+        }
+        let (fwd_vals, rest) = vals.split_at(vals.len() - 3);
+        let fwd_ids: Vec<_> = fwd_vals.iter().map(|v| v.node).collect();
+        let o = AttnOperands::from_positional(a, &fwd_ids).map_err(|e| self.err(id, e))?;
+        let q = self.positional(id, o.q, 4, "q")?;
+        let k = self.positional(id, o.k, 4, "k")?;
+        let v = self.positional(id, o.v, 4, "v")?;
+        let (b, h, t, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+        let (hk, dv) = (k.shape[1], v.shape[3]);
+        let group =
+            self.dims.eval(&a.kv_group).ok_or_else(|| self.err(id, "kv_group's dim is not bound"))? as usize;
+        if group == 0 || hk * group != h || k.shape != [b, hk, t, d] || v.shape[..3] != [b, hk, t] {
+            return Err(self.err(
+                id,
+                format!("q {:?}, k {:?}, v {:?} disagree (kv_group {group})", q.shape, k.shape, v.shape),
+            ));
+        }
+        let c = match o.decay {
+            Some(c) => {
+                let c = self.positional(id, c, 3, "c")?;
+                if c.shape != [b, h, t] {
+                    return Err(self.err(id, format!("c has shape {:?}, expected {:?}", c.shape, [b, h, t])));
+                }
+                Some(c.data.as_slice())
+            }
+            None => None,
+        };
+        let derived;
+        let start = match (a.prune, a.tiles) {
+            (Prune::Dense, _) => None,
+            (_, None) => return Err(self.err(id, "a pruned attention without tiles")),
+            (p, Some(tl)) => {
+                let (bm, bn) = (tl.bm as usize, tl.bn as usize);
+                let mt = t.div_ceil(bm.max(1));
+                let x = self.positional(
+                    id,
+                    if p == Prune::Start { o.start } else { o.delta }.unwrap_or(o.q),
+                    3,
+                    "start",
+                )?;
+                if x.shape != [b, h, mt] || bm == 0 || bn == 0 {
+                    return Err(self
+                        .err(id, format!("start/delta has shape {:?}, expected {:?}", x.shape, [b, h, mt])));
+                }
+                if p == Prune::Start {
+                    Some((x.data.as_slice(), bm, bn))
+                } else {
+                    // The same kept set as the forward: the same derivation from c and delta.
+                    let c = c.ok_or_else(|| self.err(id, "a pruned attention without c"))?;
+                    derived = super::acp::boundary(c, &x.data, b * h, t, bm, bn);
+                    Some((derived.as_slice(), bm, bn))
+                }
+            }
+        };
+        let mut caps = vec![];
+        let mut float_captures = vec![];
+        for &cid in &o.captures {
+            let cv = self.val(cid, id)?;
+            caps.push(Capture { shape: &cv.shape, data: &cv.data });
+            float_captures.push(g.ty(cid).dtype.is_float());
+        }
+        let out = self.value(rest[0], id)?;
+        let lse = self.value(rest[1], id)?;
+        let dout = self.value(rest[2], id)?;
+        if out.shape != [b, h, t, dv] || dout.shape != [b, h, t, dv] || lse.shape != [b, h, t] {
+            return Err(self.err(
+                id,
+                format!(
+                    "out {:?}, lse {:?}, dout {:?} do not fit q {:?}",
+                    out.shape, lse.shape, dout.shape, q.shape
+                ),
+            ));
+        }
+        let scale = a
+            .scale
+            .value(&|s| self.dims.get(s))
+            .ok_or_else(|| self.err(id, "the scale's dim is not bound"))?;
+        let dims = &self.dims;
+        let dim = move |x: &Dim| dims.eval(x);
+        let args = BackwardArgs {
+            fwd: AttnArgs {
+                attn: a,
+                scale,
+                b,
+                h,
+                group,
+                t,
+                d,
+                dv,
+                q: &q.data,
+                k: &k.data,
+                v: &v.data,
+                c,
+                start,
+                captures: caps,
+                dim: &dim,
+            },
+            out: &out.data,
+            lse: &lse.data,
+            dout: &dout.data,
+            float_captures,
+        };
+        let r = args.run().map_err(|e| self.err(id, e))?;
+        let mut results = vec![r.dq, r.dk, r.dv];
+        results.extend(r.dc);
+        results.extend(r.dcaps);
+        let tys = g.result_types(id);
+        if tys.len() != results.len() {
+            return Err(self.err(id, format!("{} result types for {} results", tys.len(), results.len())));
+        }
+        let mut vals_out = vec![];
+        for (ty, data) in tys.into_iter().zip(results) {
+            let shape = crate::shapes::concrete_shape(ty, &self.dims)?;
+            if shape.iter().product::<usize>() != data.len() {
+                return Err(self.err(id, format!("a result of shape {shape:?} got {} values", data.len())));
+            }
+            let axes = ty.axes.iter().map(|x| x.name.clone()).collect();
+            vals_out.push(super::Val { axes, shape, data: Rc::new(data) });
+        }
+        Ok(vals_out)
+    }
 }
