@@ -1,0 +1,103 @@
+//! `foxc grad` and `foxc compile --emit grad` end to end.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn foxc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_foxc"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("foxc runs")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("foxc-grad-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+#[test]
+fn grad_writes_out_and_every_float_parameter_gradient_in_its_dtype() {
+    let o = tmp("fox_grads.safetensors");
+    let r = foxc(&[
+        "grad",
+        "examples/fox_qknorm.attn",
+        "--backend",
+        "reference",
+        "--shape",
+        "B=1,H=2,T=40,D=8",
+        "-o",
+        o.to_str().unwrap(),
+        "--check",
+    ]);
+    assert!(r.status.success(), "{}", text(&r));
+    assert!(text(&r).contains("check: ok"), "{}", text(&r));
+    let m = foxc_runtime::io::read_safetensors(&o).unwrap();
+    let names: Vec<&str> = m.keys().map(String::as_str).collect();
+    assert_eq!(names, ["grad_fgate", "grad_k", "grad_q", "grad_v", "grad_wk", "grad_wq", "out"]);
+    assert_eq!(m["grad_q"].dtype, foxc_ir::DType::BF16);
+    assert_eq!(m["grad_fgate"].dtype, foxc_ir::DType::F32);
+    assert_eq!(m["grad_wq"].shape, vec![8]);
+    // Gradients are not zero and not NaN.
+    for (n, t) in &m {
+        let v = t.to_f64_vec();
+        assert!(v.iter().all(|x| x.is_finite()), "{n} has a non-finite value");
+        assert!(v.iter().any(|&x| x != 0.0), "{n} is all zeros");
+    }
+}
+
+#[test]
+fn grad_is_deterministic_and_reads_dout() {
+    let a = tmp("a.safetensors");
+    let b = tmp("b.safetensors");
+    for p in [&a, &b] {
+        let r =
+            foxc(&["grad", "examples/fox.attn", "--shape", "B=1,H=2,T=33,D=4", "-o", p.to_str().unwrap()]);
+        assert!(r.status.success(), "{}", text(&r));
+    }
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap(), "two runs differ");
+    // An explicit dout of zeros gives zero gradients.
+    let m = foxc_runtime::io::read_safetensors(&a).unwrap();
+    let out = &m["out"];
+    let mut z = foxc_runtime::TensorMap::new();
+    z.insert("dout".into(), foxc_runtime::HostTensor::zeros(out.dtype, &out.shape));
+    let zp = tmp("zeros.safetensors");
+    foxc_runtime::io::write_safetensors(&zp, &z).unwrap();
+    let g = tmp("g0.safetensors");
+    let r = foxc(&[
+        "grad",
+        "examples/fox.attn",
+        "--shape",
+        "B=1,H=2,T=33,D=4",
+        "--dout",
+        zp.to_str().unwrap(),
+        "-o",
+        g.to_str().unwrap(),
+    ]);
+    assert!(r.status.success(), "{}", text(&r));
+    let m0 = foxc_runtime::io::read_safetensors(&g).unwrap();
+    assert!(m0["grad_q"].to_f64_vec().iter().all(|&x| x == 0.0));
+    // A dout of the wrong shape is a user error.
+    let mut bad = foxc_runtime::TensorMap::new();
+    bad.insert("dout".into(), foxc_runtime::HostTensor::zeros(out.dtype, &[1, 2, 3]));
+    foxc_runtime::io::write_safetensors(&zp, &bad).unwrap();
+    let r =
+        foxc(&["grad", "examples/fox.attn", "--shape", "B=1,H=2,T=33,D=4", "--dout", zp.to_str().unwrap()]);
+    assert_eq!(r.status.code(), Some(1), "{}", text(&r));
+    assert!(text(&r).contains("dout"), "{}", text(&r));
+}
+
+#[test]
+fn emit_grad_prints_the_backward_program() {
+    let r = foxc(&["compile", "examples/fox.attn", "--emit", "grad"]);
+    assert!(r.status.success(), "{}", text(&r));
+    let t = text(&r);
+    assert!(t.contains("attention_backward"), "{t}");
+    assert!(t.contains("param \"dout\""), "{t}");
+    assert!(t.contains("// output grad_fgate"), "{t}");
+}
