@@ -4,7 +4,7 @@
 
 use crate::Error;
 use foxc_codegen::cpu::{self as cg, CpuError, CpuProgram};
-use foxc_ir::{Graph, Op};
+use foxc_ir::Graph;
 use foxc_runtime::cpu::{self as rt, ExecError, Launch};
 use foxc_runtime::{HostTensor, TensorMap};
 use std::collections::BTreeMap;
@@ -31,7 +31,7 @@ pub struct BenchStats {
 
 fn cg_err(e: CpuError) -> Error {
     match e {
-        CpuError::Unsupported { .. } | CpuError::Invalid(_) => Error::user(format!("error: {e}")),
+        CpuError::Invalid(_) => Error::user(format!("error: {e}")),
         CpuError::Cranelift(_) => Error::internal(format!("internal error: {e}")),
     }
 }
@@ -55,6 +55,7 @@ fn launches(p: &CpuProgram) -> Vec<Launch> {
         .iter()
         .map(|k| Launch {
             node: k.node,
+            operands: k.operands.clone(),
             entry: k.entry,
             tasks: k.tasks.count,
             chunk: k.tasks.chunk,
@@ -70,17 +71,31 @@ fn compile(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<(CpuProgram, f64),
 }
 
 fn execute(g: &Graph, p: &CpuProgram, inputs: &TensorMap) -> Result<HostTensor, Error> {
+    execute_with(g, p, inputs, rt::ExecOptions { threads: rt::default_threads(), poison: false })
+}
+
+fn execute_with(
+    g: &Graph,
+    p: &CpuProgram,
+    inputs: &TensorMap,
+    opts: rt::ExecOptions,
+) -> Result<HostTensor, Error> {
     let ls = launches(p);
     // SAFETY: the launches come from `p`, compiled for this graph and these dims, alive here.
-    unsafe { rt::execute(g, &p.dims, &ls, inputs, rt::default_threads()) }.map_err(rt_err)
+    unsafe { rt::execute_with(g, &p.dims, &ls, inputs, opts) }.map_err(rt_err)
 }
 
 /// Compile `g` (an optimized graph) for the shapes of `inputs` and run it on all cores.
 pub fn run(g: &Graph, inputs: &TensorMap) -> Result<CpuRun, Error> {
+    run_with(g, inputs, rt::ExecOptions { threads: rt::default_threads(), poison: false })
+}
+
+/// [`run`] with executor options (tests poison every buffer with NaN before its kernel runs).
+pub fn run_with(g: &Graph, inputs: &TensorMap, opts: rt::ExecOptions) -> Result<CpuRun, Error> {
     let dims = bind(g, inputs)?;
     let (p, compile_ms) = compile(g, &dims)?;
     let t0 = Instant::now();
-    let out = execute(g, &p, inputs)?;
+    let out = execute_with(g, &p, inputs, opts)?;
     Ok(CpuRun { out, compile_ms, run_ms: t0.elapsed().as_secs_f64() * 1e3 })
 }
 
@@ -141,25 +156,4 @@ pub fn bench(g: &Graph, inputs: &TensorMap, iters: usize) -> Result<BenchStats, 
         compile_ms,
         threads: rt::default_threads(),
     })
-}
-
-/// Whether `g` holds only ops the CPU backend lowers (for callers that want to ask first).
-pub fn supports(g: &Graph) -> Result<(), Error> {
-    for n in g.topo_order() {
-        let op = g.op(n);
-        let ok = matches!(
-            op,
-            Op::Param { .. }
-                | Op::Cast
-                | Op::RmsNorm { .. }
-                | Op::GateCumsum { .. }
-                | Op::Threshold { .. }
-                | Op::BlockBoundary(_)
-                | Op::Attention(_)
-        );
-        if !ok {
-            return Err(Error::user(format!("error: the CPU backend cannot lower op `{}`", op.mnemonic())));
-        }
-    }
-    Ok(())
 }

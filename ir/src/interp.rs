@@ -272,7 +272,8 @@ fn binary(b: BinaryOp, x: f64, y: f64) -> f64 {
     }
 }
 
-fn cast(dt: DType, x: f64) -> f64 {
+/// `x` rounded to `dt` as `cast` defines it.
+pub fn cast(dt: DType, x: f64) -> f64 {
     match dt {
         DType::BF16 => half::bf16::from_f64(x).to_f64(),
         DType::F16 => half::f16::from_f64(x).to_f64(),

@@ -6,7 +6,8 @@
 //! ```text
 //! extern "C" fn(args: *const u64, task_begin: u64, task_end: u64, scratch: *mut u8)
 //! ```
-//! `args[k]` is the address of operand `k` of the kernel's node, `args[n]` the address of its
+//! `args[k]` is the address of the `k`-th value of the launch's `operands` (the node's operands,
+//! or what the compiler chose to read instead), `args[n]` the address of its
 //! result (dense row-major buffers of the values' dtypes and concrete shapes). A kernel runs tasks
 //! `task_begin..task_end`; distinct tasks write disjoint results, so any partition of the tasks
 //! over threads gives the same bits. Scalars folded into a kernel have no buffer; their slots hold 0. `scratch` is private to the calling thread, 64-byte aligned,
@@ -24,9 +25,12 @@ pub const SCRATCH_ALIGN: usize = 64;
 pub type KernelFn = unsafe extern "C" fn(args: *const u64, task_begin: u64, task_end: u64, scratch: *mut u8);
 
 /// One kernel to run: it computes value `node` of the graph.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Launch {
     pub node: ValueId,
+    /// The values whose buffers the kernel reads, in `args` order. Each is a parameter, a value
+    /// an earlier launch computed, or a rank-0 value folded into the kernel (slot 0).
+    pub operands: Vec<ValueId>,
     /// A [`KernelFn`].
     pub entry: *const u8,
     pub tasks: u64,
@@ -93,6 +97,15 @@ pub fn check_params(g: &Graph, dims: &BTreeMap<String, u64>, inputs: &TensorMap)
     Ok(())
 }
 
+/// How [`execute_with`] runs a program.
+#[derive(Clone, Copy, Debug)]
+pub struct ExecOptions {
+    pub threads: usize,
+    /// Fill every result buffer with NaN bits (0xff bytes) before its kernel runs, so that an
+    /// element a kernel forgets to write shows up (tests); otherwise buffers start zeroed.
+    pub poison: bool,
+}
+
 /// Run `launches` (topological order) of a program compiled for `g` and `dims` on `threads`
 /// threads and return the graph's output.
 ///
@@ -106,7 +119,30 @@ pub unsafe fn execute(
     inputs: &TensorMap,
     threads: usize,
 ) -> Result<HostTensor, ExecError> {
+    execute_with(g, dims, launches, inputs, ExecOptions { threads, poison: false })
+}
+
+/// [`execute`] with options. An intermediate buffer is freed after the last launch that reads it.
+///
+/// # Safety
+/// As [`execute`].
+pub unsafe fn execute_with(
+    g: &Graph,
+    dims: &BTreeMap<String, u64>,
+    launches: &[Launch],
+    inputs: &TensorMap,
+    opts: ExecOptions,
+) -> Result<HostTensor, ExecError> {
+    let threads = opts.threads;
     check_params(g, dims, inputs)?;
+    let out = g.output.ok_or_else(|| ExecError::Internal("graph has no output".into()))?;
+    // Remaining reads of each value: a buffer is dropped when its count reaches zero.
+    let mut reads: HashMap<ValueId, usize> = HashMap::new();
+    for l in launches {
+        for &o in &l.operands {
+            *reads.entry(o).or_default() += 1;
+        }
+    }
     let mut addr: HashMap<ValueId, u64> = HashMap::new();
     for p in &g.params {
         addr.insert(p.node, inputs[&p.name].data.as_ptr() as u64);
@@ -114,7 +150,7 @@ pub unsafe fn execute(
     let mut bufs: HashMap<ValueId, Buf> = HashMap::new();
     for l in launches {
         let mut args: Vec<u64> = vec![];
-        for o in g.operands(l.node) {
+        for &o in &l.operands {
             // A scalar the compiler folded into the kernel has no buffer (ABI: slot 0, never read).
             match addr.get(&o) {
                 Some(a) => args.push(*a),
@@ -130,7 +166,8 @@ pub unsafe fn execute(
         }
         let shape = value_shape(g, l.node, dims)?;
         let bytes = shape.iter().product::<usize>() * g.ty(l.node).dtype.size_bytes();
-        let mut words = vec![0u64; bytes.div_ceil(8).max(1)];
+        let fill = if opts.poison { u64::MAX } else { 0 };
+        let mut words = vec![fill; bytes.div_ceil(8).max(1)];
         args.push(words.as_mut_ptr() as u64);
         addr.insert(l.node, words.as_ptr() as u64);
         let t0 = std::time::Instant::now();
@@ -146,8 +183,16 @@ pub unsafe fn execute(
             );
         }
         bufs.insert(l.node, Buf { words, bytes });
+        for o in &l.operands {
+            if let Some(c) = reads.get_mut(o) {
+                *c -= 1;
+                if *c == 0 && *o != out {
+                    bufs.remove(o);
+                    addr.remove(o);
+                }
+            }
+        }
     }
-    let out = g.output.ok_or_else(|| ExecError::Internal("graph has no output".into()))?;
     let b = bufs
         .remove(&out)
         .ok_or_else(|| ExecError::Internal("the output is not computed by a kernel".into()))?;

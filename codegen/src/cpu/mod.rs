@@ -6,13 +6,15 @@
 //! parallel over each kernel's task space. [`clif_text`] gives the Cranelift IR for
 //! `foxc compile --emit clif`.
 //!
-//! Lowered ops: `param` (no code), `cast` (to f32 or bf16), `rmsnorm` (last axis), `gate_cumsum`,
-//! `threshold`, `block_boundary`, `decay_attention` and `pruned_decay_attention`, exactly as
-//! docs/SEMANTICS.md states them. Any other op is an error naming it; nothing falls back to the
-//! interpreter.
+//! Fused kernels ([`kernels`]): `gate_cumsum`, `threshold`, `block_boundary` and `attention`,
+//! exactly as docs/SEMANTICS.md states them, plus fast paths for
+//! `cast` (f32/bf16/i32 to f32/bf16), a positional tensor combined with a folded scalar, and
+//! `rmsnorm` over the last axis. Every other op (and those three outside their fast path) gets
+//! plain loops from [`generic`]; nothing falls back to the interpreter.
 
 pub mod abi;
 mod emit;
+pub mod generic;
 mod kernels;
 mod region;
 
@@ -28,9 +30,6 @@ use std::collections::{BTreeMap, HashMap};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CpuError {
-    /// The graph holds an op the CPU backend has no kernel for.
-    #[error("the CPU backend cannot lower op `{op}` (value %{value}): only param, cast, rmsnorm, gate_cumsum, threshold, block_boundary, decay_attention and pruned_decay_attention run on the CPU; run the optimization passes first")]
-    Unsupported { op: String, value: usize },
     /// Shapes, dtypes or dims that the kernels do not accept.
     #[error("{0}")]
     Invalid(String),
@@ -74,6 +73,9 @@ pub struct TaskSpace {
 #[derive(Debug)]
 pub struct CpuKernel {
     pub node: ValueId,
+    /// The values whose buffers the kernel reads, in `args` order (usually the node's operands;
+    /// a `sum` that contracts its `mul` reads the mul's operands, see [`generic`]).
+    pub operands: Vec<ValueId>,
     /// `k<value>_<op>`, as in the CLIF text.
     pub name: String,
     /// Entry point, an [`abi::KernelFn`]; valid while the owning [`CpuProgram`] lives.
@@ -131,6 +133,7 @@ pub fn compile_with(
             }
             CpuKernel {
                 node: s.node,
+                operands: s.operands.clone(),
                 name: s.name.clone(),
                 entry: module.get_finalized_function(id),
                 tasks: TaskSpace { count, chunk },
@@ -153,8 +156,23 @@ pub fn clif_text(g: &Graph, dims: &BTreeMap<String, u64>, opts: CpuOptions) -> R
 /// One kernel to generate.
 struct Spec {
     node: ValueId,
+    operands: Vec<ValueId>,
     name: String,
-    kind: Kind,
+    kind: SpecKind,
+}
+
+enum SpecKind {
+    Fused(Kind),
+    Generic(generic::Planned),
+}
+
+impl SpecKind {
+    fn tasks(&self) -> (u64, u64, usize) {
+        match self {
+            SpecKind::Fused(k) => k.tasks(),
+            SpecKind::Generic(p) => p.kernel.tasks(),
+        }
+    }
 }
 
 /// Concrete shape of a value.
@@ -208,9 +226,10 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
     }
     // Scalar subgraphs (`rsqrt(dim D)`) fold to constants at compile time: dims are concrete.
     let mut consts: HashMap<ValueId, f64> = HashMap::new();
+    let absorbed = generic::absorbed_muls(g, &live);
     let mut specs = vec![];
     for &n in &order {
-        if !live.contains(&n) {
+        if !live.contains(&n) || absorbed.contains(&n) {
             continue;
         }
         let op = g.op(n);
@@ -250,6 +269,11 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
             }
             Ok(())
         };
+        // Plain loops for every op without a fused kernel or outside a fast path's conditions.
+        let generic = |consts: &HashMap<ValueId, f64>| -> Result<SpecKind, CpuError> {
+            let cx = generic::Ctx { g, dims, consts, num: &num };
+            Ok(SpecKind::Generic(generic::plan(&cx, n, &absorbed)?))
+        };
         let kind = match op {
             Op::Param { .. } => continue,
             Op::Binary(bop)
@@ -257,7 +281,7 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
             {
                 let tensor_first = consts.contains_key(&ops[1]);
                 let (t, c) = if tensor_first { (ops[0], ops[1]) } else { (ops[1], ops[0]) };
-                if !matches!(
+                let arith = matches!(
                     bop,
                     BinaryOp::Add
                         | BinaryOp::Sub
@@ -265,56 +289,61 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
                         | BinaryOp::Div
                         | BinaryOp::Min
                         | BinaryOp::Max
-                ) {
-                    return Err(CpuError::Unsupported { op: op.mnemonic().to_string(), value: v });
-                }
-                if sh(t)? != out_shape || !g.ty(n).is_positional() || !g.ty(t).is_positional() {
-                    return Err(invalid(
-                        "only a positional tensor combined with a scalar runs on the CPU".into(),
-                    ));
-                }
+                );
                 let dst = g.ty(n).dtype;
-                if !matches!(dst, DType::F32 | DType::BF16) {
-                    return Err(invalid(format!("result dtype {dst} is not f32 or bf16")));
-                }
-                Kind::ScalarOp {
-                    src: float_in(t)?,
-                    dst,
-                    op: *bop,
-                    c: consts[&c],
-                    tensor_first,
-                    n: out_shape.iter().product(),
+                let fast = arith
+                    && sh(t)? == out_shape
+                    && g.ty(n).is_positional()
+                    && g.ty(t).is_positional()
+                    && matches!(dst, DType::F32 | DType::BF16)
+                    && matches!(dt(t), DType::F32 | DType::BF16);
+                if !fast {
+                    generic(&consts)?
+                } else {
+                    SpecKind::Fused(Kind::ScalarOp {
+                        src: float_in(t)?,
+                        dst,
+                        op: *bop,
+                        c: consts[&c],
+                        tensor_first,
+                        n: out_shape.iter().product(),
+                    })
                 }
             }
             Op::Cast => {
-                let src = dt(ops[0]);
-                if !matches!(src, DType::F32 | DType::BF16 | DType::I32) {
-                    return Err(invalid(format!("cannot cast from {src} on the CPU")));
+                let (src, dst) = (dt(ops[0]), g.ty(n).dtype);
+                let fast = matches!(src, DType::F32 | DType::BF16 | DType::I32)
+                    && matches!(dst, DType::F32 | DType::BF16)
+                    && g.ty(n).is_positional()
+                    && g.ty(ops[0]).is_positional();
+                if !fast {
+                    generic(&consts)?
+                } else {
+                    SpecKind::Fused(Kind::Cast { src, dst, n: out_shape.iter().product() })
                 }
-                let dst = g.ty(n).dtype;
-                if !matches!(dst, DType::F32 | DType::BF16) {
-                    return Err(invalid(format!("cannot cast to {dst} on the CPU")));
-                }
-                Kind::Cast { src, dst, n: out_shape.iter().product() }
             }
             Op::RmsNorm { axis, eps } => {
                 let xs = sh(ops[0])?;
-                let Some(&d) = xs.last() else { return Err(invalid("rmsnorm of a scalar".into())) };
-                if *axis != (xs.len() - 1).to_string() {
-                    return Err(invalid(format!("rmsnorm over axis `{axis}`; the CPU kernel normalizes the last axis of a positional tensor")));
-                }
-                expect(ops[1], &[d], "w")?;
                 let out = g.ty(n).dtype;
-                if !matches!(out, DType::F32 | DType::BF16) {
-                    return Err(invalid(format!("result dtype {out} is not f32 or bf16")));
-                }
-                Kind::RmsNorm {
-                    x: float_in(ops[0])?,
-                    w: float_in(ops[1])?,
-                    out,
-                    rows: xs.iter().product::<u64>() / d.max(1),
-                    d,
-                    eps: *eps,
+                let fast = !xs.is_empty()
+                    && *axis == (xs.len() - 1).to_string()
+                    && g.ty(n).is_positional()
+                    && sh(ops[1])? == xs[xs.len() - 1..]
+                    && matches!(out, DType::F32 | DType::BF16)
+                    && matches!(dt(ops[0]), DType::F32 | DType::BF16)
+                    && matches!(dt(ops[1]), DType::F32 | DType::BF16);
+                if !fast {
+                    generic(&consts)?
+                } else {
+                    let d = xs[xs.len() - 1];
+                    SpecKind::Fused(Kind::RmsNorm {
+                        x: float_in(ops[0])?,
+                        w: float_in(ops[1])?,
+                        out,
+                        rows: xs.iter().product::<u64>() / d.max(1),
+                        d,
+                        eps: *eps,
+                    })
                 }
             }
             Op::GateCumsum { kind } => {
@@ -325,7 +354,7 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
                 } else {
                     expect(ops[0], &[b, h, t], "gates [B, H, T]")?;
                 }
-                Kind::GateCumsum { kind: *kind, src: float_in(ops[0])?, b, h, t }
+                SpecKind::Fused(Kind::GateCumsum { kind: *kind, src: float_in(ops[0])?, b, h, t })
             }
             Op::Threshold { rule, log_eps, bound, score, scale, bm } => {
                 let [b, h, t, d] = rank4(ops[0])?;
@@ -341,7 +370,7 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
                 let scale = scale
                     .value(&|x| dims.get(x).copied())
                     .ok_or_else(|| invalid("the scale's dim is not bound".into()))?;
-                Kind::Threshold {
+                SpecKind::Fused(Kind::Threshold {
                     q: float_in(ops[0])?,
                     k: float_in(ops[1])?,
                     bh: b * h,
@@ -355,7 +384,7 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
                     score: *score,
                     scale,
                     bm: *bm as u64,
-                }
+                })
             }
             Op::BlockBoundary(tiles) => {
                 let cs = sh(ops[0])?;
@@ -366,14 +395,14 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
                 }
                 let mt = t.div_ceil(tiles.bm as u64);
                 expect(ops[1], &[b, h, mt], "delta")?;
-                Kind::BlockBoundary {
+                SpecKind::Fused(Kind::BlockBoundary {
                     c: float_in(ops[0])?,
                     delta: float_in(ops[1])?,
                     bh: b * h,
                     t,
                     bm: tiles.bm as u64,
                     bn: tiles.bn as u64,
-                }
+                })
             }
             Op::Attention(attn) => {
                 let ao = foxc_ir::Attention::operands(g, n).map_err(invalid)?;
@@ -443,7 +472,7 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
                     .scale
                     .value(&|x| dims.get(x).copied())
                     .ok_or_else(|| invalid("the scale's dim is not bound".into()))?;
-                Kind::Attention(AttnKernel {
+                SpecKind::Fused(Kind::Attention(AttnKernel {
                     q: float_in(ao.q)?,
                     k: float_in(ao.k)?,
                     v: float_in(ao.v)?,
@@ -463,11 +492,15 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
                     mask,
                     captures,
                     out: attn.out_dtype,
-                })
+                }))
             }
-            other => return Err(CpuError::Unsupported { op: other.mnemonic().to_string(), value: v }),
+            _ => generic(&consts)?,
         };
-        specs.push(Spec { node: n, name: format!("k{v}_{}", op.mnemonic()), kind });
+        let operands = match &kind {
+            SpecKind::Generic(p) => p.operands.clone(),
+            SpecKind::Fused(_) => ops.clone(),
+        };
+        specs.push(Spec { node: n, operands, name: format!("k{v}_{}", op.mnemonic()), kind });
     }
     Ok(specs)
 }
@@ -490,12 +523,16 @@ fn build(specs: &[Spec], opts: CpuOptions) -> Result<(JITModule, Vec<FuncId>, St
         .map_err(|e| cl(&e))?;
     let mut jb = JITBuilder::with_isa(isa, default_libcall_names());
     jb.symbol(LOG1P_SYM, foxc_log1p_exp_neg_abs as *const u8);
+    for h in generic::math::Helper::ALL {
+        jb.symbol(h.symbol(), h.address());
+    }
     let mut module = JITModule::new(jb);
     let ptr = types::I64;
     let mut helper_sig = module.make_signature();
     helper_sig.params.push(AbiParam::new(types::F64));
     helper_sig.returns.push(AbiParam::new(types::F64));
     let helper = module.declare_function(LOG1P_SYM, Linkage::Import, &helper_sig).map_err(|e| cl(&e))?;
+    let generic_helpers = generic_helper_imports(&mut module)?;
 
     let mut ctx = module.make_context();
     let mut fbc = FunctionBuilderContext::new();
@@ -510,11 +547,20 @@ fn build(specs: &[Spec], opts: CpuOptions) -> Result<(JITModule, Vec<FuncId>, St
         ctx.func.signature = sig;
         ctx.func.name = UserFuncName::testcase(&s.name);
         let log1p = match &s.kind {
-            Kind::GateCumsum { kind: foxc_ir::GateKind::Logits, .. } => {
+            SpecKind::Fused(Kind::GateCumsum { kind: foxc_ir::GateKind::Logits, .. }) => {
                 Some(module.declare_func_in_func(helper, &mut ctx.func))
             }
             _ => None,
         };
+        // A generic kernel declares only the helpers it calls (the CLIF text stays short).
+        let mut gh = [None; 4];
+        if let SpecKind::Generic(p) = &s.kind {
+            for (i, used) in p.kernel.helpers().into_iter().enumerate() {
+                if used {
+                    gh[i] = Some(module.declare_func_in_func(generic_helpers[i], &mut ctx.func));
+                }
+            }
+        }
         let tcfg = module.target_config();
         {
             let b = cranelift_frontend::FunctionBuilder::new(&mut ctx.func, &mut fbc);
@@ -523,8 +569,13 @@ fn build(specs: &[Spec], opts: CpuOptions) -> Result<(JITModule, Vec<FuncId>, St
             fx.b.append_block_params_for_function_params(entry);
             fx.b.switch_to_block(entry);
             let p = fx.b.block_params(entry).to_vec();
-            let frame = kernels::Frame { args: p[0], begin: p[1], end: p[2], scratch: p[3] };
-            kernels::emit(&mut fx, &s.kind, &frame, &kernels::Helpers { log1p_exp_neg_abs: log1p });
+            match &s.kind {
+                SpecKind::Fused(kind) => {
+                    let frame = kernels::Frame { args: p[0], begin: p[1], end: p[2], scratch: p[3] };
+                    kernels::emit(&mut fx, kind, &frame, &kernels::Helpers { log1p_exp_neg_abs: log1p });
+                }
+                SpecKind::Generic(g) => generic::emit(&mut fx, &g.kernel, p[0], p[1], p[2], &gh),
+            }
             use cranelift_codegen::ir::InstBuilder;
             fx.b.ins().return_(&[]);
             fx.b.seal_all_blocks();
@@ -546,4 +597,26 @@ fn build(specs: &[Spec], opts: CpuOptions) -> Result<(JITModule, Vec<FuncId>, St
         ids.push(id);
     }
     Ok((module, ids, text))
+}
+
+/// Declare the generic kernels' helpers ([`generic::math::Helper::ALL`] order) as imports.
+fn generic_helper_imports(module: &mut JITModule) -> Result<Vec<FuncId>, CpuError> {
+    use generic::math::Helper;
+    let mut ids = vec![];
+    for h in Helper::ALL {
+        let mut sig = module.make_signature();
+        let (params, ret): (&[types::Type], types::Type) = match h {
+            Helper::Unary | Helper::Cast => (&[types::I64, types::F64], types::F64),
+            Helper::F16ToF64 => (&[types::I32], types::F64),
+            Helper::F64ToF16 => (&[types::F64], types::I32),
+        };
+        sig.params.extend(params.iter().map(|&t| AbiParam::new(t)));
+        sig.returns.push(AbiParam::new(ret));
+        ids.push(
+            module
+                .declare_function(h.symbol(), Linkage::Import, &sig)
+                .map_err(|e| CpuError::Cranelift(e.to_string()))?,
+        );
+    }
+    Ok(ids)
 }
