@@ -37,6 +37,7 @@ for shape in B=1,H=16,T=32768,D=128 B=2,H=16,T=16384,D=128; do
   done
 done | tee "$OUT/fox_ab.csv"
 
+[ "${VARIANTS:-1}" = 1 ] || exit $fail
 echo "## variants vs FlexAttention + ACP, 2x16x16384x128"
 in_fox=/tmp/in_fox.safetensors
 in_gqa=/tmp/in_gqa.safetensors
