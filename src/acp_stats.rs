@@ -63,7 +63,14 @@ pub fn measure_with(
         (Prune::Boundary, _, Some(dl), Some(c)) => {
             let (c, dl) = (eval(c, "the decay cumsum")?, eval(dl, "the threshold")?);
             let (heads, t) = (c.shape[0] * c.shape[1], c.shape[2]);
-            let data = foxc_ir::interp::acp::boundary(&c.data, &dl.data, heads, t, tiles.bm as usize, tiles.bn as usize);
+            let data = foxc_ir::interp::acp::boundary(
+                &c.data,
+                &dl.data,
+                heads,
+                t,
+                tiles.bm as usize,
+                tiles.bn as usize,
+            );
             Some(Tensor { shape: dl.shape.clone(), data })
         }
         _ => None,

@@ -252,15 +252,8 @@ fn verify_passes_a_good_output_and_fails_a_corrupted_one() {
 /// point; it runs, passes on the CPU's output and says what it covered.
 #[test]
 fn check_samples_rows_of_large_shapes() {
-    let o = foxc(&[
-        "run",
-        "examples/fox.attn",
-        "--backend",
-        "cpu",
-        "--shape",
-        "B=1,H=1,T=1100,D=16",
-        "--check",
-    ]);
+    let o =
+        foxc(&["run", "examples/fox.attn", "--backend", "cpu", "--shape", "B=1,H=1,T=1100,D=16", "--check"]);
     assert!(o.status.success(), "{}", text(&o));
     let t = text(&o);
     assert!(t.contains("sampled rows") && t.contains("check: ok"), "{t}");
@@ -284,7 +277,14 @@ fn rules_lists_every_rule_with_formula_and_soundness() {
 fn mask_draws_rules_side_by_side() {
     let input = tmp("mask-rules-in.safetensors");
     let png = tmp("mask-rules.png");
-    let o = foxc(&["inputs", "examples/fox.attn", "--shape", "B=1,H=2,T=512,D=16", "-o", input.to_str().unwrap()]);
+    let o = foxc(&[
+        "inputs",
+        "examples/fox.attn",
+        "--shape",
+        "B=1,H=2,T=512,D=16",
+        "-o",
+        input.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", text(&o));
     let o = foxc(&[
         "mask",
@@ -299,7 +299,8 @@ fn mask_draws_rules_side_by_side() {
     assert!(o.status.success(), "{}", text(&o));
     let t = text(&o);
     let kept = |rule: &str| -> f64 {
-        let line = t.lines().find(|l| l.trim_start().starts_with(rule)).unwrap_or_else(|| panic!("{rule}: {t}"));
+        let line =
+            t.lines().find(|l| l.trim_start().starts_with(rule)).unwrap_or_else(|| panic!("{rule}: {t}"));
         assert!(line.contains("max pruned mass"), "{line}");
         line.split("kept ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap()
     };

@@ -212,7 +212,9 @@ pub fn infer(op: &Op, ops: &[&ValueType]) -> Result<Option<ValueType>, String> {
                 return Err("threshold: log_eps and scale must not be NaN".into());
             }
             if *rule == crate::ops::PruneRule::Tight && *score != crate::ops::ScoreBound::IDENTITY {
-                return Err("threshold: the tight rule needs the identity score (its diagonal logit is q.k)".into());
+                return Err(
+                    "threshold: the tight rule needs the identity score (its diagonal logit is q.k)".into()
+                );
             }
             let d = dims(q);
             Some(ValueType::tensor(
@@ -244,6 +246,3 @@ fn tiles_ok(bm: u32, bn: u32) -> Result<(), String> {
     }
     Ok(())
 }
-
-
-

@@ -412,7 +412,15 @@ impl<'a> Evaluator<'a> {
                 }
             }
         }
-        Ok(Evaluator { g, inputs, dims, order, targets, uses, deferred, vals: HashMap::new(),
+        Ok(Evaluator {
+            g,
+            inputs,
+            dims,
+            order,
+            targets,
+            uses,
+            deferred,
+            vals: HashMap::new(),
             prune: vec![],
             pending_more: vec![],
             more: HashMap::new(),
@@ -565,10 +573,9 @@ impl<'a> Evaluator<'a> {
         for e in index {
             if let Some(d) = &e.div {
                 if let Some((x, xv, y, yv)) = d.failed_division(&dims) {
-                    return Err(self.err(
-                        id,
-                        format!("{x} = {xv} is not divisible by {y} = {yv} (needed by `{e}`)"),
-                    ));
+                    return Err(
+                        self.err(id, format!("{x} = {xv} is not divisible by {y} = {yv} (needed by `{e}`)"))
+                    );
                 }
                 if d.eval(&dims).is_none() {
                     return Err(ShapeError::Unbound { dim: d.to_string() }.into());
@@ -580,13 +587,14 @@ impl<'a> Evaluator<'a> {
         let st = row_strides(shape);
         let mut out = Vec::with_capacity(n);
         for l in 0..n {
-            let coord = |v: &str| {
-                axes.iter().position(|x| x == v).map_or(0, |p| ((l / st[p]) % shape[p]) as i64)
-            };
+            let coord =
+                |v: &str| axes.iter().position(|x| x == v).map_or(0, |p| ((l / st[p]) % shape[p]) as i64);
             let mut off = Some(0usize);
             for (p, e) in index.iter().enumerate() {
                 off = match (off, e.eval(&coord, &dims)) {
-                    (Some(o), Some(x)) if x >= 0 && (x as usize) < a.shape[p] => Some(o + x as usize * ast[p]),
+                    (Some(o), Some(x)) if x >= 0 && (x as usize) < a.shape[p] => {
+                        Some(o + x as usize * ast[p])
+                    }
                     _ => None,
                 };
             }
@@ -901,7 +909,6 @@ impl<'a> Evaluator<'a> {
         }
         Ok(out)
     }
-
 }
 
 /// Call `f` with the linear indices of every line of `shape` along axis `p`.

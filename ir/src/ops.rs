@@ -3,11 +3,11 @@
 //! Operand conventions are documented per variant: operand `k` of a node is the source of
 //! the incoming edge whose weight is `k`. Elementwise ops broadcast by axis *name*.
 
+pub use crate::attention::{
+    Attention, AttnOperands, IndexVar, Mask, Prune, RId, RNode, Region, Scale, ScoreBound,
+};
 use crate::index::IndexExpr;
 use crate::types::{DType, Dim};
-pub use crate::attention::{
-    AttnOperands, Attention, IndexVar, Mask, Prune, RId, RNode, Region, Scale, ScoreBound,
-};
 use std::fmt;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -326,7 +326,11 @@ impl fmt::Display for Op {
                     NormBound::Data => "data".to_string(),
                 };
                 let u = if *score == ScoreBound::IDENTITY { String::new() } else { format!(", u = {score}") };
-                write!(f, " {{rule = {rule:?}, log_eps = {}, bound = {b}{u}, scale = {scale}, bm = {bm}}}", fmt_f64(*log_eps))
+                write!(
+                    f,
+                    " {{rule = {rule:?}, log_eps = {}, bound = {b}{u}, scale = {scale}, bm = {bm}}}",
+                    fmt_f64(*log_eps)
+                )
             }
             Op::BlockBoundary(t) => write!(f, " {{bm = {}, bn = {}}}", t.bm, t.bn),
             Op::Attention(a) | Op::AttentionBackward(a) => write!(f, " {{{a}}}"),
@@ -339,8 +343,7 @@ impl fmt::Display for Op {
 pub fn fused_result_dtype(op: &Op) -> Option<DType> {
     match op {
         Op::BlockBoundary(_) => Some(DType::I32),
-        Op::GateCumsum { .. }
-        | Op::Threshold { .. } => Some(DType::F32),
+        Op::GateCumsum { .. } | Op::Threshold { .. } => Some(DType::F32),
         Op::Attention(a) => Some(a.out_dtype),
         Op::AttentionBackward(_) => Some(DType::F32),
         _ => None,

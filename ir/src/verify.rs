@@ -181,7 +181,6 @@ pub fn verify_verbose(g: &Graph) -> Result<(), String> {
     verify(g).map_err(|e| format!("{e}\n{}", print_graph(g)))
 }
 
-
 /// `gather`: a positional operand of rank `index.len()`; the result has exactly the named axes
 /// `axes`, each the variable of some subscript and every subscript's variables among them; a
 /// plain subscript `v` at position p gives `v` the operand's size at p; dtype kept.
@@ -311,7 +310,11 @@ mod tests {
         let sp = Span::default();
         let mut g = Graph::new("causal");
         let [q, k, v, _] = params(&mut g);
-        let o = attention(&mut g, Attention::new(Scale::inv_sqrt(1.0, Dim::sym("D")), Mask::Window(256), false), &[q, k, v]);
+        let o = attention(
+            &mut g,
+            Attention::new(Scale::inv_sqrt(1.0, Dim::sym("D")), Mask::Window(256), false),
+            &[q, k, v],
+        );
         g.output = Some(o);
         verify(&g).unwrap();
         let m = g.add_param("slope", t(DType::F32, vec![Dim::sym("H")]), sp);
@@ -329,7 +332,8 @@ mod tests {
         let mut r = Region::new();
         let x = r.push(RNode::Score);
         let th = r.push(RNode::Unary(crate::ops::UnaryOp::Tanh, x));
-        let iv = |v: &str| crate::index::IndexExpr { terms: vec![(v.to_string(), 1)], constant: 0, div: None };
+        let iv =
+            |v: &str| crate::index::IndexExpr { terms: vec![(v.to_string(), 1)], constant: 0, div: None };
         let cap = r.push(RNode::Capture { k: 0, index: vec![iv("b"), iv("h"), iv("j")] });
         r.push(RNode::Binary(crate::ops::BinaryOp::Add, th, cap));
         let mut a = Attention::new(Scale::constant(0.125), Mask::None, true);
@@ -355,7 +359,12 @@ mod tests {
         g.node_mut(o).more.clear();
         fails(&g, "result types should be");
         g.node_mut(o).more = lse;
-        let user = g.add_multi(Op::Unary(crate::ops::UnaryOp::Exp), vec![t(DType::F32, bhtd()[..3].to_vec())], &[Value { node: o, result: 2 }], sp);
+        let user = g.add_multi(
+            Op::Unary(crate::ops::UnaryOp::Exp),
+            vec![t(DType::F32, bhtd()[..3].to_vec())],
+            &[Value { node: o, result: 2 }],
+            sp,
+        );
         g.output = Some(user);
         fails(&g, "uses result 2 of a node with 2 result(s)");
     }

@@ -112,7 +112,8 @@ pub fn run(a: &RunArgs) -> Result<(), Error> {
     if a.check {
         let out64 = foxc_ir::interp::Tensor { shape: out.shape.clone(), data: out.to_f64_vec() };
         let tol = check::tolerance(backend, out.dtype);
-        let r = check::check(&c.graph, &opt, &interp_inputs, &out64, tol, opts.log_eps, backend_starts.as_ref())?;
+        let r =
+            check::check(&c.graph, &opt, &interp_inputs, &out64, tol, opts.log_eps, backend_starts.as_ref())?;
         report_check(&r)?;
     }
     Ok(())

@@ -27,7 +27,6 @@ use foxc_ir::{BinaryOp, DType, Dim, Graph, Op, ValueId};
 use kernels::{AttnKernel, Kind};
 use std::collections::{BTreeMap, HashMap};
 
-
 #[derive(Debug, thiserror::Error)]
 pub enum CpuError {
     /// Shapes, dtypes or dims that the kernels do not accept.
@@ -406,7 +405,9 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
             }
             Op::Attention(attn) => {
                 let ao = foxc_ir::Attention::operands(g, n).map_err(invalid)?;
-                let tiles = attn.tiles.ok_or_else(|| invalid("the attention has no tiles (run the tiles pass)".into()))?;
+                let tiles = attn
+                    .tiles
+                    .ok_or_else(|| invalid("the attention has no tiles (run the tiles pass)".into()))?;
                 let pruned = match attn.prune {
                     foxc_ir::Prune::Dense => false,
                     foxc_ir::Prune::Start => true,
@@ -443,7 +444,10 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
                     return Err(invalid("zero tile size".into()));
                 }
                 if !matches!(attn.out_dtype, DType::F32 | DType::BF16) {
-                    return Err(invalid(format!("the CPU attention writes f32 or bf16, not {}", attn.out_dtype)));
+                    return Err(invalid(format!(
+                        "the CPU attention writes f32 or bf16, not {}",
+                        attn.out_dtype
+                    )));
                 }
                 if t == 0 || d == 0 {
                     return Err(invalid("T and D must be at least 1".into()));
@@ -458,13 +462,18 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
                     foxc_ir::Mask::None => (false, None, None),
                     foxc_ir::Mask::Causal => (true, None, None),
                     foxc_ir::Mask::Window(w) => (true, Some(*w), None),
-                    foxc_ir::Mask::Expr(r) => (false, None, Some(region::RegionCode::new(r, &dim).map_err(invalid)?)),
+                    foxc_ir::Mask::Expr(r) => {
+                        (false, None, Some(region::RegionCode::new(r, &dim).map_err(invalid)?))
+                    }
                 };
                 let mut captures = vec![];
                 for &cv in &ao.captures {
                     let cd = dt(cv);
                     if !matches!(cd, DType::F32 | DType::BF16 | DType::I32) {
-                        return Err(invalid(format!("captured tensor %{} has dtype {cd}; the CPU kernel reads f32, bf16 or i32", num[&cv])));
+                        return Err(invalid(format!(
+                            "captured tensor %{} has dtype {cd}; the CPU kernel reads f32, bf16 or i32",
+                            num[&cv]
+                        )));
                     }
                     captures.push(region::CaptureCode { dtype: cd, shape: sh(cv)? });
                 }

@@ -225,7 +225,10 @@ impl<'a> AttnArgs<'a> {
                     })
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("an attention worker panicked".into()))).collect()
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err("an attention worker panicked".into())))
+                .collect()
         });
         let mut stats = HeadStats::default();
         for p in parts {
@@ -241,20 +244,29 @@ impl<'a> AttnArgs<'a> {
 impl super::Evaluator<'_> {
     /// `out` (rounded to `out_dtype`) and `lse` of attention node `id`; records its pruning
     /// statistics when pruned.
-    pub(super) fn attention_node(&mut self, id: crate::graph::ValueId) -> Result<(super::Val, super::Val), super::InterpError> {
+    pub(super) fn attention_node(
+        &mut self,
+        id: crate::graph::ValueId,
+    ) -> Result<(super::Val, super::Val), super::InterpError> {
         use crate::attention::Prune;
         use std::rc::Rc;
         let g = self.g;
-        let crate::ops::Op::Attention(a) = g.op(id) else { return Err(self.err(id, "not an attention node")) };
+        let crate::ops::Op::Attention(a) = g.op(id) else {
+            return Err(self.err(id, "not an attention node"));
+        };
         let o = crate::attention::Attention::operands(g, id).map_err(|e| self.err(id, e))?;
         let q = self.positional(id, o.q, 4, "q")?;
         let k = self.positional(id, o.k, 4, "k")?;
         let v = self.positional(id, o.v, 4, "v")?;
         let (b, h, t, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
         let (hk, dv) = (k.shape[1], v.shape[3]);
-        let group = self.dims.eval(&a.kv_group).ok_or_else(|| self.err(id, "kv_group's dim is not bound"))? as usize;
+        let group =
+            self.dims.eval(&a.kv_group).ok_or_else(|| self.err(id, "kv_group's dim is not bound"))? as usize;
         if group == 0 || hk * group != h {
-            return Err(self.err(id, format!("q has {h} heads, k {hk}: that is not kv_group = {group} query heads per kv head")));
+            return Err(self.err(
+                id,
+                format!("q has {h} heads, k {hk}: that is not kv_group = {group} query heads per kv head"),
+            ));
         }
         if k.shape != [b, hk, t, d] || v.shape[..3] != [b, hk, t] {
             return Err(self.err(id, format!("q {:?}, k {:?}, v {:?} disagree", q.shape, k.shape, v.shape)));
@@ -276,9 +288,15 @@ impl super::Evaluator<'_> {
             (p, Some(tl)) => {
                 let (bm, bn) = (tl.bm as usize, tl.bn as usize);
                 let mt = t.div_ceil(bm.max(1));
-                let x = self.positional(id, if p == Prune::Start { o.start } else { o.delta }.unwrap_or(o.q), 3, "start")?;
+                let x = self.positional(
+                    id,
+                    if p == Prune::Start { o.start } else { o.delta }.unwrap_or(o.q),
+                    3,
+                    "start",
+                )?;
                 if x.shape != [b, h, mt] || bm == 0 || bn == 0 {
-                    return Err(self.err(id, format!("start/delta has shape {:?}, expected {:?}", x.shape, [b, h, mt])));
+                    return Err(self
+                        .err(id, format!("start/delta has shape {:?}, expected {:?}", x.shape, [b, h, mt])));
                 }
                 if p == Prune::Start {
                     Some((x.data.as_slice(), bm, bn))
@@ -294,7 +312,10 @@ impl super::Evaluator<'_> {
             let cv = self.val(cid, id)?;
             caps.push(Capture { shape: &cv.shape, data: &cv.data });
         }
-        let scale = a.scale.value(&|s| self.dims.get(s)).ok_or_else(|| self.err(id, "the scale's dim is not bound"))?;
+        let scale = a
+            .scale
+            .value(&|s| self.dims.get(s))
+            .ok_or_else(|| self.err(id, "the scale's dim is not bound"))?;
         let dims = &self.dims;
         let dim = move |x: &Dim| dims.eval(x);
         let args = AttnArgs {
@@ -368,7 +389,8 @@ pub fn sample_rows(
     want.extend(o.delta);
     want.extend(o.captures.iter().copied());
     let vals = super::eval(g, inputs, &want)?;
-    let shapes: Vec<(String, Vec<usize>)> = inputs.iter().map(|(k, t)| (k.clone(), t.shape.clone())).collect();
+    let shapes: Vec<(String, Vec<usize>)> =
+        inputs.iter().map(|(k, t)| (k.clone(), t.shape.clone())).collect();
     let dims = crate::shapes::bind_dims_partial(g, &shapes)?;
     let (q, k, v) = (&vals[&o.q], &vals[&o.k], &vals[&o.v]);
     let (b, h, t, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
@@ -380,7 +402,9 @@ pub fn sample_rows(
     let derived;
     let start = match (a.prune, a.tiles) {
         (Prune::Dense, _) | (_, None) => None,
-        (Prune::Start, Some(tl)) => o.start.map(|s| (vals[&s].data.as_slice(), tl.bm as usize, tl.bn as usize)),
+        (Prune::Start, Some(tl)) => {
+            o.start.map(|s| (vals[&s].data.as_slice(), tl.bm as usize, tl.bn as usize))
+        }
         (Prune::Boundary, Some(tl)) => match (o.delta, c) {
             (Some(dl), Some(c)) => {
                 derived = super::acp::boundary(c, &vals[&dl].data, b * h, t, tl.bm as usize, tl.bn as usize);
