@@ -1,5 +1,6 @@
-//! NVPTX dispatch of `attention`: what runs on the existing kernel, and the clear "cannot yet
-//! run" errors (before any launch) for what does not.
+//! NVPTX dispatch of `attention`: what runs on the existing kernel (score regions without
+//! captures, grouped-query heads), and the clear "cannot yet run" errors (before any launch)
+//! for what does not.
 
 use foxc_codegen::nvptx::{compile, CodegenError, NvptxSpec, NvptxTarget};
 use foxc_ir::attention::{Attention, Mask, Prune, RNode, Region, Scale, ScoreBound};
@@ -61,20 +62,95 @@ fn softcap() -> Region {
     r
 }
 
+fn spec_with(t: NvptxTarget, dims: &[(&str, u64)]) -> NvptxSpec {
+    NvptxSpec { target: t, dims: dims.iter().map(|(k, v)| (k.to_string(), *v)).collect() }
+}
+
 #[test]
-fn a_static_threshold_bound_compiles_and_a_region_is_refused_by_name() {
+fn a_static_threshold_bound_and_a_score_region_compile() {
     // The static bound of softcapping maps onto the threshold kernel (identity score here).
     let a = compile(&graph(ScoreBound::Static(20.0), Region::identity(), 1), &spec()).expect("compiles");
     assert!(a.kernels.iter().any(|k| k.name.contains("threshold_delta")));
     assert!(a.kernels.iter().all(|k| !k.name.contains("threshold_norms")), "a static U reads no norms");
-    // The region itself: a clear error before any launch.
-    let e = compile(&graph(ScoreBound::Static(20.0), softcap(), 1), &spec()).unwrap_err();
-    assert!(matches!(e, CodegenError::Unsupported { .. }), "{e}");
-    assert!(e.to_string().contains("a score region (the GPU backend cannot yet run it)"), "{e}");
-    // Grouped-query heads, and a data bound with an extra term.
-    let e = compile(&graph(ScoreBound::IDENTITY, Region::identity(), 2), &spec()).unwrap_err();
-    assert!(e.to_string().contains("grouped-query"), "{e}");
+    let plain = a.kernels.iter().find(|k| k.name.starts_with("foxc_attn_fwd")).unwrap().name.clone();
+    // The region runs in the kernel's score hook: the same kernel, named with the region's tag.
+    let a = compile(&graph(ScoreBound::Static(20.0), softcap(), 1), &spec()).expect("compiles");
+    let attn = a.kernels.iter().find(|k| k.name.starts_with("foxc_attn_fwd")).unwrap();
+    assert!(attn.name.starts_with(&format!("{plain}_r")), "{} vs {plain}", attn.name);
+    assert!(a.llvm_ir.contains("llvm.nvvm.rcp.approx.ftz.f"), "tanh's reciprocal is emitted");
+    // A data bound with an extra term is still refused by name.
     let e = compile(&graph(ScoreBound::Data { gain: 1.0, extra: 4.0 }, Region::identity(), 1), &spec())
         .unwrap_err();
+    assert!(matches!(e, CodegenError::Unsupported { .. }), "{e}");
     assert!(e.to_string().contains("U = x + 4"), "{e}");
+}
+
+/// Grouped-query heads: K and V of head `bh / group` in the attention kernel and in both
+/// threshold kernels (the norms of k per key/value head); the heads must be static.
+#[test]
+fn grouped_query_heads_compile_with_static_heads() {
+    let g = graph(ScoreBound::IDENTITY, Region::identity(), 3);
+    let e = compile(&g, &spec()).unwrap_err();
+    assert!(matches!(e, CodegenError::User(_)), "{e}");
+    assert!(e.to_string().contains("query heads (H)"), "{e}");
+    let a = compile(&g, &spec_with(NvptxTarget::Sm90a, &[("D", 64), ("H", 6), ("G", 2)])).expect("compiles");
+    let attn = a.kernels.iter().find(|k| k.name.starts_with("foxc_attn_fwd")).unwrap();
+    assert!(attn.name.contains("_g3_"), "{}", attn.name);
+    // Both kernels that read k rows (attention, norms; the paper rule's delta reads none)
+    // divide the flat head by the group (LLVM may narrow the division).
+    let divs = a.llvm_ir.lines().filter(|l| l.contains(" udiv ") && l.ends_with(", 3")).count();
+    assert_eq!(divs, 2, "{}", a.llvm_ir);
+    let e = compile(&g, &spec_with(NvptxTarget::Sm90a, &[("D", 64), ("H", 7), ("G", 2)])).unwrap_err();
+    assert!(e.to_string().contains("must divide"), "{e}");
+}
+
+fn ptxas() -> Option<std::path::PathBuf> {
+    let candidates = [
+        std::env::var("PTXAS").ok().map(std::path::PathBuf::from),
+        Some(std::path::PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../.tools/nvcc/nvidia/cu13/bin/ptxas"
+        ))),
+    ];
+    candidates.into_iter().flatten().find(|p| p.is_file())
+}
+
+/// Softcap (region + static bound) and GQA assemble with ptxas for sm_90a and sm_80 at D = 64
+/// and 128.
+#[test]
+fn softcap_and_gqa_assemble_with_ptxas() {
+    let Some(ptxas) = ptxas() else {
+        eprintln!("note: ptxas not found (set $PTXAS); skipping the PTX assembly check");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("foxc_nvptx_dispatch_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let graphs = [
+        ("softcap", graph(ScoreBound::Static(20.0), softcap(), 1)),
+        ("gqa", graph(ScoreBound::IDENTITY, Region::identity(), 3)),
+        ("gqa_softcap", graph(ScoreBound::Static(20.0), softcap(), 3)),
+    ];
+    for (name, g) in &graphs {
+        for t in [NvptxTarget::Sm90a, NvptxTarget::Sm80] {
+            for d in [64, 128] {
+                let a = compile(g, &spec_with(t, &[("D", d), ("H", 6), ("G", 2)])).expect("compiles");
+                let p = dir.join(format!("{name}_{}_d{d}.ptx", t.cpu()));
+                std::fs::write(&p, &a.ptx).unwrap();
+                let out = std::process::Command::new(&ptxas)
+                    .arg(format!("-arch={}", t.cpu()))
+                    .arg(&p)
+                    .arg("-o")
+                    .arg(dir.join(format!("{name}.cubin")))
+                    .output()
+                    .expect("ptxas runs");
+                assert!(
+                    out.status.success(),
+                    "ptxas failed on {}:\n{}",
+                    p.display(),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -279,6 +279,7 @@ pub fn build_threshold_norms<'ctx>(
     module: &Module<'ctx>,
     name: &str,
     d: u32,
+    kv_group: u32,
     (q_dt, k_dt): (DType, DType),
 ) -> R<FunctionValue<'ctx>> {
     let params = [("q", ParamTy::Ptr), ("k", ParamTy::Ptr), ("norms", ParamTy::Ptr), ("T", ParamTy::I32)];
@@ -294,10 +295,12 @@ pub fn build_threshold_norms<'ctx>(
     let first = k.add(k.mulc(bx, NORM_ROWS_PER_BLOCK as i64), k.mulc(warp, per_warp as i64));
     let last = k.smin(k.addc(first, per_warp as i64), t_len);
     let bh_base = k.mul(k.sext64(bh), k.sext64(t_len));
+    let kbh_base = kv_rows(&k, bh, t_len, kv_group);
     k.for_range(first, last, k.i32(1), |k, i| {
         let base = k.mul(k.add(bh_base, k.sext64(i)), k.i64(d as i64));
+        let kbase = k.mul(k.add(kbh_base, k.sext64(i)), k.i64(d as i64));
         let qv = load_row(k, q_dt, q, base, lane, d);
-        let kv = load_row(k, k_dt, kk, base, lane, d);
+        let kv = load_row(k, k_dt, kk, kbase, lane, d);
         let (mut sq, mut sk) = (k.f32(0.0), k.f32(0.0));
         for (a, b) in qv.iter().zip(&kv) {
             sq = k.fma(*a, *a, sq);
@@ -321,6 +324,19 @@ pub fn build_threshold_norms<'ctx>(
     k.finish()
 }
 
+/// First row of the keys that query head `bh` reads, `(bh / kv_group) T` (64-bit): key/value
+/// head `h / kv_group` of batch `b` is flat head `(b H + h) / kv_group` since `kv_group`
+/// divides `H`.
+fn kv_rows<'ctx>(
+    k: &Kb<'_, 'ctx>,
+    bh: IntValue<'ctx>,
+    t_len: IntValue<'ctx>,
+    kv_group: u32,
+) -> IntValue<'ctx> {
+    let kvh = if kv_group == 1 { bh } else { k.udivc(bh, kv_group as i64) };
+    k.mul(k.sext64(kvh), k.sext64(t_len))
+}
+
 /// How the threshold kernel gets `Qmax` and `Kmax`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum BoundSrc {
@@ -341,6 +357,7 @@ pub fn build_threshold_delta<'ctx>(
     module: &Module<'ctx>,
     name: &str,
     d: u32,
+    kv_group: u32,
     (q_dt, k_dt): (DType, DType),
     rule: PruneRule,
     log_eps: f64,
@@ -391,11 +408,13 @@ pub fn build_threshold_delta<'ctx>(
             let first = k.add(i0, warp);
             let last = k.smin(k.addc(i0, bm as i64), t_len);
             let bh_base = k.mul(k.sext64(bh), k.sext64(t_len));
+            let kbh_base = kv_rows(&k, bh, t_len, kv_group);
             let c0 = k.fsub(k.f32(log_eps), ln_t);
             k.for_range(first, last, k.i32(nw), |k, i| {
                 let base = k.mul(k.add(bh_base, k.sext64(i)), k.i64(d as i64));
+                let kbase = k.mul(k.add(kbh_base, k.sext64(i)), k.i64(d as i64));
                 let qv = load_row(k, q_dt, q, base, lane, d);
-                let kv = load_row(k, k_dt, kk, base, lane, d);
+                let kv = load_row(k, k_dt, kk, kbase, lane, d);
                 let (mut qq, mut qk) = (k.f32(0.0), k.f32(0.0));
                 for (a, b) in qv.iter().zip(&kv) {
                     qq = k.fma(*a, *a, qq);

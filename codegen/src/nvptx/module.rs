@@ -1,6 +1,7 @@
 //! Module assembly: walks the graph, builds one kernel per node into a single LLVM module and
 //! records the launch plan (buffers, arguments, geometry) that goes with it.
 
+use super::attention::region::RegionMod;
 use super::attention::{self, AttnKernelConfig};
 use super::kernels::{self, BoundSrc, ELEM_THREADS, NORM_ROWS_PER_BLOCK, ROW_THREADS, SCAN_THREADS};
 use super::target;
@@ -17,13 +18,15 @@ use inkwell::values::FunctionValue;
 use std::collections::{BTreeMap, HashSet};
 
 /// The one place the attention kernel builder is called (H5b's flash-attention kernel).
+/// `score` is the region's hook (the identity keeps the fused FMA).
 fn build_attention<'ctx>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
     cfg: &AttnKernelConfig,
+    score: &RegionMod,
 ) -> Result<FunctionValue<'ctx>, CodegenError> {
     cfg.validate().map_err(CodegenError::User)?;
-    attention::build_attention_kernel(ctx, module, cfg).map_err(CodegenError::Internal)
+    attention::build_attention_kernel_with(ctx, module, cfg, score).map_err(CodegenError::Internal)
 }
 
 /// Compiles `g` (after the passes) for `spec.target`.
@@ -137,6 +140,23 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             user(format!("the GPU kernels are specialized on {what} ({d}); give it at compile time, e.g. --shape {d}=128"))
         })?;
         u32::try_from(v).ok().filter(|v| *v > 0).ok_or_else(|| user(format!("{what} = {v} is out of range")))
+    }
+
+    /// Query heads per key/value head of q `[B, H, T, D]` and k `[B, Hk, T, D]`: 1 when the
+    /// head dims are the same dim, else `H / Hk` with both static (the kernels are specialized
+    /// on it).
+    fn kv_group(&self, q: ValueId, k: ValueId) -> Result<u32, CodegenError> {
+        let head = |v: ValueId| self.ty(v).axes.get(1).map(|a| a.dim.clone());
+        let (h, hk) = match (head(q), head(k)) {
+            (Some(h), Some(hk)) if h == hk => return Ok(1),
+            (Some(h), Some(hk)) => (h, hk),
+            _ => return Err(user("threshold's q and k must be [B, H, T, D] tensors")),
+        };
+        let (h, hk) = (self.static_dim(&h, "the query heads")?, self.static_dim(&hk, "the key/value heads")?);
+        if h % hk != 0 {
+            return Err(user(format!("the key/value heads ({hk}) must divide the query heads ({h})")));
+        }
+        Ok(h / hk)
     }
 
     /// `[B, H, T, D]` of a rank-4 operand: (bh dims, T, D).
@@ -371,12 +391,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                     }),
                 };
                 let bound = &bound;
-                if self.ty(k).axes.get(1).map(|a| &a.dim) != self.ty(q).axes.get(1).map(|a| &a.dim) {
-                    return Err(CodegenError::Unsupported {
-                        op: "threshold of grouped-query attention (the GPU backend cannot yet run it)".into(),
-                        node: n.index(),
-                    });
-                }
+                let kv_group = self.kv_group(q, k)?;
                 // threshold(s q, k) with scale a equals threshold(q, k) with scale a s, and a
                 // static bound on |s q| is a bound on |q| divided by |s|.
                 let scale = &(scale * s);
@@ -403,7 +418,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                             format!("max squared norms of q, k for %{}", n.index()),
                         );
                         let name = self.name(n, "threshold_norms");
-                        kernels::build_threshold_norms(self.ctx, self.module, &name, d, dts).map_err(ie)?;
+                        kernels::build_threshold_norms(self.ctx, self.module, &name, d, kv_group, dts)
+                            .map_err(ie)?;
                         let args = vec![
                             KernelArg::Buffer(qb),
                             KernelArg::Buffer(kb),
@@ -428,6 +444,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                     self.module,
                     &name,
                     d,
+                    kv_group,
                     dts,
                     *rule,
                     *log_eps,
@@ -499,23 +516,18 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         }
     }
 
-    /// Dispatch of `attention` onto the flash-attention kernel: identity score, causal or window
-    /// mask, no grouped-query heads, dense or with the boundary fused (`delta` operand).
+    /// Dispatch of `attention` onto the flash-attention kernel: a score region without captures
+    /// (emitted by the kernel's score hook), causal or window mask, grouped-query heads with a
+    /// static group, dense or with the boundary fused (`delta` operand).
     fn attention(&mut self, n: ValueId, res: usize, a: &Attention) -> Result<(), CodegenError> {
         let o = Attention::operands(self.g, n).map_err(CodegenError::Internal)?;
-        if !a.score.is_identity() {
-            return Err(Self::not_yet(n, "a score region"));
-        }
         let window = match a.mask {
             Mask::Causal => None,
             Mask::Window(w) => Some(u32::try_from(w).map_err(|_| user(format!("window {w} is too large")))?),
             Mask::None => return Err(Self::not_yet(n, "no mask (bidirectional)")),
             Mask::Expr(_) => return Err(Self::not_yet(n, "an expression mask")),
         };
-        if a.kv_group != Dim::Const(1) {
-            return Err(Self::not_yet(n, "grouped-query heads"));
-        }
-        if !o.captures.is_empty() {
+        if !o.captures.is_empty() || !a.score.captures().is_empty() {
             return Err(Self::not_yet(n, "captured tensors"));
         }
         if a.prune == Prune::Start {
@@ -540,6 +552,11 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         cfg.window = window;
         cfg.bm = tiles.bm;
         cfg.bn = tiles.bn;
+        cfg.kv_group = self.static_dim(&a.kv_group, "the query heads per key/value head")?;
+        // The region's dims are specialized like the head dim; `b`, `h` need the head count.
+        let heads = self.ty(q).axes.get(1).and_then(|ax| ax.dim.eval(&|s| self.spec.dims.get(s).copied()));
+        let dim = |d: &Dim| d.eval(&|s| self.spec.dims.get(s).copied());
+        let score = RegionMod::new(&a.score, &dim, heads).map_err(|e| Self::not_yet(n, &e))?;
         // q, k, v in bf16: cast others into scratch copies first.
         let mut qkv = vec![];
         for (i, &v) in [q, o.k, o.v].iter().enumerate() {
@@ -565,7 +582,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             Some(dl) => Some(self.buf(dl)?),
             None => None,
         };
-        let name = build_attention(self.ctx, self.module, &cfg)?.get_name().to_string_lossy().into_owned();
+        let name =
+            build_attention(self.ctx, self.module, &cfg, &score)?.get_name().to_string_lossy().into_owned();
         let lse = self.scratch(
             DType::F32,
             bh.iter().cloned().chain([t.clone()]).collect(),

@@ -45,6 +45,7 @@
 
 mod mma;
 mod prune;
+pub(crate) mod region;
 pub(crate) mod score;
 mod softmax;
 mod tile_io;
@@ -91,6 +92,9 @@ pub struct AttnKernelConfig {
     pub sm: u32,
     /// Write O as bf16 instead of f32 (the output cast fused into the epilogue). The LSE stays f32.
     pub out_bf16: bool,
+    /// Query heads per key/value head (grouped-query attention): K and V are
+    /// `[B, H / kv_group, T, D]` and query head `h` reads key/value head `h / kv_group`.
+    pub kv_group: u32,
 }
 
 impl AttnKernelConfig {
@@ -108,13 +112,14 @@ impl AttnKernelConfig {
             dtype_in: AttnDtype::Bf16,
             sm: 90,
             out_bf16: false,
+            kv_group: 1,
         }
     }
 
     /// Kernel symbol name; distinct for every configuration so several fit in one module.
     pub fn kernel_name(&self) -> String {
         format!(
-            "foxc_attn_fwd_d{}_bm{}_bn{}{}{}{}{}{}_s{:08x}_sm{}",
+            "foxc_attn_fwd_d{}_bm{}_bn{}{}{}{}{}{}{}_s{:08x}_sm{}",
             self.head_dim,
             self.bm,
             self.bn,
@@ -126,6 +131,7 @@ impl AttnKernelConfig {
                 None => String::new(),
             },
             if self.out_bf16 { "_obf16" } else { "" },
+            if self.kv_group != 1 { format!("_g{}", self.kv_group) } else { String::new() },
             self.scale.to_bits(),
             self.sm
         )
@@ -201,6 +207,9 @@ impl AttnKernelConfig {
         }
         if !self.scale.is_finite() {
             return Err("GPU attention: scale must be finite".into());
+        }
+        if self.kv_group == 0 {
+            return Err("GPU attention: kv_group must be at least 1".into());
         }
         if self.window == Some(0) {
             return Err("GPU attention: window must be at least 1".into());
@@ -347,8 +356,15 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         let i16t = b.i16t().into();
         let f32t = b.f32t().into();
         let qb = b.gep(i16t, q_p, mat_base);
-        let kb = b.gep(i16t, k_p, mat_base);
-        let vb = b.gep(i16t, v_p, mat_base);
+        // K and V of key/value head h / kv_group: flat index (b H + h) / kv_group (H is a
+        // multiple of kv_group).
+        let kv_base = if cfg.kv_group == 1 {
+            mat_base
+        } else {
+            b.mulc(b.mul(b.sext64(b.udivc(bh, cfg.kv_group as i64)), t64), d)
+        };
+        let kb = b.gep(i16t, k_p, kv_base);
+        let vb = b.gep(i16t, v_p, kv_base);
         // O element type: f32, or bf16 (stored as i16 bit patterns) with the cast fused.
         let o_elt = if cfg.out_bf16 { i16t } else { f32t };
         let ob = b.gep(o_elt, out_p, mat_base);
