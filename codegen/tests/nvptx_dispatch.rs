@@ -17,6 +17,11 @@ fn spec() -> NvptxSpec {
 /// FoX with a pruned attention (fused boundary) whose threshold has the bound `score` and whose
 /// score is `region`.
 fn graph(score: ScoreBound, region: Region, group: u64) -> Graph {
+    graph_rule(PruneRule::Paper, score, region, group)
+}
+
+/// [`graph`] with the threshold's rule (the tight rule reads k rows in the delta kernel).
+fn graph_rule(rule: PruneRule, score: ScoreBound, region: Region, group: u64) -> Graph {
     let sp = Span::default();
     let mut g = Graph::new("g");
     let kv = if group == 1 { "H" } else { "G" };
@@ -27,14 +32,8 @@ fn graph(score: ScoreBound, region: Region, group: u64) -> Graph {
     let bht = ValueType::tensor(DType::F32, [s("B"), s("H"), s("T")]);
     let c = g.add(Op::GateCumsum { kind: GateKind::Logits }, bht, &[f], sp);
     let scale = Scale::inv_sqrt(1.0, s("D"));
-    let th = Op::Threshold {
-        rule: PruneRule::Paper,
-        log_eps: -10.0,
-        bound: NormBound::Data,
-        score,
-        scale: scale.clone(),
-        bm: 64,
-    };
+    let th =
+        Op::Threshold { rule, log_eps: -10.0, bound: NormBound::Data, score, scale: scale.clone(), bm: 64 };
     let mt = ValueType::tensor(DType::F32, [s("B"), s("H"), Dim::Tiles(Box::new(s("T")), 64)]);
     let delta = g.add(th, mt, &[q, k], sp);
     let mut a = Attention::new(scale, Mask::Causal, true);
@@ -100,6 +99,11 @@ fn grouped_query_heads_compile_with_static_heads() {
     // divide the flat head by the group (LLVM may narrow the division).
     let divs = a.llvm_ir.lines().filter(|l| l.contains(" udiv ") && l.ends_with(", 3")).count();
     assert_eq!(divs, 2, "{}", a.llvm_ir);
+    // The tight rule's delta kernel reads k rows too.
+    let g = graph_rule(PruneRule::Tight, ScoreBound::IDENTITY, Region::identity(), 3);
+    let a = compile(&g, &spec_with(NvptxTarget::Sm90a, &[("D", 64), ("H", 6), ("G", 2)])).expect("compiles");
+    let divs = a.llvm_ir.lines().filter(|l| l.contains(" udiv ") && l.ends_with(", 3")).count();
+    assert_eq!(divs, 3, "{}", a.llvm_ir);
     let e = compile(&g, &spec_with(NvptxTarget::Sm90a, &[("D", 64), ("H", 7), ("G", 2)])).unwrap_err();
     assert!(e.to_string().contains("must divide"), "{e}");
 }
@@ -115,7 +119,7 @@ fn ptxas() -> Option<std::path::PathBuf> {
     candidates.into_iter().flatten().find(|p| p.is_file())
 }
 
-/// Softcap (region + static bound) and GQA assemble with ptxas for sm_90a and sm_80 at D = 64
+/// Softcap (region + static bound) and GQA (paper and tight thresholds) assemble with ptxas for sm_90a and sm_80 at D = 64
 /// and 128.
 #[test]
 fn softcap_and_gqa_assemble_with_ptxas() {
@@ -129,6 +133,7 @@ fn softcap_and_gqa_assemble_with_ptxas() {
         ("softcap", graph(ScoreBound::Static(20.0), softcap(), 1)),
         ("gqa", graph(ScoreBound::IDENTITY, Region::identity(), 3)),
         ("gqa_softcap", graph(ScoreBound::Static(20.0), softcap(), 3)),
+        ("gqa_tight", graph_rule(PruneRule::Tight, ScoreBound::IDENTITY, Region::identity(), 3)),
     ];
     for (name, g) in &graphs {
         for t in [NvptxTarget::Sm90a, NvptxTarget::Sm80] {
