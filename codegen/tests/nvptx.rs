@@ -3,8 +3,8 @@
 
 use foxc_codegen::nvptx::{compile, BufferKind, CodegenError, KernelArg, Launch, NvptxSpec, NvptxTarget};
 use foxc_ir::{
-    Attention, DType, Dim, GateKind, Graph, Mask, NormBound, Op, Prune, PruneRule, Scale, ScoreBound, Span, Tiles, Value,
-    ValueId, ValueType,
+    Attention, DType, Dim, GateKind, Graph, Mask, NormBound, Op, Prune, PruneRule, Scale, ScoreBound, Span,
+    Tiles, Value, ValueId, ValueType,
 };
 use std::collections::BTreeMap;
 use std::path::PathBuf;

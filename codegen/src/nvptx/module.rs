@@ -383,12 +383,14 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                     (ScoreBound::Static(u), foxc_ir::PruneRule::Paper) => {
                         (NormBound::Static { q_max: u, k_max: 1.0 }, 1.0)
                     }
-                    _ => return Err(CodegenError::Unsupported {
-                        op: format!(
+                    _ => {
+                        return Err(CodegenError::Unsupported {
+                            op: format!(
                             "threshold with the score bound U = {score} (the GPU backend cannot yet run it)"
                         ),
-                        node: n.index(),
-                    }),
+                            node: n.index(),
+                        })
+                    }
                 };
                 let bound = &bound;
                 let kv_group = self.kv_group(q, k)?;
