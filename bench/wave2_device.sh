@@ -27,8 +27,8 @@ for D in 32 64 96 128 256; do
 done
 echo "correctness: $([ $fail -eq 0 ] && echo all passed || echo FAILURES)"
 
-echo "## FoX speed, new vs previous binary (interleaved), D = 128"
-for shape in B=1,H=16,T=32768,D=128 B=2,H=16,T=16384,D=128; do
+echo "## FoX speed, new vs previous binary (interleaved), D = 128 (AB=0 skips it)"
+[ "${AB:-1}" = 1 ] && for shape in B=1,H=16,T=32768,D=128 B=2,H=16,T=16384,D=128; do
   for rep in 1 2; do
     for bin in "$BASE" "$NEW"; do
       "$bin" bench examples/fox.attn --backend cuda --shape "$shape" --seed 0 --iters 50 --format csv 2>&1 |
