@@ -255,6 +255,40 @@ impl super::Evaluator<'_> {
             return Err(self.err(id, "not an attention node"));
         };
         let o = crate::attention::Attention::operands(g, id).map_err(|e| self.err(id, e))?;
+        let (mut out, lse, stats) =
+            self.with_attn_args(id, a, &o, |args| args.run().map_err(|e| self.err(id, e)))?;
+        if a.out_dtype != crate::types::DType::F32 {
+            out.iter_mut().for_each(|x| *x = super::cast(a.out_dtype, *x));
+        }
+        if a.prune != Prune::Dense {
+            self.prune.push(super::PruneStats {
+                node: id,
+                kept_tiles: stats.kept_tiles,
+                total_tiles: stats.total_tiles,
+                max_pruned_mass: stats.max_pruned_mass,
+            });
+        }
+        let (axes, shape) = self.node_layout(id)?;
+        let lse_ty = g.result_ty(id, 1).ok_or_else(|| self.err(id, "attention without an lse result"))?;
+        let lse_shape = crate::shapes::concrete_shape(lse_ty, &self.dims)?;
+        let lse_axes = lse_ty.axes.iter().map(|x| x.name.clone()).collect();
+        Ok((
+            super::Val { axes, shape, data: Rc::new(out) },
+            super::Val { axes: lse_axes, shape: lse_shape, data: Rc::new(lse) },
+        ))
+    }
+
+    /// The arguments of attention (or `attention_backward`) node `id`, read from its forward
+    /// operands `o`: the one place that checks their shapes, binds the scale and derives the kept
+    /// set (so the backward walks exactly the forward's tiles); `f` runs on them.
+    pub(super) fn with_attn_args<R>(
+        &self,
+        id: crate::graph::ValueId,
+        a: &Attention,
+        o: &crate::attention::AttnOperands,
+        f: impl FnOnce(AttnArgs<'_>) -> Result<R, super::InterpError>,
+    ) -> Result<R, super::InterpError> {
+        use crate::attention::Prune;
         let q = self.positional(id, o.q, 4, "q")?;
         let k = self.positional(id, o.k, 4, "k")?;
         let v = self.positional(id, o.v, 4, "v")?;
@@ -335,26 +369,7 @@ impl super::Evaluator<'_> {
             captures: caps,
             dim: &dim,
         };
-        let (mut out, lse, stats) = args.run().map_err(|e| self.err(id, e))?;
-        if a.out_dtype != crate::types::DType::F32 {
-            out.iter_mut().for_each(|x| *x = super::cast(a.out_dtype, *x));
-        }
-        if a.prune != Prune::Dense {
-            self.prune.push(super::PruneStats {
-                node: id,
-                kept_tiles: stats.kept_tiles,
-                total_tiles: stats.total_tiles,
-                max_pruned_mass: stats.max_pruned_mass,
-            });
-        }
-        let (axes, shape) = self.node_layout(id)?;
-        let lse_ty = g.result_ty(id, 1).ok_or_else(|| self.err(id, "attention without an lse result"))?;
-        let lse_shape = crate::shapes::concrete_shape(lse_ty, &self.dims)?;
-        let lse_axes = lse_ty.axes.iter().map(|x| x.name.clone()).collect();
-        Ok((
-            super::Val { axes, shape, data: Rc::new(out) },
-            super::Val { axes: lse_axes, shape: lse_shape, data: Rc::new(lse) },
-        ))
+        f(args)
     }
 }
 

@@ -245,7 +245,7 @@ impl super::Evaluator<'_> {
         &mut self,
         id: crate::graph::ValueId,
     ) -> Result<Vec<super::Val>, super::InterpError> {
-        use crate::attention::{AttnOperands, Prune};
+        use crate::attention::AttnOperands;
         use std::rc::Rc;
         let g = self.g;
         let crate::ops::Op::AttentionBackward(a) = g.op(id) else {
@@ -258,105 +258,27 @@ impl super::Evaluator<'_> {
         let (fwd_vals, rest) = vals.split_at(vals.len() - 3);
         let fwd_ids: Vec<_> = fwd_vals.iter().map(|v| v.node).collect();
         let o = AttnOperands::from_positional(a, &fwd_ids).map_err(|e| self.err(id, e))?;
-        let q = self.positional(id, o.q, 4, "q")?;
-        let k = self.positional(id, o.k, 4, "k")?;
-        let v = self.positional(id, o.v, 4, "v")?;
-        let (b, h, t, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
-        let (hk, dv) = (k.shape[1], v.shape[3]);
-        let group =
-            self.dims.eval(&a.kv_group).ok_or_else(|| self.err(id, "kv_group's dim is not bound"))? as usize;
-        if group == 0 || hk * group != h || k.shape != [b, hk, t, d] || v.shape[..3] != [b, hk, t] {
-            return Err(self.err(
-                id,
-                format!("q {:?}, k {:?}, v {:?} disagree (kv_group {group})", q.shape, k.shape, v.shape),
-            ));
-        }
-        let c = match o.decay {
-            Some(c) => {
-                let c = self.positional(id, c, 3, "c")?;
-                if c.shape != [b, h, t] {
-                    return Err(self.err(id, format!("c has shape {:?}, expected {:?}", c.shape, [b, h, t])));
-                }
-                Some(c.data.as_slice())
-            }
-            None => None,
-        };
-        let derived;
-        let start = match (a.prune, a.tiles) {
-            (Prune::Dense, _) => None,
-            (_, None) => return Err(self.err(id, "a pruned attention without tiles")),
-            (p, Some(tl)) => {
-                let (bm, bn) = (tl.bm as usize, tl.bn as usize);
-                let mt = t.div_ceil(bm.max(1));
-                let x = self.positional(
-                    id,
-                    if p == Prune::Start { o.start } else { o.delta }.unwrap_or(o.q),
-                    3,
-                    "start",
-                )?;
-                if x.shape != [b, h, mt] || bm == 0 || bn == 0 {
-                    return Err(self
-                        .err(id, format!("start/delta has shape {:?}, expected {:?}", x.shape, [b, h, mt])));
-                }
-                if p == Prune::Start {
-                    Some((x.data.as_slice(), bm, bn))
-                } else {
-                    // The same kept set as the forward: the same derivation from c and delta.
-                    let c = c.ok_or_else(|| self.err(id, "a pruned attention without c"))?;
-                    derived = super::acp::boundary(c, &x.data, b * h, t, bm, bn);
-                    Some((derived.as_slice(), bm, bn))
-                }
-            }
-        };
-        let mut caps = vec![];
-        let mut float_captures = vec![];
-        for &cid in &o.captures {
-            let cv = self.val(cid, id)?;
-            caps.push(Capture { shape: &cv.shape, data: &cv.data });
-            float_captures.push(g.ty(cid).dtype.is_float());
-        }
+        let float_captures: Vec<bool> = o.captures.iter().map(|&c| g.ty(c).dtype.is_float()).collect();
         let out = self.value(rest[0], id)?;
         let lse = self.value(rest[1], id)?;
         let dout = self.value(rest[2], id)?;
-        if out.shape != [b, h, t, dv] || dout.shape != [b, h, t, dv] || lse.shape != [b, h, t] {
-            return Err(self.err(
-                id,
-                format!(
-                    "out {:?}, lse {:?}, dout {:?} do not fit q {:?}",
-                    out.shape, lse.shape, dout.shape, q.shape
-                ),
-            ));
-        }
-        let scale = a
-            .scale
-            .value(&|s| self.dims.get(s))
-            .ok_or_else(|| self.err(id, "the scale's dim is not bound"))?;
-        let dims = &self.dims;
-        let dim = move |x: &Dim| dims.eval(x);
-        let args = BackwardArgs {
-            fwd: AttnArgs {
-                attn: a,
-                scale,
-                b,
-                h,
-                group,
-                t,
-                d,
-                dv,
-                q: &q.data,
-                k: &k.data,
-                v: &v.data,
-                c,
-                start,
-                captures: caps,
-                dim: &dim,
-            },
-            out: &out.data,
-            lse: &lse.data,
-            dout: &dout.data,
-            float_captures,
-        };
-        let r = args.run().map_err(|e| self.err(id, e))?;
+        let r = self.with_attn_args(id, a, &o, |fwd| {
+            let (b, h, t, dv) = (fwd.b, fwd.h, fwd.t, fwd.dv);
+            if out.shape != [b, h, t, dv] || dout.shape != [b, h, t, dv] || lse.shape != [b, h, t] {
+                return Err(self.err(
+                    id,
+                    format!(
+                        "out {:?}, lse {:?}, dout {:?} do not fit [B, H, T, Dv] = {:?}",
+                        out.shape,
+                        lse.shape,
+                        dout.shape,
+                        [b, h, t, dv]
+                    ),
+                ));
+            }
+            let args = BackwardArgs { fwd, out: &out.data, lse: &lse.data, dout: &dout.data, float_captures };
+            args.run().map_err(|e| self.err(id, e))
+        })?;
         let mut results = vec![r.dq, r.dk, r.dv];
         results.extend(r.dc);
         results.extend(r.dcaps);
