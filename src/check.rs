@@ -15,7 +15,7 @@
 
 use crate::acp_stats::attention_node;
 use crate::Error;
-use foxc_ir::interp::{self, Tensor};
+use foxc_ir::interp::{self, nan_max, Tensor};
 use foxc_ir::{Attention, DType, Graph, Op, Prune, ValueId};
 use std::collections::BTreeMap;
 
@@ -253,14 +253,6 @@ fn within(x: f64, bound: f64) -> bool {
 /// `x < bound`, false for NaN.
 fn below(x: f64, bound: f64) -> bool {
     x < bound
-}
-
-fn nan_max(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b.is_nan() {
-        f64::NAN
-    } else {
-        a.max(b)
-    }
 }
 
 /// Whether the graph's output is the attention node's `out` (possibly through casts).

@@ -198,7 +198,8 @@ fn gather<const N: usize>(
     }
 }
 
-fn nan_max(a: f64, b: f64) -> f64 {
+/// `max` that keeps a NaN (f64::max drops it): the one definition every consumer uses.
+pub fn nan_max(a: f64, b: f64) -> f64 {
     if a.is_nan() || b.is_nan() {
         f64::NAN
     } else {
@@ -206,7 +207,8 @@ fn nan_max(a: f64, b: f64) -> f64 {
     }
 }
 
-fn nan_min(a: f64, b: f64) -> f64 {
+/// `min` that keeps a NaN (f64::min drops it).
+pub fn nan_min(a: f64, b: f64) -> f64 {
     if a.is_nan() || b.is_nan() {
         f64::NAN
     } else {

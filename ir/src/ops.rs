@@ -31,6 +31,25 @@ pub enum UnaryOp {
     Log2,
 }
 
+impl UnaryOp {
+    /// Every unary op, in declaration order (tests and backends that enumerate them use this list).
+    pub const ALL: [UnaryOp; 13] = [
+        UnaryOp::Neg,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Sigmoid,
+        UnaryOp::LogSigmoid,
+        UnaryOp::Softplus,
+        UnaryOp::Relu,
+        UnaryOp::Tanh,
+        UnaryOp::Abs,
+        UnaryOp::Exp2,
+        UnaryOp::Log2,
+    ];
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
     Add,

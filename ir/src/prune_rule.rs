@@ -12,6 +12,7 @@
 //! statistics is one number per tile.
 
 use crate::attention::ScoreBound;
+use crate::interp::{nan_max, nan_min};
 use crate::ops::NormBound;
 use std::fmt;
 
@@ -261,22 +262,6 @@ pub struct ThresholdArgs<'a> {
     pub scale: f64,
     pub bound: NormBound,
     pub score: ScoreBound,
-}
-
-fn nan_max(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b.is_nan() {
-        f64::NAN
-    } else {
-        a.max(b)
-    }
-}
-
-fn nan_min(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b.is_nan() {
-        f64::NAN
-    } else {
-        a.min(b)
-    }
 }
 
 /// `delta [heads, ceil(T / bm)]` of `rule` (docs/RULES.md): the reference every backend matches.

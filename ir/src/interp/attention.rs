@@ -4,6 +4,7 @@
 //! row-sampled entry point for shapes too large to run whole; [`AttnArgs::run`] runs every row,
 //! heads spread over the cores (the result does not depend on the split).
 
+use super::nan_max;
 use super::region::{Capture, RegionEval};
 use crate::attention::{Attention, Mask};
 use crate::types::Dim;
@@ -61,14 +62,6 @@ pub fn block_start(c: &[f64], delta: f64, i0: usize, bn: usize) -> usize {
             !skipped
         })
         .unwrap_or(diag)
-}
-
-fn nan_max(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b.is_nan() {
-        f64::NAN
-    } else {
-        a.max(b)
-    }
 }
 
 /// The region evaluators of one worker (score and, for an expression mask, mask).

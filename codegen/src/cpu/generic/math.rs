@@ -4,21 +4,7 @@
 use foxc_ir::{interp, DType, UnaryOp};
 
 /// Every unary op, in code order (`UNARY[unary_code(u)] == u`).
-pub const UNARY: [UnaryOp; 13] = [
-    UnaryOp::Neg,
-    UnaryOp::Exp,
-    UnaryOp::Log,
-    UnaryOp::Sqrt,
-    UnaryOp::Rsqrt,
-    UnaryOp::Sigmoid,
-    UnaryOp::LogSigmoid,
-    UnaryOp::Softplus,
-    UnaryOp::Relu,
-    UnaryOp::Tanh,
-    UnaryOp::Abs,
-    UnaryOp::Exp2,
-    UnaryOp::Log2,
-];
+pub const UNARY: [UnaryOp; 13] = UnaryOp::ALL;
 
 /// The code of `u` passed to [`foxc_unary`] (an exhaustive match: a new op must be added here).
 pub fn unary_code(u: UnaryOp) -> i64 {
