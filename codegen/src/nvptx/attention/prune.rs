@@ -2,6 +2,7 @@
 //! search for `start[m]` (a 32-ary search per warp, no separate launch).
 
 use super::Attn;
+use crate::nvptx::builder::KernelBuilder;
 use inkwell::values::{IntValue, PointerValue};
 use inkwell::{FloatPredicate, IntPredicate};
 
@@ -36,9 +37,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         n_start
     }
 
-    /// start[m] by a 32-ary search per warp: the first key tile n in [0, floor(i0/bn)] with
-    /// `c[i0] - c[jend(n)] >= delta[m]` (unordered counts as kept), capped at floor(i0/bn).
-    /// `m` and `i0` are the IR tile's index and first row (tiles of `cfg.bm` rows).
+    /// start[m] of IR tile `m` (first row `i0`): [`search_start`] with this kernel's tiles.
     fn prune_search(
         &self,
         cb: PointerValue<'ctx>,
@@ -47,49 +46,76 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         m: IntValue<'ctx>,
         i0: IntValue<'ctx>,
     ) -> IntValue<'ctx> {
-        let b = self.b;
-        let bn = self.cfg.bn as i64;
-        let bm = self.cfg.bm as i64;
-        let f32t = b.f32t().into();
-        let tmax = b.addc(self.t_len, -1);
-        let mt = b.named(b.sdivc(b.addc(self.t_len, bm - 1), bm), "mt");
-        let didx = b.add(b.mul(bh, mt), m);
-        let dl = b.load_f32(b.gep(f32t, delta_p, b.sext64(didx)));
-        let ci0 = b.load_f32(b.gep(f32t, cb, b.sext64(i0)));
-        let cap = b.named(b.sdivc(i0, bn), "cap");
-        let out = b.while_loop(
-            ("search", "search_step", "search_done"),
-            &[("lo", b.i32(0).into()), ("hi", cap.into())],
-            |b, v| b.icmp(IntPredicate::SLT, v[0].into_int_value(), v[1].into_int_value()),
-            |b, v| {
-                let (lo, hi) = (v[0].into_int_value(), v[1].into_int_value());
-                // Lane l probes tile lo + l * stride (the range split in 32 parts).
-                let len = b.sub(hi, lo);
-                let stride = b.lshrc(b.addc(len, 31), 5);
-                let nl = b.add(lo, b.mul(self.lane, stride));
-                let inr = b.icmp(IntPredicate::SLT, nl, hi);
-                let nn = b.smin(nl, b.addc(hi, -1));
-                let jend = b.smin(b.addc(b.mulc(nn, bn), bn - 1), tmax);
-                let cj = b.load_f32(b.gep(f32t, cb, b.sext64(jend)));
-                let diff = b.fsub(ci0, cj);
-                let keep = b.fcmp(FloatPredicate::UGE, diff, dl);
-                let not_in = b.not(inr);
-                let pred = b.or(keep, not_in);
-                let mask = b.vote_ballot(pred);
-                let fz = b.cttz(mask);
-                let none = b.icmpc(IntPredicate::EQ, mask, 0);
-                // mask == 0: all 32 probes dropped; the answer lies past the last probe.
-                let lo_none = b.addc(b.add(lo, b.mulc(stride, 31)), 1);
-                let nf = b.add(lo, b.mul(fz, stride));
-                let hi_some = b.smin(nf, hi);
-                let f0 = b.icmpc(IntPredicate::EQ, fz, 0);
-                let prev = b.addc(b.add(lo, b.mul(b.addc(fz, -1), stride)), 1);
-                let lo_some = b.select_i(f0, lo, prev);
-                let lo2 = b.select_i(none, lo_none, lo_some);
-                let hi2 = b.select_i(none, hi, hi_some);
-                vec![lo2.into(), hi2.into()]
-            },
-        );
-        out[0].into_int_value()
+        let at = SearchAt { cb, delta_p, bh, m, i0, t_len: self.t_len, lane: self.lane };
+        search_start(self.b, self.cfg.bm, self.cfg.bn, &at)
     }
+}
+
+/// Where [`search_start`] searches: the gate cumsum `cb` and threshold `delta_p` of flat head
+/// `bh`, IR query tile `m` with first row `i0`, the sequence length and this thread's lane.
+#[derive(Clone, Copy)]
+pub(crate) struct SearchAt<'ctx> {
+    pub cb: PointerValue<'ctx>,
+    pub delta_p: PointerValue<'ctx>,
+    pub bh: IntValue<'ctx>,
+    pub m: IntValue<'ctx>,
+    pub i0: IntValue<'ctx>,
+    pub t_len: IntValue<'ctx>,
+    pub lane: IntValue<'ctx>,
+}
+
+/// start[m] by a 32-ary search per warp: the first key tile n in [0, floor(i0/bn)] with
+/// `c[i0] - c[jend(n)] >= delta[m]` (unordered counts as kept), capped at floor(i0/bn).
+/// `m` and `i0` are the IR tile's index and first row (tiles of `bm` rows). Called by every lane
+/// of a warp (a ballot); the forward and the backward kernels (attention_bwd) both use it, so
+/// they keep the same tiles.
+pub(crate) fn search_start<'ctx>(
+    b: &KernelBuilder<'_, 'ctx>,
+    bm: u32,
+    bn: u32,
+    at: &SearchAt<'ctx>,
+) -> IntValue<'ctx> {
+    let SearchAt { cb, delta_p, bh, m, i0, t_len, lane } = *at;
+    let (bn, bm) = (bn as i64, bm as i64);
+    let f32t = b.f32t().into();
+    let tmax = b.addc(t_len, -1);
+    let mt = b.named(b.sdivc(b.addc(t_len, bm - 1), bm), "mt");
+    let didx = b.add(b.mul(bh, mt), m);
+    let dl = b.load_f32(b.gep(f32t, delta_p, b.sext64(didx)));
+    let ci0 = b.load_f32(b.gep(f32t, cb, b.sext64(i0)));
+    let cap = b.named(b.sdivc(i0, bn), "cap");
+    let out = b.while_loop(
+        ("search", "search_step", "search_done"),
+        &[("lo", b.i32(0).into()), ("hi", cap.into())],
+        |b, v| b.icmp(IntPredicate::SLT, v[0].into_int_value(), v[1].into_int_value()),
+        |b, v| {
+            let (lo, hi) = (v[0].into_int_value(), v[1].into_int_value());
+            // Lane l probes tile lo + l * stride (the range split in 32 parts).
+            let len = b.sub(hi, lo);
+            let stride = b.lshrc(b.addc(len, 31), 5);
+            let nl = b.add(lo, b.mul(lane, stride));
+            let inr = b.icmp(IntPredicate::SLT, nl, hi);
+            let nn = b.smin(nl, b.addc(hi, -1));
+            let jend = b.smin(b.addc(b.mulc(nn, bn), bn - 1), tmax);
+            let cj = b.load_f32(b.gep(f32t, cb, b.sext64(jend)));
+            let diff = b.fsub(ci0, cj);
+            let keep = b.fcmp(FloatPredicate::UGE, diff, dl);
+            let not_in = b.not(inr);
+            let pred = b.or(keep, not_in);
+            let mask = b.vote_ballot(pred);
+            let fz = b.cttz(mask);
+            let none = b.icmpc(IntPredicate::EQ, mask, 0);
+            // mask == 0: all 32 probes dropped; the answer lies past the last probe.
+            let lo_none = b.addc(b.add(lo, b.mulc(stride, 31)), 1);
+            let nf = b.add(lo, b.mul(fz, stride));
+            let hi_some = b.smin(nf, hi);
+            let f0 = b.icmpc(IntPredicate::EQ, fz, 0);
+            let prev = b.addc(b.add(lo, b.mul(b.addc(fz, -1), stride)), 1);
+            let lo_some = b.select_i(f0, lo, prev);
+            let lo2 = b.select_i(none, lo_none, lo_some);
+            let hi2 = b.select_i(none, hi, hi_some);
+            vec![lo2.into(), hi2.into()]
+        },
+    );
+    out[0].into_int_value()
 }
