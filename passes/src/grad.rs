@@ -46,52 +46,91 @@ pub enum GradError {
 /// The name of the upstream gradient parameter.
 pub const DOUT: &str = "dout";
 
+/// The names of the saved forward results in [`gradient_from_saved`]'s program.
+pub const SAVED_OUT: &str = "out";
+pub const SAVED_LSE: &str = "lse";
+
 /// Build the gradient program of `fwd`.
 pub fn gradient(fwd: &Graph) -> Result<GradProgram, GradError> {
     let mut g = fwd.clone();
     let out = g.output.ok_or_else(|| GradError::Internal("the graph has no output".into()))?;
-    if g.param(DOUT).is_some() {
-        return Err(GradError::Unsupported(format!("a parameter is already named `{DOUT}`")));
-    }
+    reserve_names(&g, &[DOUT])?;
     widen_attention_outputs(&mut g);
     let out = g.output.unwrap_or(out);
     let out_ty = g.ty(out).clone();
     let dout = g.add_param(DOUT, out_ty, Span::default());
-    let mut b = Builder { g, adj: BTreeMap::new() };
+    let mut b = Builder { g, adj: BTreeMap::new(), saved: None };
     b.adj.insert(Value::of(out), Value::of(dout));
-    let live = b.depends_on_float_params();
-    let order: Vec<ValueId> = b.g.topo_order();
-    for &n in order.iter().rev() {
-        if n == dout || !live.contains(&n) {
-            continue;
-        }
-        b.node_grad(n, &live)?;
-    }
+    b.reverse(&[dout])?;
     let mut outputs = vec![("out".to_string(), Value::of(out))];
-    for p in fwd.params.clone() {
-        if !p.ty.dtype.is_float() {
-            continue;
-        }
-        let ty = b.g.ty(p.node).clone();
-        let grad = match b.adj.get(&Value::of(p.node)).copied() {
-            Some(v) => b.conform(v, &ty)?,
-            None => b.zeros_like(&ty)?,
-        };
-        // Every output is result 0 of a node, in the parameter's dtype (an f32 result > 0
-        // gets an exact `+ 0`).
-        let grad = if ty.dtype != DType::F32 {
-            Value::of(b.g.add_multi(Op::Cast, vec![ty.clone()], &[grad], Span::default()))
-        } else if grad.result != 0 {
-            let z = b.cnst(0.0);
-            b.bin(BinaryOp::Add, grad, z)?
-        } else {
-            grad
-        };
-        outputs.push((format!("grad_{}", p.name), grad));
-    }
+    outputs.extend(b.param_grads(fwd)?);
     foxc_ir::verify::verify(&b.g)
         .map_err(|e| GradError::Internal(format!("the gradient program does not verify: {e}")))?;
     Ok(GradProgram { graph: b.g, outputs })
+}
+
+/// The gradient program of `fwd` for a caller that kept the forward's results (torch
+/// autograd): the attention is not recomputed. Its results are parameters instead: `out`
+/// (f32, the output's shape: the backward reads an f32 `out` as in [`gradient`], so the
+/// backends see one operand type) and `lse` (f32 `[B, H, T]`), beside the forward's
+/// parameters and `dout` (the output's type). The cheap forward values the backward needs
+/// (gate cumsum, threshold, block starts) are recomputed from the parameters, so the kept set
+/// is the forward's. Outputs: `grad_<param>` for every float parameter of `fwd` (no `out`).
+///
+/// `fwd` must be an optimized graph whose output is its one attention's `out`.
+pub fn gradient_from_saved(fwd: &Graph) -> Result<GradProgram, GradError> {
+    let mut g = fwd.clone();
+    let out = g.output.ok_or_else(|| GradError::Internal("the graph has no output".into()))?;
+    let attns = g.find(|op| matches!(op, Op::Attention(_)));
+    let &[n] = attns.as_slice() else {
+        return Err(GradError::Unsupported(format!(
+            "the saved-forward gradient needs exactly one fused attention, `{}` has {}",
+            g.name,
+            attns.len()
+        )));
+    };
+    if out != n {
+        return Err(GradError::Unsupported(format!(
+            "the saved-forward gradient needs the output of `{}` to be its attention's output, found `{}` after it",
+            g.name,
+            g.op(out).mnemonic()
+        )));
+    }
+    reserve_names(&g, &[DOUT, SAVED_OUT, SAVED_LSE])?;
+    let out_ty = g.ty(n).clone();
+    let lse_ty = g
+        .result_ty(n, Attention::LSE)
+        .cloned()
+        .ok_or_else(|| GradError::Internal("the attention has no log-sum-exp result".into()))?;
+    let dout = g.add_param(DOUT, out_ty.clone(), Span::default());
+    let saved_ty = ValueType { dtype: DType::F32, axes: out_ty.axes.clone() };
+    let saved_out = g.add_param(SAVED_OUT, saved_ty, Span::default());
+    let saved_lse = g.add_param(SAVED_LSE, lse_ty, Span::default());
+    let saved = Saved { attention: n, out: Value::of(saved_out), lse: Value::of(saved_lse) };
+    let mut b = Builder { g, adj: BTreeMap::new(), saved: Some(saved) };
+    b.adj.insert(Value::of(n), Value::of(dout));
+    b.reverse(&[dout, saved_out, saved_lse])?;
+    let outputs = b.param_grads(fwd)?;
+    let Some((_, first)) = outputs.first() else {
+        return Err(GradError::Unsupported(format!("`{}` has no float parameter", b.g.name)));
+    };
+    // The forward attention has no user left: the backward reads the saved results.
+    b.g.output = Some(first.node);
+    if !b.g.users(n).is_empty() {
+        return Err(GradError::Internal("the forward attention is still read".into()));
+    }
+    b.g.g.remove_node(n);
+    foxc_ir::verify::verify(&b.g)
+        .map_err(|e| GradError::Internal(format!("the gradient program does not verify: {e}")))?;
+    Ok(GradProgram { graph: b.g, outputs })
+}
+
+/// Parameters the gradient program adds must not clash with the program's own.
+fn reserve_names(g: &Graph, names: &[&str]) -> Result<(), GradError> {
+    match names.iter().find(|n| g.param(n).is_some()) {
+        Some(n) => Err(GradError::Unsupported(format!("a parameter is already named `{n}`"))),
+        None => Ok(()),
+    }
 }
 
 /// Give every attention an f32 `out` and move a narrower `out_dtype` into a following `cast`.
@@ -113,19 +152,70 @@ fn widen_attention_outputs(g: &mut Graph) {
     }
 }
 
+/// The attention whose results the caller saved, and the parameters holding them.
+struct Saved {
+    attention: ValueId,
+    out: Value,
+    lse: Value,
+}
+
 struct Builder {
     g: Graph,
     /// The adjoint of every value that has one so far (f32, the value's axes).
     adj: BTreeMap<Value, Value>,
+    /// Set by [`gradient_from_saved`]: the backward of this attention reads these.
+    saved: Option<Saved>,
 }
 
 impl Builder {
-    /// Nodes that depend on some float parameter (only they get adjoints).
-    fn depends_on_float_params(&self) -> BTreeSet<ValueId> {
+    /// Reverse mode over every node that depends on a float parameter other than `inputs`
+    /// (the parameters the gradient program added), from the last to the first.
+    fn reverse(&mut self, inputs: &[ValueId]) -> Result<(), GradError> {
+        let live = self.depends_on_float_params(inputs);
+        let order: Vec<ValueId> = self.g.topo_order();
+        for &n in order.iter().rev() {
+            if inputs.contains(&n) || !live.contains(&n) {
+                continue;
+            }
+            self.node_grad(n, &live)?;
+        }
+        Ok(())
+    }
+
+    /// `grad_<p>` for every float parameter `p` of `fwd`, each result 0 of a node in `p`'s
+    /// dtype (zeros where `p` does not reach the output).
+    fn param_grads(&mut self, fwd: &Graph) -> Result<Vec<(String, Value)>, GradError> {
+        let mut outputs = vec![];
+        for p in &fwd.params {
+            if !p.ty.dtype.is_float() {
+                continue;
+            }
+            let ty = self.g.ty(p.node).clone();
+            let grad = match self.adj.get(&Value::of(p.node)).copied() {
+                Some(v) => self.conform(v, &ty)?,
+                None => self.zeros_like(&ty)?,
+            };
+            // Every output is result 0 of a node, in the parameter's dtype (an f32 result > 0
+            // gets an exact `+ 0`).
+            let grad = if ty.dtype != DType::F32 {
+                Value::of(self.g.add_multi(Op::Cast, vec![ty.clone()], &[grad], Span::default()))
+            } else if grad.result != 0 {
+                let z = self.cnst(0.0);
+                self.bin(BinaryOp::Add, grad, z)?
+            } else {
+                grad
+            };
+            outputs.push((format!("grad_{}", p.name), grad));
+        }
+        Ok(outputs)
+    }
+
+    /// Nodes that depend on some float parameter other than `inputs` (only they get adjoints).
+    fn depends_on_float_params(&self, inputs: &[ValueId]) -> BTreeSet<ValueId> {
         let mut live = BTreeSet::new();
         for n in self.g.topo_order() {
             let from_param = match self.g.op(n) {
-                Op::Param { name, .. } => name != DOUT && self.g.ty(n).dtype.is_float(),
+                Op::Param { .. } => !inputs.contains(&n) && self.g.ty(n).dtype.is_float(),
                 _ => false,
             };
             if from_param || self.g.operands(n).iter().any(|o| live.contains(o)) {
@@ -612,8 +702,12 @@ impl Builder {
         let Some(dy) = self.adj.get(&Value::of(n)).copied() else { return Ok(()) };
         let out_ty = self.g.ty(n).clone();
         let dy = self.conform(dy, &out_ty)?;
+        let (out, lse) = match &self.saved {
+            Some(s) if s.attention == n => (s.out, s.lse),
+            _ => (Value::of(n), Value { node: n, result: Attention::LSE }),
+        };
         let mut operands = ops.to_vec();
-        operands.extend([Value::of(n), Value { node: n, result: Attention::LSE }, dy]);
+        operands.extend([out, lse, dy]);
         let tys: Vec<&ValueType> = operands.iter().map(|&v| self.g.value_ty(v)).collect();
         let rtys =
             a.backward_result_types(&tys).map_err(|e| Self::internal(format!("attention_backward: {e}")))?;
