@@ -104,7 +104,10 @@ pub fn run(g: &mut Graph, opts: &PassOptions, cx: &mut PassContext) -> Result<()
         let score = match crate::recognize::bound::attention_bound(g, n) {
             Ok(b) => b,
             Err(why) => {
-                explain(cx, format!("not pruned: {why}"), None);
+                // At the term that grows, where recognition recorded its source.
+                let at = why.term.and_then(|t| cx.region_spans.get(&n)?.get(t as usize).copied());
+                let message = format!("not pruned: {why}");
+                cx.explanations.push(Explanation { message, span: at.unwrap_or(span), hint: None });
                 continue;
             }
         };

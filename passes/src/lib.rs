@@ -99,13 +99,16 @@ pub struct PassContext {
     /// Monotonicity verdict per `decay_attention` node.
     pub verdicts: BTreeMap<ValueId, monotone::Verdict>,
     pub explanations: Vec<Explanation>,
+    /// Source span of each score-region node, per attention node recognition built (ACP points
+    /// at the term that has no bound).
+    pub region_spans: BTreeMap<ValueId, Vec<foxc_ir::Span>>,
 }
 
 type PassFn = fn(&mut Graph, &PassOptions, &mut PassContext) -> Result<(), PassError>;
 
 /// The passes in order.
 pub const PASSES: &[(&str, PassFn)] = &[
-    ("recognize-attention", |g, _, cx| recognize::recognize(g, &mut cx.explanations).map(|_| ())),
+    ("recognize-attention", |g, _, cx| recognize::recognize(g, cx).map(|_| ())),
     ("monotonicity", monotone::run),
     ("tiles", tiles::run),
     ("acp", acp::run),

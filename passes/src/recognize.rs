@@ -26,15 +26,20 @@ pub(crate) use build::{Builder, Ren};
 pub(crate) use emit::{Emit, FusedCost};
 
 use crate::lang::{pat, Attn, AttnGraph};
-use crate::{Explanation, PassError};
+use crate::{Explanation, PassContext, PassError};
 use egg::{Id, Searcher, Subst, Symbol};
 use foxc_ir::{Graph, ValueId};
 use names::shown;
 
 /// The recognition pass: the output statement becomes one `attention` node, or an explanation
 /// says why not.
-pub(crate) fn recognize(g: &mut Graph, ex: &mut Vec<Explanation>) -> Result<Option<ValueId>, PassError> {
-    fuse::run(g, ex)
+/// The source span of each node of the new node's score region goes to `cx.region_spans`.
+pub(crate) fn recognize(g: &mut Graph, cx: &mut PassContext) -> Result<Option<ValueId>, PassError> {
+    let fused = fuse::run(g, &mut cx.explanations)?;
+    Ok(fused.map(|(node, spans)| {
+        cx.region_spans.insert(node, spans);
+        node
+    }))
 }
 
 /// Whether the e-graph of the output statement saturates within recognition's node and iteration

@@ -172,7 +172,7 @@ fn variants_become_the_op_with_their_region_decay_and_bound() {
         assert_eq!(a.scale.to_string(), "1/sqrt(D)", "{}", c.name);
         match (attention_bound(&g, n), c.bound) {
             (Ok(b), Ok(want)) => assert_eq!(b, want, "{}", c.name),
-            (Err(e), Err(at)) => assert!(e.contains(at), "{}: {e}", c.name),
+            (Err(e), Err(at)) => assert!(e.message.contains(at), "{}: {e}", c.name),
             (got, want) => panic!("{}: bound {got:?}, want {want:?}", c.name),
         }
     }

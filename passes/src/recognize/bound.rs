@@ -13,6 +13,20 @@ use foxc_ir::attention::{RId, RNode, Region, ScoreBound};
 use foxc_ir::{Attention, BinaryOp, Graph, Op, UnaryOp, ValueId};
 use std::collections::BTreeMap;
 
+/// Why a region has no bound: the message, and the region node of the term that grows (the
+/// explanation points at its source; `None` when the node is not an attention).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Unbounded {
+    pub message: String,
+    pub term: Option<RId>,
+}
+
+impl std::fmt::Display for Unbounded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 /// A captured tensor as the bound sees it: its name (for messages) and declared range.
 pub struct CaptureInfo {
     pub name: String,
@@ -116,7 +130,7 @@ fn terms(r: &Region, n: RId, coef: f64, out: &mut Vec<(f64, RId)>) {
 }
 
 /// The bound of region `r` whose captured tensors are `caps`; `Err` says which term is unbounded.
-pub fn score_bound(r: &Region, caps: &[CaptureInfo]) -> Result<ScoreBound, String> {
+pub fn score_bound(r: &Region, caps: &[CaptureInfo]) -> Result<ScoreBound, Unbounded> {
     let (eg, ids) = classes(r, caps);
     let u = mag(&eg, ids[r.root as usize]);
     if u.is_finite() {
@@ -143,10 +157,13 @@ pub fn score_bound(r: &Region, caps: &[CaptureInfo]) -> Result<ScoreBound, Strin
                 let sub = Region { nodes: r.nodes.clone(), root: n };
                 let text =
                     sub.display_with(&|k| caps.get(k).map(|c| c.name.clone()).unwrap_or_else(|| "?".into()));
-                return Err(format!(
-                    "the score term `{text}` has no bound (neither a constant nor a multiple of |q| |k| plus a constant), \
-                     so no threshold can be derived"
-                ));
+                return Err(Unbounded {
+                    message: format!(
+                        "the score term `{text}` has no bound (neither a constant nor a multiple of |q| |k| plus a \
+                         constant), so no threshold can be derived"
+                    ),
+                    term: Some(n),
+                });
             }
         }
     }
@@ -155,9 +172,10 @@ pub fn score_bound(r: &Region, caps: &[CaptureInfo]) -> Result<ScoreBound, Strin
 
 /// The bound of attention node `n` of `g`: captures named as in the source, with their declared
 /// ranges (a parameter's `in [lo, hi]`) or the interval the analysis derives for a computed one.
-pub fn attention_bound(g: &Graph, n: ValueId) -> Result<ScoreBound, String> {
-    let Op::Attention(a) = g.op(n) else { return Err("not an attention node".into()) };
-    let ops = Attention::operands(g, n)?;
+pub fn attention_bound(g: &Graph, n: ValueId) -> Result<ScoreBound, Unbounded> {
+    let not_attention = |message: String| Unbounded { message, term: None };
+    let Op::Attention(a) = g.op(n) else { return Err(not_attention("not an attention node".into())) };
+    let ops = Attention::operands(g, n).map_err(not_attention)?;
     let caps: Vec<CaptureInfo> = ops
         .captures
         .iter()
@@ -217,12 +235,16 @@ mod tests {
         let e = r.push(RNode::Unary(UnaryOp::Exp, x));
         r.push(RNode::Binary(BinaryOp::Add, x, e));
         let err = score_bound(&r, &[]).unwrap_err();
-        assert!(err.contains("`exp(x)`"), "{err}");
+        assert!(err.message.contains("`exp(x)`"), "{err}");
+        // The term is the node `exp(x)`, not the sum.
+        assert_eq!(err.term, Some(e));
         // x + i: the query index grows with T.
         let mut r = Region::new();
         let x = r.push(RNode::Score);
         let i = r.push(RNode::Index(IndexVar::I));
         r.push(RNode::Binary(BinaryOp::Add, x, i));
-        assert!(score_bound(&r, &[]).unwrap_err().contains("`i`"));
+        let err = score_bound(&r, &[]).unwrap_err();
+        assert!(err.message.contains("`i`"), "{err}");
+        assert_eq!(err.term, Some(i));
     }
 }

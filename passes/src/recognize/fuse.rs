@@ -12,7 +12,7 @@ use super::{matches, sym_of, var, Builder, Emit, FusedCost, Ren};
 use crate::lang::{Attn, AttnGraph, Num};
 use crate::{Explanation, PassError};
 use egg::{Id, Language, Symbol};
-use foxc_ir::attention::{Attention, Mask, Scale};
+use foxc_ir::attention::{Attention, Mask, Region, Scale};
 use foxc_ir::index::IndexExpr;
 use foxc_ir::{BinaryOp, DType, Dim, GateKind, Graph, Op, Span, UnaryOp, Value, ValueId, ValueType};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -452,8 +452,9 @@ fn grouped(b: &Builder, c: Id, order: [Symbol; 4]) -> Option<(ValueId, Dim)> {
     })
 }
 
-/// Write the recognized attention into the IR; returns the attention node.
-pub(crate) fn emit(em: &mut Emit, r: &Recognized, span: Span) -> Result<ValueId, String> {
+/// Write the recognized attention into the IR; returns the attention node and the source span
+/// of each node of its score region.
+pub(crate) fn emit(em: &mut Emit, r: &Recognized, span: Span) -> Result<(ValueId, Vec<Span>), String> {
     let [bb, hh] = r.batch;
     let mut q = em.positional(r.q, &[bb, hh, r.i, r.d], span)?;
     // Grouped-query attention: k and v read at head `h / G'` are the `[B, H / G', T, D]` tensors
@@ -488,11 +489,12 @@ pub(crate) fn emit(em: &mut Emit, r: &Recognized, span: Span) -> Result<ValueId,
         em.positional(class, order, sp)
     };
     let root = rb.add(&b.eg, &r.region, &mut mat)?;
-    let score = rb.take(root);
+    let (score, classes) = rb.take(root);
+    let spans = region_spans(&score, &classes, &|c| b.span_of(c), span);
     let mask_region = match &r.mask_term {
         Some(t) => {
             let root = rb.add(&b.eg, t, &mut mat)?;
-            Some(rb.take(root))
+            Some(rb.take(root).0)
         }
         None => None,
     };
@@ -513,12 +515,33 @@ pub(crate) fn emit(em: &mut Emit, r: &Recognized, span: Span) -> Result<ValueId,
     let refs: Vec<&ValueType> = tys.iter().collect();
     let rtys = a.result_types(&refs)?;
     let vals: Vec<Value> = operands.into_iter().map(Value::of).collect();
-    Ok(em.g.add_multi(Op::Attention(a), rtys, &vals, span))
+    Ok((em.g.add_multi(Op::Attention(a), rtys, &vals, span), spans))
+}
+
+/// The source span of each node of `r`: that of the IR value its e-class was built from; a node
+/// the score split built (no class) covers its operands; `whole` when nothing is known.
+fn region_spans(
+    r: &Region,
+    classes: &[Option<Id>],
+    span_of: &dyn Fn(Id) -> Option<Span>,
+    whole: Span,
+) -> Vec<Span> {
+    let mut spans: Vec<Span> = Vec::with_capacity(r.nodes.len());
+    for (n, node) in r.nodes.iter().enumerate() {
+        let own = classes.get(n).copied().flatten().and_then(span_of);
+        let covered = Region::args(node).into_iter().map(|a| spans[a as usize]).reduce(Span::join);
+        spans.push(own.or(covered).unwrap_or(whole));
+    }
+    spans
 }
 
 /// The recognition pass: replace the output statement by one `attention` node (result 0 takes
 /// the statement's uses). Programs that are not attention get an explanation and stay as they are.
-pub(crate) fn run(g: &mut Graph, ex: &mut Vec<Explanation>) -> Result<Option<ValueId>, PassError> {
+/// Returns the attention node and the source span of each node of its score region.
+pub(crate) fn run(
+    g: &mut Graph,
+    ex: &mut Vec<Explanation>,
+) -> Result<Option<(ValueId, Vec<Span>)>, PassError> {
     let Some(out) = g.output else { return Ok(None) };
     if !g.find(|op| matches!(op, Op::Attention(_))).is_empty() {
         return Ok(None);
@@ -577,12 +600,12 @@ pub(crate) fn run(g: &mut Graph, ex: &mut Vec<Explanation>) -> Result<Option<Val
     let store_name = g_ro.node(store).name.clone();
     let extractor = egg::Extractor::new(&b.eg, FusedCost);
     let mut em = Emit { g, b: &b, ex: extractor, span: store_span, memo: HashMap::new() };
-    let node = emit(&mut em, &rec, store_span)
+    let (node, spans) = emit(&mut em, &rec, store_span)
         .map_err(|e| PassError::Internal(format!("emitting the fused attention: {e}")))?;
     g.node_mut(node).name = store_name;
     g.replace_all_uses(store, node);
     g.remove_dead();
-    Ok(Some(node))
+    Ok(Some((node, spans)))
 }
 
 /// The term of statement `store`'s expression, saturated with the spelling rules: the builder

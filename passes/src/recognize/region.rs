@@ -30,6 +30,9 @@ pub(crate) struct RegionBuilder<'a> {
     pub subscripts: &'a BTreeMap<Symbol, IndexExpr>,
     pub captures: Vec<ValueId>,
     pub region: Region,
+    /// The e-class each region node was extracted from (`None` for nodes the score split
+    /// built), for the source spans of explanations.
+    classes: Vec<Option<Id>>,
 }
 
 fn var_index(v: IndexVar) -> IndexExpr {
@@ -49,6 +52,7 @@ impl<'a> RegionBuilder<'a> {
             subscripts,
             captures: vec![],
             region: Region::new(),
+            classes: vec![],
         }
     }
 
@@ -72,7 +76,13 @@ impl<'a> RegionBuilder<'a> {
         instantiate(template, &vars)
     }
 
-    fn capture(&mut self, v: ValueId, index: Vec<IndexExpr>) -> RId {
+    /// Append `n`, extracted from `class`.
+    fn push(&mut self, n: RNode, class: Option<Id>) -> RId {
+        self.classes.push(class);
+        self.region.push(n)
+    }
+
+    fn capture(&mut self, v: ValueId, index: Vec<IndexExpr>, class: Option<Id>) -> RId {
         let k = match self.captures.iter().position(|c| *c == v) {
             Some(k) => k,
             None => {
@@ -80,7 +90,7 @@ impl<'a> RegionBuilder<'a> {
                 self.captures.len() - 1
             }
         };
-        self.region.push(RNode::Capture { k, index })
+        self.push(RNode::Capture { k, index }, class)
     }
 
     /// Add `t` to the region; returns its node.
@@ -106,7 +116,7 @@ impl<'a> RegionBuilder<'a> {
                 let name = t.kids[0].sym().ok_or("a tensor without a name")?;
                 let index: Option<Vec<IndexExpr>> = t.kids[1..].iter().map(|a| self.subscript(a)).collect();
                 match (index, self.leaves.get(&name)) {
-                    (Some(index), Some(&v)) => return Ok(self.capture(v, index)),
+                    (Some(index), Some(&v)) => return Ok(self.capture(v, index, t.class)),
                     _ => return self.materialize(eg, t, mat),
                 }
             }
@@ -142,7 +152,7 @@ impl<'a> RegionBuilder<'a> {
                 RNode::Unary(u, a)
             }
             Attn::Recip(_) => {
-                let one = self.region.push(RNode::Const(1.0));
+                let one = self.push(RNode::Const(1.0), None);
                 let a = kid(self, mat, 0)?;
                 RNode::Binary(BinaryOp::Div, one, a)
             }
@@ -181,7 +191,7 @@ impl<'a> RegionBuilder<'a> {
             }
             _ => return self.materialize(eg, t, mat),
         };
-        Ok(self.region.push(node))
+        Ok(self.push(node, t.class))
     }
 
     /// A subterm computed outside the attention and captured.
@@ -208,15 +218,16 @@ impl<'a> RegionBuilder<'a> {
             self.vars.iter().filter(|(s, _)| ax.contains(s)).cloned().collect();
         let syms: Vec<Symbol> = order.iter().map(|(s, _)| *s).collect();
         let v = mat(t, &syms)?;
-        Ok(self.capture(v, order.into_iter().map(|(_, v)| var_index(v)).collect()))
+        Ok(self.capture(v, order.into_iter().map(|(_, v)| var_index(v)).collect(), t.class))
     }
 
-    /// The region built so far, with root `root`; the builder starts a new one that shares the
-    /// captures (the score region and the mask region of one op).
-    pub fn take(&mut self, root: RId) -> Region {
+    /// The region built so far, with root `root`, and the e-class of each of its nodes; the
+    /// builder starts a new one that shares the captures (the score region and the mask region
+    /// of one op).
+    pub fn take(&mut self, root: RId) -> (Region, Vec<Option<Id>>) {
         let mut r = std::mem::replace(&mut self.region, Region::new());
         r.root = root;
-        r
+        (r, std::mem::take(&mut self.classes))
     }
 }
 
