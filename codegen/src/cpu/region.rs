@@ -3,7 +3,7 @@
 //! `RNode`, translating the node one to one; the f64 interpreter
 //! (`foxc_ir::interp::region`) is the reference it is tested against.
 
-use super::emit::{Fx, F32, F32X4, I64};
+use super::emit::{Fx, F32};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, Value};
 use foxc_ir::attention::{IndexVar, RNode, Region};
@@ -198,35 +198,7 @@ fn capture(
     let (ptr, cc) = cap;
     let mut out = fx.splat_c(f32::NAN);
     for lane in 0..4u8 {
-        let j = fx.b.ins().iadd_imm_s(at.j0, lane as i64);
-        let mut off = fx.ic(0);
-        let mut ok = fx.b.ins().iconst(cranelift_codegen::ir::types::I8, 1);
-        for ((e, &n), div) in index.iter().zip(&cc.shape).zip(divs) {
-            let mut p = fx.ic(e.constant);
-            for (var, coef) in &e.terms {
-                let x = match IndexVar::from_name(var) {
-                    Some(IndexVar::B) => at.b,
-                    Some(IndexVar::H) => at.h,
-                    Some(IndexVar::I) => at.i,
-                    _ => j,
-                };
-                let t = fx.b.ins().imul_imm_s(x, *coef);
-                p = fx.b.ins().iadd(p, t);
-            }
-            if let Some(d) = *div {
-                // Floor division: shift negative numerators down by d - 1 first.
-                let neg = fx.b.ins().icmp_imm_s(IntCC::SignedLessThan, p, 0);
-                let adj = fx.b.ins().iadd_imm_s(p, -(d - 1));
-                let p2 = fx.b.ins().select(neg, adj, p);
-                p = fx.b.ins().sdiv_imm_s(p2, d);
-            }
-            let ge0 = fx.b.ins().icmp_imm_s(IntCC::SignedGreaterThanOrEqual, p, 0);
-            let lt = fx.b.ins().icmp_imm_s(IntCC::SignedLessThan, p, n as i64);
-            let in_range = fx.b.ins().band(ge0, lt);
-            ok = fx.b.ins().band(ok, in_range);
-            let scaled = fx.b.ins().imul_imm_s(off, n as i64);
-            off = fx.b.ins().iadd(scaled, p);
-        }
+        let (ok, off) = capture_offset(fx, &cc.shape, index, divs, at, lane);
         let zero = fx.ic(0);
         let safe = fx.b.ins().select(ok, off, zero);
         let x = fx.load_f32(cc.dtype, *ptr, safe);
@@ -234,6 +206,48 @@ fn capture(
         let x = fx.b.ins().select(ok, x, nan);
         out = fx.b.ins().insertlane(out, x, lane);
     }
-    let _ = (F32X4, I64);
     out
+}
+
+/// Where lane `lane` reads a captured tensor of `shape` at `index`: (in range (i8 truth),
+/// row-major element offset). The one definition of a capture subscript, shared by the
+/// forward's reads and the backward's capture gradients.
+pub fn capture_offset(
+    fx: &mut Fx,
+    shape: &[u64],
+    index: &[IndexExpr],
+    divs: &[Option<i64>],
+    at: &Lanes,
+    lane: u8,
+) -> (Value, Value) {
+    let j = fx.b.ins().iadd_imm_s(at.j0, lane as i64);
+    let mut off = fx.ic(0);
+    let mut ok = fx.b.ins().iconst(cranelift_codegen::ir::types::I8, 1);
+    for ((e, &n), div) in index.iter().zip(shape).zip(divs) {
+        let mut p = fx.ic(e.constant);
+        for (var, coef) in &e.terms {
+            let x = match IndexVar::from_name(var) {
+                Some(IndexVar::B) => at.b,
+                Some(IndexVar::H) => at.h,
+                Some(IndexVar::I) => at.i,
+                _ => j,
+            };
+            let t = fx.b.ins().imul_imm_s(x, *coef);
+            p = fx.b.ins().iadd(p, t);
+        }
+        if let Some(d) = *div {
+            // Floor division: shift negative numerators down by d - 1 first.
+            let neg = fx.b.ins().icmp_imm_s(IntCC::SignedLessThan, p, 0);
+            let adj = fx.b.ins().iadd_imm_s(p, -(d - 1));
+            let p2 = fx.b.ins().select(neg, adj, p);
+            p = fx.b.ins().sdiv_imm_s(p2, d);
+        }
+        let ge0 = fx.b.ins().icmp_imm_s(IntCC::SignedGreaterThanOrEqual, p, 0);
+        let lt = fx.b.ins().icmp_imm_s(IntCC::SignedLessThan, p, n as i64);
+        let in_range = fx.b.ins().band(ge0, lt);
+        ok = fx.b.ins().band(ok, in_range);
+        let scaled = fx.b.ins().imul_imm_s(off, n as i64);
+        off = fx.b.ins().iadd(scaled, p);
+    }
+    (ok, off)
 }
