@@ -3,6 +3,7 @@
 
     python3 bench/peers.py in.safetensors [--variant fox|softcap|gqa] [--foxc-out out.safetensors]
                            [--log-eps -10] [--block 128]
+    python3 bench/peers.py in4k.safetensors in8k.safetensors ... --grad [--foxc]
 
 Reads q, k, v (bf16 [B, H, T, D]) and fgate (f32 gate logits [B, H, T]), and prints CSV rows
 `peer,shape,ms,kept,rel_l2`:
@@ -19,47 +20,47 @@ Variants (the same score_mod foxc compiles from examples/fox_softcap.attn and ex
 - `gqa`: k and v have G < H heads (kv head = h / (H / G)), FlexAttention with enable_gqa=True; the block
   mask's U uses each query head's kv head.
 Times: triton.testing.do_bench(warmup=50, rep=300, return_mode="median"), in ms.
+
+`--grad` (FoX only): forward + backward (out.backward(dout), dout fixed N(0, 1)), every gradient
+of q, k, v and, where said, of the gate logits, CSV rows `peer,shape,ms,kept,agree,rerun_maxdiff`:
+- `flex_fox_acp_gate`: FlexAttention + ACP block mask with the gate's gradient: the score_mod
+  reads two copies of c (`c` and `c.clone()`; one tensor indexed twice raises
+  NotImplementedError in PyTorch 2.11 when it requires grad);
+- `flex_fox_acp_nogate`: the same with c detached (no gate gradient);
+- `flex_fox_dense_gate`: dense causal block mask, with the gate's gradient;
+- `foxc` (with --foxc): examples/fox.attn through torch.ops.foxc.attention and its autograd
+  (every gradient, the gate's included; threshold and block starts computed inside, timed);
+- `published_fox_acp`: the published FoX kernel + ACP, quoted from shared/bench/WORKLOAD.md
+  (D = 128 at the standard T; not runnable here).
+`agree` is the largest relative L2 distance of the peer's gradients from flex_fox_dense_gate's
+(q, k, v, and fgate where both have it); `rerun_maxdiff` the largest |difference| between the
+gradients of two identical runs (0 = deterministic). The ACP block masks are built outside the
+timed region (foxc's threshold and boundary are inside its timing).
 """
 
 import argparse
 import math
 import sys
 
+import pathlib
+
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-LOG_F_FLOOR = -100.0
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from flex_acp import (  # noqa: E402  (bench/flex_acp.py: one definition of the peer)
+    acp_block_mask,
+    block_starts,
+    causal_block_mask,
+    fox_score_mod,
+    gate_cumsum,
+    kept_fraction,
+)
 
-
-def gate_cumsum(fgate):
-    """c[t] = sum_{l <= t} max(logsigmoid(z_l), -100), in f32 (SEMANTICS.md gate_cumsum Logits)."""
-    return torch.cumsum(F.logsigmoid(fgate.float()).clamp_min(LOG_F_FLOOR), dim=-1)
-
-
-def block_starts(c, delta, bm, bn):
-    """start[b, h, m] of the block rule (SEMANTICS.md block_boundary) for a per-(b, h) delta."""
-    B, H, T = c.shape
-    mt = (T + bm - 1) // bm
-    nt = (T + bn - 1) // bn
-    i0 = torch.arange(mt, device=c.device) * bm
-    jend = torch.clamp(torch.arange(nt, device=c.device) * bn + bn - 1, max=T - 1)
-    ci = c[:, :, i0]  # [B, H, Mt]
-    cj = c[:, :, jend]  # [B, H, Nt]
-    keep = (ci[..., :, None] - cj[..., None, :]) >= delta[..., None, None]  # [B, H, Mt, Nt]
-    # first kept n (keep is monotone in n); none kept -> nt
-    idx = torch.arange(nt, device=c.device).expand_as(keep)
-    first = torch.where(keep, idx, torch.full_like(idx, nt)).min(dim=-1).values
-    diag = i0 // bn
-    return torch.minimum(first, diag.expand_as(first)), diag
-
-
-def kept_fraction(start, bm, bn, T):
-    i0 = torch.arange(start.shape[-1], device=start.device) * bm
-    diag = torch.clamp(i0 + bm - 1, max=T - 1) // bn
-    kept = (diag - start + 1).sum().item()
-    total = ((diag + 1).sum() * start.shape[0] * start.shape[1]).item()
-    return kept / total
+# The published FoX kernel + ACP, forward + backward, median ms at 1x16xTx128 workloads
+# (shared/bench/WORKLOAD.md, H200, 2026-11-29): quoted, not runnable here.
+PUBLISHED_FOX_ACP_FWD_BWD = {4096: 4.93, 8192: 7.77, 16384: 12.74, 32768: 20.99}
 
 
 SOFTCAP = 20.0
@@ -99,23 +100,58 @@ def rel_l2(x, ref):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("inputs")
+    ap.add_argument("inputs", nargs="+", help="safetensors files of `foxc inputs` (one row set each)")
     ap.add_argument("--foxc-out", help="foxc's output safetensors (tensor `out`) to check against the reference")
     ap.add_argument("--variant", choices=["fox", "softcap", "gqa"], default="fox")
     ap.add_argument("--log-eps", type=float, default=-10.0)
     ap.add_argument("--block", type=int, default=128)
     ap.add_argument("--no-dense-flex", action="store_true", help="skip FlexAttention without the block mask")
     ap.add_argument("--no-ref", action="store_true", help="skip the f32 references (no rel_l2)")
+    ap.add_argument("--grad", action="store_true", help="forward + backward (FoX): see above")
+    ap.add_argument("--foxc", action="store_true", help="with --grad: also foxc through its torch op")
     args = ap.parse_args()
-
-    import triton.testing
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+    if args.foxc_out and len(args.inputs) > 1:
+        ap.error("--foxc-out takes one input file")
+    if args.grad and args.variant != "fox":
+        ap.error("--grad races FoX only")
 
     torch._dynamo.config.recompile_limit = 1024
     torch._dynamo.config.cache_size_limit = 1024
+    if args.grad:
+        print("peer,shape,ms,kept,agree,rerun_maxdiff", flush=True)
+        for path in args.inputs:
+            run_grad(path, args)
+        return 0
+    print("peer,shape,ms,kept,rel_l2", flush=True)
+    for path in args.inputs:
+        run_forward(path, args)
+    return 0
+
+
+def acp_starts(q, k, c, args, group=1, softcap=None):
+    """The ACP block starts and kept fraction of the paper's rule (QK-norm bound, or the static
+    softcap bound) for these inputs."""
+    B, H, T, D = q.shape
+    if softcap is not None:
+        # Static bound of the capped scores: |20 tanh(s / 20)| <= 20.
+        u = torch.full((B, H), softcap, device=q.device)
+    else:
+        # The paper's threshold with QK-norm (WORKLOAD.md): U = scale * max|q| * max|k| per (b, h),
+        # k read at the query head's kv head.
+        qmax = q.float().norm(dim=-1).amax(dim=-1)
+        kmax = k.float().norm(dim=-1).amax(dim=-1).repeat_interleave(group, dim=1)
+        u = qmax * kmax / math.sqrt(D)
+    delta = args.log_eps - 2.0 * u - math.log(T)
+    start, _ = block_starts(c, delta, args.block, args.block)
+    return start, kept_fraction(start, args.block, args.block, T)
+
+
+def run_forward(path, args):
+    import triton.testing
+    from torch.nn.attention.flex_attention import flex_attention
 
     dev = "cuda"
-    t = load_file(args.inputs, device=dev)
+    t = load_file(path, device=dev)
     q, k, v, fgate = t["q"], t["k"], t["v"], t["fgate"]
     B, H, T, D = q.shape
     G = k.shape[1]
@@ -124,38 +160,8 @@ def main():
     c = gate_cumsum(fgate)
     bm = bn = args.block
     softcap = SOFTCAP if args.variant == "softcap" else None
-    scale = 1.0 / math.sqrt(D)
-    if softcap is not None:
-        # Static bound of the capped scores: |20 tanh(s / 20)| <= 20.
-        u = torch.full((B, H), softcap, device=dev)
-    else:
-        # The paper's threshold with QK-norm (WORKLOAD.md): U = scale * max|q| * max|k| per (b, h),
-        # k read at the query head's kv head.
-        qmax = q.float().norm(dim=-1).amax(dim=-1)
-        kmax = k.float().norm(dim=-1).amax(dim=-1).repeat_interleave(group, dim=1)
-        u = scale * qmax * kmax
-    delta = args.log_eps - 2.0 * u - math.log(T)
-    start, _ = block_starts(c, delta, bm, bn)
-    kept = kept_fraction(start, bm, bn, T)
-
-    mt = start.shape[-1]
-    nt = (T + bn - 1) // bn
-    m_idx = torch.arange(mt, device=dev)
-    diag = (m_idx * bm) // bn
-    # Partial block: the diagonal (causal mask_mod). Full blocks: start .. diagonal - 1.
-    kv_num = torch.ones(B, H, mt, dtype=torch.int32, device=dev)
-    kv_idx = torch.zeros(B, H, mt, nt, dtype=torch.int32, device=dev)
-    kv_idx[..., 0] = diag.to(torch.int32)
-    full_num = (diag - start).clamp_min(0).to(torch.int32)
-    ar = torch.arange(nt, device=dev)
-    full_idx = torch.clamp(start[..., None] + ar, max=nt - 1).to(torch.int32)
-
-    def causal(b, h, q_idx, kv_idx_):
-        return q_idx >= kv_idx_
-
-    block_mask = BlockMask.from_kv_blocks(
-        kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(bm, bn), mask_mod=causal, seq_lengths=(T, T)
-    )
+    start, kept = acp_starts(q, k, c, args, group, softcap)
+    block_mask = acp_block_mask(start, T, bm, bn)
 
     if softcap is not None:
 
@@ -163,9 +169,7 @@ def main():
             return softcap * torch.tanh(score / softcap) + (c[b, h, q_idx] - c[b, h, kv_idx_])
 
     else:
-
-        def score_mod(score, b, h, q_idx, kv_idx_):
-            return score + (c[b, h, q_idx] - c[b, h, kv_idx_])
+        score_mod = fox_score_mod(c, c)
 
     gqa = G != H
     flex = torch.compile(flex_attention)
@@ -174,9 +178,7 @@ def main():
         f"flex_{args.variant}_acp": lambda: flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa),
     }
     if not args.no_dense_flex:
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        dense_mask = create_block_mask(causal, B=None, H=None, Q_LEN=T, KV_LEN=T, device=dev)
+        dense_mask = causal_block_mask(T, dev, bm)
         runs[f"flex_{args.variant}_dense"] = lambda: flex(
             q, k, v, score_mod=score_mod, block_mask=dense_mask, enable_gqa=gqa
         )
@@ -186,7 +188,6 @@ def main():
         ref_fox = reference(q, k, v, c, softcap=softcap)
         ref_causal = reference(q, k, v, None)
 
-    print("peer,shape,ms,kept,rel_l2")
     for name, fn in runs.items():
         out = fn()
         torch.cuda.synchronize()
@@ -199,7 +200,82 @@ def main():
         o = load_file(args.foxc_out, device=dev)["out"]
         err = rel_l2(o, ref_fox) if ref_fox is not None else float("nan")
         print(f"foxc,{shape},,{kept:.4f},{err:.3e}", flush=True)
-    return 0
+
+
+def _flex_fox_grad(q, k, v, fgate, block_mask, gate_grad: bool):
+    """FlexAttention FoX whose gate cumsum is computed inside (so fgate gets its gradient when
+    gate_grad); two copies of c for the gradient, one detached c without it."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    c = gate_cumsum(fgate)
+    if gate_grad:
+        mod = fox_score_mod(c, c.clone())
+    else:
+        c = c.detach()
+        mod = fox_score_mod(c, c)
+    return flex_attention(q, k, v, score_mod=mod, block_mask=block_mask)
+
+
+def run_grad(path, args):
+    """Forward + backward of FlexAttention (ACP with and without the gate's gradient, dense
+    with it), foxc (--foxc) and the quoted published kernel, on the same inputs."""
+    import triton.testing
+
+    dev = "cuda"
+    t = load_file(path, device=dev)
+    q, k, v, fgate = t["q"], t["k"], t["v"], t["fgate"]
+    B, H, T, D = q.shape
+    shape = f"{B}x{H}x{T}x{D}"
+    c = gate_cumsum(fgate)
+    start, kept = acp_starts(q, k, c, args)
+    acp_mask = acp_block_mask(start, T, args.block, args.block)
+    dense_mask = causal_block_mask(T, dev, args.block)
+    dout = torch.randn(q.shape, device=dev, generator=torch.Generator(device=dev).manual_seed(1)).to(q.dtype)
+    leaves = {n: x.detach().clone().requires_grad_(True) for n, x in (("q", q), ("k", k), ("v", v), ("fgate", fgate))}
+    flex = torch.compile(_flex_fox_grad)
+
+    def flex_run(mask, gate_grad):
+        return lambda: flex(leaves["q"], leaves["k"], leaves["v"], leaves["fgate"], mask, gate_grad)
+
+    runs = {
+        "flex_fox_acp_gate": (flex_run(acp_mask, True), kept, True),
+        "flex_fox_acp_nogate": (flex_run(acp_mask, False), kept, False),
+        "flex_fox_dense_gate": (flex_run(dense_mask, True), 1.0, True),
+    }
+    if args.foxc:
+        import foxc
+        import foxc.torch  # noqa: F401  (registers the op and its autograd)
+
+        attn = foxc.load(pathlib.Path(__file__).resolve().parents[1] / "examples" / "fox.attn", log_eps=args.log_eps)
+        runs["foxc"] = (lambda: attn(**leaves), kept, True)
+
+    def grads_of(fn, gate):
+        for x in leaves.values():
+            x.grad = None
+        fn().backward(dout)
+        names = ("q", "k", "v", "fgate") if gate else ("q", "k", "v")
+        return {n: leaves[n].grad.detach().clone() for n in names}
+
+    ref = grads_of(runs["flex_fox_dense_gate"][0], True)
+    for name, (fn, k_frac, gate) in runs.items():
+        try:
+            g1 = grads_of(fn, gate)
+            g2 = grads_of(fn, gate)
+            torch.cuda.synchronize()
+            rerun = max((g1[n].float() - g2[n].float()).abs().max().item() for n in g1)
+            agree = max(rel_l2(g1[n], ref[n].float()) for n in g1)
+
+            def step():
+                fn().backward(dout)
+
+            ms = triton.testing.do_bench(step, warmup=50, rep=300, grad_to_none=list(leaves.values()), return_mode="median")
+        except Exception as e:  # one peer failing must not hide the others' rows
+            print(f"{name},{shape},error: {type(e).__name__}: {str(e)[:200]!r},,,", flush=True)
+            continue
+        print(f"{name},{shape},{ms:.4f},{k_frac:.4f},{agree:.3e},{rerun:.3e}", flush=True)
+    quoted = PUBLISHED_FOX_ACP_FWD_BWD.get(T) if D == 128 and B * T == 32768 and H == 16 else None
+    if quoted is not None:
+        print(f"published_fox_acp (quoted),{shape},{quoted:.2f},,,", flush=True)
 
 
 if __name__ == "__main__":
