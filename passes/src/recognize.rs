@@ -17,6 +17,7 @@ pub mod bound;
 mod build;
 mod emit;
 mod fuse;
+mod mask;
 mod names;
 mod region;
 mod score;

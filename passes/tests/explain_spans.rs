@@ -27,11 +27,10 @@ fn unbounded_at(extra: &str) -> (String, String) {
         Err(d) => panic!("does not compile:\n{}", d.render("fox_extra.attn", &src)),
     };
     let report = optimize(&mut g, &PassOptions::default()).expect("optimizes");
-    let e = report
-        .explanations
-        .iter()
-        .find(|e| e.message.contains("has no bound"))
-        .unwrap_or_else(|| panic!("`{extra}`: no unbounded-term explanation in {:?}", report.explanations));
+    let e =
+        report.explanations.iter().find(|e| e.message.contains("has no bound")).unwrap_or_else(|| {
+            panic!("`{extra}`: no unbounded-term explanation in {:?}", report.explanations)
+        });
     (e.message.clone(), src.get(e.span.range()).unwrap_or("<bad span>").to_string())
 }
 

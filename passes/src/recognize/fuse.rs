@@ -5,6 +5,7 @@
 //! [`find`] searches the saturated e-graph and returns a [`Recognized`] (e-classes and extracted
 //! terms); [`emit`] writes it into the IR.
 
+use super::mask::{is_causal, keep_term};
 use super::names::shown;
 use super::region::{scale_of, RegionBuilder};
 use super::score::{extract, split, sum_of, Terms, T};
@@ -23,9 +24,12 @@ pub(crate) enum MaskKind {
     None,
     Causal,
     Window(u64),
-    /// `select(c, s, -inf)` with another condition: the class of `c` (its term is
-    /// [`Recognized::mask_term`]).
-    Expr(Id),
+    /// `select(c, s, -inf)` (or `select(c, -inf, s)`, `negated`) with a condition other than
+    /// the causal one: the class of `c` (the keep-condition term is [`Recognized::mask_term`]).
+    Expr {
+        cond: Id,
+        negated: bool,
+    },
 }
 
 /// Where the decay `c_i` of one paired term comes from.
@@ -144,7 +148,7 @@ const DIM_COST: f64 = 10.0;
 fn mask_rank(m: MaskKind) -> u8 {
     match m {
         MaskKind::Causal | MaskKind::Window(_) => 0,
-        MaskKind::Expr(_) => 1,
+        MaskKind::Expr { .. } => 1,
         MaskKind::None => 2,
     }
 }
@@ -179,8 +183,18 @@ pub(crate) fn find(
             }
         }
         if let Some(&i) = out_axes.get(2) {
-            for mm in matches(eg, "(select ?c ?s -inf)", x) {
-                cands.push((MaskKind::Expr(mm[var("?c")]), i, j, mm[var("?s")], v, sm));
+            for (pattern, negated) in [("(select ?c ?s -inf)", false), ("(select ?c -inf ?s)", true)] {
+                for mm in matches(eg, pattern, x) {
+                    let (cond, s) = (mm[var("?c")], mm[var("?s")]);
+                    if eg[s].data.konst == Some(f64::NEG_INFINITY) {
+                        continue;
+                    }
+                    // A condition that is exactly `j <= i` is the causal mask.
+                    let causal =
+                        extract(eg, cond, None, DIM_COST).is_some_and(|(t, _)| is_causal(&t, negated, i, j));
+                    let kind = if causal { MaskKind::Causal } else { MaskKind::Expr { cond, negated } };
+                    cands.push((kind, i, j, s, v, sm));
+                }
             }
             cands.push((MaskKind::None, i, j, x, v, sm));
         }
@@ -243,8 +257,9 @@ pub(crate) fn find(
                 continue;
             }
             let mask_term = match mask {
-                MaskKind::Expr(c) => match extract(eg, c, None, DIM_COST) {
+                MaskKind::Expr { cond: c, negated } => match extract(eg, c, None, DIM_COST) {
                     Some((t, _)) => {
+                        let t = keep_term(t, negated);
                         if let Err(w) = rb.add(eg, &t, &mut dry) {
                             note(3, format!("the mask condition cannot be computed per entry: {w}"), c);
                             continue;
@@ -503,7 +518,7 @@ pub(crate) fn emit(em: &mut Emit, r: &Recognized, span: Span) -> Result<(ValueId
         MaskKind::None => Mask::None,
         MaskKind::Causal => Mask::Causal,
         MaskKind::Window(w) => Mask::Window(w),
-        MaskKind::Expr(_) => Mask::Expr(mask_region.ok_or("an expression mask without its condition")?),
+        MaskKind::Expr { .. } => Mask::Expr(mask_region.ok_or("an expression mask without its condition")?),
     };
     let mut a = Attention::new(scale, mask, c.is_some());
     a.score = score;
@@ -585,7 +600,7 @@ pub(crate) fn run(
         }
     };
     b.eg.rebuild();
-    if matches!(rec.mask, MaskKind::None | MaskKind::Expr(_)) {
+    if matches!(rec.mask, MaskKind::None | MaskKind::Expr { .. }) {
         let span = b.span_of(rec.softmax).unwrap_or(store_span);
         ex.push(Explanation {
             message: format!(
