@@ -34,6 +34,8 @@
 //!    (the backend sets it when the attention's only user is a cast to bf16, so no cast pass runs)
 //! 7. `lse`: f32 `[BH, T]`, natural-log log-sum-exp of the (kept) scores of each row
 //! 8. `T`: i32, the sequence length (any T >= 1; tails are masked)
+//! 9. and on: the score modification's parameters ([`score::ScoreMod::params`]; a region's
+//!    captured tensors, each a pointer and its axis sizes as i32, see [`region::ScoreArg`])
 //!
 //! Launch with [`launch_geometry`]; the kernel needs `shared_bytes` of dynamic shared memory
 //! (above 48 KiB, so the launcher must raise `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`).
@@ -44,7 +46,7 @@
 //! docs/GPU_KERNEL.md.
 
 mod mma;
-mod prune;
+pub(crate) mod prune;
 pub(crate) mod region;
 pub(crate) mod score;
 mod softmax;
@@ -260,7 +262,7 @@ pub(crate) fn build_attention_kernel_with<'ctx>(
     if let Some(f) = module.get_function(&name) {
         return Ok(f);
     }
-    let params = [
+    let mut params = vec![
         ("q", ParamTy::Ptr),
         ("k", ParamTy::Ptr),
         ("v", ParamTy::Ptr),
@@ -270,6 +272,10 @@ pub(crate) fn build_attention_kernel_with<'ctx>(
         ("lse", ParamTy::Ptr),
         ("T", ParamTy::I32),
     ];
+    debug_assert_eq!(params.len(), score::FIRST_PARAM as usize);
+    // The score modification's own parameters (captured tensors) follow T.
+    let extra = score.params();
+    params.extend(extra.iter().map(|(n, t)| (n.as_str(), *t)));
     // Dynamic shared memory: one extern array per kernel name (PTX aliases them anyway); 1024:
     // the wgmma 128-byte swizzle atom is 8 rows x 128 B.
     let b = KernelBuilder::kernel(ctx, module, &name, &params)?;

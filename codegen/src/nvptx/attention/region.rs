@@ -4,54 +4,213 @@
 //! translation in Cranelift. Transcendentals use the PTX approximations (`ex2`, `lg2`), whose
 //! errors (about 2^-22) are far below the bf16 inputs' (2^-8); where a formula would lose
 //! that accuracy by cancellation (`log(1 + e)` for small `e`) a short series takes over.
-//! Regions that read captured tensors are not handled here (the dispatch refuses them).
+//! Captured tensors (`kb[b, h, j]`, `rel[h, i - j]`) are read through their index expressions on
+//! each element (each lane knows its `i` and `j`): a kernel parameter per tensor and per axis
+//! size ([`ScoreArg`]); a subscript outside its axis reads NaN, as in the interpreter, without
+//! touching memory (the front end proves that only entries the mask drops do that).
 
-use super::score::{ScoreMod, ScorePos};
-use crate::nvptx::builder::KernelBuilder;
+use super::score::{ScoreMod, ScorePos, FIRST_PARAM};
+use crate::nvptx::builder::{KernelBuilder, ParamTy};
 use foxc_ir::attention::{IndexVar, RNode, Region};
-use foxc_ir::{BinaryOp, Dim, UnaryOp};
-use inkwell::values::FloatValue;
-use inkwell::FloatPredicate;
+use foxc_ir::index::IndexExpr;
+use foxc_ir::{BinaryOp, DType, Dim, UnaryOp};
+use inkwell::values::{FloatValue, IntValue};
+use inkwell::{FloatPredicate, IntPredicate};
 
 const LOG2E: f64 = std::f64::consts::LOG2_E;
 const LN2: f64 = std::f64::consts::LN_2;
 
-/// A capture-free region with its dims resolved.
+/// One kernel argument a region needs beyond the attention kernel's own, in parameter order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ScoreArg {
+    /// The query head count `H` (i32), to split the flat `bh` into `b` and `h`; only when the
+    /// region reads `b` or `h` and `H` is not static.
+    Heads,
+    /// The device pointer of captured tensor `k` (operand `captures[k]`).
+    Capture(usize),
+    /// The size of axis `a` of captured tensor `k` (i32).
+    CaptureDim(usize, usize),
+}
+
+/// A captured tensor as the kernel reads it: element type and rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CaptureTy {
+    pub dtype: DType,
+    pub rank: usize,
+}
+
+/// A region with its dims resolved and its kernel parameters laid out.
 #[derive(Clone, Debug)]
 pub(crate) struct RegionMod {
     region: Region,
     /// The value of each `RNode::Dim`, by node position (0 elsewhere).
     dims: Vec<f64>,
-    /// Heads per batch (`H`), to split the kernel's flat `bh` into `b` and `h`; needed only
-    /// when the region reads `b` or `h`.
+    /// Per capture node (by node position), the value of each subscript's divisor.
+    divs: Vec<Vec<Option<i64>>>,
+    /// Heads per batch (`H`), to split the kernel's flat `bh` into `b` and `h`, when static.
     heads: Option<u64>,
+    /// The extra kernel arguments, in parameter order.
+    args: Vec<ScoreArg>,
+    /// The captured tensors the region reads, by capture number.
+    caps: Vec<Option<CaptureTy>>,
 }
 
 impl RegionMod {
-    /// Resolves the dims of `r`; `Err` says what the GPU kernel cannot evaluate.
+    /// [`RegionMod::with_captures`] of a region that reads no captured tensor.
     pub(crate) fn new(
         r: &Region,
         dim: &dyn Fn(&Dim) -> Option<u64>,
         heads: Option<u64>,
     ) -> Result<RegionMod, String> {
+        RegionMod::with_captures(r, dim, heads, &[])
+    }
+
+    /// Resolves the dims of `r` whose captured tensors have types `caps` (by capture number);
+    /// `Err` says what the GPU kernel cannot evaluate.
+    pub(crate) fn with_captures(
+        r: &Region,
+        dim: &dyn Fn(&Dim) -> Option<u64>,
+        heads: Option<u64>,
+        caps: &[CaptureTy],
+    ) -> Result<RegionMod, String> {
         if let Some(m) = r.malformed() {
             return Err(m);
         }
+        let heads = heads.filter(|h| *h > 0);
         let mut dims = vec![0.0; r.nodes.len()];
+        let mut divs = vec![vec![]; r.nodes.len()];
+        let mut read = vec![None; caps.len()];
+        let mut reads_bh = false;
         for (n, node) in r.nodes.iter().enumerate() {
             match node {
                 RNode::Dim(d) => {
                     dims[n] =
                         dim(d).ok_or_else(|| format!("the dim {d} of the score region is not static"))? as f64
                 }
-                RNode::Capture { .. } => return Err("captured tensors".into()),
-                RNode::Index(IndexVar::B | IndexVar::H) if heads.is_none_or(|h| h == 0) => {
-                    return Err("a score region reading b or h with a head count that is not static".into())
+                RNode::Index(IndexVar::B | IndexVar::H) => reads_bh = true,
+                RNode::Capture { k, index } => {
+                    let ty = *caps.get(*k).ok_or_else(|| {
+                        format!("the score region reads capture {k}, which the attention does not have")
+                    })?;
+                    if !matches!(ty.dtype, DType::F32 | DType::BF16 | DType::F16) {
+                        return Err(format!(
+                            "a captured tensor of dtype {} in the score region (float tensors only)",
+                            ty.dtype
+                        ));
+                    }
+                    if index.len() != ty.rank {
+                        return Err(format!(
+                            "capture {k} has rank {} but {} subscripts",
+                            ty.rank,
+                            index.len()
+                        ));
+                    }
+                    for e in index {
+                        reads_bh |= e.vars().iter().any(|v| *v == "b" || *v == "h");
+                        divs[n].push(match &e.div {
+                            None => None,
+                            Some(d) => {
+                                let v = dim(d).ok_or_else(|| {
+                                    format!("the divisor {d} of a captured tensor's subscript is not static")
+                                })?;
+                                Some(i64::try_from(v).ok().filter(|v| *v > 0).ok_or_else(|| {
+                                    format!("a captured tensor's subscript divides by {d} = {v}")
+                                })?)
+                            }
+                        });
+                    }
+                    read[*k] = Some(ty);
                 }
                 _ => {}
             }
         }
-        Ok(RegionMod { region: r.clone(), dims, heads })
+        let mut args = vec![];
+        if reads_bh && heads.is_none() {
+            args.push(ScoreArg::Heads);
+        }
+        for (k, ty) in read.iter().enumerate() {
+            if let Some(ty) = ty {
+                args.push(ScoreArg::Capture(k));
+                args.extend((0..ty.rank).map(|a| ScoreArg::CaptureDim(k, a)));
+            }
+        }
+        Ok(RegionMod { region: r.clone(), dims, divs, heads, args, caps: read })
+    }
+
+    /// The kernel arguments the region adds after the attention kernel's own, in order.
+    pub(crate) fn args(&self) -> &[ScoreArg] {
+        &self.args
+    }
+
+    /// The parameter number of argument `a`.
+    fn param(&self, a: ScoreArg) -> u32 {
+        // A missing argument is a bug: the builder reports the missing parameter.
+        self.args.iter().position(|x| *x == a).map_or(u32::MAX, |p| FIRST_PARAM + p as u32)
+    }
+
+    /// `(b, h)` of the flat batch-head index `bh`.
+    fn split_bh<'ctx>(
+        &self,
+        b: &KernelBuilder<'_, 'ctx>,
+        bh: IntValue<'ctx>,
+    ) -> (IntValue<'ctx>, IntValue<'ctx>) {
+        let bi = match self.heads {
+            Some(h) => b.sdivc(bh, h as i64),
+            None => b.sdiv(bh, b.param_int(self.param(ScoreArg::Heads))),
+        };
+        let h = match self.heads {
+            Some(h) => b.sub(bh, b.mulc(bi, h as i64)),
+            None => b.sub(bh, b.mul(bi, b.param_int(self.param(ScoreArg::Heads)))),
+        };
+        (bi, h)
+    }
+
+    /// Captured tensor `k` at `index` (the divisors `divs`): the element, widened to f32, or
+    /// NaN when a subscript is outside its axis (no memory is read then: the index is clamped
+    /// to 0 and the value replaced).
+    fn capture<'ctx>(
+        &self,
+        b: &KernelBuilder<'_, 'ctx>,
+        k: usize,
+        index: &[IndexExpr],
+        divs: &[Option<i64>],
+        at: ScorePos<'ctx>,
+    ) -> FloatValue<'ctx> {
+        let Some(ty) = self.caps.get(k).copied().flatten() else {
+            b.fail(format!("capture {k} has no kernel parameter"));
+            return b.f32(f64::NAN);
+        };
+        let (bi, hi) = self.split_bh(b, at.bh);
+        let var = |v: &str| match IndexVar::from_name(v) {
+            Some(IndexVar::B) => bi,
+            Some(IndexVar::H) => hi,
+            Some(IndexVar::I) => at.i,
+            Some(IndexVar::J) => at.j,
+            None => {
+                b.fail(format!("capture index variable `{v}`"));
+                at.i
+            }
+        };
+        let mut ok = b.bool(true);
+        let mut off = b.i64(0);
+        for (a, (e, div)) in index.iter().zip(divs).enumerate() {
+            let mut p = b.i32(e.constant);
+            for (v, c) in &e.terms {
+                p = b.add(p, b.mulc(var(v), *c));
+            }
+            if let Some(d) = div {
+                // Floor division (the subscript may be negative): round toward -inf first.
+                let neg = b.icmpc(IntPredicate::SLT, p, 0);
+                p = b.sdivc(b.select_i(neg, b.addc(p, 1 - d), p), *d);
+            }
+            let n = b.param_int(self.param(ScoreArg::CaptureDim(k, a)));
+            let inside = b.and(b.icmpc(IntPredicate::SGE, p, 0), b.icmp(IntPredicate::SLT, p, n));
+            ok = b.and(ok, inside);
+            let p = b.select_i(inside, p, b.i32(0));
+            off = b.add(b.mul(off, b.sext64(n)), b.sext64(p));
+        }
+        let v = b.load_f(ty.dtype, b.param_ptr(self.param(ScoreArg::Capture(k))), off);
+        b.select_f(ok, v, b.f32(f64::NAN))
     }
 }
 
@@ -82,7 +241,21 @@ impl ScoreMod for RegionMod {
         if self.is_identity() {
             return String::new();
         }
-        format!("r{:016x}", fnv1a(&format!("{:?}{:?}{:?}", self.region, self.dims, self.heads)))
+        format!(
+            "r{:016x}",
+            fnv1a(&format!("{:?}{:?}{:?}{:?}{:?}", self.region, self.dims, self.heads, self.args, self.caps))
+        )
+    }
+
+    fn params(&self) -> Vec<(String, ParamTy)> {
+        self.args
+            .iter()
+            .map(|a| match *a {
+                ScoreArg::Heads => ("H".to_string(), ParamTy::I32),
+                ScoreArg::Capture(k) => (format!("capture{k}"), ParamTy::Ptr),
+                ScoreArg::CaptureDim(k, ax) => (format!("capture{k}_n{ax}"), ParamTy::I32),
+            })
+            .collect()
     }
 
     fn emit<'a, 'ctx>(
@@ -97,10 +270,9 @@ impl ScoreMod for RegionMod {
             let val = match node {
                 RNode::Score => x,
                 RNode::Index(var) => {
-                    let heads = self.heads.unwrap_or(1) as i64;
                     let ix = match var {
-                        IndexVar::B => b.sdivc(at.bh, heads),
-                        IndexVar::H => b.sub(at.bh, b.mulc(b.sdivc(at.bh, heads), heads)),
+                        IndexVar::B => self.split_bh(b, at.bh).0,
+                        IndexVar::H => self.split_bh(b, at.bh).1,
                         IndexVar::I => at.i,
                         IndexVar::J => at.j,
                     };
@@ -108,8 +280,7 @@ impl ScoreMod for RegionMod {
                 }
                 RNode::Dim(_) => b.f32(self.dims[n]),
                 RNode::Const(c) => b.f32(*c),
-                // RegionMod::new refuses captures before any code is emitted.
-                RNode::Capture { .. } => b.f32(f64::NAN),
+                RNode::Capture { k, index } => self.capture(b, *k, index, &self.divs[n], at),
                 RNode::Unary(u, a) => unary(b, *u, v(*a)),
                 // Division by a constant (softcap's x / U): a product with the reciprocal,
                 // within 1.5 ulp of the quotient, no division in the score loop.
@@ -126,6 +297,23 @@ impl ScoreMod for RegionMod {
             vals.push(val);
         }
         vals[self.region.root as usize]
+    }
+}
+
+/// `tanh a` in one MUFU operation (`tanh.approx.f32`, sm_75 and later): relative error about
+/// 2^-11 (PTX ISA), odd, `tanh(+-0) = +-0`, `+-1` at `+-inf`, NaN stays NaN. Softcapping
+/// `U tanh(x / U)` then errs by at most `U 2^-11` in the logit (0.01 at U = 20, near saturation;
+/// `|x| 2^-11` for small scores), the size of the bf16 rounding of the probabilities fed to
+/// `P V` (2^-9 relative); the formula `1 - 2 / (e^(2a) + 1)` it replaces took two MUFU
+/// operations (`ex2`, `rcp`) and about ten ALU ones per score element (docs/GPU_KERNEL.md,
+/// "Softcap").
+fn tanh<'ctx>(b: &KernelBuilder<'_, 'ctx>, a: FloatValue<'ctx>) -> FloatValue<'ctx> {
+    match b.asm("tanh.approx.f32 $0, $1;", "=f,f", Some(b.f32t().into()), &[a.into()]) {
+        Some(inkwell::values::BasicValueEnum::FloatValue(t)) => t,
+        _ => {
+            b.fail("tanh.approx.f32 returned no f32");
+            a
+        }
     }
 }
 
@@ -176,7 +364,7 @@ fn nan_through<'ctx>(
     b.select_f(b.fcmp(FloatPredicate::UNO, a, a), a, r)
 }
 
-fn unary<'ctx>(b: &KernelBuilder<'_, 'ctx>, u: UnaryOp, a: FloatValue<'ctx>) -> FloatValue<'ctx> {
+pub(crate) fn unary<'ctx>(b: &KernelBuilder<'_, 'ctx>, u: UnaryOp, a: FloatValue<'ctx>) -> FloatValue<'ctx> {
     let one = b.f32(1.0);
     match u {
         UnaryOp::Neg => b.fneg(a),
@@ -187,19 +375,7 @@ fn unary<'ctx>(b: &KernelBuilder<'_, 'ctx>, u: UnaryOp, a: FloatValue<'ctx>) -> 
         UnaryOp::Log => ln(b, a),
         UnaryOp::Exp2 => b.ex2(a),
         UnaryOp::Log2 => b.lg2(a),
-        // tanh |a| = 1 - 2 / (e^(2|a|) + 1) (e^(2|a|) = inf gives exactly 1), sign restored
-        // after: the formula's absolute error is about 2^-23, so |a| small loses no more than
-        // that absolutely (the score is used absolutely: softcap multiplies it by U).
-        UnaryOp::Tanh => {
-            let e = exp(b, b.fmul(b.fabs(a), b.f32(2.0)));
-            let t = b.fsub(one, b.fmul(b.f32(2.0), rcp(b, b.fadd(e, one))));
-            let neg = b.fcmp(FloatPredicate::OLT, a, b.f32(0.0));
-            let r = b.select_f(neg, b.fneg(t), t);
-            // Keep tanh(+-0) = +-0 and odd small values exact to first order: below 2^-12,
-            // tanh a = a to f32 precision.
-            let tiny = b.fcmp(FloatPredicate::OLT, b.fabs(a), b.f32(1.0 / 4096.0));
-            nan_through(b, a, b.select_f(tiny, a, r))
-        }
+        UnaryOp::Tanh => tanh(b, a),
         // 1 / (1 + e^-a): e^-a = inf gives 0, e^-a = 0 gives 1.
         UnaryOp::Sigmoid => {
             let r = rcp(b, b.fadd(one, exp(b, b.fneg(a))));
@@ -212,7 +388,7 @@ fn unary<'ctx>(b: &KernelBuilder<'_, 'ctx>, u: UnaryOp, a: FloatValue<'ctx>) -> 
     }
 }
 
-fn binary<'ctx>(
+pub(crate) fn binary<'ctx>(
     b: &KernelBuilder<'_, 'ctx>,
     op: BinaryOp,
     x: FloatValue<'ctx>,
@@ -242,29 +418,38 @@ fn binary<'ctx>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nvptx::builder::ParamTy;
     use foxc_ir::DType;
     use inkwell::context::Context;
 
-    /// The softcap region `20 tanh(x / 20) - h * (i - j) / H` (b, h, i, j and a dim all read)
-    /// emitted once into a tiny kernel `(x, i, j, bh, out)`: its LLVM IR, node by node.
-    fn region_ir(r: &Region, heads: u64) -> String {
+    /// `rm` emitted once into a tiny kernel `(x, i, j, bh, out, 3 unused, rm's parameters)`
+    /// (its parameters start where the attention kernel's do): its LLVM IR, node by node.
+    fn mod_ir(rm: &RegionMod) -> String {
         let ctx = Context::create();
         let m = ctx.create_module("t");
-        let params = [
+        let mut params = vec![
             ("x", ParamTy::F32),
             ("i", ParamTy::I32),
             ("j", ParamTy::I32),
             ("bh", ParamTy::I32),
             ("out", ParamTy::Ptr),
+            ("unused5", ParamTy::I32),
+            ("unused6", ParamTy::I32),
+            ("unused7", ParamTy::I32),
         ];
+        assert_eq!(params.len() as u32, FIRST_PARAM);
+        let extra = rm.params();
+        params.extend(extra.iter().map(|(n, t)| (n.as_str(), *t)));
         let b = KernelBuilder::kernel(&ctx, &m, "region", &params).unwrap();
-        let rm = RegionMod::new(r, &|d| d.eval(&|s| (s == "H").then_some(heads)), Some(heads)).unwrap();
         let at = ScorePos { i: b.param_int(1), j: b.param_int(2), bh: b.param_int(3) };
         let y = rm.emit(&b, b.param_f32(0), at);
         b.store_f(DType::F32, b.param_ptr(4), b.i64(0), y);
         let f = b.finish().unwrap();
         inkwell::values::AnyValue::print_to_string(&f).to_string()
+    }
+
+    /// [`mod_ir`] of a capture-free region with `H = heads` static.
+    fn region_ir(r: &Region, heads: u64) -> String {
+        mod_ir(&RegionMod::new(r, &|d| d.eval(&|s| (s == "H").then_some(heads)), Some(heads)).unwrap())
     }
 
     fn softcap_alibi() -> Region {
@@ -335,28 +520,129 @@ mod tests {
         let x = r.push(RNode::Score);
         r.push(RNode::Select(acc, x, b));
         let ir = region_ir(&r, 2);
-        for needle in
-            ["ex2.approx", "lg2.approx", "llvm.sqrt.f32", "fcmp une", "fcmp uno", "minnum", "maxnum"]
-        {
+        for needle in [
+            "ex2.approx",
+            "lg2.approx",
+            "tanh.approx.f32",
+            "llvm.sqrt.f32",
+            "fcmp une",
+            "fcmp uno",
+            "minnum",
+            "maxnum",
+        ] {
             assert!(ir.contains(needle), "{needle} missing:\n{ir}");
         }
     }
 
     #[test]
-    fn captures_and_unknown_heads_are_refused() {
-        let mut r = Region::new();
-        let x = r.push(RNode::Score);
-        let h = r.push(RNode::Index(IndexVar::H));
-        r.push(RNode::Binary(BinaryOp::Add, x, h));
-        let e = RegionMod::new(&r, &|_| None, None).unwrap_err();
-        assert!(e.contains("head count"), "{e}");
+    fn unresolved_dims_and_bad_captures_are_refused() {
         let mut r = Region::new();
         r.push(RNode::Dim(Dim::sym("W")));
         let e = RegionMod::new(&r, &|_| None, None).unwrap_err();
         assert!(e.contains("dim W"), "{e}");
+        let read = |index: Vec<IndexExpr>| {
+            let mut r = Region::new();
+            r.push(RNode::Capture { k: 0, index });
+            r
+        };
+        let f32_1 = [CaptureTy { dtype: DType::F32, rank: 1 }];
+        let e = RegionMod::new(&read(vec![IndexExpr::var("j")]), &|_| None, None).unwrap_err();
+        assert!(e.contains("does not have"), "{e}");
+        let e = RegionMod::with_captures(&read(vec![]), &|_| None, None, &f32_1).unwrap_err();
+        assert!(e.contains("rank 1 but 0 subscripts"), "{e}");
+        let i32_1 = [CaptureTy { dtype: DType::I32, rank: 1 }];
+        let e =
+            RegionMod::with_captures(&read(vec![IndexExpr::var("j")]), &|_| None, None, &i32_1).unwrap_err();
+        assert!(e.contains("float tensors only"), "{e}");
+        let div = IndexExpr { terms: vec![("j".into(), 1)], constant: 0, div: Some(Dim::sym("W")) };
+        let e = RegionMod::with_captures(&read(vec![div]), &|_| None, None, &f32_1).unwrap_err();
+        assert!(e.contains("divisor W"), "{e}");
+    }
+
+    /// `x + kb[b, h, j] + rel[h, (i - j + 1) / 2]` with H not static: the head count and
+    /// each capture with its axis sizes become kernel parameters, in that order; subscripts
+    /// are bounds-checked (NaN outside, as the interpreter reads) and the divisor floors.
+    fn key_bias_rel() -> Region {
         let mut r = Region::new();
-        r.push(RNode::Capture { k: 0, index: vec![] });
-        assert_eq!(RegionMod::new(&r, &|_| None, None).unwrap_err(), "captured tensors");
+        let x = r.push(RNode::Score);
+        let kb = r.push(RNode::Capture {
+            k: 0,
+            index: vec![IndexExpr::var("b"), IndexExpr::var("h"), IndexExpr::var("j")],
+        });
+        let s = r.push(RNode::Binary(BinaryOp::Add, x, kb));
+        let rel = IndexExpr {
+            terms: vec![("i".into(), 1), ("j".into(), -1)],
+            constant: 1,
+            div: Some(Dim::Const(2)),
+        };
+        let rb = r.push(RNode::Capture { k: 1, index: vec![IndexExpr::var("h"), rel] });
+        r.push(RNode::Binary(BinaryOp::Add, s, rb));
+        r
+    }
+
+    fn key_bias_rel_mod() -> RegionMod {
+        let caps = [CaptureTy { dtype: DType::F32, rank: 3 }, CaptureTy { dtype: DType::BF16, rank: 2 }];
+        RegionMod::with_captures(&key_bias_rel(), &|d| d.eval(&|_| None), None, &caps).unwrap()
+    }
+
+    #[test]
+    fn captures_become_kernel_parameters_in_order() {
+        let rm = key_bias_rel_mod();
+        use ScoreArg::*;
+        assert_eq!(
+            rm.args(),
+            [
+                Heads,
+                Capture(0),
+                CaptureDim(0, 0),
+                CaptureDim(0, 1),
+                CaptureDim(0, 2),
+                Capture(1),
+                CaptureDim(1, 0),
+                CaptureDim(1, 1)
+            ]
+        );
+        let names: Vec<String> = rm.params().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(
+            names,
+            [
+                "H",
+                "capture0",
+                "capture0_n0",
+                "capture0_n1",
+                "capture0_n2",
+                "capture1",
+                "capture1_n0",
+                "capture1_n1"
+            ]
+        );
+        // With H static, no head parameter; a capture the region does not read gets none.
+        let caps = [
+            CaptureTy { dtype: DType::F32, rank: 1 },
+            CaptureTy { dtype: DType::F32, rank: 3 },
+            CaptureTy { dtype: DType::BF16, rank: 2 },
+        ];
+        let mut r = key_bias_rel();
+        for n in r.nodes.iter_mut() {
+            if let RNode::Capture { k, .. } = n {
+                *k += 1;
+            }
+        }
+        let rm = RegionMod::with_captures(&r, &|d| d.eval(&|_| None), Some(4), &caps).unwrap();
+        assert_eq!(rm.args()[0], Capture(1));
+        assert_eq!(rm.args().len(), 7);
+        assert_ne!(rm.tag(), key_bias_rel_mod().tag());
+    }
+
+    #[test]
+    fn capture_region_llvm_ir_snapshot() {
+        let ir = mod_ir(&key_bias_rel_mod());
+        for needle in
+            ["%capture0", "%capture1_n1", "load float", "load bfloat", "sdiv i32", "0x7FF8000000000000"]
+        {
+            assert!(ir.contains(needle), "{needle} missing:\n{ir}");
+        }
+        insta::assert_snapshot!("nvptx_region_captures", ir);
     }
 
     #[test]

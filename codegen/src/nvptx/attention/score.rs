@@ -7,8 +7,12 @@
 //! Masking (causal, window, tails) stays the kernel's: it runs after the hook, on the tiles that
 //! need it. [`Identity`] (plain FoX) emits nothing and keeps the fused `scale log2 e` FMA.
 
-use crate::nvptx::builder::KernelBuilder;
+use crate::nvptx::builder::{KernelBuilder, ParamTy};
 use inkwell::values::{FloatValue, IntValue};
+
+/// Index of the first kernel parameter a score modification adds ([`ScoreMod::params`]): they
+/// follow the attention kernel's own eight (`q, k, v, c, delta, out, lse, T`).
+pub(crate) const FIRST_PARAM: u32 = 8;
 
 /// Where one score element sits: query row `i`, key column `j` (both `< T` except in tail
 /// tiles, whose elements the mask drops afterwards) and the flat batch-head index `bh`.
@@ -29,6 +33,11 @@ pub(crate) trait ScoreMod {
     }
     /// A short tag that makes the kernel name unique for this modification (empty for identity).
     fn tag(&self) -> String;
+    /// The kernel parameters the modification reads (captured tensors and their sizes),
+    /// appended from [`FIRST_PARAM`] on, in this order.
+    fn params(&self) -> Vec<(String, ParamTy)> {
+        vec![]
+    }
     /// Emits the modified score of one element from `x = scale * q.k`.
     fn emit<'a, 'ctx>(
         &self,
