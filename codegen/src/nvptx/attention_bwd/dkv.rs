@@ -1,0 +1,380 @@
+//! The dkv kernel: one block per key tile `n` (`bn` keys, 16 per warp) and kv head. For each
+//! query head of the GQA group (ascending) it walks the query chunks of `bq` rows that keep
+//! tile `n`, from the chunk holding the tile's first key up (a chunk is kept when its IR tile
+//! has `start <= n`: the start scratch written by the dq kernel; the window bounds the walk),
+//! double-buffering the Q and dO chunks, and accumulates in registers
+//! `dV = sum P^T dO` and `dK = scale sum dx^T Q` over the whole group (heads ascending, rows
+//! ascending: a fixed order). After each query head it subtracts the column sums of dS from
+//! that head's dc (which the dq kernel filled with the row sums): dc = rowsum - colsum.
+
+use super::probs::{ElemFn, PosFn};
+use super::{Bwd, BwdConfig, Regions, LOG2E};
+use crate::nvptx::builder::control::{basic, floats};
+use crate::nvptx::builder::{KernelBuilder, ParamTy};
+use inkwell::context::Context;
+use inkwell::module::Module;
+use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
+use inkwell::{FloatPredicate, IntPredicate};
+
+pub(super) fn build<'ctx>(
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    name: &str,
+    cfg: &BwdConfig,
+    regions: &Regions,
+) -> Result<FunctionValue<'ctx>, String> {
+    let p = ParamTy::Ptr;
+    let params = [
+        ("q", p),
+        ("k", p),
+        ("v", p),
+        ("c", p),
+        ("dout", p),
+        ("lse", p),
+        ("dd", p),
+        ("start", p),
+        ("dk", p),
+        ("dv", p),
+        ("dc", p),
+        ("T", ParamTy::I32),
+    ];
+    let b = KernelBuilder::kernel(ctx, module, name, &params)?;
+    let smem = b.dyn_shared(&format!("{name}_smem"), 128);
+    let tid = b.sreg("tid.x");
+    let lane = b.andc(tid, 31);
+    let t_len = b.param_int(11);
+    let k = Bwd { b: &b, cfg, regions, smem, tid, lane, t_len, threads: cfg.dkv_threads() };
+    k.emit_dkv();
+    b.finish()
+}
+
+/// Per-head pointers of the dkv walk (query head `bh`).
+struct Head<'ctx> {
+    bh: IntValue<'ctx>,
+    qb: PointerValue<'ctx>,
+    dob: PointerValue<'ctx>,
+    cb: PointerValue<'ctx>,
+    lb: PointerValue<'ctx>,
+    ddb: PointerValue<'ctx>,
+    /// `start` of this head's IR tiles.
+    stb: PointerValue<'ctx>,
+    c_ref: Option<FloatValue<'ctx>>,
+}
+
+/// Byte offsets of the dkv kernel's shared memory.
+struct Smem<'ctx> {
+    k: IntValue<'ctx>,
+    v: IntValue<'ctx>,
+    q: [IntValue<'ctx>; 2],
+    dout: [IntValue<'ctx>; 2],
+    /// Per query row of the chunk: `(c_i - c_ref - lse_i) log2 e` (or -inf), then `D_i`.
+    rows: [IntValue<'ctx>; 2],
+}
+
+impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
+    fn emit_dkv(&self) {
+        let (b, cfg) = (self.b, self.cfg);
+        let d = cfg.head_dim as i64;
+        let bn = cfg.bn as i64;
+        let bq = cfg.bq() as i64;
+        let dt = (cfg.head_dim / 8) as usize;
+        let grp = cfg.kv_group as i64;
+        let t_len = self.t_len;
+        let pp = |i| b.param_ptr(i);
+        let (q_p, k_p, v_p, c_p, do_p, lse_p) = (pp(0), pp(1), pp(2), pp(3), pp(4), pp(5));
+        let (dd_p, st_p, dk_p, dv_p, dc_p) = (pp(6), pp(7), pp(8), pp(9), pp(10));
+        let i16t = b.i16t().into();
+        let f32t = b.f32t().into();
+        let warp = b.lshrc(self.tid, 5);
+        let n = b.named(b.sreg("ctaid.x"), "n");
+        let bhk = b.sreg("ctaid.y");
+        let j0 = b.mulc(n, bn);
+        let jw0 = b.add(j0, b.mulc(warp, 16));
+        let g = b.lshrc(self.lane, 2);
+        let tq = b.andc(self.lane, 3);
+        let rj = [b.add(jw0, g), b.addc(b.add(jw0, g), 8)];
+        let tmax = b.addc(t_len, -1);
+        let t64 = b.sext64(t_len);
+        let kv_base = b.mulc(b.mul(b.sext64(bhk), t64), d);
+        let (kb, vb) = (b.gep(i16t, k_p, kv_base), b.gep(i16t, v_p, kv_base));
+        let (dkb, dvb) = (b.gep(f32t, dk_p, kv_base), b.gep(f32t, dv_p, kv_base));
+
+        let kvt = bn * d * 2;
+        let qt = bq * d * 2;
+        let sm = Smem {
+            k: b.i32(0),
+            v: b.i32(kvt),
+            q: [b.i32(2 * kvt), b.i32(2 * kvt + qt)],
+            dout: [b.i32(2 * kvt + 2 * qt), b.i32(2 * kvt + 3 * qt)],
+            rows: [b.i32(2 * kvt + 4 * qt), b.i32(2 * kvt + 4 * qt + 2 * bq * 4)],
+        };
+        self.load_tile(kb, j0, cfg.bn, sm.k);
+        self.load_tile(vb, j0, cfg.bn, sm.v);
+        b.cp_async_commit();
+
+        // The query chunks that can keep this tile: from the chunk of its first key to the end,
+        // or to the last row within the window of its last key.
+        let mq = b.sdivc(b.addc(t_len, bq - 1), bq);
+        let q_lo = b.named(b.sdivc(j0, bq), "q_lo");
+        let q_hi = match cfg.window {
+            Some(w) => {
+                let jl = b.smin(b.addc(j0, bn - 1), tmax);
+                b.smin(mq, b.addc(b.sdivc(b.addc(jl, w as i64 - 1), bq), 1))
+            }
+            None => mq,
+        };
+        let mt_ir = b.sdivc(b.addc(t_len, cfg.bm as i64 - 1), cfg.bm as i64);
+
+        let zero = b.f32(0.0);
+        let mut carried: Vec<(&str, BasicValueEnum)> = vec![("gi", b.i32(0).into())];
+        carried.extend((0..dt * 4).map(|_| ("dk", zero.into())));
+        carried.extend((0..dt * 4).map(|_| ("dv", zero.into())));
+        let last = b.do_while(("head", "kv_epilogue"), &carried, |b, vals| {
+            let gi = vals[0].into_int_value();
+            let acc_in = floats(&vals[1..]);
+            let bh = b.add(b.mulc(bhk, grp), gi);
+            let row_base = b.mul(b.sext64(bh), t64);
+            let mat_base = b.mulc(row_base, d);
+            let cb = b.gep(f32t, c_p, row_base);
+            let h = Head {
+                bh,
+                qb: b.gep(i16t, q_p, mat_base),
+                dob: b.gep(i16t, do_p, mat_base),
+                cb,
+                lb: b.gep(f32t, lse_p, row_base),
+                ddb: b.gep(f32t, dd_p, row_base),
+                stb: b.gep(b.i32t().into(), st_p, b.sext64(b.mul(bh, mt_ir))),
+                c_ref: cfg.has_decay.then(|| b.load_f32(b.gep(f32t, cb, b.sext64(j0)))),
+            };
+            // Every warp is done with the previous head's chunk buffers.
+            b.barrier();
+            self.load_chunk(&h, q_lo, &sm, 0);
+            b.cp_async_commit();
+            self.store_row_terms(&h, q_lo, sm.rows[0]);
+            let (dk, dv, colsum) = self.walk(&h, &sm, (q_lo, q_hi), n, rj, tq, acc_in);
+            // dc[bh, j] -= colsum_j (the dq kernel wrote the row sums there).
+            if cfg.has_decay {
+                let dcb = b.gep(f32t, dc_p, row_base);
+                for r in 0..2 {
+                    let mut s = colsum[r];
+                    s = b.fadd(s, b.shfl_xor(s, 1));
+                    s = b.fadd(s, b.shfl_xor(s, 2));
+                    let ok = b.and(b.icmp(IntPredicate::SLT, rj[r], t_len), b.icmpc(IntPredicate::EQ, tq, 0));
+                    b.if_then(ok, |b| {
+                        let p = b.gep(f32t, dcb, b.sext64(rj[r]));
+                        b.store(p, b.fsub(b.load_f32(p), s));
+                    });
+                }
+            }
+            let gn = b.addc(gi, 1);
+            let mut next = vec![gn.into()];
+            next.extend(basic(&dk));
+            next.extend(basic(&dv));
+            (b.icmpc(IntPredicate::SLT, gn, grp), next)
+        });
+
+        let acc = floats(&last[1..]);
+        let (dk, dv) = acc.split_at(dt * 4);
+        let sc = b.f32(cfg.scale as f64);
+        let t2 = b.mulc(tq, 2);
+        for r in 0..2 {
+            b.if_then(b.icmp(IntPredicate::SLT, rj[r], t_len), |b| {
+                let rowoff = b.mulc(rj[r], d);
+                for dtile in 0..dt {
+                    let idx = b.sext64(b.add(rowoff, b.addc(t2, 8 * dtile as i64)));
+                    let (k0, k1) = (dk[dtile * 4 + 2 * r], dk[dtile * 4 + 2 * r + 1]);
+                    b.store_aligned(b.gep(f32t, dkb, idx), b.vec2_f32(b.fmul(k0, sc), b.fmul(k1, sc)), 8);
+                    let (v0, v1) = (dv[dtile * 4 + 2 * r], dv[dtile * 4 + 2 * r + 1]);
+                    b.store_aligned(b.gep(f32t, dvb, idx), b.vec2_f32(v0, v1), 8);
+                }
+            });
+        }
+    }
+
+    /// The walk over one query head's kept chunks `[lo, hi)` (chunk `lo` loaded and its row
+    /// terms stored in buffer 0 by the caller). Returns dK, dV (accumulated onto `acc_in`) and
+    /// this thread's column sums of dS for its two keys.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn walk(
+        &self,
+        h: &Head<'ctx>,
+        sm: &Smem<'ctx>,
+        (lo, hi): (IntValue<'ctx>, IntValue<'ctx>),
+        n: IntValue<'ctx>,
+        rj: [IntValue<'ctx>; 2],
+        tq: IntValue<'ctx>,
+        acc_in: Vec<FloatValue<'ctx>>,
+    ) -> (Vec<FloatValue<'ctx>>, Vec<FloatValue<'ctx>>, [FloatValue<'ctx>; 2]) {
+        let (b, cfg) = (self.b, self.cfg);
+        let bq = cfg.bq() as i64;
+        let dt = (cfg.head_dim / 8) as usize;
+        let f32t = b.f32t().into();
+        let tmax = b.addc(self.t_len, -1);
+        let warp = b.lshrc(self.tid, 5);
+        let wrow0 = b.mulc(warp, 16);
+        let jw0 = b.add(b.mulc(n, cfg.bn as i64), wrow0);
+        let l2e = b.f32(LOG2E);
+        // Key terms (c_ref - c_j) log2 e of this thread's two keys.
+        let kc = h.c_ref.map(|cr| {
+            rj.map(|j| {
+                let cj = b.load_f32(b.gep(f32t, h.cb, b.sext64(b.smin(j, tmax))));
+                b.fmul(b.fsub(cr, cj), l2e)
+            })
+        });
+        let zero = b.f32(0.0);
+        let mut carried: Vec<(&str, BasicValueEnum)> =
+            vec![("chunk", lo.into()), ("parity", b.i32(0).into())];
+        carried.extend(acc_in.iter().map(|v| ("acc", (*v).into())));
+        carried.extend([("colsum", zero.into()), ("colsum", zero.into())]);
+        let last = b.do_while(("chunk", "chunks_done"), &carried, |b, vals| {
+            let cur = vals[0].into_int_value();
+            let par = vals[1].into_int_value();
+            let acc = floats(&vals[2..2 + 2 * dt * 4]);
+            let cs_in = [vals[2 + 2 * dt * 4].into_float_value(), vals[3 + 2 * dt * 4].into_float_value()];
+            b.cp_async_wait(0);
+            b.barrier();
+            let nxt = self.next_chunk(h, cur, hi, n);
+            let more = b.icmp(IntPredicate::SLT, nxt, hi);
+            let is0 = b.icmpc(IntPredicate::EQ, par, 0);
+            b.if_then(more, |b| {
+                self.load_chunk_to(
+                    h,
+                    nxt,
+                    b.select_i(is0, sm.q[1], sm.q[0]),
+                    b.select_i(is0, sm.dout[1], sm.dout[0]),
+                );
+            });
+            b.cp_async_commit();
+            let qcur = b.select_i(is0, sm.q[0], sm.q[1]);
+            let docur = b.select_i(is0, sm.dout[0], sm.dout[1]);
+            let rcur = b.select_i(is0, sm.rows[0], sm.rows[1]);
+            let i0c = b.mulc(cur, bq);
+            // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys.
+            let kf = self.a_frags(sm.k, wrow0);
+            let st = self.mma_abt(&kf, qcur, cfg.bq());
+            let vf = self.a_frags(sm.v, wrow0);
+            let dpt = self.mma_abt(&vf, docur, cfg.bq());
+            let rterm = self.load_pairs(rcur, tq, cfg.bq());
+            let dterm = self.load_pairs(b.addc(rcur, bq * 4), tq, cfg.bq());
+            let col0 = b.add(i0c, b.mulc(tq, 2));
+            // Element e of n-tile it: key rj[e / 2], query col0 + 8 it + (e & 1).
+            let pos: PosFn = &|it, e| (b.addc(col0, (8 * it + (e & 1)) as i64), rj[e / 2]);
+            let term: ElemFn = &|it, e| {
+                let r = rterm[it * 2 + (e & 1)];
+                match kc {
+                    Some(k) => b.fadd(r, k[e / 2]),
+                    None => r,
+                }
+            };
+            let ilast = b.addc(i0c, bq - 1);
+            let mut need = b.icmp(IntPredicate::SGT, b.addc(jw0, 15), i0c);
+            need = b.or(need, b.icmp(IntPredicate::SGE, ilast, self.t_len));
+            if let Some(w) = cfg.window {
+                need = b.or(need, b.icmpc(IntPredicate::SGE, b.sub(ilast, jw0), w as i64));
+            }
+            let (p, xs) = self.probs(&st, term, pos, need, h.bh);
+            let ddf: ElemFn = &|it, e| dterm[it * 2 + (e & 1)];
+            let (ds, dx) = self.dscores(&p, &dpt, ddf, &xs, pos, h.bh);
+            let mut cs = cs_in;
+            for (k, v) in ds.iter().enumerate() {
+                let r = (k % 4) / 2;
+                cs[r] = b.fadd(cs[r], *v);
+            }
+            let (dk_in, dv_in) = acc.split_at(dt * 4);
+            let dv = self.mma_acc(dv_in.to_vec(), &p, docur, cfg.bq());
+            let dk = self.mma_acc(dk_in.to_vec(), &dx, qcur, cfg.bq());
+            b.if_then(more, |b| {
+                // The other row-term buffer was last read before this iteration's barrier.
+                self.store_row_terms(h, nxt, b.select_i(is0, sm.rows[1], sm.rows[0]));
+            });
+            let mut next = vec![nxt.into(), b.xorc(par, 1).into()];
+            next.extend(basic(&dk));
+            next.extend(basic(&dv));
+            next.extend(basic(&cs));
+            (more, next)
+        });
+        let acc = floats(&last[2..2 + 2 * dt * 4]);
+        let cs = [last[2 + 2 * dt * 4].into_float_value(), last[3 + 2 * dt * 4].into_float_value()];
+        (acc[..dt * 4].to_vec(), acc[dt * 4..].to_vec(), cs)
+    }
+
+    /// The first chunk after `cur` (below `hi`) that keeps key tile `n`: its IR tile's
+    /// `start <= n` (every chunk when not pruned). Uniform over the block.
+    fn next_chunk(
+        &self,
+        h: &Head<'ctx>,
+        cur: IntValue<'ctx>,
+        hi: IntValue<'ctx>,
+        n: IntValue<'ctx>,
+    ) -> IntValue<'ctx> {
+        let b = self.b;
+        let first = b.addc(cur, 1);
+        if !self.cfg.prune {
+            return first;
+        }
+        let bq = self.cfg.bq() as i64;
+        let bm = self.cfg.bm as i64;
+        let out = b.while_loop(
+            ("skip", "skip_step", "skip_done"),
+            &[("c", first.into())],
+            |b, v| {
+                let c = v[0].into_int_value();
+                let inr = b.icmp(IntPredicate::SLT, c, hi);
+                // Out of range: stop without reading (the index is clamped for the load).
+                let m = b.sdivc(b.mulc(b.smin(c, b.addc(hi, -1)), bq), bm);
+                let st = b.load(b.i32t().into(), b.gep(b.i32t().into(), h.stb, b.sext64(m))).into_int_value();
+                b.and(inr, b.icmp(IntPredicate::SGT, st, n))
+            },
+            |b, v| vec![b.addc(v[0].into_int_value(), 1).into()],
+        );
+        out[0].into_int_value()
+    }
+
+    /// cp.async of query chunk `c` of Q and dO into buffer `buf` (0 or 1).
+    fn load_chunk(&self, h: &Head<'ctx>, c: IntValue<'ctx>, sm: &Smem<'ctx>, buf: usize) {
+        self.load_chunk_to(h, c, sm.q[buf], sm.dout[buf]);
+    }
+
+    fn load_chunk_to(
+        &self,
+        h: &Head<'ctx>,
+        c: IntValue<'ctx>,
+        q_off: IntValue<'ctx>,
+        do_off: IntValue<'ctx>,
+    ) {
+        let r0 = self.b.mulc(c, self.cfg.bq() as i64);
+        self.load_tile(h.qb, r0, self.cfg.bq(), q_off);
+        self.load_tile(h.dob, r0, self.cfg.bq(), do_off);
+    }
+
+    /// Threads write, for each row i of chunk `c`, `(c_i - c_ref - lse_i) log2 e` (-inf for an
+    /// empty row) at `off` and `D_i` at `off + 4 bq` (rows past T read row T-1: masked).
+    fn store_row_terms(&self, h: &Head<'ctx>, c: IntValue<'ctx>, off: IntValue<'ctx>) {
+        let b = self.b;
+        let bq = self.cfg.bq();
+        let f32t = b.f32t().into();
+        let ninf = b.f32(f64::NEG_INFINITY);
+        let tmax = b.addc(self.t_len, -1);
+        for it in 0..bq.div_ceil(self.threads) {
+            let r = b.addc(self.tid, (it * self.threads) as i64);
+            let emit = |b: &KernelBuilder<'a, 'ctx>| {
+                let i = b.sext64(b.smin(b.add(b.mulc(c, bq as i64), r), tmax));
+                let li = b.load_f32(b.gep(f32t, h.lb, i));
+                let cterm = match h.c_ref {
+                    Some(cr) => b.fsub(b.load_f32(b.gep(f32t, h.cb, i)), cr),
+                    None => b.f32(0.0),
+                };
+                let empty = b.fcmp(FloatPredicate::OEQ, li, ninf);
+                let v = b.select_f(empty, ninf, b.fmul(b.fsub(cterm, li), b.f32(LOG2E)));
+                let dd = b.load_f32(b.gep(f32t, h.ddb, i));
+                b.store(b.smem_at(self.smem, b.add(off, b.mulc(r, 4))), v);
+                b.store(b.smem_at(self.smem, b.add(off, b.addc(b.mulc(r, 4), bq as i64 * 4))), dd);
+            };
+            if (it + 1) * self.threads <= bq {
+                emit(b);
+            } else {
+                b.if_then(b.icmpc(IntPredicate::SLT, r, bq as i64), emit);
+            }
+        }
+    }
+}

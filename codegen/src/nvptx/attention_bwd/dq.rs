@@ -1,0 +1,291 @@
+//! The dq kernel: one block of [`DQ_ROWS`] query rows walks the forward's kept key tiles
+//! (diagonal first, down to `start[m]`), accumulating `dQ = scale sum_j dx_ij k_j` and the row
+//! sums of dS in registers; writes dq, dc (the row sums, decay only) and, for the dkv kernel,
+//! `start[m]` of its IR tile (pruned only). See the module documentation for the parameters.
+
+use super::probs::{ElemFn, PosFn};
+use super::{Bwd, BwdConfig, Regions, DQ_ROWS, LOG2E};
+use crate::nvptx::attention::prune::{search_start, SearchAt};
+use crate::nvptx::builder::control::{basic, floats};
+use crate::nvptx::builder::{KernelBuilder, ParamTy};
+use inkwell::context::Context;
+use inkwell::module::Module;
+use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue};
+use inkwell::{FloatPredicate, IntPredicate};
+
+pub(super) fn build<'ctx>(
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    name: &str,
+    cfg: &BwdConfig,
+    regions: &Regions,
+) -> Result<FunctionValue<'ctx>, String> {
+    let p = ParamTy::Ptr;
+    let params = [
+        ("q", p),
+        ("k", p),
+        ("v", p),
+        ("c", p),
+        ("delta", p),
+        ("dout", p),
+        ("lse", p),
+        ("dd", p),
+        ("dq", p),
+        ("dc", p),
+        ("start", p),
+        ("T", ParamTy::I32),
+    ];
+    let b = KernelBuilder::kernel(ctx, module, name, &params)?;
+    let smem = b.dyn_shared(&format!("{name}_smem"), 128);
+    let tid = b.sreg("tid.x");
+    let lane = b.andc(tid, 31);
+    let t_len = b.param_int(11);
+    let k = Bwd { b: &b, cfg, regions, smem, tid, lane, t_len, threads: cfg.dq_threads() };
+    k.emit_dq();
+    b.finish()
+}
+
+impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
+    fn emit_dq(&self) {
+        let (b, cfg) = (self.b, self.cfg);
+        let d = cfg.head_dim as i64;
+        let rows = DQ_ROWS as i64;
+        let bn = cfg.bn as i64;
+        let dt = (cfg.head_dim / 8) as usize;
+        let t_len = self.t_len;
+        let pp = |i| b.param_ptr(i);
+        let (q_p, k_p, v_p, c_p, delta_p, do_p) = (pp(0), pp(1), pp(2), pp(3), pp(4), pp(5));
+        let (lse_p, dd_p, dq_p, dc_p, st_p) = (pp(6), pp(7), pp(8), pp(9), pp(10));
+        let i16t = b.i16t().into();
+        let f32t = b.f32t().into();
+
+        let warp = b.lshrc(self.tid, 5);
+        let bx = b.sreg("ctaid.x");
+        let bh = b.sreg("ctaid.y");
+        // Longest first: blockIdx.x = 0 takes the last query tile (as the forward).
+        let m = b.sub(b.addc(b.sreg("nctaid.x"), -1), bx);
+        let i0 = b.mulc(m, rows);
+        let tmax = b.addc(t_len, -1);
+        let i_last = b.smin(b.addc(i0, rows - 1), tmax);
+        let n_end = b.named(b.sdivc(i_last, bn), "n_end");
+
+        let t64 = b.sext64(t_len);
+        let row_base = b.mul(b.sext64(bh), t64);
+        let mat_base = b.mulc(row_base, d);
+        let kv_base = if cfg.kv_group == 1 {
+            mat_base
+        } else {
+            b.mulc(b.mul(b.sext64(b.udivc(bh, cfg.kv_group as i64)), t64), d)
+        };
+        let (qb, dob) = (b.gep(i16t, q_p, mat_base), b.gep(i16t, do_p, mat_base));
+        let (kb, vb) = (b.gep(i16t, k_p, kv_base), b.gep(i16t, v_p, kv_base));
+        let dqb = b.gep(f32t, dq_p, mat_base);
+        let (cb, lb) = (b.gep(f32t, c_p, row_base), b.gep(f32t, lse_p, row_base));
+        let (ddb, dcb) = (b.gep(f32t, dd_p, row_base), b.gep(f32t, dc_p, row_base));
+
+        // Shared memory: Q, dO, K[2], V[2], column bias[2].
+        let tile = rows * d * 2;
+        let kv = bn * d * 2;
+        let q_off = b.i32(0);
+        let do_off = b.i32(tile);
+        let k_off = [b.i32(2 * tile), b.i32(2 * tile + 2 * kv)];
+        let v_off = [b.i32(2 * tile + kv), b.i32(2 * tile + 3 * kv)];
+        let colb = [b.i32(2 * tile + 4 * kv), b.i32(2 * tile + 4 * kv + bn * 4)];
+
+        self.load_tile(qb, i0, DQ_ROWS, q_off);
+        self.load_tile(dob, i0, DQ_ROWS, do_off);
+        b.cp_async_commit();
+        let j_end0 = b.mulc(n_end, bn);
+        self.load_tile(kb, j_end0, cfg.bn, k_off[0]);
+        self.load_tile(vb, j_end0, cfg.bn, v_off[0]);
+        b.cp_async_commit();
+
+        let l2e = b.f32(LOG2E);
+        let c_ref = cfg.has_decay.then(|| {
+            let cr = b.load_f32(b.gep(f32t, cb, b.sext64(i0)));
+            self.store_colb(cr, self.col_c(cb, n_end), colb[0]);
+            cr
+        });
+
+        // First key tile: the window's, raised by the forward's pruning search; the search's
+        // own result is written for the dkv kernel by the block holding the IR tile's first row.
+        let mut n_start = b.i32(0);
+        if let Some(w) = cfg.window {
+            n_start = b.sdivc(b.smax(b.addc(i0, 1 - w as i64), b.i32(0)), bn);
+        }
+        if cfg.prune {
+            let bm = cfg.bm as i64;
+            let m_ir = b.udivc(i0, bm);
+            let i0_ir = b.mulc(m_ir, bm);
+            let at = SearchAt { cb, delta_p, bh, m: m_ir, i0: i0_ir, t_len, lane: self.lane };
+            let ps = search_start(b, cfg.bm, cfg.bn, &at);
+            let first = b.and(b.icmp(IntPredicate::EQ, i0, i0_ir), b.icmpc(IntPredicate::EQ, self.tid, 0));
+            b.if_then(first, |b| {
+                let mt = b.sdivc(b.addc(t_len, bm - 1), bm);
+                let idx = b.add(b.mul(bh, mt), m_ir);
+                b.store(b.gep(b.i32t().into(), st_p, b.sext64(idx)), ps);
+            });
+            n_start = b.smax(n_start, ps);
+        }
+
+        b.cp_async_wait(1);
+        b.barrier();
+        let g = b.lshrc(self.lane, 2);
+        let tq = b.andc(self.lane, 3);
+        let wrow0 = b.mulc(warp, 16);
+        let qf = self.a_frags(q_off, wrow0);
+        let dof = self.a_frags(do_off, wrow0);
+        let iw0 = b.add(i0, wrow0);
+        let ri = [b.add(iw0, g), b.addc(b.add(iw0, g), 8)];
+        // Row terms: (c_i - c_ref - lse_i) log2 e (-inf for an empty row), and D_i.
+        let ninf = b.f32(f64::NEG_INFINITY);
+        let mut rt = [ninf; 2];
+        let mut ddr = [ninf; 2];
+        for r in 0..2 {
+            let ic = b.sext64(b.smin(ri[r], tmax));
+            let li = b.load_f32(b.gep(f32t, lb, ic));
+            let cterm = match c_ref {
+                Some(cr) => b.fsub(b.load_f32(b.gep(f32t, cb, ic)), cr),
+                None => b.f32(0.0),
+            };
+            let empty = b.fcmp(FloatPredicate::OEQ, li, ninf);
+            rt[r] = b.select_f(empty, ninf, b.fmul(b.fsub(cterm, li), l2e));
+            ddr[r] = b.load_f32(b.gep(f32t, ddb, ic));
+        }
+
+        let zero = b.f32(0.0);
+        let mut carried: Vec<(&str, BasicValueEnum)> = vec![("n", n_end.into()), ("parity", b.i32(0).into())];
+        carried.extend((0..dt * 4).map(|_| ("dq", zero.into())));
+        carried.extend([("rowsum", zero.into()), ("rowsum", zero.into())]);
+        let last = b.do_while(("tile", "epilogue"), &carried, |b, vals| {
+            let n = vals[0].into_int_value();
+            let par = vals[1].into_int_value();
+            let dq_in = floats(&vals[2..2 + dt * 4]);
+            let rs_in = [vals[2 + dt * 4].into_float_value(), vals[3 + dt * 4].into_float_value()];
+            b.cp_async_wait(0);
+            b.barrier();
+            let is0 = b.icmpc(IntPredicate::EQ, par, 0);
+            let more = b.icmp(IntPredicate::SGT, n, n_start);
+            b.if_then(more, |b| {
+                let jn = b.mulc(b.addc(n, -1), bn);
+                self.load_tile(kb, jn, cfg.bn, b.select_i(is0, k_off[1], k_off[0]));
+                self.load_tile(vb, jn, cfg.bn, b.select_i(is0, v_off[1], v_off[0]));
+            });
+            b.cp_async_commit();
+            let kcur = b.select_i(is0, k_off[0], k_off[1]);
+            let vcur = b.select_i(is0, v_off[0], v_off[1]);
+            let j0 = b.mulc(n, bn);
+            let col0 = b.add(j0, b.mulc(tq, 2));
+            let (c_col, c_next) = if cfg.has_decay {
+                let c_col = self.load_colb(b.select_i(is0, colb[0], colb[1]), tq);
+                (c_col, Some(self.col_c(cb, b.smax(b.addc(n, -1), b.i32(0)))))
+            } else {
+                (vec![], None)
+            };
+            let s = self.mma_abt(&qf, kcur, cfg.bn);
+            let dp = self.mma_abt(&dof, vcur, cfg.bn);
+            // Element e of n-tile jt: row ri[e / 2], key col0 + 8 jt + (e & 1).
+            let pos: PosFn = &|jt, e| (ri[e / 2], b.addc(col0, (8 * jt + (e & 1)) as i64));
+            let term: ElemFn = &|jt, e| match c_col.get(jt * 2 + (e & 1)) {
+                Some(&cc) => b.fadd(cc, rt[e / 2]),
+                None => rt[e / 2],
+            };
+            let mut need = b.icmp(IntPredicate::SGT, b.addc(j0, bn - 1), iw0);
+            if let Some(w) = cfg.window {
+                let wl = b.sub(b.addc(iw0, 15), j0);
+                need = b.or(need, b.icmpc(IntPredicate::SGE, wl, w as i64));
+            }
+            let (p, xs) = self.probs(&s, term, pos, need, bh);
+            let ddf: ElemFn = &|_, e| ddr[e / 2];
+            let (ds, dx) = self.dscores(&p, &dp, ddf, &xs, pos, bh);
+            let mut rs = rs_in;
+            for (k, v) in ds.iter().enumerate() {
+                let r = (k % 4) / 2;
+                rs[r] = b.fadd(rs[r], *v);
+            }
+            let dq = self.mma_acc(dq_in, &dx, kcur, cfg.bn);
+            if let (Some(cr), Some(cn)) = (c_ref, c_next) {
+                // The other bias buffer was last read before this iteration's barrier.
+                self.store_colb(cr, cn, b.select_i(is0, colb[1], colb[0]));
+            }
+            let n_next = b.addc(n, -1);
+            let again = b.icmp(IntPredicate::SGE, n_next, n_start);
+            let mut next = vec![n_next.into(), b.xorc(par, 1).into()];
+            next.extend(basic(&dq));
+            next.extend(basic(&rs));
+            (again, next)
+        });
+
+        // Epilogue: dq = scale * acc (f32 pairs), the row sums of dS into dc.
+        let dq = floats(&last[2..2 + dt * 4]);
+        let rs = [last[2 + dt * 4].into_float_value(), last[3 + dt * 4].into_float_value()];
+        let sc = b.f32(cfg.scale as f64);
+        let t2 = b.mulc(tq, 2);
+        for r in 0..2 {
+            let mut sum = rs[r];
+            sum = b.fadd(sum, b.shfl_xor(sum, 1));
+            sum = b.fadd(sum, b.shfl_xor(sum, 2));
+            let inb = b.icmp(IntPredicate::SLT, ri[r], t_len);
+            b.if_then(inb, |b| {
+                let rowoff = b.mulc(ri[r], d);
+                for dtile in 0..dt {
+                    let x0 = b.fmul(dq[dtile * 4 + 2 * r], sc);
+                    let x1 = b.fmul(dq[dtile * 4 + 2 * r + 1], sc);
+                    let idx = b.add(rowoff, b.addc(t2, 8 * dtile as i64));
+                    b.store_aligned(b.gep(f32t, dqb, b.sext64(idx)), b.vec2_f32(x0, x1), 8);
+                }
+                if cfg.has_decay {
+                    b.if_then(b.icmpc(IntPredicate::EQ, tq, 0), |b| {
+                        b.store(b.gep(f32t, dcb, b.sext64(ri[r])), sum);
+                    });
+                }
+            });
+        }
+    }
+
+    /// c at key `n * bn + (tid mod bn)` (clamped to T-1).
+    pub(super) fn col_c(
+        &self,
+        cb: inkwell::values::PointerValue<'ctx>,
+        n: IntValue<'ctx>,
+    ) -> FloatValue<'ctx> {
+        let b = self.b;
+        let bn = self.cfg.bn as i64;
+        let j = b.smin(b.add(b.mulc(n, bn), b.uremc(self.tid, bn)), b.addc(self.t_len, -1));
+        b.load_f32(b.gep(b.f32t().into(), cb, b.sext64(j)))
+    }
+
+    /// Threads `tid < bn` write the column bias `(c_ref - c_j) log2 e` to the buffer at `off`.
+    fn store_colb(&self, c_ref: FloatValue<'ctx>, cj: FloatValue<'ctx>, off: IntValue<'ctx>) {
+        let b = self.b;
+        let v = b.fmul(b.fsub(c_ref, cj), b.f32(LOG2E));
+        b.if_then(b.icmpc(IntPredicate::SLT, self.tid, self.cfg.bn as i64), |b| {
+            b.store(b.smem_at(self.smem, b.add(off, b.mulc(self.tid, 4))), v);
+        });
+    }
+
+    /// This thread's column biases (columns `8 jt + 2t`, `+ 1` of each n-tile) from `buf`.
+    fn load_colb(&self, buf: IntValue<'ctx>, tq: IntValue<'ctx>) -> Vec<FloatValue<'ctx>> {
+        self.load_pairs(buf, tq, self.cfg.bn)
+    }
+
+    /// The f32 pairs at columns `8 jt + 2t`, `+ 1` (jt < n / 8) of the f32 row at `buf`.
+    pub(super) fn load_pairs(
+        &self,
+        buf: IntValue<'ctx>,
+        tq: IntValue<'ctx>,
+        n: u32,
+    ) -> Vec<FloatValue<'ctx>> {
+        let b = self.b;
+        let v2t = b.f32t().vec_type(2);
+        let t8 = b.mulc(tq, 8);
+        let mut out = Vec::new();
+        for jt in 0..(n / 8) as i64 {
+            let off = b.add(buf, b.addc(t8, 32 * jt));
+            let ld = b.load_aligned(v2t.into(), b.smem_at(self.smem, off), 8).into_vector_value();
+            out.push(b.extract_f(ld, 0));
+            out.push(b.extract_f(ld, 1));
+        }
+        out
+    }
+}

@@ -1,0 +1,258 @@
+//! The attention backward kernels (FlashAttention-2 style, deterministic: no float atomics),
+//! emitted as LLVM IR for NVPTX. They compute `attention_backward` (docs/SEMANTICS.md): from
+//! q, k, v, the gate cumsum c, the forward's out and lse, and dout, the gradients dq, dk, dv and
+//! dc = (row sums - column sums of dS), recomputing `P = exp(E - lse)` tile by tile.
+//!
+//! Three launches, in order:
+//!
+//! 1. [`pre`] `D_i = sum_d dout_id out_id`, one warp per row (f32 `[BH, T]` scratch).
+//! 2. [`dq`] one block of 64 query rows (4 warps, 16 rows each, like the forward) walks the SAME
+//!    kept key tiles as the forward, from the diagonal tile down to `start[m]` (found by the
+//!    forward's own search, [`crate::nvptx::attention::prune::search_start`], and written to a
+//!    scratch `[BH, ceil(T/bm)]` for launch 3): `S = Q K^T`, `dP = dO V^T` (Q and dO fragments
+//!    held in registers), `dS = P (dP - D)`, `dx = dS R'(x)` (the region's derivative),
+//!    `dQ += dx K`; the row sums of dS are written to dc.
+//! 3. [`dkv`] one block per key tile of `bn` keys and kv head (`bn / 16` warps, 16 keys each)
+//!    walks, for each query head of its GQA group (ascending), the query chunks of `bq` rows that
+//!    keep it (the chunks from the diagonal on whose IR tile has `start <= n`; an O(T / bq) scan
+//!    of the start scratch): the forward's structure with roles swapped, `S^T = K Q^T`,
+//!    `dP^T = V dO^T`, `dV += P^T dO`, `dK += dx^T Q`; per query head, the column sums of dS are
+//!    subtracted from dc (each (head, key) is owned by one block: no atomics).
+//!
+//! All matrix products are `mma.sync.m16n8k16` bf16 -> f32 ([`frag`]): correct on sm_80 and
+//! sm_90 alike (the sm_90a wgmma forward's helpers are not used here yet). Q, K, V and dO tiles
+//! are staged in shared memory with `cp.async` (double-buffered along the walk) in the forward's
+//! XOR-swizzled row layout. Scores use the forward's conventions ([`probs`]): log2 units, the
+//! decay term relative to a reference `c_ref` of the block, masks only on tiles that need them.
+//!
+//! # Kernel parameters
+//!
+//! `pre`: `out` (f32 or bf16 `[BH, T, D]`), `dout` (same), `dd` (f32 `[BH, T]`), `rows` (i32 = BH T).
+//!
+//! `dq`: `q, k, v` (bf16; k, v of kv head `bh / kv_group`), `c` (f32 `[BH, T]`), `delta`
+//! (f32 `[BH, Mt]`, read when pruned), `dout` (bf16), `lse` (f32 `[BH, T]`), `dd` (launch 1),
+//! `dq` (f32 out), `dc` (f32 out, the row sums; written when decay), `start` (i32 `[BH, Mt]`
+//! scratch, written when pruned), `T` (i32).
+//!
+//! `dkv`: `q, k, v, c, dout, lse, dd, start` (as above, start read), `dk`, `dv` (f32
+//! `[BHk, T, D]` out), `dc` (read-modify-write when decay), `T`.
+//!
+//! Pointer parameters a configuration does not read may be any valid buffer.
+
+pub(crate) mod dkv;
+pub(crate) mod dq;
+mod frag;
+pub(crate) mod pre;
+mod probs;
+
+use super::attention::region::RegionMod;
+use super::attention::score::ScoreMod;
+use super::builder::KernelBuilder;
+use inkwell::context::Context;
+use inkwell::module::Module;
+use inkwell::values::{FunctionValue, IntValue, PointerValue};
+
+/// Head dimensions of the backward kernels. D = 256 is not built: dK and dV of a warp's 16 keys
+/// (256 f32 registers per thread) do not fit the register file.
+pub const BWD_HEAD_DIMS: [u32; 4] = [32, 64, 96, 128];
+
+/// Query rows of one dq block (and the forward's block on sm_90).
+pub const DQ_ROWS: u32 = 64;
+
+/// One backward configuration (tiles and mask from the IR attributes, like the forward's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BwdConfig {
+    pub head_dim: u32,
+    /// The IR tiles: `start` is per `bm` query rows, in units of `bn` keys.
+    pub bm: u32,
+    pub bn: u32,
+    pub scale: f32,
+    pub has_decay: bool,
+    pub window: Option<u32>,
+    /// `start[m]` from `delta` and `c` by the forward's in-kernel search.
+    pub prune: bool,
+    /// 80 or 90 (the same code; recorded in the kernel names).
+    pub sm: u32,
+    pub kv_group: u32,
+}
+
+/// Which of the three kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BwdKernel {
+    Pre,
+    Dq,
+    Dkv,
+}
+
+impl BwdConfig {
+    /// Kernel symbol name of `kind` (with the region's tag appended by the builders).
+    pub fn kernel_name(&self, kind: BwdKernel) -> String {
+        let k = match kind {
+            BwdKernel::Pre => return format!("foxc_attn_bwd_pre_d{}", self.head_dim),
+            BwdKernel::Dq => "dq",
+            BwdKernel::Dkv => "dkv",
+        };
+        format!(
+            "foxc_attn_bwd_{k}_d{}_bm{}_bn{}{}{}{}{}_s{:08x}_sm{}",
+            self.head_dim,
+            self.bm,
+            self.bn,
+            if self.has_decay { "_decay" } else { "" },
+            if self.prune { "_prune" } else { "" },
+            self.window.map_or(String::new(), |w| format!("_w{w}")),
+            if self.kv_group != 1 { format!("_g{}", self.kv_group) } else { String::new() },
+            self.scale.to_bits(),
+            self.sm
+        )
+    }
+
+    /// Query rows per chunk of the dkv walk: a divisor of `bm` (so a chunk lies in one IR tile
+    /// and is kept or skipped whole); 32 above D = 64 to leave registers for dK and dV.
+    pub fn bq(&self) -> u32 {
+        if self.head_dim > 64 {
+            32
+        } else {
+            64
+        }
+    }
+
+    pub fn dq_threads(&self) -> u32 {
+        DQ_ROWS / 16 * 32
+    }
+
+    pub fn dkv_threads(&self) -> u32 {
+        self.bn / 16 * 32
+    }
+
+    /// dq: Q and dO tiles, two buffers each of K and V, two of the column bias (decay).
+    pub fn dq_shared_bytes(&self) -> u32 {
+        (2 * DQ_ROWS + 4 * self.bn) * self.head_dim * 2 + if self.has_decay { 2 * self.bn * 4 } else { 0 }
+    }
+
+    /// dkv: K and V tiles, two buffers each of the Q and dO chunks, two of the per-row terms
+    /// (`(c_i - c_ref - lse_i) log2 e` and `D_i`).
+    pub fn dkv_shared_bytes(&self) -> u32 {
+        (2 * self.bn + 4 * self.bq()) * self.head_dim * 2 + 2 * 2 * self.bq() * 4
+    }
+
+    /// Errors for configurations these kernels do not implement (said as user errors).
+    pub fn validate(&self) -> Result<(), String> {
+        if !BWD_HEAD_DIMS.contains(&self.head_dim) {
+            return Err(format!(
+                "the GPU attention backward supports head_dim 32, 64, 96 and 128, got {}",
+                self.head_dim
+            ));
+        }
+        if self.bm != 64 && self.bm != 128 {
+            return Err(format!("the GPU attention backward needs bm = 64 or 128, got {}", self.bm));
+        }
+        if self.bn == 0 || !self.bn.is_multiple_of(16) || self.bn > 128 {
+            return Err(format!(
+                "the GPU attention backward needs bn a multiple of 16 up to 128, got {}",
+                self.bn
+            ));
+        }
+        if self.sm != 80 && self.sm != 90 {
+            return Err(format!("the GPU attention backward targets sm_80 or sm_90, got sm_{}", self.sm));
+        }
+        let max = if self.sm >= 90 { 232_448 } else { 166_912 };
+        let need = self.dq_shared_bytes().max(self.dkv_shared_bytes());
+        if need > max {
+            return Err(format!(
+                "the GPU attention backward: tiles {}x{} at head_dim {} need {need} bytes of shared memory, more than sm_{} has ({max}); use smaller tiles (--tiles)",
+                self.bm, self.bn, self.head_dim, self.sm
+            ));
+        }
+        if !self.scale.is_finite() {
+            return Err("the GPU attention backward: scale must be finite".into());
+        }
+        if self.kv_group == 0 {
+            return Err("the GPU attention backward: kv_group must be at least 1".into());
+        }
+        if self.window == Some(0) {
+            return Err("the GPU attention backward: window must be at least 1".into());
+        }
+        if self.prune && !self.has_decay {
+            return Err("the GPU attention backward: pruning needs the decay operand c".into());
+        }
+        Ok(())
+    }
+}
+
+/// The score region and its derivative as the kernels emit them. Neither may need kernel
+/// parameters of its own (captured tensors, a dynamic head count): [`Regions::new`] refuses them.
+pub(crate) struct Regions<'r> {
+    pub score: &'r RegionMod,
+    /// `dR/dx`; `None` when it is the constant 1 (the identity region: `dx = dS`).
+    pub dx: Option<&'r RegionMod>,
+}
+
+impl<'r> Regions<'r> {
+    pub(crate) fn new(score: &'r RegionMod, dx: Option<&'r RegionMod>) -> Result<Regions<'r>, String> {
+        if !score.args().is_empty() || dx.is_some_and(|d| !d.args().is_empty()) {
+            return Err(
+                "a score region reading captured tensors or a head count not fixed at compile time".into()
+            );
+        }
+        Ok(Regions { score, dx })
+    }
+
+    /// The score region's tag (empty for the identity); `dx` is derived from it.
+    fn tag(&self) -> String {
+        self.score.tag()
+    }
+}
+
+/// Adds kernel `kind` for `cfg` (and the regions) to `module`, or returns the one already there.
+pub(crate) fn build_bwd_kernel<'ctx>(
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    cfg: &BwdConfig,
+    kind: BwdKernel,
+    regions: &Regions,
+) -> Result<FunctionValue<'ctx>, String> {
+    cfg.validate()?;
+    let tag = if kind == BwdKernel::Pre { String::new() } else { regions.tag() };
+    let base = cfg.kernel_name(kind);
+    let name = if tag.is_empty() { base } else { format!("{base}_{tag}") };
+    if let Some(f) = module.get_function(&name) {
+        return Ok(f);
+    }
+    match kind {
+        BwdKernel::Pre => pre::build(ctx, module, &name, cfg.head_dim),
+        BwdKernel::Dq => dq::build(ctx, module, &name, cfg, regions),
+        BwdKernel::Dkv => dkv::build(ctx, module, &name, cfg, regions),
+    }
+}
+
+const LOG2E: f64 = std::f64::consts::LOG2_E;
+
+/// A backward kernel being emitted: the builder, the configuration, per-thread values.
+pub(crate) struct Bwd<'k, 'a, 'ctx> {
+    b: &'k KernelBuilder<'a, 'ctx>,
+    cfg: &'k BwdConfig,
+    regions: &'k Regions<'k>,
+    /// The dynamic shared memory (byte-addressed with `smem_at`).
+    smem: PointerValue<'ctx>,
+    tid: IntValue<'ctx>,
+    lane: IntValue<'ctx>,
+    t_len: IntValue<'ctx>,
+    /// Threads of the block.
+    threads: u32,
+}
+
+/// Grid of the dq kernel: (ceil(T / 64), BH).
+pub fn dq_grid(t: u64, bh: u64) -> (u64, u64) {
+    (t.div_ceil(DQ_ROWS as u64), bh)
+}
+
+/// Grid of the dkv kernel: (ceil(T / bn), BH / kv_group).
+pub fn dkv_grid(cfg: &BwdConfig, t: u64, bh_kv: u64) -> (u64, u64) {
+    (t.div_ceil(cfg.bn as u64), bh_kv)
+}
+
+/// Rows of the pre kernel per block (one warp each).
+pub const PRE_ROWS: u32 = 8;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,135 @@
+//! The backward kernels build, verify and assemble with ptxas (when found) for every supported
+//! configuration class; refusals say what is not supported.
+
+use super::*;
+use crate::nvptx::target::{self, NvptxTarget};
+use foxc_ir::attention::{RNode, Region};
+use foxc_ir::{BinaryOp, Dim, UnaryOp};
+use std::path::PathBuf;
+use std::process::Command;
+
+fn cfg(d: u32, sm: u32) -> BwdConfig {
+    BwdConfig {
+        head_dim: d,
+        bm: 64,
+        bn: 64,
+        scale: 1.0 / (d as f32).sqrt(),
+        has_decay: true,
+        window: None,
+        prune: true,
+        sm,
+        kv_group: 1,
+    }
+}
+
+/// `20 tanh(x / 20)`: the softcap region (and its derivative, a region too).
+fn softcap() -> Region {
+    let mut r = Region::new();
+    let x = r.push(RNode::Score);
+    let c = r.push(RNode::Const(20.0));
+    let d = r.push(RNode::Binary(BinaryOp::Div, x, c));
+    let t = r.push(RNode::Unary(UnaryOp::Tanh, d));
+    r.push(RNode::Binary(BinaryOp::Mul, c, t));
+    r
+}
+
+fn no_dim(_: &Dim) -> Option<u64> {
+    None
+}
+
+/// Builds the three kernels of `c` into one module and returns its PTX.
+fn ptx_of(cfgs: &[BwdConfig], region: &Region) -> String {
+    let t = if cfgs[0].sm == 90 { NvptxTarget::Sm90a } else { NvptxTarget::Sm80 };
+    let tm = target::target_machine(t).unwrap();
+    let ctx = Context::create();
+    let m = ctx.create_module("bwd");
+    target::prepare_module(&m, &tm);
+    let score = RegionMod::new(region, &no_dim, Some(4)).unwrap();
+    let dx_region = region.grad().dx;
+    let dx = RegionMod::new(&dx_region, &no_dim, Some(4)).unwrap();
+    let regions = Regions::new(&score, (!region.is_identity()).then_some(&dx)).unwrap();
+    for c in cfgs {
+        for kind in [BwdKernel::Pre, BwdKernel::Dq, BwdKernel::Dkv] {
+            build_bwd_kernel(&ctx, &m, c, kind, &regions).unwrap();
+        }
+    }
+    assert!(m.verify().is_ok());
+    target::finish(&m, &tm).unwrap().1
+}
+
+fn ptxas() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var("PTXAS").ok().map(PathBuf::from),
+        Some(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.tools/nvcc/nvidia/cu13/bin/ptxas"))),
+    ];
+    candidates.into_iter().flatten().find(|p| p.is_file())
+}
+
+/// Assembles `ptx` for `arch`; returns ptxas' report (registers, spills) or panics with it.
+fn assemble(ptx: &str, arch: &str, tag: &str) -> String {
+    let Some(ptxas) = ptxas() else {
+        eprintln!("note: ptxas not found (set $PTXAS); skipping the PTX assembly check");
+        return String::new();
+    };
+    let dir = std::env::temp_dir().join(format!("foxc_bwd_test_{}_{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("bwd.ptx");
+    std::fs::write(&p, ptx).unwrap();
+    let out = Command::new(ptxas)
+        .arg(format!("-arch={arch}"))
+        .arg("-v")
+        .arg(&p)
+        .arg("-o")
+        .arg(dir.join("bwd.cubin"))
+        .output()
+        .expect("ptxas runs");
+    let _ = std::fs::remove_dir_all(&dir);
+    let log = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "ptxas failed ({tag}):\n{log}");
+    log
+}
+
+/// Every class the dispatch can produce: both targets, D = 64 and 128 (and 32, 96), masks
+/// causal and window, pruned and dense, grouped-query heads, a score region.
+#[test]
+fn backward_kernels_assemble_for_sm90a_and_sm80() {
+    for sm in [90, 80] {
+        let arch = if sm == 90 { "sm_90a" } else { "sm_80" };
+        let mut cfgs = vec![];
+        for d in BWD_HEAD_DIMS {
+            cfgs.push(cfg(d, sm));
+        }
+        let mut dense_window = cfg(64, sm);
+        (dense_window.prune, dense_window.window) = (false, Some(200));
+        let mut causal_nodecay = cfg(128, sm);
+        (causal_nodecay.prune, causal_nodecay.has_decay) = (false, false);
+        let mut gqa = cfg(128, sm);
+        (gqa.kv_group, gqa.bm) = (4, 128);
+        cfgs.extend([dense_window, causal_nodecay, gqa]);
+        let log = assemble(&ptx_of(&cfgs, &Region::identity()), arch, &format!("id{sm}"));
+        // No kernel spills to local memory (a spill would be a silent slowdown).
+        for l in log.lines().filter(|l| l.contains("spill")) {
+            assert!(l.contains(" 0 bytes spill stores"), "{arch}: {l}\n{log}");
+        }
+        let log = assemble(&ptx_of(&[cfg(64, sm), cfg(128, sm)], &softcap()), arch, &format!("cap{sm}"));
+        assert!(!log.is_empty() || ptxas().is_none());
+    }
+}
+
+#[test]
+fn names_and_refusals() {
+    let c = cfg(128, 90);
+    assert_eq!(
+        c.kernel_name(BwdKernel::Dq),
+        format!("foxc_attn_bwd_dq_d128_bm64_bn64_decay_prune_s{:08x}_sm90", c.scale.to_bits())
+    );
+    let mut big = cfg(256, 90);
+    assert!(big.validate().unwrap_err().contains("head_dim"));
+    big.head_dim = 128;
+    big.prune = true;
+    big.has_decay = false;
+    assert!(big.validate().unwrap_err().contains("decay"));
+    let mut bn = cfg(64, 80);
+    bn.bn = 24;
+    assert!(bn.validate().unwrap_err().contains("bn"));
+}
