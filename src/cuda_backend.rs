@@ -5,7 +5,7 @@
 use crate::Error;
 use foxc_codegen::nvptx::{self as cg, CodegenError, KernelArg, NvptxArtifact, NvptxSpec, NvptxTarget};
 use foxc_ir::shapes::DimBindings;
-use foxc_ir::Graph;
+use foxc_ir::{Graph, Value};
 use foxc_runtime::cuda::{
     ArgDesc, BufferDesc, BufferInit, CudaError, CudaErrorKind, CudaRuntime, DeviceInfo, ExternalModule,
     LaunchDesc, Program,
@@ -28,6 +28,15 @@ pub struct CudaRun {
     pub kernel_ms: f64,
     /// The GPU's name.
     pub device: String,
+}
+
+/// How [`run_outputs`] treats the results.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunOptions {
+    /// Accept NaN in the outputs. Off by default: every buffer is poisoned with NaN before the
+    /// run and the inputs hold none, so a NaN is an element no kernel wrote (or a fault). Only a
+    /// program that can make NaN from finite inputs (a `gather` out of range) turns it on.
+    pub allow_nan: bool,
 }
 
 /// Timing of repeated forward passes (events around the whole forward, per iteration).
@@ -61,7 +70,17 @@ fn parse_target(target: &str) -> Result<NvptxTarget, Error> {
 
 /// Compiles `g` for `target` ("sm_90a" | "sm_80") with the compile-time `dims` (at least `D`).
 pub fn compile(g: &Graph, dims: &BTreeMap<String, u64>, target: &str) -> Result<NvptxArtifact, Error> {
-    let spec = NvptxSpec { target: parse_target(target)?, dims: dims.clone() };
+    compile_outputs(g, &[], dims, target)
+}
+
+/// [`compile`] for the values `outputs` (empty: the graph's output).
+pub fn compile_outputs(
+    g: &Graph,
+    outputs: &[Value],
+    dims: &BTreeMap<String, u64>,
+    target: &str,
+) -> Result<NvptxArtifact, Error> {
+    let spec = NvptxSpec { target: parse_target(target)?, dims: dims.clone(), outputs: outputs.to_vec() };
     cg::compile(g, &spec).map_err(codegen_err)
 }
 
@@ -77,7 +96,7 @@ pub fn emit(g: &Graph, dims: &BTreeMap<String, u64>, target: &str, what: Emit) -
 /// The runtime program for the artifact with the dimensions bound.
 pub fn program(a: &NvptxArtifact, bind: &DimBindings) -> Result<Program, Error> {
     let (buffers, launches) = plan(a, bind)?;
-    Ok(Program { ptx: a.ptx.clone(), buffers, launches, output: a.output })
+    Ok(Program { ptx: a.ptx.clone(), buffers, launches, outputs: a.outputs.clone() })
 }
 
 /// The artifact's buffers and launches with the dimensions bound (no PTX copy).
@@ -91,7 +110,9 @@ pub fn plan(a: &NvptxArtifact, bind: &DimBindings) -> Result<(Vec<BufferDesc>, V
         let bytes = usize::try_from(bytes).map_err(|_| too_big("a tensor"))?;
         let (init, label) = match &b.kind {
             cg::BufferKind::Param { index, name } => (BufferInit::Input(*index), format!("input `{name}`")),
-            cg::BufferKind::Value(v) => (BufferInit::Poison, format!("value %{}", v.index())),
+            cg::BufferKind::Value(v) => {
+                (BufferInit::Poison, format!("value %{}#{}", v.node.index(), v.result))
+            }
             cg::BufferKind::Scratch(s) => (BufferInit::Poison, format!("scratch {i}: {s}")),
         };
         buffers.push(BufferDesc { bytes, init, label });
@@ -158,64 +179,114 @@ pub fn target_for(info: &DeviceInfo) -> Result<&'static str, Error> {
 /// Validated inputs, the program and its runtime, ready to upload.
 struct Prepared {
     program: Program,
-    out_shape: Vec<usize>,
-    out_dtype: foxc_ir::DType,
+    /// Name, dtype and shape of each output, in the program's order.
+    outs: Vec<(String, foxc_ir::DType, Vec<usize>)>,
     rt: CudaRuntime,
     inputs: Vec<Vec<u8>>,
 }
 
-fn prepare(g: &Graph, inputs: &TensorMap) -> Result<Prepared, Error> {
+/// `[(name, value)]` of the graph's single output (named `out`).
+fn single_output(g: &Graph) -> Result<Vec<(String, Value)>, Error> {
+    let out = g.output.ok_or_else(|| Error::user(format!("error: graph `{}` has no output", g.name)))?;
+    Ok(vec![("out".to_string(), Value::of(out))])
+}
+
+fn prepare(g: &Graph, outputs: &[(String, Value)], inputs: &TensorMap) -> Result<Prepared, Error> {
     // Shapes, dtypes and values are checked before anything touches the GPU.
     let bind =
         foxc_runtime::validate::check_inputs(g, inputs).map_err(|e| Error::user(format!("error: {e}")))?;
     check_sizes(g, &bind)?;
+    if outputs.is_empty() {
+        return Err(Error::user("error: no outputs requested"));
+    }
+    let mut outs = Vec::with_capacity(outputs.len());
+    for (name, v) in outputs {
+        let ty = g.result_ty(v.node, v.result).ok_or_else(|| {
+            Error::internal(format!(
+                "internal error: output `{name}` names %{}#{}, which the graph lacks",
+                v.node.index(),
+                v.result
+            ))
+        })?;
+        let shape = ty
+            .dims()
+            .map(|d| bind.eval(d).map(|x| x as usize))
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(|| Error::user(format!("error: the shape of output `{name}` has an unbound dimension")))?;
+        outs.push((name.clone(), ty.dtype, shape));
+    }
     let rt = CudaRuntime::new().map_err(cuda_err)?;
     let info = rt.device_info().map_err(cuda_err)?;
     let target = target_for(&info)?;
-    let art = compile(g, &bind.0, target)?;
+    let values: Vec<Value> = outputs.iter().map(|(_, v)| *v).collect();
+    let art = compile_outputs(g, &values, &bind.0, target)?;
     let program = program(&art, &bind)?;
-    let out = g.output.ok_or_else(|| Error::user(format!("error: graph `{}` has no output", g.name)))?;
-    let out_ty = g.ty(out);
-    let out_shape = out_ty
-        .dims()
-        .map(|d| bind.eval(d).map(|v| v as usize))
-        .collect::<Option<Vec<usize>>>()
-        .ok_or_else(|| Error::user("error: the output shape has an unbound dimension"))?;
     let mut ins = Vec::with_capacity(g.params.len());
     for p in &g.params {
         ins.push(inputs[&p.name].data.clone());
     }
-    Ok(Prepared { program, out_shape, out_dtype: out_ty.dtype, rt, inputs: ins })
+    Ok(Prepared { program, outs, rt, inputs: ins })
 }
 
-/// Compiles for the GPU present, runs once and returns the output. Output buffers are poisoned
-/// (NaN) first; a NaN left in the output is an error (inputs were checked to hold none).
-pub fn run(g: &Graph, inputs: &TensorMap) -> Result<CudaRun, Error> {
-    let p = prepare(g, inputs)?;
+/// Runs a prepared program once: its outputs by name, the kernel time and the device name.
+fn run_prepared(p: Prepared, opts: RunOptions) -> Result<(TensorMap, f64, String), Error> {
     let device = p.rt.device_info().map_err(cuda_err)?.name;
     let mut s = p.rt.load(&p.program).map_err(cuda_err)?;
     let refs: Vec<&[u8]> = p.inputs.iter().map(|v| v.as_slice()).collect();
     s.upload(&refs).map_err(cuda_err)?;
     let kernel_ms = s.timed_run().map_err(cuda_err)?;
-    let data = s.download_output().map_err(cuda_err)?;
-    let out = HostTensor { dtype: p.out_dtype, shape: p.out_shape, data };
-    let nan = out.to_f32_vec().iter().filter(|x| x.is_nan()).count();
-    if nan > 0 {
-        return Err(Error::internal(format!(
-            "internal error: {nan} of {} output elements are NaN after the GPU run (unwritten by the kernels, or a kernel fault)",
-            out.numel()
-        )));
+    let datas = s.download_outputs().map_err(cuda_err)?;
+    let mut out = TensorMap::new();
+    for ((name, dtype, shape), data) in p.outs.into_iter().zip(datas) {
+        let t = HostTensor { dtype, shape, data };
+        if !opts.allow_nan {
+            let nan = t.to_f32_vec().iter().filter(|x| x.is_nan()).count();
+            if nan > 0 {
+                return Err(Error::internal(format!(
+                    "internal error: {nan} of {} elements of output `{name}` are NaN after the GPU run (unwritten by the kernels, or a kernel fault)",
+                    t.numel()
+                )));
+            }
+        }
+        out.insert(name, t);
     }
+    Ok((out, kernel_ms, device))
+}
+
+/// Interface I1: compiles for the GPU present the values `outputs` (each under its name), runs
+/// once and returns them. Every buffer is poisoned (NaN) first; a NaN left in an output is an
+/// error unless `opts.allow_nan`.
+pub fn run_outputs(
+    g: &Graph,
+    outputs: &[(String, Value)],
+    inputs: &TensorMap,
+    opts: RunOptions,
+) -> Result<TensorMap, Error> {
+    Ok(run_prepared(prepare(g, outputs, inputs)?, opts)?.0)
+}
+
+/// Compiles for the GPU present, runs once and returns the graph's output (see [`run_outputs`]).
+pub fn run(g: &Graph, inputs: &TensorMap) -> Result<CudaRun, Error> {
+    let outputs = single_output(g)?;
+    let (mut m, kernel_ms, device) = run_prepared(prepare(g, &outputs, inputs)?, RunOptions::default())?;
+    let out = m.remove("out").ok_or_else(|| Error::internal("internal error: the run lost its output"))?;
     Ok(CudaRun { out, kernel_ms, device })
 }
 
-/// Median and minimum time of `iters` forward passes after `warmup` untimed ones, each timed by
-/// CUDA events around all of its launches.
-pub fn bench(g: &Graph, inputs: &TensorMap, warmup: usize, iters: usize) -> Result<BenchStats, Error> {
+/// Interface I1: median and minimum time of `iters` runs of the program computing `outputs`
+/// after `warmup` untimed ones, each timed by CUDA events around all of its launches.
+pub fn bench_outputs(
+    g: &Graph,
+    outputs: &[(String, Value)],
+    inputs: &TensorMap,
+    _opts: RunOptions,
+    warmup: usize,
+    iters: usize,
+) -> Result<BenchStats, Error> {
     if iters == 0 {
         return Err(Error::user("error: bench needs at least one iteration"));
     }
-    let p = prepare(g, inputs)?;
+    let p = prepare(g, outputs, inputs)?;
     let mut s = p.rt.load(&p.program).map_err(cuda_err)?;
     let refs: Vec<&[u8]> = p.inputs.iter().map(|v| v.as_slice()).collect();
     s.upload(&refs).map_err(cuda_err)?;
@@ -231,6 +302,11 @@ pub fn bench(g: &Graph, inputs: &TensorMap, warmup: usize, iters: usize) -> Resu
     let median_ms =
         if iters % 2 == 1 { times[iters / 2] } else { 0.5 * (times[iters / 2 - 1] + times[iters / 2]) };
     Ok(BenchStats { median_ms, min_ms: times[0], max_ms: times[iters - 1], iters })
+}
+
+/// [`bench_outputs`] of the graph's output.
+pub fn bench(g: &Graph, inputs: &TensorMap, warmup: usize, iters: usize) -> Result<BenchStats, Error> {
+    bench_outputs(g, &single_output(g)?, inputs, RunOptions::default(), warmup, iters)
 }
 
 /// A program's kernels compiled for one device and loaded there, for callers that own the
@@ -254,8 +330,20 @@ pub fn load_external(
     bind: &DimBindings,
     ordinal: usize,
 ) -> Result<ExternalKernels, Error> {
+    load_external_outputs(g, &[], static_dims, bind, ordinal)
+}
+
+/// [`load_external`] of the program computing `outputs` (empty: the graph's output); the
+/// artifact's `outputs` names their buffers in order.
+pub fn load_external_outputs(
+    g: &Graph,
+    outputs: &[Value],
+    static_dims: &BTreeMap<String, u64>,
+    bind: &DimBindings,
+    ordinal: usize,
+) -> Result<ExternalKernels, Error> {
     let device = device_info(ordinal)?;
-    let artifact = compile(g, static_dims, target_for(&device)?)?;
+    let artifact = compile_outputs(g, outputs, static_dims, target_for(&device)?)?;
     let (_, launches) = plan(&artifact, bind)?;
     let module = ExternalModule::load(ordinal, &artifact.ptx, &launches).map_err(cuda_err)?;
     Ok(ExternalKernels { artifact, device, module })

@@ -93,7 +93,7 @@ fn qknorm_alibi_graph() -> Graph {
 }
 
 fn spec(t: NvptxTarget, d: u64) -> NvptxSpec {
-    NvptxSpec { target: t, dims: BTreeMap::from([("D".to_string(), d)]) }
+    NvptxSpec::new(t, BTreeMap::from([("D".to_string(), d)]))
 }
 
 #[test]
@@ -122,7 +122,7 @@ fn fox_plan_has_one_kernel_per_node_and_no_boundary_launch() {
     };
     assert_eq!(
         a.buffers[delta_buf].kind,
-        BufferKind::Value(g.find(|o| matches!(o, Op::Threshold { .. }))[0])
+        BufferKind::Value(g.find(|o| matches!(o, Op::Threshold { .. }))[0].into())
     );
     let bind = |s: &str| match s {
         "B" => Some(2),
@@ -137,10 +137,10 @@ fn fox_plan_has_one_kernel_per_node_and_no_boundary_launch() {
     assert_eq!(geo, foxc_codegen::nvptx::attention::launch_geometry(cfg, 1000, 6));
     assert_eq!(geo.grid.1, 6);
     assert_eq!(a.kernels[0].geometry(&bind).unwrap().grid, (6, 1, 1));
-    assert_eq!(a.buffers[a.output].dtype, DType::BF16);
+    assert_eq!(a.buffers[a.outputs[0]].dtype, DType::BF16);
     // The attention writes the graph output directly (out_dtype bf16).
-    assert!(matches!(&a.kernels[3].args[5], KernelArg::Buffer(b) if *b == a.output));
-    assert_eq!(a.buffers[a.output].kind, BufferKind::Value(g.output.unwrap()));
+    assert!(matches!(&a.kernels[3].args[5], KernelArg::Buffer(b) if *b == a.outputs[0]));
+    assert_eq!(a.buffers[a.outputs[0]].kind, BufferKind::Value(g.output.unwrap().into()));
     assert!(cfg.out_bf16);
 }
 
@@ -179,17 +179,18 @@ fn unsupported_op_is_named() {
     let s = Span::default();
     let mut g = Graph::new("bad");
     let x = g.add_param("x", ValueType::tensor(DType::F32, bht()), s);
-    let y = g.add(Op::Unary(foxc_ir::UnaryOp::Exp), ValueType::tensor(DType::F32, bht()), &[x], s);
+    // Elementwise ops have generic kernels now; an unfused softmax has none.
+    let y = g.add(Op::Softmax { axis: "2".into() }, ValueType::tensor(DType::F32, bht()), &[x], s);
     g.output = Some(y);
     let e = compile(&g, &spec(NvptxTarget::Sm90a, 64)).unwrap_err();
-    assert!(matches!(&e, CodegenError::Unsupported { op, .. } if op == "exp"), "{e}");
-    assert!(e.to_string().contains("`exp`"));
+    assert!(matches!(&e, CodegenError::Unsupported { op, .. } if op == "softmax"), "{e}");
+    assert!(e.to_string().contains("`softmax`"));
 }
 
 #[test]
 fn missing_head_dim_and_bad_head_dim_are_user_errors() {
     let g = fox_graph(PruneRule::Paper, NormBound::Data);
-    let no_d = NvptxSpec { target: NvptxTarget::Sm90a, dims: BTreeMap::new() };
+    let no_d = NvptxSpec::new(NvptxTarget::Sm90a, BTreeMap::new());
     let e = compile(&g, &no_d).unwrap_err();
     assert!(matches!(e, CodegenError::User(_)), "{e}");
     assert!(e.to_string().contains("D"), "{e}");

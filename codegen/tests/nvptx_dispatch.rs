@@ -11,7 +11,7 @@ fn s(x: &str) -> Dim {
 }
 
 fn spec() -> NvptxSpec {
-    NvptxSpec { target: NvptxTarget::Sm90a, dims: std::collections::BTreeMap::from([("D".to_string(), 64)]) }
+    NvptxSpec::new(NvptxTarget::Sm90a, std::collections::BTreeMap::from([("D".to_string(), 64)]))
 }
 
 /// FoX with a pruned attention (fused boundary) whose threshold has the bound `score` and whose
@@ -62,7 +62,7 @@ fn softcap() -> Region {
 }
 
 fn spec_with(t: NvptxTarget, dims: &[(&str, u64)]) -> NvptxSpec {
-    NvptxSpec { target: t, dims: dims.iter().map(|(k, v)| (k.to_string(), *v)).collect() }
+    NvptxSpec::new(t, dims.iter().map(|(k, v)| (k.to_string(), *v)).collect())
 }
 
 #[test]

@@ -100,8 +100,8 @@ pub struct Program {
     pub ptx: String,
     pub buffers: Vec<BufferDesc>,
     pub launches: Vec<LaunchDesc>,
-    /// The buffer read back as the result.
-    pub output: usize,
+    /// The buffers read back as the results, in order (several for a gradient program).
+    pub outputs: Vec<usize>,
 }
 
 /// What the device is.
@@ -179,8 +179,11 @@ impl CudaRuntime {
                 ));
             }
         }
-        if program.output >= buffers.len() {
-            return Err(CudaError::new(CudaErrorKind::Invalid, "the output buffer does not exist"));
+        if let Some(n) = program.outputs.iter().find(|&&n| n >= buffers.len()) {
+            return Err(CudaError::new(
+                CudaErrorKind::Invalid,
+                format!("output buffer {n} does not exist"),
+            ));
         }
         Ok(Session { rt: self, program: program.clone(), _module: module, functions, buffers })
     }
@@ -431,9 +434,9 @@ impl Session<'_> {
         Ok(out)
     }
 
-    /// Copies the program's output back.
-    pub fn download_output(&self) -> Result<Vec<u8>, CudaError> {
-        self.download(self.program.output)
+    /// Copies the program's outputs back, in the order of [`Program::outputs`].
+    pub fn download_outputs(&self) -> Result<Vec<Vec<u8>>, CudaError> {
+        self.program.outputs.iter().map(|&n| self.download(n)).collect()
     }
 }
 

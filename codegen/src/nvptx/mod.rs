@@ -17,11 +17,12 @@
 
 pub mod attention;
 pub(crate) mod builder;
+mod generic;
 pub mod kernels;
 pub mod module;
 pub mod target;
 
-use foxc_ir::{DType, Dim, ValueId};
+use foxc_ir::{DType, Dim, Value, ValueId};
 use std::collections::BTreeMap;
 
 pub use attention::{AttnKernelConfig, LaunchGeometry};
@@ -35,6 +36,16 @@ pub struct NvptxSpec {
     /// Dimensions fixed at compile time; at least the head dimension `D` (kernels are
     /// specialized on it). Other dimensions (B, H, T) stay runtime values.
     pub dims: BTreeMap<String, u64>,
+    /// The values to compute, in order (empty: the graph's output). Only what they need is
+    /// lowered; [`NvptxArtifact::outputs`] names their buffers in the same order.
+    pub outputs: Vec<Value>,
+}
+
+impl NvptxSpec {
+    /// A spec for the graph's output alone.
+    pub fn new(target: NvptxTarget, dims: BTreeMap<String, u64>) -> NvptxSpec {
+        NvptxSpec { target, dims, outputs: vec![] }
+    }
 }
 
 /// Errors of the NVPTX backend.
@@ -58,9 +69,9 @@ pub enum CodegenError {
 pub enum BufferKind {
     /// Graph parameter number `index` (uploaded from the user's tensor `name`).
     Param { index: usize, name: String },
-    /// The result of a graph node.
-    Value(ValueId),
-    /// Kernel-private scratch (norms of the threshold, the log-sum-exp of attention, bf16 copies).
+    /// A result of a graph node (`%n#r`; attention's log-sum-exp is its result 1).
+    Value(Value),
+    /// Kernel-private scratch (norms of the threshold, bf16 copies).
     Scratch(String),
 }
 
@@ -123,8 +134,9 @@ pub struct NvptxArtifact {
     pub ptx: String,
     pub buffers: Vec<BufferInfo>,
     pub kernels: Vec<KernelInfo>,
-    /// The buffer holding the graph's output.
-    pub output: usize,
+    /// The buffer of each output of [`NvptxSpec::outputs`] (of the graph's output when that
+    /// was empty), in order.
+    pub outputs: Vec<usize>,
 }
 
 /// Product of `dims` resolved by `bind`.

@@ -3,13 +3,14 @@
 
 use super::attention::region::RegionMod;
 use super::attention::{self, AttnKernelConfig};
+use super::generic;
 use super::kernels::{self, BoundSrc, ELEM_THREADS, NORM_ROWS_PER_BLOCK, ROW_THREADS, SCAN_THREADS};
 use super::target;
 use super::{
     BufferInfo, BufferKind, CodegenError, GridDim, KernelArg, KernelInfo, Launch, NvptxArtifact, NvptxSpec,
 };
 use foxc_ir::{
-    Attention, BinaryOp, DType, Dim, GateKind, Graph, Mask, NormBound, Op, Prune, ScoreBound, ValueId,
+    Attention, BinaryOp, DType, Dim, GateKind, Graph, Mask, NormBound, Op, Prune, ScoreBound, Value, ValueId,
     ValueType,
 };
 use inkwell::context::Context;
@@ -44,9 +45,9 @@ pub fn compile(g: &Graph, spec: &NvptxSpec) -> Result<NvptxArtifact, CodegenErro
         kernels: vec![],
         buf_of: BTreeMap::new(),
         scaled: BTreeMap::new(),
-        fused_cast: BTreeMap::new(),
+        outputs: vec![],
     };
-    let output = asm.run()?;
+    let outputs = asm.run()?;
     let (llvm_ir, ptx) = target::finish(&module, &tm).map_err(CodegenError::Internal)?;
     Ok(NvptxArtifact {
         target: spec.target,
@@ -54,23 +55,27 @@ pub fn compile(g: &Graph, spec: &NvptxSpec) -> Result<NvptxArtifact, CodegenErro
         ptx,
         buffers: asm.buffers,
         kernels: asm.kernels,
-        output,
+        outputs,
     })
 }
 
-struct Assembler<'a, 'ctx> {
-    g: &'a Graph,
-    spec: &'a NvptxSpec,
-    ctx: &'ctx Context,
-    module: &'a Module<'ctx>,
+/// The state of one module assembly. Other files of the backend add lowerings with their own
+/// `impl Assembler` blocks (the attention backward in `module_bwd.rs`), through the methods
+/// marked `pub(super)`: [`Assembler::buf`] (the buffer of an operand or result),
+/// [`Assembler::scratch`], [`Assembler::name`], [`Assembler::push`] and the dim helpers.
+pub(super) struct Assembler<'a, 'ctx> {
+    pub(super) g: &'a Graph,
+    pub(super) spec: &'a NvptxSpec,
+    pub(super) ctx: &'ctx Context,
+    pub(super) module: &'a Module<'ctx>,
     buffers: Vec<BufferInfo>,
     kernels: Vec<KernelInfo>,
-    buf_of: BTreeMap<ValueId, usize>,
+    /// The buffer of each (node, result) computed so far; every result of a lowered node has one.
+    buf_of: BTreeMap<Value, usize>,
     /// Values `x * s` folded into their consumers: value -> (x, s).
     scaled: BTreeMap<ValueId, (ValueId, f64)>,
-    /// Attention nodes whose bf16 output cast is fused into the kernel's epilogue: attention ->
-    /// cast. The cast launches nothing and shares the attention's (bf16) buffer.
-    fused_cast: BTreeMap<ValueId, ValueId>,
+    /// The values the caller reads back (never folded away).
+    outputs: Vec<Value>,
 }
 
 fn user(msg: impl Into<String>) -> CodegenError {
@@ -78,12 +83,27 @@ fn user(msg: impl Into<String>) -> CodegenError {
 }
 
 impl<'a, 'ctx> Assembler<'a, 'ctx> {
-    fn run(&mut self) -> Result<usize, CodegenError> {
+    /// Lowers what the outputs need; returns the buffer of each output, in order.
+    fn run(&mut self) -> Result<Vec<usize>, CodegenError> {
         let g = self.g;
-        let out = g.output.ok_or_else(|| user(format!("graph `{}` has no output", g.name)))?;
-        // Only what the output needs is lowered (dead nodes may remain after the passes).
+        self.outputs = if self.spec.outputs.is_empty() {
+            vec![Value::of(g.output.ok_or_else(|| user(format!("graph `{}` has no output", g.name)))?)]
+        } else {
+            self.spec.outputs.clone()
+        };
+        for o in &self.outputs {
+            if !g.g.contains_node(o.node) || g.result_ty(o.node, o.result).is_none() {
+                return Err(user(format!(
+                    "graph `{}` has no value %{}#{} to output",
+                    g.name,
+                    o.node.index(),
+                    o.result
+                )));
+            }
+        }
+        // Only what the outputs need is lowered (dead nodes may remain after the passes).
         let mut live = HashSet::new();
-        let mut stack = vec![out];
+        let mut stack: Vec<ValueId> = self.outputs.iter().map(|o| o.node).collect();
         while let Some(n) = stack.pop() {
             if live.insert(n) {
                 stack.extend(g.operands(n));
@@ -95,15 +115,21 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 &p.ty,
                 BufferKind::Param { index: self.param_index(p.node)?, name: p.name.clone() },
             );
-            self.buf_of.insert(p.node, id);
+            self.buf_of.insert(Value::of(p.node), id);
         }
         for n in g.topo_order() {
             if !live.contains(&n) || matches!(g.op(n), Op::Param { .. }) {
                 continue;
             }
-            self.lower(n, out)?;
+            self.lower(n)?;
         }
-        self.buf_of.get(&out).copied().ok_or_else(|| user("the graph output has no buffer"))
+        let outputs = self.outputs.clone();
+        outputs.iter().map(|&o| self.buf(o)).collect()
+    }
+
+    /// Whether some result of node `n` is read back by the caller.
+    fn is_output(&self, n: ValueId) -> bool {
+        self.outputs.iter().any(|o| o.node == n)
     }
 
     fn param_index(&self, node: ValueId) -> Result<usize, CodegenError> {
@@ -118,24 +144,40 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         self.buffers.len() - 1
     }
 
-    fn scratch(&mut self, dtype: DType, shape: Vec<Dim>, what: String) -> usize {
+    /// A buffer for every result of node `n` (kind `Value`, the result's type); returns result
+    /// 0's. Kernels write all results of their node, read back or not.
+    fn result_buffers(&mut self, n: ValueId) -> usize {
+        let g = self.g;
+        for (r, ty) in g.result_types(n).into_iter().enumerate() {
+            let v = Value { node: n, result: r as u32 };
+            let b = self.add_buffer(ty.dtype, ty, BufferKind::Value(v));
+            self.buf_of.insert(v, b);
+        }
+        self.buf_of[&Value::of(n)]
+    }
+
+    /// A kernel-private buffer (not a value of the graph).
+    pub(super) fn scratch(&mut self, dtype: DType, shape: Vec<Dim>, what: String) -> usize {
         self.buffers.push(BufferInfo { dtype, shape, kind: BufferKind::Scratch(what) });
         self.buffers.len() - 1
     }
 
-    fn buf(&self, v: ValueId) -> Result<usize, CodegenError> {
-        self.buf_of
-            .get(&v)
-            .copied()
-            .ok_or_else(|| CodegenError::Internal(format!("value %{} has no buffer", v.index())))
+    /// The buffer of value `v` (a node's result 0 when given a `ValueId`): an operand lowered
+    /// before, or a result of the node being lowered.
+    pub(super) fn buf(&self, v: impl Into<Value>) -> Result<usize, CodegenError> {
+        let v = v.into();
+        self.buf_of.get(&v).copied().ok_or_else(|| {
+            CodegenError::Internal(format!("value %{}#{} has no buffer", v.node.index(), v.result))
+        })
     }
 
-    fn ty(&self, v: ValueId) -> &'a ValueType {
+    /// The type of result 0 of `v`.
+    pub(super) fn ty(&self, v: ValueId) -> &'a ValueType {
         &self.g.node(v).ty
     }
 
     /// The compile-time value of a dimension (the head dimension).
-    fn static_dim(&self, d: &Dim, what: &str) -> Result<u32, CodegenError> {
+    pub(super) fn static_dim(&self, d: &Dim, what: &str) -> Result<u32, CodegenError> {
         let v = d.eval(&|s| self.spec.dims.get(s).copied()).ok_or_else(|| {
             user(format!("the GPU kernels are specialized on {what} ({d}); give it at compile time, e.g. --shape {d}=128"))
         })?;
@@ -160,7 +202,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
     }
 
     /// `[B, H, T, D]` of a rank-4 operand: (bh dims, T, D).
-    fn bhtd(&self, v: ValueId, what: &str) -> Result<(Vec<Dim>, Dim, Dim), CodegenError> {
+    pub(super) fn bhtd(&self, v: ValueId, what: &str) -> Result<(Vec<Dim>, Dim, Dim), CodegenError> {
         let d: Vec<Dim> = self.ty(v).dims().cloned().collect();
         if d.len() != 4 {
             return Err(user(format!("{what} must be a [B, H, T, D] tensor, got {}", self.ty(v))));
@@ -168,7 +210,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         Ok((vec![d[0].clone(), d[1].clone()], d[2].clone(), d[3].clone()))
     }
 
-    fn name(&self, n: ValueId, op: &str) -> String {
+    /// The PTX entry name of kernel `op` of node `n` (unique per node and op).
+    pub(super) fn name(&self, n: ValueId, op: &str) -> String {
         format!(
             "foxc_{}_{}_n{}",
             self.g.name.replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
@@ -177,7 +220,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         )
     }
 
-    fn push(
+    /// Appends a launch to the plan (launches run in push order).
+    pub(super) fn push(
         &mut self,
         node: ValueId,
         name: String,
@@ -218,12 +262,12 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         self.scaled.get(&q).copied().unwrap_or((q, 1.0))
     }
 
-    fn lower(&mut self, n: ValueId, out: ValueId) -> Result<(), CodegenError> {
+    fn lower(&mut self, n: ValueId) -> Result<(), CodegenError> {
         let g = self.g;
         let node = g.node(n);
         let ops = g.operands(n);
         let ie = CodegenError::Internal;
-        if n != out && self.scalar(n).is_some() {
+        if !self.is_output(n) && self.scalar(n).is_some() {
             // Compile-time scalars are folded into the kernels that use them.
             return Ok(());
         }
@@ -233,7 +277,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 None => (x, s),
             };
             // Fold into consumers that take a scale attribute for their q operand.
-            let foldable = n != out
+            let foldable = !self.is_output(n)
                 && g.users(n).iter().all(|&u| {
                     matches!(g.op(u), Op::Threshold { .. } | Op::Attention(_))
                         && g.operands(u).iter().enumerate().all(|(i, &o)| o != n || i == 0)
@@ -242,48 +286,44 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 self.scaled.insert(n, (x, s));
                 return Ok(());
             }
-            let res = self.add_buffer(node.ty.dtype, &node.ty, BufferKind::Value(n));
-            self.buf_of.insert(n, res);
-            let name = self.name(n, "scale");
-            return self.cast(n, name, x, self.buf(x)?, res, node.ty.dtype, Some(s));
+            if self.ty(x).dtype.is_float() && node.ty.dtype.is_float() {
+                let res = self.result_buffers(n);
+                let name = self.name(n, "scale");
+                return self.cast(n, name, x, self.buf(x)?, res, node.ty.dtype, Some(s));
+            }
+            // Otherwise the generic kernel of the mul (its operands have buffers: only a
+            // threshold or attention operand is folded).
         }
         match &node.op {
             Op::BlockBoundary(_) => {
                 // The fuse-boundary pass moves it into the attention kernel; one left over has no
                 // kernel of its own on the GPU.
-                let _ = out;
                 return Err(CodegenError::Unsupported {
                     op: "block_boundary outside the attention kernel (the fuse-boundary pass did not apply)"
                         .into(),
                     node: n.index(),
                 });
             }
-            Op::GateCumsum { .. }
-            | Op::RmsNorm { .. }
-            | Op::Cast
-            | Op::Threshold { .. }
-            | Op::Attention(_) => {}
+            Op::GateCumsum { .. } | Op::Threshold { .. } | Op::Attention(_) => {}
+            // The row kernel for the last axis, in any float dtype.
+            Op::RmsNorm { .. } => {}
+            // Float to float: the vectorizable cast kernel; the rest: a generic loop.
+            Op::Cast if self.ty(ops[0]).dtype.is_float() && node.ty.dtype.is_float() => {}
+            Op::AttentionBackward(_) => {
+                return Err(CodegenError::Unsupported {
+                    op: "attention_backward (the GPU backward kernels are not in this build yet)".into(),
+                    node: n.index(),
+                })
+            }
+            op if generic::handles(op) => {
+                let res = self.result_buffers(n);
+                return self.generic(n, res);
+            }
             other => {
                 return Err(CodegenError::Unsupported { op: other.mnemonic().to_string(), node: n.index() })
             }
         }
-        if self.fused_cast.values().any(|&c| c == n) {
-            // Written in bf16 by its attention kernel's epilogue (buffer assigned there).
-            return Ok(());
-        }
-        let fused: Option<ValueId> = None;
-        let res = match fused {
-            Some(c) => {
-                // The attention writes straight into the cast's buffer; both values map to it.
-                let cty = &g.node(c).ty;
-                let res = self.add_buffer(cty.dtype, cty, BufferKind::Value(c));
-                self.buf_of.insert(c, res);
-                self.fused_cast.insert(n, c);
-                res
-            }
-            None => self.add_buffer(node.ty.dtype, &node.ty, BufferKind::Value(n)),
-        };
-        self.buf_of.insert(n, res);
+        let res = self.result_buffers(n);
         let arity_ok = node.op.arity().is_none_or(|a| a == ops.len());
         if !arity_ok {
             return Err(ie(format!("{} has {} operands", node.op.mnemonic(), ops.len())));
@@ -476,6 +516,41 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         Ok(())
     }
 
+    /// The generic loop kernel of node `n` (`nvptx::generic`) writing buffer `res`.
+    fn generic(&mut self, n: ValueId, res: usize) -> Result<(), CodegenError> {
+        // An operand without a buffer is a compile-time scalar folded into its users.
+        let folded = |v: Value| {
+            if v.result == 0 && !self.buf_of.contains_key(&v) {
+                self.scalar(v.node)
+            } else {
+                None
+            }
+        };
+        let p = generic::plan(self.g, n, &folded)?;
+        let name = self.name(n, self.g.op(n).mnemonic());
+        generic::build(self.ctx, self.module, &name, &p.kernel).map_err(CodegenError::Internal)?;
+        let mut args = Vec::with_capacity(p.operands.len() + 1 + p.scalars.len());
+        for &v in &p.operands {
+            args.push(KernelArg::Buffer(self.buf(v)?));
+        }
+        args.push(KernelArg::Buffer(res));
+        args.extend(p.scalars.iter().map(|d| KernelArg::I64(d.clone())));
+        let launch = match p.kernel.body {
+            generic::Body::Map => Launch::Grid {
+                x: GridDim::Ceil(p.sizes.clone(), generic::MAP_THREADS),
+                y: GridDim::Const(1),
+                block: generic::MAP_THREADS,
+            },
+            generic::Body::Reduce(_) | generic::Body::Cumsum => Launch::Grid {
+                x: GridDim::Ceil(p.sizes[..p.sizes.len() - 1].to_vec(), generic::LINES_PER_BLOCK),
+                y: GridDim::Const(1),
+                block: generic::LINE_THREADS,
+            },
+        };
+        self.push(n, name, args, launch, vec![]);
+        Ok(())
+    }
+
     /// A cast kernel from buffer `src` (value `x`'s dtype) into buffer `dst` of dtype `to`,
     /// multiplying by `mul` on the way if given.
     #[allow(clippy::too_many_arguments)]
@@ -586,11 +661,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         };
         let name =
             build_attention(self.ctx, self.module, &cfg, &score)?.get_name().to_string_lossy().into_owned();
-        let lse = self.scratch(
-            DType::F32,
-            bh.iter().cloned().chain([t.clone()]).collect(),
-            format!("log-sum-exp of %{}", n.index()),
-        );
+        // Result 1, f32 [B, H, T]: the kernel writes it on every run.
+        let lse = self.buf(Value { node: n, result: Attention::LSE })?;
         // Unused pointer parameters get any valid buffer (the kernel does not read them).
         let c_buf = match c {
             Some(c) => self.buf(c)?,

@@ -1,0 +1,322 @@
+//! LLVM IR of one [`Generic`] kernel, written with the NVPTX kernel builder.
+
+use super::{Body, Expr, Generic, Src, LINES_PER_BLOCK, MAP_THREADS};
+use crate::nvptx::attention::region::{binary, unary};
+use crate::nvptx::builder::{KernelBuilder, ParamTy};
+use foxc_ir::{DType, ReduceKind};
+use inkwell::context::Context;
+use inkwell::module::Module;
+use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
+use inkwell::{FloatPredicate, IntPredicate};
+
+type Kb<'a, 'ctx> = KernelBuilder<'a, 'ctx>;
+
+/// Builds kernel `name` for `k`: parameters as [`Generic`] documents them. Launch: `Map`, one
+/// thread per element, blocks of [`MAP_THREADS`]; line bodies, one warp per line,
+/// [`LINES_PER_BLOCK`] lines per block.
+pub(crate) fn build<'ctx>(
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    name: &str,
+    k: &Generic,
+) -> Result<FunctionValue<'ctx>, String> {
+    let np = k.pointers();
+    let mut params: Vec<(String, ParamTy)> = (0..np - 1).map(|i| (format!("in{i}"), ParamTy::Ptr)).collect();
+    params.push(("out".into(), ParamTy::Ptr));
+    params.extend((0..k.scalars).map(|i| (format!("s{i}"), ParamTy::I64)));
+    let named: Vec<(&str, ParamTy)> = params.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+    let b = Kb::kernel(ctx, module, name, &named)?;
+    let scalars: Vec<IntValue> = (0..k.scalars).map(|i| b.param_int((np + i) as u32)).collect();
+    let mut ptrs = (0..np as u32).map(|i| b.param_ptr(i));
+    let mut inputs = vec![];
+    for s in &k.inputs {
+        inputs.push(match s {
+            Src::Const(_) => None,
+            _ => ptrs.next(),
+        });
+    }
+    let out = ptrs.next().unwrap_or_else(|| b.gptr().const_null());
+    let e = Elem { k, scalars, inputs, b: &b };
+    match k.body {
+        Body::Map => e.map(out),
+        Body::Reduce(kind) => e.reduce(out, kind),
+        Body::Cumsum => e.cumsum(out),
+    }
+    b.finish()
+}
+
+/// What the element code of one kernel reads: the kernel, its parameters and the builder.
+struct Elem<'k, 'b, 'a, 'ctx> {
+    k: &'k Generic,
+    scalars: Vec<IntValue<'ctx>>,
+    /// The pointer of each input (`None` for constants).
+    inputs: Vec<Option<PointerValue<'ctx>>>,
+    b: &'b Kb<'a, 'ctx>,
+}
+
+impl<'ctx> Elem<'_, '_, '_, 'ctx> {
+    fn size(&self, a: usize) -> IntValue<'ctx> {
+        self.scalars[a]
+    }
+
+    /// The sum of the scalar parameters `terms` (0 for none).
+    fn stride(&self, terms: &[usize]) -> IntValue<'ctx> {
+        let b = self.b;
+        terms.iter().fold(b.i64(0), |acc, &t| b.add(acc, self.scalars[t]))
+    }
+
+    /// `sum coord[a] * stride[a]`.
+    fn offset(&self, strides: &[Vec<usize>], coord: &[IntValue<'ctx>]) -> IntValue<'ctx> {
+        let b = self.b;
+        let mut off = b.i64(0);
+        for (a, terms) in strides.iter().enumerate() {
+            if !terms.is_empty() {
+                off = b.add(off, b.mul(coord[a], self.stride(terms)));
+            }
+        }
+        off
+    }
+
+    /// The coordinates of flat index `flat` over axes `0..n` (row-major).
+    fn split(&self, mut flat: IntValue<'ctx>, n: usize) -> Vec<IntValue<'ctx>> {
+        let b = self.b;
+        let mut coord = vec![b.i64(0); n];
+        for a in (0..n).rev() {
+            let s = self.size(a);
+            coord[a] = b.srem(flat, s);
+            flat = b.sdiv(flat, s);
+        }
+        coord
+    }
+
+    /// The product of the sizes of axes `0..n`.
+    fn count(&self, n: usize) -> IntValue<'ctx> {
+        let b = self.b;
+        (0..n).fold(b.i64(1), |acc, a| b.mul(acc, self.size(a)))
+    }
+
+    /// One thread per element.
+    fn map(&self, out: PointerValue<'ctx>) {
+        let b = self.b;
+        let rank = self.k.rank;
+        let gid = b.add(
+            b.mul(b.zext64(b.sreg("ctaid.x")), b.i64(MAP_THREADS as i64)),
+            b.zext64(b.sreg("tid.x")),
+        );
+        let inside = b.icmp(IntPredicate::SLT, gid, self.count(rank));
+        b.if_then(inside, |_| {
+            let coord = self.split(gid, rank);
+            let v = self.eval(&self.k.value, &coord);
+            self.store(out, self.offset(&self.k.out_strides, &coord), v);
+        });
+    }
+
+    /// The warp's line and lane, and whether the line exists (the same for the whole warp).
+    fn line(&self) -> (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>) {
+        let b = self.b;
+        let tid = b.sreg("tid.x");
+        let (lane, warp) = (b.zext64(b.andc(tid, 31)), b.zext64(b.lshrc(tid, 5)));
+        let line = b.add(b.mul(b.zext64(b.sreg("ctaid.x")), b.i64(LINES_PER_BLOCK as i64)), warp);
+        let inside = b.icmp(IntPredicate::SLT, line, self.count(self.k.rank - 1));
+        (line, lane, inside)
+    }
+
+    /// Coordinates of element `pos` of line `line`.
+    fn at(&self, line: IntValue<'ctx>, pos: IntValue<'ctx>) -> Vec<IntValue<'ctx>> {
+        let mut c = self.split(line, self.k.rank - 1);
+        c.push(pos);
+        c
+    }
+
+    /// One warp per line: lane `l` folds elements `l, l + 32, ...`, then a butterfly over the
+    /// warp (a fixed order: the same bits on every run); lane 0 writes.
+    fn reduce(&self, out: PointerValue<'ctx>, kind: ReduceKind) {
+        let b = self.b;
+        let (line, lane, inside) = self.line();
+        let len = self.size(self.k.rank - 1);
+        let combine = |x: FloatValue<'ctx>, y: FloatValue<'ctx>| match kind {
+            ReduceKind::Sum => b.fadd(x, y),
+            ReduceKind::Max => binary(b, foxc_ir::BinaryOp::Max, x, y),
+        };
+        let init = match kind {
+            ReduceKind::Sum => 0.0,
+            ReduceKind::Max => f64::NEG_INFINITY,
+        };
+        b.if_then(inside, |_| {
+            let acc = b.declare_var(b.f32(init).into());
+            b.for_range(lane, len, b.i64(32), |_, pos| {
+                let x = self.eval(&self.k.value, &self.at(line, pos));
+                b.def_var(acc, combine(b.use_f(acc), x));
+            });
+            let mut v = b.use_f(acc);
+            for m in [16, 8, 4, 2, 1] {
+                v = combine(v, b.shfl_xor(v, m));
+            }
+            let first = b.icmpc(IntPredicate::EQ, lane, 0);
+            b.if_then(first, |_| {
+                let off = self.offset(&self.k.out_strides, &self.at(line, b.i64(0)));
+                self.store(out, off, v);
+            });
+        });
+    }
+
+    /// One warp per line, 32 elements at a time: an inclusive warp scan plus the running total
+    /// of the chunks before (lane 31's sum, broadcast).
+    fn cumsum(&self, out: PointerValue<'ctx>) {
+        let b = self.b;
+        let (line, lane, inside) = self.line();
+        let len = self.size(self.k.rank - 1);
+        let lane32 = b.sreg("tid.x");
+        let lane32 = b.andc(lane32, 31);
+        b.if_then(inside, |_| {
+            let carry = b.declare_var(b.f32(0.0).into());
+            b.for_range(b.i64(0), len, b.i64(32), |_, start| {
+                let pos = b.add(start, lane);
+                let here = b.icmp(IntPredicate::SLT, pos, len);
+                let x = b.if_then_carry(here, ("load", "loaded"), &[("x", b.f32(0.0).into())], |_| {
+                    vec![self.eval(&self.k.value, &self.at(line, pos)).into()]
+                });
+                let mut s = x[0].into_float_value();
+                for d in [1i64, 2, 4, 8, 16] {
+                    let y = b.shfl_up(s, d);
+                    let ok = b.icmpc(IntPredicate::SGE, lane32, d);
+                    s = b.select_f(ok, b.fadd(s, y), s);
+                }
+                let before = b.use_f(carry);
+                let total = b.call_f(
+                    "llvm.nvvm.shfl.sync.idx.f32",
+                    &[b.i32(-1).into(), s.into(), b.i32(31).into(), b.i32(31).into()],
+                );
+                b.if_then(here, |_| {
+                    let off = self.offset(&self.k.out_strides, &self.at(line, pos));
+                    self.store(out, off, b.fadd(before, s));
+                });
+                b.def_var(carry, b.fadd(before, total));
+            });
+        });
+    }
+
+    /// Element `off` of a buffer of dtype `dt`, as f32 (bool: 1 or 0).
+    fn load(&self, dt: DType, p: PointerValue<'ctx>, off: IntValue<'ctx>) -> FloatValue<'ctx> {
+        let b = self.b;
+        match dt {
+            DType::F32 | DType::BF16 | DType::F16 => b.load_f(dt, p, off),
+            DType::I32 => {
+                let v = b.load(b.i32t().into(), b.gep(b.i32t().into(), p, off));
+                b.sitofp(v.into_int_value())
+            }
+            DType::Bool => {
+                let i8t = b.ctx.i8_type();
+                let v = b.load(i8t.into(), b.gep(i8t.into(), p, off)).into_int_value();
+                let t = b.icmp(IntPredicate::NE, v, i8t.const_zero());
+                b.select_f(t, b.f32(1.0), b.f32(0.0))
+            }
+        }
+    }
+
+    /// Stores `v` as element `off` of the result, converted as `cast` converts.
+    fn store(&self, p: PointerValue<'ctx>, off: IntValue<'ctx>, v: FloatValue<'ctx>) {
+        let b = self.b;
+        match self.k.out_dtype {
+            dt @ (DType::F32 | DType::BF16 | DType::F16) => b.store_f(dt, p, off, v),
+            DType::I32 => b.store(b.gep(b.i32t().into(), p, off), to_i32(b, v)),
+            DType::Bool => {
+                let i8t = b.ctx.i8_type();
+                let t = b.fcmp(FloatPredicate::UNE, v, b.f32(0.0));
+                let byte = b.select_i(t, i8t.const_int(1, false), i8t.const_zero());
+                b.store(b.gep(i8t.into(), p, off), byte);
+            }
+        }
+    }
+
+    /// The value of `e` at iteration coordinates `coord`.
+    fn eval(&self, e: &Expr, coord: &[IntValue<'ctx>]) -> FloatValue<'ctx> {
+        let b = self.b;
+        match e {
+            Expr::In(i) => self.input(*i, coord),
+            Expr::Index(a) => b.sitofp(coord[*a]),
+            Expr::Const(c) => b.f32(*c),
+            Expr::Scalar(s) => b.sitofp(self.scalars[*s]),
+            Expr::Unary(u, x) => unary(b, *u, self.eval(x, coord)),
+            Expr::Binary(op, x, y) => {
+                let (x, y) = (self.eval(x, coord), self.eval(y, coord));
+                binary(b, *op, x, y)
+            }
+            Expr::Select(c, x, y) => {
+                let c = self.eval(c, coord);
+                let (x, y) = (self.eval(x, coord), self.eval(y, coord));
+                b.select_f(b.fcmp(FloatPredicate::UNE, c, b.f32(0.0)), x, y)
+            }
+            Expr::Cast(dt, x) => round_to(b, *dt, self.eval(x, coord)),
+            Expr::Mask { i, j, window, x } => {
+                let v = self.eval(x, coord);
+                let (ci, cj) = (coord[*i], coord[*j]);
+                let mut keep = b.icmp(IntPredicate::SLE, cj, ci);
+                if let Some(w) = window {
+                    let near = b.icmp(IntPredicate::SLT, b.sub(ci, cj), b.i64(*w as i64));
+                    keep = b.and(keep, near);
+                }
+                b.select_f(keep, v, b.f32(f64::NEG_INFINITY))
+            }
+        }
+    }
+
+    /// Input `i` at `coord`.
+    fn input(&self, i: usize, coord: &[IntValue<'ctx>]) -> FloatValue<'ctx> {
+        let b = self.b;
+        let p = self.inputs[i];
+        match (&self.k.inputs[i], p) {
+            (Src::Const(c), _) => b.f32(*c),
+            (Src::Buf { dtype, strides }, Some(p)) => self.load(*dtype, p, self.offset(strides, coord)),
+            (Src::Gather { dtype, subs, sizes, strides }, Some(p)) => {
+                let mut ok = b.bool(true);
+                let mut off = b.i64(0);
+                for (k, sub) in subs.iter().enumerate() {
+                    let mut s = b.i64(sub.constant);
+                    for &(a, c) in &sub.terms {
+                        s = b.add(s, b.mul(coord[a], b.i64(c)));
+                    }
+                    if let Some(d) = sub.div {
+                        let d = self.scalars[d];
+                        // floor(s / d) for d > 0 (a non-positive divisor reads NaN).
+                        let pos = b.icmpc(IntPredicate::SGT, d, 0);
+                        ok = b.and(ok, pos);
+                        let safe = b.select_i(pos, d, b.i64(1));
+                        let q = b.sdiv(s, safe);
+                        let r = b.srem(s, safe);
+                        let down = b.and(b.icmpc(IntPredicate::NE, r, 0), b.icmpc(IntPredicate::SLT, s, 0));
+                        s = b.select_i(down, b.addc(q, -1), q);
+                    }
+                    let inside =
+                        b.and(b.icmpc(IntPredicate::SGE, s, 0), b.icmp(IntPredicate::SLT, s, self.scalars[sizes[k]]));
+                    ok = b.and(ok, inside);
+                    off = b.add(off, b.mul(s, self.scalars[strides[k]]));
+                }
+                let v = b.if_then_carry(ok, ("gather", "gathered"), &[("g", b.f32(f64::NAN).into())], |_| {
+                    vec![BasicValueEnum::from(self.load(*dtype, p, off))]
+                });
+                v[0].into_float_value()
+            }
+            _ => {
+                b.fail(format!("input {i} has no pointer"));
+                b.f32(0.0)
+            }
+        }
+    }
+}
+
+/// `x` as i32 the way `cast` converts (`as i32`: toward zero, saturating, NaN to 0).
+fn to_i32<'ctx>(b: &Kb<'_, 'ctx>, x: FloatValue<'ctx>) -> IntValue<'ctx> {
+    b.call_int("llvm.fptosi.sat.i32.f32", b.i32t(), &[x.into()])
+}
+
+/// `x` rounded to `dt` and back to f32, as `cast` defines it.
+fn round_to<'ctx>(b: &Kb<'_, 'ctx>, dt: DType, x: FloatValue<'ctx>) -> FloatValue<'ctx> {
+    match dt {
+        DType::F32 => x,
+        DType::BF16 => b.fpext(b.fptrunc(x, b.ctx.bf16_type())),
+        DType::F16 => b.fpext(b.fptrunc(x, b.ctx.f16_type())),
+        DType::I32 => b.sitofp(to_i32(b, x)),
+        DType::Bool => b.select_f(b.fcmp(FloatPredicate::UNE, x, b.f32(0.0)), b.f32(1.0), b.f32(0.0)),
+    }
+}

@@ -1,0 +1,112 @@
+//! Plain GPU loops for every op that is not a fused kernel: elementwise math with broadcasting
+//! by axis name, select, comparisons, iota, constants and dims, masks, bind/store layout
+//! changes, casts, gathers at index expressions, reductions (sum, max) and cumsum along an axis.
+//!
+//! The GPU counterpart of `cpu/generic` (the same iteration-space model), slow but right: one
+//! kernel per node, math in f32 (the attention region's own f32 functions, `attention/region.rs`),
+//! storage in f32, bf16, f16, i32 or bool (one byte, 0 or 1). Semantics are the interpreter's
+//! (`foxc_ir::interp`): NaN propagates through min/max, comparisons give 1/0, `select` takes its
+//! first branch where the condition is non-zero, a gather outside its operand reads NaN.
+//!
+//! Unlike the CPU loops, sizes stay runtime values (the Python path compiles once per head
+//! dimension, not per shape): every axis size and stride is a product of dims, passed as an i64
+//! kernel argument ([`Planned::scalars`]).
+//!
+//! Layout: a kernel iterates an *iteration space*, named axes whose last one is the *line* (the
+//! axis of a cumsum, the reduced axis of a sum, else the result's last axis). `Map` kernels use
+//! one thread per element; line kernels (`Reduce`, `Cumsum`) one warp per line, which keeps the
+//! reduction order fixed (deterministic) and parallel enough for `[B, H]` lines of length `T`.
+//! Every buffer has one stride per iteration axis (0 where it lacks the axis: broadcast); a name
+//! repeated in a `bind` sums its strides (a diagonal).
+
+mod emit;
+mod plan;
+
+pub(crate) use emit::build;
+pub(crate) use plan::{handles, plan};
+
+use foxc_ir::{BinaryOp, DType, ReduceKind, UnaryOp};
+
+/// Threads per block of the elementwise (`Map`) kernels.
+pub(crate) const MAP_THREADS: u32 = 256;
+/// Threads per block of the line kernels: one warp per line.
+pub(crate) const LINE_THREADS: u32 = 128;
+/// Lines per block of the line kernels.
+pub(crate) const LINES_PER_BLOCK: u32 = LINE_THREADS / 32;
+
+/// Where one kernel input comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Src {
+    /// A buffer (the next pointer parameter). `strides[a]` lists the scalar parameters whose
+    /// sum is its element stride along iteration axis `a` (empty: 0, broadcast).
+    Buf { dtype: DType, strides: Vec<Vec<usize>> },
+    /// A compile-time scalar (no parameter).
+    Const(f64),
+    /// A buffer read at computed subscripts (`gather`): one [`Sub`] per buffer axis, with the
+    /// axis' size and row-major stride as scalar parameters; a subscript outside `[0, size)`
+    /// reads NaN.
+    Gather { dtype: DType, subs: Vec<Sub>, sizes: Vec<usize>, strides: Vec<usize> },
+}
+
+/// One gather subscript: `floor((constant + sum coef * index[axis]) / div)`, `div` a scalar
+/// parameter when present.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Sub {
+    pub terms: Vec<(usize, i64)>,
+    pub constant: i64,
+    pub div: Option<usize>,
+}
+
+/// The per-element value of a kernel, in f32.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Expr {
+    /// Input `k` at the current element.
+    In(usize),
+    /// The index along iteration axis `k` (`iota`).
+    Index(usize),
+    Const(f64),
+    /// Scalar parameter `k` (a dim that is not static), as a number.
+    Scalar(usize),
+    Unary(UnaryOp, Box<Expr>),
+    Binary(BinaryOp, Box<Expr>, Box<Expr>),
+    Select(Box<Expr>, Box<Expr>, Box<Expr>),
+    /// Rounded to `DType` as `cast` does.
+    Cast(DType, Box<Expr>),
+    /// `x` where `j <= i` (and `i - j < window`), `-inf` elsewhere; `i`, `j` iteration axes.
+    Mask { i: usize, j: usize, window: Option<u64>, x: Box<Expr> },
+}
+
+/// What a kernel does along its line.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Body {
+    /// Every element gets the value.
+    Map,
+    /// The line is reduced into one result element (sum: 0 for an empty line; max: -inf).
+    Reduce(ReduceKind),
+    /// Inclusive prefix sum along the line.
+    Cumsum,
+}
+
+/// One generic kernel. Parameters: a pointer per `Buf`/`Gather` input (in input order), the
+/// result pointer, then the i64 scalars: the `rank` axis sizes first, then the rest.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Generic {
+    /// Number of iteration axes (at least 1); the last is the line.
+    pub rank: usize,
+    pub inputs: Vec<Src>,
+    pub out_dtype: DType,
+    /// Scalar parameters summing to the result's stride along each iteration axis (empty along
+    /// a reduced line).
+    pub out_strides: Vec<Vec<usize>>,
+    pub value: Expr,
+    pub body: Body,
+    /// Number of i64 scalar parameters.
+    pub scalars: usize,
+}
+
+impl Generic {
+    /// Pointer parameters (inputs read from memory, then the result).
+    pub(crate) fn pointers(&self) -> usize {
+        self.inputs.iter().filter(|s| !matches!(s, Src::Const(_))).count() + 1
+    }
+}

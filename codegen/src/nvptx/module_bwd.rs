@@ -1,0 +1,189 @@
+//! Lowering of `attention_backward` (docs/SEMANTICS.md) onto the backward kernels
+//! ([`super::attention_bwd`]): three launches, `pre` (D = rowsum(dout out)), `dq` (dq, the
+//! row sums of dS into dc, the start scratch) and `dkv` (dk, dv, dc -= column sums). The
+//! constructs the forward kernel cannot run are refused here the same way (captured tensors,
+//! masks other than causal / window, a separate `block_boundary`), and so are head dims the
+//! backward does not build (256).
+
+use super::attention::region::RegionMod;
+use super::attention_bwd::{self, BwdConfig, BwdKernel, Regions, DQ_ROWS, PRE_ROWS};
+use super::module::Assembler;
+use super::{CodegenError, GridDim, KernelArg, Launch};
+use foxc_ir::attention::AttnOperands;
+use foxc_ir::{Attention, DType, Dim, Mask, Prune, Value, ValueId};
+
+fn user(msg: impl Into<String>) -> CodegenError {
+    CodegenError::User(msg.into())
+}
+
+impl<'a, 'ctx> Assembler<'a, 'ctx> {
+    /// The launches of `attention_backward` node `n` (its result buffers exist already).
+    pub(super) fn attention_backward(&mut self, n: ValueId, a: &Attention) -> Result<(), CodegenError> {
+        let g = self.g;
+        let vals = g.operand_values(n);
+        if vals.len() < a.fixed_operands() + 3 {
+            return Err(CodegenError::Internal(format!(
+                "attention_backward %{} has too few operands",
+                n.index()
+            )));
+        }
+        let (fwd, rest) = vals.split_at(vals.len() - 3);
+        let fwd_ids: Vec<ValueId> = fwd.iter().map(|v| v.node).collect();
+        let o = AttnOperands::from_positional(a, &fwd_ids).map_err(CodegenError::Internal)?;
+        let (out, lse, dout) = (rest[0], rest[1], rest[2]);
+        let window = match a.mask {
+            Mask::Causal => None,
+            Mask::Window(w) => Some(u32::try_from(w).map_err(|_| user(format!("window {w} is too large")))?),
+            Mask::None => return Err(Self::not_yet(n, "no mask (bidirectional)")),
+            Mask::Expr(_) => return Err(Self::not_yet(n, "an expression mask")),
+        };
+        if !o.captures.is_empty() || !a.score.captures().is_empty() {
+            return Err(Self::not_yet(n, "captured tensors in the backward"));
+        }
+        if a.prune == Prune::Start {
+            return Err(Self::not_yet(n, "a separate block_boundary (the fuse-boundary pass did not apply)"));
+        }
+        let tiles = a.tiles.ok_or_else(|| {
+            CodegenError::Internal("attention_backward without tiles (the tiles pass did not run)".into())
+        })?;
+        let (bh, t, dd) = self.bhtd(o.q, "attention_backward's q")?;
+        let (bhk, _, _) = self.bhtd(o.k, "attention_backward's k")?;
+        let cfg = BwdConfig {
+            head_dim: self.static_dim(&dd, "the head dimension")?,
+            bm: tiles.bm,
+            bn: tiles.bn,
+            scale: self.scale_value(&a.scale)? as f32,
+            has_decay: a.decay,
+            window,
+            prune: a.prune == Prune::Boundary,
+            sm: self.spec.target.sm(),
+            kv_group: self.static_dim(&a.kv_group, "the query heads per key/value head")?,
+        };
+        cfg.validate().map_err(|e| Self::not_yet(n, &e))?;
+        // The region and its derivative, specialized like the forward's.
+        let heads = self.ty(o.q).axes.get(1).and_then(|ax| ax.dim.eval(&|s| self.spec.dims.get(s).copied()));
+        let dim = |d: &Dim| d.eval(&|s| self.spec.dims.get(s).copied());
+        let score = RegionMod::new(&a.score, &dim, heads).map_err(|e| Self::not_yet(n, &e))?;
+        let dx_region = a.score.grad().dx;
+        let dx = if a.score.is_identity() {
+            None
+        } else {
+            Some(RegionMod::new(&dx_region, &dim, heads).map_err(|e| Self::not_yet(n, &e))?)
+        };
+        let regions = Regions::new(&score, dx.as_ref()).map_err(|e| Self::not_yet(n, &e))?;
+
+        // q, k, v, dout in bf16 and out in f32 (copies of other dtypes first).
+        let mut conv = |v: Value, to: DType, what: &str| -> Result<usize, CodegenError> {
+            let b = self.buf(v)?;
+            let ty = self.g.result_ty(v.node, v.result).ok_or_else(|| {
+                CodegenError::Internal(format!("attention_backward operand %{} has no type", v.node.index()))
+            })?;
+            if ty.dtype == to {
+                return Ok(b);
+            }
+            let shape: Vec<Dim> = ty.dims().cloned().collect();
+            let s = self.scratch(to, shape, format!("{to} copy of {what} of %{}", n.index()));
+            let name = self.name(n, &format!("bwd_{what}_to_{to}"));
+            self.cast(n, name, v.node, b, s, to, None)?;
+            Ok(s)
+        };
+        let q = conv(Value::of(o.q), DType::BF16, "q")?;
+        let k = conv(Value::of(o.k), DType::BF16, "k")?;
+        let v = conv(Value::of(o.v), DType::BF16, "v")?;
+        let dout = conv(dout, DType::BF16, "dout")?;
+        let out = conv(out, DType::F32, "out")?;
+        let lse = self.buf(lse)?;
+        if let Some(c) = o.decay {
+            if self.ty(c).dtype != DType::F32 {
+                return Err(user(format!("the gate cumsum c must be f32, got {}", self.ty(c).dtype)));
+            }
+        }
+        let c = match o.decay {
+            Some(c) => self.buf(c)?,
+            None => q, // not read
+        };
+        let delta = match o.delta {
+            Some(d) => self.buf(d)?,
+            None => c, // not read
+        };
+        let res = |r: u32| self.buf(Value { node: n, result: r });
+        let (dq, dk, dv) = (res(0)?, res(1)?, res(2)?);
+        let dc = if a.decay { res(3)? } else { dq }; // not touched without decay
+
+        let bht: Vec<Dim> = bh.iter().cloned().chain([t.clone()]).collect();
+        let dd_buf = self.scratch(DType::F32, bht.clone(), format!("rowsum(dout * out) of %{}", n.index()));
+        let start = if cfg.prune {
+            let shape = bh.iter().cloned().chain([Dim::Tiles(Box::new(t.clone()), cfg.bm)]).collect();
+            self.scratch(DType::I32, shape, format!("start of each query tile of %{}", n.index()))
+        } else {
+            dd_buf // not read
+        };
+
+        let build = |kind: BwdKernel| -> Result<String, CodegenError> {
+            let f = attention_bwd::build_bwd_kernel(self.ctx, self.module, &cfg, kind, &regions)
+                .map_err(CodegenError::Internal)?;
+            Ok(f.get_name().to_string_lossy().into_owned())
+        };
+        let (pre, dqk, dkvk) = (build(BwdKernel::Pre)?, build(BwdKernel::Dq)?, build(BwdKernel::Dkv)?);
+        let buf = KernelArg::Buffer;
+        let t_arg = KernelArg::I32(vec![t.clone()]);
+        self.push(
+            n,
+            pre,
+            vec![buf(out), buf(dout), buf(dd_buf), KernelArg::I32(bht.clone())],
+            Launch::Grid { x: GridDim::Ceil(bht, PRE_ROWS), y: GridDim::Const(1), block: PRE_ROWS * 32 },
+            vec![],
+        );
+        self.push(
+            n,
+            dqk,
+            vec![
+                buf(q),
+                buf(k),
+                buf(v),
+                buf(c),
+                buf(delta),
+                buf(dout),
+                buf(lse),
+                buf(dd_buf),
+                buf(dq),
+                buf(dc),
+                buf(start),
+                t_arg.clone(),
+            ],
+            Launch::GridShared {
+                x: GridDim::Ceil(vec![t.clone()], DQ_ROWS),
+                y: GridDim::Ceil(bh, 1),
+                block: cfg.dq_threads(),
+                shared: cfg.dq_shared_bytes(),
+            },
+            vec![],
+        );
+        self.push(
+            n,
+            dkvk,
+            vec![
+                buf(q),
+                buf(k),
+                buf(v),
+                buf(c),
+                buf(dout),
+                buf(lse),
+                buf(dd_buf),
+                buf(start),
+                buf(dk),
+                buf(dv),
+                buf(dc),
+                t_arg,
+            ],
+            Launch::GridShared {
+                x: GridDim::Ceil(vec![t], cfg.bn),
+                y: GridDim::Ceil(bhk, 1),
+                block: cfg.dkv_threads(),
+                shared: cfg.dkv_shared_bytes(),
+            },
+            vec![],
+        );
+        Ok(())
+    }
+}
