@@ -208,11 +208,10 @@ fn prepare(g: &Graph, outputs: &[(String, Value)], inputs: &TensorMap) -> Result
                 v.result
             ))
         })?;
-        let shape = ty
-            .dims()
-            .map(|d| bind.eval(d).map(|x| x as usize))
-            .collect::<Option<Vec<usize>>>()
-            .ok_or_else(|| Error::user(format!("error: the shape of output `{name}` has an unbound dimension")))?;
+        let shape =
+            ty.dims().map(|d| bind.eval(d).map(|x| x as usize)).collect::<Option<Vec<usize>>>().ok_or_else(
+                || Error::user(format!("error: the shape of output `{name}` has an unbound dimension")),
+            )?;
         outs.push((name.clone(), ty.dtype, shape));
     }
     let rt = CudaRuntime::new().map_err(cuda_err)?;

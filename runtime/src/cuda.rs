@@ -180,10 +180,7 @@ impl CudaRuntime {
             }
         }
         if let Some(n) = program.outputs.iter().find(|&&n| n >= buffers.len()) {
-            return Err(CudaError::new(
-                CudaErrorKind::Invalid,
-                format!("output buffer {n} does not exist"),
-            ));
+            return Err(CudaError::new(CudaErrorKind::Invalid, format!("output buffer {n} does not exist")));
         }
         Ok(Session { rt: self, program: program.clone(), _module: module, functions, buffers })
     }

@@ -99,10 +99,8 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
     fn map(&self, out: PointerValue<'ctx>) {
         let b = self.b;
         let rank = self.k.rank;
-        let gid = b.add(
-            b.mul(b.zext64(b.sreg("ctaid.x")), b.i64(MAP_THREADS as i64)),
-            b.zext64(b.sreg("tid.x")),
-        );
+        let gid =
+            b.add(b.mul(b.zext64(b.sreg("ctaid.x")), b.i64(MAP_THREADS as i64)), b.zext64(b.sreg("tid.x")));
         let inside = b.icmp(IntPredicate::SLT, gid, self.count(rank));
         b.if_then(inside, |_| {
             let coord = self.split(gid, rank);
@@ -287,8 +285,10 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
                         let down = b.and(b.icmpc(IntPredicate::NE, r, 0), b.icmpc(IntPredicate::SLT, s, 0));
                         s = b.select_i(down, b.addc(q, -1), q);
                     }
-                    let inside =
-                        b.and(b.icmpc(IntPredicate::SGE, s, 0), b.icmp(IntPredicate::SLT, s, self.scalars[sizes[k]]));
+                    let inside = b.and(
+                        b.icmpc(IntPredicate::SGE, s, 0),
+                        b.icmp(IntPredicate::SLT, s, self.scalars[sizes[k]]),
+                    );
                     ok = b.and(ok, inside);
                     off = b.add(off, b.mul(s, self.scalars[strides[k]]));
                 }

@@ -73,7 +73,12 @@ pub(crate) enum Expr {
     /// Rounded to `DType` as `cast` does.
     Cast(DType, Box<Expr>),
     /// `x` where `j <= i` (and `i - j < window`), `-inf` elsewhere; `i`, `j` iteration axes.
-    Mask { i: usize, j: usize, window: Option<u64>, x: Box<Expr> },
+    Mask {
+        i: usize,
+        j: usize,
+        window: Option<u64>,
+        x: Box<Expr>,
+    },
 }
 
 /// What a kernel does along its line.

@@ -66,7 +66,10 @@ impl Inputs<'_> {
         let mut strides = vec![vec![]; self.axes.len()];
         for (p, name) in names.iter().enumerate() {
             let a = self.axes.iter().position(|x| x == name).ok_or_else(|| {
-                self.err(format!("operand axis `{name}` is not an axis of the iteration space {:?}", self.axes))
+                self.err(format!(
+                    "operand axis `{name}` is not an axis of the iteration space {:?}",
+                    self.axes
+                ))
             })?;
             let s = self.scalars.get(&dims[p + 1..]);
             strides[a].push(s);
@@ -131,10 +134,15 @@ pub(crate) fn handles(op: &Op) -> bool {
 
 /// Plans the kernel of node `n` (an op [`handles`] accepts). `folded(v)` is the compile-time
 /// value of an operand that has no buffer (a folded scalar).
-pub(crate) fn plan(g: &Graph, n: ValueId, folded: &dyn Fn(Value) -> Option<f64>) -> Result<Planned, CodegenError> {
+pub(crate) fn plan(
+    g: &Graph,
+    n: ValueId,
+    folded: &dyn Fn(Value) -> Option<f64>,
+) -> Result<Planned, CodegenError> {
     let op = g.op(n);
     let ops = g.operand_values(n);
-    let bad = |what: String| CodegenError::Internal(format!("value %{} ({}): {what}", n.index(), op.mnemonic()));
+    let bad =
+        |what: String| CodegenError::Internal(format!("value %{} ({}): {what}", n.index(), op.mnemonic()));
     if !handles(op) {
         return Err(CodegenError::Unsupported { op: op.mnemonic().to_string(), node: n.index() });
     }
@@ -176,8 +184,9 @@ pub(crate) fn plan(g: &Graph, n: ValueId, folded: &dyn Fn(Value) -> Option<f64>)
                 return Err(bad(format!("reduced axis `{axis}` is still an axis of the result")));
             }
             let src = g.value_ty(ops[0]);
-            let (_, ax) =
-                src.axis(axis).ok_or_else(|| bad(format!("reduced axis `{axis}` is not an axis of the operand")))?;
+            let (_, ax) = src
+                .axis(axis)
+                .ok_or_else(|| bad(format!("reduced axis `{axis}` is not an axis of the operand")))?;
             extra = Some((axis.clone(), ax.dim.clone()));
         }
         _ => {}
@@ -210,7 +219,9 @@ pub(crate) fn plan(g: &Graph, n: ValueId, folded: &dyn Fn(Value) -> Option<f64>)
             Some(c) => Expr::Const(c),
             None => Expr::Scalar(inp.scalars.get(std::slice::from_ref(d))),
         },
-        Op::Iota { axis } => Expr::Index(ipos(axis).ok_or_else(|| bad(format!("iota axis `{axis}` not in its type")))?),
+        Op::Iota { axis } => {
+            Expr::Index(ipos(axis).ok_or_else(|| bad(format!("iota axis `{axis}` not in its type")))?)
+        }
         Op::Bind { axes: names } => Expr::In(inp.add(ops[0], names)?),
         Op::Gather { index, .. } => inp.gather(ops[0], index)?,
         Op::Store { .. } => inp.named(ops[0])?,
