@@ -20,7 +20,7 @@ forget-gate projection to one logit per head, QK-norm with learned weights of th
 GELU MLP of 4x width), final RMSNorm, output projection. The forget-gate biases are spread
 over heads (mean decay 1e-4 .. 1e-1 per token), so that some heads forget within hundreds of
 tokens: ACP has tiles to skip from the first step. Defaults: 12 layers, width 768, 12 heads of
-64, context 8192, batch 1 per GPU, 200 steps, AdamW, bf16 autocast.
+64, context 8192, 1 sequence per step, 300 steps, AdamW, bf16 autocast (bf16 attention inputs).
 
 The corpus is made here (no downloads): an order-2 Markov chain over a 1024-token vocabulary
 (4 likely successors per context) interleaved with copies of earlier spans from up to 4096
@@ -214,8 +214,8 @@ class Block(nn.Module):
         B, T, W = x.shape
         h = self.norm1(x)
         q, k, v = self.qkv(h).view(B, T, 3, self.H, self.D).permute(2, 0, 3, 1, 4).unbind(0)
-        dt = torch.bfloat16 if x.is_cuda else q.dtype
-        q, k, v = (t.to(dt).contiguous() for t in (q, k, v))
+        # bf16 attention inputs on every device (what fox_qknorm.attn declares).
+        q, k, v = (t.to(torch.bfloat16).contiguous() for t in (q, k, v))
         fgate = self.gate(h).float().transpose(1, 2).contiguous()
         if self.capture is not None:
             self.capture.append(tuple(t.detach().clone() for t in (q, k, v, fgate, self.wq, self.wk)))
@@ -422,7 +422,7 @@ class Config:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--quick", action="store_true", help="tiny model (2 layers, width 128, context 1024), 20 steps")
     ap.add_argument("--methods", default=None, help="comma list of " + ",".join(METHODS))
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
