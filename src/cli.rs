@@ -83,8 +83,8 @@ pub enum Command {
         target: TargetArg,
         /// Draw these rules side by side (one column of panels each), e.g. --rules paper,tight;
         /// each with its kept fraction and max pruned mass (default: --prune-rule alone).
-        #[arg(long, value_enum, value_delimiter = ',')]
-        rules: Vec<RuleArg>,
+        #[arg(long, value_parser = parse_rule, value_delimiter = ',')]
+        rules: Vec<foxc_ir::PruneRule>,
     },
 }
 
@@ -96,9 +96,9 @@ pub struct PruneArgs {
     /// ln(eps): the pruned attention mass per row stays below eps.
     #[arg(long, default_value_t = -10.0, allow_hyphen_values = true)]
     pub log_eps: f64,
-    /// The safe threshold rule: the paper's, or the tighter per-row rule.
-    #[arg(long, value_enum, default_value_t = RuleArg::Paper)]
-    pub prune_rule: RuleArg,
+    /// The safe threshold rule: a name from `foxc rules` (the table in passes/src/rules.rs).
+    #[arg(long, value_parser = parse_rule, default_value = foxc_passes::rules::RULES[0].name)]
+    pub prune_rule: foxc_ir::PruneRule,
     /// ACP tile shape BMxBN (default: the target's choice; CPU and GPU 64x64).
     #[arg(long, value_parser = crate::pipeline::parse_tiles)]
     pub tiles: Option<foxc_ir::Tiles>,
@@ -233,10 +233,9 @@ pub enum BackendArg {
     Cuda,
 }
 
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RuleArg {
-    Paper,
-    Tight,
+/// `--prune-rule NAME`: an entry of the rule table; a usage error lists the names otherwise.
+fn parse_rule(name: &str) -> Result<foxc_ir::PruneRule, String> {
+    foxc_passes::rules::by_name(name)
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

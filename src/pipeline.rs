@@ -1,6 +1,6 @@
 //! The front half of the pipeline: source file -> verified graph -> optimized graph.
 
-use crate::cli::{PruneArgs, RuleArg, TargetArg};
+use crate::cli::{PruneArgs, TargetArg};
 use crate::Error;
 use foxc_ir::frontend::{self, Compiled};
 use foxc_ir::{Graph, PruneRule};
@@ -51,10 +51,7 @@ pub fn pass_options(prune: &PruneArgs, target: TargetArg, print_after_all: bool)
     PassOptions {
         prune: !prune.no_prune,
         log_eps: prune.log_eps,
-        rule: match prune.prune_rule {
-            RuleArg::Paper => PruneRule::Paper,
-            RuleArg::Tight => PruneRule::Tight,
-        },
+        rule: prune.prune_rule.clone(),
         target: match target {
             TargetArg::Cpu => Target::Cpu,
             TargetArg::Sm90a => Target::Sm90a,

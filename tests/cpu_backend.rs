@@ -1,7 +1,13 @@
 //! The CPU backend end to end: every example through the passes and the Cranelift kernels,
 //! against the f64 reference interpreter; input errors; determinism; unfused graphs.
 
-use foxc::cli::{PruneArgs, RuleArg, TargetArg};
+use foxc::cli::{PruneArgs, TargetArg};
+use foxc_ir::PruneRule;
+
+/// The rule of the table named `n`.
+fn rule(n: &str) -> PruneRule {
+    foxc_passes::rules::by_name(n).unwrap()
+}
 use foxc::{check, cpu_backend, pipeline, tensors, ErrorKind};
 use foxc_ir::interp::{self, Tensor};
 use foxc_ir::{DType, Graph, Op};
@@ -16,7 +22,7 @@ fn compile(name: &str) -> Graph {
     pipeline::Source::read(&path).unwrap().compile().unwrap().graph
 }
 
-fn optimize(g: &Graph, prune: bool, rule: RuleArg) -> Graph {
+fn optimize(g: &Graph, prune: bool, rule: PruneRule) -> Graph {
     let args = PruneArgs { no_prune: !prune, log_eps: -10.0, prune_rule: rule, tiles: None };
     pipeline::optimize(g, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0
 }
@@ -46,11 +52,11 @@ fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
 
 /// Run the attention node itself (f32 result) on the CPU and compare with the interpreter's
 /// f64 evaluation of the same node; then the whole graph (bf16 output) through `--check`.
-fn check_example(name: &str, dims: &str, prune: bool, rule: RuleArg, seed: u64) {
+fn check_example(name: &str, dims: &str, prune: bool, rule: PruneRule, seed: u64) {
     let src = compile(name);
+    let what = format!("{name} {dims} prune={prune} {}", rule.name);
     let opt = optimize(&src, prune, rule);
     let inputs = tensors::generate(&src, &shape(dims), seed).unwrap();
-    let what = format!("{name} {dims} prune={prune} {rule:?}");
     let iin = tensors::to_interp(&inputs);
 
     let mut att_g = opt.clone();
@@ -78,7 +84,7 @@ fn examples_dense_and_pruned_match_the_interpreter() {
     let mut seed = 1;
     for name in EXAMPLES {
         for dims in ["B=1,H=2,T=17,D=16", "B=2,H=2,T=130,D=32", "B=1,H=1,T=1,D=64"] {
-            for (prune, rule) in [(false, RuleArg::Paper), (true, RuleArg::Paper), (true, RuleArg::Tight)] {
+            for (prune, rule) in [(false, rule("paper")), (true, rule("paper")), (true, rule("tight"))] {
                 seed += 1;
                 check_example(name, dims, prune, rule, seed);
             }
@@ -93,7 +99,7 @@ fn head_dims_and_ragged_lengths() {
             "fox",
             &format!("B=1,H=2,T={},D={d}", 67 + 31 * i),
             true,
-            RuleArg::Paper,
+            rule("paper"),
             100 + i as u64,
         );
     }
@@ -102,7 +108,7 @@ fn head_dims_and_ragged_lengths() {
 #[test]
 fn pruning_skips_work_and_same_bits_every_run() {
     let src = compile("fox");
-    let opt = optimize(&src, true, RuleArg::Paper);
+    let opt = optimize(&src, true, rule("paper"));
     let inputs = tensors::generate(&src, &shape("B=1,H=8,T=1024,D=64"), 3).unwrap();
     let a = cpu_backend::run(&opt, &inputs).unwrap();
     let b = cpu_backend::run(&opt, &inputs).unwrap();
@@ -120,7 +126,7 @@ fn err(g: &Graph, inputs: &TensorMap) -> foxc::Error {
 #[test]
 fn bad_inputs_are_user_errors_naming_the_tensor() {
     let src = compile("fox");
-    let opt = optimize(&src, true, RuleArg::Paper);
+    let opt = optimize(&src, true, rule("paper"));
     let good = tensors::generate(&src, &shape("B=1,H=2,T=32,D=16"), 9).unwrap();
 
     let mut m = good.clone();
@@ -158,9 +164,9 @@ fn unfused_graphs_run_on_generic_loops() {
     let src = compile("fox");
     let inputs = tensors::generate(&src, &shape("B=1,H=1,T=8,D=16"), 1).unwrap();
     let plain = cpu_backend::run(&src, &inputs).unwrap().out.to_f64_vec();
-    let fused = cpu_backend::run(&optimize(&src, false, RuleArg::Paper), &inputs).unwrap().out.to_f64_vec();
+    let fused = cpu_backend::run(&optimize(&src, false, rule("paper")), &inputs).unwrap().out.to_f64_vec();
     assert!(rel_l2(&plain, &fused) <= 1e-2, "{}", rel_l2(&plain, &fused));
-    let clif = cpu_backend::emit_clif(&optimize(&src, true, RuleArg::Paper), &shape("D=16")).unwrap();
+    let clif = cpu_backend::emit_clif(&optimize(&src, true, rule("paper")), &shape("D=16")).unwrap();
     assert!(clif.contains("function %k") && clif.contains("_attention"), "{clif}");
 }
 
@@ -172,7 +178,7 @@ fn other_tile_shapes() {
         let args = PruneArgs {
             no_prune: false,
             log_eps: -10.0,
-            prune_rule: RuleArg::Tight,
+            prune_rule: rule("tight"),
             tiles: Some(foxc_ir::Tiles { bm, bn }),
         };
         let opt = pipeline::optimize(&src, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0;

@@ -8,7 +8,7 @@
 //! Pruned: within 1e-3 (ACP drops at most eps = e^-10 of each row's mass). The bf16 output itself
 //! matches to bf16 rounding either way.
 
-use foxc::cli::{PruneArgs, RuleArg, TargetArg};
+use foxc::cli::{PruneArgs, TargetArg};
 use foxc::{cpu_backend, pipeline, tensors};
 use foxc_ir::interp;
 use foxc_ir::{Graph, Op};
@@ -100,7 +100,12 @@ fn check_program(path: &Path, t: u64, seed: u64, passes: bool) {
         return;
     }
     for prune in [false, true] {
-        let args = PruneArgs { no_prune: !prune, log_eps: -10.0, prune_rule: RuleArg::Paper, tiles: None };
+        let args = PruneArgs {
+            no_prune: !prune,
+            log_eps: -10.0,
+            prune_rule: foxc_passes::rules::default_rule(),
+            tiles: None,
+        };
         let opt = pipeline::optimize(&src, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0;
         let opt_f32 = before_cast(&opt);
         let got = run_poisoned(&opt_f32, &inputs);

@@ -1,11 +1,12 @@
 //! The kept set proven on the CPU: the block starts the CPU kernels compute equal the reference
-//! interpreter's exactly, for both rules the IR's threshold op knows, on fresh random inputs and
+//! interpreter's exactly, for every rule of the table (`foxc_passes::rules::RULES`), on fresh random inputs and
 //! tiles, including adversarial ones (large norms, hard resets, no decay). `--check`, `run` and
 //! `bench` report from the CPU's starts (`cpu_backend::block_starts`), so this is what makes
 //! their kept fraction and pruned mass the reference's too.
 
-use foxc::cli::{PruneArgs, RuleArg, TargetArg};
+use foxc::cli::{PruneArgs, TargetArg};
 use foxc::{acp_stats, cpu_backend, pipeline, tensors};
+use foxc_passes::rules::RULES;
 use foxc_runtime::{HostTensor, TensorMap};
 use proptest::prelude::*;
 use std::path::Path;
@@ -38,19 +39,28 @@ fn perturb(inputs: &mut TensorMap, kind: u32) {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn case(name: &str, rule: RuleArg, bm: u32, bn: u32, h: u64, t: u64, seed: u64, kind: u32) -> Vec<f64> {
+fn case(
+    name: &str,
+    rule: foxc_ir::PruneRule,
+    bm: u32,
+    bn: u32,
+    h: u64,
+    t: u64,
+    seed: u64,
+    kind: u32,
+) -> Vec<f64> {
     let src = compile(name);
     let args = PruneArgs {
         no_prune: false,
         log_eps: -6.0,
-        prune_rule: rule,
+        prune_rule: rule.clone(),
         tiles: Some(foxc_ir::Tiles { bm, bn }),
     };
     let (opt, _) = pipeline::optimize(&src, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap();
     let dims = pipeline::parse_shape(&format!("B=1,H={h},T={t},D=16")).unwrap();
     let mut inputs = tensors::generate(&src, &dims, seed).unwrap();
     perturb(&mut inputs, kind);
-    let what = format!("{name} {rule:?} {bm}x{bn} H={h} T={t} seed {seed} kind {kind}");
+    let what = format!("{name} {} {bm}x{bn} H={h} T={t} seed {seed} kind {kind}", rule.name);
     let cpu =
         cpu_backend::block_starts(&opt, &inputs).unwrap().unwrap_or_else(|| panic!("{what}: not pruned"));
     let reference = acp_stats::measure(&opt, &tensors::to_interp(&inputs)).unwrap().unwrap().start;
@@ -62,9 +72,9 @@ fn case(name: &str, rule: RuleArg, bm: u32, bn: u32, h: u64, t: u64, seed: u64, 
 /// On the standard workload at T = 2048 the starts are far from trivial, and still equal.
 #[test]
 fn starts_agree_where_pruning_is_heavy() {
-    for rule in [RuleArg::Paper, RuleArg::Tight] {
-        let st = case("fox", rule, 64, 64, 4, 2048, 1, 0);
-        assert!(st.iter().any(|&s| s >= 4.0), "{rule:?}: nothing pruned: {st:?}");
+    for r in RULES {
+        let st = case("fox", r.rule(), 64, 64, 4, 2048, 1, 0);
+        assert!(st.iter().any(|&s| s >= 4.0), "{}: nothing pruned: {st:?}", r.name);
     }
 }
 
@@ -73,7 +83,7 @@ proptest! {
     #[test]
     fn cpu_block_starts_equal_the_interpreters(
         ex in 0usize..3,
-        tight in any::<bool>(),
+        rule in 0..RULES.len(),
         bm in prop::sample::select(vec![8u32, 16, 32]),
         bn in prop::sample::select(vec![8u32, 16, 64]),
         h in 1u64..4,
@@ -82,7 +92,6 @@ proptest! {
         kind in 0u32..4,
     ) {
         let name = ["fox", "fox_loggate", "fox_qknorm"][ex];
-        let rule = if tight { RuleArg::Tight } else { RuleArg::Paper };
-        case(name, rule, bm, bn, h, t, seed, kind);
+        case(name, RULES[rule].rule(), bm, bn, h, t, seed, kind);
     }
 }

@@ -51,7 +51,11 @@ fn bench_fox_cpu() {
     for pruned in [false, true] {
         let mut cfg = Cfg::fox(DType::BF16);
         if pruned {
-            cfg.prune = Some((PruneRule::Paper, NormBound::Data, Tiles { bm: 64, bn: 64 }));
+            cfg.prune = Some((
+                foxc_passes::rules::by_name("paper").unwrap(),
+                NormBound::Data,
+                Tiles { bm: 64, bn: 64 },
+            ));
         }
         let built = build(&cfg, d as u64);
         let t0 = Instant::now();

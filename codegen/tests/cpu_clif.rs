@@ -15,7 +15,7 @@ fn clif(cfg: &Cfg) -> String {
 #[test]
 fn clif_pruned_fox_bf16() {
     let mut c = Cfg::fox(DType::BF16);
-    c.prune = Some((PruneRule::Tight, NormBound::Data, Tiles { bm: 4, bn: 8 }));
+    c.prune = Some((foxc_passes::rules::by_name("tight").unwrap(), NormBound::Data, Tiles { bm: 4, bn: 8 }));
     c.out = DType::BF16;
     insta::assert_snapshot!("pruned_fox_bf16", clif(&c));
 }
@@ -32,7 +32,11 @@ fn clif_dense_sliding_window_f32() {
 fn clif_is_deterministic_and_names_kernels() {
     let mut c = Cfg::fox(DType::BF16);
     c.qk_norm = true;
-    c.prune = Some((PruneRule::Paper, NormBound::Static { q_max: 8.0, k_max: 8.0 }, Tiles { bm: 4, bn: 8 }));
+    c.prune = Some((
+        foxc_passes::rules::by_name("paper").unwrap(),
+        NormBound::Static { q_max: 8.0, k_max: 8.0 },
+        Tiles { bm: 4, bn: 8 },
+    ));
     let a = clif(&c);
     assert_eq!(a, clif(&c));
     for k in ["gate_cumsum", "rmsnorm", "threshold", "block_boundary", "_attention"] {

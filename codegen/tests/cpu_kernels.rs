@@ -90,12 +90,13 @@ fn dense_variants() {
 #[test]
 fn pruned_rules_and_tiles() {
     let mut seed = 30;
-    for rule in [PruneRule::Paper, PruneRule::Tight] {
+    // Every rule of the table (a new rule is compiled and compared without touching this test).
+    for rule in foxc_passes::rules::RULES.iter().map(|r| r.rule()) {
         for tl in [tiles(16, 16), tiles(32, 16), tiles(16, 32), tiles(64, 64), tiles(12, 20)] {
             for &(t, d) in &[(1usize, 16usize), (17, 32), (300, 64)] {
                 seed += 1;
                 let mut c = Cfg::fox(DType::BF16);
-                c.prune = Some((rule, NormBound::Data, tl));
+                c.prune = Some((rule.clone(), NormBound::Data, tl));
                 run_case(&c, 1, 2, t, d, seed);
             }
         }
@@ -109,10 +110,18 @@ fn pruned_qk_norm_static_bound_window_bf16_out() {
     c.qk_norm = true;
     // QK-norm bound: max|w| * sqrt(D); weights are ~N(1, 0.2), below 2.5 with overwhelming odds.
     let bnd = 2.5 * (d as f64).sqrt();
-    c.prune = Some((PruneRule::Paper, NormBound::Static { q_max: bnd, k_max: bnd }, tiles(32, 32)));
+    c.prune = Some((
+        foxc_passes::rules::by_name("paper").unwrap(),
+        NormBound::Static { q_max: bnd, k_max: bnd },
+        tiles(32, 32),
+    ));
     c.out = DType::BF16;
     run_case(&c, 1, 2, 200, d, 41);
-    c.prune = Some((PruneRule::Tight, NormBound::Static { q_max: bnd, k_max: bnd }, tiles(32, 32)));
+    c.prune = Some((
+        foxc_passes::rules::by_name("tight").unwrap(),
+        NormBound::Static { q_max: bnd, k_max: bnd },
+        tiles(32, 32),
+    ));
     c.window = Some(100);
     c.gate = Some(GateKind::LogGate);
     run_case(&c, 2, 2, 130, d, 42);
@@ -122,7 +131,7 @@ fn pruned_qk_norm_static_bound_window_bf16_out() {
 fn pruning_skips_tiles_on_fast_heads() {
     let (b, h, t, d) = (1usize, 2usize, 512usize, 32usize);
     let mut c = Cfg::fox(DType::F32);
-    c.prune = Some((PruneRule::Tight, NormBound::Data, tiles(32, 32)));
+    c.prune = Some((foxc_passes::rules::by_name("tight").unwrap(), NormBound::Data, tiles(32, 32)));
     let built = build(&c, d as u64);
     let prog = cpu::compile(&built.g, &dims(b as u64, h as u64, t as u64, d as u64)).unwrap();
     let inp = random_inputs(&mut Rng::new(5), &c, b, h, t, d);
@@ -158,7 +167,7 @@ fn hard_reset_and_no_decay_gates() {
     let (b, h, t, d) = (1usize, 2usize, 150usize, 32usize);
     let mut c = Cfg::fox(DType::F32);
     c.gate = Some(GateKind::LogGate);
-    c.prune = Some((PruneRule::Tight, NormBound::Data, tiles(16, 16)));
+    c.prune = Some((foxc_passes::rules::by_name("tight").unwrap(), NormBound::Data, tiles(16, 16)));
     let built = build(&c, d as u64);
     let prog = cpu::compile(&built.g, &dims(b as u64, h as u64, t as u64, d as u64)).unwrap();
     let mut inp = random_inputs(&mut Rng::new(77), &c, b, h, t, d);

@@ -98,7 +98,7 @@ fn spec(t: NvptxTarget, d: u64) -> NvptxSpec {
 
 #[test]
 fn fox_plan_has_one_kernel_per_node_and_no_boundary_launch() {
-    let g = fox_graph(PruneRule::Paper, NormBound::Data);
+    let g = fox_graph(foxc_passes::rules::by_name("paper").unwrap(), NormBound::Data);
     let a = compile(&g, &spec(NvptxTarget::Sm90a, 64)).expect("compiles");
     let names: Vec<&str> = a.kernels.iter().map(|k| k.name.as_str()).collect();
     // The output cast to bf16 is fused into the attention epilogue: no cast launch.
@@ -112,9 +112,13 @@ fn fox_plan_has_one_kernel_per_node_and_no_boundary_launch() {
         assert!(a.ptx.contains(&format!(".entry {}", k.name)), "PTX lacks {}", k.name);
     }
     assert!(a.ptx.contains(".target sm_90a"));
-    // The norms buffer is zeroed before its atomicMax kernel.
-    let nb = a.kernels[1].zero_first[0];
+    // The per-tile norms are scratch, written by the norms kernel and read by the delta kernel.
+    let nb = match &a.kernels[1].args[2] {
+        KernelArg::Buffer(b) => *b,
+        other => panic!("{other:?}"),
+    };
     assert!(matches!(a.buffers[nb].kind, BufferKind::Scratch(_)));
+    assert!(matches!(&a.kernels[2].args[2], KernelArg::Buffer(b) if *b == nb));
     // Attention reads delta directly (argument 5) and its geometry follows the tiles.
     let delta_buf = match &a.kernels[3].args[4] {
         KernelArg::Buffer(b) => *b,
@@ -147,7 +151,7 @@ fn fox_plan_has_one_kernel_per_node_and_no_boundary_launch() {
 /// A cast to anything but bf16 is not fused: the attention writes f32 and the cast kernel runs.
 #[test]
 fn cast_to_f16_is_not_fused() {
-    let g = fox_graph_out(PruneRule::Paper, NormBound::Data, DType::F16);
+    let g = fox_graph_out(foxc_passes::rules::by_name("paper").unwrap(), NormBound::Data, DType::F16);
     let a = compile(&g, &spec(NvptxTarget::Sm90a, 64)).expect("compiles");
     let names: Vec<&str> = a.kernels.iter().map(|k| k.name.as_str()).collect();
     assert_eq!(names.len(), 5, "{names:?}");
@@ -159,7 +163,10 @@ fn cast_to_f16_is_not_fused() {
 
 #[test]
 fn static_tight_and_sm80() {
-    let g = fox_graph(PruneRule::Tight, NormBound::Static { q_max: 8.0, k_max: 8.0 });
+    let g = fox_graph(
+        foxc_passes::rules::by_name("tight").unwrap(),
+        NormBound::Static { q_max: 8.0, k_max: 8.0 },
+    );
     let a = compile(&g, &spec(NvptxTarget::Sm80, 128)).expect("compiles");
     assert_eq!(a.kernels.len(), 3);
     assert!(a.ptx.contains(".target sm_80"));
@@ -189,7 +196,7 @@ fn unsupported_op_is_named() {
 
 #[test]
 fn missing_head_dim_and_bad_head_dim_are_user_errors() {
-    let g = fox_graph(PruneRule::Paper, NormBound::Data);
+    let g = fox_graph(foxc_passes::rules::by_name("paper").unwrap(), NormBound::Data);
     let no_d = NvptxSpec::new(NvptxTarget::Sm90a, BTreeMap::new());
     let e = compile(&g, &no_d).unwrap_err();
     assert!(matches!(e, CodegenError::User(_)), "{e}");
@@ -203,7 +210,7 @@ fn missing_head_dim_and_bad_head_dim_are_user_errors() {
 /// D = 32 and 96 take the mma.sync path on sm_90a, the others wgmma.
 #[test]
 fn every_head_dim_compiles_on_both_targets() {
-    let g = fox_graph(PruneRule::Paper, NormBound::Data);
+    let g = fox_graph(foxc_passes::rules::by_name("paper").unwrap(), NormBound::Data);
     for d in foxc_codegen::nvptx::attention::HEAD_DIMS {
         for t in [NvptxTarget::Sm90a, NvptxTarget::Sm80] {
             let a = compile(&g, &spec(t, d as u64)).unwrap_or_else(|e| panic!("D={d} {t:?}: {e}"));
@@ -220,7 +227,9 @@ fn attention_llvm_ir_snapshot() {
     for (t, name) in
         [(NvptxTarget::Sm90a, "nvptx_attention_sm90a_d64"), (NvptxTarget::Sm80, "nvptx_attention_sm80_d64")]
     {
-        let a = compile(&fox_graph(PruneRule::Paper, NormBound::Data), &spec(t, 64)).expect("compiles");
+        let a =
+            compile(&fox_graph(foxc_passes::rules::by_name("paper").unwrap(), NormBound::Data), &spec(t, 64))
+                .expect("compiles");
         insta::assert_snapshot!(name, attention_ir(&a.llvm_ir));
     }
 }
@@ -259,8 +268,11 @@ fn small_kernels_llvm_ir_snapshot() {
 
 #[test]
 fn fox_gate_and_threshold_llvm_ir_snapshot() {
-    let a = compile(&fox_graph(PruneRule::Tight, NormBound::Data), &spec(NvptxTarget::Sm90a, 64))
-        .expect("compiles");
+    let a = compile(
+        &fox_graph(foxc_passes::rules::by_name("tight").unwrap(), NormBound::Data),
+        &spec(NvptxTarget::Sm90a, 64),
+    )
+    .expect("compiles");
     let small = small_kernels_ir(&a.llvm_ir);
     insta::assert_snapshot!("nvptx_fox_gate_threshold_sm90a_d64", small);
 }
@@ -307,8 +319,11 @@ fn every_kernel_assembles_with_ptxas() {
     let dir = std::env::temp_dir().join(format!("foxc_nvptx_test_{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let graphs = [
-        fox_graph(PruneRule::Paper, NormBound::Data),
-        fox_graph(PruneRule::Tight, NormBound::Static { q_max: 8.0, k_max: 8.0 }),
+        fox_graph(foxc_passes::rules::by_name("paper").unwrap(), NormBound::Data),
+        fox_graph(
+            foxc_passes::rules::by_name("tight").unwrap(),
+            NormBound::Static { q_max: 8.0, k_max: 8.0 },
+        ),
         qknorm_alibi_graph(),
     ];
     for (gi, g) in graphs.iter().enumerate() {

@@ -17,7 +17,7 @@ fn spec() -> NvptxSpec {
 /// FoX with a pruned attention (fused boundary) whose threshold has the bound `score` and whose
 /// score is `region`.
 fn graph(score: ScoreBound, region: Region, group: u64) -> Graph {
-    graph_rule(PruneRule::Paper, score, region, group)
+    graph_rule(foxc_passes::rules::by_name("paper").unwrap(), score, region, group)
 }
 
 /// [`graph`] with the threshold's rule (the tight rule reads k rows in the delta kernel).
@@ -100,7 +100,12 @@ fn grouped_query_heads_compile_with_static_heads() {
     let divs = a.llvm_ir.lines().filter(|l| l.contains(" udiv ") && l.ends_with(", 3")).count();
     assert_eq!(divs, 2, "{}", a.llvm_ir);
     // The tight rule's delta kernel reads k rows too.
-    let g = graph_rule(PruneRule::Tight, ScoreBound::IDENTITY, Region::identity(), 3);
+    let g = graph_rule(
+        foxc_passes::rules::by_name("tight").unwrap(),
+        ScoreBound::IDENTITY,
+        Region::identity(),
+        3,
+    );
     let a = compile(&g, &spec_with(NvptxTarget::Sm90a, &[("D", 64), ("H", 6), ("G", 2)])).expect("compiles");
     let divs = a.llvm_ir.lines().filter(|l| l.contains(" udiv ") && l.ends_with(", 3")).count();
     assert_eq!(divs, 3, "{}", a.llvm_ir);
@@ -133,7 +138,15 @@ fn softcap_and_gqa_assemble_with_ptxas() {
         ("softcap", graph(ScoreBound::Static(20.0), softcap(), 1)),
         ("gqa", graph(ScoreBound::IDENTITY, Region::identity(), 3)),
         ("gqa_softcap", graph(ScoreBound::Static(20.0), softcap(), 3)),
-        ("gqa_tight", graph_rule(PruneRule::Tight, ScoreBound::IDENTITY, Region::identity(), 3)),
+        (
+            "gqa_tight",
+            graph_rule(
+                foxc_passes::rules::by_name("tight").unwrap(),
+                ScoreBound::IDENTITY,
+                Region::identity(),
+                3,
+            ),
+        ),
     ];
     for (name, g) in &graphs {
         for t in [NvptxTarget::Sm90a, NvptxTarget::Sm80] {

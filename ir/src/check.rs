@@ -211,10 +211,12 @@ pub fn infer(op: &Op, ops: &[&ValueType]) -> Result<Option<ValueType>, String> {
             if log_eps.is_nan() || scale.factor.is_nan() {
                 return Err("threshold: log_eps and scale must not be NaN".into());
             }
-            if *rule == crate::ops::PruneRule::Tight && *score != crate::ops::ScoreBound::IDENTITY {
-                return Err(
-                    "threshold: the tight rule needs the identity score (its diagonal logit is q.k)".into()
-                );
+            if !rule.fits(score) {
+                return Err(format!(
+                    "threshold: the rule `{}` reads s_ii and needs the identity score (its diagonal \
+                     logit is q.k)",
+                    rule.name
+                ));
             }
             let d = dims(q);
             Some(ValueType::tensor(

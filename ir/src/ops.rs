@@ -92,14 +92,9 @@ pub enum GateKind {
     Slope,
 }
 
-/// Which safe threshold rule `threshold` computes (DESIGN.md section 1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum PruneRule {
-    /// `delta = log eps - 2U - log T`, one value per (b, h).
-    Paper,
-    /// `delta_i = log eps - log T - scale |q_i| Kmax + s_ii`, minimum over the query tile.
-    Tight,
-}
+/// The safe threshold rule `threshold` computes: a name and a formula over named statistics
+/// (`crate::prune_rule`; the table of rules is `foxc_passes::rules`, docs/RULES.md).
+pub use crate::prune_rule::PruneRule;
 
 /// Where the bound on `max |q_i|` and `max |k_j|` comes from.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -347,7 +342,7 @@ impl fmt::Display for Op {
                 let u = if *score == ScoreBound::IDENTITY { String::new() } else { format!(", u = {score}") };
                 write!(
                     f,
-                    " {{rule = {rule:?}, log_eps = {}, bound = {b}{u}, scale = {scale}, bm = {bm}}}",
+                    " {{rule = {rule}, log_eps = {}, bound = {b}{u}, scale = {scale}, bm = {bm}}}",
                     fmt_f64(*log_eps)
                 )
             }

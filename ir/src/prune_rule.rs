@@ -1,10 +1,12 @@
 //! Pruning rules as data: a rule's threshold formula is a small expression over named
-//! statistics of q and k, meant to be carried by the `threshold` op as an attribute (not yet:
-//! the op still holds the two-arm `ops::PruneRule` enum; docs/RULES.md, "Status").
+//! statistics of q and k, carried by the `threshold` op ([`PruneRule`]: name + formula).
 //!
 //! The table of rules (names, formulas, soundness notes) lives in `foxc_passes::rules`; this
-//! module only defines what a formula is, how it prints, and what it evaluates to
-//! ([`threshold`]: THE definition the interpreter uses and the backends render).
+//! module defines what a formula is, how it prints, and the one walk over it
+//! ([`RuleExpr::emit`]): the interpreter evaluates a formula by walking it with f64 arithmetic
+//! ([`threshold`], THE reference), the backends walk it with an emitter of Cranelift / LLVM
+//! instructions. Each backend supplies only the statistics and the four arithmetic primitives;
+//! the shape of the formula, including the score bound `U`, is decided here once.
 //!
 //! Semantics (docs/RULES.md): for query tile `m` of head `(b, h)`,
 //! `delta[m] = min over rows i of tile m (i < T) of formula(i)`. Statistics that do not depend
@@ -127,17 +129,82 @@ pub mod build {
     }
 }
 
+/// What a backend supplies to render a formula: its statistics and four arithmetic primitives
+/// ([`RuleExpr::emit`] decides everything else, the score bound included).
+pub trait RuleEmitter {
+    type V: Copy;
+    /// The value of a statistic at the current row / tile / head.
+    fn stat(&mut self, s: Stat) -> Self::V;
+    fn constant(&mut self, c: f64) -> Self::V;
+    fn add(&mut self, a: Self::V, b: Self::V) -> Self::V;
+    fn sub(&mut self, a: Self::V, b: Self::V) -> Self::V;
+    fn mul(&mut self, a: Self::V, b: Self::V) -> Self::V;
+}
+
+/// The f64 emitter: evaluation (the interpreter's arithmetic).
+struct F64Eval<'a>(&'a dyn Fn(Stat) -> f64);
+
+impl RuleEmitter for F64Eval<'_> {
+    type V = f64;
+    fn stat(&mut self, s: Stat) -> f64 {
+        (self.0)(s)
+    }
+    fn constant(&mut self, c: f64) -> f64 {
+        c
+    }
+    fn add(&mut self, a: f64, b: f64) -> f64 {
+        a + b
+    }
+    fn sub(&mut self, a: f64, b: f64) -> f64 {
+        a - b
+    }
+    fn mul(&mut self, a: f64, b: f64) -> f64 {
+        a * b
+    }
+}
+
 impl RuleExpr {
-    /// The value, given the statistics and the score bound map `U(x)`.
-    pub fn eval(&self, stat: &dyn Fn(Stat) -> f64, u: &dyn Fn(f64) -> f64) -> f64 {
+    /// Render the formula with `e`, operation by operation in a fixed order (so an f64 backend
+    /// reproduces the interpreter bit for bit). `U(x)` becomes the score bound's own form:
+    /// a constant for a static bound (x is not rendered), `gain * x + extra` otherwise, with the
+    /// multiplication by 1 and the addition of 0 left out.
+    pub fn emit<E: RuleEmitter>(&self, score: &ScoreBound, e: &mut E) -> E::V {
         match self {
-            RuleExpr::Stat(s) => stat(*s),
-            RuleExpr::Const(c) => *c,
-            RuleExpr::Add(a, b) => a.eval(stat, u) + b.eval(stat, u),
-            RuleExpr::Sub(a, b) => a.eval(stat, u) - b.eval(stat, u),
-            RuleExpr::Mul(a, b) => a.eval(stat, u) * b.eval(stat, u),
-            RuleExpr::Bound(a) => u(a.eval(stat, u)),
+            RuleExpr::Stat(s) => e.stat(*s),
+            RuleExpr::Const(c) => e.constant(*c),
+            RuleExpr::Add(a, b) => {
+                let (a, b) = (a.emit(score, e), b.emit(score, e));
+                e.add(a, b)
+            }
+            RuleExpr::Sub(a, b) => {
+                let (a, b) = (a.emit(score, e), b.emit(score, e));
+                e.sub(a, b)
+            }
+            RuleExpr::Mul(a, b) => {
+                let (a, b) = (a.emit(score, e), b.emit(score, e));
+                e.mul(a, b)
+            }
+            RuleExpr::Bound(a) => match *score {
+                ScoreBound::Static(u) => e.constant(u),
+                ScoreBound::Data { gain, extra } => {
+                    let mut x = a.emit(score, e);
+                    if gain != 1.0 {
+                        let g = e.constant(gain);
+                        x = e.mul(g, x);
+                    }
+                    if extra != 0.0 {
+                        let c = e.constant(extra);
+                        x = e.add(x, c);
+                    }
+                    x
+                }
+            },
         }
+    }
+
+    /// The value in f64, given the statistics and the score bound.
+    pub fn eval(&self, stat: &dyn Fn(Stat) -> f64, score: &ScoreBound) -> f64 {
+        self.emit(score, &mut F64Eval(stat))
     }
 
     /// Every statistic read, sorted, each once.
@@ -158,6 +225,27 @@ impl RuleExpr {
         v.sort();
         v.dedup();
         v
+    }
+
+    /// The statistics a backend must compute to render the formula under `score`: those
+    /// [`Self::emit`] asks for (a static score bound renders no statistic inside `U`).
+    pub fn stats_under(&self, score: &ScoreBound) -> Vec<Stat> {
+        struct Reads(Vec<Stat>);
+        impl RuleEmitter for Reads {
+            type V = ();
+            fn stat(&mut self, s: Stat) {
+                self.0.push(s)
+            }
+            fn constant(&mut self, _: f64) {}
+            fn add(&mut self, _: (), _: ()) {}
+            fn sub(&mut self, _: (), _: ()) {}
+            fn mul(&mut self, _: (), _: ()) {}
+        }
+        let mut r = Reads(vec![]);
+        self.emit(score, &mut r);
+        r.0.sort();
+        r.0.dedup();
+        r.0
     }
 
     pub fn uses(&self, s: Stat) -> bool {
@@ -271,7 +359,6 @@ pub fn threshold(rule: &RuleExpr, a: &ThresholdArgs) -> Vec<f64> {
     let mt = t.div_ceil(bm);
     let norm = |x: &[f64]| x.iter().map(|v| v * v).sum::<f64>().sqrt();
     let ln_t = (t as f64).ln();
-    let u = |x: f64| a.score.u(x);
     let per_row = rule.per_row();
     let mut out = Vec::with_capacity(a.heads * mt);
     for bh in 0..a.heads {
@@ -310,9 +397,9 @@ pub fn threshold(rule: &RuleExpr, a: &ThresholdArgs) -> Vec<f64> {
                 }
             };
             let delta = if per_row {
-                (lo..hi).map(|i| rule.eval(&at(i), &u)).fold(f64::INFINITY, nan_min)
+                (lo..hi).map(|i| rule.eval(&at(i), &a.score)).fold(f64::INFINITY, nan_min)
             } else {
-                rule.eval(&at(lo), &u)
+                rule.eval(&at(lo), &a.score)
             };
             out.push(delta);
         }
@@ -339,9 +426,13 @@ mod tests {
     #[test]
     fn evaluates_and_lists_statistics() {
         let e = sub(s(Stat::LnEps), mul(c(2.0), bound(s(Stat::KMax))));
-        let v = e.eval(&|s| if s == Stat::LnEps { -10.0 } else { 3.0 }, &|x| x + 1.0);
-        assert_eq!(v, -18.0);
+        let st = |s| if s == Stat::LnEps { -10.0 } else { 3.0 };
+        assert_eq!(e.eval(&st, &ScoreBound::Data { gain: 1.0, extra: 1.0 }), -18.0);
+        assert_eq!(e.eval(&st, &ScoreBound::Data { gain: 2.0, extra: 0.0 }), -22.0);
+        assert_eq!(e.eval(&st, &ScoreBound::Static(5.0)), -20.0);
         assert_eq!(e.stats(), vec![Stat::LnEps, Stat::KMax]);
+        assert_eq!(e.stats_under(&ScoreBound::IDENTITY), vec![Stat::LnEps, Stat::KMax]);
+        assert_eq!(e.stats_under(&ScoreBound::Static(1.0)), vec![Stat::LnEps]);
         assert!(!e.per_row());
         assert!(add(e, s(Stat::QRow)).per_row());
     }

@@ -272,7 +272,11 @@ mod tests {
         );
         let delta = g.add(
             Op::Threshold {
-                rule: PruneRule::Tight,
+                // A rule reading the diagonal logit (the verifier lets it through: identity score).
+                rule: PruneRule {
+                    name: "tight".into(),
+                    formula: crate::prune_rule::build::s(crate::prune_rule::Stat::Sii),
+                },
                 log_eps: -10.0,
                 bound: NormBound::Data,
                 score: ScoreBound::IDENTITY,

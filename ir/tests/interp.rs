@@ -11,6 +11,21 @@ use std::collections::BTreeMap;
 
 const SP: Span = Span { start: 0, end: 0 };
 
+/// The paper rule's formula, written out here (the table is in foxc_passes, which depends on
+/// this crate): these tests check the interpreter's evaluation of formulas.
+fn paper() -> PruneRule {
+    use foxc_ir::prune_rule::{build::*, Stat::*};
+    let x = bound(mul(s(Scale), mul(s(QMax), s(KMax))));
+    PruneRule { name: "paper".into(), formula: sub(sub(s(LnEps), s(LnT)), mul(c(2.0), x)) }
+}
+
+/// The tight rule's formula (as [`paper`]).
+fn tight() -> PruneRule {
+    use foxc_ir::prune_rule::{build::*, Stat::*};
+    let pen = mul(s(Scale), mul(s(QRow), s(KMax)));
+    PruneRule { name: "tight".into(), formula: add(sub(sub(s(LnEps), s(LnT)), pen), s(Sii)) }
+}
+
 fn sym(s: &str) -> Dim {
     Dim::sym(s)
 }
@@ -327,14 +342,14 @@ fn hand_computed_threshold_both_rules() {
     let ins = inputs(vec![("q", q), ("k", k)]);
     let l3 = 3f64.ln();
     // Paper: U = 0.5 * 5 * 2 = 5 -> delta = -10 - 10 - ln 3 for both tiles.
-    let r = interp::run(&build(PruneRule::Paper), &ins).unwrap();
+    let r = interp::run(&build(paper()), &ins).unwrap();
     assert_eq!(r.output.shape, vec![1, 1, 2]);
     for x in &r.output.data {
         assert!((x - (-20.0 - l3)).abs() < 1e-12);
     }
     // Tight: row terms -10 - ln3 - 0.5 |q_i| * 2 + 0.5 q_i.k_i:
     // row 0: -5 + 1.5 = -3.5; row 1: -1 + 1 = 0; row 2: -1 + 0 = -1.
-    let r = interp::run(&build(PruneRule::Tight), &ins).unwrap();
+    let r = interp::run(&build(tight()), &ins).unwrap();
     let e = [-10.0 - l3 - 3.5, -10.0 - l3 - 1.0];
     for (x, y) in r.output.data.iter().zip(e) {
         assert!((x - y).abs() < 1e-12, "{:?}", r.output.data);
@@ -459,22 +474,22 @@ fn pruned_matches_dense_within_eps() {
     let scale = 1.0 / (d as f64).sqrt();
     let mut some_pruned = false;
     for (seed, rule, log_eps, tiles) in [
-        (21u64, PruneRule::Paper, -5.0, Tiles { bm: 16, bn: 16 }),
-        (22, PruneRule::Tight, -5.0, Tiles { bm: 16, bn: 16 }),
-        (23, PruneRule::Paper, -3.0, Tiles { bm: 32, bn: 16 }),
-        (24, PruneRule::Tight, -8.0, Tiles { bm: 16, bn: 64 }),
-        (25, PruneRule::Tight, -2.0, Tiles { bm: 7, bn: 5 }),
+        (21u64, paper(), -5.0, Tiles { bm: 16, bn: 16 }),
+        (22, tight(), -5.0, Tiles { bm: 16, bn: 16 }),
+        (23, paper(), -3.0, Tiles { bm: 32, bn: 16 }),
+        (24, tight(), -8.0, Tiles { bm: 16, bn: 64 }),
+        (25, tight(), -2.0, Tiles { bm: 7, bn: 5 }),
     ] {
         let ins = random_fox_inputs(seed, b, h, t, d);
         let dense = interp::run(&fused_fox(scale, None, None).g, &ins).unwrap();
-        let pruned = interp::run(&fused_fox(scale, Some((rule, log_eps, tiles)), None).g, &ins).unwrap();
+        let pruned = interp::run(&fused_fox(scale, Some((rule.clone(), log_eps, tiles)), None).g, &ins).unwrap();
         let eps = f64::exp(log_eps);
         let vmax = ins["v"].data.iter().fold(0.0f64, |a, x| a.max(x.abs()));
         let err = max_abs_diff(&dense.output, &pruned.output);
         assert_eq!(pruned.prune.len(), 1);
         let st = &pruned.prune[0];
-        assert!(err <= 2.0 * eps * vmax, "{rule:?}: err {err} > {}", 2.0 * eps * vmax);
-        assert!(st.max_pruned_mass < eps, "{rule:?}: mass {} >= eps {eps}", st.max_pruned_mass);
+        assert!(err <= 2.0 * eps * vmax, "{}: err {err} > {}", rule.name, 2.0 * eps * vmax);
+        assert!(st.max_pruned_mass < eps, "{}: mass {} >= eps {eps}", rule.name, st.max_pruned_mass);
         assert!(st.kept_tiles <= st.total_tiles);
         some_pruned |= st.kept_tiles < st.total_tiles && st.max_pruned_mass > 0.0;
     }
@@ -488,7 +503,7 @@ fn pruned_with_window_matches_dense() {
     let scale = 0.3;
     let dense = interp::run(&fused_fox(scale, None, Some(20)).g, &ins).unwrap();
     let pruned = interp::run(
-        &fused_fox(scale, Some((PruneRule::Tight, -6.0, Tiles { bm: 8, bn: 8 })), Some(20)).g,
+        &fused_fox(scale, Some((tight(), -6.0, Tiles { bm: 8, bn: 8 })), Some(20)).g,
         &ins,
     )
     .unwrap();
@@ -504,7 +519,7 @@ fn block_boundary_matches_brute_force() {
         let (b, h) = (2, 3);
         let ins = random_fox_inputs(rng.random(), b, h, t, 8);
         let tiles = Tiles { bm, bn };
-        let f = fused_fox(0.5, Some((PruneRule::Tight, rng.random_range(-12.0..-1.0), tiles)), None);
+        let f = fused_fox(0.5, Some((tight(), rng.random_range(-12.0..-1.0), tiles)), None);
         let (cid, did, sid) = (f.c, f.delta.unwrap(), f.start.unwrap());
         let vals = interp::eval(&f.g, &ins, &[cid, did, sid]).unwrap();
         let (c, delta, start) = (&vals[&cid], &vals[&did], &vals[&sid]);
@@ -538,7 +553,7 @@ fn block_boundary_matches_brute_force() {
 fn eval_threshold_at_long_t_without_attention() {
     let (b, h, t, d) = (1, 2, 32768, 8);
     let mut rng = StdRng::seed_from_u64(51);
-    let f = fused_fox(0.35, Some((PruneRule::Paper, -10.0, Tiles { bm: 128, bn: 128 })), None);
+    let f = fused_fox(0.35, Some((paper(), -10.0, Tiles { bm: 128, bn: 128 })), None);
     let ins = inputs(vec![
         ("q", randn(&mut rng, &[b, h, t, d], 1.0)),
         ("k", randn(&mut rng, &[b, h, t, d], 1.0)),
@@ -559,7 +574,7 @@ fn fused_attention_at_t4096() {
     let ins = random_fox_inputs(61, 1, 1, 4096, 32);
     let t0 = std::time::Instant::now();
     let r =
-        interp::run(&fused_fox(0.2, Some((PruneRule::Tight, -10.0, Tiles { bm: 64, bn: 64 })), None).g, &ins)
+        interp::run(&fused_fox(0.2, Some((tight(), -10.0, Tiles { bm: 64, bn: 64 })), None).g, &ins)
             .unwrap();
     assert!(r.output.data.iter().all(|x| x.is_finite()));
     assert!(t0.elapsed().as_secs() < 120);
@@ -591,7 +606,7 @@ fn nan_inputs_propagate_without_panic() {
     let r = interp::run(&unfused_fox(), &ins).unwrap();
     assert!(r.output.at(&[0, 0, 3, 0]).is_nan());
     // Fused: rows before t = 3 never touch v_3.
-    let f = fused_fox(0.5, Some((PruneRule::Tight, -5.0, Tiles { bm: 2, bn: 2 })), None);
+    let f = fused_fox(0.5, Some((tight(), -5.0, Tiles { bm: 2, bn: 2 })), None);
     let r = interp::run(&f.g, &ins).unwrap();
     assert!(r.output.data[..12].iter().all(|x| x.is_finite()));
     assert!(r.output.at(&[0, 0, 3, 0]).is_nan());

@@ -14,9 +14,7 @@
 use crate::monotone::Verdict;
 use crate::{Explanation, PassContext, PassError, PassOptions};
 use foxc_ir::check::infer;
-use foxc_ir::{
-    Attention, Dim, Graph, NormBound, Op, Prune, PruneRule, ScoreBound, Value, ValueId, ValueType,
-};
+use foxc_ir::{Attention, Dim, Graph, NormBound, Op, Prune, Value, ValueId, ValueType};
 
 /// `max|x_i|` without reading data, when `x` is a positional rmsnorm of a weight with a
 /// declared range and a constant feature size.
@@ -120,8 +118,21 @@ pub fn run(g: &mut Graph, opts: &PassOptions, cx: &mut PassContext) -> Result<()
             (Some(q_max), Some(k_max)) => NormBound::Static { q_max, k_max },
             _ => NormBound::Data,
         };
-        // The tight rule's diagonal logit is q_i . k_i: the identity score only.
-        let rule = if score == ScoreBound::IDENTITY { opts.rule } else { PruneRule::Paper };
+        // A rule reading the diagonal logit s_ii = scale q_i . k_i fits the identity score only;
+        // other regions fall back to the default rule (which reads no row statistic).
+        let fits = opts.rule.fits(&score);
+        if !fits {
+            explain(
+                cx,
+                format!(
+                    "the rule `{}` needs the identity score; `{}` used",
+                    opts.rule.name,
+                    crate::rules::RULES[0].name
+                ),
+                None,
+            );
+        }
+        let rule = if fits { opts.rule.clone() } else { crate::rules::default_rule() };
         let th = Op::Threshold {
             rule,
             log_eps: opts.log_eps,

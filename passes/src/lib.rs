@@ -44,7 +44,7 @@ pub struct PassOptions {
     pub prune: bool,
     /// Natural log of the pruned-mass bound eps (`--log-eps`, default -10).
     pub log_eps: f64,
-    /// Threshold rule (`--prune-rule paper|tight`).
+    /// Threshold rule (`--prune-rule NAME`, an entry of [`rules::RULES`]).
     pub rule: PruneRule,
     pub target: Target,
     /// Record the IR after every pass in [`PassReport::dumps`].
@@ -59,7 +59,7 @@ impl Default for PassOptions {
         PassOptions {
             prune: true,
             log_eps: -10.0,
-            rule: PruneRule::Paper,
+            rule: rules::default_rule(),
             target: Target::Cpu,
             print_after_all: false,
             tiles: None,

@@ -4,8 +4,9 @@
 //! Every rule guarantees the same thing: with `delta[m]` from the formula, a key tile `n` of
 //! query tile `m` with `c[i0] - c[jend(n)] < delta[m]` holds entries whose total softmax weight
 //! in any row of the tile is below `eps` (at most `T` entries per row are pruned, each with
-//! weight below `eps / T`). `foxc rules` prints this table. Not wired yet (docs/RULES.md,
-//! "Status"): the `threshold` op still carries the two-arm `foxc_ir::PruneRule` enum.
+//! weight below `eps / T`). `foxc rules` prints this table and `--prune-rule NAME` picks an
+//! entry; the `threshold` op carries the rule, and the interpreter and both backends render its
+//! formula through `RuleExpr::emit` (docs/RULES.md, "How a formula runs").
 
 use foxc_ir::prune_rule::build::*;
 use foxc_ir::prune_rule::{PruneRule, RuleExpr, Stat};

@@ -5,7 +5,8 @@ mod common;
 
 use common::{all_passes, compile, root, run};
 use foxc_ir::print::print_graph;
-use foxc_ir::{Attention, Graph, NormBound, Op, Prune, PruneRule, ScoreBound};
+use foxc_ir::{Attention, Graph, NormBound, Op, Prune, ScoreBound};
+use foxc_passes::rules::{by_name, RULES};
 use foxc_passes::{tiles_for, PassOptions, Target};
 
 const EXAMPLES: &[&str] = &[
@@ -146,12 +147,13 @@ fn all_spellings_reach_the_same_pruned_node_as_their_example() {
         let g = compile(f);
         let example = format!("examples/{}.attn", g.name);
         *per_example.entry(g.name.clone()).or_default() += 1;
-        for rule in [PruneRule::Paper, PruneRule::Tight] {
+        for rule in RULES.iter().map(|r| r.rule()) {
+            let name = rule.name.clone();
             let opts = PassOptions { rule, ..PassOptions::default() };
             let (want, _) = run(&compile(&example), &opts);
             assert!(is_pruned(&want), "{example} is not pruned");
             let (o, report) = run(&g, &opts);
-            assert_eq!(print_graph(&o), print_graph(&want), "{f} differs from {example} ({rule:?})");
+            assert_eq!(print_graph(&o), print_graph(&want), "{f} differs from {example} ({name})");
             assert!(report.explanations.is_empty(), "{f}: {:?}", report.explanations);
         }
     }
@@ -198,11 +200,11 @@ fn no_prune_keeps_dense_attention() {
 fn options_reach_the_attributes() {
     let g = compile("examples/fox_qknorm.attn");
     for (target, rule, log_eps) in [
-        (Target::Cpu, PruneRule::Paper, -10.0),
-        (Target::Sm90a, PruneRule::Tight, -7.5),
-        (Target::Sm80, PruneRule::Paper, -3.0),
+        (Target::Cpu, by_name("paper").unwrap(), -10.0),
+        (Target::Sm90a, by_name("tight").unwrap(), -7.5),
+        (Target::Sm80, by_name("paper").unwrap(), -3.0),
     ] {
-        let opts = PassOptions { target, rule, log_eps, ..PassOptions::default() };
+        let opts = PassOptions { target, rule: rule.clone(), log_eps, ..PassOptions::default() };
         let (o, _) = run(&g, &opts);
         let tiles = tiles_for(target, None);
         let th = o.find(|op| matches!(op, Op::Threshold { .. }));

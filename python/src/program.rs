@@ -53,17 +53,14 @@ pub struct Program {
 }
 
 fn parse_rule(rule: &str) -> PyResult<PruneRule> {
-    match rule {
-        "paper" => Ok(PruneRule::Paper),
-        "tight" => Ok(PruneRule::Tight),
-        other => Err(value_error(format!("prune_rule must be \"paper\" or \"tight\", got {other:?}"))),
-    }
+    foxc_passes::rules::by_name(rule).map_err(value_error)
 }
 
 /// Compile `source` (DSL text; `name` is what diagnostics call it) once per (text, options).
 #[pyfunction]
 #[pyo3(signature = (source, name, prune_rule = "paper", log_eps = -10.0, no_prune = false, tiles = None))]
 pub fn load(
+/// A rule of the table (`foxc rules`), or a ValueError listing the names.
     py: Python<'_>,
     source: &str,
     name: &str,

@@ -3,7 +3,7 @@
 //! With `--rules a,b` the rules' maps stand side by side (a column of panels per rule, heads
 //! down the rows), each reported with its kept fraction and its largest pruned mass.
 
-use crate::cli::{PruneArgs, RuleArg, TargetArg};
+use crate::cli::{PruneArgs, TargetArg};
 use crate::pipeline::{self, Source};
 use crate::{acp_stats, tensors, Error};
 use foxc_ir::interp::{self, Tensor};
@@ -41,18 +41,19 @@ pub fn mask(
     png_path: &Path,
     prune: &PruneArgs,
     target: TargetArg,
-    rules: &[RuleArg],
+    rules: &[foxc_ir::PruneRule],
 ) -> Result<(), Error> {
     let src = Source::read(file)?;
     let c = src.compile()?;
     let inputs = tensors::read(inputs)?;
     tensors::validate(&c.graph, &inputs)?;
     let interp_inputs = tensors::to_interp(&inputs);
-    let rules: Vec<RuleArg> = if rules.is_empty() { vec![prune.prune_rule] } else { rules.to_vec() };
+    let rules: Vec<foxc_ir::PruneRule> =
+        if rules.is_empty() { vec![prune.prune_rule.clone()] } else { rules.to_vec() };
     let mut maps = vec![];
-    for &rule in &rules {
+    for rule in &rules {
         let mut p = prune.clone();
-        p.prune_rule = rule;
+        p.prune_rule = rule.clone();
         let (opt, _) = pipeline::optimize(&c.graph, &pipeline::pass_options(&p, target, false))?;
         let stats = acp_stats::measure(&opt, &interp_inputs)?.ok_or_else(|| {
             Error::user("error: no decay attention recognized: nothing to draw (see foxc compile --explain)")
@@ -115,11 +116,7 @@ pub fn mask(
             Some((m, cov)) => format!(", max pruned mass {m:.3e} ({cov}; eps {:.3e})", prune.log_eps.exp()),
             None => String::new(),
         };
-        println!(
-            "  {:<6} kept {:.3} of causal tiles{m}",
-            format!("{rule:?}").to_lowercase(),
-            stats.kept_tile_fraction
-        );
+        println!("  {:<12} kept {:.3} of causal tiles{m}", rule.name, stats.kept_tile_fraction);
     }
     Ok(())
 }

@@ -196,7 +196,22 @@ pub fn emit(fx: &mut Fx, kind: &Kind, f: &Frame, h: &Helpers) {
         Kind::RmsNorm { x, w, out, rows: _, d, eps } => emit_rmsnorm(fx, *x, *w, *out, *d, *eps, f),
         Kind::GateCumsum { kind, src, b: _, h: nh, t } => emit_gate_cumsum(fx, *kind, *src, *nh, *t, f, h),
         Kind::Threshold { q, k, bh: _, t, d, h, hk, rule, log_eps, bound, score, scale, bm } => {
-            emit_threshold(fx, *q, *k, *t, *d, (*h, *hk), *rule, *log_eps, *bound, *score, *scale, *bm, f)
+            let p = super::threshold::Params {
+                q: *q,
+                k: *k,
+                t: *t,
+                d: *d,
+                h: *h,
+                hk: *hk,
+                rule,
+                log_eps: *log_eps,
+                bound: *bound,
+                score: *score,
+                scale: *scale,
+                bm: *bm,
+            };
+            let bufs = (fx.arg(f.args, 0), fx.arg(f.args, 1), fx.arg(f.args, 2));
+            super::threshold::emit(fx, &p, bufs, (f.begin, f.end))
         }
         Kind::BlockBoundary { c, delta, bh: _, t, bm, bn } => {
             emit_block_boundary(fx, *c, *delta, *t, *bm, *bn, f)
@@ -368,163 +383,6 @@ fn emit_gate_cumsum(fx: &mut Fx, kind: GateKind, src: DType, nh: u64, t: u64, f:
             let c = fx.b.ins().fdemote(F32, c);
             fx.store_f32(DType::F32, y, idx, c);
         });
-    });
-}
-
-/// `sqrt(sum_d x[base + d]^2)` in f64.
-fn norm_f64(fx: &mut Fx, dt: DType, p: Value, base: Value, d: u64) -> Value {
-    let ss = fx.b.declare_var(F64);
-    let z = fx.f64c(0.0);
-    fx.b.def_var(ss, z);
-    fx.for_n(0, d as i64, 1, |fx, j| {
-        let idx = fx.b.ins().iadd(base, j);
-        let v = fx.load_f64(dt, p, idx);
-        let a = fx.b.use_var(ss);
-        let sq = fx.b.ins().fmul(v, v);
-        let a = fx.b.ins().fadd(a, sq);
-        fx.b.def_var(ss, a);
-    });
-    let a = fx.b.use_var(ss);
-    fx.b.ins().sqrt(a)
-}
-
-/// max over rows j < t of |x_j| (f64) for the (b, h) starting at element `base`.
-fn max_norm(fx: &mut Fx, dt: DType, p: Value, bhbase: Value, t: u64, d: u64) -> Value {
-    let mx = fx.b.declare_var(F64);
-    let z = fx.f64c(0.0);
-    fx.b.def_var(mx, z);
-    fx.for_n(0, t as i64, 1, |fx, j| {
-        let off = fx.b.ins().imul_imm_s(j, d as i64);
-        let base = fx.b.ins().iadd(bhbase, off);
-        let n = norm_f64(fx, dt, p, base, d);
-        let m = fx.b.use_var(mx);
-        let m = fx.fmax_s(n, m);
-        fx.b.def_var(mx, m);
-    });
-    fx.b.use_var(mx)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn emit_threshold(
-    fx: &mut Fx,
-    qt: DType,
-    kt: DType,
-    t: u64,
-    d: u64,
-    (h, hk): (u64, u64),
-    rule: PruneRule,
-    log_eps: f64,
-    bound: NormBound,
-    score: ScoreBound,
-    scale: f64,
-    bm: u64,
-    f: &Frame,
-) {
-    let q = fx.arg(f.args, 0);
-    let k = fx.arg(f.args, 1);
-    let out = fx.arg(f.args, 2);
-    let mt = t.div_ceil(bm);
-    let ln_t = (t as f64).ln();
-    fx.for_range(f.begin, f.end, 1, |fx, bh| {
-        let bhbase = fx.b.ins().imul_imm_s(bh, (t * d) as i64);
-        let obase = fx.b.ins().imul_imm_s(bh, mt as i64);
-        // The kv head of (b, h): b * hk + h / (H / hk) (itself without grouped-query heads).
-        let kbase = if hk == h {
-            bhbase
-        } else {
-            let bi = fx.b.ins().udiv_imm_s(bh, h as i64);
-            let hi = fx.b.ins().urem_imm_s(bh, h as i64);
-            let kvh = fx.b.ins().udiv_imm_s(hi, (h / hk.max(1)).max(1) as i64);
-            let kvb = fx.b.ins().imul_imm_s(bi, hk as i64);
-            let kvh = fx.b.ins().iadd(kvb, kvh);
-            fx.b.ins().imul_imm_s(kvh, (t * d) as i64)
-        };
-        let kmax = match bound {
-            NormBound::Static { k_max, .. } => fx.f64c(k_max),
-            NormBound::Data => max_norm(fx, kt, k, kbase, t, d),
-        };
-        match rule {
-            PruneRule::Paper => {
-                let qmax = match bound {
-                    NormBound::Static { q_max, .. } => fx.f64c(q_max),
-                    NormBound::Data => max_norm(fx, qt, q, bhbase, t, d),
-                };
-                let s = fx.f64c(scale.abs());
-                let x = fx.b.ins().fmul(s, qmax);
-                let x = fx.b.ins().fmul(x, kmax);
-                // U = score.u(X) (docs/SEMANTICS.md, threshold).
-                let u = match score {
-                    ScoreBound::Static(u) => fx.f64c(u),
-                    ScoreBound::Data { gain, extra } => {
-                        let g = fx.f64c(gain);
-                        let e = fx.f64c(extra);
-                        let gx = fx.b.ins().fmul(g, x);
-                        fx.b.ins().fadd(gx, e)
-                    }
-                };
-                let two_u = fx.b.ins().fadd(u, u);
-                let c = fx.f64c(log_eps - ln_t);
-                let delta = fx.b.ins().fsub(c, two_u);
-                let delta = fx.b.ins().fdemote(F32, delta);
-                fx.for_n(0, mt as i64, 1, |fx, m| {
-                    let idx = fx.b.ins().iadd(obase, m);
-                    fx.store_f32(DType::F32, out, idx, delta);
-                });
-            }
-            PruneRule::Tight => {
-                fx.for_n(0, mt as i64, 1, |fx, m| {
-                    let dmin = fx.b.declare_var(F64);
-                    let inf = fx.f64c(f64::INFINITY);
-                    fx.b.def_var(dmin, inf);
-                    let i0 = fx.b.ins().imul_imm_s(m, bm as i64);
-                    let i1 = fx.b.ins().iadd_imm_s(i0, bm as i64);
-                    let tv = fx.ic(t as i64);
-                    let i1 = fx.imin(i1, tv);
-                    fx.for_range(i0, i1, 1, |fx, i| {
-                        let off = fx.b.ins().imul_imm_s(i, d as i64);
-                        let base = fx.b.ins().iadd(bhbase, off);
-                        let kb = fx.b.ins().iadd(kbase, off);
-                        let qq = fx.b.declare_var(F64);
-                        let qk = fx.b.declare_var(F64);
-                        let z = fx.f64c(0.0);
-                        fx.b.def_var(qq, z);
-                        fx.b.def_var(qk, z);
-                        fx.for_n(0, d as i64, 1, |fx, j| {
-                            let idx = fx.b.ins().iadd(base, j);
-                            let a = fx.load_f64(qt, q, idx);
-                            let kidx = fx.b.ins().iadd(kb, j);
-                            let b = fx.load_f64(kt, k, kidx);
-                            let x = fx.b.use_var(qq);
-                            let aa = fx.b.ins().fmul(a, a);
-                            let x = fx.b.ins().fadd(x, aa);
-                            fx.b.def_var(qq, x);
-                            let y = fx.b.use_var(qk);
-                            let ab = fx.b.ins().fmul(a, b);
-                            let y = fx.b.ins().fadd(y, ab);
-                            fx.b.def_var(qk, y);
-                        });
-                        let qq = fx.b.use_var(qq);
-                        let qn = fx.b.ins().sqrt(qq);
-                        let qk = fx.b.use_var(qk);
-                        let sa = fx.f64c(scale.abs());
-                        let pen = fx.b.ins().fmul(sa, qn);
-                        let pen = fx.b.ins().fmul(pen, kmax);
-                        let sc = fx.f64c(scale);
-                        let sii = fx.b.ins().fmul(sc, qk);
-                        let c = fx.f64c(log_eps - ln_t);
-                        let v = fx.b.ins().fsub(c, pen);
-                        let v = fx.b.ins().fadd(v, sii);
-                        let cur = fx.b.use_var(dmin);
-                        let nv = fx.fmin_s(v, cur);
-                        fx.b.def_var(dmin, nv);
-                    });
-                    let dm = fx.b.use_var(dmin);
-                    let dm = fx.b.ins().fdemote(F32, dm);
-                    let idx = fx.b.ins().iadd(obase, m);
-                    fx.store_f32(DType::F32, out, idx, dm);
-                });
-            }
-        }
     });
 }
 

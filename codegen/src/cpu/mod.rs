@@ -18,6 +18,7 @@ pub mod generic;
 mod kernels;
 mod region;
 
+mod threshold;
 use cranelift_codegen::ir::{types, AbiParam, UserFuncName};
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::FunctionBuilderContext;
@@ -377,7 +378,7 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
                     d,
                     h,
                     hk,
-                    rule: *rule,
+                    rule: rule.clone(),
                     log_eps: *log_eps,
                     bound: *bound,
                     score: *score,

@@ -1,5 +1,5 @@
 //! The small NVPTX kernels around attention: the gate cumsum (a scan per (b, h)), RMSNorm over
-//! the last axis, the threshold (max-norm reduction and per-tile delta) and casts.
+//! the last axis, and casts (the threshold kernels are in [`super::threshold`]).
 //!
 //! Every kernel here is written for correctness and reasonable memory access, not peak speed:
 //! together they move a few bytes per element while attention does O(T) work per element.
@@ -12,7 +12,7 @@ use inkwell::module::Module;
 use inkwell::values::{FloatValue, FunctionValue, IntValue, PointerValue};
 use inkwell::{FloatPredicate, IntPredicate};
 
-use foxc_ir::{DType, GateKind, PruneRule, LOG_F_FLOOR};
+use foxc_ir::{DType, GateKind, LOG_F_FLOOR};
 
 pub use super::builder::PTX_KERNEL_CC;
 /// Threads per block of the scan (one block per (b, h)).
@@ -21,14 +21,12 @@ pub const SCAN_THREADS: u32 = 1024;
 pub const ELEM_THREADS: u32 = 256;
 /// Threads per block of the row kernels (RMSNorm, threshold): 4 warps, one row per warp at a time.
 pub const ROW_THREADS: u32 = 128;
-/// Rows per block of the max-norm reduction (8 per warp).
-pub const NORM_ROWS_PER_BLOCK: u32 = 32;
 
 type R<T> = Result<T, String>;
 type Kb<'a, 'ctx> = KernelBuilder<'a, 'ctx>;
 
 /// Lane and warp of the thread (`tid & 31`, `tid >> 5`).
-fn lane_warp<'ctx>(k: &Kb<'_, 'ctx>, tid: IntValue<'ctx>) -> (IntValue<'ctx>, IntValue<'ctx>) {
+pub(super) fn lane_warp<'ctx>(k: &Kb<'_, 'ctx>, tid: IntValue<'ctx>) -> (IntValue<'ctx>, IntValue<'ctx>) {
     (k.andc(tid, 31), k.lshrc(tid, 5))
 }
 
@@ -169,7 +167,7 @@ pub fn build_gate_slope<'ctx>(
 
 /// Loads one row of `d` elements spread over the warp: lane l holds elements l, l + 32, ...
 /// Elements past `d` read as 0 (the index is clamped so no load goes out of bounds).
-fn load_row<'ctx>(
+pub(super) fn load_row<'ctx>(
     k: &Kb<'_, 'ctx>,
     dt: DType,
     p: PointerValue<'ctx>,
@@ -269,176 +267,3 @@ pub fn build_cast<'ctx>(
     k.finish()
 }
 
-/// Max-norm reduction of the data-dependent threshold bound: params
-/// `(q: [BH, T, D], k: [BH, T, D], norms: u32 [BH, 2], T: i32)`. Grid
-/// `(ceil(T / NORM_ROWS_PER_BLOCK), BH)`, block [`ROW_THREADS`]. `norms` must be zeroed first: it
-/// receives `max_i |q_i|^2` and `max_j |k_j|^2` as f32 bits through `atomicMax` on u32 (non-negative
-/// floats order like their bit patterns).
-pub fn build_threshold_norms<'ctx>(
-    ctx: &'ctx Context,
-    module: &Module<'ctx>,
-    name: &str,
-    d: u32,
-    kv_group: u32,
-    (q_dt, k_dt): (DType, DType),
-) -> R<FunctionValue<'ctx>> {
-    let params = [("q", ParamTy::Ptr), ("k", ParamTy::Ptr), ("norms", ParamTy::Ptr), ("T", ParamTy::I32)];
-    let k = Kb::kernel(ctx, module, name, &params)?;
-    let (q, kk, norms, t_len) = (k.param_ptr(0), k.param_ptr(1), k.param_ptr(2), k.param_int(3));
-    let qm = k.declare_var(k.f32(0.0).into());
-    let km = k.declare_var(k.f32(0.0).into());
-    let tid = k.sreg("tid.x");
-    let (lane, warp) = lane_warp(&k, tid);
-    let bx = k.sreg("ctaid.x");
-    let bh = k.sreg("ctaid.y");
-    let per_warp = NORM_ROWS_PER_BLOCK / (ROW_THREADS / 32);
-    let first = k.add(k.mulc(bx, NORM_ROWS_PER_BLOCK as i64), k.mulc(warp, per_warp as i64));
-    let last = k.smin(k.addc(first, per_warp as i64), t_len);
-    let bh_base = k.mul(k.sext64(bh), k.sext64(t_len));
-    let kbh_base = kv_rows(&k, bh, t_len, kv_group);
-    k.for_range(first, last, k.i32(1), |k, i| {
-        let base = k.mul(k.add(bh_base, k.sext64(i)), k.i64(d as i64));
-        let kbase = k.mul(k.add(kbh_base, k.sext64(i)), k.i64(d as i64));
-        let qv = load_row(k, q_dt, q, base, lane, d);
-        let kv = load_row(k, k_dt, kk, kbase, lane, d);
-        let (mut sq, mut sk) = (k.f32(0.0), k.f32(0.0));
-        for (a, b) in qv.iter().zip(&kv) {
-            sq = k.fma(*a, *a, sq);
-            sk = k.fma(*b, *b, sk);
-        }
-        let sq = k.warp_sum(sq);
-        let sk = k.warp_sum(sk);
-        k.def_var(qm, k.fmax(k.use_f(qm), sq));
-        k.def_var(km, k.fmax(k.use_f(km), sk));
-    });
-    let is0 = k.icmpc(IntPredicate::EQ, lane, 0);
-    k.if_then(is0, |k| {
-        for (slot, var) in [(0i64, qm), (1, km)] {
-            let v = k.use_f(var);
-            let bits = k.f32_bits(v);
-            let idx = k.addc(k.mulc(k.sext64(bh), 2), slot);
-            let p = k.gep_dt(DType::I32, norms, idx);
-            k.atomic_umax(p, bits);
-        }
-    });
-    k.finish()
-}
-
-/// First row of the keys that query head `bh` reads, `(bh / kv_group) T` (64-bit): key/value
-/// head `h / kv_group` of batch `b` is flat head `(b H + h) / kv_group` since `kv_group`
-/// divides `H`.
-fn kv_rows<'ctx>(
-    k: &Kb<'_, 'ctx>,
-    bh: IntValue<'ctx>,
-    t_len: IntValue<'ctx>,
-    kv_group: u32,
-) -> IntValue<'ctx> {
-    let kvh = if kv_group == 1 { bh } else { k.udivc(bh, kv_group as i64) };
-    k.mul(k.sext64(kvh), k.sext64(t_len))
-}
-
-/// How the threshold kernel gets `Qmax` and `Kmax`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum BoundSrc {
-    Static {
-        q_max: f64,
-        k_max: f64,
-    },
-    /// From the `norms` buffer written by [`build_threshold_norms`] (squared norms as f32 bits).
-    Norms,
-}
-
-/// Per-query-tile delta: params `(q, k, norms: u32 [BH, 2], delta: f32 [BH, Mt], T: i32, lnT: f32)`.
-/// Grid `(Mt, BH)`, block [`ROW_THREADS`]. `norms` is read only for [`BoundSrc::Norms`] (pass any
-/// valid pointer otherwise).
-#[allow(clippy::too_many_arguments)]
-pub fn build_threshold_delta<'ctx>(
-    ctx: &'ctx Context,
-    module: &Module<'ctx>,
-    name: &str,
-    d: u32,
-    kv_group: u32,
-    (q_dt, k_dt): (DType, DType),
-    rule: PruneRule,
-    log_eps: f64,
-    scale: f64,
-    bm: u32,
-    bound: BoundSrc,
-) -> R<FunctionValue<'ctx>> {
-    let params = [
-        ("q", ParamTy::Ptr),
-        ("k", ParamTy::Ptr),
-        ("norms", ParamTy::Ptr),
-        ("delta", ParamTy::Ptr),
-        ("T", ParamTy::I32),
-        ("lnT", ParamTy::F32),
-    ];
-    let k = Kb::kernel(ctx, module, name, &params)?;
-    let (q, kk, norms, delta) = (k.param_ptr(0), k.param_ptr(1), k.param_ptr(2), k.param_ptr(3));
-    let (t_len, ln_t) = (k.param_int(4), k.param_f32(5));
-    let wmin = k.declare_var(k.f32(f64::INFINITY).into());
-    let tid = k.sreg("tid.x");
-    let (lane, warp) = lane_warp(&k, tid);
-    let m = k.sreg("ctaid.x");
-    let bh = k.sreg("ctaid.y");
-    let mt = k.sreg("nctaid.x");
-    let norm = |k: &Kb<'_, 'ctx>, slot: i64| -> FloatValue<'ctx> {
-        let idx = k.addc(k.mulc(k.sext64(bh), 2), slot);
-        let sq = k.load_f(DType::F32, norms, idx);
-        k.sqrt(sq)
-    };
-    let (qmax, kmax) = match bound {
-        BoundSrc::Static { q_max, k_max } => (k.f32(q_max), k.f32(k_max)),
-        BoundSrc::Norms => (norm(&k, 0), norm(&k, 1)),
-    };
-    let ascale = scale.abs();
-    let out_idx = k.add(k.mul(k.sext64(bh), k.sext64(mt)), k.sext64(m));
-    match rule {
-        PruneRule::Paper => {
-            let is0 = k.icmpc(IntPredicate::EQ, tid, 0);
-            k.if_then(is0, |k| {
-                let u = k.fmul(k.fmul(k.f32(ascale), qmax), kmax);
-                let v = k.fsub(k.fsub(k.f32(log_eps), k.fmul(k.f32(2.0), u)), ln_t);
-                k.store_f(DType::F32, delta, out_idx, v);
-            });
-        }
-        PruneRule::Tight => {
-            let nw = (ROW_THREADS / 32) as i64;
-            let i0 = k.mulc(m, bm as i64);
-            let first = k.add(i0, warp);
-            let last = k.smin(k.addc(i0, bm as i64), t_len);
-            let bh_base = k.mul(k.sext64(bh), k.sext64(t_len));
-            let kbh_base = kv_rows(&k, bh, t_len, kv_group);
-            let c0 = k.fsub(k.f32(log_eps), ln_t);
-            k.for_range(first, last, k.i32(nw), |k, i| {
-                let base = k.mul(k.add(bh_base, k.sext64(i)), k.i64(d as i64));
-                let kbase = k.mul(k.add(kbh_base, k.sext64(i)), k.i64(d as i64));
-                let qv = load_row(k, q_dt, q, base, lane, d);
-                let kv = load_row(k, k_dt, kk, kbase, lane, d);
-                let (mut qq, mut qk) = (k.f32(0.0), k.f32(0.0));
-                for (a, b) in qv.iter().zip(&kv) {
-                    qq = k.fma(*a, *a, qq);
-                    qk = k.fma(*a, *b, qk);
-                }
-                let qq = k.warp_sum(qq);
-                let qk = k.warp_sum(qk);
-                let pen = k.fmul(k.fmul(k.f32(ascale), k.sqrt(qq)), kmax);
-                let v = k.fadd(k.fsub(c0, pen), k.fmul(k.f32(scale), qk));
-                k.def_var(wmin, k.fmin(k.use_f(wmin), v));
-            });
-            let sh = k.shared_f32(&format!("{name}_warp_min"), nw as u32);
-            let is0 = k.icmpc(IntPredicate::EQ, lane, 0);
-            k.if_then(is0, |k| k.store(k.shared_at(sh, warp), k.use_f(wmin)));
-            k.barrier();
-            let t0 = k.icmpc(IntPredicate::EQ, tid, 0);
-            k.if_then(t0, |k| {
-                let mut v = k.f32(f64::INFINITY);
-                for w in 0..nw {
-                    v = k.fmin(v, k.load_f32(k.shared_at(sh, k.i32(w))));
-                }
-                k.store_f(DType::F32, delta, out_idx, v);
-            });
-        }
-    }
-    k.finish()
-}

@@ -24,6 +24,7 @@ pub mod target;
 
 use foxc_ir::{DType, Dim, Value, ValueId};
 use std::collections::BTreeMap;
+pub mod threshold;
 
 pub use attention::{AttnKernelConfig, LaunchGeometry};
 pub use module::compile;

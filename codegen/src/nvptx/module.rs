@@ -4,13 +4,14 @@
 use super::attention::region::RegionMod;
 use super::attention::{self, AttnKernelConfig};
 use super::generic;
-use super::kernels::{self, BoundSrc, ELEM_THREADS, NORM_ROWS_PER_BLOCK, ROW_THREADS, SCAN_THREADS};
+use super::kernels::{self, ELEM_THREADS, ROW_THREADS, SCAN_THREADS};
+use super::threshold;
 use super::target;
 use super::{
     BufferInfo, BufferKind, CodegenError, GridDim, KernelArg, KernelInfo, Launch, NvptxArtifact, NvptxSpec,
 };
 use foxc_ir::{
-    Attention, BinaryOp, DType, Dim, GateKind, Graph, Mask, NormBound, Op, Prune, ScoreBound, Value, ValueId,
+    Attention, BinaryOp, DType, Dim, GateKind, Graph, Mask, NormBound, Op, Prune, Value, ValueId,
     ValueType,
 };
 use inkwell::context::Context;
@@ -413,101 +414,70 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 self.cast(n, name, x, self.buf(x)?, res, node.ty.dtype, None)?;
             }
             Op::Threshold { rule, log_eps, bound, score, scale, bm } => {
-                let (q, s) = self.resolve_q(ops[0]);
+                // q may be `s q'` with s folded away: the kernels read q' and take s (threshold.rs).
+                let (q, qscale) = self.resolve_q(ops[0]);
                 let k = ops[1];
-                // The kernel computes U = |scale| Qmax Kmax. A static U (softcapping) is that
-                // formula with scale 1, Qmax = U, Kmax = 1 (the paper rule reads nothing else;
-                // the q-scale fold below keeps U: |1 s| * U / |s| * 1).
-                let (bound, scale) = match (*score, rule) {
-                    (ScoreBound::IDENTITY, _) => (*bound, self.scale_value(scale)?),
-                    (ScoreBound::Static(u), foxc_ir::PruneRule::Paper) => {
-                        (NormBound::Static { q_max: u, k_max: 1.0 }, 1.0)
-                    }
-                    _ => {
-                        return Err(CodegenError::Unsupported {
-                            op: format!(
-                            "threshold with the score bound U = {score} (the GPU backend cannot yet run it)"
-                        ),
-                            node: n.index(),
-                        })
-                    }
-                };
-                let bound = &bound;
-                let kv_group = self.kv_group(q, k)?;
-                // threshold(s q, k) with scale a equals threshold(q, k) with scale a s, and a
-                // static bound on |s q| is a bound on |q| divided by |s|.
-                let scale = &(scale * s);
-                let bound = &match bound {
-                    NormBound::Static { q_max, k_max } => {
-                        NormBound::Static { q_max: q_max / s.abs(), k_max: *k_max }
-                    }
-                    NormBound::Data => NormBound::Data,
-                };
-                let (bh, t, dd) = self.bhtd(q, "threshold's q")?;
-                let d = self.static_dim(&dd, "the head dimension")?;
-                let dts = (self.ty(q).dtype, self.ty(k).dtype);
-                let (qb, kb) = (self.buf(q)?, self.buf(k)?);
-                let (src, norms) = match bound {
-                    NormBound::Static { q_max, k_max } => {
-                        (BoundSrc::Static { q_max: *q_max, k_max: *k_max }, res)
-                    }
-                    NormBound::Data => {
-                        let mut shape = bh.clone();
-                        shape.push(Dim::Const(2));
-                        let nb = self.scratch(
-                            DType::I32,
-                            shape,
-                            format!("max squared norms of q, k for %{}", n.index()),
-                        );
-                        let name = self.name(n, "threshold_norms");
-                        kernels::build_threshold_norms(self.ctx, self.module, &name, d, kv_group, dts)
-                            .map_err(ie)?;
-                        let args = vec![
-                            KernelArg::Buffer(qb),
-                            KernelArg::Buffer(kb),
-                            KernelArg::Buffer(nb),
-                            KernelArg::I32(vec![t.clone()]),
-                        ];
-                        let launch = Launch::Grid {
-                            x: GridDim::Ceil(vec![t.clone()], NORM_ROWS_PER_BLOCK),
-                            y: GridDim::Ceil(bh.clone(), 1),
-                            block: ROW_THREADS,
-                        };
-                        self.push(n, name, args, launch, vec![nb]);
-                        (BoundSrc::Norms, nb)
-                    }
-                };
                 if *bm == 0 {
                     return Err(user("threshold bm must be positive"));
                 }
-                let name = self.name(n, "threshold_delta");
-                kernels::build_threshold_delta(
-                    self.ctx,
-                    self.module,
-                    &name,
+                let kv_group = self.kv_group(q, k)?;
+                let (bh, t, dd) = self.bhtd(q, "threshold's q")?;
+                let d = self.static_dim(&dd, "the head dimension")?;
+                let (qb, kb) = (self.buf(q)?, self.buf(k)?);
+                let spec = threshold::DeltaSpec {
                     d,
                     kv_group,
-                    dts,
-                    *rule,
-                    *log_eps,
-                    *scale,
-                    *bm,
-                    src,
-                )
-                .map_err(ie)?;
+                    dts: (self.ty(q).dtype, self.ty(k).dtype),
+                    rule,
+                    score: *score,
+                    log_eps: *log_eps,
+                    scale: self.scale_value(scale)?,
+                    qscale,
+                    bm: *bm,
+                    bound: match bound {
+                        NormBound::Static { q_max, k_max } => {
+                            threshold::BoundSrc::Static { q_max: *q_max, k_max: *k_max }
+                        }
+                        NormBound::Data => threshold::BoundSrc::Norms,
+                    },
+                };
+                let tiles = GridDim::Ceil(vec![t.clone()], *bm);
+                let norms = if threshold::needs_norms(rule, score, spec.bound) {
+                    let mut shape = bh.clone();
+                    shape.push(Dim::Tiles(Box::new(t.clone()), *bm));
+                    shape.push(Dim::Const(2));
+                    let nb = self.scratch(
+                        DType::F32,
+                        shape,
+                        format!("per-tile max squared norms of q, k for %{}", n.index()),
+                    );
+                    let name = self.name(n, "threshold_norms");
+                    threshold::build_threshold_norms(self.ctx, self.module, &name, d, kv_group, spec.dts, *bm)
+                        .map_err(ie)?;
+                    let args = vec![
+                        KernelArg::Buffer(qb),
+                        KernelArg::Buffer(kb),
+                        KernelArg::Buffer(nb),
+                        KernelArg::I32(vec![t.clone()]),
+                    ];
+                    let launch =
+                        Launch::Grid { x: tiles.clone(), y: GridDim::Ceil(bh.clone(), 1), block: ROW_THREADS };
+                    self.push(n, name, args, launch, vec![]);
+                    nb
+                } else {
+                    res
+                };
+                let name = self.name(n, "threshold_delta");
+                threshold::build_threshold_delta(self.ctx, self.module, &name, &spec).map_err(ie)?;
                 let args = vec![
                     KernelArg::Buffer(qb),
                     KernelArg::Buffer(kb),
                     KernelArg::Buffer(norms),
                     KernelArg::Buffer(res),
                     KernelArg::I32(vec![t.clone()]),
-                    KernelArg::LnF32(vec![t.clone()]),
+                    KernelArg::LnF32(vec![t]),
                 ];
-                let launch = Launch::Grid {
-                    x: GridDim::Ceil(vec![t], *bm),
-                    y: GridDim::Ceil(bh, 1),
-                    block: ROW_THREADS,
-                };
+                let launch = Launch::Grid { x: tiles, y: GridDim::Ceil(bh, 1), block: ROW_THREADS };
                 self.push(n, name, args, launch, vec![]);
             }
             Op::Attention(a) => self.attention(n, res, a)?,

@@ -159,7 +159,7 @@ pub fn build(cfg: &Cfg, d: u64) -> Built {
         cfg.window.map_or(Mask::Causal, Mask::Window),
         c.is_some(),
     );
-    attrs.tiles = Some(cfg.prune.map_or(Tiles { bm: 64, bn: 64 }, |p| p.2));
+    attrs.tiles = Some(cfg.prune.as_ref().map_or(Tiles { bm: 64, bn: 64 }, |p| p.2));
     let mut ops = vec![q, k, v];
     ops.extend(c);
     let add_attn = |g: &mut Graph, a: Attention, ops: &[ValueId]| {
@@ -169,7 +169,7 @@ pub fn build(cfg: &Cfg, d: u64) -> Built {
         let vals: Vec<Value> = ops.iter().map(|&o| Value::of(o)).collect();
         g.add_multi(Op::Attention(a), rt, &vals, sp)
     };
-    let (attn, start, delta) = match cfg.prune {
+    let (attn, start, delta) = match cfg.prune.clone() {
         None => (add_attn(&mut g, attrs, &ops), None, None),
         Some((rule, bound, tiles)) => {
             let mt = || vec![Dim::sym("B"), Dim::sym("H"), Dim::Tiles(Box::new(Dim::sym("T")), tiles.bm)];

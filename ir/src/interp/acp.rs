@@ -1,9 +1,10 @@
 //! `threshold` and `block_boundary` in f64 (docs/SEMANTICS.md): the ACP nodes' reference.
 
 use super::attention::block_start;
-use super::{nan_max, nan_min, Evaluator, InterpError};
+use super::{Evaluator, InterpError};
 use crate::graph::ValueId;
-use crate::ops::{NormBound, Op, PruneRule};
+use crate::ops::Op;
+use crate::prune_rule::{threshold, ThresholdArgs};
 
 impl Evaluator<'_> {
     /// `delta [B, H, ceil(T / bm)]` of a `threshold` node.
@@ -37,34 +38,21 @@ impl Evaluator<'_> {
         }
         let scale =
             scale.value(&|s| self.dims.get(s)).ok_or_else(|| self.err(id, "the scale's dim is not bound"))?;
-        let norm = |x: &[f64]| x.iter().map(|a| a * a).sum::<f64>().sqrt();
-        let ln_t = (t as f64).ln();
-        let mut out = Vec::with_capacity(b * h * mt);
-        for bh in 0..b * h {
-            let kvh = (bh / h) * hk + (bh % h) / group;
-            let qrow = |i: usize| &q.data[(bh * t + i) * d..(bh * t + i + 1) * d];
-            let krow = |i: usize| &k.data[(kvh * t + i) * d..(kvh * t + i + 1) * d];
-            let (qmax, kmax) = match *bound {
-                NormBound::Static { q_max, k_max } => (q_max, k_max),
-                NormBound::Data => (
-                    (0..t).map(|i| norm(qrow(i))).fold(0.0, nan_max),
-                    (0..t).map(|i| norm(krow(i))).fold(0.0, nan_max),
-                ),
-            };
-            for m in 0..mt {
-                let delta = match rule {
-                    PruneRule::Paper => log_eps - 2.0 * score.u(scale.abs() * qmax * kmax) - ln_t,
-                    // Only with the identity score (the verifier's rule): E_ii = scale q_i . k_i.
-                    PruneRule::Tight => (m * bm..(m * bm + bm).min(t))
-                        .map(|i| {
-                            let sii: f64 = qrow(i).iter().zip(krow(i)).map(|(a, b)| a * b).sum();
-                            log_eps - ln_t - scale.abs() * norm(qrow(i)) * kmax + scale * sii
-                        })
-                        .fold(f64::INFINITY, nan_min),
-                };
-                out.push(delta);
-            }
-        }
+        // The rule's formula over the statistics: the one evaluation (prune_rule::threshold).
+        let args = ThresholdArgs {
+            q: &q.data,
+            k: &k.data,
+            heads: b * h,
+            kv_head: &|bh| (bh / h) * hk + (bh % h) / group,
+            t,
+            d,
+            bm,
+            log_eps: *log_eps,
+            scale,
+            bound: *bound,
+            score: *score,
+        };
+        let out = threshold(&rule.formula, &args);
         Ok(out)
     }
 

@@ -1,0 +1,250 @@
+//! The CPU `threshold` kernel: for one (b, h) per task, `delta` of every query tile from the
+//! rule's formula. The formula is rendered by the one walk over it (`RuleExpr::emit`) with
+//! Cranelift f64 instructions; this file only computes the statistics the formula reads. They
+//! are computed in f64 in the interpreter's order (`foxc_ir::prune_rule::threshold`: sequential
+//! sums of squares, NaN-keeping maxima from 0, the tile's minimum over rows), so that delta
+//! equals the interpreter's bit for bit before the f32 store.
+
+use super::emit::{Fx, F32, F64};
+use cranelift_codegen::ir::{InstBuilder, Value};
+use foxc_ir::prune_rule::{RuleEmitter, Stat};
+use foxc_ir::{DType, NormBound, PruneRule, ScoreBound};
+
+/// The kernel's compile-time parameters (`kernels::Kind::Threshold`).
+pub struct Params<'a> {
+    pub q: DType,
+    pub k: DType,
+    pub t: u64,
+    pub d: u64,
+    /// Query heads and kv heads.
+    pub h: u64,
+    pub hk: u64,
+    pub rule: &'a PruneRule,
+    pub log_eps: f64,
+    pub bound: NormBound,
+    pub score: ScoreBound,
+    pub scale: f64,
+    pub bm: u64,
+}
+
+/// Renders the formula's operations as Cranelift f64 instructions, with the statistics
+/// computed beforehand.
+struct Clif<'a, 'b> {
+    fx: &'a mut Fx<'b>,
+    stats: [Option<Value>; Stat::ALL.len()],
+}
+
+impl RuleEmitter for Clif<'_, '_> {
+    type V = Value;
+    fn stat(&mut self, s: Stat) -> Value {
+        // Every statistic of the formula was computed (`RuleExpr::stats`).
+        self.stats[s as usize].expect("statistic computed before the formula")
+    }
+    fn constant(&mut self, c: f64) -> Value {
+        self.fx.f64c(c)
+    }
+    fn add(&mut self, a: Value, b: Value) -> Value {
+        self.fx.b.ins().fadd(a, b)
+    }
+    fn sub(&mut self, a: Value, b: Value) -> Value {
+        self.fx.b.ins().fsub(a, b)
+    }
+    fn mul(&mut self, a: Value, b: Value) -> Value {
+        self.fx.b.ins().fmul(a, b)
+    }
+}
+
+/// `|x|` of the row of `d` elements at element `base`, in f64 (sum of squares from 0, then sqrt).
+fn norm(fx: &mut Fx, dt: DType, p: Value, base: Value, d: u64) -> Value {
+    let ss = fx.b.declare_var(F64);
+    let z = fx.f64c(0.0);
+    fx.b.def_var(ss, z);
+    fx.for_n(0, d as i64, 1, |fx, j| {
+        let idx = fx.b.ins().iadd(base, j);
+        let v = fx.load_f64(dt, p, idx);
+        let a = fx.b.use_var(ss);
+        let sq = fx.b.ins().fmul(v, v);
+        let a = fx.b.ins().fadd(a, sq);
+        fx.b.def_var(ss, a);
+    });
+    let a = fx.b.use_var(ss);
+    fx.b.ins().sqrt(a)
+}
+
+/// Fold `max(acc, |x_j|)` over rows `lo..hi` of the head at element `head` into variable `acc`
+/// (Cranelift's `fmax` keeps a NaN, as the interpreter's `nan_max`).
+fn fold_max_norm(
+    fx: &mut Fx,
+    dt: DType,
+    p: Value,
+    head: Value,
+    (lo, hi): (Value, Value),
+    d: u64,
+    acc: cranelift_frontend::Variable,
+) {
+    fx.for_range(lo, hi, 1, |fx, j| {
+        let off = fx.b.ins().imul_imm_s(j, d as i64);
+        let base = fx.b.ins().iadd(head, off);
+        let n = norm(fx, dt, p, base, d);
+        let m = fx.b.use_var(acc);
+        let m = fx.b.ins().fmax(m, n);
+        fx.b.def_var(acc, m);
+    });
+}
+
+/// `max |x_j|` over rows `lo..hi` (from 0).
+fn max_norm(fx: &mut Fx, dt: DType, p: Value, head: Value, range: (Value, Value), d: u64) -> Value {
+    let acc = fx.b.declare_var(F64);
+    let z = fx.f64c(0.0);
+    fx.b.def_var(acc, z);
+    fold_max_norm(fx, dt, p, head, range, d, acc);
+    fx.b.use_var(acc)
+}
+
+/// The kernel body: tasks `begin..end` are flat heads; q, k, out are the buffers.
+pub fn emit(fx: &mut Fx, p: &Params, (q, k, out): (Value, Value, Value), (begin, end): (Value, Value)) {
+    let (t, d, bm) = (p.t, p.d, p.bm);
+    let formula = &p.rule.formula;
+    // The statistics the walk renders (none inside a static score bound).
+    let reads = formula.stats_under(&p.score);
+    let uses = |s: Stat| reads.contains(&s);
+    let per_row = reads.iter().any(|s| s.per_row());
+    let mt = t.div_ceil(bm);
+    fx.for_range(begin, end, 1, |fx, bh| {
+        let bhbase = fx.b.ins().imul_imm_s(bh, (t * d) as i64);
+        let obase = fx.b.ins().imul_imm_s(bh, mt as i64);
+        // The kv head of (b, h): b * hk + h / (H / hk) (itself without grouped-query heads).
+        let kbase = if p.hk == p.h {
+            bhbase
+        } else {
+            let bi = fx.b.ins().udiv_imm_s(bh, p.h as i64);
+            let hi = fx.b.ins().urem_imm_s(bh, p.h as i64);
+            let kvh = fx.b.ins().udiv_imm_s(hi, (p.h / p.hk.max(1)).max(1) as i64);
+            let kvb = fx.b.ins().imul_imm_s(bi, p.hk as i64);
+            let kvh = fx.b.ins().iadd(kvb, kvh);
+            fx.b.ins().imul_imm_s(kvh, (t * d) as i64)
+        };
+        let mut stats: [Option<Value>; Stat::ALL.len()] = [None; Stat::ALL.len()];
+        // Global and per-head statistics.
+        if uses(Stat::LnEps) {
+            stats[Stat::LnEps as usize] = Some(fx.f64c(p.log_eps));
+        }
+        if uses(Stat::LnT) {
+            stats[Stat::LnT as usize] = Some(fx.f64c((t as f64).ln()));
+        }
+        if uses(Stat::Scale) {
+            stats[Stat::Scale as usize] = Some(fx.f64c(p.scale.abs()));
+        }
+        let whole = (fx.ic(0), fx.ic(t as i64));
+        for (s, dt, ptr, head) in [(Stat::QMax, p.q, q, bhbase), (Stat::KMax, p.k, k, kbase)] {
+            if uses(s) {
+                stats[s as usize] = Some(match p.bound {
+                    NormBound::Static { q_max, k_max } => {
+                        fx.f64c(if s == Stat::QMax { q_max } else { k_max })
+                    }
+                    NormBound::Data => max_norm(fx, dt, ptr, head, whole, d),
+                });
+            }
+        }
+        // k_causal: a running maximum over the keys of tiles 0..=m.
+        let k_causal = fx.b.declare_var(F64);
+        let z = fx.f64c(0.0);
+        fx.b.def_var(k_causal, z);
+        fx.for_n(0, mt as i64, 1, |fx, m| {
+            let mut stats = stats;
+            let i0 = fx.b.ins().imul_imm_s(m, bm as i64);
+            let i1 = fx.b.ins().iadd_imm_s(i0, bm as i64);
+            let tv = fx.ic(t as i64);
+            let i1 = fx.imin(i1, tv);
+            match p.bound {
+                NormBound::Static { q_max, k_max } => {
+                    stats[Stat::QTile as usize] = Some(fx.f64c(q_max));
+                    stats[Stat::KCausal as usize] = Some(fx.f64c(k_max));
+                }
+                NormBound::Data => {
+                    if uses(Stat::QTile) {
+                        stats[Stat::QTile as usize] = Some(max_norm(fx, p.q, q, bhbase, (i0, i1), d));
+                    }
+                    if uses(Stat::KCausal) {
+                        fold_max_norm(fx, p.k, k, kbase, (i0, i1), d, k_causal);
+                        stats[Stat::KCausal as usize] = Some(fx.b.use_var(k_causal));
+                    }
+                }
+            }
+            let delta = if per_row {
+                let dmin = fx.b.declare_var(F64);
+                let inf = fx.f64c(f64::INFINITY);
+                fx.b.def_var(dmin, inf);
+                fx.for_range(i0, i1, 1, |fx, i| {
+                    let mut stats = stats;
+                    row_stats(
+                        fx,
+                        p,
+                        (q, k),
+                        (bhbase, kbase),
+                        i,
+                        (uses(Stat::QRow), uses(Stat::Sii)),
+                        &mut stats,
+                    );
+                    let v = formula.emit(&p.score, &mut Clif { fx, stats });
+                    let cur = fx.b.use_var(dmin);
+                    let nv = fx.b.ins().fmin(cur, v);
+                    fx.b.def_var(dmin, nv);
+                });
+                fx.b.use_var(dmin)
+            } else {
+                formula.emit(&p.score, &mut Clif { fx, stats })
+            };
+            let delta = fx.b.ins().fdemote(F32, delta);
+            let idx = fx.b.ins().iadd(obase, m);
+            fx.store_f32(DType::F32, out, idx, delta);
+        });
+    });
+}
+
+/// `|q_i|` and `s_ii = scale q_i . k_i` of row `i`, those the formula reads.
+fn row_stats(
+    fx: &mut Fx,
+    p: &Params,
+    (q, k): (Value, Value),
+    (bhbase, kbase): (Value, Value),
+    i: Value,
+    (want_q, want_s): (bool, bool),
+    stats: &mut [Option<Value>; Stat::ALL.len()],
+) {
+    let off = fx.b.ins().imul_imm_s(i, p.d as i64);
+    let base = fx.b.ins().iadd(bhbase, off);
+    let kb = fx.b.ins().iadd(kbase, off);
+    let qq = fx.b.declare_var(F64);
+    let qk = fx.b.declare_var(F64);
+    let z = fx.f64c(0.0);
+    fx.b.def_var(qq, z);
+    fx.b.def_var(qk, z);
+    fx.for_n(0, p.d as i64, 1, |fx, j| {
+        let idx = fx.b.ins().iadd(base, j);
+        let a = fx.load_f64(p.q, q, idx);
+        if want_q {
+            let x = fx.b.use_var(qq);
+            let aa = fx.b.ins().fmul(a, a);
+            let x = fx.b.ins().fadd(x, aa);
+            fx.b.def_var(qq, x);
+        }
+        if want_s {
+            let kidx = fx.b.ins().iadd(kb, j);
+            let b = fx.load_f64(p.k, k, kidx);
+            let y = fx.b.use_var(qk);
+            let ab = fx.b.ins().fmul(a, b);
+            let y = fx.b.ins().fadd(y, ab);
+            fx.b.def_var(qk, y);
+        }
+    });
+    if want_q {
+        let qq = fx.b.use_var(qq);
+        stats[Stat::QRow as usize] = Some(fx.b.ins().sqrt(qq));
+    }
+    if want_s {
+        let sc = fx.f64c(p.scale);
+        let qk = fx.b.use_var(qk);
+        stats[Stat::Sii as usize] = Some(fx.b.ins().fmul(sc, qk));
+    }
+}

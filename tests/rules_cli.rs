@@ -1,0 +1,94 @@
+//! `--prune-rule NAME` accepts every entry of the rule table and nothing else: the op carries
+//! the rule (printed with its formula by `--emit opt`), the CPU runs it with `--check`, `mask
+//! --rules` draws them all, and an unknown name is a usage error (exit 1) listing the names.
+
+use foxc_passes::rules::RULES;
+use std::process::{Command, Output};
+
+fn foxc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_foxc"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("foxc runs")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+#[test]
+fn an_unknown_rule_is_a_usage_error_listing_the_rules() {
+    let o = foxc(&["compile", "examples/fox.attn", "--prune-rule", "loose"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let t = text(&o);
+    for r in RULES {
+        assert!(t.contains(r.name), "{}: {t}", r.name);
+    }
+    let o = foxc(&["mask", "examples/fox.attn", "--inputs", "x", "--png", "y", "--rules", "paper,loose"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+}
+
+#[test]
+fn every_rule_reaches_the_threshold_op_and_runs_on_the_cpu_with_check() {
+    for r in RULES {
+        let o = foxc(&["compile", "examples/fox.attn", "--prune-rule", r.name, "--emit", "opt"]);
+        assert!(o.status.success(), "{}: {}", r.name, text(&o));
+        let want = format!("rule = {}", r.rule());
+        assert!(text(&o).contains(&want), "{}: no `{want}` in\n{}", r.name, text(&o));
+        let o = foxc(&[
+            "run",
+            "examples/fox.attn",
+            "--backend",
+            "cpu",
+            "--shape",
+            "B=1,H=2,T=300,D=16",
+            "--tiles",
+            "16x16",
+            "--prune-rule",
+            r.name,
+            "--check",
+        ]);
+        assert!(o.status.success(), "{}: {}", r.name, text(&o));
+        assert!(text(&o).contains("check: ok"), "{}: {}", r.name, text(&o));
+    }
+}
+
+/// `mask --rules` with every rule: one line each, with its kept fraction and max pruned mass.
+#[test]
+fn mask_draws_every_rule() {
+    let dir = std::env::temp_dir().join(format!("foxc-rules-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (input, png) = (dir.join("in.safetensors"), dir.join("m.png"));
+    let o = foxc(&[
+        "inputs",
+        "examples/fox.attn",
+        "--shape",
+        "B=1,H=2,T=512,D=16",
+        "-o",
+        input.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let names: Vec<&str> = RULES.iter().map(|r| r.name).collect();
+    let all = names.join(",");
+    let o = foxc(&[
+        "mask",
+        "examples/fox.attn",
+        "--inputs",
+        input.to_str().unwrap(),
+        "--png",
+        png.to_str().unwrap(),
+        "--rules",
+        &all,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    for n in names {
+        let line = t
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(n))
+            .unwrap_or_else(|| panic!("no line for {n}: {t}"));
+        assert!(line.contains("kept") && line.contains("max pruned mass"), "{line}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
