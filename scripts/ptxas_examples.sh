@@ -20,8 +20,6 @@ for f in examples/*.attn; do
       case "$name" in *gqa*) shape="$shape,H=4,G=2";; esac
       if ! "$FOXC" compile "$f" --emit ptx --target "$target" --shape "$shape" -o "$ptx" 2>"$out/err"; then
         case "$name" in refuse_*) echo "skip: $name (not pruned by the passes; GPU backend: $(head -n 1 "$out/err"))"; continue 2;; esac
-        # Known gaps of the GPU backend, each named: any other example that does not compile fails.
-        case "$name" in fox_alibi|fox_keybias) echo "skip: $name (known GPU gap, issue 8: $(head -n 1 "$out/err"))"; continue 2;; esac
         echo "FAIL: foxc could not emit PTX for $f ($target, D=$d):"; cat "$out/err"; exit 1
       fi
       "$PTXAS" -arch="$target" -v "$ptx" -o "$out/a.cubin" 2>"$out/ptxas.log" || { echo "FAIL: ptxas $ptx"; cat "$out/ptxas.log"; exit 1; }
