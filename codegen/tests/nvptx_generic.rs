@@ -17,35 +17,26 @@ fn spec(t: NvptxTarget) -> NvptxSpec {
     NvptxSpec::new(t, BTreeMap::new())
 }
 
-/// One program per corner of the generic kernels (each compiles with no dim static).
-const PROGRAMS: &[(&str, &str)] = &[
-    ("reduce_max", "attention m(x: f32[A, N]) -> f32[A] {\n  m[a] = max(n, x[a, n])\n  return m\n}"),
-    ("cumsum_outer", "attention c(x: f32[T, N]) -> f32[T, N] {\n  c[t, n] = cumsum(t, x[t, n] * 2)\n  return c\n}"),
-    (
-        "select_broadcast",
-        "attention s(a: f32[M, N], u: f32[M], w: f32[N]) -> f32[M, N] {\n  s[m, n] = select(u[m] < w[n], a[m, n], w[n] * 3)\n  return s\n}",
-    ),
-    (
-        "iota_dims",
-        "attention r(x: f32[T, T]) -> f32[T, T] {\n  r[i, j] = x[i, j] * (i - j) / 2 + min(i, j) + sqrt(T)\n  return r\n}",
-    ),
-    (
-        "unary_math",
-        "attention r(x: bf16[A, C]) -> bf16[A, C] {\n  r[a, c] = sigmoid(x[a, c]) - softplus(x[a, c]) * exp(x[a, c]) + tanh(x[a, c]) + abs(x[a, c]) + log2(abs(x[a, c])) + exp2(x[a, c]) + logsigmoid(x[a, c])\n  return r\n}",
-    ),
-    (
-        "masked_sum",
-        "attention p(x: f32[T, T]) -> f32[T] {\n  p[i] = sum(j, exp(causal(i, j, x[i, j])))\n  return p\n}",
-    ),
-    (
-        "gather_shift",
-        "attention g(x: f32[H, T], y: f32[G, T]) -> f32[H, T, T] {\n  g[h, i, j] = x[h, i] + causal(i, j, x[h, i - j]) + y[h / (H / G), j]\n  return g\n}",
-    ),
-    (
-        "fox_alibi_gate",
-        "attention c(fgate: f32[B, H, T], m: f32[H]) -> f32[B, H, T] {\n  c[b, h, t] = cumsum(t, logsigmoid(fgate[b, h, t]) - m[h])\n  return c\n}",
-    ),
-];
+/// The programs of `tests/generic/` (one per corner of the generic kernels, each with a
+/// `# shape:` line for the GPU run of `tests/cuda_generic.rs`): name and source.
+fn programs() -> Vec<(String, String)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/generic");
+    let mut out: Vec<(String, String)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "attn"))
+        .map(|p| {
+            (p.file_stem().unwrap().to_string_lossy().into_owned(), std::fs::read_to_string(&p).unwrap())
+        })
+        .collect();
+    out.sort();
+    assert!(out.len() >= 8, "expected the generic corner programs in {}", dir.display());
+    out
+}
+
+fn source(name: &str) -> String {
+    programs().into_iter().find(|(n, _)| n == name).unwrap().1
+}
 
 fn compiled(src: &str, t: NvptxTarget) -> (Graph, NvptxArtifact) {
     let g = program(src);
@@ -57,8 +48,8 @@ fn compiled(src: &str, t: NvptxTarget) -> (Graph, NvptxArtifact) {
 /// sizes that are products of the program's dims (nothing specialized).
 #[test]
 fn every_corner_lowers_with_runtime_sizes() {
-    for (name, src) in PROGRAMS {
-        let (g, a) = compiled(src, NvptxTarget::Sm90a);
+    for (name, src) in programs() {
+        let (g, a) = compiled(&src, NvptxTarget::Sm90a);
         assert!(!a.kernels.is_empty(), "{name}");
         for k in &a.kernels {
             // A product with a compile-time scalar is the scaled-copy kernel.
@@ -79,7 +70,7 @@ fn every_corner_lowers_with_runtime_sizes() {
 /// The sizes are runtime values: binding other dims changes launch grids, not the PTX.
 #[test]
 fn sizes_are_runtime_arguments() {
-    let (g, a) = compiled(PROGRAMS[1].1, NvptxTarget::Sm90a);
+    let (g, a) = compiled(&source("cumsum_outer"), NvptxTarget::Sm90a);
     let k = a.kernels.iter().find(|k| matches!(g.op(k.node), Op::Cumsum { .. })).unwrap();
     let grid = |t: u64, n: u64| {
         let bind = move |s: &str| match s {
@@ -129,7 +120,7 @@ fn softmax_is_refused_by_name() {
 /// (broadcast over b and t), stored and scanned along t.
 #[test]
 fn generic_llvm_ir_snapshot() {
-    let (_, a) = compiled(PROGRAMS[7].1, NvptxTarget::Sm90a);
+    let (_, a) = compiled(&source("fox_alibi_gate"), NvptxTarget::Sm90a);
     insta::assert_snapshot!("nvptx_generic_fox_alibi_gate", kernels_ir(&a.llvm_ir));
 }
 
@@ -172,9 +163,9 @@ fn every_generic_kernel_assembles_with_ptxas() {
     };
     let dir = std::env::temp_dir().join(format!("foxc_nvptx_generic_{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for (name, src) in PROGRAMS {
+    for (name, src) in programs() {
         for t in [NvptxTarget::Sm90a, NvptxTarget::Sm80] {
-            let (_, a) = compiled(src, t);
+            let (_, a) = compiled(&src, t);
             let p = dir.join(format!("{name}_{}.ptx", t.cpu()));
             std::fs::write(&p, &a.ptx).unwrap();
             let out = Command::new(&ptxas)
