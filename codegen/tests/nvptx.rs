@@ -185,13 +185,16 @@ fn qknorm_alibi_casts_attention_inputs() {
 fn unsupported_op_is_named() {
     let s = Span::default();
     let mut g = Graph::new("bad");
-    let x = g.add_param("x", ValueType::tensor(DType::F32, bht()), s);
-    // Elementwise ops have generic kernels now; an unfused softmax has none.
-    let y = g.add(Op::Softmax { axis: "2".into() }, ValueType::tensor(DType::F32, bht()), &[x], s);
+    // Every elementwise, reduction and scan op has a generic kernel; a block boundary outside
+    // the attention kernel (the fuse-boundary pass did not apply) has none.
+    let c = g.add_param("c", ValueType::tensor(DType::F32, bht()), s);
+    let delta = g.add_param("delta", tiles_ty(64), s);
+    let starts = ValueType { dtype: DType::I32, ..tiles_ty(64) };
+    let y = g.add(Op::BlockBoundary(Tiles { bm: 64, bn: 64 }), starts, &[c, delta], s);
     g.output = Some(y);
     let e = compile(&g, &spec(NvptxTarget::Sm90a, 64)).unwrap_err();
-    assert!(matches!(&e, CodegenError::Unsupported { op, .. } if op == "softmax"), "{e}");
-    assert!(e.to_string().contains("`softmax`"));
+    assert!(matches!(&e, CodegenError::Unsupported { op, .. } if op.starts_with("block_boundary")), "{e}");
+    assert!(e.to_string().contains("block_boundary"));
 }
 
 #[test]

@@ -306,8 +306,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 });
             }
             Op::GateCumsum { .. } | Op::Threshold { .. } | Op::Attention(_) => {}
-            // The row kernel for the last axis, in any float dtype.
-            Op::RmsNorm { .. } => {}
+            // The row kernel for the last axis of a static size, in any float dtype.
+            Op::RmsNorm { axis, .. } if self.last_static_axis(ops[0], axis) => {}
             // Float to float: the vectorizable cast kernel; the rest: a generic loop.
             Op::Cast if self.ty(ops[0]).dtype.is_float() && node.ty.dtype.is_float() => {}
             Op::AttentionBackward(_) => {
@@ -486,6 +486,15 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         Ok(())
     }
 
+    /// Whether `axis` is the last axis of `x` and its size is static (what the rmsnorm row
+    /// kernel needs; other rmsnorms run in a generic loop).
+    fn last_static_axis(&self, x: ValueId, axis: &str) -> bool {
+        let ax = &self.ty(x).axes;
+        ax.last().is_some_and(|a| {
+            a.name == axis && a.dim.eval(&|s| self.spec.dims.get(s).copied()).is_some_and(|d| d > 0)
+        })
+    }
+
     /// The generic loop kernel of node `n` (`nvptx::generic`) writing buffer `res`.
     fn generic(&mut self, n: ValueId, res: usize) -> Result<(), CodegenError> {
         // An operand without a buffer is a compile-time scalar folded into its users.
@@ -511,7 +520,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 y: GridDim::Const(1),
                 block: generic::MAP_THREADS,
             },
-            generic::Body::Reduce(_) | generic::Body::Cumsum => Launch::Grid {
+            _ => Launch::Grid {
                 x: GridDim::Ceil(p.sizes[..p.sizes.len() - 1].to_vec(), generic::LINES_PER_BLOCK),
                 y: GridDim::Const(1),
                 block: generic::LINE_THREADS,

@@ -3,7 +3,7 @@
 use super::{Body, Expr, Generic, Src, LINES_PER_BLOCK, MAP_THREADS};
 use crate::nvptx::attention::region::{binary, unary};
 use crate::nvptx::builder::{KernelBuilder, ParamTy};
-use foxc_ir::{DType, ReduceKind};
+use foxc_ir::{BinaryOp, DType, ReduceKind, UnaryOp};
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
@@ -41,6 +41,8 @@ pub(crate) fn build<'ctx>(
         Body::Map => e.map(out),
         Body::Reduce(kind) => e.reduce(out, kind),
         Body::Cumsum => e.cumsum(out),
+        Body::Softmax => e.softmax(out),
+        Body::RmsNorm { w, eps } => e.rmsnorm(out, w, eps),
     }
     b.finish()
 }
@@ -126,35 +128,113 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
         c
     }
 
-    /// One warp per line: lane `l` folds elements `l, l + 32, ...`, then a butterfly over the
-    /// warp (a fixed order: the same bits on every run); lane 0 writes.
+    /// Folds `elem(position)` over line `line` from `init` with `combine`: lane `l` takes
+    /// positions `l, l + 32, ...`, then a butterfly over the warp (a fixed order: the same bits
+    /// on every run). Every lane gets the result.
+    fn fold(
+        &self,
+        line: IntValue<'ctx>,
+        lane: IntValue<'ctx>,
+        init: f64,
+        elem: &dyn Fn(&[IntValue<'ctx>]) -> FloatValue<'ctx>,
+        combine: &dyn Fn(FloatValue<'ctx>, FloatValue<'ctx>) -> FloatValue<'ctx>,
+    ) -> FloatValue<'ctx> {
+        let b = self.b;
+        let len = self.size(self.k.rank - 1);
+        let acc = b.declare_var(b.f32(init).into());
+        b.for_range(lane, len, b.i64(32), |_, pos| {
+            let x = elem(&self.at(line, pos));
+            b.def_var(acc, combine(b.use_f(acc), x));
+        });
+        let mut v = b.use_f(acc);
+        for m in [16, 8, 4, 2, 1] {
+            v = combine(v, b.shfl_xor(v, m));
+        }
+        v
+    }
+
+    /// Writes `value(coordinates)` at every position of line `line`, lanes strided.
+    fn write_line(
+        &self,
+        out: PointerValue<'ctx>,
+        line: IntValue<'ctx>,
+        lane: IntValue<'ctx>,
+        value: &dyn Fn(&[IntValue<'ctx>]) -> FloatValue<'ctx>,
+    ) {
+        let b = self.b;
+        let len = self.size(self.k.rank - 1);
+        b.for_range(lane, len, b.i64(32), |_, pos| {
+            let c = self.at(line, pos);
+            self.store(out, self.offset(&self.k.out_strides, &c), value(&c));
+        });
+    }
+
+    /// The line's value at `c`.
+    fn value_at(&self, c: &[IntValue<'ctx>]) -> FloatValue<'ctx> {
+        self.eval(&self.k.value, c)
+    }
+
+    /// Sum or NaN-keeping max of the line; lane 0 writes.
     fn reduce(&self, out: PointerValue<'ctx>, kind: ReduceKind) {
         let b = self.b;
         let (line, lane, inside) = self.line();
-        let len = self.size(self.k.rank - 1);
-        let combine = |x: FloatValue<'ctx>, y: FloatValue<'ctx>| match kind {
-            ReduceKind::Sum => b.fadd(x, y),
-            ReduceKind::Max => binary(b, foxc_ir::BinaryOp::Max, x, y),
-        };
-        let init = match kind {
-            ReduceKind::Sum => 0.0,
-            ReduceKind::Max => f64::NEG_INFINITY,
-        };
         b.if_then(inside, |_| {
-            let acc = b.declare_var(b.f32(init).into());
-            b.for_range(lane, len, b.i64(32), |_, pos| {
-                let x = self.eval(&self.k.value, &self.at(line, pos));
-                b.def_var(acc, combine(b.use_f(acc), x));
-            });
-            let mut v = b.use_f(acc);
-            for m in [16, 8, 4, 2, 1] {
-                v = combine(v, b.shfl_xor(v, m));
-            }
+            let v = match kind {
+                ReduceKind::Sum => self.fold(line, lane, 0.0, &|c| self.value_at(c), &|x, y| b.fadd(x, y)),
+                ReduceKind::Max => {
+                    self.fold(line, lane, f64::NEG_INFINITY, &|c| self.value_at(c), &|x, y| {
+                        binary(b, BinaryOp::Max, x, y)
+                    })
+                }
+            };
             let first = b.icmpc(IntPredicate::EQ, lane, 0);
             b.if_then(first, |_| {
                 let off = self.offset(&self.k.out_strides, &self.at(line, b.i64(0)));
                 self.store(out, off, v);
             });
+        });
+    }
+
+    /// Softmax as the interpreter defines it: the max ignoring NaN, `exp(x - max) / sum`; a line
+    /// of only `-inf` (and no NaN) is all zeros. Three passes over the line.
+    fn softmax(&self, out: PointerValue<'ctx>) {
+        let b = self.b;
+        let (line, lane, inside) = self.line();
+        b.if_then(inside, |_| {
+            let m = self.fold(line, lane, f64::NEG_INFINITY, &|c| self.value_at(c), &|x, y| b.fmax(x, y));
+            let nan = self.fold(
+                line,
+                lane,
+                0.0,
+                &|c| {
+                    let x = self.value_at(c);
+                    b.select_f(b.fcmp(FloatPredicate::UNO, x, x), b.f32(1.0), b.f32(0.0))
+                },
+                &|x, y| b.fmax(x, y),
+            );
+            let e = |c: &[IntValue<'ctx>]| unary(b, UnaryOp::Exp, b.fsub(self.value_at(c), m));
+            let z = self.fold(line, lane, 0.0, &e, &|x, y| b.fadd(x, y));
+            let masked = b.and(
+                b.fcmp(FloatPredicate::OEQ, m, b.f32(f64::NEG_INFINITY)),
+                b.fcmp(FloatPredicate::OEQ, nan, b.f32(0.0)),
+            );
+            self.write_line(out, line, lane, &|c| b.select_f(masked, b.f32(0.0), b.fdiv(e(c), z)));
+        });
+    }
+
+    /// `x * rsqrt(mean(x^2) + eps) * w[position]`.
+    fn rmsnorm(&self, out: PointerValue<'ctx>, w: usize, eps: f64) {
+        let b = self.b;
+        let (line, lane, inside) = self.line();
+        b.if_then(inside, |_| {
+            let sq = |c: &[IntValue<'ctx>]| {
+                let x = self.value_at(c);
+                b.fmul(x, x)
+            };
+            let ss = self.fold(line, lane, 0.0, &sq, &|x, y| b.fadd(x, y));
+            let len = b.sitofp(self.size(self.k.rank - 1));
+            let r = b.fdiv(b.f32(1.0), b.sqrt(b.fadd(b.fdiv(ss, len), b.f32(eps))));
+            self.write_line(out, line, lane, &|c| b.fmul(b.fmul(self.value_at(c), r), self.input(w, c)));
         });
     }
 

@@ -1,6 +1,7 @@
 //! Plain GPU loops for every op that is not a fused kernel: elementwise math with broadcasting
 //! by axis name, select, comparisons, iota, constants and dims, masks, bind/store layout
-//! changes, casts, gathers at index expressions, reductions (sum, max) and cumsum along an axis.
+//! changes, casts, gathers at index expressions, reductions (sum, max), cumsum, softmax and
+//! rmsnorm along an axis.
 //!
 //! The GPU counterpart of `cpu/generic` (the same iteration-space model), slow but right: one
 //! kernel per node, math in f32 (the attention region's own f32 functions, `attention/region.rs`),
@@ -13,8 +14,8 @@
 //! kernel argument ([`Planned::scalars`]).
 //!
 //! Layout: a kernel iterates an *iteration space*, named axes whose last one is the *line* (the
-//! axis of a cumsum, the reduced axis of a sum, else the result's last axis). `Map` kernels use
-//! one thread per element; line kernels (`Reduce`, `Cumsum`) one warp per line, which keeps the
+//! axis of a cumsum, softmax or rmsnorm, the reduced axis of a sum, else the result's last axis).
+//! `Map` kernels use one thread per element; line kernels one warp per line, which keeps the
 //! reduction order fixed (deterministic) and parallel enough for `[B, H]` lines of length `T`.
 //! Every buffer has one stride per iteration axis (0 where it lacks the axis: broadcast); a name
 //! repeated in a `bind` sums its strides (a diagonal).
@@ -90,6 +91,11 @@ pub(crate) enum Body {
     Reduce(ReduceKind),
     /// Inclusive prefix sum along the line.
     Cumsum,
+    /// Softmax along the line (`-inf` weighs 0; a line of only `-inf` gives zeros; a NaN makes
+    /// the line NaN).
+    Softmax,
+    /// `x * rsqrt(mean(x^2) + eps) * w[k]`, `w` input number `w`, read along the line.
+    RmsNorm { w: usize, eps: f64 },
 }
 
 /// One generic kernel. Parameters: a pointer per `Buf`/`Gather` input (in input order), the

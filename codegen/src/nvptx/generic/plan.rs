@@ -126,6 +126,8 @@ pub(crate) fn handles(op: &Op) -> bool {
             | Op::Select
             | Op::Reduce { .. }
             | Op::Cumsum { .. }
+            | Op::Softmax { .. }
+            | Op::RmsNorm { .. }
             | Op::Causal { .. }
             | Op::Window { .. }
             | Op::Cast
@@ -171,7 +173,7 @@ pub(crate) fn plan(
     let mut order: Vec<usize> = (0..rdims.len()).collect();
     let mut extra: Option<(String, Dim)> = None;
     match op {
-        Op::Cumsum { axis } => {
+        Op::Cumsum { axis } | Op::Softmax { axis } | Op::RmsNorm { axis, .. } => {
             let p = rnames
                 .iter()
                 .position(|a| a == axis)
@@ -245,6 +247,17 @@ pub(crate) fn plan(
         Op::Cumsum { .. } => {
             body = Body::Cumsum;
             inp.named(ops[0])?
+        }
+        Op::Softmax { .. } => {
+            body = Body::Softmax;
+            inp.named(ops[0])?
+        }
+        Op::RmsNorm { eps, .. } => {
+            let x = inp.named(ops[0])?;
+            // The weight's one axis is the line.
+            let line = [axes[axes.len() - 1].clone()];
+            body = Body::RmsNorm { w: inp.add(ops[1], &line)?, eps: *eps };
+            x
         }
         Op::Causal { i, j } | Op::Window { i, j, .. } => {
             let window = if let Op::Window { size, .. } = op { Some(*size) } else { None };
