@@ -9,6 +9,7 @@ mod errors;
 mod gpu;
 mod program;
 mod registry;
+mod starts;
 mod tensors;
 
 use pyo3::prelude::*;
@@ -21,6 +22,7 @@ fn _foxc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(program::load, m)?)?;
     m.add_function(wrap_pyfunction!(registry::cache_info, m)?)?;
     m.add_function(wrap_pyfunction!(registry::by_id, m)?)?;
+    starts::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
