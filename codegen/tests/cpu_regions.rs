@@ -46,6 +46,28 @@ fn region(name: &str) -> Region {
             let q = r.push(RNode::Binary(BinaryOp::Div, m, t));
             r.push(RNode::Binary(BinaryOp::Sub, sel, q));
         }
+        // x + 0.3 log(1 + x^2) - 0.2 log2(2 + x) ... every function the CPU region evaluates
+        // through region_math, on arguments that stay finite: log, log2 of positive values,
+        // exp2, rsqrt, softplus and logsigmoid of the raw score.
+        "transcendental" => {
+            let sq = r.push(RNode::Binary(BinaryOp::Mul, x, x));
+            let one = r.push(RNode::Const(1.0));
+            let p1 = r.push(RNode::Binary(BinaryOp::Add, one, sq));
+            let mut acc = x;
+            for (u, arg, c) in [
+                (UnaryOp::Log, p1, 0.3),
+                (UnaryOp::Log2, p1, -0.2),
+                (UnaryOp::Rsqrt, p1, 0.5),
+                (UnaryOp::Exp2, x, 0.1),
+                (UnaryOp::Softplus, x, -0.4),
+                (UnaryOp::LogSigmoid, x, 0.25),
+            ] {
+                let f = r.push(RNode::Unary(u, arg));
+                let k = r.push(RNode::Const(c));
+                let t = r.push(RNode::Binary(BinaryOp::Mul, k, f));
+                acc = r.push(RNode::Binary(BinaryOp::Add, acc, t));
+            }
+        }
         other => panic!("no region {other}"),
     }
     r
@@ -134,7 +156,7 @@ fn error(c: &Case, seed: u64, (b, h, t, d): (usize, usize, usize, usize)) -> f64
 
 fn cases() -> Vec<Case> {
     let mut v = vec![];
-    for score in ["identity", "softcap_bias", "select_index"] {
+    for score in ["identity", "softcap_bias", "select_index", "transcendental"] {
         for mask in [Mask::Causal, Mask::Window(7), Mask::None, Mask::Expr(causal_expr())] {
             for group in [1, 2] {
                 v.push(Case {

@@ -17,6 +17,7 @@ mod emit;
 pub mod generic;
 mod kernels;
 mod region;
+mod region_math;
 
 mod threshold;
 use cranelift_codegen::ir::{types, AbiParam, UserFuncName};

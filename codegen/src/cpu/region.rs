@@ -27,20 +27,6 @@ pub struct CaptureCode {
     pub shape: Vec<u64>,
 }
 
-/// The unary ops the kernel evaluates in vector form (others: a clear planning error).
-pub fn supported_unary(u: UnaryOp) -> bool {
-    matches!(
-        u,
-        UnaryOp::Neg
-            | UnaryOp::Abs
-            | UnaryOp::Exp
-            | UnaryOp::Tanh
-            | UnaryOp::Sigmoid
-            | UnaryOp::Relu
-            | UnaryOp::Sqrt
-    )
-}
-
 impl RegionCode {
     /// Resolve the dims of `r`; `Err` names what the CPU kernel cannot evaluate.
     pub fn new(r: &Region, dim: &dyn Fn(&foxc_ir::Dim) -> Option<u64>) -> Result<RegionCode, String> {
@@ -49,12 +35,6 @@ impl RegionCode {
         for (n, node) in r.nodes.iter().enumerate() {
             match node {
                 RNode::Dim(d) => dims[n] = dim(d).ok_or_else(|| format!("dim {d} is not bound"))? as f32,
-                RNode::Unary(u, _) if !supported_unary(*u) => {
-                    return Err(format!(
-                        "the CPU attention kernel cannot yet evaluate `{}` in a score region",
-                        foxc_ir::Op::Unary(*u).mnemonic()
-                    ))
-                }
                 RNode::Capture { index, .. } => {
                     for e in index {
                         divs[n].push(match &e.div {
@@ -159,8 +139,33 @@ fn unary(fx: &mut Fx, u: UnaryOp, a: Value) -> Value {
             let z = fx.splat_c(0.0);
             fx.b.ins().fmax(a, z)
         }
-        // RegionCode::new rejects the others before any code is emitted.
-        _ => a,
+        // The rest through region_math (matching the interpreter to a few ulps).
+        UnaryOp::Log => fx.vlog(a),
+        UnaryOp::Log2 => {
+            let l = fx.vlog(a);
+            let k = fx.splat_c(std::f32::consts::LOG2_E);
+            fx.b.ins().fmul(l, k)
+        }
+        UnaryOp::Exp2 => fx.vexp2(a),
+        UnaryOp::Rsqrt => {
+            let s = fx.b.ins().sqrt(a);
+            let one = fx.splat_c(1.0);
+            fx.b.ins().fdiv(one, s)
+        }
+        // softplus a = max(a, 0) + log(1 + e^-|a|), logsigmoid a = min(a, 0) - log(1 + e^-|a|)
+        // (no overflow for large |a|; NaN stays NaN).
+        UnaryOp::Softplus => {
+            let z = fx.splat_c(0.0);
+            let m = fx.b.ins().fmax(a, z);
+            let l = fx.vlog1p_exp_neg_abs(a);
+            fx.b.ins().fadd(m, l)
+        }
+        UnaryOp::LogSigmoid => {
+            let z = fx.splat_c(0.0);
+            let m = fx.b.ins().fmin(a, z);
+            let l = fx.vlog1p_exp_neg_abs(a);
+            fx.b.ins().fsub(m, l)
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! Module assembly: walks the graph, builds one kernel per node into a single LLVM module and
 //! records the launch plan (buffers, arguments, geometry) that goes with it.
 
-use super::attention::region::RegionMod;
+use super::attention::region::{CaptureTy, RegionMod, ScoreArg};
 use super::attention::{self, AttnKernelConfig};
 use super::generic;
 use super::kernels::{self, ELEM_THREADS, ROW_THREADS, SCAN_THREADS};
@@ -583,9 +583,6 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             Mask::None => return Err(Self::not_yet(n, "no mask (bidirectional)")),
             Mask::Expr(_) => return Err(Self::not_yet(n, "an expression mask")),
         };
-        if !o.captures.is_empty() || !a.score.captures().is_empty() {
-            return Err(Self::not_yet(n, "captured tensors"));
-        }
         if a.prune == Prune::Start {
             return Err(Self::not_yet(n, "a separate block_boundary (the fuse-boundary pass did not apply)"));
         }
@@ -612,7 +609,14 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         // The region's dims are specialized like the head dim; `b`, `h` need the head count.
         let heads = self.ty(q).axes.get(1).and_then(|ax| ax.dim.eval(&|s| self.spec.dims.get(s).copied()));
         let dim = |d: &Dim| d.eval(&|s| self.spec.dims.get(s).copied());
-        let score = RegionMod::new(&a.score, &dim, heads).map_err(|e| Self::not_yet(n, &e))?;
+        // Captured tensors: read by the score hook through their index expressions.
+        let caps: Vec<CaptureTy> = o
+            .captures
+            .iter()
+            .map(|&c| CaptureTy { dtype: self.ty(c).dtype, rank: self.ty(c).rank() })
+            .collect();
+        let score =
+            RegionMod::with_captures(&a.score, &dim, heads, &caps).map_err(|e| Self::not_yet(n, &e))?;
         // q, k, v in bf16: cast others into scratch copies first.
         let mut qkv = vec![];
         for (i, &v) in [q, o.k, o.v].iter().enumerate() {
@@ -647,7 +651,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             Some(c) => self.buf(c)?,
             None => qkv[0],
         };
-        let args = vec![
+        let mut args = vec![
             KernelArg::Buffer(qkv[0]),
             KernelArg::Buffer(qkv[1]),
             KernelArg::Buffer(qkv[2]),
@@ -657,6 +661,16 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             KernelArg::Buffer(lse),
             KernelArg::I32(vec![t.clone()]),
         ];
+        // The score hook's parameters (region.rs, ScoreArg): head count, captures and their sizes.
+        for arg in score.args() {
+            args.push(match *arg {
+                ScoreArg::Heads => KernelArg::I32(vec![bh[1].clone()]),
+                ScoreArg::Capture(k) => KernelArg::Buffer(self.buf(o.captures[k])?),
+                ScoreArg::CaptureDim(k, ax) => {
+                    KernelArg::I32(self.ty(o.captures[k]).dims().nth(ax).cloned().into_iter().collect())
+                }
+            });
+        }
         self.push(n, name, args, Launch::Attention { cfg, t, bh }, vec![]);
         Ok(())
     }
