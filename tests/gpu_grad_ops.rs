@@ -1,0 +1,94 @@
+//! The ordinary ops of every gradient program run on the GPU's generic loops: for each example
+//! the passes fuse, the gradient program with the `attention_backward` results taken as inputs
+//! (the backward kernels are `tests/grad_nvptx.rs`'s subject) compiles for sm_90a and sm_80 and
+//! its PTX assembles with ptxas (when found). What remains is the reverse cumsum of the gate,
+//! rmsnorm and slope gradients, broadcasts and reductions over b, h, t, casts.
+
+use foxc::cli::{PruneArgs, TargetArg};
+use foxc::commands::grad::grad_program;
+use foxc::{cuda_backend, pipeline};
+use foxc_ir::{Graph, Op, Span, Value};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn ptxas() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var("PTXAS").ok().map(PathBuf::from),
+        Some(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.tools/nvcc/nvidia/cu13/bin/ptxas"))),
+    ];
+    candidates.into_iter().flatten().find(|p| p.is_file())
+}
+
+/// Every result of every `attention_backward` of `g` replaced by a new parameter of its type;
+/// returns how many nodes were cut out.
+fn cut_backward(g: &mut Graph) -> usize {
+    let nodes = g.find(|o| matches!(o, Op::AttentionBackward(_)));
+    for &n in &nodes {
+        let tys: Vec<_> = g.result_types(n).into_iter().cloned().collect();
+        for (r, ty) in tys.into_iter().enumerate() {
+            let p = g.add_param(&format!("bwd{}_{r}", n.index()), ty, Span::default());
+            g.replace_value_uses(Value { node: n, result: r as u32 }, Value::of(p));
+        }
+    }
+    nodes.len()
+}
+
+#[test]
+fn gradient_ops_compile_for_the_gpu() {
+    let ptxas = ptxas();
+    let dir = std::env::temp_dir().join(format!("foxc_gpu_grad_ops_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    let mut compiled = vec![];
+    for f in files {
+        let name = f.file_stem().unwrap().to_string_lossy().into_owned();
+        if f.extension().is_none_or(|x| x != "attn") || name.starts_with("refuse_") {
+            continue;
+        }
+        let c = pipeline::Source::read(&f).unwrap().compile().unwrap();
+        for (target, arch) in [(TargetArg::Sm90a, "sm_90a"), (TargetArg::Sm80, "sm_80")] {
+            let prune = PruneArgs {
+                no_prune: false,
+                log_eps: -10.0,
+                prune_rule: foxc_passes::rules::default_rule(),
+                tiles: None,
+            };
+            let (opt, _) =
+                pipeline::optimize(&c.graph, &pipeline::pass_options(&prune, target, false)).unwrap();
+            let mut p = grad_program(&opt).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(cut_backward(&mut p.graph), 1, "{name}: one attention_backward");
+            let outs: Vec<Value> = p.outputs.iter().map(|(_, v)| *v).collect();
+            let dims = BTreeMap::from([("D".to_string(), 64), ("H".to_string(), 4), ("G".to_string(), 2)]);
+            let a = cuda_backend::compile_outputs(&p.graph, &outs, &dims, arch)
+                .unwrap_or_else(|e| panic!("{name} {arch}: {e}"));
+            assert_eq!(a.outputs.len(), p.outputs.len());
+            // The gate's gradient is a reverse cumsum: total - cumsum + x, a scan and a sum.
+            if opt.find(|o| matches!(o, Op::GateCumsum { .. })).len() == 1 {
+                let kinds: Vec<&str> = a.kernels.iter().map(|k| p.graph.op(k.node).mnemonic()).collect();
+                assert!(kinds.contains(&"cumsum") && kinds.contains(&"sum"), "{name}: {kinds:?}");
+            }
+            if let Some(ptxas) = &ptxas {
+                let path = dir.join(format!("{name}_{arch}.ptx"));
+                std::fs::write(&path, &a.ptx).unwrap();
+                let out = Command::new(ptxas)
+                    .arg(format!("-arch={arch}"))
+                    .arg(&path)
+                    .arg("-o")
+                    .arg(dir.join("a.cubin"))
+                    .output()
+                    .expect("ptxas runs");
+                assert!(
+                    out.status.success(),
+                    "ptxas {name} {arch}:\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        compiled.push(name);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(compiled.len() >= 10 && compiled.iter().any(|n| n == "fox_alibi"), "{compiled:?}");
+}
