@@ -8,12 +8,20 @@
 //!
 //! Kernel per node:
 //! - `gate_cumsum`: a block scan per (b, h) (`Logits`, `LogGate`) or a closed form (`Slope`);
-//! - `rmsnorm` (last axis), `cast`: row / elementwise kernels;
+//! - `rmsnorm` over a static last axis, float-to-float `cast`: row / elementwise kernels;
 //! - `threshold`: for a data bound, a max-norm reduction (atomicMax on f32 bits) then a per-tile
 //!   delta kernel; for a static bound, the delta kernel alone;
 //! - `block_boundary`: no launch: the attention kernel finds `start[m]` itself by a search over
 //!   `c` and `delta` (SEMANTICS.md allows this), so the plan passes `delta` to attention;
-//! - `decay_attention`, `pruned_decay_attention`: [`attention::build_attention_kernel`].
+//! - `attention`: [`attention::build_attention_kernel`], writing both results (`out`, and the
+//!   row log-sum-exp `lse`, result 1);
+//! - `attention_backward`: the backward kernels (`module_bwd.rs`);
+//! - every other op (elementwise math, select, masks, iota, dims, bind/store, gather, casts,
+//!   sum/max, cumsum, softmax, other rmsnorms): one plain loop kernel with run-time sizes
+//!   (`generic`).
+//!
+//! Buffers are per (node, result). [`NvptxSpec::outputs`] names the values to compute (a
+//! gradient program has several); only what they need is lowered.
 
 pub mod attention;
 pub(crate) mod builder;
