@@ -1,6 +1,7 @@
-"""foxc's torch path on a GPU: outputs against an eager torch f32 reference of the same math,
-torch.compile(fullgraph=True), CUDA graph capture and replay, determinism, no host sync,
-validation errors, and the not-yet-available backward.
+"""foxc's torch path on a GPU: outputs and gradients (autograd through foxc's backward) against
+an eager torch f32 reference of the same math and its autograd, torch.compile(fullgraph=True) of
+forward and backward, CUDA graph capture and replay, determinism (forward and gradients), no host
+sync (forward and backward), validation errors.
 
     pip install --no-deps --target /tmp/site foxc-*.whl
     PYTHONPATH=/tmp/site python3 bench/python_gpu.py [--json out.json]
@@ -92,6 +93,37 @@ def run_accuracy(B, H, T, D):
                 rel_l2=f"{err:.2e}",
                 shape=f"{B}x{H}x{T}x{D}",
             )
+
+
+def run_gradients(B, H, T, D):
+    """Every gradient of the torch op's autograd against torch autograd of the eager f32
+    reference (relative L2 <= 1e-2 each), and the same bits twice."""
+    for ex in ("fox", "fox_qknorm", "alibi", "causal", "window"):
+        for no_prune in (True, False):
+            attn = foxc.load(EXAMPLES / f"{ex}.attn", no_prune=no_prune)
+            x = inputs(attn, B, H, T, D, seed=3)
+            dout = torch.randn(B, H, T, D, device="cuda", generator=torch.Generator(device="cuda").manual_seed(4))
+            label = f"gradients {ex} {'dense' if no_prune else 'acp'} D={D}"
+            try:
+                g1 = foxc_grads(attn, x, dout.to(torch.bfloat16))
+                g2 = foxc_grads(attn, x, dout.to(torch.bfloat16))
+            except Exception as e:
+                check(label, False, error=f"{type(e).__name__}: {str(e)[:300]}")
+                continue
+            xr = {n: t.detach().float().requires_grad_(True) for n, t in x.items()}
+            reference(ex, xr).backward(dout.to(torch.bfloat16).float())
+            errs = {n: rel_l2(g1[n], xr[n].grad) for n in g1}
+            ok = all(torch.isfinite(g).all().item() for g in g1.values()) and all(e <= 1e-2 for e in errs.values())
+            check(label, ok, **{f"rel_l2_{n}": f"{e:.2e}" for n, e in errs.items()}, shape=f"{B}x{H}x{T}x{D}")
+            check(f"{label}: same bits twice", all(torch.equal(g1[n], g2[n]) for n in g1))
+
+
+def foxc_grads(attn, x, dout):
+    """Gradients of sum(out * dout) w.r.t. every float input, through torch autograd."""
+    leaves = {n: t.detach().clone().requires_grad_(True) for n, t in x.items()}
+    attn(**leaves).backward(dout)
+    torch.cuda.synchronize()
+    return {n: t.grad for n, t in leaves.items()}
 
 
 def run_torch_features():
@@ -194,29 +226,75 @@ def run_torch_features():
     expect("missing", {n: t for n, t in x.items() if n != "fgate"}, "fgate")
     expect("extra", {**x, "bias": x["fgate"]}, "`bias`")
 
-    # Backward: a clear error until the backward kernels land.
-    xg = {n: t.detach().clone().requires_grad_(t.dtype == torch.bfloat16) for n, t in x.items()}
+    # Backward: no host sync, torch.compile of forward and backward, CUDA graph capture.
+    dout = torch.randn(x["q"].shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(5)).to(torch.bfloat16)
+    eager = foxc_grads(attn, x, dout)
+    leaves = {n: t.detach().clone().requires_grad_(True) for n, t in x.items()}
+    out = attn(**leaves)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
     try:
-        attn(**xg).float().sum().backward()
-        check("backward raises a clear error", False, error="no exception")
+        out.backward(dout)
+        check("backward: no sync under set_sync_debug_mode('error')", True)
     except RuntimeError as e:
-        check("backward raises a clear error", "backward not available yet" in str(e), message=str(e)[:160])
+        check("backward: no sync under set_sync_debug_mode('error')", False, error=str(e)[:200])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    check("backward: gradients of fgate and q, k, v exist", all(leaves[n].grad is not None for n in x))
+    try:
+        cf = torch.compile(lambda q, k, v, fgate: attn(q=q, k=k, v=v, fgate=fgate), fullgraph=True)
+        leaves = {n: t.detach().clone().requires_grad_(True) for n, t in x.items()}
+        cf(**leaves).backward(dout)
+        torch.cuda.synchronize()
+        same = all(torch.equal(leaves[n].grad, eager[n]) for n in x)
+        check("torch.compile(fullgraph=True) forward + backward: eager's gradient bits", same)
+    except Exception as e:
+        check("torch.compile(fullgraph=True) forward + backward: eager's gradient bits", False, error=f"{type(e).__name__}: {str(e)[:300]}")
+    try:
+        static = {n: t.detach().clone().requires_grad_(True) for n, t in x.items()}
+        static_dout = dout.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                attn(**static).backward(static_dout)
+        torch.cuda.current_stream().wait_stream(side)
+        for t in static.values():
+            t.grad = None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            attn(**static).backward(static_dout)
+        graph.replay()
+        torch.cuda.synchronize()
+        check("CUDA graph capture + replay of forward + backward", all(torch.equal(static[n].grad, eager[n]) for n in x))
+    except Exception as e:
+        check("CUDA graph capture + replay of forward + backward", False, error=f"{type(e).__name__}: {str(e)[:300]}")
 
     # Speed (information): foxc (ACP) vs dense foxc vs torch SDPA causal without the decay.
     dense = foxc.load(EXAMPLES / "fox.attn", no_prune=True)
+    leaves = {n: t.detach().clone().requires_grad_(True) for n, t in x.items()}
     for label, fn in (
         ("foxc acp", lambda: attn(**x)),
         ("foxc dense", lambda: dense(**x)),
         ("sdpa causal (no decay)", lambda: F.scaled_dot_product_attention(x["q"], x["k"], x["v"], is_causal=True)),
+        ("foxc acp fwd+bwd", lambda: attn(**leaves).backward(dout)),
+        ("foxc dense fwd+bwd", lambda: dense(**leaves).backward(dout)),
+        ("sdpa causal (no decay) fwd+bwd", lambda: F.scaled_dot_product_attention(
+            leaves["q"], leaves["k"], leaves["v"], is_causal=True).backward(dout)),
     ):
-        for _ in range(3):
-            fn()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(20):
-            fn()
-        e1.record()
-        torch.cuda.synchronize()
+        try:
+            for _ in range(3):
+                fn()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            for _ in range(20):
+                fn()
+            e1.record()
+            torch.cuda.synchronize()
+        except Exception as e:
+            print(f"time {label}: failed: {type(e).__name__}: {str(e)[:200]}")
+            continue
         print(f"time {label}: {e0.elapsed_time(e1) / 20:.3f} ms (B=2,H=8,T=4096,D=128)")
         results.append({"time": label, "ms": e0.elapsed_time(e1) / 20})
 
@@ -228,6 +306,7 @@ def main():
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, foxc {foxc.__version__}")
     for D in (64, 128):
         run_accuracy(2, 4, 1027, D)
+        run_gradients(2, 4, 1027, D)
     run_torch_features()
     failed = [r for r in results if "check" in r and not r["ok"]]
     print(f"{len([r for r in results if 'check' in r]) - len(failed)} passed, {len(failed)} failed")

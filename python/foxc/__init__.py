@@ -17,7 +17,7 @@ from typing import Any, Optional, Tuple
 from . import _foxc
 from ._foxc import CompileError, cache_info
 
-__all__ = ["load", "reference", "Attention", "CompileError", "cache_info", "__version__"]
+__all__ = ["load", "reference", "reference_grad", "Attention", "CompileError", "cache_info", "__version__"]
 __version__ = _foxc.__version__
 
 
@@ -27,6 +27,7 @@ class Attention:
     def __init__(self, program: "_foxc.Program"):
         self._program = program
         self._gpu_plans: dict = {}
+        self._grad_plans: dict = {}
         # Plain Python copies of the metadata: torch.compile traces attribute reads of these
         # (a call into the extension would be a graph break).
         #: The process-wide id of the compiled program (what the torch op carries).
@@ -69,6 +70,16 @@ class Attention:
         from . import _numpy
 
         return _numpy.run(self._program, tensors)
+
+    def grad(self, dout, **arrays) -> dict:
+        """Forward and backward on NumPy arrays (CPU backend): ``{"out": ..., "grad_<p>": ...}``
+        for the loss ``sum(out * dout)``, one gradient per float parameter, float32 NumPy.
+
+        The gradient program recomputes the forward (``passes::grad::gradient``); torch tensors
+        get their gradients through autograd instead (``out.backward()``)."""
+        from . import _numpy
+
+        return _numpy.grad(self._program, arrays, dout)
 
 
 # Set by foxc.torch when it is imported.
@@ -134,3 +145,11 @@ def reference(attn: Attention, pruned: bool = False, **arrays):
     from . import _numpy
 
     return _numpy.reference(attn._program, arrays, pruned)
+
+
+def reference_grad(attn: Attention, dout, **arrays) -> dict:
+    """``attn.grad``'s gradient program through the f64 interpreter: ``{"out": ..., "grad_<p>":
+    ...}`` as float64 NumPy (inputs rounded to the declared dtypes first)."""
+    from . import _numpy
+
+    return _numpy.grad_reference(attn._program, arrays, dout)

@@ -47,3 +47,17 @@ def run(program, tensors: dict) -> np.ndarray:
 def reference(program, tensors: dict, pruned: bool) -> np.ndarray:
     shape, data = program.reference(_wires(tensors), pruned)
     return np.frombuffer(data, dtype="<f8").reshape(shape).copy()
+
+
+def _with_dout(tensors: dict, dout) -> dict:
+    return {**_wires(tensors), "dout": _wire("dout", dout)}
+
+
+def grad(program, tensors: dict, dout) -> dict:
+    r = program.grad_cpu(_with_dout(tensors, dout))
+    return {n: np.frombuffer(d, dtype="<f4").reshape(s).copy() for n, (s, d) in r.items()}
+
+
+def grad_reference(program, tensors: dict, dout) -> dict:
+    r = program.grad_reference(_with_dout(tensors, dout))
+    return {n: np.frombuffer(d, dtype="<f8").reshape(s).copy() for n, (s, d) in r.items()}

@@ -10,11 +10,19 @@ streams work as for any torch op), and nothing waits for the GPU.
 ``lse`` (``[B, H, T]`` float32, the attention rows' log-sum-exp as the kernel writes it) is the
 second output so that the backward can use it; ``attn(**tensors)`` returns only ``out``.
 
-Backward: ``register_backward(fn)`` plugs it in (``fn(program_id, inputs, out, lse, grad_out)``
-returns one gradient or None per input); until then ``out.backward()`` raises a clear error.
+Autograd: the forward saves its inputs, ``out`` and ``lse``; the backward is a second op,
+``torch.ops.foxc.attention_backward(program_id, inputs, out, lse, dout) -> [grad, ...]`` (one
+gradient per float input, in parameter order; None for the others), which runs the
+saved-forward gradient program (``passes::grad::gradient_from_saved``: the attention is not
+recomputed) on the same device and stream, compiled once per (program, head dims, device). Both
+ops have fake implementations, so ``torch.compile(fullgraph=True)`` traces forward and backward
+without graph breaks.
+
+torch CPU tensors run on foxc's CPU backend through a host copy (for tests and small runs; the
+GPU path copies nothing).
 """
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -24,9 +32,6 @@ _TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.floa
 _NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
 # Device buffers of a plan start at this alignment inside the one workspace allocation.
 _ALIGN = 256
-
-_backward_impl: Optional[Callable] = None
-
 
 def _attention_of(program_id: int):
     from . import _attention_by_id
@@ -65,6 +70,33 @@ def _out_shapes(attn, shapes) -> Tuple[List[int], List[int]]:
     return out_shape, out_shape[:-1]
 
 
+def _launch(plan, tensors: Dict, dev) -> List[torch.Tensor]:
+    """Allocate the plan's outputs and workspace from torch, enqueue its kernels on torch's
+    current stream with ``tensors[("input", i)]`` as input buffer i; return the outputs."""
+    outs = [torch.empty(shape, dtype=_TORCH_DTYPES[dtype], device=dev) for _, dtype, shape in plan.outputs]
+    offsets, total = [], 0
+    for (role, _), size in zip(plan.roles, plan.sizes):
+        offsets.append(total)
+        if role == "scratch":
+            total += (size + _ALIGN - 1) // _ALIGN * _ALIGN
+    ws = torch.empty(max(total, 1), dtype=torch.uint8, device=dev)
+    ptrs = []
+    for (role, i), off, size in zip(plan.roles, offsets, plan.sizes):
+        if role == "scratch":
+            ptrs.append(ws.data_ptr() + off)
+            continue
+        t = tensors[i] if role == "input" else outs[i]
+        if t.numel() * t.element_size() < size:
+            raise RuntimeError(f"foxc: buffer {role} {i} holds {t.numel() * t.element_size()} bytes, the plan needs {size}")
+        ptrs.append(t.data_ptr())
+    plan.launch(ptrs, torch.cuda.current_stream(dev).cuda_stream)
+    return outs
+
+
+def _metas(names, tensors) -> Dict:
+    return {n: (_NAMES.get(t.dtype, str(t.dtype)), list(t.shape)) for n, t in zip(names, tensors)}
+
+
 @torch.library.custom_op("foxc::attention", mutates_args=(), device_types="cuda")
 def attention_op(program: int, inputs: List[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     """Run compiled program ``program`` on ``inputs`` (the DSL parameters in order)."""
@@ -74,31 +106,23 @@ def attention_op(program: int, inputs: List[torch.Tensor]) -> Tuple[torch.Tensor
     key = (dev.index, tuple(tuple(t.shape) for t in inputs))
     plan = attn._gpu_plans.get(key)
     if plan is None:
-        metas = {n: (_NAMES.get(t.dtype, str(t.dtype)), list(t.shape)) for n, t in zip(attn.params, inputs)}
-        plan = attn._program.cuda_plan(metas, dev.index)
-        if plan.lse_shape is None:
-            raise RuntimeError(f"foxc: the GPU plan of `{attn.name}` has no log-sum-exp buffer")
+        plan = attn._program.cuda_plan(_metas(attn.params, inputs), dev.index)
+        if [o[0] for o in plan.outputs] != ["out", "lse"]:
+            raise RuntimeError(f"foxc: `{attn.name}` has no fused attention on the GPU (no log-sum-exp)")
         attn._gpu_plans[key] = plan
-    out = torch.empty(plan.out_shape, dtype=_TORCH_DTYPES[plan.out_dtype], device=dev)
-    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=dev)
-    offsets, total = [], 0
-    for (role, _), size in zip(plan.roles, plan.sizes):
-        offsets.append(total)
-        if role == "scratch":
-            total += (size + _ALIGN - 1) // _ALIGN * _ALIGN
-    ws = torch.empty(max(total, 1), dtype=torch.uint8, device=dev)
-    ptrs = []
-    for (role, i), off, size in zip(plan.roles, offsets, plan.sizes):
-        t = {"input": lambda: inputs[i], "output": lambda: out, "lse": lambda: lse}.get(role)
-        if t is None:
-            ptrs.append(ws.data_ptr() + off)
-            continue
-        t = t()
-        if t.numel() * t.element_size() < size:
-            raise RuntimeError(f"foxc: buffer {role} {i} holds {t.numel() * t.element_size()} bytes, the plan needs {size}")
-        ptrs.append(t.data_ptr())
-    plan.launch(ptrs, torch.cuda.current_stream(dev).cuda_stream)
+    out, lse = _launch(plan, inputs, dev)
     return out, lse
+
+
+@attention_op.register_kernel("cpu")
+def _attention_cpu(program: int, inputs: List[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """torch CPU tensors: the CPU backend (a host round trip through bytes)."""
+    attn = _attention_of(program)
+    _check(attn, inputs)
+    r = attn._program.forward_cpu(_wires(attn.params, inputs))
+    if "lse" not in r:
+        raise RuntimeError(f"foxc: `{attn.name}` has no fused attention (no log-sum-exp)")
+    return _from_wire(r["out"], _TORCH_DTYPES[attn.output[0]]), _from_wire(r["lse"], torch.float32)
 
 
 @attention_op.register_fake
@@ -110,28 +134,84 @@ def _attention_fake(program: int, inputs: List[torch.Tensor]) -> Tuple[torch.Ten
     return inputs[0].new_empty(out_shape, dtype=out_dtype), inputs[0].new_empty(lse_shape, dtype=torch.float32)
 
 
+def _float_params(attn) -> List[int]:
+    """Indices of the float parameters: the ones that get a gradient."""
+    return [i for i, (_, dtype, _) in enumerate(attn.signature) if dtype in _TORCH_DTYPES]
+
+
+@torch.library.custom_op("foxc::attention_backward", mutates_args=(), device_types="cuda")
+def attention_backward_op(
+    program: int, inputs: List[torch.Tensor], out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor
+) -> List[torch.Tensor]:
+    """The gradient of every float input of ``foxc::attention`` (in parameter order) from the
+    forward's inputs, its results ``out`` and ``lse`` and the upstream gradient ``dout``: the
+    saved-forward gradient program (no forward recomputed), on torch's current stream."""
+    attn = _attention_of(program)
+    dev = inputs[0].device
+    tensors = list(inputs) + [dout, out.float(), lse]
+    key = (dev.index, tuple(tuple(t.shape) for t in inputs))
+    plan = attn._grad_plans.get(key)
+    if plan is None:
+        plan = attn._program.cuda_grad_plan(_metas(_grad_names(attn), tensors), dev.index)
+        attn._grad_plans[key] = plan
+    return _launch(plan, tensors, dev)
+
+
+@attention_backward_op.register_kernel("cpu")
+def _attention_backward_cpu(program, inputs, out, lse, dout):
+    attn = _attention_of(program)
+    tensors = list(inputs) + [dout, out.float(), lse]
+    r = attn._program.grad_cpu(_wires(_grad_names(attn), tensors), saved=True)
+    return [_from_wire(r[f"grad_{attn.params[i]}"], inputs[i].dtype) for i in _float_params(attn)]
+
+
+@attention_backward_op.register_fake
+def _attention_backward_fake(program, inputs, out, lse, dout):
+    attn = _attention_of(program)
+    return [torch.empty_like(inputs[i]) for i in _float_params(attn)]
+
+
+def _grad_names(attn) -> List[str]:
+    """The saved-forward gradient program's parameters, in order (passes::grad)."""
+    return list(attn.params) + ["dout", "out", "lse"]
+
+
 def _setup_context(ctx, inputs, output):
     program, tensors = inputs
     out, lse = output
     ctx.program = program
+    ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(*tensors, out, lse)
 
 
 def _backward(ctx, grad_out, grad_lse):
     attn = _attention_of(ctx.program)
-    if _backward_impl is None:
-        raise RuntimeError(f"foxc: backward not available yet for this program (`{attn.name}`)")
     *tensors, out, lse = ctx.saved_tensors
-    return None, list(_backward_impl(ctx.program, tensors, out, lse, grad_out))
+    grads = attention_backward_op(ctx.program, tensors, out, lse, grad_out.contiguous())
+    result: List[Optional[torch.Tensor]] = [None] * len(tensors)
+    for i, g in zip(_float_params(attn), grads):
+        result[i] = g
+    return None, result
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def register_backward(fn: Callable) -> None:
-    """Plug in the backward: ``fn(program_id, inputs, out, lse, grad_out) -> [grad or None]``."""
-    global _backward_impl
-    _backward_impl = fn
+def _wires(names, tensors) -> Dict:
+    """torch CPU tensors as the extension's (dtype, shape, little-endian bytes) triples."""
+    out = {}
+    for n, t in zip(names, tensors):
+        name = _NAMES.get(t.dtype)
+        if name not in ("f32", "bf16"):
+            raise ValueError(f"input `{n}` has dtype {t.dtype}: foxc takes float32 or bfloat16 tensors")
+        t = t.detach().contiguous()
+        out[n] = (name, list(t.shape), t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return out
+
+
+def _from_wire(shape_bytes, dtype) -> torch.Tensor:
+    shape, data = shape_bytes
+    return torch.frombuffer(bytearray(data), dtype=torch.float32).reshape(shape).to(dtype)
 
 
 def _check(attn, inputs: Sequence[torch.Tensor]) -> None:
@@ -141,11 +221,8 @@ def _check(attn, inputs: Sequence[torch.Tensor]) -> None:
         raise ValueError(f"`{attn.name}` takes {len(attn.params)} tensors ({', '.join(attn.params)}), got {len(inputs)}")
     dev = inputs[0].device
     for (name, dtype, _), t in zip(attn.signature, inputs):
-        if not t.is_cuda:
-            raise ValueError(
-                f"input `{name}` is on {t.device}: foxc runs torch tensors on CUDA devices "
-                "(NumPy arrays run on the CPU backend)"
-            )
+        if t.device.type not in ("cuda", "cpu"):
+            raise ValueError(f"input `{name}` is on {t.device}: foxc runs torch tensors on CUDA devices and the CPU")
         if t.device != dev:
             raise ValueError(f"input `{name}` is on {t.device}, but `{attn.params[0]}` is on {dev}")
         if t.dtype != _TORCH_DTYPES[dtype]:

@@ -3,22 +3,27 @@
 //! the caller owns (torch tensors, torch's current stream).
 
 use crate::errors::{to_py, value_error};
-use crate::program::Loaded;
+use crate::program::{KernelKey, Loaded};
 use crate::registry::{KERNEL_BUILDS, KERNEL_HITS};
 use foxc::cuda_backend::{self, ExternalKernels};
 use foxc_codegen::nvptx::BufferKind;
-use foxc_ir::{Dim, Graph};
+use foxc_ir::{Attention, Dim, Graph, Op, Value};
 use foxc_passes::Target;
 use foxc_runtime::cuda::LaunchDesc;
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The launches of one program for one set of shapes on one device, and the buffers the
-/// caller provides: `roles[n]` says what buffer `n` is: `("input", i)` the i-th parameter's
-/// tensor, `("output", 0)` the output tensor, `("lse", 0)` the row log-sum-exp `[B, H, T]` f32,
-/// `("scratch", 0)` workspace of `sizes[n]` bytes.
+/// caller provides: `roles[n]` says what buffer `n` is: `("input", i)` the tensor of the
+/// program's i-th parameter, `("output", j)` the tensor of output j (`outputs[j]`: name, dtype,
+/// shape), `("scratch", 0)` workspace of `sizes[n]` bytes.
+///
+/// A forward plan has the outputs `out` and, when the output is a fused attention's, `lse` (its
+/// row log-sum-exp `[B, H, T]` f32, what the backward reads); a gradient plan has
+/// `grad_<param>` for every float parameter of the forward.
 #[pyclass(frozen, module = "foxc._foxc")]
 pub struct GpuPlan {
     kernels: Arc<ExternalKernels>,
@@ -28,12 +33,7 @@ pub struct GpuPlan {
     #[pyo3(get)]
     roles: Vec<(String, usize)>,
     #[pyo3(get)]
-    out_shape: Vec<usize>,
-    #[pyo3(get)]
-    out_dtype: String,
-    /// `[B, H, T]` when the plan has a log-sum-exp buffer (the attention kernel writes one).
-    #[pyo3(get)]
-    lse_shape: Option<Vec<usize>>,
+    outputs: Vec<(String, String, Vec<usize>)>,
     #[pyo3(get)]
     device_name: String,
 }
@@ -116,80 +116,124 @@ fn static_dims(g: &Graph, bind: &foxc_ir::shapes::DimBindings) -> BTreeMap<Strin
     out
 }
 
+/// Kernels of `g` computing `outputs` for `device`, built once per (device, static dims) in
+/// `cache`.
 fn kernels_for(
     py: Python<'_>,
-    loaded: &Loaded,
+    cache: &Mutex<HashMap<KernelKey, Arc<ExternalKernels>>>,
     g: &Graph,
+    outputs: &[Value],
     bind: &foxc_ir::shapes::DimBindings,
     device: usize,
 ) -> PyResult<Arc<ExternalKernels>> {
     let sd = static_dims(g, bind);
     let key = (device, sd.iter().map(|(k, v)| (k.clone(), *v)).collect::<Vec<_>>());
-    if let Some(k) = loaded.kernels.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+    if let Some(k) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         KERNEL_HITS.fetch_add(1, Ordering::Relaxed);
         return Ok(k.clone());
     }
     // Compile without the GIL and without the lock (a thread waiting for the lock while holding
     // the GIL would deadlock with this one re-taking the GIL); a racing build of the same key
     // is dropped for the first one stored.
-    let k = py.detach(|| cuda_backend::load_external(g, &sd, bind, device)).map_err(to_py)?;
+    let k =
+        py.detach(|| cuda_backend::load_external_outputs(g, outputs, &sd, bind, device)).map_err(to_py)?;
     KERNEL_BUILDS.fetch_add(1, Ordering::Relaxed);
-    let mut cache = loaded.kernels.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
     Ok(cache.entry(key).or_insert_with(|| Arc::new(k)).clone())
 }
 
+/// The GPU target of `device`.
+fn target_of(device: usize) -> PyResult<(Target, String)> {
+    let info = cuda_backend::device_info(device).map_err(to_py)?;
+    let target = match cuda_backend::target_for(&info).map_err(to_py)? {
+        "sm_80" => Target::Sm80,
+        _ => Target::Sm90a,
+    };
+    Ok((target, info.name))
+}
+
+/// The plan of `g` computing the named `outputs`, tensors of `metas` on `device`.
+fn build(
+    py: Python<'_>,
+    cache: &Mutex<HashMap<KernelKey, Arc<ExternalKernels>>>,
+    g: &Graph,
+    outputs: &[(String, Value)],
+    metas: &BTreeMap<String, (String, Vec<usize>)>,
+    device: usize,
+    device_name: String,
+) -> PyResult<GpuPlan> {
+    let bind = check_metas(g, metas)?;
+    let values: Vec<Value> = outputs.iter().map(|(_, v)| *v).collect();
+    let kernels = kernels_for(py, cache, g, &values, &bind, device)?;
+    let art = &kernels.artifact;
+    if art.outputs.len() != outputs.len() {
+        return Err(PyRuntimeError::new_err(format!(
+            "foxc: the GPU module has {} outputs, {} were asked for",
+            art.outputs.len(),
+            outputs.len()
+        )));
+    }
+    let (buffers, launches) = cuda_backend::plan(art, &bind).map_err(to_py)?;
+    let mut roles = Vec::with_capacity(buffers.len());
+    for (n, b) in art.buffers.iter().enumerate() {
+        roles.push(match (&b.kind, art.outputs.iter().position(|&o| o == n)) {
+            (BufferKind::Param { name, .. }, Some(_)) => {
+                // An output that is a parameter's own buffer: nothing would write the caller's
+                // output tensor.
+                return Err(PyRuntimeError::new_err(format!("foxc: an output is the input `{name}` itself")));
+            }
+            (BufferKind::Param { index, .. }, None) => ("input".to_string(), *index),
+            (_, Some(j)) => ("output".to_string(), j),
+            _ => ("scratch".to_string(), 0),
+        });
+    }
+    let mut outs = Vec::with_capacity(outputs.len());
+    for (name, v) in outputs {
+        let ty = g.value_ty(*v);
+        let shape = ty
+            .dims()
+            .map(|d| bind.eval(d).map(|x| x as usize))
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(|| value_error(format!("the shape of `{name}` has an unbound dimension")))?;
+        outs.push((name.clone(), ty.dtype.name().to_string(), shape));
+    }
+    Ok(GpuPlan {
+        sizes: buffers.iter().map(|b| b.bytes).collect(),
+        launches,
+        roles,
+        outputs: outs,
+        device_name,
+        kernels: kernels.clone(),
+    })
+}
+
+/// The forward: `out`, and `lse` when the output is a fused attention's (the backward's input).
 pub fn plan(
     py: Python<'_>,
     loaded: &Arc<Loaded>,
     metas: BTreeMap<String, (String, Vec<usize>)>,
     device: usize,
 ) -> PyResult<GpuPlan> {
-    let bind = check_metas(&loaded.graph, &metas)?;
-    let info = cuda_backend::device_info(device).map_err(to_py)?;
-    let target = match cuda_backend::target_for(&info).map_err(to_py)? {
-        "sm_80" => Target::Sm80,
-        _ => Target::Sm90a,
-    };
+    check_metas(&loaded.graph, &metas)?;
+    let (target, device_name) = target_of(device)?;
     let g = loaded.optimized(target)?;
-    let kernels = kernels_for(py, loaded, &g, &bind, device)?;
-    let art = &kernels.artifact;
-    let (buffers, launches) = cuda_backend::plan(art, &bind).map_err(to_py)?;
-    let mut roles = Vec::with_capacity(buffers.len());
-    let mut lse_shape = None;
-    for (n, b) in art.buffers.iter().enumerate() {
-        roles.push(match &b.kind {
-            BufferKind::Param { index, .. } => ("input".to_string(), *index),
-            _ if n == art.output => ("output".to_string(), 0),
-            // The attention kernel's row log-sum-exp (the backward's input). Until the attention
-            // op has it as a second result, the NVPTX plan names it as this scratch buffer.
-            BufferKind::Scratch(what) if what.starts_with("log-sum-exp") && lse_shape.is_none() => {
-                lse_shape = Some(
-                    b.shape
-                        .iter()
-                        .map(|d| bind.eval(d).map(|v| v as usize))
-                        .collect::<Option<Vec<usize>>>()
-                        .ok_or_else(|| value_error("the log-sum-exp shape has an unbound dimension"))?,
-                );
-                ("lse".to_string(), 0)
-            }
-            _ => ("scratch".to_string(), 0),
-        });
-    }
     let out = g.output.ok_or_else(|| value_error(format!("`{}` has no output", g.name)))?;
-    let out_shape = g
-        .ty(out)
-        .dims()
-        .map(|d| bind.eval(d).map(|v| v as usize))
-        .collect::<Option<Vec<usize>>>()
-        .ok_or_else(|| value_error("the output shape has an unbound dimension"))?;
-    Ok(GpuPlan {
-        sizes: buffers.iter().map(|b| b.bytes).collect(),
-        launches,
-        roles,
-        out_shape,
-        out_dtype: g.ty(out).dtype.name().to_string(),
-        lse_shape,
-        device_name: info.name,
-        kernels,
-    })
+    let mut outputs = vec![("out".to_string(), Value::of(out))];
+    if matches!(g.op(out), Op::Attention(_)) {
+        outputs.push(("lse".to_string(), Value { node: out, result: Attention::LSE }));
+    }
+    build(py, &loaded.kernels, &g, &outputs, &metas, device, device_name)
+}
+
+/// The backward: the saved-forward gradient program (`passes::grad::gradient_from_saved`) of
+/// the GPU graph; `metas` name the forward's tensors plus `dout`, `out` (f32) and `lse`.
+pub fn grad_plan(
+    py: Python<'_>,
+    loaded: &Arc<Loaded>,
+    metas: BTreeMap<String, (String, Vec<usize>)>,
+    device: usize,
+) -> PyResult<GpuPlan> {
+    let (target, device_name) = target_of(device)?;
+    let gp = loaded.saved_gradient(target)?;
+    build(py, &loaded.grad_kernels, &gp.graph, &gp.outputs, &metas, device, device_name)
 }

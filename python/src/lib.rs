@@ -7,6 +7,7 @@
 
 mod errors;
 mod gpu;
+mod grad;
 mod program;
 mod registry;
 mod starts;

@@ -2,12 +2,15 @@
 //! (made on first use) and the GPU kernels per (head dims, device).
 
 use crate::errors::{compile_error, to_py, value_error};
+use crate::grad::Kind as GradKind;
 use crate::registry::{self, Key};
 use crate::tensors::{f32_bytes, f64_bytes, host_inputs, Wire};
 use foxc::pipeline::{self, Source};
 use foxc::{cpu_backend, tensors as ftensors};
 use foxc_ir::{Graph, PruneRule, Tiles};
+use foxc_passes::grad::GradProgram;
 use foxc_passes::{PassOptions, Target};
+use foxc_runtime::TensorMap;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::collections::{BTreeMap, HashMap};
@@ -27,6 +30,10 @@ pub struct Loaded {
     pub(crate) optimized: Mutex<HashMap<Target, Arc<Graph>>>,
     /// GPU kernels by (device ordinal, compile-time dims).
     pub kernels: Mutex<HashMap<KernelKey, Arc<foxc::cuda_backend::ExternalKernels>>>,
+    /// The gradient programs per (target, kind), made on first use.
+    pub(crate) gradients: Mutex<HashMap<(Target, GradKind), Arc<GradProgram>>>,
+    /// GPU kernels of the saved-forward gradient program, as `kernels`.
+    pub grad_kernels: Mutex<HashMap<KernelKey, Arc<foxc::cuda_backend::ExternalKernels>>>,
     /// Explanations of the CPU pipeline (why attention was or was not pruned).
     pub(crate) explanations: Vec<String>,
 }
@@ -44,6 +51,11 @@ impl Loaded {
         m.insert(target, g.clone());
         Ok(g)
     }
+
+    /// The saved-forward gradient program for `target` (the backward of the torch op).
+    pub fn saved_gradient(&self, target: Target) -> PyResult<Arc<GradProgram>> {
+        crate::grad::program(self, target, GradKind::Saved)
+    }
 }
 
 /// A compiled attention program (see `foxc.load`).
@@ -52,15 +64,15 @@ pub struct Program {
     pub inner: Arc<Loaded>,
 }
 
+/// A rule of the table (`foxc rules`), or a ValueError listing the names.
 fn parse_rule(rule: &str) -> PyResult<PruneRule> {
-    foxc_passes::rules::by_name(rule).map_err(value_error)
+    foxc_passes::rules::by_name(rule).map_err(|e| value_error(format!("prune_rule: {e}")))
 }
 
 /// Compile `source` (DSL text; `name` is what diagnostics call it) once per (text, options).
 #[pyfunction]
 #[pyo3(signature = (source, name, prune_rule = "paper", log_eps = -10.0, no_prune = false, tiles = None))]
 pub fn load(
-/// A rule of the table (`foxc rules`), or a ValueError listing the names.
     py: Python<'_>,
     source: &str,
     name: &str,
@@ -101,11 +113,31 @@ pub fn load(
                 opts: opts.clone(),
                 optimized: Mutex::new(optimized),
                 kernels: Mutex::new(HashMap::new()),
+                gradients: Mutex::new(HashMap::new()),
+                grad_kernels: Mutex::new(HashMap::new()),
                 explanations,
             })
         })
     })?;
     Ok(Program { inner })
+}
+
+/// `{name: (shape, little-endian bytes)}`.
+type NamedBytes<'py> = BTreeMap<String, (Vec<usize>, Bound<'py, PyBytes>)>;
+
+fn f32_outs(py: Python<'_>, r: TensorMap) -> NamedBytes<'_> {
+    r.into_iter()
+        .map(|(n, t)| (n, (t.shape.clone(), PyBytes::new(py, &f32_bytes(&t.to_f32_vec())))))
+        .collect()
+}
+
+fn parse_target(target: &str) -> PyResult<Target> {
+    match target {
+        "cpu" => Ok(Target::Cpu),
+        "sm_90a" => Ok(Target::Sm90a),
+        "sm_80" => Ok(Target::Sm80),
+        t => Err(value_error(format!("target must be cpu, sm_90a or sm_80, got {t:?}"))),
+    }
 }
 
 fn dims_text(ty: &foxc_ir::ValueType) -> Vec<String> {
@@ -165,12 +197,7 @@ impl Program {
     /// The IR text: `stage` "ir" (as lowered) or "opt" (after the passes for `target`).
     #[pyo3(signature = (stage = "opt", target = "cpu"))]
     fn ir(&self, stage: &str, target: &str) -> PyResult<String> {
-        let target = match target {
-            "cpu" => Target::Cpu,
-            "sm_90a" => Target::Sm90a,
-            "sm_80" => Target::Sm80,
-            t => return Err(value_error(format!("target must be cpu, sm_90a or sm_80, got {t:?}"))),
-        };
+        let target = parse_target(target)?;
         match stage {
             "ir" => Ok(foxc_ir::print::print_graph(&self.inner.graph)),
             "opt" => Ok(foxc_ir::print::print_graph(&*self.inner.optimized(target)?)),
@@ -214,6 +241,63 @@ impl Program {
             .detach(|| foxc_ir::interp::run(&g, &interp_inputs))
             .map_err(|e| value_error(format!("reference interpreter: {e}")))?;
         Ok((r.output.shape, PyBytes::new(py, &f64_bytes(&r.output.data))))
+    }
+
+    /// The CPU forward with its row log-sum-exp: `{"out": (shape, f32 bytes), "lse": ...}`
+    /// (`lse` only when the output is a fused attention's).
+    fn forward_cpu<'py>(&self, py: Python<'py>, inputs: BTreeMap<String, Wire>) -> PyResult<NamedBytes<'py>> {
+        let r = crate::grad::forward_cpu(py, &self.inner, inputs)?;
+        Ok(f32_outs(py, r))
+    }
+
+    /// The gradient program on the CPU backend: `saved=False` takes the forward's inputs and
+    /// `dout` and returns `out` and `grad_<param>` (`passes::grad::gradient`); `saved=True`
+    /// also takes the forward's `out` (f32) and `lse` and returns only the gradients
+    /// (`gradient_from_saved`, what torch autograd runs). `{name: (shape, f32 bytes)}`.
+    #[pyo3(signature = (inputs, saved = false))]
+    fn grad_cpu<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: BTreeMap<String, Wire>,
+        saved: bool,
+    ) -> PyResult<NamedBytes<'py>> {
+        let r = crate::grad::grad_cpu(py, &self.inner, inputs, GradKind::of(saved))?;
+        Ok(f32_outs(py, r))
+    }
+
+    /// `grad_cpu`'s program through the f64 interpreter: `{name: (shape, f64 bytes)}`.
+    #[pyo3(signature = (inputs, saved = false))]
+    fn grad_reference<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: BTreeMap<String, Wire>,
+        saved: bool,
+    ) -> PyResult<NamedBytes<'py>> {
+        let r = crate::grad::grad_reference(py, &self.inner, inputs, GradKind::of(saved))?;
+        Ok(r.into_iter().map(|(n, t)| (n, (t.shape, PyBytes::new(py, &f64_bytes(&t.data))))).collect())
+    }
+
+    /// The parameters of the saved-forward gradient program for `target`, in order:
+    /// `[(name, dtype, [dims])]` (the forward's, then `dout`, `out`, `lse`).
+    #[pyo3(signature = (target = "cpu"))]
+    fn grad_params(&self, target: &str) -> PyResult<Vec<(String, String, Vec<String>)>> {
+        let p = self.inner.saved_gradient(parse_target(target)?)?;
+        Ok(p.graph
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), p.ty.dtype.name().to_string(), dims_text(&p.ty)))
+            .collect())
+    }
+
+    /// GPU plan of the saved-forward gradient program (the torch op's backward) for tensors of
+    /// these dtypes and shapes on GPU `device`: the forward's, `dout`, `out` (f32) and `lse`.
+    fn cuda_grad_plan(
+        &self,
+        py: Python<'_>,
+        metas: BTreeMap<String, (String, Vec<usize>)>,
+        device: usize,
+    ) -> PyResult<crate::gpu::GpuPlan> {
+        crate::gpu::grad_plan(py, &self.inner, metas, device)
     }
 
     /// GPU plan for tensors of these dtypes and shapes on GPU `device` (see `GpuPlan`).

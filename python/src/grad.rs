@@ -1,0 +1,108 @@
+//! Gradients on the CPU: the forward with its row log-sum-exp (what torch autograd saves), the
+//! saved-forward gradient program (`passes::grad::gradient_from_saved`: the backward of a torch
+//! forward) and the recomputing one (`passes::grad::gradient`: NumPy's `attn.grad`), run by the
+//! CPU backend or, as the reference, by the f64 interpreter on the same program.
+
+use crate::errors::{to_py, value_error};
+use crate::program::Loaded;
+use crate::tensors::{host_inputs, Wire};
+use foxc::cpu_backend;
+use foxc_ir::interp::{self, Tensor};
+use foxc_ir::{Attention, Op, Value};
+use foxc_passes::grad::{GradError, GradProgram};
+use foxc_passes::Target;
+use foxc_runtime::cpu::{default_threads, ExecOptions};
+use foxc_runtime::TensorMap;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Which gradient program: the forward recomputed inside, or its results given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Recomputed,
+    Saved,
+}
+
+impl Kind {
+    pub fn of(saved: bool) -> Kind {
+        if saved {
+            Kind::Saved
+        } else {
+            Kind::Recomputed
+        }
+    }
+}
+
+pub fn grad_error(e: GradError) -> PyErr {
+    match e {
+        GradError::Unsupported(m) => value_error(format!("cannot differentiate this program: {m}")),
+        GradError::Internal(m) => {
+            PyRuntimeError::new_err(format!("internal error in the gradient pass: {m}"))
+        }
+    }
+}
+
+/// The gradient program of kind `kind` for `target` (made once per load).
+pub fn program(loaded: &Loaded, target: Target, kind: Kind) -> PyResult<Arc<GradProgram>> {
+    let mut m = loaded.gradients.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = m.get(&(target, kind)) {
+        return Ok(p.clone());
+    }
+    let g = loaded.optimized(target)?;
+    let p = match kind {
+        Kind::Recomputed => foxc_passes::grad::gradient(&g),
+        Kind::Saved => foxc_passes::grad::gradient_from_saved(&g),
+    }
+    .map_err(grad_error)?;
+    let p = Arc::new(p);
+    m.insert((target, kind), p.clone());
+    Ok(p)
+}
+
+fn threads() -> ExecOptions {
+    ExecOptions { threads: default_threads(), poison: false }
+}
+
+/// The CPU forward: `out` and, when the output is a fused attention's, `lse`.
+pub fn forward_cpu(py: Python<'_>, loaded: &Loaded, inputs: BTreeMap<String, Wire>) -> PyResult<TensorMap> {
+    let g = loaded.optimized(Target::Cpu)?;
+    let inputs = host_inputs(&g, inputs)?;
+    let out = g.output.ok_or_else(|| value_error(format!("`{}` has no output", g.name)))?;
+    let mut outputs = vec![("out".to_string(), Value::of(out))];
+    if matches!(g.op(out), Op::Attention(_)) {
+        outputs.push(("lse".to_string(), Value { node: out, result: Attention::LSE }));
+    }
+    py.detach(|| cpu_backend::run_outputs(&g, &outputs, &inputs, threads())).map_err(to_py)
+}
+
+/// Every output of the gradient program of kind `kind` on the CPU backend.
+pub fn grad_cpu(
+    py: Python<'_>,
+    loaded: &Loaded,
+    inputs: BTreeMap<String, Wire>,
+    kind: Kind,
+) -> PyResult<TensorMap> {
+    let p = program(loaded, Target::Cpu, kind)?;
+    let inputs = host_inputs(&p.graph, inputs)?;
+    py.detach(|| cpu_backend::run_outputs(&p.graph, &p.outputs, &inputs, threads())).map_err(to_py)
+}
+
+/// The same gradient program through the f64 interpreter (THE reference).
+pub fn grad_reference(
+    py: Python<'_>,
+    loaded: &Loaded,
+    inputs: BTreeMap<String, Wire>,
+    kind: Kind,
+) -> PyResult<BTreeMap<String, Tensor>> {
+    let p = program(loaded, Target::Cpu, kind)?;
+    let inputs = host_inputs(&p.graph, inputs)?;
+    foxc::tensors::validate(&p.graph, &inputs).map_err(to_py)?;
+    let x = foxc::tensors::to_interp(&inputs);
+    let values: Vec<Value> = p.outputs.iter().map(|(_, v)| *v).collect();
+    let r = py
+        .detach(|| interp::eval_values(&p.graph, &x, &values))
+        .map_err(|e| value_error(format!("reference interpreter: {e}")))?;
+    Ok(p.outputs.iter().map(|(n, v)| (n.clone(), r[v].clone())).collect())
+}

@@ -1,0 +1,150 @@
+"""The torch op on CPU tensors (foxc's CPU backend): outputs and autograd gradients against torch
+autograd of an eager f32 reference, the saved-forward backward op, and tracing of forward and
+backward by torch.compile (fullgraph, no graph break). Skipped where torch is not installed (CI
+has none; bench/python_gpu.py checks the same on the GPU)."""
+
+import math
+import pathlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import foxc  # noqa: E402
+import foxc.torch  # noqa: E402,F401
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+
+
+def inputs(attn, B=1, H=3, T=130, D=16, seed=None):
+    g = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % (1 << 31))
+    dims = {"B": B, "H": H, "T": T, "D": D}
+    dt = {"bf16": torch.bfloat16, "f32": torch.float32}
+    x = {}
+    for name, dtype, decl in attn.signature:
+        a = torch.randn([dims[d] for d in decl], generator=g)
+        if name == "fgate":
+            a = a + torch.linspace(-3.0, 4.0, H).view(1, H, 1)
+        elif name == "slope":
+            a = a.abs() * 0.3 + 0.05
+        elif name in ("wq", "wk"):
+            a = 1.0 + 0.1 * a
+        x[name] = a.to(dt[dtype])
+    return x
+
+
+def reference(name, x):
+    """Eager f32 of the example's math (dense, causal)."""
+    q, k, v = (x[n].float() for n in ("q", "k", "v"))
+    T, D = q.shape[-2], q.shape[-1]
+    if name == "fox_qknorm":
+        q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + 1e-6) * x["wq"].float()
+        k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + 1e-6) * x["wk"].float()
+    s = q @ k.transpose(-1, -2) / math.sqrt(D)
+    i = torch.arange(T)
+    if name in ("fox", "fox_qknorm"):
+        c = torch.cumsum(F.logsigmoid(x["fgate"].float()), -1)
+        s = s + c[..., :, None] - c[..., None, :]
+    elif name == "alibi":
+        s = s - x["slope"].float().view(1, -1, 1, 1) * (i[:, None] - i[None, :]).float()
+    s = s.masked_fill(i[None, :] > i[:, None], float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def rel_l2(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def grads(fn, x, dout):
+    leaves = {n: t.detach().clone().requires_grad_(True) for n, t in x.items()}
+    out = fn(leaves)
+    out.backward(dout.to(out.dtype))
+    return out.detach(), {n: t.grad for n, t in leaves.items()}
+
+
+@pytest.mark.parametrize("no_prune", [True, False], ids=["dense", "acp"])
+@pytest.mark.parametrize("name", ["fox", "fox_qknorm", "alibi", "causal"])
+def test_autograd_matches_torch_autograd_of_the_reference(name, no_prune):
+    attn = foxc.load(EXAMPLES / f"{name}.attn", no_prune=no_prune)
+    x = inputs(attn)
+    dout = torch.randn(x["q"].shape)
+    out, g = grads(lambda t: attn(**t), x, dout.to(torch.bfloat16))
+    ref_out, ref_g = grads(lambda t: reference(name, t), {n: t.float() for n, t in x.items()}, dout.to(torch.bfloat16).float())
+    assert out.dtype == torch.bfloat16 and rel_l2(out, ref_out) <= 1e-2
+    for n in x:
+        assert g[n] is not None and g[n].dtype == x[n].dtype and g[n].shape == x[n].shape, n
+        assert torch.isfinite(g[n].float()).all(), n
+        assert rel_l2(g[n], ref_g[n]) <= 1e-2, (n, rel_l2(g[n], ref_g[n]))
+
+
+def test_op_returns_out_and_lse():
+    attn = foxc.load(EXAMPLES / "fox.attn")
+    x = inputs(attn, seed=1)
+    out, lse = torch.ops.foxc.attention(attn.id, [x[n] for n in attn.params])
+    assert torch.equal(out, attn(**x))
+    # lse_i = log sum_j exp(E_ij), E the scaled, decayed, masked scores.
+    q, k = x["q"].float(), x["k"].float()
+    T, D = q.shape[-2:]
+    c = torch.cumsum(F.logsigmoid(x["fgate"]), -1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(D) + c[..., :, None] - c[..., None, :]
+    i = torch.arange(T)
+    s = s.masked_fill(i[None, :] > i[:, None], float("-inf"))
+    assert lse.dtype == torch.float32 and rel_l2(lse, torch.logsumexp(s, -1)) <= 1e-5
+
+
+def test_the_gradient_through_lse_is_not_offered():
+    attn = foxc.load(EXAMPLES / "fox.attn")
+    x = {n: t.requires_grad_(True) for n, t in inputs(attn, seed=2).items()}
+    _, lse = torch.ops.foxc.attention(attn.id, [x[n] for n in attn.params])
+    assert not lse.requires_grad
+
+
+def test_gradients_are_deterministic():
+    attn = foxc.load(EXAMPLES / "fox.attn")
+    x = inputs(attn, T=260, seed=3)
+    dout = torch.randn(x["q"].shape).to(torch.bfloat16)
+    _, a = grads(lambda t: attn(**t), x, dout)
+    _, b = grads(lambda t: attn(**t), x, dout)
+    assert all(torch.equal(a[n], b[n]) for n in x)
+
+
+def test_torch_compile_traces_forward_and_backward_without_graph_breaks():
+    attn = foxc.load(EXAMPLES / "fox_qknorm.attn")
+    x = inputs(attn, seed=4)
+    dout = torch.randn(x["q"].shape).to(torch.bfloat16)
+
+    def f(t):
+        return attn(**t) * 2.0
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    out_c, g_c = grads(compiled, x, dout)
+    out_e, g_e = grads(f, x, dout)
+    assert torch.equal(out_c, out_e)
+    assert all(torch.equal(g_c[n], g_e[n]) for n in x)
+
+
+def test_the_backward_op_alone():
+    """torch.ops.foxc.attention_backward: one gradient per float input, in parameter order."""
+    attn = foxc.load(EXAMPLES / "fox.attn")
+    x = inputs(attn, seed=5)
+    ins = [x[n] for n in attn.params]
+    out, lse = torch.ops.foxc.attention(attn.id, ins)
+    dout = torch.randn(out.shape).to(out.dtype)
+    gs = torch.ops.foxc.attention_backward(attn.id, ins, out, lse, dout)
+    assert [tuple(g.shape) for g in gs] == [tuple(t.shape) for t in ins]
+    _, ref = grads(lambda t: attn(**t), x, dout)
+    assert all(torch.equal(g, ref[n]) for g, n in zip(gs, attn.params))
+    # A wrong lse changes the gradients (the saved value is really read).
+    bad = torch.ops.foxc.attention_backward(attn.id, ins, out, lse + 1.0, dout)
+    assert rel_l2(bad[2], gs[2]) > 0.1
+
+
+def test_errors_name_the_tensor():
+    attn = foxc.load(EXAMPLES / "fox.attn")
+    x = inputs(attn, seed=6)
+    with pytest.raises(ValueError, match="`q`"):
+        attn(**{**x, "q": x["q"].float()})
+    with pytest.raises(ValueError, match="`v`"):
+        attn(**{**x, "v": x["v"].transpose(2, 3).contiguous().transpose(2, 3)})

@@ -1,0 +1,65 @@
+//! The saved-forward gradient program (`passes::grad::gradient_from_saved`, what the torch op's
+//! backward runs) of the examples the Python package trains with compiles for the GPU (sm_90a
+//! and sm_80, D = 64 and 128): the backward kernels are there, the forward attention kernel is
+//! not (its results are inputs), and the PTX assembles with ptxas (when found).
+
+use foxc::{cuda_backend, pipeline};
+use foxc_passes::grad::gradient_from_saved;
+use foxc_passes::{PassOptions, Target};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn ptxas() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var("PTXAS").ok().map(PathBuf::from),
+        Some(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.tools/nvcc/nvidia/cu13/bin/ptxas"))),
+    ];
+    candidates.into_iter().flatten().find(|p| p.is_file())
+}
+
+fn saved_grad_ptx(example: &str, target: Target, d: u64) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(format!("{example}.attn"));
+    let c = pipeline::Source::read(&path).unwrap().compile().unwrap();
+    let opts = PassOptions { target, ..PassOptions::default() };
+    let (opt, _) = pipeline::optimize(&c.graph, &opts).unwrap();
+    let p = gradient_from_saved(&opt).unwrap_or_else(|e| panic!("{example}: {e}"));
+    let outs: Vec<_> = p.outputs.iter().map(|(_, v)| *v).collect();
+    let dims = BTreeMap::from([("D".to_string(), d)]);
+    let name = if target == Target::Sm80 { "sm_80" } else { "sm_90a" };
+    let a = cuda_backend::compile_outputs(&p.graph, &outs, &dims, name)
+        .unwrap_or_else(|e| panic!("{example} {name} D={d}: {}", e.message));
+    assert_eq!(a.outputs.len(), outs.len(), "{example}: one buffer per gradient");
+    assert!(a.ptx.contains(".entry foxc_attn_bwd_dq"), "{example}: no dq kernel");
+    assert!(a.ptx.contains(".entry foxc_attn_bwd_dkv"), "{example}: no dk/dv kernel");
+    assert!(!a.ptx.contains(".entry foxc_attn_fwd"), "{example}: the forward attention is recomputed");
+    a.ptx
+}
+
+#[test]
+fn saved_forward_gradient_programs_assemble_for_the_gpu() {
+    let ptxas = ptxas();
+    if ptxas.is_none() {
+        eprintln!("note: ptxas not found (set $PTXAS); compiling only");
+    }
+    let dir = std::env::temp_dir().join(format!("foxc_grad_saved_nvptx_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for ex in ["fox", "fox_qknorm", "alibi", "causal", "window"] {
+        for (target, arch) in [(Target::Sm90a, "sm_90a"), (Target::Sm80, "sm_80")] {
+            for d in [64, 128] {
+                let ptx = saved_grad_ptx(ex, target, d);
+                let Some(ptxas) = &ptxas else { continue };
+                let f = dir.join(format!("{ex}_{arch}_{d}.ptx"));
+                std::fs::write(&f, &ptx).unwrap();
+                let o = Command::new(ptxas)
+                    .args(["-arch", arch, "-o"])
+                    .arg(dir.join("out.cubin"))
+                    .arg(&f)
+                    .output()
+                    .unwrap();
+                assert!(o.status.success(), "{ex} {arch} D={d}: {}", String::from_utf8_lossy(&o.stderr));
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
