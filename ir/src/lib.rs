@@ -5,6 +5,7 @@
 //! verified graph in f64 and is the oracle of every test.
 
 pub mod ast;
+pub mod ast_print;
 pub mod attention;
 mod attention_check;
 pub mod attention_grad;
