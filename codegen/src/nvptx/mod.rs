@@ -24,15 +24,17 @@
 //! gradient program has several); only what they need is lowered.
 
 pub mod attention;
+pub mod attention_bwd;
 pub(crate) mod builder;
 mod generic;
 pub mod kernels;
 pub mod module;
+mod module_bwd;
 pub mod target;
+pub mod threshold;
 
 use foxc_ir::{DType, Dim, Value, ValueId};
 use std::collections::BTreeMap;
-pub mod threshold;
 
 pub use attention::{AttnKernelConfig, LaunchGeometry};
 pub use module::compile;
@@ -119,6 +121,9 @@ pub enum Launch {
     Attention { cfg: AttnKernelConfig, t: Dim, bh: Vec<Dim> },
     /// A plain grid with static shared memory.
     Grid { x: GridDim, y: GridDim, block: u32 },
+    /// A plain grid whose kernel takes `shared` bytes of dynamic shared memory (the attention
+    /// backward's kernels).
+    GridShared { x: GridDim, y: GridDim, block: u32, shared: u32 },
 }
 
 /// One kernel launch of the plan, in execution order.
@@ -187,6 +192,9 @@ impl KernelInfo {
                 (g.grid.0 as u64, g.grid.1 as u64, g.block, g.shared_bytes)
             }
             Launch::Grid { x, y, block } => (x.eval(bind)?, y.eval(bind)?, (*block, 1, 1), 0),
+            Launch::GridShared { x, y, block, shared } => {
+                (x.eval(bind)?, y.eval(bind)?, (*block, 1, 1), *shared)
+            }
         };
         if gx == 0 || gy == 0 {
             return Err(CodegenError::User(format!(

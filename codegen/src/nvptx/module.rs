@@ -147,7 +147,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
 
     /// A buffer for every result of node `n` (kind `Value`, the result's type); returns result
     /// 0's. Kernels write all results of their node, read back or not.
-    fn result_buffers(&mut self, n: ValueId) -> usize {
+    pub(super) fn result_buffers(&mut self, n: ValueId) -> usize {
         let g = self.g;
         for (r, ty) in g.result_types(n).into_iter().enumerate() {
             let v = Value { node: n, result: r as u32 };
@@ -259,7 +259,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
     }
 
     /// Operand 0 of a threshold or attention node, with any folded scale: (value, factor).
-    fn resolve_q(&self, q: ValueId) -> (ValueId, f64) {
+    pub(super) fn resolve_q(&self, q: ValueId) -> (ValueId, f64) {
         self.scaled.get(&q).copied().unwrap_or((q, 1.0))
     }
 
@@ -310,11 +310,10 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             Op::RmsNorm { axis, .. } if self.last_static_axis(ops[0], axis) => {}
             // Float to float: the vectorizable cast kernel; the rest: a generic loop.
             Op::Cast if self.ty(ops[0]).dtype.is_float() && node.ty.dtype.is_float() => {}
-            Op::AttentionBackward(_) => {
-                return Err(CodegenError::Unsupported {
-                    op: "attention_backward (the GPU backward kernels are not in this build yet)".into(),
-                    node: n.index(),
-                })
+            Op::AttentionBackward(a) => {
+                let a = a.clone();
+                self.result_buffers(n);
+                return self.attention_backward(n, &a);
             }
             op if generic::handles(op) => {
                 let res = self.result_buffers(n);
@@ -533,7 +532,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
     /// A cast kernel from buffer `src` (value `x`'s dtype) into buffer `dst` of dtype `to`,
     /// multiplying by `mul` on the way if given.
     #[allow(clippy::too_many_arguments)]
-    fn cast(
+    pub(super) fn cast(
         &mut self,
         n: ValueId,
         name: String,
@@ -557,7 +556,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
     }
 
     /// The value of a scale attribute (its dim must be static, like the head dim).
-    fn scale_value(&self, s: &foxc_ir::Scale) -> Result<f64, CodegenError> {
+    pub(super) fn scale_value(&self, s: &foxc_ir::Scale) -> Result<f64, CodegenError> {
         match &s.inv_sqrt {
             None => Ok(s.factor),
             Some(d) => Ok(s.factor / (self.static_dim(d, "the dim of the scale")? as f64).sqrt()),
@@ -565,7 +564,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
     }
 
     /// "the GPU backend cannot yet run <construct>", before any launch.
-    fn not_yet(n: ValueId, what: &str) -> CodegenError {
+    pub(super) fn not_yet(n: ValueId, what: &str) -> CodegenError {
         CodegenError::Unsupported {
             op: format!("attention with {what} (the GPU backend cannot yet run it)"),
             node: n.index(),
