@@ -201,6 +201,10 @@ pub struct BenchArgs {
     pub format: FormatArg,
     #[arg(long, default_value_t = 10)]
     pub iters: usize,
+    /// Time forward plus backward: the whole gradient program (`foxc grad`), every gradient
+    /// included, with the upstream gradient `dout` seeded N(0, 1).
+    #[arg(long)]
+    pub grad: bool,
     #[command(flatten)]
     pub prune: PruneArgs,
 }

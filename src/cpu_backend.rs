@@ -4,7 +4,7 @@
 
 use crate::Error;
 use foxc_codegen::cpu::{self as cg, CpuError, CpuProgram};
-use foxc_ir::Graph;
+use foxc_ir::{Graph, Value};
 use foxc_runtime::cpu::{self as rt, ExecError, Launch};
 use foxc_runtime::{HostTensor, TensorMap};
 use std::collections::BTreeMap;
@@ -56,18 +56,96 @@ fn launches(p: &CpuProgram) -> Vec<Launch> {
         .map(|k| Launch {
             node: k.node,
             operands: k.operands.clone(),
+            results: k.results.clone(),
             entry: k.entry,
             tasks: k.tasks.count,
             chunk: k.tasks.chunk,
             scratch_bytes: k.scratch_bytes,
+            temp_bytes: k.temp_bytes,
+            finish: k.finish,
         })
         .collect()
 }
 
 fn compile(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<(CpuProgram, f64), Error> {
+    compile_outputs(g, dims, &[])
+}
+
+fn compile_outputs(
+    g: &Graph,
+    dims: &BTreeMap<String, u64>,
+    outputs: &[Value],
+) -> Result<(CpuProgram, f64), Error> {
     let t0 = Instant::now();
-    let p = cg::compile(g, dims).map_err(cg_err)?;
+    let p = cg::compile_outputs(g, dims, outputs, cg::CpuOptions::default()).map_err(cg_err)?;
     Ok((p, t0.elapsed().as_secs_f64() * 1e3))
+}
+
+fn execute_outputs(
+    g: &Graph,
+    p: &CpuProgram,
+    inputs: &TensorMap,
+    outputs: &[(String, Value)],
+    opts: rt::ExecOptions,
+) -> Result<TensorMap, Error> {
+    let ls = launches(p);
+    let vals: Vec<Value> = outputs.iter().map(|(_, v)| *v).collect();
+    // SAFETY: the launches come from `p`, compiled for this graph and these dims, alive here.
+    let ts = unsafe { rt::execute_outputs(g, &p.dims, &ls, inputs, &vals, opts) }.map_err(rt_err)?;
+    Ok(outputs.iter().map(|(n, _)| n.clone()).zip(ts).collect())
+}
+
+/// Compile the kernels that the named `outputs` need (and only those) for the shapes of
+/// `inputs`, run them, and return every output by name.
+pub fn run_outputs(
+    g: &Graph,
+    outputs: &[(String, Value)],
+    inputs: &TensorMap,
+    opts: rt::ExecOptions,
+) -> Result<TensorMap, Error> {
+    let dims = bind(g, inputs)?;
+    let vals: Vec<Value> = outputs.iter().map(|(_, v)| *v).collect();
+    let (p, _) = compile_outputs(g, &dims, &vals)?;
+    execute_outputs(g, &p, inputs, outputs, opts)
+}
+
+/// [`run_outputs`] timed: compile once, run once to warm up, then time `iters` runs of the
+/// whole program (every output).
+pub fn bench_outputs(
+    g: &Graph,
+    outputs: &[(String, Value)],
+    inputs: &TensorMap,
+    iters: usize,
+) -> Result<BenchStats, Error> {
+    let dims = bind(g, inputs)?;
+    let vals: Vec<Value> = outputs.iter().map(|(_, v)| *v).collect();
+    let (p, compile_ms) = compile_outputs(g, &dims, &vals)?;
+    let opts = rt::ExecOptions { threads: rt::default_threads(), poison: false };
+    time_runs(iters, compile_ms, || execute_outputs(g, &p, inputs, outputs, opts).map(drop))
+}
+
+/// Run once to warm up, then time `iters` runs.
+fn time_runs(
+    iters: usize,
+    compile_ms: f64,
+    mut run: impl FnMut() -> Result<(), Error>,
+) -> Result<BenchStats, Error> {
+    run()?;
+    let mut ts = vec![];
+    for _ in 0..iters.max(1) {
+        let t0 = Instant::now();
+        run()?;
+        ts.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    ts.sort_by(|a, b| a.total_cmp(b));
+    Ok(BenchStats {
+        median_ms: ts[ts.len() / 2],
+        min_ms: ts[0],
+        max_ms: ts[ts.len() - 1],
+        iters: ts.len(),
+        compile_ms,
+        threads: rt::default_threads(),
+    })
 }
 
 fn execute(g: &Graph, p: &CpuProgram, inputs: &TensorMap) -> Result<HostTensor, Error> {
@@ -118,6 +196,15 @@ pub fn block_starts(g: &Graph, inputs: &TensorMap) -> Result<Option<foxc_ir::int
 /// The Cranelift IR of every kernel of `g`. Kernels are specialized to concrete dims; dims not
 /// given default to 128 (the text does not depend on them beyond constants).
 pub fn emit_clif(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<String, Error> {
+    emit_clif_outputs(g, dims, &[])
+}
+
+/// [`emit_clif`] for the kernels that `outputs` need (a gradient program's named outputs).
+pub fn emit_clif_outputs(
+    g: &Graph,
+    dims: &BTreeMap<String, u64>,
+    outputs: &[Value],
+) -> Result<String, Error> {
     let mut d = dims.clone();
     let mut defaulted = vec![];
     for name in &g.dims {
@@ -126,7 +213,7 @@ pub fn emit_clif(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<String, Erro
             defaulted.push(name.clone());
         }
     }
-    let text = cg::clif_text(g, &d, cg::CpuOptions::default()).map_err(cg_err)?;
+    let text = cg::clif_text_outputs(g, &d, outputs, cg::CpuOptions::default()).map_err(cg_err)?;
     let shown: Vec<String> = d.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let mut head = format!("; foxc CPU kernels for @{} specialized to {}", g.name, shown.join(","));
     if !defaulted.is_empty() {
@@ -139,21 +226,5 @@ pub fn emit_clif(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<String, Erro
 pub fn bench(g: &Graph, inputs: &TensorMap, iters: usize) -> Result<BenchStats, Error> {
     let dims = bind(g, inputs)?;
     let (p, compile_ms) = compile(g, &dims)?;
-    execute(g, &p, inputs)?;
-    let mut ts = vec![];
-    for _ in 0..iters.max(1) {
-        let t0 = Instant::now();
-        let out = execute(g, &p, inputs)?;
-        ts.push(t0.elapsed().as_secs_f64() * 1e3);
-        drop(out);
-    }
-    ts.sort_by(|a, b| a.total_cmp(b));
-    Ok(BenchStats {
-        median_ms: ts[ts.len() / 2],
-        min_ms: ts[0],
-        max_ms: ts[ts.len() - 1],
-        iters: ts.len(),
-        compile_ms,
-        threads: rt::default_threads(),
-    })
+    time_runs(iters, compile_ms, || execute(g, &p, inputs).map(drop))
 }

@@ -101,3 +101,35 @@ fn emit_grad_prints_the_backward_program() {
     assert!(t.contains("param \"dout\""), "{t}");
     assert!(t.contains("// output grad_fgate"), "{t}");
 }
+
+/// `--backend cpu`: the same files as the reference (out and every gradient in its
+/// parameter's dtype), checked against the interpreter, the same bytes on two runs.
+#[test]
+fn grad_on_the_cpu_writes_every_gradient_and_checks() {
+    let mut files = vec![];
+    for (i, backend) in ["cpu", "cpu", "reference"].iter().enumerate() {
+        let o = tmp(&format!("cpu_{i}.safetensors"));
+        let r = foxc(&[
+            "grad",
+            "examples/fox_qknorm.attn",
+            "--backend",
+            backend,
+            "--shape",
+            "B=1,H=2,T=70,D=8",
+            "--tiles",
+            "8x16",
+            "-o",
+            o.to_str().unwrap(),
+            "--check",
+        ]);
+        assert!(r.status.success(), "{}", text(&r));
+        assert!(text(&r).contains("check: ok"), "{}", text(&r));
+        files.push(foxc_runtime::io::read_safetensors(&o).unwrap());
+    }
+    let (cpu, again, reference) = (&files[0], &files[1], &files[2]);
+    assert_eq!(cpu.keys().collect::<Vec<_>>(), reference.keys().collect::<Vec<_>>());
+    for (n, t) in cpu {
+        assert_eq!((t.dtype, &t.shape), (reference[n].dtype, &reference[n].shape), "{n}");
+        assert_eq!(t.data, again[n].data, "{n}: two cpu runs differ");
+    }
+}

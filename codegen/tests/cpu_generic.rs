@@ -73,7 +73,7 @@ fn execute(g: &Graph, p: &CpuProgram, inputs: &BTreeMap<String, Tensor>) -> Vec<
     }
     for k in &p.kernels {
         let mut args: Vec<u64> =
-            k.operands.iter().map(|o| bufs.get(o).map_or(0, |b| b.as_ptr() as u64)).collect();
+            k.operands.iter().map(|o| bufs.get(&o.node).map_or(0, |b| b.as_ptr() as u64)).collect();
         let n: usize = shape_of(g, k.node, &p.dims).iter().product();
         let mut out = vec![0xffu8; n * g.ty(k.node).dtype.size_bytes() + 8];
         args.push(out.as_mut_ptr() as u64);

@@ -1,5 +1,6 @@
 //! `foxc bench`: median time of the pruned and the dense (`--no-prune`) program on the
 //! standard workload, in one process, with the kept fraction and the rate on kept work.
+//! `--grad` times the gradient program instead (forward + backward, every gradient).
 
 use crate::cli::{BackendArg, BenchArgs, FormatArg, TargetArg};
 use crate::pipeline::{self, parse_shape, Source};
@@ -13,6 +14,37 @@ struct Row {
     min_ms: f64,
     kept_tiles: f64,
     kept_flops: f64,
+}
+
+/// The backward's FLOPs counted as 2.5 times the forward's (the convention of issue 9).
+const BACKWARD_FLOPS: f64 = 2.5;
+
+/// Median and minimum time of the gradient program of `opt` (seeded `dout`).
+fn time_grad(
+    backend: BackendArg,
+    fwd: &Graph,
+    opt: &Graph,
+    inputs: &TensorMap,
+    seed: u64,
+    iters: usize,
+) -> Result<(f64, f64), Error> {
+    let program = super::grad::grad_program(opt)?;
+    let mut inputs = inputs.clone();
+    let dout = super::grad::seeded_dout(&program, fwd, &inputs, seed)?;
+    inputs.insert(foxc_passes::grad::DOUT.to_string(), dout);
+    let (g, outs) = (&program.graph, &program.outputs);
+    match backend {
+        BackendArg::Cpu => {
+            cpu_backend::bench_outputs(g, outs, &inputs, iters).map(|s| (s.median_ms, s.min_ms))
+        }
+        BackendArg::Cuda => {
+            cuda_backend::bench_outputs(g, outs, &inputs, cuda_backend::RunOptions::default(), 10, iters)
+                .map(|s| (s.median_ms, s.min_ms))
+        }
+        BackendArg::Reference => {
+            Err(Error::user("error: foxc bench times compiled code: use --backend cpu or cuda"))
+        }
+    }
 }
 
 fn time(backend: BackendArg, g: &Graph, inputs: &TensorMap, iters: usize) -> Result<(f64, f64), Error> {
@@ -49,18 +81,25 @@ pub fn bench(a: &BenchArgs) -> Result<(), Error> {
             _ => None,
         };
         let stats = acp_stats::measure_with(&opt, &interp_inputs, starts.as_ref())?;
-        let (median_ms, min_ms) = time(a.backend, &opt, &inputs, a.iters.max(1))?;
+        let (median_ms, min_ms) = if a.grad {
+            time_grad(a.backend, &c.graph, &opt, &inputs, a.seed, a.iters.max(1))?
+        } else {
+            time(a.backend, &opt, &inputs, a.iters.max(1))?
+        };
         let (kept_tiles, kept_flops) = match (&stats, no_prune) {
             (Some(s), false) => (s.kept_tile_fraction, s.kept_flops),
             (Some(s), true) => (1.0, s.dense_flops),
             (None, _) => (1.0, 0.0),
         };
+        // The backward walks the forward's kept set: its work is the forward's times 2.5.
+        let kept_flops = if a.grad { kept_flops * (1.0 + BACKWARD_FLOPS) } else { kept_flops };
         rows.push(Row { variant, median_ms, min_ms, kept_tiles, kept_flops });
     }
     let backend = format!("{:?}", a.backend).to_lowercase();
+    let pass = if a.grad { "forward+backward" } else { "forward" };
     match a.format {
         FormatArg::Table => {
-            println!("foxc bench: {} on {backend}, {} (seed {})", src.name, a.shape, a.seed);
+            println!("foxc bench: {} {pass} on {backend}, {} (seed {})", src.name, a.shape, a.seed);
             println!(
                 "{:<8} {:>11} {:>11} {:>11} {:>13}",
                 "variant", "median ms", "min ms", "kept tiles", "GFLOP/s kept"
@@ -84,10 +123,10 @@ pub fn bench(a: &BenchArgs) -> Result<(), Error> {
             }
         }
         FormatArg::Csv => {
-            println!("program,backend,shape,variant,median_ms,min_ms,kept_tiles,gflops_kept");
+            println!("program,pass,backend,shape,variant,median_ms,min_ms,kept_tiles,gflops_kept");
             for r in &rows {
                 println!(
-                    "{},{backend},\"{}\",{},{:.4},{:.4},{:.4},{:.2}",
+                    "{},{pass},{backend},\"{}\",{},{:.4},{:.4},{:.4},{:.2}",
                     src.name,
                     a.shape,
                     r.variant,
@@ -103,7 +142,7 @@ pub fn bench(a: &BenchArgs) -> Result<(), Error> {
                 .iter()
                 .map(|r| {
                     serde_json::json!({
-                        "program": src.name, "backend": backend, "shape": a.shape, "variant": r.variant,
+                        "program": src.name, "pass": pass, "backend": backend, "shape": a.shape, "variant": r.variant,
                         "median_ms": r.median_ms, "min_ms": r.min_ms, "kept_tiles": r.kept_tiles,
                         "gflops_kept": r.kept_flops / r.median_ms / 1e6,
                     })

@@ -2,7 +2,7 @@
 
 mod bench;
 mod compile;
-mod grad;
+pub mod grad;
 mod mask;
 mod rules;
 mod run;

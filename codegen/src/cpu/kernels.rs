@@ -66,6 +66,7 @@ pub enum Kind {
         bn: u64,
     },
     Attention(AttnKernel),
+    AttentionBackward(Box<super::backward::BwdKernel>),
 }
 
 #[derive(Clone, Debug)]
@@ -97,6 +98,9 @@ pub struct AttnKernel {
     pub captures: Vec<CaptureCode>,
     /// Result 0's dtype (f32 or bf16).
     pub out: DType,
+    /// Write result 1, the log-sum-exp of each row (f32 `[B, H, T]`, `-inf` for a row
+    /// without kept keys): only when something reads it.
+    pub lse: bool,
 }
 
 /// Elements of one Cast task.
@@ -164,7 +168,30 @@ impl Kind {
             Kind::GateCumsum { b, h, .. } => (b * h, 1, 0),
             Kind::Threshold { bh, .. } | Kind::BlockBoundary { bh, .. } => (*bh, 1, 0),
             Kind::Attention(a) => (a.bh * a.mt(), 1, a.scratch().bytes),
+            Kind::AttentionBackward(a) => a.tasks(),
         }
+    }
+
+    /// The results of the node the kernel writes (one buffer each, after the operands).
+    pub fn results(&self) -> Vec<u32> {
+        match self {
+            Kind::Attention(a) if a.lse => vec![0, 1],
+            Kind::AttentionBackward(a) => (0..a.result_count() as u32).collect(),
+            _ => vec![0],
+        }
+    }
+
+    /// Bytes of the buffer shared by the kernel's tasks.
+    pub fn temp_bytes(&self) -> usize {
+        match self {
+            Kind::AttentionBackward(a) => a.temp_bytes(),
+            _ => 0,
+        }
+    }
+
+    /// Whether the kernel has a finishing function (run once after its tasks).
+    pub fn has_finish(&self) -> bool {
+        matches!(self, Kind::AttentionBackward(a) if a.has_finish())
     }
 }
 
@@ -172,6 +199,8 @@ impl Kind {
 pub struct Helpers {
     /// `log1p(exp(-|z|))` in f64 (gate logits).
     pub log1p_exp_neg_abs: Option<FuncRef>,
+    /// `ln(z)` in f64 (the attention's log-sum-exp).
+    pub ln: Option<FuncRef>,
 }
 
 pub struct Frame {
@@ -216,7 +245,15 @@ pub fn emit(fx: &mut Fx, kind: &Kind, f: &Frame, h: &Helpers) {
         Kind::BlockBoundary { c, delta, bh: _, t, bm, bn } => {
             emit_block_boundary(fx, *c, *delta, *t, *bm, *bn, f)
         }
-        Kind::Attention(a) => emit_attention(fx, a, f),
+        Kind::Attention(a) => emit_attention(fx, a, f, h),
+        Kind::AttentionBackward(a) => super::backward::emit(fx, a, f),
+    }
+}
+
+/// The finishing function of a kernel that has one ([`Kind::has_finish`]).
+pub fn emit_finish(fx: &mut Fx, kind: &Kind, f: &Frame) {
+    if let Kind::AttentionBackward(a) = kind {
+        super::backward::emit_finish(fx, a, f);
     }
 }
 
@@ -479,7 +516,7 @@ fn zero_fill(fx: &mut Fx, dst: Value, floats: u64) {
     }
 }
 
-fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame) {
+fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame, h: &Helpers) {
     let sc = a.scratch();
     let (bmp, bnp, dp) = (sc.bmp, sc.bnp, sc.dp);
     let (t, d, bm, bn) = (a.t, a.d, a.bm, a.bn);
@@ -501,6 +538,7 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame) {
     let caps: Vec<(Value, CaptureCode)> =
         a.captures.iter().enumerate().map(|(k, cc)| (fx.arg(f.args, next + k), cc.clone())).collect();
     let out = fx.arg(f.args, next + a.captures.len());
+    let lse_out = a.lse.then(|| fx.arg(f.args, next + a.captures.len() + 1));
     let scr = f.scratch;
     let qs = fx.b.ins().iadd_imm_s(scr, sc.qs);
     let kt = fx.b.ins().iadd_imm_s(scr, sc.kt);
@@ -819,11 +857,29 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame) {
             });
         });
 
-        // out_i = O_i / l_i
+        // out_i = O_i / l_i; lse_i = m_i + ln l_i (m_i as the exponents used it: 0 for a row
+        // without kept keys, whose l_i = 0 gives -inf).
         let z0 = fx_zero(fx);
         fx.for_range(z0, rows, 1, |fx, r| {
             let la = fx.addr(lrow, r, 4);
             let l = fx.load(F32, la, 0);
+            if let Some(lp) = lse_out {
+                let ma = fx.addr(mrow, r, 4);
+                let m = fx.load(F32, ma, 0);
+                let ninf = fx.f32c(f32::NEG_INFINITY);
+                let none = fx.b.ins().fcmp(FloatCC::Equal, m, ninf);
+                let zf = fx.f32c(0.0);
+                let m = fx.b.ins().select(none, zf, m);
+                let m = fx.b.ins().fpromote(F64, m);
+                let l64 = fx.b.ins().fpromote(F64, l);
+                let call = fx.b.ins().call(h.ln.expect("ln imported when lse is written"), &[l64]);
+                let lnl = fx.b.inst_results(call)[0];
+                let x = fx.b.ins().fadd(m, lnl);
+                let x = fx.b.ins().fdemote(F32, x);
+                let row = fx.b.ins().iadd(row_base, i0);
+                let row = fx.b.ins().iadd(row, r);
+                fx.store_f32(DType::F32, lp, row, x);
+            }
             let one = fx.f32c(1.0);
             let inv = fx.b.ins().fdiv(one, l);
             let invv = fx.splat(inv);

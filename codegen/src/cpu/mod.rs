@@ -13,21 +13,22 @@
 //! plain loops from [`generic`]; nothing falls back to the interpreter.
 
 pub mod abi;
+mod backward;
 mod emit;
 pub mod generic;
 mod kernels;
 mod region;
 mod region_math;
-
 mod threshold;
+
 use cranelift_codegen::ir::{types, AbiParam, UserFuncName};
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::FunctionBuilderContext;
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, FuncId, Linkage, Module};
-use foxc_ir::{BinaryOp, DType, Dim, Graph, Op, ValueId};
+use foxc_ir::{BinaryOp, DType, Dim, Graph, Op, Value, ValueId};
 use kernels::{AttnKernel, Kind};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CpuError {
@@ -70,13 +71,15 @@ pub struct TaskSpace {
     pub chunk: u64,
 }
 
-/// One compiled kernel: computes the value `node`.
+/// One compiled kernel: computes results of node `node`.
 #[derive(Debug)]
 pub struct CpuKernel {
     pub node: ValueId,
     /// The values whose buffers the kernel reads, in `args` order (usually the node's operands;
     /// a `sum` that contracts its `mul` reads the mul's operands, see [`generic`]).
-    pub operands: Vec<ValueId>,
+    pub operands: Vec<Value>,
+    /// The results of `node` it writes, in `args` order after the operands.
+    pub results: Vec<u32>,
     /// `k<value>_<op>`, as in the CLIF text.
     pub name: String,
     /// Entry point, an [`abi::KernelFn`]; valid while the owning [`CpuProgram`] lives.
@@ -84,6 +87,10 @@ pub struct CpuKernel {
     pub tasks: TaskSpace,
     /// Per-thread scratch the kernel needs ([`abi::SCRATCH_ALIGN`]-aligned).
     pub scratch_bytes: usize,
+    /// A buffer shared by the kernel's tasks (0: none), the argument after the results.
+    pub temp_bytes: usize,
+    /// Run once after all tasks (tasks `0..1`), same arguments: see [`abi`].
+    pub finish: Option<*const u8>,
 }
 
 /// A compiled graph: kernels in topological order, owning their machine code.
@@ -116,18 +123,30 @@ pub fn compile(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<CpuProgram, Cp
     compile_with(g, dims, CpuOptions::default())
 }
 
+/// Compile the kernels of the graph's output.
 pub fn compile_with(
     g: &Graph,
     dims: &BTreeMap<String, u64>,
     opts: CpuOptions,
 ) -> Result<CpuProgram, CpuError> {
-    let specs = plan(g, dims)?;
+    compile_outputs(g, dims, &[], opts)
+}
+
+/// Compile the kernels that the values `outputs` need (empty: the graph's output), and only
+/// those; every result of a node that something reads or that is an output gets a buffer.
+pub fn compile_outputs(
+    g: &Graph,
+    dims: &BTreeMap<String, u64>,
+    outputs: &[Value],
+    opts: CpuOptions,
+) -> Result<CpuProgram, CpuError> {
+    let specs = plan(g, dims, outputs)?;
     let (mut module, built, clif) = build(&specs, opts)?;
     module.finalize_definitions().map_err(|e| CpuError::Cranelift(e.to_string()))?;
     let kernels = specs
         .iter()
         .zip(built)
-        .map(|(s, id)| {
+        .map(|(s, (id, fin))| {
             let (count, chunk, scratch_bytes) = s.kind.tasks();
             if std::env::var_os("FOXC_CPU_DISASM").is_some() {
                 eprintln!("; {} entry {:p}", s.name, module.get_finalized_function(id));
@@ -135,10 +154,13 @@ pub fn compile_with(
             CpuKernel {
                 node: s.node,
                 operands: s.operands.clone(),
+                results: s.results.clone(),
                 name: s.name.clone(),
                 entry: module.get_finalized_function(id),
                 tasks: TaskSpace { count, chunk },
                 scratch_bytes,
+                temp_bytes: s.kind.temp_bytes(),
+                finish: fin.map(|f| module.get_finalized_function(f)),
             }
         })
         .collect();
@@ -147,7 +169,17 @@ pub fn compile_with(
 
 /// The Cranelift IR of every kernel of `g` (for `foxc compile --emit clif`).
 pub fn clif_text(g: &Graph, dims: &BTreeMap<String, u64>, opts: CpuOptions) -> Result<String, CpuError> {
-    let specs = plan(g, dims)?;
+    clif_text_outputs(g, dims, &[], opts)
+}
+
+/// The Cranelift IR of the kernels that `outputs` need (empty: the graph's output).
+pub fn clif_text_outputs(
+    g: &Graph,
+    dims: &BTreeMap<String, u64>,
+    outputs: &[Value],
+    opts: CpuOptions,
+) -> Result<String, CpuError> {
+    let specs = plan(g, dims, outputs)?;
     let (module, _, clif) = build(&specs, opts)?;
     // SAFETY: nothing was finalized, so no code from this module is reachable.
     unsafe { module.free_memory() };
@@ -157,7 +189,8 @@ pub fn clif_text(g: &Graph, dims: &BTreeMap<String, u64>, opts: CpuOptions) -> R
 /// One kernel to generate.
 struct Spec {
     node: ValueId,
-    operands: Vec<ValueId>,
+    operands: Vec<Value>,
+    results: Vec<u32>,
     name: String,
     kind: SpecKind,
 }
@@ -172,6 +205,13 @@ impl SpecKind {
         match self {
             SpecKind::Fused(k) => k.tasks(),
             SpecKind::Generic(p) => p.kernel.tasks(),
+        }
+    }
+
+    fn temp_bytes(&self) -> usize {
+        match self {
+            SpecKind::Fused(k) => k.temp_bytes(),
+            SpecKind::Generic(_) => 0,
         }
     }
 }
@@ -206,35 +246,54 @@ fn unbound_sym(d: &Dim) -> Option<String> {
     }
 }
 
-fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> {
+fn plan(g: &Graph, dims: &BTreeMap<String, u64>, outputs: &[Value]) -> Result<Vec<Spec>, CpuError> {
     let order = g.topo_order();
     let num: HashMap<ValueId, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
-    let Some(output) = g.output else {
-        return Err(CpuError::Invalid("the graph has no output".into()));
+    let outputs: Vec<Value> = if outputs.is_empty() {
+        let Some(output) = g.output else {
+            return Err(CpuError::Invalid("the graph has no output".into()));
+        };
+        if matches!(g.op(output), Op::Param { .. }) {
+            return Err(CpuError::Invalid(
+                "the graph's output is a parameter: there is nothing to compute".into(),
+            ));
+        }
+        vec![Value::of(output)]
+    } else {
+        outputs.to_vec()
     };
-    if matches!(g.op(output), Op::Param { .. }) {
-        return Err(CpuError::Invalid(
-            "the graph's output is a parameter: there is nothing to compute".into(),
-        ));
+    for o in &outputs {
+        if !num.contains_key(&o.node) || g.result_ty(o.node, o.result).is_none() {
+            return Err(CpuError::Invalid(format!(
+                "output {}#{} is not a value of the graph",
+                o.node.index(),
+                o.result
+            )));
+        }
     }
-    // Only values the output depends on get kernels (passes may leave dead values behind).
-    let mut live = std::collections::HashSet::new();
-    let mut stack = vec![output];
+    let out_nodes: HashSet<ValueId> = outputs.iter().map(|o| o.node).collect();
+    // Only values the outputs depend on get kernels (passes may leave dead values behind);
+    // `used` holds every result that an output is or a live node reads.
+    let mut live = HashSet::new();
+    let mut used: HashSet<Value> = outputs.iter().copied().collect();
+    let mut stack: Vec<ValueId> = outputs.iter().map(|o| o.node).collect();
     while let Some(x) = stack.pop() {
         if live.insert(x) {
-            stack.extend(g.operands(x));
+            let ov = g.operand_values(x);
+            stack.extend(ov.iter().map(|v| v.node));
+            used.extend(ov);
         }
     }
     // Scalar subgraphs (`rsqrt(dim D)`) fold to constants at compile time: dims are concrete.
     let mut consts: HashMap<ValueId, f64> = HashMap::new();
-    let absorbed = generic::absorbed_muls(g, &live);
+    let absorbed = generic::absorbed_muls(g, &live, &out_nodes);
     let mut specs = vec![];
     for &n in &order {
         if !live.contains(&n) || absorbed.contains(&n) {
             continue;
         }
         let op = g.op(n);
-        if g.ty(n).rank() == 0 {
+        if g.ty(n).rank() == 0 && !out_nodes.contains(&n) {
             if let Some(c) = foxc_ir::fold::scalar_value(g, n, dims) {
                 consts.insert(n, c);
                 continue;
@@ -405,8 +464,11 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
                     bn: tiles.bn as u64,
                 })
             }
-            Op::Attention(attn) => {
-                let ao = foxc_ir::Attention::operands(g, n).map_err(invalid)?;
+            Op::Attention(attn) | Op::AttentionBackward(attn) => {
+                let backward = matches!(op, Op::AttentionBackward(_));
+                // The backward's operands are the forward's, then out, lse, dout.
+                let fwd_ops = &ops[..ops.len() - if backward { 3.min(ops.len()) } else { 0 }];
+                let ao = foxc_ir::AttnOperands::from_positional(attn, fwd_ops).map_err(invalid)?;
                 let tiles = attn
                     .tiles
                     .ok_or_else(|| invalid("the attention has no tiles (run the tiles pass)".into()))?;
@@ -483,7 +545,7 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
                     .scale
                     .value(&|x| dims.get(x).copied())
                     .ok_or_else(|| invalid("the scale's dim is not bound".into()))?;
-                SpecKind::Fused(Kind::Attention(AttnKernel {
+                let kernel = AttnKernel {
                     q: float_in(ao.q)?,
                     k: float_in(ao.k)?,
                     v: float_in(ao.v)?,
@@ -503,15 +565,26 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<Vec<Spec>, CpuError> 
                     mask,
                     captures,
                     out: attn.out_dtype,
-                }))
+                    lse: !backward && used.contains(&Value { node: n, result: 1 }),
+                };
+                if backward {
+                    let bwd = backward::plan(g, n, attn, kernel, &dim, &invalid)?;
+                    SpecKind::Fused(Kind::AttentionBackward(Box::new(bwd)))
+                } else {
+                    SpecKind::Fused(Kind::Attention(kernel))
+                }
             }
             _ => generic(&consts)?,
         };
         let operands = match &kind {
             SpecKind::Generic(p) => p.operands.clone(),
-            SpecKind::Fused(_) => ops.clone(),
+            SpecKind::Fused(_) => g.operand_values(n),
         };
-        specs.push(Spec { node: n, operands, name: format!("k{v}_{}", op.mnemonic()), kind });
+        let results = match &kind {
+            SpecKind::Fused(k) => k.results(),
+            SpecKind::Generic(_) => vec![0],
+        };
+        specs.push(Spec { node: n, operands, results, name: format!("k{v}_{}", op.mnemonic()), kind });
     }
     Ok(specs)
 }
@@ -520,9 +593,17 @@ extern "C" fn foxc_log1p_exp_neg_abs(z: f64) -> f64 {
     (-z.abs()).exp().ln_1p()
 }
 
-const LOG1P_SYM: &str = "foxc_log1p_exp_neg_abs";
+extern "C" fn foxc_ln(z: f64) -> f64 {
+    z.ln()
+}
 
-fn build(specs: &[Spec], opts: CpuOptions) -> Result<(JITModule, Vec<FuncId>, String), CpuError> {
+const LOG1P_SYM: &str = "foxc_log1p_exp_neg_abs";
+const LN_SYM: &str = "foxc_ln";
+
+/// Each spec's function and, when it has one, its finishing function.
+type Built = Vec<(FuncId, Option<FuncId>)>;
+
+fn build(specs: &[Spec], opts: CpuOptions) -> Result<(JITModule, Built, String), CpuError> {
     let cl = |e: &dyn std::fmt::Display| CpuError::Cranelift(e.to_string());
     let mut flags = settings::builder();
     for (k, v) in [("opt_level", "none"), ("is_pic", "false"), ("use_colocated_libcalls", "false")] {
@@ -534,6 +615,7 @@ fn build(specs: &[Spec], opts: CpuOptions) -> Result<(JITModule, Vec<FuncId>, St
         .map_err(|e| cl(&e))?;
     let mut jb = JITBuilder::with_isa(isa, default_libcall_names());
     jb.symbol(LOG1P_SYM, foxc_log1p_exp_neg_abs as *const u8);
+    jb.symbol(LN_SYM, foxc_ln as *const u8);
     for h in generic::math::Helper::ALL {
         jb.symbol(h.symbol(), h.address());
     }
@@ -544,22 +626,34 @@ fn build(specs: &[Spec], opts: CpuOptions) -> Result<(JITModule, Vec<FuncId>, St
     helper_sig.returns.push(AbiParam::new(types::F64));
     let helper = module.declare_function(LOG1P_SYM, Linkage::Import, &helper_sig).map_err(|e| cl(&e))?;
     let generic_helpers = generic_helper_imports(&mut module)?;
+    let ln_helper = module.declare_function(LN_SYM, Linkage::Import, &helper_sig).map_err(|e| cl(&e))?;
 
     let mut ctx = module.make_context();
     let mut fbc = FunctionBuilderContext::new();
-    let mut ids = vec![];
+    let mut ids: Built = vec![];
     let mut text = String::new();
-    for s in specs {
+    let parts = specs.iter().flat_map(|s| {
+        let fin = matches!(&s.kind, SpecKind::Fused(k) if k.has_finish());
+        std::iter::once((s, false)).chain(fin.then_some((s, true)))
+    });
+    for (s, finish) in parts {
         let mut sig = module.make_signature();
         for _ in 0..4 {
             sig.params.push(AbiParam::new(ptr));
         }
-        let id = module.declare_function(&s.name, Linkage::Local, &sig).map_err(|e| cl(&e))?;
+        let name = if finish { format!("{}_finish", s.name) } else { s.name.clone() };
+        let id = module.declare_function(&name, Linkage::Local, &sig).map_err(|e| cl(&e))?;
         ctx.func.signature = sig;
-        ctx.func.name = UserFuncName::testcase(&s.name);
+        ctx.func.name = UserFuncName::testcase(&name);
         let log1p = match &s.kind {
             SpecKind::Fused(Kind::GateCumsum { kind: foxc_ir::GateKind::Logits, .. }) => {
                 Some(module.declare_func_in_func(helper, &mut ctx.func))
+            }
+            _ => None,
+        };
+        let ln = match &s.kind {
+            SpecKind::Fused(Kind::Attention(a)) if a.lse && !finish => {
+                Some(module.declare_func_in_func(ln_helper, &mut ctx.func))
             }
             _ => None,
         };
@@ -583,7 +677,12 @@ fn build(specs: &[Spec], opts: CpuOptions) -> Result<(JITModule, Vec<FuncId>, St
             match &s.kind {
                 SpecKind::Fused(kind) => {
                     let frame = kernels::Frame { args: p[0], begin: p[1], end: p[2], scratch: p[3] };
-                    kernels::emit(&mut fx, kind, &frame, &kernels::Helpers { log1p_exp_neg_abs: log1p });
+                    let helpers = kernels::Helpers { log1p_exp_neg_abs: log1p, ln };
+                    if finish {
+                        kernels::emit_finish(&mut fx, kind, &frame);
+                    } else {
+                        kernels::emit(&mut fx, kind, &frame, &helpers);
+                    }
                 }
                 SpecKind::Generic(g) => generic::emit(&mut fx, &g.kernel, p[0], p[1], p[2], &gh),
             }
@@ -592,20 +691,24 @@ fn build(specs: &[Spec], opts: CpuOptions) -> Result<(JITModule, Vec<FuncId>, St
             fx.b.seal_all_blocks();
             fx.b.finalize(tcfg);
         }
-        text.push_str(&format!("; {}\n{}\n", s.name, ctx.func.display()));
-        module
-            .define_function(id, &mut ctx)
-            .map_err(|e| CpuError::Cranelift(format!("{}: {e:?}", s.name)))?;
+        text.push_str(&format!("; {name}\n{}\n", ctx.func.display()));
+        module.define_function(id, &mut ctx).map_err(|e| CpuError::Cranelift(format!("{name}: {e:?}")))?;
         // FOXC_CPU_DISASM=1 writes each kernel's machine code to the temp dir (for objdump).
         if std::env::var_os("FOXC_CPU_DISASM").is_some() {
             if let Some(c) = ctx.compiled_code() {
-                let path = std::env::temp_dir().join(format!("foxc_{}.bin", s.name));
+                let path = std::env::temp_dir().join(format!("foxc_{name}.bin"));
                 let _ = std::fs::write(&path, c.code_buffer());
-                eprintln!("; {} machine code: {} bytes in {}", s.name, c.code_buffer().len(), path.display());
+                eprintln!("; {name} machine code: {} bytes in {}", c.code_buffer().len(), path.display());
             }
         }
         module.clear_context(&mut ctx);
-        ids.push(id);
+        if finish {
+            if let Some(last) = ids.last_mut() {
+                last.1 = Some(id);
+            }
+        } else {
+            ids.push((id, None));
+        }
     }
     Ok((module, ids, text))
 }

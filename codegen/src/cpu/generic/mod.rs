@@ -22,7 +22,7 @@ pub mod math;
 pub use emit::emit;
 
 use super::CpuError;
-use foxc_ir::{BinaryOp, DType, Graph, Op, ReduceKind, UnaryOp, ValueId};
+use foxc_ir::{BinaryOp, DType, Graph, Op, ReduceKind, UnaryOp, Value, ValueId};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Where one kernel input comes from.
@@ -112,8 +112,9 @@ impl Generic {
     }
 }
 
-/// The values the kernels of a graph read: which `mul`s are contracted into their `sum`.
-pub fn absorbed_muls(g: &Graph, live: &HashSet<ValueId>) -> HashSet<ValueId> {
+/// The values the kernels of a graph read: which `mul`s are contracted into their `sum`
+/// (never an output in `outputs`).
+pub fn absorbed_muls(g: &Graph, live: &HashSet<ValueId>, outputs: &HashSet<ValueId>) -> HashSet<ValueId> {
     let mut out = HashSet::new();
     for &n in live {
         if !matches!(g.op(n), Op::Reduce { kind: ReduceKind::Sum, .. }) {
@@ -121,7 +122,7 @@ pub fn absorbed_muls(g: &Graph, live: &HashSet<ValueId>) -> HashSet<ValueId> {
         }
         let Some(&m) = g.operands(n).first() else { continue };
         if matches!(g.op(m), Op::Binary(BinaryOp::Mul))
-            && g.output != Some(m)
+            && !outputs.contains(&m)
             && g.users(m) == [n]
             && g.ty(m).rank() > 0
         {
@@ -152,8 +153,13 @@ pub struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn shape(&self, id: ValueId) -> Result<Vec<u64>, CpuError> {
+        self.value_shape(Value::of(id))
+    }
+
+    fn value_shape(&self, v: Value) -> Result<Vec<u64>, CpuError> {
+        let id = v.node;
         self.g
-            .ty(id)
+            .value_ty(v)
             .dims()
             .map(|d| {
                 d.eval(&|s| self.dims.get(s).copied()).ok_or_else(|| {
@@ -174,7 +180,7 @@ struct Inputs<'a, 'c> {
     /// Iteration axis names and sizes.
     axes: &'c [String],
     sizes: &'c [u64],
-    operands: Vec<ValueId>,
+    operands: Vec<Value>,
     srcs: Vec<Src>,
 }
 
@@ -189,12 +195,12 @@ impl Inputs<'_, '_> {
 
     /// Input for value `v` whose axes are called `names` (its own axis names unless renamed by
     /// `bind`), or `None` names for a 1-D weight read along the line only.
-    fn add(&mut self, v: ValueId, names: Option<&[String]>) -> Result<usize, CpuError> {
-        if let Some(&c) = self.cx.consts.get(&v) {
+    fn add(&mut self, v: Value, names: Option<&[String]>) -> Result<usize, CpuError> {
+        if let Some(&c) = self.cx.consts.get(&v.node).filter(|_| v.result == 0) {
             self.srcs.push(Src::Const(c));
             return Ok(self.srcs.len() - 1);
         }
-        let shape = self.cx.shape(v)?;
+        let shape = self.cx.value_shape(v)?;
         let own = row_strides(&shape);
         let mut strides = vec![0i64; self.axes.len()];
         match names {
@@ -234,14 +240,14 @@ impl Inputs<'_, '_> {
         }
         let arg = self.operands.len();
         self.operands.push(v);
-        self.srcs.push(Src::Buf { arg, dtype: self.cx.g.ty(v).dtype, strides });
+        self.srcs.push(Src::Buf { arg, dtype: self.cx.g.value_ty(v).dtype, strides });
         Ok(self.srcs.len() - 1)
     }
 
     /// Input for `gather`'s operand `v` at the subscripts `index` (variables are iteration axes;
     /// one that is not, the interpreter reads as 0, so its term drops).
-    fn gather(&mut self, v: ValueId, index: &[foxc_ir::index::IndexExpr]) -> Result<Expr, CpuError> {
-        let sizes = self.cx.shape(v)?;
+    fn gather(&mut self, v: Value, index: &[foxc_ir::index::IndexExpr]) -> Result<Expr, CpuError> {
+        let sizes = self.cx.value_shape(v)?;
         if index.len() != sizes.len() {
             return Err(self.err(format!("{} subscripts for a rank-{} value", index.len(), sizes.len())));
         }
@@ -268,13 +274,13 @@ impl Inputs<'_, '_> {
         let arg = self.operands.len();
         self.operands.push(v);
         let strides = row_strides(&sizes);
-        self.srcs.push(Src::Gather { arg, dtype: self.cx.g.ty(v).dtype, subs, sizes, strides });
+        self.srcs.push(Src::Gather { arg, dtype: self.cx.g.value_ty(v).dtype, subs, sizes, strides });
         Ok(Expr::In(self.srcs.len() - 1))
     }
 
     /// Input for `v` under its own axis names.
-    fn named(&mut self, v: ValueId) -> Result<Expr, CpuError> {
-        let names: Vec<String> = self.cx.g.ty(v).axes.iter().map(|a| a.name.clone()).collect();
+    fn named(&mut self, v: Value) -> Result<Expr, CpuError> {
+        let names: Vec<String> = self.cx.g.value_ty(v).axes.iter().map(|a| a.name.clone()).collect();
         Ok(Expr::In(self.add(v, Some(&names))?))
     }
 }
@@ -282,14 +288,14 @@ impl Inputs<'_, '_> {
 /// A planned kernel and the values whose buffers it reads, in `args` order.
 pub struct Planned {
     pub kernel: Generic,
-    pub operands: Vec<ValueId>,
+    pub operands: Vec<Value>,
 }
 
 /// Plan the generic kernel of node `n` (any op but a parameter or a fused op).
 pub fn plan(cx: &Ctx, n: ValueId, absorbed: &HashSet<ValueId>) -> Result<Planned, CpuError> {
     let g = cx.g;
     let op = g.op(n);
-    let ops = g.operands(n);
+    let ops = g.operand_values(n);
     let bad = |what: String| CpuError::Invalid(format!("value %{} ({}): {what}", cx.num[&n], op.mnemonic()));
     if let Some(a) = op.arity() {
         if ops.len() != a {
@@ -330,11 +336,11 @@ pub fn plan(cx: &Ctx, n: ValueId, absorbed: &HashSet<ValueId>) -> Result<Planned
             // A contracted mul keeps its own type: the axis is found there too.
             let src = ops[0];
             let p = g
-                .ty(src)
+                .value_ty(src)
                 .axis(axis)
                 .map(|(p, _)| p)
                 .ok_or_else(|| bad(format!("reduced axis `{axis}` is not an axis of the operand")))?;
-            extra = Some((axis.clone(), cx.shape(src)?[p]));
+            extra = Some((axis.clone(), cx.value_shape(src)?[p]));
         }
         _ => {}
     }
@@ -384,8 +390,8 @@ pub fn plan(cx: &Ctx, n: ValueId, absorbed: &HashSet<ValueId>) -> Result<Planned
         }
         Op::Reduce { kind, .. } => {
             body = Body::Reduce(*kind);
-            if absorbed.contains(&ops[0]) {
-                let mo = g.operands(ops[0]);
+            if ops[0].result == 0 && absorbed.contains(&ops[0].node) {
+                let mo = g.operand_values(ops[0].node);
                 if mo.len() != 2 {
                     return Err(bad("contracted mul must have two operands".into()));
                 }
