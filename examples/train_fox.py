@@ -401,7 +401,7 @@ def plot(results, path, title):
         ax.plot(range(1, len(r["losses"]) + 1), r["losses"], label=label, linewidth=1)
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (nats/token)")
-    ax.set_title(title)
+    ax.set_title(title, fontsize=9)
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -473,10 +473,23 @@ def main(argv=None):
     say = print if rank == 0 else (lambda *a, **k: None)
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     say(f"# FoX LM: {cfg}, {n_params / 1e6:.1f}M parameters; {args.steps} steps; {world} x {dev_name}; torch {torch.__version__}")
-    results = []
+    out = pathlib.Path(args.out_dir)
+    meta = {"config": repr(cfg), "params": n_params, "world": world, "device": dev_name, "torch": torch.__version__,
+            "argv": sys.argv[1:]}
+    results, failed = [], {}
     for m in methods:
         t0 = time.perf_counter()
-        r = train(m, cfg, init_state, batches, args, rank, world, device)
+        try:
+            r = train(m, cfg, init_state, batches, args, rank, world, device)
+        except Exception as e:
+            if world > 1:
+                raise  # the other ranks would wait forever in a collective
+            # One way failing must not lose the others' numbers (one device call runs them all).
+            failed[m] = f"{type(e).__name__}: {e}"
+            say(f"{m}: FAILED after {time.perf_counter() - t0:.0f} s: {failed[m][:500]}", flush=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
         r["wall_s"] = time.perf_counter() - t0
         results.append(r)
         kept = (
@@ -491,6 +504,10 @@ def main(argv=None):
             f"{r['wall_s']:.0f} s wall",
             flush=True,
         )
+        if rank == 0:
+            # After every way: a run cut short still leaves the finished ways' numbers.
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "train_fox.json").write_text(json.dumps({"meta": meta, "results": results, "failed": failed}, indent=1))
     if rank == 0:
         base = {r["method"]: r for r in results}
         for ref in ("flex_acp", "flex_dense"):
@@ -501,20 +518,17 @@ def main(argv=None):
             for r in results[1:]:
                 d = np.abs(np.array(r["losses"]) - first)
                 say(f"loss |{r['method']} - {results[0]['method']}|: max {d.max():.4f}, mean {d.mean():.4f}")
-        out = pathlib.Path(args.out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        meta = {"config": repr(cfg), "params": n_params, "world": world, "device": dev_name, "torch": torch.__version__,
-                "argv": sys.argv[1:]}
         if args.loss_log:
             pathlib.Path(args.loss_log).write_text(json.dumps({r["method"]: r["losses"] for r in results}))
-        (out / "train_fox.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-        if plot(results, out / "train_fox.png", f"FoX LM ({cfg}), {world} x {dev_name}"):
+        (out / "train_fox.json").write_text(json.dumps({"meta": meta, "results": results, "failed": failed}, indent=1))
+        if results and plot(results, out / "train_fox.png", f"FoX LM: {cfg}\n{world} x {dev_name}, same init and data"):
             say(f"wrote {out / 'train_fox.png'} and {out / 'train_fox.json'}")
     if world > 1:
         import torch.distributed as dist
 
         dist.destroy_process_group()
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
