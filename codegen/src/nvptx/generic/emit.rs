@@ -8,6 +8,7 @@ use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
 use inkwell::{FloatPredicate, IntPredicate};
+use std::cell::Cell;
 
 type Kb<'a, 'ctx> = KernelBuilder<'a, 'ctx>;
 
@@ -36,7 +37,7 @@ pub(crate) fn build<'ctx>(
         });
     }
     let out = ptrs.next().unwrap_or_else(|| b.gptr().const_null());
-    let e = Elem { k, scalars, inputs, b: &b };
+    let e = Elem { k, scalars, inputs, b: &b, flat: Cell::new(None) };
     match k.body {
         Body::Map => e.map(out),
         Body::Reduce(kind) => e.reduce(out, kind),
@@ -54,6 +55,9 @@ struct Elem<'k, 'b, 'a, 'ctx> {
     /// The pointer of each input (`None` for constants).
     inputs: Vec<Option<PointerValue<'ctx>>>,
     b: &'b Kb<'a, 'ctx>,
+    /// In a `Map` kernel, the element's flat index: the offset of the result and of every input
+    /// laid out like it.
+    flat: Cell<Option<IntValue<'ctx>>>,
 }
 
 impl<'ctx> Elem<'_, '_, '_, 'ctx> {
@@ -105,9 +109,12 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
             b.add(b.mul(b.zext64(b.sreg("ctaid.x")), b.i64(MAP_THREADS as i64)), b.zext64(b.sreg("tid.x")));
         let inside = b.icmp(IntPredicate::SLT, gid, self.count(rank));
         b.if_then(inside, |_| {
-            let coord = self.split(gid, rank);
+            // The iteration order is the result's own: its offset is the flat index.
+            self.flat.set(Some(gid));
+            let coord = if self.k.needs_coords() { self.split(gid, rank) } else { vec![] };
             let v = self.eval(&self.k.value, &coord);
-            self.store(out, self.offset(&self.k.out_strides, &coord), v);
+            self.store(out, gid, v);
+            self.flat.set(None);
         });
     }
 
@@ -345,7 +352,13 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
         let p = self.inputs[i];
         match (&self.k.inputs[i], p) {
             (Src::Const(c), _) => b.f32(*c),
-            (Src::Buf { dtype, strides }, Some(p)) => self.load(*dtype, p, self.offset(strides, coord)),
+            (Src::Buf { dtype, strides }, Some(p)) => {
+                let off = match self.flat.get() {
+                    Some(f) if self.k.flat_input(i) => f,
+                    _ => self.offset(strides, coord),
+                };
+                self.load(*dtype, p, off)
+            }
             (Src::Gather { dtype, subs, sizes, strides }, Some(p)) => {
                 let mut ok = b.bool(true);
                 let mut off = b.i64(0);

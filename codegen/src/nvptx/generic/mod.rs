@@ -120,4 +120,27 @@ impl Generic {
     pub(crate) fn pointers(&self) -> usize {
         self.inputs.iter().filter(|s| !matches!(s, Src::Const(_))).count() + 1
     }
+
+    /// Whether input `i` is laid out like the result (the same strides along every axis): a
+    /// `Map` kernel reads it at the flat element index, no coordinates needed.
+    pub(crate) fn flat_input(&self, i: usize) -> bool {
+        matches!(&self.inputs[i], Src::Buf { strides, .. } if *strides == self.out_strides)
+    }
+
+    /// Whether a `Map` kernel needs the element's coordinates: an index, a mask, a gather, or an
+    /// input laid out otherwise than the result (broadcast, transposed). Without them the
+    /// kernel skips the per-axis 64-bit divisions.
+    pub(crate) fn needs_coords(&self) -> bool {
+        fn uses_index(e: &Expr) -> bool {
+            match e {
+                Expr::Index(_) | Expr::Mask { .. } => true,
+                Expr::In(_) | Expr::Const(_) | Expr::Scalar(_) => false,
+                Expr::Unary(_, x) | Expr::Cast(_, x) => uses_index(x),
+                Expr::Binary(_, x, y) => uses_index(x) || uses_index(y),
+                Expr::Select(c, x, y) => uses_index(c) || uses_index(x) || uses_index(y),
+            }
+        }
+        uses_index(&self.value)
+            || (0..self.inputs.len()).any(|i| !matches!(self.inputs[i], Src::Const(_)) && !self.flat_input(i))
+    }
 }
