@@ -70,19 +70,19 @@ fn every_corner_lowers_with_runtime_sizes() {
 /// The sizes are runtime values: binding other dims changes launch grids, not the PTX.
 #[test]
 fn sizes_are_runtime_arguments() {
-    let (g, a) = compiled(&source("cumsum_outer"), NvptxTarget::Sm90a);
-    let k = a.kernels.iter().find(|k| matches!(g.op(k.node), Op::Cumsum { .. })).unwrap();
-    let grid = |t: u64, n: u64| {
-        let bind = move |s: &str| match s {
-            "T" => Some(t),
-            "N" => Some(n),
-            _ => None,
-        };
-        k.geometry(&bind).unwrap().grid
+    // The launch of the (only) cumsum of `name` with the dims bound by `bind`.
+    let grid = |name: &str, bind: &[(&str, u64)]| {
+        let (g, a) = compiled(&source(name), NvptxTarget::Sm90a);
+        let k = a.kernels.iter().find(|k| matches!(g.op(k.node), Op::Cumsum { .. })).unwrap();
+        let bind: BTreeMap<String, u64> = bind.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        (k.geometry(&|s: &str| bind.get(s).copied()).unwrap().grid, k.geometry(&|_| None).is_err())
     };
-    // cumsum over t: one warp per line, 4 lines per block; lines are the n axis.
-    assert_eq!(grid(1000, 8), (2, 1, 1));
-    assert_eq!(grid(3, 9), (3, 1, 1));
+    // Along the innermost axis t of [B, H, T]: one warp per (b, h) line, 4 lines per block.
+    assert_eq!(grid("fox_alibi_gate", &[("B", 2), ("H", 3), ("T", 100)]), ((2, 1, 1), true));
+    assert_eq!(grid("fox_alibi_gate", &[("B", 5), ("H", 16), ("T", 7)]), ((20, 1, 1), true));
+    // Along the outer axis t of [T, N]: one thread per line (n), 128 lines per block.
+    assert_eq!(grid("cumsum_outer", &[("T", 1000), ("N", 8)]), ((1, 1, 1), true));
+    assert_eq!(grid("cumsum_outer", &[("T", 3), ("N", 300)]), ((3, 1, 1), true));
 }
 
 /// Several outputs: each named value gets its buffer, listed in order; an attention's lse is

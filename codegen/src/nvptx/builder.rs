@@ -256,6 +256,12 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
     pub fn sdivc(&self, a: IntValue<'ctx>, c: i64) -> IntValue<'ctx> {
         self.sdiv(a, self.like(a, c))
     }
+    pub fn udiv(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> IntValue<'ctx> {
+        self.keep(self.b.build_int_unsigned_div(a, b, ""), || a)
+    }
+    pub fn urem(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> IntValue<'ctx> {
+        self.keep(self.b.build_int_unsigned_rem(a, b, ""), || a)
+    }
     pub fn udivc(&self, a: IntValue<'ctx>, c: i64) -> IntValue<'ctx> {
         self.keep(self.b.build_int_unsigned_div(a, self.like(a, c), ""), || a)
     }
@@ -286,6 +292,10 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
     }
     pub fn sext64(&self, a: IntValue<'ctx>) -> IntValue<'ctx> {
         self.keep(self.b.build_int_s_extend(a, self.i64t(), ""), || self.i64(0))
+    }
+    /// The low 32 bits of an integer.
+    pub fn trunc32(&self, a: IntValue<'ctx>) -> IntValue<'ctx> {
+        self.keep(self.b.build_int_truncate(a, self.i32t(), ""), || self.i32(0))
     }
     pub fn zext64(&self, a: IntValue<'ctx>) -> IntValue<'ctx> {
         self.keep(self.b.build_int_z_extend(a, self.i64t(), ""), || self.i64(0))

@@ -520,7 +520,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 block: generic::MAP_THREADS,
             },
             _ => Launch::Grid {
-                x: GridDim::Ceil(p.sizes[..p.sizes.len() - 1].to_vec(), generic::LINES_PER_BLOCK),
+                x: GridDim::Ceil(p.sizes[..p.sizes.len() - 1].to_vec(), p.kernel.lines_per_block()),
                 y: GridDim::Const(1),
                 block: generic::LINE_THREADS,
             },

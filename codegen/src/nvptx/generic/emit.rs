@@ -1,6 +1,6 @@
 //! LLVM IR of one [`Generic`] kernel, written with the NVPTX kernel builder.
 
-use super::{Body, Expr, Generic, Src, LINES_PER_BLOCK, MAP_THREADS};
+use super::{Body, Expr, Generic, Src, LINES_PER_BLOCK, LINE_THREADS, MAP_THREADS};
 use crate::nvptx::attention::region::{binary, unary};
 use crate::nvptx::builder::{KernelBuilder, ParamTy};
 use foxc_ir::{BinaryOp, DType, ReduceKind, UnaryOp};
@@ -83,16 +83,41 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
         off
     }
 
-    /// The coordinates of flat index `flat` over axes `0..n` (row-major).
-    fn split(&self, mut flat: IntValue<'ctx>, n: usize) -> Vec<IntValue<'ctx>> {
+    /// The coordinates of flat index `flat` over axes `0..n` (row-major). Where the index and
+    /// every size fit in 31 bits (any tensor below 2^31 elements) the divisions are 32-bit,
+    /// several times cheaper than the 64-bit ones the general case needs.
+    fn split(&self, flat: IntValue<'ctx>, n: usize) -> Vec<IntValue<'ctx>> {
         let b = self.b;
-        let mut coord = vec![b.i64(0); n];
-        for a in (0..n).rev() {
-            let s = self.size(a);
-            coord[a] = b.srem(flat, s);
-            flat = b.sdiv(flat, s);
+        if n == 0 {
+            return vec![];
         }
-        coord
+        let max = i32::MAX as i64;
+        let mut small = b.icmpc(IntPredicate::SLE, flat, max);
+        for a in 0..n {
+            small = b.and(small, b.icmpc(IntPredicate::SLE, self.size(a), max));
+        }
+        let narrow = |b: &Kb<'_, 'ctx>| -> Vec<BasicValueEnum<'ctx>> {
+            let trunc = |x: IntValue<'ctx>| b.trunc32(x);
+            let mut f = trunc(flat);
+            let mut c = vec![b.i64(0).into(); n];
+            for a in (0..n).rev() {
+                let s = trunc(self.size(a));
+                c[a] = b.zext64(b.urem(f, s)).into();
+                f = b.udiv(f, s);
+            }
+            c
+        };
+        let wide = |b: &Kb<'_, 'ctx>| -> Vec<BasicValueEnum<'ctx>> {
+            let mut f = flat;
+            let mut c = vec![b.i64(0).into(); n];
+            for a in (0..n).rev() {
+                let s = self.size(a);
+                c[a] = b.srem(f, s).into();
+                f = b.sdiv(f, s);
+            }
+            c
+        };
+        b.if_else(small, "coord", narrow, wide).into_iter().map(|v| v.into_int_value()).collect()
     }
 
     /// The product of the sizes of axes `0..n`.
@@ -118,29 +143,39 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
         });
     }
 
-    /// The warp's line and lane, and whether the line exists (the same for the whole warp).
+    /// This thread's line: one warp per line (lanes strided by 32), or one thread per line in a
+    /// serial kernel; and whether the line exists (the same for a whole warp in warp mode).
     fn line(&self) -> (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>) {
         let b = self.b;
-        let tid = b.sreg("tid.x");
-        let (lane, warp) = (b.zext64(b.andc(tid, 31)), b.zext64(b.lshrc(tid, 5)));
-        let line = b.add(b.mul(b.zext64(b.sreg("ctaid.x")), b.i64(LINES_PER_BLOCK as i64)), warp);
+        let tid = b.zext64(b.sreg("tid.x"));
+        let block = b.zext64(b.sreg("ctaid.x"));
+        let (line, lane) = if self.k.serial {
+            (b.add(b.mul(block, b.i64(LINE_THREADS as i64)), tid), b.i64(0))
+        } else {
+            (b.add(b.mul(block, b.i64(LINES_PER_BLOCK as i64)), b.lshrc(tid, 5)), b.andc(tid, 31))
+        };
         let inside = b.icmp(IntPredicate::SLT, line, self.count(self.k.rank - 1));
         (line, lane, inside)
     }
 
-    /// Coordinates of element `pos` of line `line`.
-    fn at(&self, line: IntValue<'ctx>, pos: IntValue<'ctx>) -> Vec<IntValue<'ctx>> {
-        let mut c = self.split(line, self.k.rank - 1);
+    /// Positions of the line this thread visits: `lane, lane + step, ...`.
+    fn step(&self) -> IntValue<'ctx> {
+        self.b.i64(if self.k.serial { 1 } else { 32 })
+    }
+
+    /// Coordinates of element `pos` of the line whose other coordinates are `line`.
+    fn at(&self, line: &[IntValue<'ctx>], pos: IntValue<'ctx>) -> Vec<IntValue<'ctx>> {
+        let mut c = line.to_vec();
         c.push(pos);
         c
     }
 
-    /// Folds `elem(position)` over line `line` from `init` with `combine`: lane `l` takes
-    /// positions `l, l + 32, ...`, then a butterfly over the warp (a fixed order: the same bits
-    /// on every run). Every lane gets the result.
+    /// Folds `elem(coordinates)` over the line from `init` with `combine`: this thread takes
+    /// positions `lane, lane + step, ...`; in warp mode a butterfly over the warp follows (a
+    /// fixed order: the same bits on every run) and every lane gets the result.
     fn fold(
         &self,
-        line: IntValue<'ctx>,
+        line: &[IntValue<'ctx>],
         lane: IntValue<'ctx>,
         init: f64,
         elem: &dyn Fn(&[IntValue<'ctx>]) -> FloatValue<'ctx>,
@@ -149,28 +184,30 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
         let b = self.b;
         let len = self.size(self.k.rank - 1);
         let acc = b.declare_var(b.f32(init).into());
-        b.for_range(lane, len, b.i64(32), |_, pos| {
+        b.for_range(lane, len, self.step(), |_, pos| {
             let x = elem(&self.at(line, pos));
             b.def_var(acc, combine(b.use_f(acc), x));
         });
         let mut v = b.use_f(acc);
-        for m in [16, 8, 4, 2, 1] {
-            v = combine(v, b.shfl_xor(v, m));
+        if !self.k.serial {
+            for m in [16, 8, 4, 2, 1] {
+                v = combine(v, b.shfl_xor(v, m));
+            }
         }
         v
     }
 
-    /// Writes `value(coordinates)` at every position of line `line`, lanes strided.
+    /// Writes `value(coordinates)` at every position of the line this thread visits.
     fn write_line(
         &self,
         out: PointerValue<'ctx>,
-        line: IntValue<'ctx>,
+        line: &[IntValue<'ctx>],
         lane: IntValue<'ctx>,
         value: &dyn Fn(&[IntValue<'ctx>]) -> FloatValue<'ctx>,
     ) {
         let b = self.b;
         let len = self.size(self.k.rank - 1);
-        b.for_range(lane, len, b.i64(32), |_, pos| {
+        b.for_range(lane, len, self.step(), |_, pos| {
             let c = self.at(line, pos);
             self.store(out, self.offset(&self.k.out_strides, &c), value(&c));
         });
@@ -181,11 +218,19 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
         self.eval(&self.k.value, c)
     }
 
+    /// Runs `body(line coordinates, lane)` for this thread's line, if it exists.
+    fn for_line(&self, body: impl FnOnce(&[IntValue<'ctx>], IntValue<'ctx>)) {
+        let (line, lane, inside) = self.line();
+        self.b.if_then(inside, |_| {
+            let coord = self.split(line, self.k.rank - 1);
+            body(&coord, lane);
+        });
+    }
+
     /// Sum or NaN-keeping max of the line; lane 0 writes.
     fn reduce(&self, out: PointerValue<'ctx>, kind: ReduceKind) {
         let b = self.b;
-        let (line, lane, inside) = self.line();
-        b.if_then(inside, |_| {
+        self.for_line(|line, lane| {
             let v = match kind {
                 ReduceKind::Sum => self.fold(line, lane, 0.0, &|c| self.value_at(c), &|x, y| b.fadd(x, y)),
                 ReduceKind::Max => {
@@ -206,8 +251,7 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
     /// of only `-inf` (and no NaN) is all zeros. Three passes over the line.
     fn softmax(&self, out: PointerValue<'ctx>) {
         let b = self.b;
-        let (line, lane, inside) = self.line();
-        b.if_then(inside, |_| {
+        self.for_line(|line, lane| {
             let m = self.fold(line, lane, f64::NEG_INFINITY, &|c| self.value_at(c), &|x, y| b.fmax(x, y));
             let nan = self.fold(
                 line,
@@ -232,8 +276,7 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
     /// `x * rsqrt(mean(x^2) + eps) * w[position]`.
     fn rmsnorm(&self, out: PointerValue<'ctx>, w: usize, eps: f64) {
         let b = self.b;
-        let (line, lane, inside) = self.line();
-        b.if_then(inside, |_| {
+        self.for_line(|line, lane| {
             let sq = |c: &[IntValue<'ctx>]| {
                 let x = self.value_at(c);
                 b.fmul(x, x)
@@ -245,21 +288,28 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
         });
     }
 
-    /// One warp per line, 32 elements at a time: an inclusive warp scan plus the running total
-    /// of the chunks before (lane 31's sum, broadcast).
+    /// Inclusive prefix sum. Serial: a running sum. Warp mode: 32 elements at a time, an
+    /// inclusive warp scan plus the total of the chunks before (lane 31's sum, broadcast).
     fn cumsum(&self, out: PointerValue<'ctx>) {
         let b = self.b;
-        let (line, lane, inside) = self.line();
         let len = self.size(self.k.rank - 1);
-        let lane32 = b.sreg("tid.x");
-        let lane32 = b.andc(lane32, 31);
-        b.if_then(inside, |_| {
+        self.for_line(|line, lane| {
             let carry = b.declare_var(b.f32(0.0).into());
+            if self.k.serial {
+                b.for_range(b.i64(0), len, b.i64(1), |_, pos| {
+                    let c = self.at(line, pos);
+                    let s = b.fadd(b.use_f(carry), self.value_at(&c));
+                    self.store(out, self.offset(&self.k.out_strides, &c), s);
+                    b.def_var(carry, s);
+                });
+                return;
+            }
+            let lane32 = b.trunc32(lane);
             b.for_range(b.i64(0), len, b.i64(32), |_, start| {
                 let pos = b.add(start, lane);
                 let here = b.icmp(IntPredicate::SLT, pos, len);
                 let x = b.if_then_carry(here, ("load", "loaded"), &[("x", b.f32(0.0).into())], |_| {
-                    vec![self.eval(&self.k.value, &self.at(line, pos)).into()]
+                    vec![self.value_at(&self.at(line, pos)).into()]
                 });
                 let mut s = x[0].into_float_value();
                 for d in [1i64, 2, 4, 8, 16] {

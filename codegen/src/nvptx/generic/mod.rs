@@ -15,8 +15,11 @@
 //!
 //! Layout: a kernel iterates an *iteration space*, named axes whose last one is the *line* (the
 //! axis of a cumsum, softmax or rmsnorm, the reduced axis of a sum, else the result's last axis).
-//! `Map` kernels use one thread per element; line kernels one warp per line, which keeps the
-//! reduction order fixed (deterministic) and parallel enough for `[B, H]` lines of length `T`.
+//! `Map` kernels use one thread per element (reading the result's layout at the flat index);
+//! line kernels one warp per line, parallel enough for `[B, H]` lines of length `T`, or one
+//! thread per line when the line runs across the operand's innermost axis (coalesced, and fine
+//! for short lines such as a sum over `B`). Either way the order of a reduction is fixed: the
+//! same bits on every run.
 //! Every buffer has one stride per iteration axis (0 where it lacks the axis: broadcast); a name
 //! repeated in a `bind` sums its strides (a diagonal).
 
@@ -32,7 +35,7 @@ use foxc_ir::{BinaryOp, DType, ReduceKind, UnaryOp};
 pub(crate) const MAP_THREADS: u32 = 256;
 /// Threads per block of the line kernels: one warp per line.
 pub(crate) const LINE_THREADS: u32 = 128;
-/// Lines per block of the line kernels.
+/// Lines per block of the line kernels in warp mode.
 pub(crate) const LINES_PER_BLOCK: u32 = LINE_THREADS / 32;
 
 /// Where one kernel input comes from.
@@ -113,9 +116,22 @@ pub(crate) struct Generic {
     pub body: Body,
     /// Number of i64 scalar parameters.
     pub scalars: usize,
+    /// A line kernel with one thread per line (serial along it) instead of one warp: for a
+    /// sum or cumsum along an axis that is not the operand's innermost, where neighbouring
+    /// lines are neighbours in memory (coalesced) and lines may be short (a sum over `B`).
+    pub serial: bool,
 }
 
 impl Generic {
+    /// Lines per block of a line kernel (blocks of [`LINE_THREADS`]).
+    pub(crate) fn lines_per_block(&self) -> u32 {
+        if self.serial {
+            LINE_THREADS
+        } else {
+            LINES_PER_BLOCK
+        }
+    }
+
     /// Pointer parameters (inputs read from memory, then the result).
     pub(crate) fn pointers(&self) -> usize {
         self.inputs.iter().filter(|s| !matches!(s, Src::Const(_))).count() + 1

@@ -267,7 +267,16 @@ pub(crate) fn plan(
         }
         _ => return Err(CodegenError::Unsupported { op: op.mnemonic().to_string(), node: n.index() }),
     };
+    // A sum or cumsum along an axis that is not the operand's innermost: one thread per line.
+    let serial = match op {
+        Op::Reduce { axis, .. } | Op::Cumsum { axis } => {
+            let names: Vec<&str> = g.value_ty(ops[0]).axes.iter().map(|a| a.name.as_str()).collect();
+            names.last().is_some_and(|last| last != axis)
+        }
+        _ => false,
+    };
     let kernel = Generic {
+        serial,
         rank: axes.len(),
         scalars: inp.scalars.0.len(),
         inputs: inp.srcs,
