@@ -348,7 +348,9 @@ def train(method, cfg, init_state, batches, args, rank, world, device):
     # The attention alone, on the inputs each layer sees for one more batch.
     for b in model.blocks:
         b.capture = []
-    with torch.no_grad(), amp:
+    # With autograd on, as in training: the compiled FlexAttention graphs are reused (a no_grad
+    # call would compile an inference graph first).
+    with amp:
         model(batches.get(args.steps, rank, device)[0])
     captured = [b.capture[0] for b in model.blocks]
     for b in model.blocks:
