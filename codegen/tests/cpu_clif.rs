@@ -1,44 +1,45 @@
-//! Snapshots of the Cranelift IR that `foxc compile --emit clif` prints, on a small tile
-//! configuration (bm = 4, bn = 8, D = 8) so that the unrolled register blocks stay readable.
+//! Snapshots of the Cranelift IR that `foxc compile --emit clif` prints for examples after the
+//! passes (the pipeline's real output), on small tiles (bm = 4, bn = 8) and D = 8 so that the
+//! unrolled register blocks stay readable.
 
-mod cpu_common;
-
-use cpu_common::*;
 use foxc_codegen::cpu::{self, CpuOptions};
-use foxc_ir::*;
+use foxc_ir::{Graph, Tiles};
+use foxc_passes::{optimize, rules, PassOptions};
 
-fn clif(cfg: &Cfg) -> String {
-    let g = build(cfg, 8).g;
-    cpu::clif_text(&g, &dims(1, 2, 16, 8), CpuOptions { fma: true }).unwrap()
+/// `examples/NAME.attn` through the passes for the CPU with threshold rule `rule`.
+fn optimized(name: &str, rule: &str) -> Graph {
+    let path = format!("{}/../examples/{name}.attn", env!("CARGO_MANIFEST_DIR"));
+    let src = std::fs::read(&path).unwrap();
+    let mut g = foxc_ir::frontend::compile(&path, &src).unwrap_or_else(|e| panic!("{e:?}")).graph;
+    let opts = PassOptions {
+        rule: rules::by_name(rule).unwrap(),
+        tiles: Some(Tiles { bm: 4, bn: 8 }),
+        ..PassOptions::default()
+    };
+    optimize(&mut g, &opts).unwrap();
+    g
+}
+
+fn clif(g: &Graph) -> String {
+    let dims = [("B", 1), ("H", 2), ("T", 16), ("D", 8)].iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    cpu::clif_text(g, &dims, CpuOptions { fma: true }).unwrap()
 }
 
 #[test]
 fn clif_pruned_fox_bf16() {
-    let mut c = Cfg::fox(DType::BF16);
-    c.prune = Some((foxc_passes::rules::by_name("tight").unwrap(), NormBound::Data, Tiles { bm: 4, bn: 8 }));
-    c.out = DType::BF16;
-    insta::assert_snapshot!("pruned_fox_bf16", clif(&c));
+    insta::assert_snapshot!("pruned_fox_bf16", clif(&optimized("fox", "tight")));
 }
 
 #[test]
-fn clif_dense_sliding_window_f32() {
-    let mut c = Cfg::fox(DType::F32);
-    c.gate = None;
-    c.window = Some(5);
-    insta::assert_snapshot!("dense_window_f32", clif(&c));
+fn clif_dense_sliding_window_bf16() {
+    insta::assert_snapshot!("dense_window_bf16", clif(&optimized("window", "paper")));
 }
 
 #[test]
 fn clif_is_deterministic_and_names_kernels() {
-    let mut c = Cfg::fox(DType::BF16);
-    c.qk_norm = true;
-    c.prune = Some((
-        foxc_passes::rules::by_name("paper").unwrap(),
-        NormBound::Static { q_max: 8.0, k_max: 8.0 },
-        Tiles { bm: 4, bn: 8 },
-    ));
-    let a = clif(&c);
-    assert_eq!(a, clif(&c));
+    let g = optimized("fox_qknorm", "paper");
+    let a = clif(&g);
+    assert_eq!(a, clif(&g));
     for k in ["gate_cumsum", "rmsnorm", "threshold", "block_boundary", "_attention"] {
         assert!(a.contains(k), "no {k} kernel in\n{a}");
     }
