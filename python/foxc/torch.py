@@ -33,6 +33,7 @@ _NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
 # Device buffers of a plan start at this alignment inside the one workspace allocation.
 _ALIGN = 256
 
+
 def _attention_of(program_id: int):
     from . import _attention_by_id
 
@@ -72,7 +73,9 @@ def _out_shapes(attn, shapes) -> Tuple[List[int], List[int]]:
 
 def _launch(plan, tensors: Dict, dev) -> List[torch.Tensor]:
     """Allocate the plan's outputs and workspace from torch, enqueue its kernels on torch's
-    current stream with ``tensors[("input", i)]`` as input buffer i; return the outputs."""
+    current stream with ``tensors[i]`` as the buffer of the program's parameter i; return the
+    outputs. (Temporaries freed after the launch are safe: torch's allocator reuses memory in
+    stream order.)"""
     outs = [torch.empty(shape, dtype=_TORCH_DTYPES[dtype], device=dev) for _, dtype, shape in plan.outputs]
     offsets, total = [], 0
     for (role, _), size in zip(plan.roles, plan.sizes):
