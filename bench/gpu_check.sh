@@ -16,6 +16,12 @@ run examples/fox.attn --shape B=8,H=16,T=4096,D=128 --no-prune
 run examples/fox.attn --shape B=8,H=16,T=4096,D=64
 run examples/fox.attn --shape B=2,H=16,T=16384,D=128
 run examples/fox.attn --shape B=2,H=16,T=16384,D=128 --prune-rule tight
+# Every rule of the table (`foxc rules`): the NVPTX threshold kernels render each formula.
+for rule in $("$FOXC" rules | sed -nE 's/^([a-z][a-z0-9-]*): .*/\1/p'); do
+  run examples/fox.attn --shape B=1,H=8,T=4096,D=128 --prune-rule "$rule"
+  run examples/fox_gqa.attn --shape B=1,H=8,G=2,T=2048,D=64 --prune-rule "$rule"
+  run examples/fox_softcap.attn --shape B=1,H=4,T=2048,D=64 --prune-rule "$rule"
+done
 run examples/fox.attn --shape B=2,H=16,T=16384,D=64
 run examples/fox.attn --shape B=1,H=3,T=1000,D=128
 run examples/fox.attn --shape B=1,H=1,T=1,D=64

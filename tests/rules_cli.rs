@@ -51,6 +51,8 @@ fn every_rule_reaches_the_threshold_op_and_runs_on_the_cpu_with_check() {
         ]);
         assert!(o.status.success(), "{}: {}", r.name, text(&o));
         assert!(text(&o).contains("check: ok"), "{}: {}", r.name, text(&o));
+        // The report names the rule as the user wrote it.
+        assert!(text(&o).contains(&format!("pruning: {} rule", r.name)), "{}: {}", r.name, text(&o));
     }
 }
 

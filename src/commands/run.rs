@@ -134,5 +134,5 @@ pub(crate) fn report_check(r: &check::CheckReport) -> Result<(), Error> {
 
 /// The pruning rule's name as the user gave it.
 fn rule_name(opts: &foxc_passes::PassOptions) -> String {
-    format!("{:?}", opts.rule).to_lowercase()
+    opts.rule.name.clone()
 }
