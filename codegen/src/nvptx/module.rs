@@ -238,7 +238,9 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         foxc_ir::fold::scalar_value(self.g, v, &self.spec.dims)
     }
 
-    /// `x * s` or `x / s` with a compile-time scalar `s`: (x, s).
+    /// `x * s` or `x / s` with a compile-time scalar `s`: (x, s). Only where `x` has the
+    /// result's axes, names included (the scaled copy is flat; a product that also transposes
+    /// or broadcasts is a generic loop).
     fn as_scaled(&self, n: ValueId) -> Option<(ValueId, f64)> {
         let ops = self.g.operands(n);
         if ops.len() != 2 || self.ty(n).rank() == 0 {
@@ -246,12 +248,12 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         }
         match self.g.op(n) {
             Op::Binary(BinaryOp::Mul) => match (self.scalar(ops[0]), self.scalar(ops[1])) {
-                (None, Some(s)) if self.ty(ops[0]).dims().eq(self.ty(n).dims()) => Some((ops[0], s)),
-                (Some(s), None) if self.ty(ops[1]).dims().eq(self.ty(n).dims()) => Some((ops[1], s)),
+                (None, Some(s)) if self.ty(ops[0]).axes == self.ty(n).axes => Some((ops[0], s)),
+                (Some(s), None) if self.ty(ops[1]).axes == self.ty(n).axes => Some((ops[1], s)),
                 _ => None,
             },
             Op::Binary(BinaryOp::Div) => match (self.scalar(ops[0]), self.scalar(ops[1])) {
-                (None, Some(s)) if self.ty(ops[0]).dims().eq(self.ty(n).dims()) => Some((ops[0], 1.0 / s)),
+                (None, Some(s)) if self.ty(ops[0]).axes == self.ty(n).axes => Some((ops[0], 1.0 / s)),
                 _ => None,
             },
             _ => None,
