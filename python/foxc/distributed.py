@@ -82,7 +82,7 @@ def _f64(shape_bytes) -> np.ndarray:
 
 def tiles(attn) -> Tuple[int, int]:
     """``(bm, bn)`` of the program's attention; ValueError when it does not prune."""
-    t, pruned = _foxc.prune_tiles(attn._program)
+    t, pruned, _ = _foxc.prune_tiles(attn._program)
     if not pruned:
         raise ValueError(f"`{attn.name}` does not prune key tiles: nothing to plan")
     return tuple(t)
@@ -403,8 +403,11 @@ def rank_forward(attn, ex, q, k, v, gate, *, gate_name: Optional[str] = None):
     ``ex``: a ``TorchExchange`` (torch.distributed) or a ``ThreadExchange`` rank view."""
     P, r = ex.size, ex.rank
     B, H, L, D = q.shape
-    if k.shape[1] != H:
-        raise ValueError("context-parallel attention with grouped kv heads is not implemented (the plan is)")
+    if not _foxc.prune_tiles(attn._program)[2]:
+        raise ValueError(
+            f"`{attn.name}`: context-parallel attention runs plain FoX (q.k / sqrt(D) + c_i - c_j, causal, "
+            "q and k as given, no grouped kv heads); score regions, other masks and GQA are not done (the plan is)"
+        )
     T = L * P
     bm, bn = tiles(attn)
     gate_name = gate_name or attn.params[3]

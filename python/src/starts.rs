@@ -112,12 +112,26 @@ fn block_starts<'py>(
     Ok(Some((s.shape, PyBytes::new(py, &bytes), tiles)))
 }
 
-/// `(bm, bn)` of the program's attention and whether it prunes by block starts.
+/// `(bm, bn)` of the program's attention, whether it prunes by block starts, and whether it is
+/// plain decay attention (`softmax(q.k / sqrt(D) + c_i - c_j)` under a causal mask of the q, k
+/// and v parameters as given, one kv head per head): the form `foxc.distributed`'s partial
+/// attention computes.
 #[pyfunction]
-fn prune_tiles(program: &Program) -> PyResult<((usize, usize), bool)> {
+fn prune_tiles(program: &Program) -> PyResult<((usize, usize), bool, bool)> {
     let g = program.inner.optimized(Target::Cpu)?;
     let (_, a, ops) = attention(&g)?;
-    Ok((tiles_of(&a)?, boundary_operands(&g, &ops).is_some()))
+    let d = g.ty(ops.q).dims().last().cloned();
+    let is_param = |v: ValueId| matches!(g.op(v), Op::Param { .. });
+    let plain = a.score.is_identity()
+        && is_param(ops.q)
+        && is_param(ops.k)
+        && is_param(ops.v)
+        && a.mask == foxc_ir::Mask::Causal
+        && a.decay
+        && a.kv_group == foxc_ir::Dim::Const(1)
+        && a.scale.factor == 1.0
+        && a.scale.inv_sqrt == d;
+    Ok((tiles_of(&a)?, boundary_operands(&g, &ops).is_some(), plain))
 }
 
 /// The gate cumsum `c [B, H, T]` of the pruned attention (the interpreter's `gate_cumsum`),

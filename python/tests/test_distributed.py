@@ -81,7 +81,7 @@ def test_plan_is_the_kept_set_of_each_rank(rule, P):
 
 def test_plan_unites_a_query_group_for_shared_kv_heads():
     rng = np.random.default_rng(7)
-    attn = fox(example="fox_gqa.attn") if (EXAMPLES / "fox_gqa.attn").exists() else None
+    attn = fox(example="fox_gqa.attn")
     q, k, v, fgate = workload(rng, H=4, Hk=2)
     names = dict(zip(attn.params, [q, k, v, fgate]))
     starts, (bm, bn) = cp.block_starts(attn, **names)
@@ -89,6 +89,15 @@ def test_plan_unites_a_query_group_for_shared_kv_heads():
     need = brute_force_needs(starts, bm, bn, 4, kv_group=2)
     for r in range(4):
         np.testing.assert_array_equal(plan.needed(r), need[r])
+
+
+@pytest.mark.parametrize("example", ["fox_gqa.attn", "fox_softcap.attn", "fox_keybias.attn", "fox_qknorm.attn"])
+def test_context_parallel_refuses_what_its_partial_cannot_compute(example):
+    rng = np.random.default_rng(5)
+    attn = fox(example=example)
+    q, k, v, fgate = workload(rng, H=2, T=128)
+    with pytest.raises(ValueError, match="plain FoX"):
+        cp.rank_forward(attn, cp.ThreadExchange(1).rank_view(0), q, k, v, fgate)
 
 
 def test_plan_refuses_chunks_of_partial_tiles():
