@@ -34,6 +34,11 @@ log-sum-exp, and merges the partials through it:
 ``lse = logsumexp_s lse_s``, ``out = sum_s exp(lse_s - lse) out_s``.
 On the CPU the partials run on the f64 reference interpreter (``_foxc.reference_with_lse``);
 on CUDA tensors on the foxc torch op, which returns ``(out, lse)``.
+
+Not done: the CUDA path is written but has not run. The NVPTX backend does not lower attention
+with an expression mask yet (the partial's ``j >= lo[i]``), so foxc refuses the partial program
+on the GPU with that message; and a GPU rank computes its plan statistics on the host (its q and
+k chunk are copied once per forward). Grouped kv heads: planned, not run (refused).
 """
 
 from __future__ import annotations
@@ -131,6 +136,8 @@ class Plan:
     bm: int
     bn: int
     first: np.ndarray
+    #: Query heads per kv head (``first`` is per kv head).
+    kv_group: int = 1
 
     @property
     def L(self) -> int:
@@ -169,9 +176,10 @@ class Plan:
         per_token = d * kv_bytes_per_dim
         chunk = b * hk * self.L * per_token
         p = self.P
-        # Each rank receives the others' gates (f32 per token), thresholds (f32 per query tile)
-        # and 3 norm statistics (f32 per head).
-        gathered = b * hk * (self.L * 4 + (self.L // self.bm) * 4 + 3 * 4)
+        # Each rank receives the others' gates (f32 per token and head), thresholds (f32 per query
+        # tile and head) and norm statistics (max |q| and |k| per head, max |k| per kv head).
+        h = hk * self.kv_group
+        gathered = h * b * (self.L * 4 + (self.L // self.bm) * 4 + 2 * 4) + hk * b * 4
         return {
             "plan": self.tiles_sent() * self.bn * per_token,
             # What the busiest rank receives (a plain ring moves (P - 1) chunks into every rank).
@@ -196,7 +204,7 @@ def plan_from_starts(starts: np.ndarray, bm: int, bn: int, P: int, kv_group: int
         own = starts[:, :, r * L // bm : (r + 1) * L // bm].min(axis=2)
         own = own.reshape(b, h // kv_group, kv_group).min(axis=2)
         first[r] = np.minimum(own, r * n)
-    return Plan(T=T, P=P, bm=bm, bn=bn, first=first)
+    return Plan(T=T, P=P, bm=bm, bn=bn, first=first, kv_group=kv_group)
 
 
 # ---------------------------------------------------------------- exchanges
