@@ -5,14 +5,13 @@ use super::attention::region::{CaptureTy, RegionMod, ScoreArg};
 use super::attention::{self, AttnKernelConfig};
 use super::generic;
 use super::kernels::{self, ELEM_THREADS, ROW_THREADS, SCAN_THREADS};
-use super::threshold;
 use super::target;
+use super::threshold;
 use super::{
     BufferInfo, BufferKind, CodegenError, GridDim, KernelArg, KernelInfo, Launch, NvptxArtifact, NvptxSpec,
 };
 use foxc_ir::{
-    Attention, BinaryOp, DType, Dim, GateKind, Graph, Mask, NormBound, Op, Prune, Value, ValueId,
-    ValueType,
+    Attention, BinaryOp, DType, Dim, GateKind, Graph, Mask, NormBound, Op, Prune, Value, ValueId, ValueType,
 };
 use inkwell::context::Context;
 use inkwell::module::Module;
@@ -310,8 +309,11 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             Op::GateCumsum { .. } | Op::Threshold { .. } | Op::Attention(_) => {}
             // The row kernel for the last axis of a static size, in any float dtype.
             Op::RmsNorm { axis, .. } if self.last_static_axis(ops[0], axis) => {}
-            // Float to float: the vectorizable cast kernel; the rest: a generic loop.
-            Op::Cast if self.ty(ops[0]).dtype.is_float() && node.ty.dtype.is_float() => {}
+            // Float to float in the same layout: the flat cast kernel; the rest: a generic loop.
+            Op::Cast
+                if self.ty(ops[0]).dtype.is_float()
+                    && node.ty.dtype.is_float()
+                    && self.ty(ops[0]).axes == node.ty.axes => {}
             Op::AttentionBackward(a) => {
                 let a = a.clone();
                 self.result_buffers(n);
@@ -453,16 +455,27 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                         format!("per-tile max squared norms of q, k for %{}", n.index()),
                     );
                     let name = self.name(n, "threshold_norms");
-                    threshold::build_threshold_norms(self.ctx, self.module, &name, d, kv_group, spec.dts, *bm)
-                        .map_err(ie)?;
+                    threshold::build_threshold_norms(
+                        self.ctx,
+                        self.module,
+                        &name,
+                        d,
+                        kv_group,
+                        spec.dts,
+                        *bm,
+                    )
+                    .map_err(ie)?;
                     let args = vec![
                         KernelArg::Buffer(qb),
                         KernelArg::Buffer(kb),
                         KernelArg::Buffer(nb),
                         KernelArg::I32(vec![t.clone()]),
                     ];
-                    let launch =
-                        Launch::Grid { x: tiles.clone(), y: GridDim::Ceil(bh.clone(), 1), block: ROW_THREADS };
+                    let launch = Launch::Grid {
+                        x: tiles.clone(),
+                        y: GridDim::Ceil(bh.clone(), 1),
+                        block: ROW_THREADS,
+                    };
                     self.push(n, name, args, launch, vec![]);
                     nb
                 } else {
