@@ -222,18 +222,24 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             })
         });
         let zero = b.f32(0.0);
+        // The chunk after `lo` is known before the loop; each iteration finds the one after
+        // its prefetch from a `start` value loaded at its top (global latencies overlap the
+        // matrix work instead of stalling every chunk).
+        let nxt0 = self.next_chunk(h, lo, hi, n);
         let mut carried: Vec<(&str, BasicValueEnum)> =
-            vec![("chunk", lo.into()), ("parity", b.i32(0).into())];
+            vec![("chunk", lo.into()), ("next", nxt0.into()), ("parity", b.i32(0).into())];
         carried.extend(acc_in.iter().map(|v| ("acc", (*v).into())));
         carried.extend([("colsum", zero.into()), ("colsum", zero.into())]);
+        let a0 = 3;
         let last = b.do_while(("chunk", "chunks_done"), &carried, |b, vals| {
             let cur = vals[0].into_int_value();
-            let par = vals[1].into_int_value();
-            let acc = floats(&vals[2..2 + 2 * dt * 4]);
-            let cs_in = [vals[2 + 2 * dt * 4].into_float_value(), vals[3 + 2 * dt * 4].into_float_value()];
+            let nxt = vals[1].into_int_value();
+            let par = vals[2].into_int_value();
+            let acc = floats(&vals[a0..a0 + 2 * dt * 4]);
+            let cs_in =
+                [vals[a0 + 2 * dt * 4].into_float_value(), vals[a0 + 1 + 2 * dt * 4].into_float_value()];
             b.cp_async_wait(0);
             b.barrier();
-            let nxt = self.next_chunk(h, cur, hi, n);
             let more = b.icmp(IntPredicate::SLT, nxt, hi);
             let is0 = b.icmpc(IntPredicate::EQ, par, 0);
             b.if_then(more, |b| {
@@ -245,6 +251,10 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                 );
             });
             b.cp_async_commit();
+            // Loads whose values are used only at the end of the iteration.
+            let row_terms = self.load_row_terms(h, nxt);
+            let after = b.addc(nxt, 1);
+            let st_after = self.cfg.prune.then(|| self.start_of(h, after, hi));
             let qcur = b.select_i(is0, sm.q[0], sm.q[1]);
             let docur = b.select_i(is0, sm.dout[0], sm.dout[1]);
             let rcur = b.select_i(is0, sm.rows[0], sm.rows[1]);
@@ -285,16 +295,29 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             let dk = self.mma_acc(dk_in.to_vec(), &dx, qcur, cfg.bq());
             b.if_then(more, |b| {
                 // The other row-term buffer was last read before this iteration's barrier.
-                self.store_row_terms(h, nxt, b.select_i(is0, sm.rows[1], sm.rows[0]));
+                self.put_row_terms(&row_terms, b.select_i(is0, sm.rows[1], sm.rows[0]));
             });
-            let mut next = vec![nxt.into(), b.xorc(par, 1).into()];
+            // The chunk after `nxt`: `nxt + 1` when it keeps tile n (the usual case: the kept
+            // chunks of a key tile are contiguous), else the scan from there.
+            let nxt2 = match st_after {
+                None => after,
+                Some(st) => {
+                    let kept = b.or(b.icmp(IntPredicate::SGE, after, hi), b.icmp(IntPredicate::SLE, st, n));
+                    let skip = b.and(more, b.not(kept));
+                    let r = b.if_then_carry(skip, ("scan", "scanned"), &[("n2", after.into())], |_| {
+                        vec![self.next_chunk(h, after, hi, n).into()]
+                    });
+                    r[0].into_int_value()
+                }
+            };
+            let mut next = vec![nxt.into(), nxt2.into(), b.xorc(par, 1).into()];
             next.extend(basic(&dk));
             next.extend(basic(&dv));
             next.extend(basic(&cs));
             (more, next)
         });
-        let acc = floats(&last[2..2 + 2 * dt * 4]);
-        let cs = [last[2 + 2 * dt * 4].into_float_value(), last[3 + 2 * dt * 4].into_float_value()];
+        let acc = floats(&last[a0..a0 + 2 * dt * 4]);
+        let cs = [last[a0 + 2 * dt * 4].into_float_value(), last[a0 + 1 + 2 * dt * 4].into_float_value()];
         (acc[..dt * 4].to_vec(), acc[dt * 4..].to_vec(), cs)
     }
 
@@ -347,17 +370,31 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         self.load_tile(h.dob, r0, self.cfg.bq(), do_off);
     }
 
-    /// Threads write, for each row i of chunk `c`, `(c_i - c_ref - lse_i) log2 e` (-inf for an
-    /// empty row) at `off` and `D_i` at `off + 4 bq` (rows past T read row T-1: masked).
+    /// `start` of the IR tile of chunk `c` (clamped below `hi`: read only when `c < hi`).
+    fn start_of(&self, h: &Head<'ctx>, c: IntValue<'ctx>, hi: IntValue<'ctx>) -> IntValue<'ctx> {
+        let b = self.b;
+        let m = b.sdivc(b.mulc(b.smin(c, b.addc(hi, -1)), self.cfg.bq() as i64), self.cfg.bm as i64);
+        b.load(b.i32t().into(), b.gep(b.i32t().into(), h.stb, b.sext64(m))).into_int_value()
+    }
+
+    /// [`Bwd::load_row_terms`] of chunk `c`, stored at `off`.
     fn store_row_terms(&self, h: &Head<'ctx>, c: IntValue<'ctx>, off: IntValue<'ctx>) {
+        let t = self.load_row_terms(h, c);
+        self.put_row_terms(&t, off);
+    }
+
+    /// For the rows this thread writes (row `tid + k threads` of chunk `c`, below `bq`):
+    /// `(c_i - c_ref - lse_i) log2 e` (-inf for an empty row) and `D_i`. Rows past T read row
+    /// T-1 (masked). Every thread loads (clamped), [`Bwd::put_row_terms`] stores the rows < bq.
+    fn load_row_terms(&self, h: &Head<'ctx>, c: IntValue<'ctx>) -> Vec<(FloatValue<'ctx>, FloatValue<'ctx>)> {
         let b = self.b;
         let bq = self.cfg.bq();
         let f32t = b.f32t().into();
         let ninf = b.f32(f64::NEG_INFINITY);
         let tmax = b.addc(self.t_len, -1);
-        for it in 0..bq.div_ceil(self.threads) {
-            let r = b.addc(self.tid, (it * self.threads) as i64);
-            let emit = |b: &KernelBuilder<'a, 'ctx>| {
+        (0..bq.div_ceil(self.threads))
+            .map(|it| {
+                let r = b.addc(self.tid, (it * self.threads) as i64);
                 let i = b.sext64(b.smin(b.add(b.mulc(c, bq as i64), r), tmax));
                 let li = b.load_f32(b.gep(f32t, h.lb, i));
                 let cterm = match h.c_ref {
@@ -366,11 +403,23 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                 };
                 let empty = b.fcmp(FloatPredicate::OEQ, li, ninf);
                 let v = b.select_f(empty, ninf, b.fmul(b.fsub(cterm, li), b.f32(LOG2E)));
-                let dd = b.load_f32(b.gep(f32t, h.ddb, i));
+                (v, b.load_f32(b.gep(f32t, h.ddb, i)))
+            })
+            .collect()
+    }
+
+    /// Stores what [`Bwd::load_row_terms`] loaded: the term at `off + 4 r`, `D` at
+    /// `off + 4 (bq + r)`, for this thread's rows `r < bq`.
+    fn put_row_terms(&self, t: &[(FloatValue<'ctx>, FloatValue<'ctx>)], off: IntValue<'ctx>) {
+        let b = self.b;
+        let bq = self.cfg.bq();
+        for (it, &(v, dd)) in t.iter().enumerate() {
+            let r = b.addc(self.tid, (it as u32 * self.threads) as i64);
+            let emit = |b: &KernelBuilder<'a, 'ctx>| {
                 b.store(b.smem_at(self.smem, b.add(off, b.mulc(r, 4))), v);
                 b.store(b.smem_at(self.smem, b.add(off, b.addc(b.mulc(r, 4), bq as i64 * 4))), dd);
             };
-            if (it + 1) * self.threads <= bq {
+            if (it as u32 + 1) * self.threads <= bq {
                 emit(b);
             } else {
                 b.if_then(b.icmpc(IntPredicate::SLT, r, bq as i64), emit);
