@@ -361,10 +361,6 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
     pub fn fptrunc(&self, a: FloatValue<'ctx>, t: FloatType<'ctx>) -> FloatValue<'ctx> {
         self.keep(self.b.build_float_trunc(a, t, ""), || t.const_zero())
     }
-    /// The bits of an f32 as an i32.
-    pub fn f32_bits(&self, a: FloatValue<'ctx>) -> IntValue<'ctx> {
-        self.keep(self.b.build_bit_cast(a, self.i32t(), "").map(|v| v.into_int_value()), || self.i32(0))
-    }
     /// Packs two f32 into one b32 of bf16 (lo = first), round to nearest even (`cvt.rn.bf16x2.f32`).
     pub fn pack_bf16(&self, lo: FloatValue<'ctx>, hi: FloatValue<'ctx>) -> IntValue<'ctx> {
         let v = self.vec2_f32(lo, hi);

@@ -40,7 +40,7 @@ impl<'ctx> RuleEmitter for Llvm<'_, '_, 'ctx> {
             Some(v) => v,
             None => {
                 // Every statistic of the formula is computed first (`RuleExpr::stats`).
-                self.k.fail(&format!("threshold: statistic {} not computed", s.name()));
+                self.k.fail(format!("threshold: statistic {} not computed", s.name()));
                 self.k.f32(f64::NAN)
             }
         }

@@ -6,7 +6,6 @@ use inkwell::types::{BasicMetadataTypeEnum, BasicType, BasicTypeEnum};
 use inkwell::values::{
     BasicMetadataValueEnum, BasicValueEnum, FloatValue, IntValue, PointerValue, ValueKind,
 };
-use inkwell::{AtomicOrdering, AtomicRMWBinOp};
 
 impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
     /// Declares `name` in the module on first use (its type from the arguments and `ret`) and
@@ -135,12 +134,6 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
     /// Count of trailing zeros of an i32 (32 for 0 is undefined: `is_zero_poison`).
     pub fn cttz(&self, x: IntValue<'ctx>) -> IntValue<'ctx> {
         self.call_i("llvm.cttz.i32", &[x.into(), self.bool(true).into()])
-    }
-
-    /// `atomicMax` on a u32 in global memory (relaxed).
-    pub fn atomic_umax(&self, p: PointerValue<'ctx>, v: IntValue<'ctx>) {
-        let r = self.b.build_atomicrmw(AtomicRMWBinOp::UMax, p, v, AtomicOrdering::Monotonic);
-        self.keep(r.map(|_| ()), || ());
     }
 
     // ---- asynchronous copies -------------------------------------------------------------
