@@ -277,7 +277,12 @@ fn run_on(cfg: &Cfg, (_, _, t, d): (usize, usize, usize, usize), x: &Inputs, wha
     }
     if cfg.out == DType::BF16 {
         for (o, a) in got[1].iter().zip(&got[0]) {
-            assert_eq!(*o as f32, half::bf16::from_f32(*a as f32).to_f32(), "bf16 cast of {a:e} ({:#x}): {what}", (*a as f32).to_bits());
+            assert_eq!(
+                *o as f32,
+                half::bf16::from_f32(*a as f32).to_f32(),
+                "bf16 cast of {a:e} ({:#x}): {what}",
+                (*a as f32).to_bits()
+            );
         }
     }
     got.get(2).cloned().unwrap_or_default()

@@ -228,9 +228,10 @@ mod tests {
             f32::MIN_POSITIVE / 3.0,
             1e-45,
             f32::MAX,
-            0.7071067,
-            0.7071068,
-            1.4142135,
+            // Both sides of the mantissa split at sqrt(1/2), and sqrt(2).
+            f32::from_bits(std::f32::consts::FRAC_1_SQRT_2.to_bits() - 1),
+            std::f32::consts::FRAC_1_SQRT_2,
+            std::f32::consts::SQRT_2,
             2.0,
             1e-30,
             1e30,
