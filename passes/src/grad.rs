@@ -49,6 +49,8 @@ pub const DOUT: &str = "dout";
 /// The names of the saved forward results in [`gradient_from_saved`]'s program.
 pub const SAVED_OUT: &str = "out";
 pub const SAVED_LSE: &str = "lse";
+/// [`forward_for_saved`]'s name of the attention's unrounded output.
+pub const SAVED_OUT_F32: &str = "out_f32";
 
 /// Build the gradient program of `fwd`.
 pub fn gradient(fwd: &Graph) -> Result<GradProgram, GradError> {
@@ -80,22 +82,7 @@ pub fn gradient(fwd: &Graph) -> Result<GradProgram, GradError> {
 /// `fwd` must be an optimized graph whose output is its one attention's `out`.
 pub fn gradient_from_saved(fwd: &Graph) -> Result<GradProgram, GradError> {
     let mut g = fwd.clone();
-    let out = g.output.ok_or_else(|| GradError::Internal("the graph has no output".into()))?;
-    let attns = g.find(|op| matches!(op, Op::Attention(_)));
-    let &[n] = attns.as_slice() else {
-        return Err(GradError::Unsupported(format!(
-            "the saved-forward gradient needs exactly one fused attention, `{}` has {}",
-            g.name,
-            attns.len()
-        )));
-    };
-    if out != n {
-        return Err(GradError::Unsupported(format!(
-            "the saved-forward gradient needs the output of `{}` to be its attention's output, found `{}` after it",
-            g.name,
-            g.op(out).mnemonic()
-        )));
-    }
+    let n = saved_attention(&g)?;
     reserve_names(&g, &[DOUT, SAVED_OUT, SAVED_LSE])?;
     let out_ty = g.ty(n).clone();
     let lse_ty = g
@@ -123,6 +110,51 @@ pub fn gradient_from_saved(fwd: &Graph) -> Result<GradProgram, GradError> {
     foxc_ir::verify::verify(&b.g)
         .map_err(|e| GradError::Internal(format!("the gradient program does not verify: {e}")))?;
     Ok(GradProgram { graph: b.g, outputs })
+}
+
+/// The one fused attention of `g`, which must give the output (what [`gradient_from_saved`]
+/// and [`forward_for_saved`] take).
+fn saved_attention(g: &Graph) -> Result<ValueId, GradError> {
+    let out = g.output.ok_or_else(|| GradError::Internal("the graph has no output".into()))?;
+    let attns = g.find(|op| matches!(op, Op::Attention(_)));
+    let &[n] = attns.as_slice() else {
+        return Err(GradError::Unsupported(format!(
+            "the saved-forward gradient needs exactly one fused attention, `{}` has {}",
+            g.name,
+            attns.len()
+        )));
+    };
+    if out != n {
+        return Err(GradError::Unsupported(format!(
+            "the saved-forward gradient needs the output of `{}` to be its attention's output, found `{}` after it",
+            g.name,
+            g.op(out).mnemonic()
+        )));
+    }
+    Ok(n)
+}
+
+/// The forward whose results feed [`gradient_from_saved`] exactly: `fwd` with its attention's
+/// output widened to f32 (a narrower output dtype becomes a `cast` after it), and the values to
+/// compute: `out` (the program's output), `lse` and, when the output is narrower than f32,
+/// `out_f32` (the attention's unrounded output). The backward's `delta_i = dout_i . out_i` then
+/// reads the unrounded output, as [`gradient`]'s does: a rounded `out` puts its rounding into
+/// `delta`, which the decay gradients (sums of `dS` that cancel) amplify.
+pub fn forward_for_saved(fwd: &Graph) -> Result<(Graph, Vec<(String, Value)>), GradError> {
+    let n = saved_attention(fwd)?;
+    let mut g = fwd.clone();
+    widen_attention_outputs(&mut g);
+    let out = g.output.ok_or_else(|| GradError::Internal("the graph has no output".into()))?;
+    let mut outputs = vec![
+        ("out".to_string(), Value::of(out)),
+        (SAVED_LSE.to_string(), Value { node: n, result: Attention::LSE }),
+    ];
+    if out != n {
+        outputs.push((SAVED_OUT_F32.to_string(), Value::of(n)));
+    }
+    foxc_ir::verify::verify(&g)
+        .map_err(|e| GradError::Internal(format!("the widened forward does not verify: {e}")))?;
+    Ok((g, outputs))
 }
 
 /// Parameters the gradient program adds must not clash with the program's own.
