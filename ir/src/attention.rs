@@ -380,6 +380,39 @@ pub enum Prune {
     Boundary,
 }
 
+/// Which forward kernel a GPU backend runs for an attention: a pass decision (the tiles pass
+/// chooses per target, head dim and mask); backends obey it and never choose themselves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum AttnKernel {
+    /// The general kernel (every target, head dim and variant the backend supports).
+    #[default]
+    Standard,
+    /// sm_90a: producer and consumer warpgroups sharing a K/V ring (128 query rows per block;
+    /// codegen `nvptx::attention_ws`), where [`AttnKernel::runs_warp_specialized`] holds for
+    /// the sizes bound at code generation (the passes may not know them); the standard kernel
+    /// elsewhere.
+    WarpSpecialized,
+}
+
+impl AttnKernel {
+    /// Head dims the warp-specialized kernel is chosen for: measured faster at D = 128 (up to
+    /// 8%), 1.4x slower at D = 64 (docs/GPU_KERNEL.md, run 8), which keeps the standard kernel.
+    pub const WS_HEAD_DIMS: [u64; 1] = [128];
+
+    /// Fewest 128-row query tiles (`B H ceil(T / 128)`) for the warp-specialized kernel: two
+    /// waves of an H100 / H200 (132 SMs, one block each). With one head of T = 16384 (128
+    /// tiles) it ran 9% slower than the standard kernel's 64-row blocks (run 8).
+    pub const WS_MIN_QUERY_TILES: u64 = 264;
+
+    /// Whether this attribute runs the warp-specialized kernel at head dim `head_dim` with
+    /// `query_tiles` 128-row query tiles in all.
+    pub fn runs_warp_specialized(self, head_dim: u64, query_tiles: u64) -> bool {
+        self == AttnKernel::WarpSpecialized
+            && AttnKernel::WS_HEAD_DIMS.contains(&head_dim)
+            && query_tiles >= AttnKernel::WS_MIN_QUERY_TILES
+    }
+}
+
 /// The attributes of `Op::Attention`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Attention {
@@ -397,6 +430,8 @@ pub struct Attention {
     /// `bm x bn` tiles, chosen by the tiles pass for every attention (backends never choose).
     pub tiles: Option<Tiles>,
     pub prune: Prune,
+    /// The GPU forward kernel (set with the tiles; `Standard` until then).
+    pub kernel: AttnKernel,
 }
 
 impl Attention {
@@ -411,6 +446,7 @@ impl Attention {
             out_dtype: DType::F32,
             tiles: None,
             prune: Prune::Dense,
+            kernel: AttnKernel::Standard,
         }
     }
 
@@ -579,6 +615,9 @@ impl Attention {
             Prune::Dense => {}
             Prune::Start => s.push_str(", pruned"),
             Prune::Boundary => s.push_str(", pruned(fused boundary)"),
+        }
+        if self.kernel == AttnKernel::WarpSpecialized {
+            s.push_str(", kernel = warp_specialized");
         }
         s
     }

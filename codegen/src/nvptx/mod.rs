@@ -25,6 +25,7 @@
 
 pub mod attention;
 pub mod attention_bwd;
+pub mod attention_ws;
 pub(crate) mod builder;
 mod generic;
 pub mod kernels;

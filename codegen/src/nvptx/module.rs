@@ -620,6 +620,16 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         cfg.bm = tiles.bm;
         cfg.bn = tiles.bn;
         cfg.kv_group = self.static_dim(&a.kv_group, "the query heads per key/value head")?;
+        // The attribute's own rule at the bound sizes (ir AttnKernel::runs_warp_specialized).
+        // Sizes left unbound (PTX compiled for any B, H, T) count as a large workload.
+        let bind = |s: &str| self.spec.dims.get(s).copied();
+        let heads = super::eval_product(&bh, &bind);
+        let rows = super::eval_product(std::slice::from_ref(&t), &bind);
+        let tiles = match (heads, rows) {
+            (Ok(heads), Ok(rows)) => heads.saturating_mul(rows.div_ceil(128)),
+            _ => u64::MAX,
+        };
+        cfg.ws = a.kernel.runs_warp_specialized(d as u64, tiles);
         // The region's dims are specialized like the head dim; `b`, `h` need the head count.
         let heads = self.ty(q).axes.get(1).and_then(|ax| ax.dim.eval(&|s| self.spec.dims.get(s).copied()));
         let dim = |d: &Dim| d.eval(&|s| self.spec.dims.get(s).copied());

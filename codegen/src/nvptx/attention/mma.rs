@@ -10,7 +10,7 @@ use inkwell::values::{BasicValueEnum, FloatValue, IntValue, PointerValue};
 
 impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
     /// `S = Q K^T` for the K tile at byte offset `kcur`: `[jt][e]` per 8-key n-tile.
-    pub(super) fn qk(&self, kcur: IntValue<'ctx>, frag: Option<&Frags<'ctx>>) -> Vec<[FloatValue<'ctx>; 4]> {
+    pub(crate) fn qk(&self, kcur: IntValue<'ctx>, frag: Option<&Frags<'ctx>>) -> Vec<[FloatValue<'ctx>; 4]> {
         let b = self.b;
         let nt = (self.cfg.bn / 8) as usize;
         let kd = (self.cfg.head_dim / 16) as usize;
@@ -53,7 +53,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
 
     /// `O += P V` for the V tile at byte offset `vcur`; `p` holds the probabilities in the S
     /// fragment order, `o` the accumulators (`[dtile * 4 + e]`).
-    pub(super) fn pv(
+    pub(crate) fn pv(
         &self,
         mut o: Vec<FloatValue<'ctx>>,
         p: &[FloatValue<'ctx>],
@@ -130,7 +130,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
 
     /// wgmma m64nNk16 bf16 -> f32, A and B from shared memory descriptors, accumulating into `acc`
     /// (N/2 values per thread, in the mma.m16n8 C-fragment order per 8 columns).
-    fn wgmma(
+    pub(crate) fn wgmma(
         &self,
         acc: &[FloatValue<'ctx>],
         da: IntValue<'ctx>,
@@ -156,7 +156,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
 
     /// wgmma m64nNk16 with A (bf16, the warp's 16 rows in mma.m16n8k16 A-fragment order) from
     /// registers and B from a transposed (MN-major) shared-memory descriptor.
-    fn wgmma_rs(
+    pub(crate) fn wgmma_rs(
         &self,
         acc: &[FloatValue<'ctx>],
         a: &[IntValue<'ctx>; 4],
@@ -187,7 +187,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
     /// Shared-memory matrix descriptor (sm_90): 128B swizzle, stride 1024 B between 8-row groups.
     /// `lbo`: for K-major operands unused (16); for MN-major ones (V, transposed) the byte stride
     /// between 64-element panels along N.
-    fn gmma_desc(&self, off: IntValue<'ctx>, lbo: i64) -> IntValue<'ctx> {
+    pub(crate) fn gmma_desc(&self, off: IntValue<'ctx>, lbo: i64) -> IntValue<'ctx> {
         let b = self.b;
         let base = b.ptr_to_i64(self.smem);
         let addr = b.add(base, b.zext64(off));

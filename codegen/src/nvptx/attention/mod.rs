@@ -97,6 +97,9 @@ pub struct AttnKernelConfig {
     /// Query heads per key/value head (grouped-query attention): K and V are
     /// `[B, H / kv_group, T, D]` and query head `h` reads key/value head `h / kv_group`.
     pub kv_group: u32,
+    /// Run the warp-specialized sm_90a kernel ([`crate::nvptx::attention_ws`]) instead: set
+    /// from the attention's `kernel` attribute (a pass decision).
+    pub ws: bool,
 }
 
 impl AttnKernelConfig {
@@ -115,13 +118,15 @@ impl AttnKernelConfig {
             sm: 90,
             out_bf16: false,
             kv_group: 1,
+            ws: false,
         }
     }
 
     /// Kernel symbol name; distinct for every configuration so several fit in one module.
     pub fn kernel_name(&self) -> String {
         format!(
-            "foxc_attn_fwd_d{}_bm{}_bn{}{}{}{}{}{}{}_s{:08x}_sm{}",
+            "foxc_attn_fwd{}_d{}_bm{}_bn{}{}{}{}{}{}{}_s{:08x}_sm{}",
+            if self.ws { "_ws" } else { "" },
             self.head_dim,
             self.bm,
             self.bn,
@@ -231,6 +236,9 @@ pub struct LaunchGeometry {
 /// Launch geometry for sequence length `t` and `bh` = batch x heads:
 /// grid (Mt, BH, 1), one block per query tile.
 pub fn launch_geometry(cfg: &AttnKernelConfig, t: u64, bh: u64) -> LaunchGeometry {
+    if cfg.ws {
+        return crate::nvptx::attention_ws::launch_geometry(cfg, t, bh);
+    }
     let mt = t.div_ceil(cfg.block_rows().max(1) as u64);
     LaunchGeometry {
         grid: (mt as u32, bh as u32, 1),
@@ -259,6 +267,9 @@ pub(crate) fn build_attention_kernel_with<'ctx>(
     cfg.validate()?;
     let tag = score.tag();
     let name = if tag.is_empty() { cfg.kernel_name() } else { format!("{}_{tag}", cfg.kernel_name()) };
+    if cfg.ws {
+        return crate::nvptx::attention_ws::build(ctx, module, cfg, score, &name);
+    }
     if let Some(f) = module.get_function(&name) {
         return Ok(f);
     }
@@ -287,22 +298,22 @@ pub(crate) fn build_attention_kernel_with<'ctx>(
     b.finish()
 }
 
-const LOG2E: f64 = std::f64::consts::LOG2_E;
+pub(crate) const LOG2E: f64 = std::f64::consts::LOG2_E;
 const LN2: f64 = std::f64::consts::LN_2;
 
 /// The kernel being emitted: the builder, the configuration, and per-thread values used by
 /// every part (the parts live in the submodules, one concern each).
-struct Attn<'k, 'a, 'ctx> {
-    b: &'k KernelBuilder<'a, 'ctx>,
-    cfg: &'k AttnKernelConfig,
+pub(crate) struct Attn<'k, 'a, 'ctx> {
+    pub(crate) b: &'k KernelBuilder<'a, 'ctx>,
+    pub(crate) cfg: &'k AttnKernelConfig,
     /// The dynamic shared memory (byte-addressed with `smem_at`).
-    smem: PointerValue<'ctx>,
-    tid: IntValue<'ctx>,
-    lane: IntValue<'ctx>,
-    t_len: IntValue<'ctx>,
+    pub(crate) smem: PointerValue<'ctx>,
+    pub(crate) tid: IntValue<'ctx>,
+    pub(crate) lane: IntValue<'ctx>,
+    pub(crate) t_len: IntValue<'ctx>,
     /// The wgmma path (see [`AttnKernelConfig::uses_wgmma`]).
-    wg: bool,
-    score: &'k dyn ScoreMod,
+    pub(crate) wg: bool,
+    pub(crate) score: &'k dyn ScoreMod,
 }
 
 /// Byte offsets of the shared-memory regions.
@@ -316,20 +327,20 @@ struct Layout<'ctx> {
 
 /// The mma.sync path's operands: Q fragments (per k-step) and the ldmatrix byte offsets in a
 /// K tile (`k[jp][s]`: n-tile pair, k-step) and a V tile (`v[kk][dp]`: key step, d pair).
-struct Frags<'ctx> {
+pub(crate) struct Frags<'ctx> {
     q: Vec<[IntValue<'ctx>; 4]>,
     k: Vec<Vec<IntValue<'ctx>>>,
     v: Vec<Vec<IntValue<'ctx>>>,
 }
 
 /// What this thread owns of its warp's 16 query rows (the mma C-fragment rows `g` and `g + 8`).
-struct Rows<'ctx> {
+pub(crate) struct Rows<'ctx> {
     /// First query row of the warp.
-    iw0: IntValue<'ctx>,
+    pub(crate) iw0: IntValue<'ctx>,
     /// This thread's two rows.
-    i: [IntValue<'ctx>; 2],
+    pub(crate) i: [IntValue<'ctx>; 2],
     /// `t = lane & 3`: this thread's column pair within each 8-column n-tile.
-    tq: IntValue<'ctx>,
+    pub(crate) tq: IntValue<'ctx>,
 }
 
 impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {

@@ -9,7 +9,7 @@ use inkwell::{FloatPredicate, IntPredicate};
 impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
     /// The first key tile this block computes: 0, raised by the window (tiles wholly before the
     /// first row's window) and by pruning (`start` of the IR tile holding row `i0`).
-    pub(super) fn start_tile(
+    pub(crate) fn start_tile(
         &self,
         cb: PointerValue<'ctx>,
         delta_p: PointerValue<'ctx>,

@@ -23,7 +23,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
     /// Scores in log2 units, less the row term: `s2 = score(scale q.k) log2 e + b_j`, masked
     /// (-inf) where the key is after the row, past T, or outside the window, on the tiles that
     /// need it (a warp-uniform branch). `col0` is this thread's first column (`j0 + 2t`).
-    pub(super) fn scores(
+    pub(crate) fn scores(
         &self,
         s_acc: &[[FloatValue<'ctx>; 4]],
         c_col: &[FloatValue<'ctx>],
@@ -97,7 +97,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
     /// The online softmax over one tile, two rows per thread (row g: elements 0, 1 of each
     /// n-tile; row g+8: elements 2, 3): new row max (over the 4 lanes of a row), the factor
     /// `alpha` on the old state, the probabilities and the new row sums (this lane's part).
-    pub(super) fn online_softmax(
+    pub(crate) fn online_softmax(
         &self,
         s2: &[FloatValue<'ctx>],
         m_old: [FloatValue<'ctx>; 2],
@@ -146,7 +146,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
 
     /// `O * alpha` per row, skipped when no row of the warp raised its max (rare after the first
     /// tiles: the diagonal tile, taken first, usually holds the row maximum).
-    pub(super) fn rescale(
+    pub(crate) fn rescale(
         &self,
         o: &[FloatValue<'ctx>],
         alpha: [FloatValue<'ctx>; 2],
@@ -168,7 +168,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
     /// After the last tile: `1 / l` (0 for a row with nothing kept) and the natural-log LSE
     /// `(log2 l + m + row term) ln 2` (-inf for an empty row), the row sums reduced over the 4
     /// lanes of each row. `cir`: the row terms `(c_i - c_ref) log2 e`.
-    pub(super) fn finalize(
+    pub(crate) fn finalize(
         &self,
         m: [FloatValue<'ctx>; 2],
         l: [FloatValue<'ctx>; 2],

@@ -18,7 +18,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
     /// Issues cp.async of `rows` rows of a [T, D] bf16 matrix starting at row `r0` (rows past
     /// T-1 are clamped to T-1: their values are masked or discarded) into the tile at `dst_off`,
     /// in the wgmma panel layout on the wgmma path, else in the ldmatrix layout.
-    pub(super) fn load_tile(
+    pub(crate) fn load_tile(
         &self,
         src: PointerValue<'ctx>,
         r0: IntValue<'ctx>,
@@ -153,7 +153,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
 
     /// This thread's column biases from the buffer at `cbuf`: for each n-tile jt, the columns
     /// `8 jt + 2t` and `+ 1` (one 8-byte load each).
-    pub(super) fn load_colb(&self, cbuf: IntValue<'ctx>, tq: IntValue<'ctx>) -> Vec<FloatValue<'ctx>> {
+    pub(crate) fn load_colb(&self, cbuf: IntValue<'ctx>, tq: IntValue<'ctx>) -> Vec<FloatValue<'ctx>> {
         let b = self.b;
         let t8 = b.mulc(tq, 8);
         let v2t = b.f32t().vec_type(2);
@@ -171,7 +171,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
     /// The epilogue: this thread's two rows of `O * inv` (columns `8 dtile + 2t`, `+ 1`) as an
     /// f32 pair or a packed bf16 pair, and (lane t = 0) each row's LSE. Rows past T are skipped.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn store_output(
+    pub(crate) fn store_output(
         &self,
         o: &[FloatValue<'ctx>],
         inv: [FloatValue<'ctx>; 2],

@@ -1,0 +1,126 @@
+//! Unit tests of the warp-specialized kernel's emission (PTX-level checks live in
+//! codegen/tests/nvptx_ws.rs).
+
+use super::*;
+use crate::nvptx::attention::score::Identity;
+
+fn cfg(d: u32) -> AttnKernelConfig {
+    let mut c = AttnKernelConfig::new(d, true, true);
+    c.ws = true;
+    c
+}
+
+#[test]
+fn builds_and_verifies_tuned_variants() {
+    let ctx = Context::create();
+    let m = ctx.create_module("t");
+    for d in HEAD_DIMS {
+        for (decay, prune, window, bf16) in
+            [(true, true, None, true), (true, false, None, false), (false, false, Some(256), false)]
+        {
+            let mut c = cfg(d);
+            c.has_decay = decay;
+            c.prune = prune;
+            c.window = window;
+            c.out_bf16 = bf16;
+            let name = c.kernel_name();
+            assert!(name.starts_with("foxc_attn_fwd_ws_"), "{name}");
+            let f = build(&ctx, &m, &c, &Identity, &name).unwrap();
+            assert_eq!(f.count_params(), 8);
+        }
+    }
+    assert!(m.verify().is_ok());
+}
+
+#[test]
+fn layout_takes_the_deepest_ring_that_fits() {
+    let mut c = cfg(128);
+    let l = layout(&c).unwrap();
+    assert_eq!((l.stages, l.q_bytes, l.kv_bytes), (4, 16384, 16384));
+    assert_eq!(l.kv0 % 1024, 0);
+    assert_eq!(l.total, 2 * 16384 + 4 * (2 * 16384 + 256 + 16));
+    c.bn = 128;
+    assert_eq!(layout(&c).unwrap().stages, 3);
+    let g = launch_geometry(&c, 1000, 6);
+    assert_eq!(g.grid, (8, 6, 1));
+    assert_eq!(g.block, (384, 1, 1));
+    c.head_dim = 96;
+    assert!(validate(&c).unwrap_err().contains("head_dim"));
+}
+
+/// PTX of the kernel for `c` (sm_90a), through the backend's own LLVM pipeline.
+fn ptx_for(c: &AttnKernelConfig) -> String {
+    use crate::nvptx::target::{finish, prepare_module, target_machine, NvptxTarget};
+    let ctx = Context::create();
+    let m = ctx.create_module("ws");
+    let tm = target_machine(NvptxTarget::Sm90a).unwrap();
+    prepare_module(&m, &tm);
+    build(&ctx, &m, c, &Identity, &c.kernel_name()).unwrap();
+    finish(&m, &tm).unwrap().1
+}
+
+#[test]
+fn ptx_has_the_roles_the_ring_and_the_register_split() {
+    for d in HEAD_DIMS {
+        let ptx = ptx_for(&cfg(d));
+        for want in [
+            ".maxntid 384",
+            ".minnctapersm 1",
+            "setmaxnreg.dec.sync.aligned.u32 \t56",
+            "setmaxnreg.inc.sync.aligned.u32 \t224",
+            "cp.async.mbarrier.arrive.noinc.shared.b64",
+            "mbarrier.try_wait.parity.shared.b64",
+            "mbarrier.arrive.shared.b64",
+            "mbarrier.init.shared.b64",
+            "bar.sync \t0",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16",
+        ] {
+            assert!(ptx.contains(want), "D={d}: no `{want}` in the PTX");
+        }
+    }
+}
+
+fn ptxas() -> Option<std::path::PathBuf> {
+    let candidates = [
+        std::env::var("PTXAS").ok().map(std::path::PathBuf::from),
+        Some(std::path::PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../.tools/nvcc/nvidia/cu13/bin/ptxas"
+        ))),
+    ];
+    candidates.into_iter().flatten().find(|p| p.is_file())
+}
+
+/// ptxas accepts the kernel, honours `setmaxnreg` (no C7508 "ignored" warning) and spills
+/// nothing, for D = 64 and 128, f32 and bf16 output, with and without decay.
+#[test]
+fn assembles_with_ptxas_without_spills() {
+    let Some(ptxas) = ptxas() else {
+        eprintln!("note: ptxas not found (set $PTXAS); skipping the PTX assembly check");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("foxc_ws_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for d in HEAD_DIMS {
+        for (decay, bf16) in [(true, true), (false, false)] {
+            let mut c = cfg(d);
+            c.has_decay = decay;
+            c.prune = decay;
+            c.out_bf16 = bf16;
+            let p = dir.join(format!("{}.ptx", c.kernel_name()));
+            std::fs::write(&p, ptx_for(&c)).unwrap();
+            let out = std::process::Command::new(&ptxas)
+                .args(["-arch=sm_90a", "-v"])
+                .arg(&p)
+                .arg("-o")
+                .arg(dir.join("k.cubin"))
+                .output()
+                .expect("ptxas runs");
+            let log = String::from_utf8_lossy(&out.stderr).to_string();
+            assert!(out.status.success(), "ptxas failed on {}:\n{log}", p.display());
+            assert!(!log.contains("C7508") && !log.contains("warning"), "D={d}: {log}");
+            assert!(log.contains("0 bytes spill stores, 0 bytes spill loads"), "D={d}: {log}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
