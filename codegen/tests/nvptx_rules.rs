@@ -1,0 +1,110 @@
+//! The NVPTX threshold kernels for every rule of the table: each formula compiles under every
+//! kind of score bound and norm bound, the per-tile norms kernel is launched exactly when the
+//! rendered formula reads a norm statistic from the data, and (when ptxas is found) the PTX
+//! assembles for sm_90a and sm_80.
+
+use foxc_codegen::nvptx::{compile, NvptxSpec, NvptxTarget};
+use foxc_ir::prune_rule::Stat;
+use foxc_ir::{DType, Dim, Graph, NormBound, Op, PruneRule, Scale, ScoreBound, Span, ValueType};
+use foxc_passes::rules::RULES;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+
+/// q, k (bf16 [B, H, T, D]) -> threshold -> the graph's output.
+fn threshold_graph(rule: PruneRule, bound: NormBound, score: ScoreBound) -> Graph {
+    let s = Span::default();
+    let mut g = Graph::new("th");
+    let bhtd = vec![Dim::sym("B"), Dim::sym("H"), Dim::sym("T"), Dim::sym("D")];
+    let q = g.add_param("q", ValueType::tensor(DType::BF16, bhtd.clone()), s);
+    let k = g.add_param("k", ValueType::tensor(DType::BF16, bhtd), s);
+    let ty = ValueType::tensor(
+        DType::F32,
+        [Dim::sym("B"), Dim::sym("H"), Dim::Tiles(Box::new(Dim::sym("T")), 64)],
+    );
+    let th = Op::Threshold { rule, log_eps: -10.0, bound, score, scale: Scale::constant(0.125), bm: 64 };
+    let delta = g.add(th, ty, &[q, k], s);
+    g.output = Some(delta);
+    foxc_ir::verify::verify(&g).unwrap();
+    g
+}
+
+fn cases() -> Vec<(String, Graph, bool)> {
+    let mut v = vec![];
+    let scores = [ScoreBound::IDENTITY, ScoreBound::Static(20.0), ScoreBound::Data { gain: 1.0, extra: 4.0 }];
+    let bounds = [NormBound::Data, NormBound::Static { q_max: 8.0, k_max: 8.0 }];
+    for r in RULES {
+        for score in scores {
+            if !r.rule().fits(&score) {
+                continue;
+            }
+            for bound in bounds {
+                let rule = r.rule();
+                let reads = rule.formula.stats_under(&score);
+                let norms = bound == NormBound::Data
+                    && reads
+                        .iter()
+                        .any(|s| matches!(s, Stat::QMax | Stat::KMax | Stat::QTile | Stat::KCausal));
+                v.push((format!("{} {score} {bound:?}", r.name), threshold_graph(rule, bound, score), norms));
+            }
+        }
+    }
+    v
+}
+
+fn spec(t: NvptxTarget) -> NvptxSpec {
+    NvptxSpec::new(t, BTreeMap::from([("D".to_string(), 64)]))
+}
+
+#[test]
+fn every_rule_compiles_with_a_norms_kernel_exactly_when_it_reads_data_norms() {
+    let cases = cases();
+    assert!(cases.len() >= RULES.len() * 2, "{} cases", cases.len());
+    for (what, g, norms) in &cases {
+        let a = compile(g, &spec(NvptxTarget::Sm90a)).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let names: Vec<&str> = a.kernels.iter().map(|k| k.name.as_str()).collect();
+        assert!(names.last().is_some_and(|n| n.contains("threshold_delta")), "{what}: {names:?}");
+        assert_eq!(names.iter().any(|n| n.contains("threshold_norms")), *norms, "{what}: {names:?}");
+    }
+}
+
+fn ptxas() -> Option<PathBuf> {
+    [
+        std::env::var_os("PTXAS").map(PathBuf::from),
+        Some(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.tools/nvcc/nvidia/cu13/bin/ptxas"))),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|p| p.exists())
+}
+
+#[test]
+fn every_rule_assembles_with_ptxas() {
+    let Some(ptxas) = ptxas() else {
+        eprintln!("note: ptxas not found (set $PTXAS); skipping the PTX assembly check");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("foxc_nvptx_rules_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (n, (what, g, _)) in cases().iter().enumerate() {
+        for t in [NvptxTarget::Sm90a, NvptxTarget::Sm80] {
+            let a = compile(g, &spec(t)).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let p = dir.join(format!("c{n}_{}.ptx", t.cpu()));
+            std::fs::write(&p, &a.ptx).unwrap();
+            let out = Command::new(&ptxas)
+                .arg(format!("-arch={}", t.cpu()))
+                .arg(&p)
+                .arg("-o")
+                .arg(dir.join("a.cubin"))
+                .output()
+                .expect("ptxas runs");
+            assert!(
+                out.status.success(),
+                "ptxas failed on {what} ({}):\n{}",
+                t.cpu(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
