@@ -10,7 +10,10 @@ streams work as for any torch op), and nothing waits for the GPU.
 ``lse`` (``[B, H, T]`` float32, the attention rows' log-sum-exp as the kernel writes it) is the
 second output so that the backward can use it; ``attn(**tensors)`` returns only ``out``.
 
-Autograd: the forward saves its inputs, ``out`` and ``lse``; the backward is a second op,
+Autograd: ``attn(**tensors)`` with a tensor that requires grad runs ``foxc::attention_train``
+(also returns the attention's unrounded f32 output, ``passes::grad::forward_for_saved``) and
+saves the inputs, that output and ``lse`` (``foxc::attention`` called directly saves its bf16
+``out``: close, but the decay gradients carry its rounding); the backward is a further op,
 ``torch.ops.foxc.attention_backward(program_id, inputs, out, lse, dout) -> [grad, ...]`` (one
 gradient per float input, in parameter order; None for the others), which runs the
 saved-forward gradient program (``passes::grad::gradient_from_saved``: the attention is not
@@ -137,6 +140,50 @@ def _attention_fake(program: int, inputs: List[torch.Tensor]) -> Tuple[torch.Ten
     return inputs[0].new_empty(out_shape, dtype=out_dtype), inputs[0].new_empty(lse_shape, dtype=torch.float32)
 
 
+@torch.library.custom_op("foxc::attention_train", mutates_args=(), device_types="cuda")
+def attention_train_op(program: int, inputs: List[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``foxc::attention`` for training: also the attention's unrounded f32 output ``out_f32``
+    (``passes::grad::forward_for_saved``), which the backward reads: the bf16 ``out`` would put
+    its rounding into ``delta_i = dout_i . out_i`` and, amplified, into the decay gradients."""
+    attn = _attention_of(program)
+    _check(attn, inputs)
+    dev = inputs[0].device
+    key = ("train", dev.index, tuple(tuple(t.shape) for t in inputs))
+    plan = attn._gpu_plans.get(key)
+    if plan is None:
+        plan = attn._program.cuda_plan(_metas(attn.params, inputs), dev.index, True)
+        if [o[0] for o in plan.outputs][:2] != ["out", "lse"]:
+            raise RuntimeError(f"foxc: `{attn.name}` has no fused attention on the GPU (no log-sum-exp)")
+        attn._gpu_plans[key] = plan
+    outs = _launch(plan, inputs, dev)
+    return _train_results(outs)
+
+
+def _train_results(outs) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, lse, out_f32); an f32 output is its own unrounded value (a copy: outputs of a
+    custom op must not alias each other)."""
+    if len(outs) == 3:
+        return outs[0], outs[1], outs[2]
+    return outs[0], outs[1], outs[0].clone()
+
+
+@attention_train_op.register_kernel("cpu")
+def _attention_train_cpu(program: int, inputs: List[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    attn = _attention_of(program)
+    _check(attn, inputs)
+    r = attn._program.forward_cpu(_wires(attn.params, inputs), True)
+    outs = [_from_wire(r["out"], _TORCH_DTYPES[attn.output[0]]), _from_wire(r["lse"], torch.float32)]
+    if "out_f32" in r:
+        outs.append(_from_wire(r["out_f32"], torch.float32))
+    return _train_results(outs)
+
+
+@attention_train_op.register_fake
+def _attention_train_fake(program: int, inputs: List[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    out, lse = _attention_fake(program, inputs)
+    return out, lse, out.new_empty(out.shape, dtype=torch.float32)
+
+
 def _float_params(attn) -> List[int]:
     """Indices of the float parameters: the ones that get a gradient."""
     return [i for i, (_, dtype, _) in enumerate(attn.signature) if dtype in _TORCH_DTYPES]
@@ -187,7 +234,16 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(*tensors, out, lse)
 
 
-def _backward(ctx, grad_out, grad_lse):
+def _setup_context_train(ctx, inputs, output):
+    program, tensors = inputs
+    _, lse, out_f32 = output
+    ctx.program = program
+    ctx.mark_non_differentiable(lse, out_f32)
+    ctx.save_for_backward(*tensors, out_f32, lse)
+
+
+def _grads(ctx, grad_out):
+    """One gradient per input (None for the non-float ones) from the saved tensors."""
     attn = _attention_of(ctx.program)
     *tensors, out, lse = ctx.saved_tensors
     grads = attention_backward_op(ctx.program, tensors, out, lse, grad_out.contiguous())
@@ -197,7 +253,18 @@ def _backward(ctx, grad_out, grad_lse):
     return None, result
 
 
+def _backward(ctx, grad_out, grad_lse):
+    # Direct callers of foxc::attention: the backward reads the bf16 out (training goes through
+    # foxc::attention_train, see there).
+    return _grads(ctx, grad_out)
+
+
+def _backward_train(ctx, grad_out, grad_lse, grad_out_f32):
+    return _grads(ctx, grad_out)
+
+
 attention_op.register_autograd(_backward, setup_context=_setup_context)
+attention_train_op.register_autograd(_backward_train, setup_context=_setup_context_train)
 
 
 def _wires(names, tensors) -> Dict:
@@ -254,6 +321,9 @@ def attention(attn, **tensors: torch.Tensor) -> torch.Tensor:
         # Eager: check here, before the dispatcher picks a device; traced, the fake does.
         _check(attn, inputs)
         _bind(attn, [t.shape for t in inputs])
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        # Training: the op that also keeps the attention's unrounded output for the backward.
+        return attention_train_op(attn.id, inputs)[0]
     return attention_op(attn.id, inputs)[0]
 
 

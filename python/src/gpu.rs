@@ -7,7 +7,7 @@ use crate::program::{KernelKey, Loaded};
 use crate::registry::{KERNEL_BUILDS, KERNEL_HITS};
 use foxc::cuda_backend::{self, ExternalKernels};
 use foxc_codegen::nvptx::BufferKind;
-use foxc_ir::{Attention, Dim, Graph, Op, Value};
+use foxc_ir::{Dim, Graph, Value};
 use foxc_passes::Target;
 use foxc_runtime::cuda::LaunchDesc;
 use pyo3::exceptions::PyRuntimeError;
@@ -207,22 +207,20 @@ fn build(
     })
 }
 
-/// The forward: `out`, and `lse` when the output is a fused attention's (the backward's input).
+/// The forward: `out`, and `lse` when the output is a fused attention's (the backward's input);
+/// with `train` also the attention's unrounded `out_f32` (`crate::grad::forward`).
 pub fn plan(
     py: Python<'_>,
     loaded: &Arc<Loaded>,
     metas: BTreeMap<String, (String, Vec<usize>)>,
     device: usize,
+    train: bool,
 ) -> PyResult<GpuPlan> {
     check_metas(&loaded.graph, &metas)?;
     let (target, device_name) = target_of(device)?;
-    let g = loaded.optimized(target)?;
-    let out = g.output.ok_or_else(|| value_error(format!("`{}` has no output", g.name)))?;
-    let mut outputs = vec![("out".to_string(), Value::of(out))];
-    if matches!(g.op(out), Op::Attention(_)) {
-        outputs.push(("lse".to_string(), Value { node: out, result: Attention::LSE }));
-    }
-    build(py, &loaded.kernels, &g, &outputs, &metas, device, device_name)
+    let f = crate::grad::forward(loaded, target, train)?;
+    let cache = if train { &loaded.train_kernels } else { &loaded.kernels };
+    build(py, cache, &f.0, &f.1, &metas, device, device_name)
 }
 
 /// The backward: the saved-forward gradient program (`passes::grad::gradient_from_saved`) of

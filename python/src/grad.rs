@@ -8,7 +8,7 @@ use crate::program::Loaded;
 use crate::tensors::{host_inputs, Wire};
 use foxc::cpu_backend;
 use foxc_ir::interp::{self, Tensor};
-use foxc_ir::{Attention, Op, Value};
+use foxc_ir::{Attention, Graph, Op, Value};
 use foxc_passes::grad::{GradError, GradProgram};
 use foxc_passes::Target;
 use foxc_runtime::cpu::{default_threads, ExecOptions};
@@ -65,16 +65,44 @@ fn threads() -> ExecOptions {
     ExecOptions { threads: default_threads(), poison: false }
 }
 
-/// The CPU forward: `out` and, when the output is a fused attention's, `lse`.
-pub fn forward_cpu(py: Python<'_>, loaded: &Loaded, inputs: BTreeMap<String, Wire>) -> PyResult<TensorMap> {
-    let g = loaded.optimized(Target::Cpu)?;
-    let inputs = host_inputs(&g, inputs)?;
-    let out = g.output.ok_or_else(|| value_error(format!("`{}` has no output", g.name)))?;
-    let mut outputs = vec![("out".to_string(), Value::of(out))];
-    if matches!(g.op(out), Op::Attention(_)) {
-        outputs.push(("lse".to_string(), Value { node: out, result: Attention::LSE }));
+/// A forward graph and the named values a run computes.
+pub type Forward = (Graph, Vec<(String, Value)>);
+
+/// The forward of `target`: `out` and, when the output is a fused attention's, `lse`; with
+/// `train`, `passes::grad::forward_for_saved` (adds the attention's unrounded `out_f32`, what
+/// the saved-forward gradient program reads). Made once per (target, train).
+pub fn forward(loaded: &Loaded, target: Target, train: bool) -> PyResult<Arc<Forward>> {
+    let mut m = loaded.forwards.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(f) = m.get(&(target, train)) {
+        return Ok(f.clone());
     }
-    py.detach(|| cpu_backend::run_outputs(&g, &outputs, &inputs, threads())).map_err(to_py)
+    let g = loaded.optimized(target)?;
+    let f = if train {
+        foxc_passes::grad::forward_for_saved(&g).map_err(grad_error)?
+    } else {
+        let out = g.output.ok_or_else(|| value_error(format!("`{}` has no output", g.name)))?;
+        let mut outputs = vec![("out".to_string(), Value::of(out))];
+        if matches!(g.op(out), Op::Attention(_)) {
+            outputs.push(("lse".to_string(), Value { node: out, result: Attention::LSE }));
+        }
+        ((*g).clone(), outputs)
+    };
+    let f = Arc::new(f);
+    m.insert((target, train), f.clone());
+    Ok(f)
+}
+
+/// The CPU forward (see [`forward`]).
+pub fn forward_cpu(
+    py: Python<'_>,
+    loaded: &Loaded,
+    inputs: BTreeMap<String, Wire>,
+    train: bool,
+) -> PyResult<TensorMap> {
+    let f = forward(loaded, Target::Cpu, train)?;
+    let (g, outputs) = &*f;
+    let inputs = host_inputs(g, inputs)?;
+    py.detach(|| cpu_backend::run_outputs(g, outputs, &inputs, threads())).map_err(to_py)
 }
 
 /// Every output of the gradient program of kind `kind` on the CPU backend.

@@ -32,6 +32,10 @@ pub struct Loaded {
     pub kernels: Mutex<HashMap<KernelKey, Arc<foxc::cuda_backend::ExternalKernels>>>,
     /// The gradient programs per (target, kind), made on first use.
     pub(crate) gradients: Mutex<HashMap<(Target, GradKind), Arc<GradProgram>>>,
+    /// The forwards per (target, train) (`crate::grad::forward`).
+    pub(crate) forwards: Mutex<HashMap<(Target, bool), Arc<crate::grad::Forward>>>,
+    /// GPU kernels of the training forward (`out_f32` too), as `kernels`.
+    pub train_kernels: Mutex<HashMap<KernelKey, Arc<foxc::cuda_backend::ExternalKernels>>>,
     /// GPU kernels of the saved-forward gradient program, as `kernels`.
     pub grad_kernels: Mutex<HashMap<KernelKey, Arc<foxc::cuda_backend::ExternalKernels>>>,
     /// Explanations of the CPU pipeline (why attention was or was not pruned).
@@ -115,6 +119,8 @@ pub fn load(
                 kernels: Mutex::new(HashMap::new()),
                 gradients: Mutex::new(HashMap::new()),
                 grad_kernels: Mutex::new(HashMap::new()),
+                forwards: Mutex::new(HashMap::new()),
+                train_kernels: Mutex::new(HashMap::new()),
                 explanations,
             })
         })
@@ -244,9 +250,16 @@ impl Program {
     }
 
     /// The CPU forward with its row log-sum-exp: `{"out": (shape, f32 bytes), "lse": ...}`
-    /// (`lse` only when the output is a fused attention's).
-    fn forward_cpu<'py>(&self, py: Python<'py>, inputs: BTreeMap<String, Wire>) -> PyResult<NamedBytes<'py>> {
-        let r = crate::grad::forward_cpu(py, &self.inner, inputs)?;
+    /// (`lse` only when the output is a fused attention's); `train=True` adds `out_f32`, the
+    /// attention's unrounded output (what the saved-forward gradient program reads).
+    #[pyo3(signature = (inputs, train = false))]
+    fn forward_cpu<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: BTreeMap<String, Wire>,
+        train: bool,
+    ) -> PyResult<NamedBytes<'py>> {
+        let r = crate::grad::forward_cpu(py, &self.inner, inputs, train)?;
         Ok(f32_outs(py, r))
     }
 
@@ -300,14 +313,17 @@ impl Program {
         crate::gpu::grad_plan(py, &self.inner, metas, device)
     }
 
-    /// GPU plan for tensors of these dtypes and shapes on GPU `device` (see `GpuPlan`).
+    /// GPU plan for tensors of these dtypes and shapes on GPU `device` (see `GpuPlan`);
+    /// `train=True`: the forward that also writes `out_f32` (see `forward_cpu`).
+    #[pyo3(signature = (metas, device, train = false))]
     fn cuda_plan(
         &self,
         py: Python<'_>,
         metas: BTreeMap<String, (String, Vec<usize>)>,
         device: usize,
+        train: bool,
     ) -> PyResult<crate::gpu::GpuPlan> {
-        crate::gpu::plan(py, &self.inner, metas, device)
+        crate::gpu::plan(py, &self.inner, metas, device, train)
     }
 
     fn __repr__(&self) -> String {

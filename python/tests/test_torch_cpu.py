@@ -63,19 +63,42 @@ def grads(fn, x, dout):
     return out.detach(), {n: t.grad for n, t in leaves.items()}
 
 
-@pytest.mark.parametrize("no_prune", [True, False], ids=["dense", "acp"])
 @pytest.mark.parametrize("name", ["fox", "fox_qknorm", "alibi", "causal"])
-def test_autograd_matches_torch_autograd_of_the_reference(name, no_prune):
-    attn = foxc.load(EXAMPLES / f"{name}.attn", no_prune=no_prune)
+def test_autograd_matches_torch_autograd_of_the_reference(name):
+    """Dense: an independent implementation of the same math (torch autograd of eager f32)."""
+    attn = foxc.load(EXAMPLES / f"{name}.attn", no_prune=True)
     x = inputs(attn)
-    dout = torch.randn(x["q"].shape)
-    out, g = grads(lambda t: attn(**t), x, dout.to(torch.bfloat16))
-    ref_out, ref_g = grads(lambda t: reference(name, t), {n: t.float() for n, t in x.items()}, dout.to(torch.bfloat16).float())
+    dout = torch.randn(x["q"].shape).to(torch.bfloat16)
+    out, g = grads(lambda t: attn(**t), x, dout)
+    ref_out, ref_g = grads(lambda t: reference(name, t), {n: t.float() for n, t in x.items()}, dout.float())
     assert out.dtype == torch.bfloat16 and rel_l2(out, ref_out) <= 1e-2
     for n in x:
         assert g[n] is not None and g[n].dtype == x[n].dtype and g[n].shape == x[n].shape, n
         assert torch.isfinite(g[n].float()).all(), n
         assert rel_l2(g[n], ref_g[n]) <= 1e-2, (n, rel_l2(g[n], ref_g[n]))
+
+
+@pytest.mark.parametrize("name", ["fox", "fox_qknorm", "alibi", "causal"])
+def test_pruned_autograd_matches_the_interpreter(name):
+    """ACP: the pruned gradients are those of the kept set, so the reference is foxc's f64
+    interpreter on the same saved-forward gradient program, given the same saved out_f32 and
+    lse."""
+    np = pytest.importorskip("numpy")
+    from foxc._numpy import _wires
+
+    attn = foxc.load(EXAMPLES / f"{name}.attn")
+    x = inputs(attn)
+    dout = torch.randn(x["q"].shape).to(torch.bfloat16)
+    _, g = grads(lambda t: attn(**t), x, dout)
+    _, lse, out_f32 = torch.ops.foxc.attention_train(attn.id, [x[n] for n in attn.params])
+    saved = {n: t.float().numpy() for n, t in x.items()}
+    saved.update(dout=dout.float().numpy(), out=out_f32.numpy(), lse=lse.numpy())
+    r = attn._program.grad_reference(_wires(saved), saved=True)
+    for n in x:
+        shape, data = r[f"grad_{n}"]
+        w = torch.from_numpy(np.frombuffer(data, dtype="<f8").reshape(shape).copy())
+        assert g[n].dtype == x[n].dtype and torch.isfinite(g[n].float()).all(), n
+        assert rel_l2(g[n], w) <= 1e-2, (n, rel_l2(g[n], w))
 
 
 def test_op_returns_out_and_lse():
@@ -130,15 +153,29 @@ def test_the_backward_op_alone():
     attn = foxc.load(EXAMPLES / "fox.attn")
     x = inputs(attn, seed=5)
     ins = [x[n] for n in attn.params]
-    out, lse = torch.ops.foxc.attention(attn.id, ins)
+    out, lse, out_f32 = torch.ops.foxc.attention_train(attn.id, ins)
+    assert torch.equal(out, attn(**x)) and torch.equal(out_f32.to(out.dtype), out)
+    assert out_f32.dtype == torch.float32 and not torch.equal(out_f32, out.float())
     dout = torch.randn(out.shape).to(out.dtype)
-    gs = torch.ops.foxc.attention_backward(attn.id, ins, out, lse, dout)
+    gs = torch.ops.foxc.attention_backward(attn.id, ins, out_f32, lse, dout)
     assert [tuple(g.shape) for g in gs] == [tuple(t.shape) for t in ins]
     _, ref = grads(lambda t: attn(**t), x, dout)
     assert all(torch.equal(g, ref[n]) for g, n in zip(gs, attn.params))
     # A wrong lse changes the gradients (the saved value is really read).
-    bad = torch.ops.foxc.attention_backward(attn.id, ins, out, lse + 1.0, dout)
+    bad = torch.ops.foxc.attention_backward(attn.id, ins, out_f32, lse + 1.0, dout)
     assert rel_l2(bad[2], gs[2]) > 0.1
+
+
+def test_direct_op_callers_get_gradients_through_the_rounded_out():
+    """foxc::attention (what foxc.distributed calls) differentiates too, from its bf16 out."""
+    attn = foxc.load(EXAMPLES / "alibi.attn", no_prune=True)
+    x = inputs(attn, seed=7)
+    dout = torch.randn(x["q"].shape).to(torch.bfloat16)
+    _, g = grads(lambda t: torch.ops.foxc.attention(attn.id, [t[n] for n in attn.params])[0], x, dout)
+    _, w = grads(lambda t: attn(**t), x, dout)
+    for n in ("q", "k", "v"):
+        assert rel_l2(g[n], w[n]) <= 1e-2, n
+    assert 0 < rel_l2(g["slope"], w["slope"]) <= 5e-2
 
 
 def test_errors_name_the_tensor():
