@@ -586,9 +586,10 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         }
     }
 
-    /// Dispatch of `attention` onto the flash-attention kernel: a score region without captures
-    /// (emitted by the kernel's score hook), causal or window mask, grouped-query heads with a
-    /// static group, dense or with the boundary fused (`delta` operand).
+    /// Dispatch of `attention` onto the flash-attention kernel: a score region, captured tensors
+    /// included (emitted by the kernel's score hook; captures and their sizes are kernel
+    /// arguments after `T`), causal or window mask, grouped-query heads with a static group,
+    /// dense or with the boundary fused (`delta` operand).
     fn attention(&mut self, n: ValueId, res: usize, a: &Attention) -> Result<(), CodegenError> {
         let o = Attention::operands(self.g, n).map_err(CodegenError::Internal)?;
         let window = match a.mask {
