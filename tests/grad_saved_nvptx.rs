@@ -1,10 +1,11 @@
 //! The saved-forward gradient program (`passes::grad::gradient_from_saved`, what the torch op's
 //! backward runs) of the examples the Python package trains with compiles for the GPU (sm_90a
 //! and sm_80, D = 64 and 128): the backward kernels are there, the forward attention kernel is
-//! not (its results are inputs), and the PTX assembles with ptxas (when found).
+//! not (its results are inputs), and the PTX assembles with ptxas (when found). So does the
+//! training forward (`forward_for_saved`: out, lse and the unrounded out_f32).
 
 use foxc::{cuda_backend, pipeline};
-use foxc_passes::grad::gradient_from_saved;
+use foxc_passes::grad::{forward_for_saved, gradient_from_saved};
 use foxc_passes::{PassOptions, Target};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,11 +19,32 @@ fn ptxas() -> Option<PathBuf> {
     candidates.into_iter().flatten().find(|p| p.is_file())
 }
 
-fn saved_grad_ptx(example: &str, target: Target, d: u64) -> String {
+fn optimized(example: &str, target: Target) -> foxc_ir::Graph {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(format!("{example}.attn"));
     let c = pipeline::Source::read(&path).unwrap().compile().unwrap();
     let opts = PassOptions { target, ..PassOptions::default() };
-    let (opt, _) = pipeline::optimize(&c.graph, &opts).unwrap();
+    pipeline::optimize(&c.graph, &opts).unwrap().0
+}
+
+/// The training forward: three outputs, each its own buffer, the forward attention kernel.
+fn train_forward_ptx(example: &str, target: Target, d: u64) -> String {
+    let (g, outputs) = forward_for_saved(&optimized(example, target)).unwrap();
+    let outs: Vec<_> = outputs.iter().map(|(_, v)| *v).collect();
+    assert_eq!(outs.len(), 3, "{example}: out, lse, out_f32");
+    let dims = BTreeMap::from([("D".to_string(), d)]);
+    let name = if target == Target::Sm80 { "sm_80" } else { "sm_90a" };
+    let a = cuda_backend::compile_outputs(&g, &outs, &dims, name)
+        .unwrap_or_else(|e| panic!("{example} {name} D={d}: {}", e.message));
+    let mut bufs = a.outputs.clone();
+    bufs.sort();
+    bufs.dedup();
+    assert_eq!(bufs.len(), 3, "{example}: one buffer per output");
+    assert!(a.ptx.contains(".entry foxc_attn_fwd"), "{example}: no forward attention kernel");
+    a.ptx
+}
+
+fn saved_grad_ptx(example: &str, target: Target, d: u64) -> String {
+    let opt = optimized(example, target);
     let p = gradient_from_saved(&opt).unwrap_or_else(|e| panic!("{example}: {e}"));
     let outs: Vec<_> = p.outputs.iter().map(|(_, v)| *v).collect();
     let dims = BTreeMap::from([("D".to_string(), d)]);
@@ -47,17 +69,24 @@ fn saved_forward_gradient_programs_assemble_for_the_gpu() {
     for ex in ["fox", "fox_qknorm", "alibi", "causal", "window"] {
         for (target, arch) in [(Target::Sm90a, "sm_90a"), (Target::Sm80, "sm_80")] {
             for d in [64, 128] {
-                let ptx = saved_grad_ptx(ex, target, d);
-                let Some(ptxas) = &ptxas else { continue };
-                let f = dir.join(format!("{ex}_{arch}_{d}.ptx"));
-                std::fs::write(&f, &ptx).unwrap();
-                let o = Command::new(ptxas)
-                    .args(["-arch", arch, "-o"])
-                    .arg(dir.join("out.cubin"))
-                    .arg(&f)
-                    .output()
-                    .unwrap();
-                assert!(o.status.success(), "{ex} {arch} D={d}: {}", String::from_utf8_lossy(&o.stderr));
+                for (what, ptx) in
+                    [("bwd", saved_grad_ptx(ex, target, d)), ("fwd", train_forward_ptx(ex, target, d))]
+                {
+                    let Some(ptxas) = &ptxas else { continue };
+                    let f = dir.join(format!("{ex}_{what}_{arch}_{d}.ptx"));
+                    std::fs::write(&f, &ptx).unwrap();
+                    let o = Command::new(ptxas)
+                        .args(["-arch", arch, "-o"])
+                        .arg(dir.join("out.cubin"))
+                        .arg(&f)
+                        .output()
+                        .unwrap();
+                    assert!(
+                        o.status.success(),
+                        "{ex} {what} {arch} D={d}: {}",
+                        String::from_utf8_lossy(&o.stderr)
+                    );
+                }
             }
         }
     }
