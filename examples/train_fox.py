@@ -100,7 +100,10 @@ class Batches:
         per = self.B // self.world
         starts = starts[rank * per : (rank + 1) * per]
         w = np.stack([self.corpus[s : s + self.T + 1] for s in starts])
-        w = torch.from_numpy(w).to(device, non_blocking=True)
+        w = torch.from_numpy(w)
+        if device.type == "cuda":
+            w = w.pin_memory()  # an asynchronous copy: the host runs ahead of the GPU
+        w = w.to(device, non_blocking=True)
         return w[:, :-1], w[:, 1:]
 
 
