@@ -3,7 +3,8 @@
 //! (picked up from `examples/`, so a new one is covered), dense and pruned, on fresh random
 //! inputs and a fresh random `dout`, with every buffer NaN-poisoned before its kernel runs.
 //! Also: the forward kernel's `lse` (result 1), the same bits on two runs and on 1 vs 2
-//! threads, and a snapshot of the backward kernel's CLIF.
+//! threads, the saved-forward program (torch autograd's) equal to the recomputing one, and a
+//! snapshot of the backward kernel's CLIF.
 //!
 //! Tolerances: each gradient is compared before its final cast to the parameter's dtype (the
 //! f32 value), relative L2 <= 1e-4 (f32 kernels against f64, gradients are sums over T
@@ -264,4 +265,34 @@ fn clif_of_the_fox_backward_kernel() {
     let start = text[..start].rfind("; ").unwrap();
     let end = text[start + 2..].find("\n; ").map_or(text.len(), |e| start + 2 + e);
     insta::assert_snapshot!("fox_backward_clif", &text[start..end]);
+}
+
+/// The saved-forward gradient program (`gradient_from_saved`, what torch autograd runs) on the
+/// CPU, fed the CPU forward's own `out` (f32) and `lse`, gives the same bits as the gradient
+/// program that recomputes the forward: same kernels, same kept set.
+#[test]
+fn saved_forward_gradients_equal_recomputed_ones_on_the_cpu() {
+    let seed = fresh_seed();
+    for name in ["fox.attn", "fox_gqa.attn", "fox_keybias.attn"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(name);
+        let c = case(&path, 70, seed, Some(-10.0)).unwrap();
+        let src = pipeline::Source::read(&path).unwrap().compile().unwrap().graph;
+        let opt = optimize(&src, Some(-10.0));
+        // The forward's f32 out and lse as the recomputing program computes them.
+        let g = &c.program.graph;
+        let attn = g.find(|op| matches!(op, Op::Attention(_)))[0];
+        let fwd_outs = vec![
+            (foxc_passes::grad::SAVED_OUT.to_string(), Value::of(attn)),
+            (foxc_passes::grad::SAVED_LSE.to_string(), Value { node: attn, result: 1 }),
+        ];
+        let saved = run_cpu(g, &fwd_outs, &c.inputs, 2);
+        let sp = foxc_passes::grad::gradient_from_saved(&opt).unwrap();
+        let mut inputs = c.inputs.clone();
+        inputs.extend(saved);
+        let got = run_cpu(&sp.graph, &sp.outputs, &inputs, 2);
+        let want = run_cpu(&c.program.graph, &c.program.outputs, &c.inputs, 2);
+        for (n, _) in &sp.outputs {
+            assert!(got[n].data == want[n].data, "{}: {n} differs from the recomputed program", c.what);
+        }
+    }
 }
