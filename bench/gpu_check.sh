@@ -8,7 +8,7 @@ FOXC=${FOXC:-target/release/foxc}
 fail=0
 run() {
   echo "### foxc run $*"
-  "$FOXC" run "$@" --backend cuda --check 2>&1 | grep -E "pruning|time|check|error" || true
+  "$FOXC" run "$@" --backend cuda --check 2>&1 | grep -E "pruning|starts|time|check|error" || true
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "FAILED: $*"; fail=1; }
 }
 run examples/fox.attn --shape B=8,H=16,T=4096,D=128
@@ -16,12 +16,16 @@ run examples/fox.attn --shape B=8,H=16,T=4096,D=128 --no-prune
 run examples/fox.attn --shape B=8,H=16,T=4096,D=64
 run examples/fox.attn --shape B=2,H=16,T=16384,D=128
 run examples/fox.attn --shape B=2,H=16,T=16384,D=128 --prune-rule tight
-# Every rule of the table (`foxc rules`): the NVPTX threshold kernels render each formula.
+# Every rule of the table (`foxc rules`): the NVPTX threshold kernels render each formula, and
+# --check-starts compares the attention kernel's in-kernel block starts (a debug build writes
+# them out) with the reference's: equal, or a near tie of the f32 threshold (counted).
 for rule in $("$FOXC" rules | sed -nE 's/^([a-z][a-z0-9-]*): .*/\1/p'); do
-  run examples/fox.attn --shape B=1,H=8,T=4096,D=128 --prune-rule "$rule"
-  run examples/fox_gqa.attn --shape B=1,H=8,G=2,T=2048,D=64 --prune-rule "$rule"
-  run examples/fox_softcap.attn --shape B=1,H=4,T=2048,D=64 --prune-rule "$rule"
+  run examples/fox.attn --shape B=1,H=8,T=4096,D=128 --prune-rule "$rule" --check-starts
+  run examples/fox_gqa.attn --shape B=1,H=8,G=2,T=2048,D=64 --prune-rule "$rule" --check-starts
+  run examples/fox_softcap.attn --shape B=1,H=4,T=2048,D=64 --prune-rule "$rule" --check-starts
 done
+run examples/fox.attn --shape B=2,H=16,T=16384,D=128 --check-starts
+run examples/fox.attn --shape B=1,H=3,T=1000,D=64 --tiles 128x64 --check-starts
 run examples/fox.attn --shape B=2,H=16,T=16384,D=64
 run examples/fox.attn --shape B=1,H=3,T=1000,D=128
 run examples/fox.attn --shape B=1,H=1,T=1,D=64

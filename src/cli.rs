@@ -145,6 +145,11 @@ pub struct RunArgs {
     /// Compare with the f64 reference interpreter; exit 1 beyond tolerance.
     #[arg(long)]
     pub check: bool,
+    /// With --backend cuda: run a debug build of the attention kernel that writes the block
+    /// starts it finds in-kernel, and compare them with the reference's (exit 1 on a mismatch
+    /// that is not a near tie of the f32 threshold). Off by default: no cost when off.
+    #[arg(long)]
+    pub check_starts: bool,
     #[command(flatten)]
     pub prune: PruneArgs,
 }

@@ -80,7 +80,23 @@ pub fn compile_outputs(
     dims: &BTreeMap<String, u64>,
     target: &str,
 ) -> Result<NvptxArtifact, Error> {
-    let spec = NvptxSpec { target: parse_target(target)?, dims: dims.clone(), outputs: outputs.to_vec() };
+    compile_spec(g, outputs, dims, target, false)
+}
+
+/// [`compile_outputs`], optionally with the debug buffer of in-kernel block starts.
+fn compile_spec(
+    g: &Graph,
+    outputs: &[Value],
+    dims: &BTreeMap<String, u64>,
+    target: &str,
+    debug_starts: bool,
+) -> Result<NvptxArtifact, Error> {
+    let spec = NvptxSpec {
+        target: parse_target(target)?,
+        dims: dims.clone(),
+        outputs: outputs.to_vec(),
+        debug_starts,
+    };
     cg::compile(g, &spec).map_err(codegen_err)
 }
 
@@ -192,6 +208,17 @@ fn single_output(g: &Graph) -> Result<Vec<(String, Value)>, Error> {
 }
 
 fn prepare(g: &Graph, outputs: &[(String, Value)], inputs: &TensorMap) -> Result<Prepared, Error> {
+    prepare_with(g, outputs, inputs, false)
+}
+
+/// [`prepare`]; with `debug_starts` the pruned attention kernel also writes its in-kernel block
+/// starts, read back as the extra output `debug_starts` (i32 `[B, H, ceil(T / bm)]`).
+fn prepare_with(
+    g: &Graph,
+    outputs: &[(String, Value)],
+    inputs: &TensorMap,
+    debug_starts: bool,
+) -> Result<Prepared, Error> {
     // Shapes, dtypes and values are checked before anything touches the GPU.
     let bind =
         foxc_runtime::validate::check_inputs(g, inputs).map_err(|e| Error::user(format!("error: {e}")))?;
@@ -218,8 +245,21 @@ fn prepare(g: &Graph, outputs: &[(String, Value)], inputs: &TensorMap) -> Result
     let info = rt.device_info().map_err(cuda_err)?;
     let target = target_for(&info)?;
     let values: Vec<Value> = outputs.iter().map(|(_, v)| *v).collect();
-    let art = compile_outputs(g, &values, &bind.0, target)?;
-    let program = program(&art, &bind)?;
+    let art = compile_spec(g, &values, &bind.0, target, debug_starts)?;
+    let mut program = program(&art, &bind)?;
+    if debug_starts {
+        let buf = art
+            .debug_starts
+            .ok_or_else(|| Error::user("error: no pruned attention on the GPU: no in-kernel block starts"))?;
+        let shape = art.buffers[buf]
+            .shape
+            .iter()
+            .map(|d| bind.eval(d).map(|x| x as usize))
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(|| Error::internal("internal error: the debug starts buffer has an unbound dim"))?;
+        outs.push(("debug_starts".to_string(), foxc_ir::DType::I32, shape));
+        program.outputs.push(buf);
+    }
     let mut ins = Vec::with_capacity(g.params.len());
     for p in &g.params {
         ins.push(inputs[&p.name].data.clone());
@@ -262,6 +302,18 @@ pub fn run_outputs(
     opts: RunOptions,
 ) -> Result<TensorMap, Error> {
     Ok(run_prepared(prepare(g, outputs, inputs)?, opts)?.0)
+}
+
+/// [`run_outputs`] plus the block starts the pruned attention kernel found in-kernel, as the
+/// output `debug_starts` (i32 `[B, H, ceil(T / bm)]`): a debug build of the kernel
+/// (`NvptxSpec::debug_starts`) that `foxc run --check-starts` compares with the reference's.
+pub fn run_debug_starts(
+    g: &Graph,
+    outputs: &[(String, Value)],
+    inputs: &TensorMap,
+    opts: RunOptions,
+) -> Result<TensorMap, Error> {
+    Ok(run_prepared(prepare_with(g, outputs, inputs, true)?, opts)?.0)
 }
 
 /// Compiles for the GPU present, runs once and returns the graph's output (see [`run_outputs`]).

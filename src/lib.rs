@@ -14,6 +14,7 @@ pub mod cpu_backend;
 pub mod cuda_backend;
 pub mod error;
 pub mod pipeline;
+pub mod starts_check;
 pub mod tensors;
 
 pub use error::{Error, ErrorKind};

@@ -108,3 +108,56 @@ fn every_rule_assembles_with_ptxas() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The pruned FoX forward as the GPU passes leave it (examples/fox.attn, boundary fused).
+fn pruned_fox() -> Graph {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/fox.attn");
+    let src = std::fs::read(path).unwrap();
+    let mut g = foxc_ir::frontend::compile("fox.attn", &src).unwrap().graph;
+    let opts = foxc_passes::PassOptions { target: foxc_passes::Target::Sm90a, ..Default::default() };
+    foxc_passes::optimize(&mut g, &opts).unwrap();
+    g
+}
+
+/// `NvptxSpec::debug_starts`: the attention kernel gets one more pointer parameter, the i32
+/// `[B, H, Mt]` buffer the artifact names, and a kernel of its own name; off, nothing changes.
+#[test]
+fn debug_starts_add_a_buffer_and_a_parameter_only_when_asked() {
+    let g = pruned_fox();
+    for t in [NvptxTarget::Sm90a, NvptxTarget::Sm80] {
+        let plain = compile(&g, &spec(t)).unwrap();
+        assert_eq!(plain.debug_starts, None);
+        assert!(!plain.ptx.contains("_dbgstart"));
+        let mut s = spec(t);
+        s.debug_starts = true;
+        let a = compile(&g, &s).unwrap();
+        let buf = a.debug_starts.expect("a debug buffer");
+        assert_eq!(a.buffers[buf].dtype, DType::I32);
+        assert_eq!(a.buffers[buf].shape.len(), 3, "{:?}", a.buffers[buf].shape);
+        let attn = a.kernels.iter().find(|k| k.name.starts_with("foxc_attn_fwd")).unwrap();
+        assert!(attn.name.contains("_dbgstart"), "{}", attn.name);
+        let plain_attn = plain.kernels.iter().find(|k| k.name.starts_with("foxc_attn_fwd")).unwrap();
+        assert_eq!(attn.args.len(), plain_attn.args.len() + 1);
+        assert_eq!(attn.args.last(), Some(&foxc_codegen::nvptx::KernelArg::Buffer(buf)));
+        // The kernel reads the parameter (to store the starts): its PTX loads it.
+        assert!(
+            a.ptx.contains(&format!("[{}_param_{}]", attn.name, attn.args.len() - 1)),
+            "no use of the param"
+        );
+        if let Some(ptxas) = ptxas() {
+            let dir = std::env::temp_dir().join(format!("foxc_nvptx_dbg_{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let p = dir.join("dbg.ptx");
+            std::fs::write(&p, &a.ptx).unwrap();
+            let out = Command::new(&ptxas)
+                .arg(format!("-arch={}", t.cpu()))
+                .arg(&p)
+                .arg("-o")
+                .arg(dir.join("a.cubin"))
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}

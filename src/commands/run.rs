@@ -46,13 +46,21 @@ pub fn run(a: &RunArgs) -> Result<(), Error> {
         println!("  input  {name:<8} {} {:?}", t.dtype, t.shape);
     }
     // The kept set the backend itself used: the CPU reports its block starts; the GPU kernel
-    // does not yet (its debug buffer is bench/gpu_check.sh's job), so the reference's stand in.
+    // reports its in-kernel starts only from a debug build (--check-starts, one more run, checked
+    // against the reference's); otherwise the reference's stand in.
+    if a.check_starts && a.backend != BackendArg::Cuda {
+        return Err(Error::user(
+            "error: --check-starts needs --backend cuda (the CPU's starts are always checked by --check)",
+        ));
+    }
     let backend_starts = match a.backend {
         BackendArg::Cpu => cpu_backend::block_starts(&opt, &inputs)?,
+        BackendArg::Cuda if a.check_starts => Some(gpu_starts(&opt, &inputs, &interp_inputs)?),
         _ => None,
     };
     let kept_by = match (a.backend, &backend_starts) {
         (BackendArg::Cpu, Some(_)) => "the CPU kernels' block starts",
+        (BackendArg::Cuda, Some(_)) => "the GPU kernel's in-kernel block starts (--check-starts)",
         (BackendArg::Cuda, _) => "the reference's block starts (the GPU kernel does not report its own)",
         _ => "the reference's block starts",
     };
@@ -130,6 +138,29 @@ pub(crate) fn report_check(r: &check::CheckReport) -> Result<(), Error> {
     } else {
         Err(Error::user(format!("error: check failed: {}", r.failures.join("; "))))
     }
+}
+
+/// The block starts the GPU attention kernel found in-kernel (a debug run), checked against the
+/// reference's ([`crate::starts_check`]): equal, or a near tie of the f32 threshold.
+fn gpu_starts(
+    opt: &foxc_ir::Graph,
+    inputs: &foxc_runtime::TensorMap,
+    interp_inputs: &std::collections::BTreeMap<String, foxc_ir::interp::Tensor>,
+) -> Result<foxc_ir::interp::Tensor, Error> {
+    let out = opt.output.ok_or_else(|| Error::user("error: the program has no output"))?;
+    let outs = [("out".to_string(), foxc_ir::Value::of(out))];
+    let mut m = crate::cuda_backend::run_debug_starts(opt, &outs, inputs, Default::default())?;
+    let t = m.remove("debug_starts").ok_or_else(|| Error::internal("internal error: no debug starts"))?;
+    let got = foxc_ir::interp::Tensor { shape: t.shape.clone(), data: t.to_f64_vec() };
+    let r = crate::starts_check::compare(opt, interp_inputs, &got)?;
+    println!(
+        "  starts: {} of {} query tiles equal to the reference's, {} near ties of the f32 threshold, {} wrong",
+        r.equal, r.tiles, r.near_ties, r.bad_count
+    );
+    if r.bad_count > 0 {
+        return Err(Error::user(format!("error: the GPU kernel kept other tiles: {}", r.bad.join("; "))));
+    }
+    Ok(got)
 }
 
 /// The pruning rule's name as the user gave it.

@@ -266,4 +266,3 @@ pub fn build_cast<'ctx>(
     });
     k.finish()
 }
-

@@ -51,12 +51,16 @@ pub struct NvptxSpec {
     /// The values to compute, in order (empty: the graph's output). Only what they need is
     /// lowered; [`NvptxArtifact::outputs`] names their buffers in the same order.
     pub outputs: Vec<Value>,
+    /// Debug: a pruned attention kernel also writes the block starts it found in-kernel to a
+    /// buffer ([`NvptxArtifact::debug_starts`]), to be compared with the reference's. Off by
+    /// default; when off no code or parameter is added.
+    pub debug_starts: bool,
 }
 
 impl NvptxSpec {
     /// A spec for the graph's output alone.
     pub fn new(target: NvptxTarget, dims: BTreeMap<String, u64>) -> NvptxSpec {
-        NvptxSpec { target, dims, outputs: vec![] }
+        NvptxSpec { target, dims, outputs: vec![], debug_starts: false }
     }
 }
 
@@ -152,6 +156,9 @@ pub struct NvptxArtifact {
     /// The buffer of each output of [`NvptxSpec::outputs`] (of the graph's output when that
     /// was empty), in order.
     pub outputs: Vec<usize>,
+    /// With [`NvptxSpec::debug_starts`]: the buffer (i32 `[B, H, ceil(T / bm)]`) where the first
+    /// pruned attention kernel writes its in-kernel block starts.
+    pub debug_starts: Option<usize>,
 }
 
 /// Product of `dims` resolved by `bind`.

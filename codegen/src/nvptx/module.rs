@@ -46,6 +46,7 @@ pub fn compile(g: &Graph, spec: &NvptxSpec) -> Result<NvptxArtifact, CodegenErro
         buf_of: BTreeMap::new(),
         scaled: BTreeMap::new(),
         outputs: vec![],
+        debug_starts: None,
     };
     let outputs = asm.run()?;
     let (llvm_ir, ptx) = target::finish(&module, &tm).map_err(CodegenError::Internal)?;
@@ -56,6 +57,7 @@ pub fn compile(g: &Graph, spec: &NvptxSpec) -> Result<NvptxArtifact, CodegenErro
         buffers: asm.buffers,
         kernels: asm.kernels,
         outputs,
+        debug_starts: asm.debug_starts,
     })
 }
 
@@ -76,6 +78,8 @@ pub(super) struct Assembler<'a, 'ctx> {
     scaled: BTreeMap<ValueId, (ValueId, f64)>,
     /// The values the caller reads back (never folded away).
     outputs: Vec<Value>,
+    /// The debug buffer of in-kernel block starts ([`NvptxSpec::debug_starts`]).
+    debug_starts: Option<usize>,
 }
 
 fn user(msg: impl Into<String>) -> CodegenError {
@@ -626,6 +630,13 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         let bind = |s: &str| self.spec.dims.get(s).copied();
         let heads = super::eval_product(&bh, &bind);
         let rows = super::eval_product(std::slice::from_ref(&t), &bind);
+        // Debug starts (NvptxSpec::debug_starts): the standard kernel writes them (the
+        // warp-specialized one has no such parameter), for the first pruned attention only.
+        let debug_starts = self.spec.debug_starts && cfg.prune && self.debug_starts.is_none();
+        if debug_starts {
+            cfg.debug_starts = true;
+            cfg.ws = false;
+        }
         let tiles = match (heads, rows) {
             (Ok(heads), Ok(rows)) => heads.saturating_mul(rows.div_ceil(128)),
             _ => u64::MAX,
@@ -688,6 +699,14 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         ];
         // The score hook's parameters (region.rs, ScoreArg): head count, captures and their sizes.
         for arg in score.args() {
+        if debug_starts {
+            let mut shape = bh.clone();
+            shape.push(Dim::Tiles(Box::new(t.clone()), cfg.bm));
+            let what = format!("debug: in-kernel block starts of %{}", n.index());
+            let dbg = self.scratch(DType::I32, shape, what);
+            args.push(KernelArg::Buffer(dbg));
+            self.debug_starts = Some(dbg);
+        }
             args.push(match *arg {
                 ScoreArg::Heads => KernelArg::I32(vec![bh[1].clone()]),
                 ScoreArg::Capture(k) => KernelArg::Buffer(self.buf(o.captures[k])?),

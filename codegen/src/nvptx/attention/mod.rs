@@ -100,6 +100,9 @@ pub struct AttnKernelConfig {
     /// Run the warp-specialized sm_90a kernel ([`crate::nvptx::attention_ws`]) instead: set
     /// from the attention's `kernel` attribute (a pass decision).
     pub ws: bool,
+    /// Debug: also write each query tile's in-kernel `start` to an extra pointer parameter
+    /// after the score hook's (i32 `[B, H, ceil(T / bm)]`; standard kernel only).
+    pub debug_starts: bool,
 }
 
 impl AttnKernelConfig {
@@ -119,13 +122,14 @@ impl AttnKernelConfig {
             out_bf16: false,
             kv_group: 1,
             ws: false,
+            debug_starts: false,
         }
     }
 
     /// Kernel symbol name; distinct for every configuration so several fit in one module.
     pub fn kernel_name(&self) -> String {
         format!(
-            "foxc_attn_fwd{}_d{}_bm{}_bn{}{}{}{}{}{}{}_s{:08x}_sm{}",
+            "foxc_attn_fwd{}_d{}_bm{}_bn{}{}{}{}{}{}{}{}_s{:08x}_sm{}",
             if self.ws { "_ws" } else { "" },
             self.head_dim,
             self.bm,
@@ -139,6 +143,7 @@ impl AttnKernelConfig {
             },
             if self.out_bf16 { "_obf16" } else { "" },
             if self.kv_group != 1 { format!("_g{}", self.kv_group) } else { String::new() },
+            if self.debug_starts { "_dbgstart" } else { "" },
             self.scale.to_bits(),
             self.sm
         )
@@ -287,6 +292,9 @@ pub(crate) fn build_attention_kernel_with<'ctx>(
     // The score modification's own parameters (captured tensors) follow T.
     let extra = score.params();
     params.extend(extra.iter().map(|(n, t)| (n.as_str(), *t)));
+    if cfg.debug_starts {
+        params.push(("starts", ParamTy::Ptr));
+    }
     // Dynamic shared memory: one extern array per kernel name (PTX aliases them anyway); 1024:
     // the wgmma 128-byte swizzle atom is 8 rows x 128 B.
     let b = KernelBuilder::kernel(ctx, module, &name, &params)?;

@@ -32,9 +32,33 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
             let m_ir = b.named(b.udivc(i0, bm), "m_ir");
             let i0_ir = b.mulc(m_ir, bm);
             let ps = self.prune_search(cb, delta_p, bh, m_ir, i0_ir);
+            if self.cfg.debug_starts {
+                self.write_debug_start(bh, m_ir, b.icmp(IntPredicate::EQ, i0, i0_ir), ps);
+            }
             n_start = b.smax(n_start, ps);
         }
         n_start
+    }
+
+    /// Debug (`cfg.debug_starts`): thread 0 of the block holding IR tile `m`'s first row
+    /// (`first`) stores the start it found at `starts[bh, m]`, the parameter after the score
+    /// hook's.
+    fn write_debug_start(
+        &self,
+        bh: IntValue<'ctx>,
+        m: IntValue<'ctx>,
+        first: IntValue<'ctx>,
+        ps: IntValue<'ctx>,
+    ) {
+        let b = self.b;
+        let p = b.param_ptr(super::score::FIRST_PARAM + self.score.params().len() as u32);
+        let bm = self.cfg.bm as i64;
+        let mt = b.sdivc(b.addc(self.t_len, bm - 1), bm);
+        let t0 = b.icmpc(IntPredicate::EQ, self.tid, 0);
+        b.if_then(b.and(first, t0), |b| {
+            let at = b.add(b.mul(b.sext64(bh), b.sext64(mt)), b.sext64(m));
+            b.store(b.gep(b.i32t().into(), p, at), ps);
+        });
     }
 
     /// start[m] of IR tile `m` (first row `i0`): [`search_start`] with this kernel's tiles.
