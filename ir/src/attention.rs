@@ -389,27 +389,20 @@ pub enum AttnKernel {
     Standard,
     /// sm_90a: producer and consumer warpgroups sharing a K/V ring (128 query rows per block;
     /// codegen `nvptx::attention_ws`), where [`AttnKernel::runs_warp_specialized`] holds for
-    /// the sizes bound at code generation (the passes may not know them); the standard kernel
+    /// the head dim bound at code generation (the passes may not know it); the standard kernel
     /// elsewhere.
     WarpSpecialized,
 }
 
 impl AttnKernel {
-    /// Head dims the warp-specialized kernel is chosen for: measured faster at D = 128 (up to
-    /// 8%), 1.4x slower at D = 64 (docs/GPU_KERNEL.md, run 8), which keeps the standard kernel.
+    /// Head dims the warp-specialized kernel is chosen for: measured 0.75x the standard
+    /// kernel's time at D = 128 (with 128-key tiles), 1.4x slower at D = 64, which keeps the
+    /// standard kernel (docs/GPU_KERNEL.md, run 8).
     pub const WS_HEAD_DIMS: [u64; 1] = [128];
 
-    /// Fewest 128-row query tiles (`B H ceil(T / 128)`) for the warp-specialized kernel: two
-    /// waves of an H100 / H200 (132 SMs, one block each). With one head of T = 16384 (128
-    /// tiles) it ran 9% slower than the standard kernel's 64-row blocks (run 8).
-    pub const WS_MIN_QUERY_TILES: u64 = 264;
-
-    /// Whether this attribute runs the warp-specialized kernel at head dim `head_dim` with
-    /// `query_tiles` 128-row query tiles in all.
-    pub fn runs_warp_specialized(self, head_dim: u64, query_tiles: u64) -> bool {
-        self == AttnKernel::WarpSpecialized
-            && AttnKernel::WS_HEAD_DIMS.contains(&head_dim)
-            && query_tiles >= AttnKernel::WS_MIN_QUERY_TILES
+    /// Whether this attribute runs the warp-specialized kernel at head dim `head_dim`.
+    pub fn runs_warp_specialized(self, head_dim: u64) -> bool {
+        self == AttnKernel::WarpSpecialized && AttnKernel::WS_HEAD_DIMS.contains(&head_dim)
     }
 }
 

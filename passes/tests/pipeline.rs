@@ -232,7 +232,9 @@ fn options_reach_the_attributes() {
         assert!(matches!(o.op(ops.k), Op::RmsNorm { axis, .. } if axis == "3"));
     }
     assert_eq!(tiles_for(Target::Cpu, Some(64)), foxc_ir::Tiles { bm: 64, bn: 64 });
-    assert_eq!(tiles_for(Target::Sm90a, Some(128)), foxc_ir::Tiles { bm: 64, bn: 64 });
+    // sm_90a, D = 128: the warp-specialized kernel's 128-key tiles (docs/GPU_KERNEL.md run 8).
+    assert_eq!(tiles_for(Target::Sm90a, Some(128)), foxc_ir::Tiles { bm: 64, bn: 128 });
+    assert_eq!(tiles_for(Target::Sm90a, Some(64)), foxc_ir::Tiles { bm: 64, bn: 64 });
 }
 
 /// A user-requested tile shape overrides the target's choice on every ACP node.

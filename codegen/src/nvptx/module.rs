@@ -625,11 +625,11 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         cfg.bm = tiles.bm;
         cfg.bn = tiles.bn;
         cfg.kv_group = self.static_dim(&a.kv_group, "the query heads per key/value head")?;
-        // The attribute's own rule at the bound sizes (ir AttnKernel::runs_warp_specialized).
-        // Sizes left unbound (PTX compiled for any B, H, T) count as a large workload.
-        let bind = |s: &str| self.spec.dims.get(s).copied();
-        let heads = super::eval_product(&bh, &bind);
-        let rows = super::eval_product(std::slice::from_ref(&t), &bind);
+        // The attribute's own rule at the bound head dim (ir AttnKernel::runs_warp_specialized).
+        cfg.ws = a.kernel.runs_warp_specialized(d as u64);
+        // The region's dims are specialized like the head dim; `b`, `h` need the head count.
+        let heads = self.ty(q).axes.get(1).and_then(|ax| ax.dim.eval(&|s| self.spec.dims.get(s).copied()));
+        let dim = |d: &Dim| d.eval(&|s| self.spec.dims.get(s).copied());
         // Debug starts (NvptxSpec::debug_starts): the standard kernel writes them (the
         // warp-specialized one has no such parameter), for the first pruned attention only.
         let debug_starts = self.spec.debug_starts && cfg.prune && self.debug_starts.is_none();
@@ -637,14 +637,6 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             cfg.debug_starts = true;
             cfg.ws = false;
         }
-        let tiles = match (heads, rows) {
-            (Ok(heads), Ok(rows)) => heads.saturating_mul(rows.div_ceil(128)),
-            _ => u64::MAX,
-        };
-        cfg.ws = a.kernel.runs_warp_specialized(d as u64, tiles);
-        // The region's dims are specialized like the head dim; `b`, `h` need the head count.
-        let heads = self.ty(q).axes.get(1).and_then(|ax| ax.dim.eval(&|s| self.spec.dims.get(s).copied()));
-        let dim = |d: &Dim| d.eval(&|s| self.spec.dims.get(s).copied());
         // Captured tensors: read by the score hook through their index expressions.
         let caps: Vec<CaptureTy> = o
             .captures

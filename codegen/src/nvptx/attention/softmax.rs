@@ -10,7 +10,7 @@ use inkwell::values::{FloatValue, IntValue};
 use inkwell::{FloatPredicate, IntPredicate};
 
 /// One tile's softmax step for this thread's two rows.
-pub(super) struct SoftmaxStep<'ctx> {
+pub(crate) struct SoftmaxStep<'ctx> {
     /// `2^(m_old - m_new)`: the factor on the old sum and O.
     pub alpha: [FloatValue<'ctx>; 2],
     pub m_new: [FloatValue<'ctx>; 2],

@@ -1,4 +1,4 @@
-//! The consumer with its GEMMs overlapped with its softmax (issue 11, stage b, inside one
+//! A consumer warpgroup, its GEMMs overlapped with its softmax (issue 11, stage b, inside one
 //! warpgroup): for key tile n it issues `S_n = Q K_n^T` and then `O += P_{n+1} V_{n+1}` (the
 //! previous tile's probabilities, already in registers) as two wgmma groups, waits for the
 //! first only, runs tile n's scores and online softmax while the tensor cores do the second,
@@ -6,7 +6,7 @@
 //! the ring are those of [`super::roles`]; tiles outside this consumer's range are released
 //! without compute, before and after its own tiles.
 //!
-//! With `pingpong`, the two consumers also take turns at the tensor cores (named barriers 3
+//! The two consumers also take turns at the tensor cores (named barriers 3
 //! and 4, 256 threads each): a consumer waits for its turn before issuing a tile's GEMMs and
 //! hands the turn over right after issuing them, so one consumer's softmax runs while the
 //! other's GEMMs do. Every tile of the walk is one turn for both consumers (a skipped tile
@@ -43,28 +43,23 @@ pub(super) struct Consumer<'k, 'ctx> {
     pub my_start: IntValue<'ctx>,
     pub my_end: IntValue<'ctx>,
     pub c_ref: Option<FloatValue<'ctx>>,
-    /// This consumer (0 or 1) and whether the two take turns at the tensor cores.
+    /// This consumer (0 or 1).
     pub cw: IntValue<'ctx>,
-    pub pingpong: bool,
 }
 
 /// Named barrier of consumer `w`'s turn (0 is `__syncthreads`, 1 and 2 the Q loads).
 const TURN_BARRIER: i64 = 3;
 
 impl<'k, 'ctx> Consumer<'k, 'ctx> {
-    /// Waits for this consumer's turn at the tensor cores (pingpong only).
+    /// Waits for this consumer's turn at the tensor cores.
     fn turn_begin(&self, b: &KernelBuilder<'_, 'ctx>) {
-        if self.pingpong {
-            named_barrier(b, b.addc(self.cw, TURN_BARRIER), 256);
-        }
+        named_barrier(b, b.addc(self.cw, TURN_BARRIER), 256);
     }
 
-    /// Hands the turn to the other consumer (pingpong only).
+    /// Hands the turn to the other consumer.
     fn turn_end(&self, b: &KernelBuilder<'_, 'ctx>) {
-        if self.pingpong {
-            let other = b.xorc(self.cw, 1);
-            named_arrive(b, b.addc(other, TURN_BARRIER), 256);
-        }
+        let other = b.xorc(self.cw, 1);
+        named_arrive(b, b.addc(other, TURN_BARRIER), 256);
     }
 
     /// Byte offsets of slot `s`'s K and V tiles, relative to this consumer's view.
@@ -181,13 +176,11 @@ impl<'k, 'ctx> Consumer<'k, 'ctx> {
         let pn = (a.cfg.bn / 4) as usize; // packed P values per thread
         let zero = b.f32(0.0);
         let ninf = b.f32(f64::NEG_INFINITY);
-        if self.pingpong {
-            // Consumer 1 hands consumer 0 its first turn.
-            let c1 = b.icmpc(IntPredicate::EQ, self.cw, 1);
-            b.if_then_named(c1, ("first_turn", "first_turn_done"), |b| {
-                named_arrive(b, b.i32(TURN_BARRIER), 256);
-            });
-        }
+        // Consumer 1 hands consumer 0 its first turn.
+        let c1 = b.icmpc(IntPredicate::EQ, self.cw, 1);
+        b.if_then_named(c1, ("first_turn", "first_turn_done"), |b| {
+            named_arrive(b, b.i32(TURN_BARRIER), 256);
+        });
         self.skip(b, self.walk.hi, b.addc(self.my_end, 1));
 
         // First own tile: S alone, then its softmax (O is still zero: nothing to rescale).
@@ -256,13 +249,11 @@ impl<'k, 'ctx> Consumer<'k, 'ctx> {
         let o = b.asm_pass("wgmma.wait_group.sync.aligned 0;", &o);
         self.release(b, sprev);
         self.skip(b, b.addc(self.my_start, -1), self.walk.lo);
-        if self.pingpong {
-            // Consumer 0 takes consumer 1's last hand-over.
-            let c0 = b.icmpc(IntPredicate::EQ, self.cw, 0);
-            b.if_then_named(c0, ("last_turn", "last_turn_done"), |b| {
-                named_barrier(b, b.i32(TURN_BARRIER), 256);
-            });
-        }
+        // Consumer 0 takes consumer 1's last hand-over.
+        let c0 = b.icmpc(IntPredicate::EQ, self.cw, 0);
+        b.if_then_named(c0, ("last_turn", "last_turn_done"), |b| {
+            named_barrier(b, b.i32(TURN_BARRIER), 256);
+        });
         (o, m, l)
     }
 }

@@ -1,7 +1,9 @@
-//! The warp-specialized forward attention kernel for sm_90a (issue 11, stage a).
+//! The warp-specialized forward attention kernel for sm_90a (issue 11, stages a and b).
 //!
-//! Selected per attention by the tiles pass (`kernel = warp_specialized`, D = 64 or 128); every
-//! other attention keeps the kernel of [`super::attention`]. It computes the same function with
+//! Selected per attention by the tiles pass (`kernel = warp_specialized`; run at D = 128, the
+//! attribute's rule `AttnKernel::runs_warp_specialized`; D = 64 builds and is checked, but was
+//! measured slower than the standard kernel); every other attention keeps the kernel of
+//! [`super::attention`]. Measured in docs/GPU_KERNEL.md, run 8. It computes the same function with
 //! the same pieces (the wgmma steps, the score hook and masks, the online softmax, the in-kernel
 //! start search, the epilogue), arranged differently:
 //!
@@ -9,8 +11,11 @@
 //!   **producer**: it drops to 56 registers (`setmaxnreg.dec`) and streams the K and V tiles
 //!   (and the tile's gate cumsum `c_j`) into a ring of `stages` shared-memory slots with
 //!   `cp.async`. Warpgroups 1 and 2 are the **consumers**: each raises its limit to 224
-//!   registers and owns 64 query rows (its own Q tile), exactly as one block of the old kernel
-//!   does, but both read the same K/V slot, so each K/V byte is loaded once per 128 rows.
+//!   registers and owns 64 query rows (its own Q tile), like one block of the old kernel, but
+//!   both read the same K/V slot, so each K/V byte is loaded once per 128 rows.
+//! * Inside a consumer ([`consumer`]), tile n's `Q K^T` and tile n+1's `P V` are issued together
+//!   and tile n's softmax runs while the `P V` is on the tensor cores; the two consumers take
+//!   turns issuing their GEMMs (pingpong on two named barriers).
 //! * The ring is guarded by mbarriers. `full[s]` completes when the slot's copies have landed
 //!   (128 `cp.async.mbarrier.arrive.noinc`, one per producer thread) and its `c_j` are stored
 //!   (128 plain arrivals, release); `empty[s]` completes when both consumers are done with the
@@ -26,7 +31,7 @@
 //! Kernel parameters are those of the old kernel (module docs of [`super::attention`]), in the
 //! same order, followed by the score modification's. Launch with [`launch_geometry`].
 
-mod overlap;
+mod consumer;
 mod roles;
 mod sync;
 
@@ -51,14 +56,6 @@ pub const BLOCK_ROWS: u32 = 128;
 /// the producer spilled a register).
 pub(crate) const PRODUCER_REGS: u32 = 56;
 pub(crate) const CONSUMER_REGS: u32 = 224;
-
-/// Stage b inside a warpgroup: the consumers overlap tile n's softmax with tile n+1's PV
-/// ([`overlap`]); false runs each tile's QK, softmax and PV one after another.
-const OVERLAP: bool = true;
-
-/// Stage b across warpgroups: with [`OVERLAP`], the two consumers take turns at the tensor
-/// cores ([`overlap`]'s pingpong).
-const PINGPONG: bool = true;
 
 /// Most slots of the K/V ring (more buys nothing once loads are hidden; fewer saves memory).
 const MAX_STAGES: u32 = 4;

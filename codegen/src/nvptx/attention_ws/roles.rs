@@ -1,17 +1,15 @@
 //! The body of the warp-specialized kernel: barrier setup, the role split, the producer's fill
 //! loop and the consumers' compute loop (see the module docs of [`super`] for the protocol).
 
-use super::overlap::Consumer;
+use super::consumer::Consumer;
 use super::sync::{
-    fence_async_shared, in_range, mbar_arrive, mbar_arrive_on_copies, mbar_init, mbar_wait, named_barrier,
-    set_max_regs,
+    fence_async_shared, mbar_arrive, mbar_arrive_on_copies, mbar_init, mbar_wait, named_barrier, set_max_regs,
 };
 use super::{WsLayout, BLOCK_ROWS, CONSUMER_REGS, PRODUCER_REGS};
 use crate::nvptx::attention::score::ScoreMod;
 use crate::nvptx::attention::{Attn, AttnKernelConfig, Rows, LOG2E};
-use crate::nvptx::builder::control::{basic, floats};
 use crate::nvptx::builder::KernelBuilder;
-use inkwell::values::{BasicValueEnum, FloatValue, IntValue, PointerValue};
+use inkwell::values::{IntValue, PointerValue};
 use inkwell::IntPredicate;
 
 /// Per-block values every role derives the same way.
@@ -265,99 +263,9 @@ fn consumer<'ctx>(
     fence_async_shared(b);
     named_barrier(b, b.addc(cw, 1), 128);
 
-    let (o, m, l) = if super::OVERLAP {
-        let pingpong = super::PINGPONG;
-        let c = Consumer {
-            base: a0.smem,
-            lay,
-            blk,
-            walk,
-            rows: &rows,
-            qoff,
-            my_start,
-            my_end,
-            c_ref,
-            cw,
-            pingpong,
-        };
-        c.run(&a)
-    } else {
-        serial(&a, a0.smem, cfg, lay, blk, walk, &rows, qoff, (my_start, my_end), c_ref)
-    };
+    let c = Consumer { base: a0.smem, lay, blk, walk, rows: &rows, qoff, my_start, my_end, c_ref, cw };
+    let (o, m, l) = c.run(&a);
     let (inv, lse) = a.finalize(m, l, cir);
     let o_elt = if cfg.out_bf16 { b.i16t().into() } else { f32t };
     a.store_output(&o, inv, lse, &rows, blk.ob, o_elt, blk.lb);
-}
-
-/// The consumer's walk with each tile's QK, softmax and PV one after another (stage a).
-#[allow(clippy::too_many_arguments)]
-fn serial<'ctx>(
-    a: &Attn<'_, '_, 'ctx>,
-    base: PointerValue<'ctx>,
-    cfg: &AttnKernelConfig,
-    lay: &WsLayout,
-    blk: &Block<'ctx>,
-    walk: &Walk<'ctx>,
-    rows: &Rows<'ctx>,
-    qoff: IntValue<'ctx>,
-    (my_start, my_end): (IntValue<'ctx>, IntValue<'ctx>),
-    c_ref: Option<FloatValue<'ctx>>,
-) -> (Vec<FloatValue<'ctx>>, [FloatValue<'ctx>; 2], [FloatValue<'ctx>; 2]) {
-    let b = a.b;
-    let bn = cfg.bn as i64;
-    let dt = (cfg.head_dim / 8) as usize;
-    let kv = lay.kv_bytes as i64;
-    let l2e = b.f32(LOG2E);
-    let tq = rows.tq;
-    let rel = |off: IntValue<'ctx>| b.sub(off, qoff);
-    let zero = b.f32(0.0);
-    let ninf = b.f32(f64::NEG_INFINITY);
-    let mut carried: Vec<(&str, BasicValueEnum)> = vec![("n", walk.hi.into())];
-    carried.extend((0..dt * 4).map(|_| ("o", zero.into())));
-    carried.extend([("m", ninf.into()), ("m", ninf.into()), ("l", zero.into()), ("l", zero.into())]);
-    let last = b.do_while(("tile", "epilogue"), &carried, |b, vals| {
-        let n = vals[0].into_int_value();
-        let state: Vec<BasicValueEnum> = vals[1..].to_vec();
-        let k = b.sub(walk.hi, n);
-        let (s, par) = slot(b, lay, k);
-        let mine = in_range(b, n, my_start, my_end);
-        // Barriers are addressed from the block's base, tiles relative to this view (a).
-        mbar_wait(b, bar_at(b, base, lay, s, false), par);
-        let named: Vec<(&str, BasicValueEnum)> = state.iter().map(|v| ("st", *v)).collect();
-        let next = b.if_then_carry(mine, ("compute", "release"), &named, |b| {
-            fence_async_shared(b);
-            let o_in = floats(&state[..dt * 4]);
-            let m_old = [state[dt * 4].into_float_value(), state[dt * 4 + 1].into_float_value()];
-            let l_old = [state[dt * 4 + 2].into_float_value(), state[dt * 4 + 3].into_float_value()];
-            let koff = rel(b.addc(b.mulc(s, 2 * kv), lay.kv0 as i64));
-            let voff = b.addc(koff, kv);
-            let j0 = b.mulc(n, bn);
-            let col0 = b.add(j0, b.mulc(tq, 2));
-            let c_col: Vec<FloatValue> = match c_ref {
-                Some(cr) => {
-                    let cbuf = rel(b.addc(b.mulc(s, 4 * bn), lay.c0 as i64));
-                    a.load_colb(cbuf, tq).into_iter().map(|cj| b.fmul(b.fsub(cr, cj), l2e)).collect()
-                }
-                None => vec![],
-            };
-            let s_acc = a.qk(koff, None);
-            let s2 = a.scores(&s_acc, &c_col, rows, j0, col0, blk.bh);
-            let st = a.online_softmax(&s2, m_old, l_old);
-            let o = a.rescale(&o_in, st.alpha);
-            let o = a.pv(o, &st.p, voff, None);
-            let mut out = basic(&o);
-            out.extend(basic(&st.m_new));
-            out.extend(basic(&st.l_new));
-            out
-        });
-        mbar_arrive(b, bar_at(b, base, lay, s, true));
-        let nn = b.addc(n, -1);
-        let mut nv = vec![nn.into()];
-        nv.extend(next);
-        (b.icmp(IntPredicate::SGE, nn, walk.lo), nv)
-    });
-    let o: Vec<FloatValue> = floats(&last[1..1 + dt * 4]);
-    let m = [last[1 + dt * 4].into_float_value(), last[2 + dt * 4].into_float_value()];
-    let l = [last[3 + dt * 4].into_float_value(), last[4 + dt * 4].into_float_value()];
-    (o, m, l)
 }

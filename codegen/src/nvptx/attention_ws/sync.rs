@@ -6,7 +6,6 @@
 
 use crate::nvptx::builder::KernelBuilder;
 use inkwell::values::{IntValue, PointerValue};
-use inkwell::IntPredicate;
 
 /// `mbarrier.init.shared.b64 [bar], count`.
 pub(super) fn mbar_init<'ctx>(b: &KernelBuilder<'_, 'ctx>, bar: PointerValue<'ctx>, count: u32) {
@@ -66,16 +65,4 @@ pub(super) fn set_max_regs(b: &KernelBuilder<'_, '_>, regs: u32, grow: bool) {
 /// before its next async-proxy reads (`wgmma` operands).
 pub(super) fn fence_async_shared(b: &KernelBuilder<'_, '_>) {
     b.asm_stmt("fence.proxy.async.shared::cta;");
-}
-
-/// Whether `x` is in `[lo, hi]` (signed).
-pub(super) fn in_range<'ctx>(
-    b: &KernelBuilder<'_, 'ctx>,
-    x: IntValue<'ctx>,
-    lo: IntValue<'ctx>,
-    hi: IntValue<'ctx>,
-) -> IntValue<'ctx> {
-    let a = b.icmp(IntPredicate::SGE, x, lo);
-    let c = b.icmp(IntPredicate::SLE, x, hi);
-    b.and(a, c)
 }

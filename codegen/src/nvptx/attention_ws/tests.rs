@@ -91,10 +91,18 @@ fn ptxas() -> Option<std::path::PathBuf> {
     candidates.into_iter().flatten().find(|p| p.is_file())
 }
 
-/// ptxas accepts the kernel, honours `setmaxnreg` (no C7508 "ignored" warning) and spills
-/// nothing, for D = 64 and 128, f32 and bf16 output, with and without decay.
+/// Bytes of spill stores in a `ptxas -v` log.
+fn spill_stores(log: &str) -> u32 {
+    let at = log.find(" bytes spill stores").expect("ptxas -v reports spills");
+    log[..at].rsplit(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+}
+
+/// ptxas accepts the kernel and honours `setmaxnreg` (no C7508 "ignored" warning), for D = 64
+/// and 128, f32 and bf16 output, with and without decay: no spills with 64-key tiles; with the
+/// 128-key tiles the tiles pass picks at D = 128 the consumers hold S, O and two tiles of P
+/// and spill a little (28 bytes at D = 128, as measured on the H200 in run 8): at most 64.
 #[test]
-fn assembles_with_ptxas_without_spills() {
+fn assembles_with_ptxas_and_bounded_spills() {
     let Some(ptxas) = ptxas() else {
         eprintln!("note: ptxas not found (set $PTXAS); skipping the PTX assembly check");
         return;
@@ -102,11 +110,12 @@ fn assembles_with_ptxas_without_spills() {
     let dir = std::env::temp_dir().join(format!("foxc_ws_{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     for d in HEAD_DIMS {
-        for (decay, bf16) in [(true, true), (false, false)] {
+        for (decay, bf16, bn) in [(true, true, 64), (false, false, 64), (true, true, 128)] {
             let mut c = cfg(d);
             c.has_decay = decay;
             c.prune = decay;
             c.out_bf16 = bf16;
+            c.bn = bn;
             let p = dir.join(format!("{}.ptx", c.kernel_name()));
             std::fs::write(&p, ptx_for(&c)).unwrap();
             let out = std::process::Command::new(&ptxas)
@@ -119,7 +128,8 @@ fn assembles_with_ptxas_without_spills() {
             let log = String::from_utf8_lossy(&out.stderr).to_string();
             assert!(out.status.success(), "ptxas failed on {}:\n{log}", p.display());
             assert!(!log.contains("C7508") && !log.contains("warning"), "D={d}: {log}");
-            assert!(log.contains("0 bytes spill stores, 0 bytes spill loads"), "D={d}: {log}");
+            let limit = if bn == 64 { 0 } else { 64 };
+            assert!(spill_stores(&log) <= limit, "D={d} bn={bn}: {log}");
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -1,0 +1,92 @@
+//! The warp-specialized forward through the NVPTX backend: an attention whose `kernel`
+//! attribute says warp-specialized runs the `_ws` kernel at D = 128 (384 threads, one block per
+//! 128 query rows, its layout's shared memory) and the standard kernel at D = 64, as the
+//! attribute's rule says (`AttnKernel::runs_warp_specialized`).
+
+use foxc_codegen::nvptx::attention::AttnKernelConfig;
+use foxc_codegen::nvptx::attention_ws;
+use foxc_codegen::nvptx::{compile, Launch, NvptxSpec, NvptxTarget};
+use foxc_ir::attention::{Attention, AttnKernel, Mask, Prune, Scale};
+use foxc_ir::*;
+
+fn s(x: &str) -> Dim {
+    Dim::sym(x)
+}
+
+/// Pruned FoX (fused boundary) with the tiles and kernel the tiles pass picks on sm_90a.
+fn fox(kernel: AttnKernel) -> Graph {
+    let sp = Span::default();
+    let mut g = Graph::new("g");
+    let bhtd = || ValueType::tensor(DType::BF16, [s("B"), s("H"), s("T"), s("D")]);
+    let q = g.add_param("q", bhtd(), sp);
+    let k = g.add_param("k", bhtd(), sp);
+    let v = g.add_param("v", bhtd(), sp);
+    let f = g.add_param("fgate", ValueType::tensor(DType::F32, [s("B"), s("H"), s("T")]), sp);
+    let bht = ValueType::tensor(DType::F32, [s("B"), s("H"), s("T")]);
+    let c = g.add(Op::GateCumsum { kind: GateKind::Logits }, bht, &[f], sp);
+    let scale = Scale::inv_sqrt(1.0, s("D"));
+    let rule = foxc_passes::rules::by_name("paper").unwrap();
+    let th = Op::Threshold {
+        rule,
+        log_eps: -10.0,
+        bound: NormBound::Data,
+        score: ScoreBound::IDENTITY,
+        scale: scale.clone(),
+        bm: 64,
+    };
+    let mt = ValueType::tensor(DType::F32, [s("B"), s("H"), Dim::Tiles(Box::new(s("T")), 64)]);
+    let delta = g.add(th, mt, &[q, k], sp);
+    let mut a = Attention::new(scale, Mask::Causal, true);
+    a.tiles = Some(foxc_passes::tiles_for(foxc_passes::Target::Sm90a, None));
+    a.prune = Prune::Boundary;
+    a.kernel = kernel;
+    let ops = [q, k, v, c, delta];
+    let tys: Vec<ValueType> = ops.iter().map(|&o| g.ty(o).clone()).collect();
+    let refs: Vec<&ValueType> = tys.iter().collect();
+    let rt = a.result_types(&refs).unwrap();
+    let vals: Vec<Value> = ops.iter().map(|&o| Value::of(o)).collect();
+    g.output = Some(g.add_multi(Op::Attention(a), rt, &vals, sp));
+    foxc_ir::verify::verify(&g).unwrap();
+    g
+}
+
+fn dims(d: u64) -> std::collections::BTreeMap<String, u64> {
+    [("B", 2), ("H", 3), ("T", 1000), ("D", d)].iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+/// The attention launch of the compiled program: its kernel name and configuration.
+fn attention_launch(
+    g: &Graph,
+    d: u64,
+) -> (String, AttnKernelConfig, foxc_codegen::nvptx::attention::LaunchGeometry) {
+    let bind = dims(d);
+    let a = compile(g, &NvptxSpec::new(NvptxTarget::Sm90a, bind.clone())).expect("compiles");
+    let k = a.kernels.iter().find(|k| k.name.starts_with("foxc_attn_fwd")).expect("an attention kernel");
+    let Launch::Attention { cfg, .. } = &k.launch else { panic!("not an attention launch") };
+    let geo = k.geometry(&|s| bind.get(s).copied()).unwrap();
+    (k.name.clone(), cfg.clone(), geo)
+}
+
+#[test]
+fn warp_specialized_at_d128_standard_at_d64() {
+    let g = fox(AttnKernel::WarpSpecialized);
+    let (name, cfg, geo) = attention_launch(&g, 128);
+    assert!(name.starts_with("foxc_attn_fwd_ws_d128_bm64_bn128_"), "{name}");
+    assert!(cfg.ws);
+    // ceil(1000 / 128) query tiles per head, B H = 6 heads, 3 warpgroups.
+    assert_eq!(geo.grid, (8, 6, 1));
+    assert_eq!(geo.block, (attention_ws::THREADS, 1, 1));
+    assert_eq!(geo.shared_bytes, attention_ws::layout(&cfg).unwrap().total);
+    // D = 64: the rule keeps the standard kernel (measured faster there).
+    let (name, cfg, geo) = attention_launch(&g, 64);
+    assert!(name.starts_with("foxc_attn_fwd_d64_"), "{name}");
+    assert!(!cfg.ws);
+    assert_eq!(geo.block, (128, 1, 1));
+}
+
+#[test]
+fn the_standard_attribute_keeps_the_standard_kernel() {
+    let (name, cfg, _) = attention_launch(&fox(AttnKernel::Standard), 128);
+    assert!(name.starts_with("foxc_attn_fwd_d128_"), "{name}");
+    assert!(!cfg.ws);
+}
