@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
 # Issue 11's device call: the warp-specialized sm_90a forward against the standard kernel on the
-# same card in one call. Binaries (stripped, gzipped in .devbin/h5/, carried): foxc-base (the
-# tiles pass never selects the new kernel) and builds that do, named by WS (docs/GPU_KERNEL.md,
-# run 8: a = serial consumers, b = softmax overlapped with P V inside each consumer, c = b with
-# the two consumers taking turns at the tensor cores).
+# same card in one call. Binaries (stripped, gzipped as .devbin/h5/foxc-<name>.gz, carried):
+# foxc-base (built with the tiles pass never choosing the new kernel: `let ws = false && ...` in
+# passes/src/tiles.rs::kernel_for) and the builds to compare, named by WS. In run 8
+# (docs/GPU_KERNEL.md) they were a (serial consumers), b (softmax overlapped with P V inside each
+# consumer) and c (b with pingpong; the committed code).
 # Order: correctness (--check against the f64 reference; new vs base on the same inputs),
 # compute-sanitizer memcheck and racecheck on small cases, then interleaved timings.
 # Every command has a timeout: a kernel that deadlocks on its barriers must not eat the lease.
 # Knobs: WS, CASES (example shape pairs), FULL=1 (every fox case also --no-prune and two
 # --tiles), CMP (shapes of the new-vs-base comparison), SAN_SHAPE, SHAPES (timed shapes), TIME_WS
 # (builds timed, default WS), TILES (extra --tiles for the timed runs of the WS builds).
-# Usage on the GPU machine: WS="a b" bench/ws_device.sh
+# Usage on the GPU machine: WS=c bench/ws_device.sh   (run 8, call 2: see docs/GPU_KERNEL.md)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 for f in .devbin/h5/*.gz; do gunzip -kf "$f" && chmod +x "${f%.gz}"; done
 BASE=.devbin/h5/foxc-base
-WS=${WS:-a}
+WS=${WS:-c}
 CASES=${CASES:-"fox:B=1,H=3,T=777,D=128 fox:B=1,H=3,T=777,D=64 fox:B=1,H=2,T=64,D=64 fox:B=1,H=2,T=130,D=128
   fox_softcap:B=1,H=4,T=1000,D=128 fox_gqa:B=1,H=4,G=2,T=1000,D=64 window:B=1,H=4,T=1000,D=128
   fox_keybias:B=1,H=4,T=1000,D=64"}
