@@ -105,8 +105,9 @@ pub fn check_params(g: &Graph, dims: &BTreeMap<String, u64>, inputs: &TensorMap)
 #[derive(Clone, Copy, Debug)]
 pub struct ExecOptions {
     pub threads: usize,
-    /// Fill every result buffer with NaN bits (0xff bytes) before its kernel runs, so that an
-    /// element a kernel forgets to write shows up (tests); otherwise buffers start zeroed.
+    /// Fill every result buffer, shared buffer and per-thread scratch with NaN bits (0xff
+    /// bytes) before its kernel runs, so that an element a kernel forgets to write (or a
+    /// scratch value it reads before writing) shows up (tests); otherwise they start zeroed.
     pub poison: bool,
 }
 
@@ -209,9 +210,9 @@ pub unsafe fn execute_outputs(
             args.push(t.words.as_mut_ptr() as u64);
         }
         let t0 = std::time::Instant::now();
-        run_parallel(l, &args, threads);
+        run_parallel(l, &args, threads, opts.poison);
         if let Some(f) = l.finish {
-            let mut scratch = vec![0u8; l.scratch_bytes + SCRATCH_ALIGN];
+            let mut scratch = vec![if opts.poison { 0xff } else { 0 }; l.scratch_bytes + SCRATCH_ALIGN];
             let off = scratch.as_ptr().align_offset(SCRATCH_ALIGN);
             let f: KernelFn = std::mem::transmute::<*const u8, KernelFn>(f);
             f(args.as_ptr(), 0, 1, scratch.as_mut_ptr().wrapping_add(off));
@@ -268,14 +269,14 @@ fn ty_shape(ty: &foxc_ir::ValueType, dims: &BTreeMap<String, u64>) -> Result<Vec
 }
 
 /// Run one kernel over its task space: workers take `chunk` tasks at a time from a shared counter.
-unsafe fn run_parallel(l: &Launch, args: &[u64], threads: usize) {
+unsafe fn run_parallel(l: &Launch, args: &[u64], threads: usize, poison: bool) {
     let f: KernelFn = std::mem::transmute::<*const u8, KernelFn>(l.entry);
     let counter = AtomicU64::new(0);
     let chunk = l.chunk.max(1);
     let args_addr = args.as_ptr() as usize;
     let (tasks, scratch_bytes) = (l.tasks, l.scratch_bytes);
     let work = || {
-        let mut scratch = vec![0u8; scratch_bytes + SCRATCH_ALIGN];
+        let mut scratch = vec![if poison { 0xffu8 } else { 0 }; scratch_bytes + SCRATCH_ALIGN];
         let off = scratch.as_ptr().align_offset(SCRATCH_ALIGN);
         let sp = scratch.as_mut_ptr().wrapping_add(off);
         loop {
