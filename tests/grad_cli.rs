@@ -133,3 +133,26 @@ fn grad_on_the_cpu_writes_every_gradient_and_checks() {
         assert_eq!(t.data, again[n].data, "{n}: two cpu runs differ");
     }
 }
+
+/// `foxc bench --grad` times the gradient program (pruned and dense) and says so.
+#[test]
+fn bench_grad_times_forward_plus_backward_on_the_cpu() {
+    let r = foxc(&[
+        "bench",
+        "examples/fox.attn",
+        "--backend",
+        "cpu",
+        "--shape",
+        "B=1,H=2,T=128,D=16",
+        "--iters",
+        "1",
+        "--grad",
+        "--format",
+        "csv",
+    ]);
+    assert!(r.status.success(), "{}", text(&r));
+    let t = text(&r);
+    let rows: Vec<&str> = t.lines().filter(|l| l.contains(",forward+backward,cpu,")).collect();
+    assert_eq!(rows.len(), 2, "{t}");
+    assert!(rows[0].contains(",pruned,") && rows[1].contains(",dense,"), "{t}");
+}
