@@ -280,24 +280,61 @@ fn zero(fx: &mut Fx, dst: Value, floats: u64) {
 }
 
 /// `a . b` over `dp` f32 (a multiple of 4) at two scratch rows.
-fn dot(fx: &mut Fx, a: Value, b: Value, dp: u64) -> Value {
-    let mut acc = fx.splat_c(0.0);
+/// `a . b_l` for the four rows `b_l = b + l * stride` as the lanes of an f32x4; `a` is loaded
+/// once for the four. Each lane sums in `e` order, as a plain dot product would.
+fn dot4(fx: &mut Fx, a: Value, b: Value, stride: i64, dp: u64) -> Value {
+    let mut acc = [fx.splat_c(0.0); 4];
     for e in (0..dp).step_by(4) {
         let x = fx.load(F32X4, a, (e * 4) as i32);
-        let y = fx.load(F32X4, b, (e * 4) as i32);
-        acc = fx.fmadd(x, y, acc);
+        for (l, acc) in acc.iter_mut().enumerate() {
+            let y = fx.load(F32X4, b, (l as i64 * stride + (e * 4) as i64) as i32);
+            *acc = fx.fmadd(x, y, *acc);
+        }
     }
-    fx.hsum(acc)
+    let mut out = fx.splat_c(0.0);
+    for (l, acc) in acc.into_iter().enumerate() {
+        let s = fx.hsum(acc);
+        out = fx.b.ins().insertlane(out, s, l as u8);
+    }
+    out
 }
 
-/// `y += s x` over `dp` f32 at two scratch rows.
-fn axpy(fx: &mut Fx, s: Value, x: Value, y: Value, dp: u64) {
-    let sv = fx.splat(s);
+/// `y_l += c_l x` for the four rows `y_l = y + l * stride` (`c` the lanes of an f32x4); `x` is
+/// loaded once for the four.
+fn axpy4(fx: &mut Fx, c: Value, x: Value, y: Value, stride: i64, dp: u64) {
+    let cs: Vec<Value> = (0..4u8)
+        .map(|l| {
+            let s = fx.b.ins().extractlane(c, l);
+            fx.splat(s)
+        })
+        .collect();
     for e in (0..dp).step_by(4) {
         let xv = fx.load(F32X4, x, (e * 4) as i32);
-        let yv = fx.load(F32X4, y, (e * 4) as i32);
-        let r = fx.fmadd(sv, xv, yv);
-        fx.store(r, y, (e * 4) as i32);
+        for (l, cv) in cs.iter().enumerate() {
+            let off = (l as i64 * stride + (e * 4) as i64) as i32;
+            let yv = fx.load(F32X4, y, off);
+            let r = fx.fmadd(*cv, xv, yv);
+            fx.store(r, y, off);
+        }
+    }
+}
+
+/// `y += sum_l c_l x_l` for the four rows `x_l = x + l * stride`, lanes in order (the same sum as
+/// four `y += c_l x_l` in turn); `y` is loaded and stored once.
+fn gemv4(fx: &mut Fx, c: Value, x: Value, stride: i64, y: Value, dp: u64) {
+    let cs: Vec<Value> = (0..4u8)
+        .map(|l| {
+            let s = fx.b.ins().extractlane(c, l);
+            fx.splat(s)
+        })
+        .collect();
+    for e in (0..dp).step_by(4) {
+        let mut acc = fx.load(F32X4, y, (e * 4) as i32);
+        for (l, cv) in cs.iter().enumerate() {
+            let xv = fx.load(F32X4, x, (l as i64 * stride + (e * 4) as i64) as i32);
+            acc = fx.fmadd(*cv, xv, acc);
+        }
+        fx.store(acc, y, (e * 4) as i32);
     }
 }
 
@@ -598,16 +635,8 @@ fn row_body(fx: &mut Fx, a: &BwdKernel, sc: &Scratch, r: RowCtx, bf: &Bufs, (mt,
         let kr = fx.addr(bf.ks, j0, row_bytes);
         let vr = fx.addr(bf.vs, j0, row_bytes);
         // x = scale q_i . k_j and dp = dout_i . v_j on the four lanes.
-        let mut x = fx.splat_c(0.0);
-        let mut dpv = fx.splat_c(0.0);
-        for l in 0..4u8 {
-            let kl = fx.b.ins().iadd_imm_s(kr, l as i64 * row_bytes);
-            let s = dot(fx, bf.qss, kl, dp);
-            x = fx.b.ins().insertlane(x, s, l);
-            let vl = fx.b.ins().iadd_imm_s(vr, l as i64 * row_bytes);
-            let s = dot(fx, bf.douts, vl, dp);
-            dpv = fx.b.ins().insertlane(dpv, s, l);
-        }
+        let x = dot4(fx, bf.qss, kr, row_bytes, dp);
+        let dpv = dot4(fx, bf.douts, vr, row_bytes, dp);
         let mut s = match &fw.score {
             Some(rc) => region::emit(fx, rc, bf.caps, &at, x),
             None => x,
@@ -656,19 +685,12 @@ fn row_body(fx: &mut Fx, a: &BwdKernel, sc: &Scratch, r: RowCtx, bf: &Bufs, (mt,
         let col = fx.load(F32X4, cola, 0);
         let col = fx.b.ins().fadd(col, ds);
         fx.store(col, cola, 0);
-        for l in 0..4u8 {
-            let pl = fx.b.ins().extractlane(p, l);
-            let dxl = fx.b.ins().extractlane(dx, l);
-            let off = l as i64 * row_bytes;
-            let dvr = fx.addr(bf.dvs, j0, row_bytes);
-            let dvr = fx.b.ins().iadd_imm_s(dvr, off);
-            axpy(fx, pl, bf.douts, dvr, dp);
-            let dkr = fx.addr(bf.dks, j0, row_bytes);
-            let dkr = fx.b.ins().iadd_imm_s(dkr, off);
-            axpy(fx, dxl, bf.qss, dkr, dp);
-            let kl = fx.b.ins().iadd_imm_s(kr, off);
-            axpy(fx, dxl, kl, bf.dqs, dp);
-        }
+        // dv_j += p dout_i, dk_j += dx (scale q_i), dq_i += dx k_j (keys in order).
+        let dvr = fx.addr(bf.dvs, j0, row_bytes);
+        axpy4(fx, p, bf.douts, dvr, row_bytes, dp);
+        let dkr = fx.addr(bf.dks, j0, row_bytes);
+        axpy4(fx, dx, bf.qss, dkr, row_bytes, dp);
+        gemv4(fx, dx, kr, row_bytes, bf.dqs, dp);
         // Capture gradients: ds * dR/d(read), added where the read is in range.
         if let Some(ts) = bf.tslice {
             for cg in &a.cap_grads {
