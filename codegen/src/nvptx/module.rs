@@ -691,14 +691,6 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         ];
         // The score hook's parameters (region.rs, ScoreArg): head count, captures and their sizes.
         for arg in score.args() {
-        if debug_starts {
-            let mut shape = bh.clone();
-            shape.push(Dim::Tiles(Box::new(t.clone()), cfg.bm));
-            let what = format!("debug: in-kernel block starts of %{}", n.index());
-            let dbg = self.scratch(DType::I32, shape, what);
-            args.push(KernelArg::Buffer(dbg));
-            self.debug_starts = Some(dbg);
-        }
             args.push(match *arg {
                 ScoreArg::Heads => KernelArg::I32(vec![bh[1].clone()]),
                 ScoreArg::Capture(k) => KernelArg::Buffer(self.buf(o.captures[k])?),
@@ -706,6 +698,14 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                     KernelArg::I32(self.ty(o.captures[k]).dims().nth(ax).cloned().into_iter().collect())
                 }
             });
+        }
+        if debug_starts {
+            let mut shape = bh.clone();
+            shape.push(Dim::Tiles(Box::new(t.clone()), cfg.bm));
+            let what = format!("debug: in-kernel block starts of %{}", n.index());
+            let dbg = self.scratch(DType::I32, shape, what);
+            args.push(KernelArg::Buffer(dbg));
+            self.debug_starts = Some(dbg);
         }
         self.push(n, name, args, Launch::Attention { cfg, t, bh }, vec![]);
         Ok(())
