@@ -3,7 +3,7 @@
 use crate::cli::{PruneArgs, TargetArg};
 use crate::Error;
 use foxc_ir::frontend::{self, Compiled};
-use foxc_ir::{Graph, PruneRule};
+use foxc_ir::Graph;
 use foxc_passes::{PassOptions, PassReport, Target};
 use std::path::Path;
 
@@ -59,7 +59,20 @@ pub fn pass_options(prune: &PruneArgs, target: TargetArg, print_after_all: bool)
         },
         print_after_all,
         tiles: prune.tiles,
+        ..PassOptions::default()
     }
+}
+
+/// The sizes that `inputs` bind in `g`, by dim name: what the passes may specialize on
+/// ([`PassOptions::dims`], e.g. the head dim that picks the GPU tiles).
+pub fn bound_dims(
+    g: &Graph,
+    inputs: &foxc_runtime::TensorMap,
+) -> Result<std::collections::BTreeMap<String, u64>, Error> {
+    let shapes: Vec<(String, Vec<usize>)> =
+        inputs.iter().map(|(k, t)| (k.clone(), t.shape.clone())).collect();
+    let dims = foxc_ir::shapes::bind_dims(g, &shapes).map_err(|e| Error::user(format!("error: {e}")))?;
+    Ok(dims.0)
 }
 
 /// Parse `--tiles 128x64`.

@@ -37,7 +37,7 @@ fn fox(kernel: AttnKernel) -> Graph {
     let mt = ValueType::tensor(DType::F32, [s("B"), s("H"), Dim::Tiles(Box::new(s("T")), 64)]);
     let delta = g.add(th, mt, &[q, k], sp);
     let mut a = Attention::new(scale, Mask::Causal, true);
-    a.tiles = Some(foxc_passes::tiles_for(foxc_passes::Target::Sm90a, None));
+    a.tiles = Some(foxc_passes::tiles_for(foxc_passes::Target::Sm90a, Some(128), false));
     a.prune = Prune::Boundary;
     a.kernel = kernel;
     let ops = [q, k, v, c, delta];

@@ -52,6 +52,12 @@ pub struct PassOptions {
     /// Tile shape requested by the user (`--tiles BMxBN`); `None`: the target's choice
     /// ([`tiles_for`]).
     pub tiles: Option<foxc_ir::Tiles>,
+    /// Sizes the caller has already bound (`--shape`, input files), by dim name. Passes may
+    /// specialize on them (the tiles pass reads the head dim); empty: everything symbolic.
+    pub dims: std::collections::BTreeMap<String, u64>,
+    /// The optimized graph will be differentiated (`foxc grad`, `bench --grad`): the tiles
+    /// pass picks the tiles the backward kernels run best with.
+    pub gradient: bool,
 }
 
 impl Default for PassOptions {
@@ -63,6 +69,8 @@ impl Default for PassOptions {
             target: Target::Cpu,
             print_after_all: false,
             tiles: None,
+            dims: Default::default(),
+            gradient: false,
         }
     }
 }

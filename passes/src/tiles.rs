@@ -3,22 +3,26 @@
 
 use crate::{PassContext, PassError, PassOptions, Target};
 use foxc_ir::attention::AttnKernel;
-use foxc_ir::{Attention, Dim, Graph, Mask, Op, Tiles};
+use foxc_ir::{Attention, Graph, Mask, Op, Tiles};
 
-/// The `bm x bn` tiles for `target`. `head_dim` is `D` when the signature fixes it.
+/// The `bm x bn` tiles for `target`. `head_dim` is `D` when the signature or the caller's
+/// bound sizes fix it; `gradient` says the graph will be differentiated.
 ///
 /// GPUs: 64-row query tiles (measured 7% (D = 128) to 30% (D = 64) faster than 128-row ones on
 /// the H200 with the standard kernel, and fewer kept tiles; docs/GPU_KERNEL.md, run 3), 64-key
-/// tiles; on sm_90a with D = 128 (or a head dim the passes do not know) 128-key tiles: the
-/// warp-specialized kernel ran 1x16x32768x128 in 3.34 ms with them against 4.02 ms with 64
-/// (the standard kernel: 4.43), keeping 40.2% of the tiles instead of 40.0% (run 8).
-pub fn tiles_for(target: Target, head_dim: Option<u64>) -> Tiles {
+/// tiles; on sm_90a with D = 128 known, for a forward, 128-key tiles: the warp-specialized
+/// kernel ran 1x16x32768x128 in 3.34 ms with them against 4.02 ms with 64 (the standard
+/// kernel: 4.43), keeping 40.2% of the tiles instead of 40.0% (run 8). Not when the head dim
+/// is unknown (D = 256 runs the standard kernel, whose 128-key tiles do not fit in shared
+/// memory), and not for a graph that is differentiated: the backward kernels share the
+/// forward's tiles and took 30.17 ms forward + backward with 128-key tiles against 25.78 ms
+/// with 64 at 1x16x32768x128 (BENCHMARKS.md, "Training").
+pub fn tiles_for(target: Target, head_dim: Option<u64>, gradient: bool) -> Tiles {
     match target {
-        Target::Cpu | Target::Sm80 => Tiles { bm: 64, bn: 64 },
-        Target::Sm90a if head_dim.is_none_or(|d| AttnKernel::WS_HEAD_DIMS.contains(&d)) => {
+        Target::Sm90a if !gradient && head_dim.is_some_and(|d| AttnKernel::WS_HEAD_DIMS.contains(&d)) => {
             Tiles { bm: 64, bn: 128 }
         }
-        Target::Sm90a => Tiles { bm: 64, bn: 64 },
+        Target::Cpu | Target::Sm80 | Target::Sm90a => Tiles { bm: 64, bn: 64 },
     }
 }
 
@@ -45,11 +49,9 @@ pub fn kernel_for(target: Target, head_dim: Option<u64>, a: &Attention, tiles: T
 /// tiles; and the forward kernel that goes with them ([`kernel_for`]).
 pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
     for n in g.find(|op| matches!(op, Op::Attention(a) if a.tiles.is_none())) {
-        let head_dim = match g.ty(g.operands(n)[0]).axes.get(3).map(|a| &a.dim) {
-            Some(Dim::Const(d)) => Some(*d),
-            _ => None,
-        };
-        let tiles = opts.tiles.unwrap_or_else(|| tiles_for(opts.target, head_dim));
+        let head_dim =
+            g.ty(g.operands(n)[0]).axes.get(3).and_then(|a| a.dim.eval(&|s| opts.dims.get(s).copied()));
+        let tiles = opts.tiles.unwrap_or_else(|| tiles_for(opts.target, head_dim, opts.gradient));
         if let Op::Attention(a) = &mut g.node_mut(n).op {
             a.tiles = Some(tiles);
             a.kernel = kernel_for(opts.target, head_dim, a, tiles);

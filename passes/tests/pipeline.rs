@@ -206,7 +206,7 @@ fn options_reach_the_attributes() {
     ] {
         let opts = PassOptions { target, rule: rule.clone(), log_eps, ..PassOptions::default() };
         let (o, _) = run(&g, &opts);
-        let tiles = tiles_for(target, None);
+        let tiles = tiles_for(target, None, false);
         let th = o.find(|op| matches!(op, Op::Threshold { .. }));
         let Op::Threshold { rule: r, log_eps: l, bound, bm, .. } = o.op(th[0]).clone() else {
             unreachable!()
@@ -231,10 +231,34 @@ fn options_reach_the_attributes() {
         assert!(matches!(o.op(ops.q), Op::RmsNorm { axis, .. } if axis == "3"));
         assert!(matches!(o.op(ops.k), Op::RmsNorm { axis, .. } if axis == "3"));
     }
-    assert_eq!(tiles_for(Target::Cpu, Some(64)), foxc_ir::Tiles { bm: 64, bn: 64 });
-    // sm_90a, D = 128: the warp-specialized kernel's 128-key tiles (docs/GPU_KERNEL.md run 8).
-    assert_eq!(tiles_for(Target::Sm90a, Some(128)), foxc_ir::Tiles { bm: 64, bn: 128 });
-    assert_eq!(tiles_for(Target::Sm90a, Some(64)), foxc_ir::Tiles { bm: 64, bn: 64 });
+    let t64 = foxc_ir::Tiles { bm: 64, bn: 64 };
+    assert_eq!(tiles_for(Target::Cpu, Some(64), false), t64);
+    // sm_90a, D = 128: the warp-specialized kernel's 128-key tiles (docs/GPU_KERNEL.md run 8),
+    // for a forward only (the backward runs faster with 64-key tiles), and only when D is known
+    // (D = 256's standard kernel cannot hold 128-key tiles in shared memory).
+    assert_eq!(tiles_for(Target::Sm90a, Some(128), false), foxc_ir::Tiles { bm: 64, bn: 128 });
+    assert_eq!(tiles_for(Target::Sm90a, Some(128), true), t64);
+    assert_eq!(tiles_for(Target::Sm90a, None, false), t64);
+    assert_eq!(tiles_for(Target::Sm90a, Some(64), false), t64);
+    assert_eq!(tiles_for(Target::Sm90a, Some(256), false), t64);
+}
+
+/// The tiles pass reads the head dim from the sizes the caller bound (`PassOptions::dims`).
+#[test]
+fn bound_head_dim_reaches_the_tiles() {
+    let g = compile("examples/fox.attn");
+    let tiles_of = |dims: &[(&str, u64)], gradient: bool| {
+        let dims = dims.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        let (o, _) =
+            run(&g, &PassOptions { target: Target::Sm90a, dims, gradient, ..PassOptions::default() });
+        let pa = o.find(|op| matches!(op, Op::Attention(_)));
+        let Op::Attention(a) = o.op(pa[0]) else { unreachable!() };
+        a.tiles.unwrap()
+    };
+    assert_eq!(tiles_of(&[("D", 128)], false), foxc_ir::Tiles { bm: 64, bn: 128 });
+    assert_eq!(tiles_of(&[("D", 128)], true), foxc_ir::Tiles { bm: 64, bn: 64 });
+    assert_eq!(tiles_of(&[("D", 256)], false), foxc_ir::Tiles { bm: 64, bn: 64 });
+    assert_eq!(tiles_of(&[("T", 128)], false), foxc_ir::Tiles { bm: 64, bn: 64 });
 }
 
 /// A user-requested tile shape overrides the target's choice on every ACP node.

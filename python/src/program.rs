@@ -90,8 +90,15 @@ pub fn load(
         Some((m, n)) => Some(pipeline::parse_tiles(&format!("{m}x{n}")).map_err(value_error)?),
         None => None,
     };
-    let opts =
-        PassOptions { prune: !no_prune, log_eps, rule, target: Target::Cpu, print_after_all: false, tiles };
+    let opts = PassOptions {
+        prune: !no_prune,
+        log_eps,
+        rule,
+        target: Target::Cpu,
+        print_after_all: false,
+        tiles,
+        ..PassOptions::default()
+    };
     let key = Key {
         name: name.to_string(),
         source: source.as_bytes().to_vec(),

@@ -25,7 +25,11 @@ pub fn compile(a: &CompileArgs) -> Result<(), Error> {
                 (EmitArg::Clif, _) => TargetArg::Cpu,
                 (_, t) => t,
             };
-            let opts = pipeline::pass_options(&a.prune, target, a.print_after_all);
+            let mut opts = pipeline::pass_options(&a.prune, target, a.print_after_all);
+            if let Some(shape) = &a.shape {
+                opts.dims = parse_shape(shape)?;
+            }
+            opts.gradient = matches!(a.emit, EmitArg::Grad);
             let (opt, report) = pipeline::optimize(&c.graph, &opts)?;
             if a.print_after_all {
                 for (pass, ir) in &report.dumps {

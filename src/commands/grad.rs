@@ -45,7 +45,9 @@ pub fn grad(a: &GradArgs) -> Result<(), Error> {
     };
     tensors::validate(&c.graph, &inputs)?;
     let target = if a.backend == BackendArg::Cuda { TargetArg::Sm90a } else { TargetArg::Cpu };
-    let opts = pipeline::pass_options(&a.prune, target, false);
+    let mut opts = pipeline::pass_options(&a.prune, target, false);
+    opts.dims = pipeline::bound_dims(&c.graph, &inputs)?;
+    opts.gradient = true;
     let (opt, _) = pipeline::optimize(&c.graph, &opts)?;
     let program = grad_program(&opt)?;
     let g = &program.graph;
