@@ -90,3 +90,20 @@ fn odd_but_valid_programs() {
     );
     assert!(!p && !ex.is_empty(), "{ex:?}");
 }
+
+/// Keys of another length than the queries (`k: [B, H, S, D]`): the fused op needs one sequence
+/// length, so the program stays unfused (and still means the same), with an explanation, instead
+/// of an internal error (found by the context-parallel work, which wrote such a program).
+#[test]
+fn keys_of_another_length_stay_unfused() {
+    let (pruned, ex) = check(
+        "attention a(q: f32[B, H, T, D], k: f32[B, H, S, D], v: f32[B, H, S, D]) -> f32[B, H, T, D] {
+            s[b, h, i, j] = sum(d, q[b, h, i, d] * k[b, h, j, d])
+            p[b, h, i, j] = softmax(j, s[b, h, i, j])
+            out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
+            return out
+        }",
+    );
+    assert!(!pruned);
+    assert!(ex.iter().any(|m| m.starts_with("not fused:") && m.contains("does not match q")), "{ex:?}");
+}

@@ -469,7 +469,28 @@ fn grouped(b: &Builder, c: Id, order: [Symbol; 4]) -> Option<(ValueId, Dim)> {
 
 /// Write the recognized attention into the IR; returns the attention node and the source span
 /// of each node of its score region.
-pub(crate) fn emit(em: &mut Emit, r: &Recognized, span: Span) -> Result<(ValueId, Vec<Span>), String> {
+/// Why [`emit`] built no attention node.
+pub(crate) enum EmitFail {
+    /// The recognized operands do not fit the fused op (e.g. keys of another length than the
+    /// queries): the program stays unfused, with this as its explanation.
+    Unfusable(String),
+    /// A bug in the emitter.
+    Internal(String),
+}
+
+impl From<String> for EmitFail {
+    fn from(e: String) -> Self {
+        EmitFail::Internal(e)
+    }
+}
+
+impl From<&str> for EmitFail {
+    fn from(e: &str) -> Self {
+        EmitFail::Internal(e.to_string())
+    }
+}
+
+pub(crate) fn emit(em: &mut Emit, r: &Recognized, span: Span) -> Result<(ValueId, Vec<Span>), EmitFail> {
     let [bb, hh] = r.batch;
     let mut q = em.positional(r.q, &[bb, hh, r.i, r.d], span)?;
     // Grouped-query attention: k and v read at head `h / G'` are the `[B, H / G', T, D]` tensors
@@ -528,7 +549,7 @@ pub(crate) fn emit(em: &mut Emit, r: &Recognized, span: Span) -> Result<(ValueId
     operands.extend(captures);
     let tys: Vec<ValueType> = operands.iter().map(|o| em.g.ty(*o).clone()).collect();
     let refs: Vec<&ValueType> = tys.iter().collect();
-    let rtys = a.result_types(&refs)?;
+    let rtys = a.result_types(&refs).map_err(EmitFail::Unfusable)?;
     let vals: Vec<Value> = operands.into_iter().map(Value::of).collect();
     Ok((em.g.add_multi(Op::Attention(a), rtys, &vals, span), spans))
 }
@@ -615,8 +636,22 @@ pub(crate) fn run(
     let store_name = g_ro.node(store).name.clone();
     let extractor = egg::Extractor::new(&b.eg, FusedCost);
     let mut em = Emit { g, b: &b, ex: extractor, span: store_span, memo: HashMap::new() };
-    let (node, spans) = emit(&mut em, &rec, store_span)
-        .map_err(|e| PassError::Internal(format!("emitting the fused attention: {e}")))?;
+    let (node, spans) = match emit(&mut em, &rec, store_span) {
+        Ok(x) => x,
+        Err(EmitFail::Unfusable(why)) => {
+            // The operands emitted so far have no users: drop them, keep the program as written.
+            g.remove_dead();
+            ex.push(Explanation {
+                message: format!("not fused: {why}"),
+                span: store_span,
+                hint: Some("the fused attention needs q, k and v of one sequence length".into()),
+            });
+            return Ok(None);
+        }
+        Err(EmitFail::Internal(e)) => {
+            return Err(PassError::Internal(format!("emitting the fused attention: {e}")));
+        }
+    };
     g.node_mut(node).name = store_name;
     g.replace_all_uses(store, node);
     g.remove_dead();
