@@ -98,7 +98,15 @@ fn mask_draws_every_rule() {
 /// `--check-starts` (the GPU kernel's in-kernel starts against the reference's) needs the GPU.
 #[test]
 fn check_starts_without_the_gpu_is_a_usage_error() {
-    let o = foxc(&["run", "examples/fox.attn", "--backend", "cpu", "--shape", "B=1,H=1,T=64,D=16", "--check-starts"]);
+    let o = foxc(&[
+        "run",
+        "examples/fox.attn",
+        "--backend",
+        "cpu",
+        "--shape",
+        "B=1,H=1,T=64,D=16",
+        "--check-starts",
+    ]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("--backend cuda"), "{}", text(&o));
 }

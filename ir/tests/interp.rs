@@ -482,7 +482,8 @@ fn pruned_matches_dense_within_eps() {
     ] {
         let ins = random_fox_inputs(seed, b, h, t, d);
         let dense = interp::run(&fused_fox(scale, None, None).g, &ins).unwrap();
-        let pruned = interp::run(&fused_fox(scale, Some((rule.clone(), log_eps, tiles)), None).g, &ins).unwrap();
+        let pruned =
+            interp::run(&fused_fox(scale, Some((rule.clone(), log_eps, tiles)), None).g, &ins).unwrap();
         let eps = f64::exp(log_eps);
         let vmax = ins["v"].data.iter().fold(0.0f64, |a, x| a.max(x.abs()));
         let err = max_abs_diff(&dense.output, &pruned.output);
@@ -502,11 +503,9 @@ fn pruned_with_window_matches_dense() {
     let ins = random_fox_inputs(31, b, h, t, d);
     let scale = 0.3;
     let dense = interp::run(&fused_fox(scale, None, Some(20)).g, &ins).unwrap();
-    let pruned = interp::run(
-        &fused_fox(scale, Some((tight(), -6.0, Tiles { bm: 8, bn: 8 })), Some(20)).g,
-        &ins,
-    )
-    .unwrap();
+    let pruned =
+        interp::run(&fused_fox(scale, Some((tight(), -6.0, Tiles { bm: 8, bn: 8 })), Some(20)).g, &ins)
+            .unwrap();
     let vmax = ins["v"].data.iter().fold(0.0f64, |a, x| a.max(x.abs()));
     assert!(max_abs_diff(&dense.output, &pruned.output) <= 2.0 * (-6f64).exp() * vmax);
     assert!(pruned.prune[0].max_pruned_mass < (-6f64).exp());
@@ -574,8 +573,7 @@ fn fused_attention_at_t4096() {
     let ins = random_fox_inputs(61, 1, 1, 4096, 32);
     let t0 = std::time::Instant::now();
     let r =
-        interp::run(&fused_fox(0.2, Some((tight(), -10.0, Tiles { bm: 64, bn: 64 })), None).g, &ins)
-            .unwrap();
+        interp::run(&fused_fox(0.2, Some((tight(), -10.0, Tiles { bm: 64, bn: 64 })), None).g, &ins).unwrap();
     assert!(r.output.data.iter().all(|x| x.is_finite()));
     assert!(t0.elapsed().as_secs() < 120);
 }

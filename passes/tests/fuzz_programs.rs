@@ -180,8 +180,11 @@ fn render(s: &Spec) -> String {
 /// A near miss: one token of `src` deleted, duplicated, swapped with the next or replaced.
 fn mutate(src: &str, kind: u8, at: usize, with: &str) -> String {
     let Ok(toks) = foxc_ir::lexer::lex(src) else { return src.to_string() };
-    let texts: Vec<&str> =
-        toks.iter().map(|t| &src[t.span.start as usize..t.span.end as usize]).filter(|t| !t.is_empty()).collect();
+    let texts: Vec<&str> = toks
+        .iter()
+        .map(|t| &src[t.span.start as usize..t.span.end as usize])
+        .filter(|t| !t.is_empty())
+        .collect();
     if texts.is_empty() {
         return src.to_string();
     }
