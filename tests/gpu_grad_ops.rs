@@ -7,18 +7,10 @@
 use foxc::cli::{PruneArgs, TargetArg};
 use foxc::commands::grad::grad_program;
 use foxc::{cuda_backend, pipeline};
+use foxc_codegen::nvptx::ptxas;
 use foxc_ir::{Graph, Op, Span, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-fn ptxas() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var("PTXAS").ok().map(PathBuf::from),
-        Some(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.tools/nvcc/nvidia/cu13/bin/ptxas"))),
-    ];
-    candidates.into_iter().flatten().find(|p| p.is_file())
-}
 
 /// Every result of every `attention_backward` of `g` replaced by a new parameter of its type;
 /// returns how many nodes were cut out.
@@ -36,9 +28,7 @@ fn cut_backward(g: &mut Graph) -> usize {
 
 #[test]
 fn gradient_ops_compile_for_the_gpu() {
-    let ptxas = ptxas();
-    let dir = std::env::temp_dir().join(format!("foxc_gpu_grad_ops_{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let ptxas = ptxas::find();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().path()).collect();
     files.sort();
@@ -71,24 +61,11 @@ fn gradient_ops_compile_for_the_gpu() {
                 assert!(kinds.contains(&"cumsum") && kinds.contains(&"sum"), "{name}: {kinds:?}");
             }
             if let Some(ptxas) = &ptxas {
-                let path = dir.join(format!("{name}_{arch}.ptx"));
-                std::fs::write(&path, &a.ptx).unwrap();
-                let out = Command::new(ptxas)
-                    .arg(format!("-arch={arch}"))
-                    .arg(&path)
-                    .arg("-o")
-                    .arg(dir.join("a.cubin"))
-                    .output()
-                    .expect("ptxas runs");
-                assert!(
-                    out.status.success(),
-                    "ptxas {name} {arch}:\n{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
+                ptxas::assemble(ptxas, &a.ptx, arch)
+                    .unwrap_or_else(|log| panic!("ptxas failed on {name}_{arch}:\n{log}"));
             }
         }
         compiled.push(name);
     }
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(compiled.len() >= 10 && compiled.iter().any(|n| n == "fox_alibi"), "{compiled:?}");
 }

@@ -6,17 +6,9 @@
 use foxc::cli::{PruneArgs, TargetArg};
 use foxc::commands::grad::grad_program;
 use foxc::{cuda_backend, pipeline};
+use foxc_codegen::nvptx::ptxas;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
-fn ptxas() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var("PTXAS").ok().map(PathBuf::from),
-        Some(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.tools/nvcc/nvidia/cu13/bin/ptxas"))),
-    ];
-    candidates.into_iter().flatten().find(|p| p.is_file())
-}
+use std::path::Path;
 
 /// The PTX of the gradient program of `example` for `target` with `D = d`, or the compiler's
 /// error.
@@ -45,12 +37,10 @@ fn grad_ptx(example: &str, target: TargetArg, d: u64) -> Result<String, String> 
 
 #[test]
 fn gradient_programs_assemble_for_the_gpu() {
-    let ptxas = ptxas();
+    let ptxas = ptxas::find();
     if ptxas.is_none() {
         eprintln!("note: ptxas not found (set $PTXAS); compiling only");
     }
-    let dir = std::env::temp_dir().join(format!("foxc_grad_nvptx_{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let runs =
         ["fox", "fox_softcap", "fox_gqa", "window", "causal", "fox_loggate", "fox_handwritten", "fox_qknorm"];
     for ex in runs {
@@ -59,24 +49,11 @@ fn gradient_programs_assemble_for_the_gpu() {
                 let ptx = grad_ptx(ex, target, d).unwrap_or_else(|e| panic!("{ex} D={d}: {e}"));
                 let Some(ptxas) = &ptxas else { continue };
                 let arch = if target == TargetArg::Sm80 { "sm_80" } else { "sm_90a" };
-                let p = dir.join(format!("{ex}_{arch}_d{d}.ptx"));
-                std::fs::write(&p, ptx).unwrap();
-                let out = Command::new(ptxas)
-                    .arg(format!("-arch={arch}"))
-                    .arg(&p)
-                    .arg("-o")
-                    .arg(dir.join("a.cubin"))
-                    .output()
-                    .expect("ptxas runs");
-                assert!(
-                    out.status.success(),
-                    "ptxas {ex} {arch} D={d}:\n{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
+                ptxas::assemble(ptxas, &ptx, arch)
+                    .unwrap_or_else(|log| panic!("ptxas failed on {ex}_{arch}_d{d}:\n{log}"));
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// What the GPU backward does not run yet says so (a user-facing refusal, not a crash).

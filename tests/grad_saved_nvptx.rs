@@ -5,19 +5,11 @@
 //! training forward (`forward_for_saved`: out, lse and the unrounded out_f32).
 
 use foxc::{cuda_backend, pipeline};
+use foxc_codegen::nvptx::ptxas;
 use foxc_passes::grad::{forward_for_saved, gradient_from_saved};
 use foxc_passes::{PassOptions, Target};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
-fn ptxas() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var("PTXAS").ok().map(PathBuf::from),
-        Some(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.tools/nvcc/nvidia/cu13/bin/ptxas"))),
-    ];
-    candidates.into_iter().flatten().find(|p| p.is_file())
-}
+use std::path::Path;
 
 fn optimized(example: &str, target: Target) -> foxc_ir::Graph {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(format!("{example}.attn"));
@@ -60,12 +52,10 @@ fn saved_grad_ptx(example: &str, target: Target, d: u64) -> String {
 
 #[test]
 fn saved_forward_gradient_programs_assemble_for_the_gpu() {
-    let ptxas = ptxas();
+    let ptxas = ptxas::find();
     if ptxas.is_none() {
         eprintln!("note: ptxas not found (set $PTXAS); compiling only");
     }
-    let dir = std::env::temp_dir().join(format!("foxc_grad_saved_nvptx_{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     for ex in ["fox", "fox_qknorm", "alibi", "causal", "window"] {
         for (target, arch) in [(Target::Sm90a, "sm_90a"), (Target::Sm80, "sm_80")] {
             for d in [64, 128] {
@@ -73,22 +63,10 @@ fn saved_forward_gradient_programs_assemble_for_the_gpu() {
                     [("bwd", saved_grad_ptx(ex, target, d)), ("fwd", train_forward_ptx(ex, target, d))]
                 {
                     let Some(ptxas) = &ptxas else { continue };
-                    let f = dir.join(format!("{ex}_{what}_{arch}_{d}.ptx"));
-                    std::fs::write(&f, &ptx).unwrap();
-                    let o = Command::new(ptxas)
-                        .args(["-arch", arch, "-o"])
-                        .arg(dir.join("out.cubin"))
-                        .arg(&f)
-                        .output()
-                        .unwrap();
-                    assert!(
-                        o.status.success(),
-                        "{ex} {what} {arch} D={d}: {}",
-                        String::from_utf8_lossy(&o.stderr)
-                    );
+                    ptxas::assemble(ptxas, &ptx, arch)
+                        .unwrap_or_else(|log| panic!("ptxas failed on {ex}_{what}_{arch}_{d}:\n{log}"));
                 }
             }
         }
     }
-    std::fs::remove_dir_all(&dir).ok();
 }

@@ -1,14 +1,13 @@
 //! NVPTX backend: module assembly, launch plans, LLVM IR snapshots, and (when ptxas is found)
 //! that every kernel's PTX assembles for sm_90a and sm_80.
 
+use foxc_codegen::nvptx::ptxas;
 use foxc_codegen::nvptx::{compile, BufferKind, CodegenError, KernelArg, Launch, NvptxSpec, NvptxTarget};
 use foxc_ir::{
     Attention, DType, Dim, GateKind, Graph, Mask, NormBound, Op, Prune, PruneRule, Scale, ScoreBound, Span,
     Tiles, Value, ValueId, ValueType,
 };
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::Command;
 
 fn bhtd() -> Vec<Dim> {
     vec![Dim::sym("B"), Dim::sym("H"), Dim::sym("T"), Dim::sym("D")]
@@ -304,23 +303,12 @@ fn small_kernels_ir(ir: &str) -> String {
     small
 }
 
-fn ptxas() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var("PTXAS").ok().map(PathBuf::from),
-        Some(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.tools/nvcc/nvidia/cu13/bin/ptxas"))),
-        Some(PathBuf::from("/tmp/nvcc/nvidia/cu13/bin/ptxas")),
-    ];
-    candidates.into_iter().flatten().find(|p| p.is_file())
-}
-
 #[test]
 fn every_kernel_assembles_with_ptxas() {
-    let Some(ptxas) = ptxas() else {
+    let Some(ptxas) = ptxas::find() else {
         eprintln!("note: ptxas not found (set $PTXAS); skipping the PTX assembly check");
         return;
     };
-    let dir = std::env::temp_dir().join(format!("foxc_nvptx_test_{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let graphs = [
         fox_graph(foxc_passes::rules::by_name("paper").unwrap(), NormBound::Data),
         fox_graph(
@@ -333,26 +321,11 @@ fn every_kernel_assembles_with_ptxas() {
         for t in [NvptxTarget::Sm90a, NvptxTarget::Sm80] {
             for d in foxc_codegen::nvptx::attention::HEAD_DIMS {
                 let a = compile(g, &spec(t, d as u64)).expect("compiles");
-                let p = dir.join(format!("g{gi}_{}_d{d}.ptx", t.cpu()));
-                std::fs::write(&p, &a.ptx).unwrap();
-                let out = Command::new(&ptxas)
-                    .arg(format!("-arch={}", t.cpu()))
-                    .arg("-v")
-                    .arg(&p)
-                    .arg("-o")
-                    .arg(dir.join("a.cubin"))
-                    .output()
-                    .expect("ptxas runs");
-                assert!(
-                    out.status.success(),
-                    "ptxas failed on {}:\n{}",
-                    p.display(),
-                    String::from_utf8_lossy(&out.stderr)
-                );
+                ptxas::assemble(&ptxas, &a.ptx, t.cpu())
+                    .unwrap_or_else(|log| panic!("ptxas failed on g{gi}_{}_d{d}:\n{log}", t.cpu()));
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A graph that still scales q by `rsqrt(D)` (the passes now put the scale in the attribute)

@@ -2,11 +2,10 @@
 //! PTX of every class assembling with ptxas (when found) for sm_90a and sm_80, and a snapshot
 //! of the dq kernel's entry and parameter list.
 
+use foxc_codegen::nvptx::ptxas;
 use foxc_codegen::nvptx::{compile, CodegenError, KernelArg, Launch, NvptxSpec, NvptxTarget};
 use foxc_ir::{Attention, DType, Dim, Graph, Mask, Op, Prune, Scale, Span, Tiles, Value, ValueId, ValueType};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::Command;
 
 /// What varies between the graphs of the tests.
 #[derive(Clone, Copy)]
@@ -142,24 +141,14 @@ fn refusals_are_user_facing() {
     assert!(e.to_string().contains("head_dim"), "{e}");
 }
 
-fn ptxas() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var("PTXAS").ok().map(PathBuf::from),
-        Some(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.tools/nvcc/nvidia/cu13/bin/ptxas"))),
-    ];
-    candidates.into_iter().flatten().find(|p| p.is_file())
-}
-
 /// sm_90a and sm_80, D = 64 and 128; causal, window and (causal without decay) dense; pruned;
 /// GQA (4 query heads per kv head, bm = 128).
 #[test]
 fn every_backward_class_assembles_with_ptxas() {
-    let Some(ptxas) = ptxas() else {
+    let Some(ptxas) = ptxas::find() else {
         eprintln!("note: ptxas not found (set $PTXAS); skipping the PTX assembly check");
         return;
     };
-    let dir = std::env::temp_dir().join(format!("foxc_nvptx_bwd_{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let cases = [
         FOX,
         Case { pruned: false, ..FOX },
@@ -172,25 +161,11 @@ fn every_backward_class_assembles_with_ptxas() {
             for d in [64, 128] {
                 let (g, outs) = graph(*c);
                 let a = compile(&g, &spec(t, d, outs)).expect("compiles");
-                let p = dir.join(format!("c{ci}_{}_d{d}.ptx", t.cpu()));
-                std::fs::write(&p, &a.ptx).unwrap();
-                let out = Command::new(&ptxas)
-                    .arg(format!("-arch={}", t.cpu()))
-                    .arg(&p)
-                    .arg("-o")
-                    .arg(dir.join("a.cubin"))
-                    .output()
-                    .expect("ptxas runs");
-                assert!(
-                    out.status.success(),
-                    "ptxas failed on {}:\n{}",
-                    p.display(),
-                    String::from_utf8_lossy(&out.stderr)
-                );
+                ptxas::assemble(&ptxas, &a.ptx, t.cpu())
+                    .unwrap_or_else(|log| panic!("ptxas failed on c{ci}_{}_d{d}:\n{log}", t.cpu()));
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The dq kernel's entry and parameters in the PTX (what the launch plan's arguments bind to).

@@ -3,6 +3,7 @@
 //! whose score hook reads `kb` through its subscripts, with the tensor and its axis sizes (and
 //! the head count when it is not static) as kernel arguments after `T`; the PTX assembles.
 
+use foxc_codegen::nvptx::ptxas;
 use foxc_codegen::nvptx::{compile, BufferKind, KernelArg, NvptxArtifact, NvptxSpec, NvptxTarget};
 use foxc_ir::{Dim, Graph};
 use foxc_passes::{optimize, PassOptions, Target};
@@ -57,46 +58,19 @@ fn a_key_bias_is_read_in_the_score_hook() {
     assert_eq!(args.len(), 4);
 }
 
-fn ptxas() -> Option<std::path::PathBuf> {
-    let candidates = [
-        std::env::var("PTXAS").ok().map(std::path::PathBuf::from),
-        Some(std::path::PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../.tools/nvcc/nvidia/cu13/bin/ptxas"
-        ))),
-    ];
-    candidates.into_iter().flatten().find(|p| p.is_file())
-}
-
 /// The key-bias kernels (and the threshold of `U = x + 4`) assemble for sm_90a and sm_80.
 #[test]
 fn key_bias_assembles_with_ptxas() {
-    let Some(ptxas) = ptxas() else {
+    let Some(ptxas) = ptxas::find() else {
         eprintln!("note: ptxas not found (set $PTXAS); skipping the PTX assembly check");
         return;
     };
-    let dir = std::env::temp_dir().join(format!("foxc_nvptx_captures_{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     for (t, pt) in [(NvptxTarget::Sm90a, Target::Sm90a), (NvptxTarget::Sm80, Target::Sm80)] {
         let g = keybias(pt);
         for d in [64, 128] {
             let a = compile(&g, &spec(t, &[("D", d)])).expect("compiles");
-            let p = dir.join(format!("keybias_{}_d{d}.ptx", t.cpu()));
-            std::fs::write(&p, &a.ptx).unwrap();
-            let out = std::process::Command::new(&ptxas)
-                .arg(format!("-arch={}", t.cpu()))
-                .arg(&p)
-                .arg("-o")
-                .arg(dir.join("keybias.cubin"))
-                .output()
-                .expect("ptxas runs");
-            assert!(
-                out.status.success(),
-                "ptxas failed on {}:\n{}",
-                p.display(),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            ptxas::assemble(&ptxas, &a.ptx, t.cpu())
+                .unwrap_or_else(|log| panic!("ptxas failed on keybias_{}_d{d}:\n{log}", t.cpu()));
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

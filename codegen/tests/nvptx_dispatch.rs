@@ -2,6 +2,7 @@
 //! captures, grouped-query heads), and the clear "cannot yet run" errors (before any launch)
 //! for what does not.
 
+use foxc_codegen::nvptx::ptxas;
 use foxc_codegen::nvptx::{compile, CodegenError, NvptxSpec, NvptxTarget};
 use foxc_ir::attention::{Attention, Mask, Prune, RNode, Region, Scale, ScoreBound};
 use foxc_ir::*;
@@ -113,27 +114,14 @@ fn grouped_query_heads_compile_with_static_heads() {
     assert!(e.to_string().contains("must divide"), "{e}");
 }
 
-fn ptxas() -> Option<std::path::PathBuf> {
-    let candidates = [
-        std::env::var("PTXAS").ok().map(std::path::PathBuf::from),
-        Some(std::path::PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../.tools/nvcc/nvidia/cu13/bin/ptxas"
-        ))),
-    ];
-    candidates.into_iter().flatten().find(|p| p.is_file())
-}
-
 /// Softcap (region + static bound) and GQA (paper and tight thresholds) assemble with ptxas for sm_90a and sm_80 at D = 64
 /// and 128.
 #[test]
 fn softcap_and_gqa_assemble_with_ptxas() {
-    let Some(ptxas) = ptxas() else {
+    let Some(ptxas) = ptxas::find() else {
         eprintln!("note: ptxas not found (set $PTXAS); skipping the PTX assembly check");
         return;
     };
-    let dir = std::env::temp_dir().join(format!("foxc_nvptx_dispatch_{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let graphs = [
         ("softcap", graph(ScoreBound::Static(20.0), softcap(), 1)),
         ("gqa", graph(ScoreBound::IDENTITY, Region::identity(), 3)),
@@ -152,23 +140,9 @@ fn softcap_and_gqa_assemble_with_ptxas() {
         for t in [NvptxTarget::Sm90a, NvptxTarget::Sm80] {
             for d in [64, 128] {
                 let a = compile(g, &spec_with(t, &[("D", d), ("H", 6), ("G", 2)])).expect("compiles");
-                let p = dir.join(format!("{name}_{}_d{d}.ptx", t.cpu()));
-                std::fs::write(&p, &a.ptx).unwrap();
-                let out = std::process::Command::new(&ptxas)
-                    .arg(format!("-arch={}", t.cpu()))
-                    .arg(&p)
-                    .arg("-o")
-                    .arg(dir.join(format!("{name}.cubin")))
-                    .output()
-                    .expect("ptxas runs");
-                assert!(
-                    out.status.success(),
-                    "ptxas failed on {}:\n{}",
-                    p.display(),
-                    String::from_utf8_lossy(&out.stderr)
-                );
+                ptxas::assemble(&ptxas, &a.ptx, t.cpu())
+                    .unwrap_or_else(|log| panic!("ptxas failed on {name}_{}_d{d}:\n{log}", t.cpu()));
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -3,11 +3,10 @@
 //! sm_90a and sm_80, and the LLVM IR of a small program is snapshotted. (Their results against
 //! the interpreter are checked on a GPU by the root crate's `tests/cuda_generic.rs`.)
 
+use foxc_codegen::nvptx::ptxas;
 use foxc_codegen::nvptx::{compile, CodegenError, KernelArg, Launch, NvptxArtifact, NvptxSpec, NvptxTarget};
 use foxc_ir::{Graph, Op, Value};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::Command;
 
 fn program(src: &str) -> Graph {
     foxc_ir::frontend::compile("t.attn", src.as_bytes()).unwrap_or_else(|e| panic!("{e:?}")).graph
@@ -151,40 +150,17 @@ fn kernels_ir(ir: &str) -> String {
     out
 }
 
-fn ptxas() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var("PTXAS").ok().map(PathBuf::from),
-        Some(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.tools/nvcc/nvidia/cu13/bin/ptxas"))),
-    ];
-    candidates.into_iter().flatten().find(|p| p.is_file())
-}
-
 #[test]
 fn every_generic_kernel_assembles_with_ptxas() {
-    let Some(ptxas) = ptxas() else {
+    let Some(ptxas) = ptxas::find() else {
         eprintln!("note: ptxas not found (set $PTXAS); skipping the PTX assembly check");
         return;
     };
-    let dir = std::env::temp_dir().join(format!("foxc_nvptx_generic_{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     for (name, src) in programs() {
         for t in [NvptxTarget::Sm90a, NvptxTarget::Sm80] {
             let (_, a) = compiled(&src, t);
-            let p = dir.join(format!("{name}_{}.ptx", t.cpu()));
-            std::fs::write(&p, &a.ptx).unwrap();
-            let out = Command::new(&ptxas)
-                .arg(format!("-arch={}", t.cpu()))
-                .arg(&p)
-                .arg("-o")
-                .arg(dir.join("a.cubin"))
-                .output()
-                .expect("ptxas runs");
-            assert!(
-                out.status.success(),
-                "ptxas failed on {name}:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            ptxas::assemble(&ptxas, &a.ptx, t.cpu())
+                .unwrap_or_else(|log| panic!("ptxas failed on {name}_{}:\n{log}", t.cpu()));
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

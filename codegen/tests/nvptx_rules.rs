@@ -3,13 +3,12 @@
 //! rendered formula reads a norm statistic from the data, and (when ptxas is found) the PTX
 //! assembles for sm_90a and sm_80.
 
+use foxc_codegen::nvptx::ptxas;
 use foxc_codegen::nvptx::{compile, NvptxSpec, NvptxTarget};
 use foxc_ir::prune_rule::Stat;
 use foxc_ir::{DType, Dim, Graph, NormBound, Op, PruneRule, Scale, ScoreBound, Span, ValueType};
 use foxc_passes::rules::RULES;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::Command;
 
 /// q, k (bf16 [B, H, T, D]) -> threshold -> the graph's output.
 fn threshold_graph(rule: PruneRule, bound: NormBound, score: ScoreBound) -> Graph {
@@ -68,45 +67,19 @@ fn every_rule_compiles_with_a_norms_kernel_exactly_when_it_reads_data_norms() {
     }
 }
 
-fn ptxas() -> Option<PathBuf> {
-    [
-        std::env::var_os("PTXAS").map(PathBuf::from),
-        Some(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.tools/nvcc/nvidia/cu13/bin/ptxas"))),
-    ]
-    .into_iter()
-    .flatten()
-    .find(|p| p.exists())
-}
-
 #[test]
 fn every_rule_assembles_with_ptxas() {
-    let Some(ptxas) = ptxas() else {
+    let Some(ptxas) = ptxas::find() else {
         eprintln!("note: ptxas not found (set $PTXAS); skipping the PTX assembly check");
         return;
     };
-    let dir = std::env::temp_dir().join(format!("foxc_nvptx_rules_{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     for (n, (what, g, _)) in cases().iter().enumerate() {
         for t in [NvptxTarget::Sm90a, NvptxTarget::Sm80] {
             let a = compile(g, &spec(t)).unwrap_or_else(|e| panic!("{what}: {e}"));
-            let p = dir.join(format!("c{n}_{}.ptx", t.cpu()));
-            std::fs::write(&p, &a.ptx).unwrap();
-            let out = Command::new(&ptxas)
-                .arg(format!("-arch={}", t.cpu()))
-                .arg(&p)
-                .arg("-o")
-                .arg(dir.join("a.cubin"))
-                .output()
-                .expect("ptxas runs");
-            assert!(
-                out.status.success(),
-                "ptxas failed on {what} ({}):\n{}",
-                t.cpu(),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            ptxas::assemble(&ptxas, &a.ptx, t.cpu())
+                .unwrap_or_else(|log| panic!("ptxas failed on c{n}_{}:\n{log}", t.cpu()));
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The pruned FoX forward as the GPU passes leave it (examples/fox.attn, boundary fused).
@@ -144,20 +117,9 @@ fn debug_starts_add_a_buffer_and_a_parameter_only_when_asked() {
             a.ptx.contains(&format!("[{}_param_{}]", attn.name, attn.args.len() - 1)),
             "no use of the param"
         );
-        if let Some(ptxas) = ptxas() {
-            let dir = std::env::temp_dir().join(format!("foxc_nvptx_dbg_{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
-            let p = dir.join("dbg.ptx");
-            std::fs::write(&p, &a.ptx).unwrap();
-            let out = Command::new(&ptxas)
-                .arg(format!("-arch={}", t.cpu()))
-                .arg(&p)
-                .arg("-o")
-                .arg(dir.join("a.cubin"))
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-            let _ = std::fs::remove_dir_all(&dir);
+        if let Some(ptxas) = ptxas::find() {
+            ptxas::assemble(&ptxas, &a.ptx, t.cpu())
+                .unwrap_or_else(|log| panic!("ptxas failed on dbg:\n{log}"));
         }
     }
 }

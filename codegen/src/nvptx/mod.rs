@@ -31,6 +31,7 @@ mod generic;
 pub mod kernels;
 pub mod module;
 mod module_bwd;
+pub mod ptxas;
 pub mod target;
 pub mod threshold;
 

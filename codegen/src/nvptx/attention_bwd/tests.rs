@@ -5,8 +5,6 @@ use super::*;
 use crate::nvptx::target::{self, NvptxTarget};
 use foxc_ir::attention::{RNode, Region};
 use foxc_ir::{BinaryOp, Dim, UnaryOp};
-use std::path::PathBuf;
-use std::process::Command;
 
 fn cfg(d: u32, sm: u32) -> BwdConfig {
     BwdConfig {
@@ -57,36 +55,15 @@ fn ptx_of(cfgs: &[BwdConfig], region: &Region) -> String {
     target::finish(&m, &tm).unwrap().1
 }
 
-fn ptxas() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var("PTXAS").ok().map(PathBuf::from),
-        Some(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.tools/nvcc/nvidia/cu13/bin/ptxas"))),
-    ];
-    candidates.into_iter().flatten().find(|p| p.is_file())
-}
-
-/// Assembles `ptx` for `arch`; returns ptxas' report (registers, spills) or panics with it.
+/// Assembles `ptx` for `arch`; returns ptxas' report (registers, spills) or panics with it
+/// (an empty report when ptxas is not installed).
 fn assemble(ptx: &str, arch: &str, tag: &str) -> String {
-    let Some(ptxas) = ptxas() else {
+    let Some(ptxas) = crate::nvptx::ptxas::find() else {
         eprintln!("note: ptxas not found (set $PTXAS); skipping the PTX assembly check");
         return String::new();
     };
-    let dir = std::env::temp_dir().join(format!("foxc_bwd_test_{}_{tag}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join("bwd.ptx");
-    std::fs::write(&p, ptx).unwrap();
-    let out = Command::new(ptxas)
-        .arg(format!("-arch={arch}"))
-        .arg("-v")
-        .arg(&p)
-        .arg("-o")
-        .arg(dir.join("bwd.cubin"))
-        .output()
-        .expect("ptxas runs");
-    let _ = std::fs::remove_dir_all(&dir);
-    let log = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(out.status.success(), "ptxas failed ({tag}):\n{log}");
-    log
+    crate::nvptx::ptxas::assemble(&ptxas, ptx, arch)
+        .unwrap_or_else(|log| panic!("ptxas failed ({tag}):\n{log}"))
 }
 
 /// Every class the dispatch can produce: both targets, D = 64 and 128 (and 32, 96), masks
@@ -112,7 +89,7 @@ fn backward_kernels_assemble_for_sm90a_and_sm80() {
             assert!(l.contains(" 0 bytes spill stores"), "{arch}: {l}\n{log}");
         }
         let log = assemble(&ptx_of(&[cfg(64, sm), cfg(128, sm)], &softcap()), arch, &format!("cap{sm}"));
-        assert!(!log.is_empty() || ptxas().is_none());
+        assert!(!log.is_empty() || crate::nvptx::ptxas::find().is_none());
     }
 }
 

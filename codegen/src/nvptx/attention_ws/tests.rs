@@ -80,35 +80,17 @@ fn ptx_has_the_roles_the_ring_and_the_register_split() {
     }
 }
 
-fn ptxas() -> Option<std::path::PathBuf> {
-    let candidates = [
-        std::env::var("PTXAS").ok().map(std::path::PathBuf::from),
-        Some(std::path::PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../.tools/nvcc/nvidia/cu13/bin/ptxas"
-        ))),
-    ];
-    candidates.into_iter().flatten().find(|p| p.is_file())
-}
-
-/// Bytes of spill stores in a `ptxas -v` log.
-fn spill_stores(log: &str) -> u32 {
-    let at = log.find(" bytes spill stores").expect("ptxas -v reports spills");
-    log[..at].rsplit(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
-}
-
 /// ptxas accepts the kernel and honours `setmaxnreg` (no C7508 "ignored" warning), for D = 64
 /// and 128, f32 and bf16 output, with and without decay: no spills with 64-key tiles; with the
 /// 128-key tiles the tiles pass picks at D = 128 the consumers hold S, O and two tiles of P
 /// and spill a little (28 bytes at D = 128, as measured on the H200 in run 8): at most 64.
 #[test]
 fn assembles_with_ptxas_and_bounded_spills() {
-    let Some(ptxas) = ptxas() else {
+    use crate::nvptx::ptxas;
+    let Some(ptxas) = ptxas::find() else {
         eprintln!("note: ptxas not found (set $PTXAS); skipping the PTX assembly check");
         return;
     };
-    let dir = std::env::temp_dir().join(format!("foxc_ws_{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     for d in HEAD_DIMS {
         for (decay, bf16, bn) in [(true, true, 64), (false, false, 64), (true, true, 128)] {
             let mut c = cfg(d);
@@ -116,21 +98,11 @@ fn assembles_with_ptxas_and_bounded_spills() {
             c.prune = decay;
             c.out_bf16 = bf16;
             c.bn = bn;
-            let p = dir.join(format!("{}.ptx", c.kernel_name()));
-            std::fs::write(&p, ptx_for(&c)).unwrap();
-            let out = std::process::Command::new(&ptxas)
-                .args(["-arch=sm_90a", "-v"])
-                .arg(&p)
-                .arg("-o")
-                .arg(dir.join("k.cubin"))
-                .output()
-                .expect("ptxas runs");
-            let log = String::from_utf8_lossy(&out.stderr).to_string();
-            assert!(out.status.success(), "ptxas failed on {}:\n{log}", p.display());
+            let log = ptxas::assemble(&ptxas, &ptx_for(&c), "sm_90a")
+                .unwrap_or_else(|log| panic!("ptxas failed on {}:\n{log}", c.kernel_name()));
             assert!(!log.contains("C7508") && !log.contains("warning"), "D={d}: {log}");
             let limit = if bn == 64 { 0 } else { 64 };
-            assert!(spill_stores(&log) <= limit, "D={d} bn={bn}: {log}");
+            assert!(ptxas::spill_stores(&log) <= limit, "D={d} bn={bn}: {log}");
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
