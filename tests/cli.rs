@@ -1,24 +1,12 @@
 //! End-to-end tests of the `foxc` binary: the CLI contract of DESIGN.md section 4.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn foxc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_foxc"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("foxc runs")
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
+mod common;
+use common::{foxc, text};
+use std::process::Command;
 
 fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("foxc-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    common::tmp("cli", name)
 }
 
 fn examples() -> Vec<PathBuf> {

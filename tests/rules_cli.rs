@@ -3,19 +3,8 @@
 //! --rules` draws them all, and an unknown name is a usage error (exit 1) listing the names.
 
 use foxc_passes::rules::RULES;
-use std::process::{Command, Output};
-
-fn foxc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_foxc"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("foxc runs")
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
+mod common;
+use common::{foxc, text};
 
 #[test]
 fn an_unknown_rule_is_a_usage_error_listing_the_rules() {

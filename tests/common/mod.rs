@@ -1,0 +1,26 @@
+//! What the end-to-end tests of the `foxc` binary share: running it and reading what it said.
+#![allow(dead_code)] // each test crate uses its own subset
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// `foxc ARGS` from the repository root (so `examples/...` paths resolve).
+pub fn foxc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_foxc"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("foxc runs")
+}
+
+/// Standard output then standard error, as text.
+pub fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// A path named `name` in a scratch folder of this test process (`tag` keeps test crates apart).
+pub fn tmp(tag: &str, name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("foxc-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
