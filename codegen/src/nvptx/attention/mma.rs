@@ -6,7 +6,7 @@
 //! (`t = lane & 3`). wgmma's m64nN accumulators use the same order per warp and 8 columns.
 
 use super::{Attn, Frags};
-use inkwell::values::{BasicValueEnum, FloatValue, IntValue, PointerValue};
+use inkwell::values::{BasicValueEnum, FloatValue, IntValue};
 
 impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
     /// `S = Q K^T` for the K tile at byte offset `kcur`: `[jt][e]` per 8-key n-tile.
@@ -41,9 +41,9 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
                 for s in 0..kd {
                     for jp in 0..nt / 2 {
                         let off = b.add(kcur, f.k[jp][s]);
-                        let m = self.ldmatrix(b.smem_at(self.smem, off), false);
-                        s_acc[2 * jp] = self.mma(&f.q[s], m[0], m[1], &s_acc[2 * jp]);
-                        s_acc[2 * jp + 1] = self.mma(&f.q[s], m[2], m[3], &s_acc[2 * jp + 1]);
+                        let m = self.b.ldmatrix_x4(b.smem_at(self.smem, off), false);
+                        s_acc[2 * jp] = self.b.mma_bf16_m16n8k16(&f.q[s], m[0], m[1], &s_acc[2 * jp]);
+                        s_acc[2 * jp + 1] = self.b.mma_bf16_m16n8k16(&f.q[s], m[2], m[3], &s_acc[2 * jp + 1]);
                     }
                 }
             }
@@ -90,42 +90,21 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
                 Some(f) => {
                     for dp in 0..dt / 2 {
                         let off = b.add(vcur, f.v[kk][dp]);
-                        let m = self.ldmatrix(b.smem_at(self.smem, off), true);
-                        let r0 = self.mma(&a, m[0], m[1], &o[(2 * dp) * 4..(2 * dp) * 4 + 4]);
+                        let m = self.b.ldmatrix_x4(b.smem_at(self.smem, off), true);
+                        let r0 = self.b.mma_bf16_m16n8k16(&a, m[0], m[1], &o[(2 * dp) * 4..(2 * dp) * 4 + 4]);
                         o[(2 * dp) * 4..(2 * dp) * 4 + 4].copy_from_slice(&r0);
-                        let r1 = self.mma(&a, m[2], m[3], &o[(2 * dp + 1) * 4..(2 * dp + 1) * 4 + 4]);
+                        let r1 = self.b.mma_bf16_m16n8k16(
+                            &a,
+                            m[2],
+                            m[3],
+                            &o[(2 * dp + 1) * 4..(2 * dp + 1) * 4 + 4],
+                        );
                         o[(2 * dp + 1) * 4..(2 * dp + 1) * 4 + 4].copy_from_slice(&r1);
                     }
                 }
             }
         }
         o
-    }
-
-    /// ldmatrix .x4 (optionally .trans) from a shared address; returns four b32 registers.
-    pub(super) fn ldmatrix(&self, p: PointerValue<'ctx>, trans: bool) -> [IntValue<'ctx>; 4] {
-        let name = if trans {
-            "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.trans.b16.p3"
-        } else {
-            "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.b16.p3"
-        };
-        let r = self.b.call_n(name, self.b.i32t().into(), 4, &[p.into()]);
-        [0, 1, 2, 3].map(|i| r[i].into_int_value())
-    }
-
-    /// d = a(16x16 bf16) * b(16x8 bf16) + c (f32), the m16n8k16 fragment layout.
-    fn mma(
-        &self,
-        a: &[IntValue<'ctx>; 4],
-        b0: IntValue<'ctx>,
-        b1: IntValue<'ctx>,
-        c: &[FloatValue<'ctx>],
-    ) -> [FloatValue<'ctx>; 4] {
-        let mut args: Vec<BasicValueEnum> = a.iter().map(|v| (*v).into()).collect();
-        args.extend::<[BasicValueEnum; 2]>([b0.into(), b1.into()]);
-        args.extend(c.iter().map(|v| BasicValueEnum::from(*v)));
-        let r = self.b.call_n("llvm.nvvm.mma.m16n8k16.row.col.bf16", self.b.f32t().into(), 4, &args);
-        [0, 1, 2, 3].map(|i| r[i].into_float_value())
     }
 
     /// wgmma m64nNk16 bf16 -> f32, A and B from shared memory descriptors, accumulating into `acc`

@@ -99,7 +99,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
             .map(|s| {
                 let ch = b.addc(l.l16, 2 * s);
                 let off = self.swz(row, ch);
-                self.ldmatrix(b.smem_at(self.smem, off), false)
+                self.b.ldmatrix_x4(b.smem_at(self.smem, off), false)
             })
             .collect()
     }

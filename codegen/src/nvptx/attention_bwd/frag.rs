@@ -13,7 +13,7 @@
 //! `g = lane >> 2` (elements 0, 1) and `g + 8` (2, 3), columns `2t`, `2t + 1` (`t = lane & 3`).
 
 use super::Bwd;
-use inkwell::values::{BasicValueEnum, FloatValue, IntValue, PointerValue};
+use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
 
 impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
@@ -74,7 +74,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         (0..(self.cfg.head_dim / 16) as i64)
             .map(|s| {
                 let o = b.add(off, self.swz(row, b.addc(l16, 2 * s)));
-                self.ldmatrix(b.smem_at(self.smem, o), false)
+                self.b.ldmatrix_x4(b.smem_at(self.smem, o), false)
             })
             .collect()
     }
@@ -98,9 +98,9 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             for jp in 0..nt / 2 {
                 let row = b.addc(row_l, 16 * jp as i64);
                 let o = b.add(off, self.swz(row, b.addc(l8, 2 * s as i64)));
-                let m = self.ldmatrix(b.smem_at(self.smem, o), false);
-                c[2 * jp] = self.mma(af, m[0], m[1], &c[2 * jp]);
-                c[2 * jp + 1] = self.mma(af, m[2], m[3], &c[2 * jp + 1]);
+                let m = self.b.ldmatrix_x4(b.smem_at(self.smem, o), false);
+                c[2 * jp] = self.b.mma_bf16_m16n8k16(af, m[0], m[1], &c[2 * jp]);
+                c[2 * jp + 1] = self.b.mma_bf16_m16n8k16(af, m[2], m[3], &c[2 * jp + 1]);
             }
         }
         c
@@ -129,40 +129,14 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             let row = b.addc(row_l, 16 * kk as i64);
             for dp in 0..dt / 2 {
                 let o = b.add(off, self.swz(row, b.addc(l16, 2 * dp as i64)));
-                let m = self.ldmatrix(b.smem_at(self.smem, o), true);
+                let m = self.b.ldmatrix_x4(b.smem_at(self.smem, o), true);
                 for (h, (b0, b1)) in [(m[0], m[1]), (m[2], m[3])].into_iter().enumerate() {
                     let at = (2 * dp + h) * 4;
-                    let r = self.mma(&a, b0, b1, &acc[at..at + 4]);
+                    let r = self.b.mma_bf16_m16n8k16(&a, b0, b1, &acc[at..at + 4]);
                     acc[at..at + 4].copy_from_slice(&r);
                 }
             }
         }
         acc
-    }
-
-    /// ldmatrix .x4 (optionally .trans) from a shared address: four b32 registers.
-    fn ldmatrix(&self, p: PointerValue<'ctx>, trans: bool) -> [IntValue<'ctx>; 4] {
-        let name = if trans {
-            "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.trans.b16.p3"
-        } else {
-            "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.b16.p3"
-        };
-        let r = self.b.call_n(name, self.b.i32t().into(), 4, &[p.into()]);
-        [0, 1, 2, 3].map(|i| r[i].into_int_value())
-    }
-
-    /// d = a (16x16 bf16) * b (16x8 bf16) + c (f32), the m16n8k16 fragment layout.
-    fn mma(
-        &self,
-        a: &[IntValue<'ctx>; 4],
-        b0: IntValue<'ctx>,
-        b1: IntValue<'ctx>,
-        c: &[FloatValue<'ctx>],
-    ) -> [FloatValue<'ctx>; 4] {
-        let mut args: Vec<BasicValueEnum> = a.iter().map(|v| (*v).into()).collect();
-        args.extend::<[BasicValueEnum; 2]>([b0.into(), b1.into()]);
-        args.extend(c.iter().map(|v| BasicValueEnum::from(*v)));
-        let r = self.b.call_n("llvm.nvvm.mma.m16n8k16.row.col.bf16", self.b.f32t().into(), 4, &args);
-        [0, 1, 2, 3].map(|i| r[i].into_float_value())
     }
 }

@@ -151,6 +151,36 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
         self.call_void("llvm.nvvm.cp.async.wait.group", &[self.i32(n).into()]);
     }
 
+    // ---- warp-level matrix fragments (sm_80 and later) ------------------------------------
+
+    /// `ldmatrix .x4` (optionally `.trans`) of four 8x8 b16 matrices from a shared address: the
+    /// four b32 registers of this lane's fragment.
+    pub fn ldmatrix_x4(&self, p: PointerValue<'ctx>, trans: bool) -> [IntValue<'ctx>; 4] {
+        let name = if trans {
+            "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.trans.b16.p3"
+        } else {
+            "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.b16.p3"
+        };
+        let r = self.call_n(name, self.i32t().into(), 4, &[p.into()]);
+        [0, 1, 2, 3].map(|i| r[i].into_int_value())
+    }
+
+    /// `mma.sync m16n8k16` bf16 with f32 accumulators: d = a (16x16) * b (16x8) + c, in the
+    /// fragment layout (a: four b32, b: two b32, c and d: four f32 per lane).
+    pub fn mma_bf16_m16n8k16(
+        &self,
+        a: &[IntValue<'ctx>; 4],
+        b0: IntValue<'ctx>,
+        b1: IntValue<'ctx>,
+        c: &[FloatValue<'ctx>],
+    ) -> [FloatValue<'ctx>; 4] {
+        let mut args: Vec<BasicValueEnum> = a.iter().map(|v| (*v).into()).collect();
+        args.extend::<[BasicValueEnum; 2]>([b0.into(), b1.into()]);
+        args.extend(c.iter().map(|v| BasicValueEnum::from(*v)));
+        let r = self.call_n("llvm.nvvm.mma.m16n8k16.row.col.bf16", self.f32t().into(), 4, &args);
+        [0, 1, 2, 3].map(|i| r[i].into_float_value())
+    }
+
     // ---- inline PTX ----------------------------------------------------------------------
 
     /// Inline PTX with side effects (kept in order with the other side-effecting asm);
