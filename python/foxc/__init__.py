@@ -114,7 +114,8 @@ def load(
 ) -> Attention:
     """Compile an attention program (a ``.attn`` path or DSL text) once.
 
-    ``prune_rule``: "paper" or "tight" (ACP's safe threshold); ``log_eps``: ln of the pruned
+    ``prune_rule``: a rule name from ``foxc rules`` (ACP's safe threshold: "paper", "tight",
+    "local", "tight-causal"); ``log_eps``: ln of the pruned
     attention mass bound per row; ``no_prune``: keep attention dense; ``tiles``: (BM, BN).
     Raises ``foxc.CompileError`` (a ``ValueError``) with foxc's diagnostic for a bad program.
     Loading the same text with the same options again returns the cached compilation.
