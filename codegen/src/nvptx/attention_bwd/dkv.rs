@@ -38,14 +38,7 @@ pub(super) fn build<'ctx>(
         ("dc", p),
         ("T", ParamTy::I32),
     ];
-    let b = KernelBuilder::kernel(ctx, module, name, &params)?;
-    let smem = b.dyn_shared(&format!("{name}_smem"), 128);
-    let tid = b.sreg("tid.x");
-    let lane = b.andc(tid, 31);
-    let t_len = b.param_int(11);
-    let k = Bwd { b: &b, cfg, regions, smem, tid, lane, t_len, threads: cfg.dkv_threads() };
-    k.emit_dkv();
-    b.finish()
+    Bwd::build(ctx, module, (name, &params), (cfg, regions), cfg.dkv_threads(), |k| k.emit_dkv())
 }
 
 /// Per-head pointers of the dkv walk (query head `bh`).

@@ -7,7 +7,7 @@ use super::probs::{ElemFn, PosFn};
 use super::{Bwd, BwdConfig, Regions, DQ_ROWS, LOG2E};
 use crate::nvptx::attention::prune::{search_start, SearchAt};
 use crate::nvptx::builder::control::{basic, floats};
-use crate::nvptx::builder::{KernelBuilder, ParamTy};
+use crate::nvptx::builder::ParamTy;
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue};
@@ -35,14 +35,7 @@ pub(super) fn build<'ctx>(
         ("start", p),
         ("T", ParamTy::I32),
     ];
-    let b = KernelBuilder::kernel(ctx, module, name, &params)?;
-    let smem = b.dyn_shared(&format!("{name}_smem"), 128);
-    let tid = b.sreg("tid.x");
-    let lane = b.andc(tid, 31);
-    let t_len = b.param_int(11);
-    let k = Bwd { b: &b, cfg, regions, smem, tid, lane, t_len, threads: cfg.dq_threads() };
-    k.emit_dq();
-    b.finish()
+    Bwd::build(ctx, module, (name, &params), (cfg, regions), cfg.dq_threads(), |k| k.emit_dq())
 }
 
 impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {

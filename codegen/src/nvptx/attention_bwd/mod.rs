@@ -47,7 +47,7 @@ mod probs;
 
 use super::attention::region::RegionMod;
 use super::attention::score::ScoreMod;
-use super::builder::KernelBuilder;
+use super::builder::{KernelBuilder, ParamTy};
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::{FunctionValue, IntValue, PointerValue};
@@ -239,6 +239,27 @@ pub(crate) struct Bwd<'k, 'a, 'ctx> {
     t_len: IntValue<'ctx>,
     /// Threads of the block.
     threads: u32,
+}
+
+impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
+    /// Declares kernel `name` with `params` (`T` last), sets up the per-thread values every
+    /// backward kernel uses and emits the body with them.
+    fn build(
+        ctx: &'ctx Context,
+        module: &'a Module<'ctx>,
+        (name, params): (&str, &[(&str, ParamTy)]),
+        (cfg, regions): (&BwdConfig, &Regions),
+        threads: u32,
+        body: impl FnOnce(&Bwd<'_, 'a, 'ctx>),
+    ) -> Result<FunctionValue<'ctx>, String> {
+        let b = KernelBuilder::kernel(ctx, module, name, params)?;
+        let smem = b.dyn_shared(&format!("{name}_smem"), 128);
+        let tid = b.sreg("tid.x");
+        let lane = b.andc(tid, 31);
+        let t_len = b.param_int(params.len() as u32 - 1);
+        body(&Bwd { b: &b, cfg, regions, smem, tid, lane, t_len, threads });
+        b.finish()
+    }
 }
 
 /// Grid of the dq kernel: (ceil(T / 64), BH).
