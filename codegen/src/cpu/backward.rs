@@ -22,7 +22,7 @@
 //! multiple of 4 elements (and keys to a multiple of 4 rows), so the inner loops have no tails.
 
 use super::emit::{Fx, F32, F32X4, I64};
-use super::kernels::{AttnKernel, Frame};
+use super::kernels::{zero_fill, AttnKernel, Frame};
 use super::region::{self, CaptureCode, Lanes, RegionCode};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, Value};
@@ -263,22 +263,6 @@ fn stage_row(fx: &mut Fx, dt: DType, p: Value, row: Value, d: u64, dp: u64, dst:
     }
 }
 
-/// Store zeros over `floats` f32 (a multiple of 4) at `dst` (16-byte aligned).
-fn zero(fx: &mut Fx, dst: Value, floats: u64) {
-    let z = fx.splat_c(0.0);
-    let n = (floats / 4) as i64;
-    if n <= 16 {
-        for j in 0..n {
-            fx.store(z, dst, (j * 16) as i32);
-        }
-    } else {
-        fx.for_n(0, n, 1, |fx, j| {
-            let a = fx.addr(dst, j, 16);
-            fx.store(z, a, 0);
-        });
-    }
-}
-
 /// `a . b` over `dp` f32 (a multiple of 4) at two scratch rows.
 /// `a . b_l` for the four rows `b_l = b + l * stride` as the lanes of an f32x4; `a` is loaded
 /// once for the four. Each lane sums in `e` order, as a plain dot product would.
@@ -413,10 +397,10 @@ pub fn emit(fx: &mut Fx, a: &BwdKernel, f: &Frame) {
         let bi = fx.b.ins().udiv_imm_s(task, hk as i64);
         let kh = fx.b.ins().urem_imm_s(task, hk as i64);
         // Stage K and V of kv head `task` (= b * Hk + kv head) as padded f32; zero dK, dV.
-        zero(fx, ks, tp * dp);
-        zero(fx, vs, tp * dp);
-        zero(fx, dks, tp * dp);
-        zero(fx, dvs, tp * dp);
+        zero_fill(fx, ks, tp * dp);
+        zero_fill(fx, vs, tp * dp);
+        zero_fill(fx, dks, tp * dp);
+        zero_fill(fx, dvs, tp * dp);
         let kvrow0 = fx.b.ins().imul_imm_s(task, t as i64);
         let z0 = fx.ic(0);
         let tv = fx.ic(t as i64);
@@ -448,9 +432,9 @@ pub fn emit(fx: &mut Fx, a: &BwdKernel, f: &Frame) {
             let bh = fx.b.ins().imul_imm_s(bi, h as i64);
             let bh = fx.b.ins().iadd(bh, hq);
             let row0 = fx.b.ins().imul_imm_s(bh, t as i64);
-            zero(fx, cs, tp);
-            zero(fx, rows_s, tp);
-            zero(fx, cols_s, tp);
+            zero_fill(fx, cs, tp);
+            zero_fill(fx, rows_s, tp);
+            zero_fill(fx, cols_s, tp);
             if let (Some(cp), Some(ct)) = (c, fw.c) {
                 let z0 = fx.ic(0);
                 let tv = fx.ic(t as i64);
@@ -465,7 +449,7 @@ pub fn emit(fx: &mut Fx, a: &BwdKernel, f: &Frame) {
             let tv = fx.ic(t as i64);
             fx.for_range(z0, tv, 1, |fx, i| {
                 let row = fx.b.ins().iadd(row0, i);
-                zero(fx, dqs, dp);
+                zero_fill(fx, dqs, dp);
                 let lse = fx.load_f32(a.lse, lsep, row);
                 let ninf = fx.f32c(f32::NEG_INFINITY);
                 let live = fx.b.ins().fcmp(FloatCC::NotEqual, lse, ninf);

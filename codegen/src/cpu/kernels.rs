@@ -501,7 +501,7 @@ fn copy_row(fx: &mut Fx, dt: DType, src: Value, src_idx: Value, dst: Value, n: u
 }
 
 /// Store zeros over `floats` f32 (a multiple of 4) at the 16-byte aligned byte address `dst`.
-fn zero_fill(fx: &mut Fx, dst: Value, floats: u64) {
+pub(super) fn zero_fill(fx: &mut Fx, dst: Value, floats: u64) {
     let z = fx.splat_c(0.0);
     let n = (floats / 4) as i64;
     if n <= 16 {
