@@ -142,12 +142,7 @@ fn decay_cumsum<'py>(
     program: &Program,
     inputs: BTreeMap<String, Wire>,
 ) -> PyResult<F64Out<'py>> {
-    let g = program.inner.optimized(Target::Cpu)?;
-    let (_, _, ops) = attention(&g)?;
-    let (c, _) =
-        boundary_operands(&g, &ops).ok_or_else(|| value_error(format!("`{}` is not pruned", g.name)))?;
-    let inputs = partial_inputs(&g, inputs)?;
-    eval_one(py, &g, &inputs, c, "the gate cumsum")
+    eval_boundary_operand(py, program, inputs, 0, "the gate cumsum")
 }
 
 /// The threshold `delta [B, H, Mt]` of the pruned attention (the interpreter's `threshold`
@@ -158,12 +153,24 @@ fn threshold<'py>(
     program: &Program,
     inputs: BTreeMap<String, Wire>,
 ) -> PyResult<F64Out<'py>> {
+    eval_boundary_operand(py, program, inputs, 1, "the threshold")
+}
+
+/// Operand `which` of the program's block boundary (0: the gate cumsum, 1: the threshold)
+/// through the interpreter, from only the parameters it reads.
+fn eval_boundary_operand<'py>(
+    py: Python<'py>,
+    program: &Program,
+    inputs: BTreeMap<String, Wire>,
+    which: usize,
+    what: &str,
+) -> PyResult<F64Out<'py>> {
     let g = program.inner.optimized(Target::Cpu)?;
     let (_, _, ops) = attention(&g)?;
-    let (_, d) =
+    let (c, d) =
         boundary_operands(&g, &ops).ok_or_else(|| value_error(format!("`{}` is not pruned", g.name)))?;
     let inputs = partial_inputs(&g, inputs)?;
-    eval_one(py, &g, &inputs, d, "the threshold")
+    eval_one(py, &g, &inputs, [c, d][which], what)
 }
 
 /// `start [B, H, Mt]` from `c [B, H, T]` and `delta [B, H, Mt]` (f64 bytes) by the interpreter's
