@@ -477,25 +477,12 @@ impl<'a> Evaluator<'a> {
         malformed(self.g, id, what)
     }
 
-    fn val(&self, id: ValueId, of: ValueId) -> Result<&Val, InterpError> {
-        // An operand edge may name a result > 0 of a multi-result node (the gradient program
-        // reads `attention_backward`'s dk, dv, ... through ordinary ops).
-        if !self.g.node(id).more.is_empty() {
-            let mut rs: Vec<u32> =
-                self.g.operand_values(of).iter().filter(|v| v.node == id).map(|v| v.result).collect();
-            rs.sort_unstable();
-            rs.dedup();
-            match rs[..] {
-                [r] if r > 0 => return self.value(Value { node: id, result: r }, of),
-                [_, _, ..] => return Err(self.err(of, "reads two results of one node")),
-                _ => {}
-            }
-        }
-        self.vals.get(&id).ok_or_else(|| self.err(of, "operand not computed"))
+    /// Operand `v` (any result of a computed node) of node `of`.
+    fn val(&self, v: impl Into<Value>, of: ValueId) -> Result<&Val, InterpError> {
+        self.value(v.into(), of)
     }
 
     /// Any result of a computed node.
-    #[allow(dead_code)]
     fn value(&self, v: Value, of: ValueId) -> Result<&Val, InterpError> {
         match v.result {
             0 => self.vals.get(&v.node).ok_or_else(|| self.err(of, "operand not computed")),
@@ -507,8 +494,8 @@ impl<'a> Evaluator<'a> {
         }
     }
 
-    fn operands(&self, id: ValueId) -> Result<Vec<ValueId>, InterpError> {
-        let ops = self.g.operands(id);
+    fn operands(&self, id: ValueId) -> Result<Vec<Value>, InterpError> {
+        let ops = self.g.operand_values(id);
         if let Some(a) = self.g.op(id).arity() {
             if ops.len() != a {
                 return Err(self.err(id, format!("expects {a} operands, has {}", ops.len())));
@@ -699,8 +686,8 @@ impl<'a> Evaluator<'a> {
                 mk(gather(&shape, [&sc, &sx, &sy], |[k, i, j]| if dc[k] != 0.0 { dx[i] } else { dy[j] }))
             }
             Op::Reduce { kind, axis } => {
-                if self.deferred.contains(&ops[0]) {
-                    return self.contract(id, ops[0], axis, axes, shape);
+                if self.deferred.contains(&ops[0].node) {
+                    return self.contract(id, ops[0].node, axis, axes, shape);
                 }
                 let a = self.val(ops[0], id)?;
                 let p = a
@@ -863,7 +850,7 @@ impl<'a> Evaluator<'a> {
     fn positional(
         &self,
         id: ValueId,
-        operand: ValueId,
+        operand: impl Into<Value>,
         rank: usize,
         what: &str,
     ) -> Result<&Val, InterpError> {
@@ -878,7 +865,7 @@ impl<'a> Evaluator<'a> {
         &self,
         id: ValueId,
         kind: GateKind,
-        x: ValueId,
+        x: Value,
         shape: &[usize],
     ) -> Result<Vec<f64>, InterpError> {
         if shape.len() != 3 {

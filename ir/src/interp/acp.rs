@@ -2,7 +2,7 @@
 
 use super::attention::block_start;
 use super::{Evaluator, InterpError};
-use crate::graph::ValueId;
+use crate::graph::{Value, ValueId};
 use crate::ops::Op;
 use crate::prune_rule::{threshold, ThresholdArgs};
 
@@ -11,7 +11,7 @@ impl Evaluator<'_> {
     pub(super) fn threshold(
         &self,
         id: ValueId,
-        ops: &[ValueId],
+        ops: &[Value],
         shape: &[usize],
     ) -> Result<Vec<f64>, InterpError> {
         let Op::Threshold { rule, log_eps, bound, score, scale, bm } = self.g.op(id) else {
@@ -60,7 +60,7 @@ impl Evaluator<'_> {
     pub(super) fn block_boundary(
         &self,
         id: ValueId,
-        ops: &[ValueId],
+        ops: &[Value],
         shape: &[usize],
     ) -> Result<Vec<f64>, InterpError> {
         let Op::BlockBoundary(tiles) = self.g.op(id) else {
