@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 mod common;
-use common::{foxc, text};
+use common::{foxc, text, write_inputs};
 use std::process::Command;
 
 fn tmp(name: &str) -> PathBuf {
@@ -37,9 +37,7 @@ fn every_example_checks_and_prints_ir() {
 fn fox_inputs_then_reference_run_with_check() {
     let input = tmp("in.safetensors");
     let out = tmp("out.safetensors");
-    let o =
-        foxc(&["inputs", "examples/fox.attn", "--shape", "B=1,H=2,T=64,D=16", "-o", input.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", text(&o));
+    write_inputs("examples/fox.attn", "B=1,H=2,T=64,D=16", &input);
     let o = foxc(&[
         "run",
         "examples/fox.attn",
@@ -95,15 +93,7 @@ fn user_errors_exit_1_with_a_message() {
 #[test]
 fn mismatched_inputs_are_rejected_before_any_work() {
     let input = tmp("mismatch.safetensors");
-    let o = foxc(&[
-        "inputs",
-        "examples/causal.attn",
-        "--shape",
-        "B=1,H=2,T=16,D=8",
-        "-o",
-        input.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
+    write_inputs("examples/causal.attn", "B=1,H=2,T=16,D=8", &input);
     // fox.attn also needs `fgate`: the file lacks it.
     let o = foxc(&["run", "examples/fox.attn", "--backend", "cpu", "--inputs", input.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
@@ -124,15 +114,7 @@ fn cuda_backend_without_a_gpu_is_a_clean_user_error() {
 fn mask_png_is_written() {
     let input = tmp("mask-in.safetensors");
     let png = tmp("mask.png");
-    let o = foxc(&[
-        "inputs",
-        "examples/fox.attn",
-        "--shape",
-        "B=1,H=4,T=1024,D=16",
-        "-o",
-        input.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
+    write_inputs("examples/fox.attn", "B=1,H=4,T=1024,D=16", &input);
     let o = foxc(&[
         "mask",
         "examples/fox.attn",
@@ -186,8 +168,7 @@ fn verify_passes_a_good_output_and_fails_a_corrupted_one() {
     let out = tmp("verify-out.safetensors");
     let bad = tmp("verify-bad.safetensors");
     let shape = "B=1,H=2,T=96,D=16";
-    let o = foxc(&["inputs", "examples/fox.attn", "--shape", shape, "-o", input.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", text(&o));
+    write_inputs("examples/fox.attn", shape, &input);
     let o = foxc(&[
         "run",
         "examples/fox.attn",
@@ -265,15 +246,7 @@ fn rules_lists_every_rule_with_formula_and_soundness() {
 fn mask_draws_rules_side_by_side() {
     let input = tmp("mask-rules-in.safetensors");
     let png = tmp("mask-rules.png");
-    let o = foxc(&[
-        "inputs",
-        "examples/fox.attn",
-        "--shape",
-        "B=1,H=2,T=512,D=16",
-        "-o",
-        input.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
+    write_inputs("examples/fox.attn", "B=1,H=2,T=512,D=16", &input);
     let o = foxc(&[
         "mask",
         "examples/fox.attn",

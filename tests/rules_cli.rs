@@ -4,7 +4,7 @@
 
 use foxc_passes::rules::RULES;
 mod common;
-use common::{foxc, text};
+use common::{foxc, text, write_inputs};
 
 #[test]
 fn an_unknown_rule_is_a_usage_error_listing_the_rules() {
@@ -51,15 +51,7 @@ fn mask_draws_every_rule() {
     let dir = std::env::temp_dir().join(format!("foxc-rules-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (input, png) = (dir.join("in.safetensors"), dir.join("m.png"));
-    let o = foxc(&[
-        "inputs",
-        "examples/fox.attn",
-        "--shape",
-        "B=1,H=2,T=512,D=16",
-        "-o",
-        input.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
+    write_inputs("examples/fox.attn", "B=1,H=2,T=512,D=16", &input);
     let names: Vec<&str> = RULES.iter().map(|r| r.name).collect();
     let all = names.join(",");
     let o = foxc(&[

@@ -24,3 +24,9 @@ pub fn tmp(tag: &str, name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
 }
+
+/// `foxc inputs EXAMPLE --shape SHAPE -o PATH`, which must succeed (seeded random inputs).
+pub fn write_inputs(example: &str, shape: &str, path: &std::path::Path) {
+    let o = foxc(&["inputs", example, "--shape", shape, "-o", path.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+}
