@@ -3,4 +3,5 @@
 //! IR's attributes (tiles, rule, threshold); neither depends on the runtime that runs them.
 
 pub mod cpu;
+pub mod loop_plan;
 pub mod nvptx;

@@ -286,10 +286,10 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>, outputs: &[Value]) -> Result<Ve
     }
     // Scalar subgraphs (`rsqrt(dim D)`) fold to constants at compile time: dims are concrete.
     let mut consts: HashMap<ValueId, f64> = HashMap::new();
-    let absorbed = generic::absorbed_muls(g, &live, &out_nodes);
+    let contracted = crate::loop_plan::contracted_muls(g, &live, &out_nodes);
     let mut specs = vec![];
     for &n in &order {
-        if !live.contains(&n) || absorbed.contains(&n) {
+        if !live.contains(&n) || contracted.contains(&n) {
             continue;
         }
         let op = g.op(n);
@@ -332,7 +332,7 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>, outputs: &[Value]) -> Result<Ve
         // Plain loops for every op without a fused kernel or outside a fast path's conditions.
         let generic = |consts: &HashMap<ValueId, f64>| -> Result<SpecKind, CpuError> {
             let cx = generic::Ctx { g, dims, consts, num: &num };
-            Ok(SpecKind::Generic(generic::plan(&cx, n, &absorbed)?))
+            Ok(SpecKind::Generic(generic::plan(&cx, n, &contracted)?))
         };
         let kind = match op {
             Op::Param { .. } => continue,

@@ -37,7 +37,7 @@ impl Generic {
                     walk(y, h);
                 }
                 Expr::Mask { x, .. } => walk(x, h),
-                Expr::In(_) | Expr::Index(_) | Expr::Const(_) => {}
+                Expr::In(_) | Expr::Index(_) | Expr::Const(_) | Expr::Scalar(_) => {}
             }
         }
         walk(&self.value, &mut h);
@@ -247,6 +247,7 @@ impl Line<'_> {
                 fx.b.ins().fcvt_from_sint(F64, i)
             }
             Expr::Const(c) => fx.f64c(*c),
+            Expr::Scalar(k) => fx.f64c(self.k.scalars[*k] as f64),
             Expr::Unary(UnaryOp::Neg, x) => {
                 let x = self.eval(fx, x, t);
                 fx.b.ins().fneg(x)

@@ -402,7 +402,7 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
         let p = self.inputs[i];
         match (&self.k.inputs[i], p) {
             (Src::Const(c), _) => b.f32(*c),
-            (Src::Buf { dtype, strides }, Some(p)) => {
+            (Src::Buf { dtype, strides, .. }, Some(p)) => {
                 let off = match self.flat.get() {
                     Some(f) if self.k.flat_input(i) => f,
                     _ => self.offset(strides, coord),

@@ -26,10 +26,12 @@
 mod emit;
 mod plan;
 
+pub(crate) use crate::loop_plan::handles;
+pub(crate) use crate::loop_plan::{Body, Expr, Src};
 pub(crate) use emit::build;
-pub(crate) use plan::{handles, plan};
+pub(crate) use plan::plan;
 
-use foxc_ir::{BinaryOp, DType, ReduceKind, UnaryOp};
+use foxc_ir::DType;
 
 /// Threads per block of the elementwise (`Map`) kernels.
 pub(crate) const MAP_THREADS: u32 = 256;
@@ -37,69 +39,6 @@ pub(crate) const MAP_THREADS: u32 = 256;
 pub(crate) const LINE_THREADS: u32 = 128;
 /// Lines per block of the line kernels in warp mode.
 pub(crate) const LINES_PER_BLOCK: u32 = LINE_THREADS / 32;
-
-/// Where one kernel input comes from.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Src {
-    /// A buffer (the next pointer parameter). `strides[a]` lists the scalar parameters whose
-    /// sum is its element stride along iteration axis `a` (empty: 0, broadcast).
-    Buf { dtype: DType, strides: Vec<Vec<usize>> },
-    /// A compile-time scalar (no parameter).
-    Const(f64),
-    /// A buffer read at computed subscripts (`gather`): one [`Sub`] per buffer axis, with the
-    /// axis' size and row-major stride as scalar parameters; a subscript outside `[0, size)`
-    /// reads NaN.
-    Gather { dtype: DType, subs: Vec<Sub>, sizes: Vec<usize>, strides: Vec<usize> },
-}
-
-/// One gather subscript: `floor((constant + sum coef * index[axis]) / div)`, `div` a scalar
-/// parameter when present.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Sub {
-    pub terms: Vec<(usize, i64)>,
-    pub constant: i64,
-    pub div: Option<usize>,
-}
-
-/// The per-element value of a kernel, in f32.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Expr {
-    /// Input `k` at the current element.
-    In(usize),
-    /// The index along iteration axis `k` (`iota`).
-    Index(usize),
-    Const(f64),
-    /// Scalar parameter `k` (a dim that is not static), as a number.
-    Scalar(usize),
-    Unary(UnaryOp, Box<Expr>),
-    Binary(BinaryOp, Box<Expr>, Box<Expr>),
-    Select(Box<Expr>, Box<Expr>, Box<Expr>),
-    /// Rounded to `DType` as `cast` does.
-    Cast(DType, Box<Expr>),
-    /// `x` where `j <= i` (and `i - j < window`), `-inf` elsewhere; `i`, `j` iteration axes.
-    Mask {
-        i: usize,
-        j: usize,
-        window: Option<u64>,
-        x: Box<Expr>,
-    },
-}
-
-/// What a kernel does along its line.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Body {
-    /// Every element gets the value.
-    Map,
-    /// The line is reduced into one result element (sum: 0 for an empty line; max: -inf).
-    Reduce(ReduceKind),
-    /// Inclusive prefix sum along the line.
-    Cumsum,
-    /// Softmax along the line (`-inf` weighs 0; a line of only `-inf` gives zeros; a NaN makes
-    /// the line NaN).
-    Softmax,
-    /// `x * rsqrt(mean(x^2) + eps) * w[k]`, `w` input number `w`, read along the line.
-    RmsNorm { w: usize, eps: f64 },
-}
 
 /// One generic kernel. Parameters: a pointer per `Buf`/`Gather` input (in input order), the
 /// result pointer, then the i64 scalars: the `rank` axis sizes first, then the rest.
