@@ -31,6 +31,24 @@ pub const MAX_NESTING: u32 = 100;
 /// Tallest expression tree (a chain `a + a + ... + a` of n terms has height n).
 pub const MAX_HEIGHT: u32 = 128;
 
+/// Binary operators by precedence, loosest first; operators of one level associate to the left.
+const BINARY_LEVELS: [&[(Tok, BinOp)]; 3] = [
+    &[
+        (Tok::Lt, BinOp::Lt),
+        (Tok::Le, BinOp::Le),
+        (Tok::Gt, BinOp::Gt),
+        (Tok::Ge, BinOp::Ge),
+        (Tok::EqEq, BinOp::Eq),
+        (Tok::Ne, BinOp::Ne),
+    ],
+    &[(Tok::Plus, BinOp::Add), (Tok::Minus, BinOp::Sub)],
+    &[(Tok::Star, BinOp::Mul), (Tok::Slash, BinOp::Div)],
+];
+
+/// The level of `+` and `-` in [`BINARY_LEVELS`]: an index subscript is a sum, never a
+/// comparison.
+const SUM_LEVEL: usize = 1;
+
 type PResult<T> = Result<T, Diagnostic>;
 
 pub struct Parser<'t> {
@@ -369,7 +387,7 @@ impl<'t> Parser<'t> {
                 _ => {}
             }
             self.enter()?;
-            let e = self.sum();
+            let e = self.binary_level(SUM_LEVEL);
             self.nesting -= 1;
             ix.push(e?);
             match self.peek() {
@@ -454,27 +472,9 @@ impl<'t> Parser<'t> {
 
     pub fn expr(&mut self) -> PResult<Expr> {
         self.enter()?;
-        let r = self.comparison();
+        let r = self.binary_level(0);
         self.nesting -= 1;
         r
-    }
-
-    fn comparison(&mut self) -> PResult<Expr> {
-        let mut a = self.sum()?;
-        loop {
-            let op = match self.peek() {
-                Tok::Lt => BinOp::Lt,
-                Tok::Le => BinOp::Le,
-                Tok::Gt => BinOp::Gt,
-                Tok::Ge => BinOp::Ge,
-                Tok::EqEq => BinOp::Eq,
-                Tok::Ne => BinOp::Ne,
-                _ => return Ok(a),
-            };
-            self.bump();
-            let b = self.sum()?;
-            a = self.binary(op, a, b)?;
-        }
     }
 
     fn binary(&self, op: BinOp, a: Expr, b: Expr) -> PResult<Expr> {
@@ -484,32 +484,17 @@ impl<'t> Parser<'t> {
         self.node(ExprKind::Binary(op, Box::new(a), Box::new(b)), span, depth, at)
     }
 
-    fn sum(&mut self) -> PResult<Expr> {
-        let mut a = self.prod()?;
-        loop {
-            let op = match self.peek() {
-                Tok::Plus => BinOp::Add,
-                Tok::Minus => BinOp::Sub,
-                _ => return Ok(a),
-            };
+    /// The binary operators at precedence `level` (see [`BINARY_LEVELS`]) and tighter: each
+    /// level is left-associative over the next one; past the last level come unary operators.
+    fn binary_level(&mut self, level: usize) -> PResult<Expr> {
+        let Some(ops) = BINARY_LEVELS.get(level) else { return self.unary() };
+        let mut a = self.binary_level(level + 1)?;
+        while let Some(&(_, op)) = ops.iter().find(|(t, _)| t == self.peek()) {
             self.bump();
-            let b = self.prod()?;
+            let b = self.binary_level(level + 1)?;
             a = self.binary(op, a, b)?;
         }
-    }
-
-    fn prod(&mut self) -> PResult<Expr> {
-        let mut a = self.unary()?;
-        loop {
-            let op = match self.peek() {
-                Tok::Star => BinOp::Mul,
-                Tok::Slash => BinOp::Div,
-                _ => return Ok(a),
-            };
-            self.bump();
-            let b = self.unary()?;
-            a = self.binary(op, a, b)?;
-        }
+        Ok(a)
     }
 
     fn unary(&mut self) -> PResult<Expr> {
