@@ -74,8 +74,8 @@ const UNARY_FUNCS: [(&str, UnaryOp); 12] = [
     ("log2", UnaryOp::Log2),
 ];
 
-/// Every function name, for "did you mean" hints.
-const ALL_FUNCS: [&str; 21] = [
+/// Every function name of the DSL ("did you mean" hints; the fuzz tests' vocabulary).
+pub const FUNCTIONS: [&str; 21] = [
     "exp",
     "log",
     "tanh",
@@ -1185,12 +1185,12 @@ impl<'a> Lowerer<'a> {
                 self.add(Op::RmsNorm { axis, eps: RMSNORM_EPS }, &[vx, vw], e.span)
             }
             _ => {
-                let hint = match suggest(name, ALL_FUNCS.iter().copied()) {
-                    Some(s) => format!("did you mean `{s}`? functions: {}", ALL_FUNCS.join(", ")),
+                let hint = match suggest(name, FUNCTIONS.iter().copied()) {
+                    Some(s) => format!("did you mean `{s}`? functions: {}", FUNCTIONS.join(", ")),
                     None if self.names.contains_key(name) => {
                         format!("`{name}` is not a function; index tensors with brackets: `{name}[...]`")
                     }
-                    None => format!("functions: {}", ALL_FUNCS.join(", ")),
+                    None => format!("functions: {}", FUNCTIONS.join(", ")),
                 };
                 Err(Diagnostic::new(format!("unknown function `{name}`"), f.span, "not a function")
                     .with_hint(hint))
