@@ -14,7 +14,7 @@
 //! what ACP prunes on). Key/value heads are shared by `kv_group` consecutive query heads (GQA).
 //!
 //! Operands, in the positional order that only [`Attention::operands`] and
-//! [`AttnOperands::to_vec`] know: `q, k, v, [c], [start | delta], captures...`.
+//! [`AttnOperands::to_vec`] know: `q, k, v, [c], [c_lo], [start | delta], captures...`.
 
 use crate::graph::{Graph, ValueId};
 use crate::index::IndexExpr;
@@ -415,6 +415,11 @@ pub struct Attention {
     pub mask: Mask,
     /// Operand `c` (`[B, H, T]`, a `gate_cumsum` result) adds `c_i - c_j` to the scores.
     pub decay: bool,
+    /// With `decay`: operand `c_lo` (a `gate_cumsum_lo` result) follows `c`, and the decay is
+    /// `(c_i - c_j) + (lo_i - lo_j)`: `c` keeps f64 accuracy as an f32 pair (the
+    /// `compensate-decay` pass sets it where the target computes scores in f32; printed
+    /// `decay(pair)`).
+    pub decay_lo: bool,
     /// Query heads per key/value head: the kv head of query head `h` is `h / kv_group`.
     /// `Dim::Const(1)` without grouped-query attention.
     pub kv_group: Dim,
@@ -435,6 +440,7 @@ impl Attention {
             score: Region::identity(),
             mask,
             decay,
+            decay_lo: false,
             kv_group: Dim::Const(1),
             out_dtype: DType::F32,
             tiles: None,
@@ -445,7 +451,12 @@ impl Attention {
 
     /// Operands before the captures.
     pub fn fixed_operands(&self) -> usize {
-        3 + self.decay as usize + (self.prune != Prune::Dense) as usize
+        3 + self.decay as usize + self.has_decay_lo() as usize + (self.prune != Prune::Dense) as usize
+    }
+
+    /// Whether operand `c_lo` is present (`decay_lo` only counts with `decay`).
+    pub fn has_decay_lo(&self) -> bool {
+        self.decay && self.decay_lo
     }
 
     /// The named operands of attention node `node` of `g`.
@@ -474,6 +485,8 @@ pub struct AttnOperands {
     pub v: ValueId,
     /// `c`, present iff `decay`.
     pub decay: Option<ValueId>,
+    /// `c_lo`, present iff `decay` and `decay_lo`.
+    pub decay_lo: Option<ValueId>,
     /// Present iff `prune == Start`.
     pub start: Option<ValueId>,
     /// Present iff `prune == Boundary`.
@@ -497,6 +510,7 @@ impl AttnOperands {
             })
         };
         let decay = next(a.decay);
+        let decay_lo = next(a.has_decay_lo());
         let start = next(a.prune == Prune::Start);
         let delta = next(a.prune == Prune::Boundary);
         Ok(AttnOperands {
@@ -504,6 +518,7 @@ impl AttnOperands {
             k: ops[1],
             v: ops[2],
             decay,
+            decay_lo,
             start,
             delta,
             captures: ops[fixed..].to_vec(),
@@ -514,6 +529,7 @@ impl AttnOperands {
     pub fn to_vec(&self) -> Vec<ValueId> {
         let mut v = vec![self.q, self.k, self.v];
         v.extend(self.decay);
+        v.extend(self.decay_lo);
         v.extend(self.start);
         v.extend(self.delta);
         v.extend(self.captures.iter().copied());
@@ -592,7 +608,9 @@ impl Attention {
             Mask::Window(w) => s.push_str(&format!(", mask = window({w})")),
             Mask::Expr(r) => s.push_str(&format!(", mask = {}", r.display_with(capture))),
         }
-        if self.decay {
+        if self.has_decay_lo() {
+            s.push_str(", decay(pair)");
+        } else if self.decay {
             s.push_str(", decay");
         }
         if self.kv_group != Dim::Const(1) {
@@ -702,6 +720,12 @@ mod tests {
         let o = AttnOperands::from_positional(&a, &ids[..5]).unwrap();
         assert_eq!((o.start, o.delta), (None, Some(ids[4])));
         assert!(AttnOperands::from_positional(&a, &ids[..4]).is_err());
+        // decay(pair): c_lo right after c.
+        a.decay_lo = true;
+        let o = AttnOperands::from_positional(&a, &ids[..6]).unwrap();
+        assert_eq!((o.decay, o.decay_lo, o.delta), (Some(ids[3]), Some(ids[4]), Some(ids[5])));
+        assert_eq!(o.to_vec(), ids[..6].to_vec());
+        assert!(a.to_string().contains("decay(pair)"));
         assert_eq!(a.scale.value(&|_| Some(64)), Some(0.125));
         assert_eq!(a.scale.to_string(), "1/sqrt(D)");
     }

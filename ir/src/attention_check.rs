@@ -87,6 +87,17 @@ impl Attention {
             }
             p += 1;
         }
+        if self.has_decay_lo() {
+            // c_lo carries c's rounding residual: the same type as c.
+            if ops[p] != ops[p - 1] {
+                return Err(format!(
+                    "attention's c_lo must be typed like c {}, found {}",
+                    ops[p - 1],
+                    ops[p]
+                ));
+            }
+            p += 1;
+        }
         if let Some(t) = self.tiles {
             if t.bm == 0 || t.bn == 0 {
                 return Err(format!("attention: tiles must be non-empty, found {}x{}", t.bm, t.bn));

@@ -781,6 +781,11 @@ impl<'a> Evaluator<'a> {
                 mk(a.data.iter().map(|&x| cast(dt, x)).collect())
             }
             Op::GateCumsum { kind } => mk(self.gate_cumsum(id, *kind, ops[0], &shape)?),
+            Op::GateCumsumLo { kind } => {
+                // The f32 rounding residual of the same f64 cumsum (docs/SEMANTICS.md).
+                let c = self.gate_cumsum(id, *kind, ops[0], &shape)?;
+                mk(c.iter().map(|&c| (c - c as f32 as f64) as f32 as f64).collect())
+            }
             Op::Threshold { .. } => mk(self.threshold(id, &ops, &shape)?),
             Op::BlockBoundary(_) => mk(self.block_boundary(id, &ops, &shape)?),
             Op::Attention(_) => {

@@ -190,6 +190,14 @@ pub enum Op {
     GateCumsum {
         kind: GateKind,
     },
+    /// The part of `gate_cumsum`'s exact value that its f32 result cannot hold:
+    /// `lo[t] = round_f32(c64[t] - round_f32(c64[t]))`, `c64` the same f64 accumulation as
+    /// `gate_cumsum` with the same operand. An attention with a `decay(pair)` reads it beside `c`
+    /// so that `c_i - c_j` keeps f64 accuracy when `|c|` is large (docs/SEMANTICS.md).
+    /// Operand and result as `gate_cumsum`.
+    GateCumsumLo {
+        kind: GateKind,
+    },
     /// The per-query-tile pruning threshold delta of an attention. Operands: q `[B, H, T, D]`,
     /// k `[B, Hk, T, D]` (kv head of query head h: `h / (H / Hk)`). Result: f32 `[B, H, T/bm]`.
     /// `U = score.u(|scale| Qmax Kmax)` bounds the attention's region (docs/SEMANTICS.md).
@@ -270,6 +278,7 @@ impl Op {
             Op::RmsNorm { .. } => "rmsnorm",
             Op::Cast => "cast",
             Op::GateCumsum { .. } => "gate_cumsum",
+            Op::GateCumsumLo { .. } => "gate_cumsum_lo",
             Op::Threshold { .. } => "threshold",
             Op::BlockBoundary(_) => "block_boundary",
             Op::Attention(_) => "attention",
@@ -283,7 +292,7 @@ impl Op {
             Op::Param { .. } | Op::Const(_) | Op::DimSize(_) | Op::Iota { .. } => 0,
             Op::Bind { .. } | Op::Store { .. } | Op::Unary(_) | Op::Cast | Op::Gather { .. } => 1,
             Op::Reduce { .. } | Op::Cumsum { .. } | Op::Softmax { .. } => 1,
-            Op::Causal { .. } | Op::Window { .. } | Op::GateCumsum { .. } => 1,
+            Op::Causal { .. } | Op::Window { .. } | Op::GateCumsum { .. } | Op::GateCumsumLo { .. } => 1,
             Op::Binary(_) | Op::RmsNorm { .. } | Op::Threshold { .. } | Op::BlockBoundary(_) => 2,
             Op::Select => 3,
             Op::Attention(_) | Op::AttentionBackward(_) => return None,
@@ -295,6 +304,7 @@ impl Op {
         matches!(
             self,
             Op::GateCumsum { .. }
+                | Op::GateCumsumLo { .. }
                 | Op::Threshold { .. }
                 | Op::BlockBoundary(_)
                 | Op::Attention(_)
@@ -331,7 +341,7 @@ impl fmt::Display for Op {
             Op::Causal { i, j } => write!(f, " {{i = {i}, j = {j}}}"),
             Op::Window { i, j, size } => write!(f, " {{i = {i}, j = {j}, size = {size}}}"),
             Op::RmsNorm { axis, eps } => write!(f, " {{axis = {axis}, eps = {eps:e}}}"),
-            Op::GateCumsum { kind } => write!(f, " {{gate = {kind:?}}}"),
+            Op::GateCumsum { kind } | Op::GateCumsumLo { kind } => write!(f, " {{gate = {kind:?}}}"),
             Op::Threshold { rule, log_eps, bound, score, scale, bm } => {
                 let b = match bound {
                     NormBound::Static { q_max, k_max } => {
@@ -357,7 +367,7 @@ impl fmt::Display for Op {
 pub fn fused_result_dtype(op: &Op) -> Option<DType> {
     match op {
         Op::BlockBoundary(_) => Some(DType::I32),
-        Op::GateCumsum { .. } | Op::Threshold { .. } => Some(DType::F32),
+        Op::GateCumsum { .. } | Op::GateCumsumLo { .. } | Op::Threshold { .. } => Some(DType::F32),
         Op::Attention(a) => Some(a.out_dtype),
         Op::AttentionBackward(_) => Some(DType::F32),
         _ => None,

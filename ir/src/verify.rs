@@ -161,7 +161,7 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
                     return Err(err(g, id, "cast from or to bool".into()));
                 }
             }
-            (Op::GateCumsum { kind: GateKind::Slope }, None) => {
+            (Op::GateCumsum { kind: GateKind::Slope } | Op::GateCumsumLo { kind: GateKind::Slope }, None) => {
                 let ok = node.ty.dtype == DType::F32
                     && node.ty.is_positional()
                     && node.ty.rank() == 3

@@ -13,8 +13,11 @@
 //!    `attention` for every proven dense `attention` whose score region has a bound.
 //! 5. `fuse-output-cast`, `fuse-boundary` ([`fuse_out`]): the output cast becomes the attention's
 //!    `out_dtype`; on GPU targets the kernel derives the block boundary itself.
+//! 6. `compensate-decay` ([`compensate`], CPU target): the decay `c` travels as an f32 pair
+//!    `(c, c_lo)` so that `c_i - c_j` keeps f64 accuracy when `|c|` is large.
 
 pub mod acp;
+pub mod compensate;
 pub mod fuse_out;
 pub mod grad;
 pub mod lang;
@@ -122,6 +125,7 @@ pub const PASSES: &[(&str, PassFn)] = &[
     ("acp", acp::run),
     ("fuse-output-cast", fuse_out::output_cast),
     ("fuse-boundary", fuse_out::boundary),
+    ("compensate-decay", compensate::run),
 ];
 
 /// Run the pipeline on `g` in place, verifying after every pass.

@@ -144,6 +144,8 @@ struct Scratch {
     dout: i64,
     dq: i64,
     c: i64,
+    /// `lo_j` of a `decay(pair)` (an empty area otherwise).
+    lo: i64,
     rows: i64,
     cols: i64,
     bytes: usize,
@@ -175,9 +177,15 @@ impl BwdKernel {
         let dout = take(dp);
         let dq = take(dp);
         let c = take(tp);
+        let lo = take(tp * self.pair() as u64);
         let rows = take(tp);
         let cols = take(tp);
-        Scratch { tp, dp, k, v, dk, dv, qs, dout, dq, c, rows, cols, bytes: off as usize }
+        Scratch { tp, dp, k, v, dk, dv, qs, dout, dq, c, lo, rows, cols, bytes: off as usize }
+    }
+
+    /// Whether the forward's decay is a pair `(c, c_lo)` (operand `c_lo` after c).
+    fn pair(&self) -> bool {
+        self.fwd.c.is_some() && self.fwd.c_lo
     }
 
     /// Elements of the float captures, in result order, and their sum.
@@ -207,11 +215,15 @@ impl BwdKernel {
         3 + self.fwd.c.is_some() as usize + self.float_caps.len()
     }
 
-    /// Operand slots: q, k, v, [c], [start], captures, out, lse, dout; then the results; then
-    /// the shared buffer.
+    /// Operand slots: q, k, v, [c], [c_lo], [start], captures, out, lse, dout; then the results;
+    /// then the shared buffer.
     fn slots(&self) -> Slots {
         let mut n = 3;
         let c = self.fwd.c.map(|_| {
+            n += 1;
+            n - 1
+        });
+        let c_lo = self.pair().then(|| {
             n += 1;
             n - 1
         });
@@ -224,12 +236,13 @@ impl BwdKernel {
         let out = n;
         let results = n + 3;
         let temp = results + self.result_count();
-        Slots { c, start, caps, out, results, temp }
+        Slots { c, c_lo, start, caps, out, results, temp }
     }
 }
 
 struct Slots {
     c: Option<usize>,
+    c_lo: Option<usize>,
     start: Option<usize>,
     caps: usize,
     /// out, lse, dout follow.
@@ -361,6 +374,7 @@ pub fn emit(fx: &mut Fx, a: &BwdKernel, f: &Frame) {
     let k = arg(fx, f.args, 1);
     let v = arg(fx, f.args, 2);
     let c = sl.c.map(|s| arg(fx, f.args, s));
+    let c_lo = sl.c_lo.map(|s| arg(fx, f.args, s));
     let start = sl.start.map(|s| arg(fx, f.args, s));
     let caps: Vec<(Value, CaptureCode)> =
         fw.captures.iter().enumerate().map(|(i, cc)| (arg(fx, f.args, sl.caps + i), cc.clone())).collect();
@@ -389,6 +403,7 @@ pub fn emit(fx: &mut Fx, a: &BwdKernel, f: &Frame) {
     let douts = fx.b.ins().iadd_imm_s(scr, sc.dout);
     let dqs = fx.b.ins().iadd_imm_s(scr, sc.dq);
     let cs = fx.b.ins().iadd_imm_s(scr, sc.c);
+    let los = c_lo.map(|_| fx.b.ins().iadd_imm_s(scr, sc.lo));
     let rows_s = fx.b.ins().iadd_imm_s(scr, sc.rows);
     let cols_s = fx.b.ins().iadd_imm_s(scr, sc.cols);
     let row_bytes = (dp * 4) as i64;
@@ -433,6 +448,9 @@ pub fn emit(fx: &mut Fx, a: &BwdKernel, f: &Frame) {
             let bh = fx.b.ins().iadd(bh, hq);
             let row0 = fx.b.ins().imul_imm_s(bh, t as i64);
             zero_fill(fx, cs, tp);
+            if let Some(lb) = los {
+                zero_fill(fx, lb, tp);
+            }
             zero_fill(fx, rows_s, tp);
             zero_fill(fx, cols_s, tp);
             if let (Some(cp), Some(ct)) = (c, fw.c) {
@@ -443,6 +461,11 @@ pub fn emit(fx: &mut Fx, a: &BwdKernel, f: &Frame) {
                     let x = fx.load_f32(ct, cp, idx);
                     let a = fx.addr(cs, j, 4);
                     fx.store(x, a, 0);
+                    if let (Some(lp), Some(lb)) = (c_lo, los) {
+                        let l = fx.load_f32(DType::F32, lp, idx);
+                        let a = fx.addr(lb, j, 4);
+                        fx.store(l, a, 0);
+                    }
                 });
             }
             let z0 = fx.ic(0);
@@ -476,6 +499,7 @@ pub fn emit(fx: &mut Fx, a: &BwdKernel, f: &Frame) {
                             douts,
                             dqs,
                             cs,
+                            los,
                             rows_s,
                             cols_s,
                         },
@@ -540,6 +564,7 @@ struct Bufs<'a> {
     douts: Value,
     dqs: Value,
     cs: Value,
+    los: Option<Value>,
     rows_s: Value,
     cols_s: Value,
 }
@@ -610,6 +635,11 @@ fn row_body(fx: &mut Fx, a: &BwdKernel, sc: &Scratch, r: RowCtx, bf: &Bufs, (mt,
     } else {
         None
     };
+    let li = bf.los.map(|lb| {
+        let la = fx.addr(lb, r.i, 4);
+        let x = fx.load(F32, la, 0);
+        fx.splat(x)
+    });
     let rowsum = fx.b.declare_var(F32X4);
     let zv = fx.splat_c(0.0);
     fx.b.def_var(rowsum, zv);
@@ -628,7 +658,14 @@ fn row_body(fx: &mut Fx, a: &BwdKernel, sc: &Scratch, r: RowCtx, bf: &Bufs, (mt,
         if let Some(ci) = ci {
             let cja = fx.addr(bf.cs, j0, 4);
             let cj = fx.load(F32X4, cja, 0);
-            let bias = fx.b.ins().fsub(ci, cj);
+            let mut bias = fx.b.ins().fsub(ci, cj);
+            if let (Some(li), Some(lb)) = (li, bf.los) {
+                // decay(pair): (c_i - c_j) + (lo_i - lo_j), as the forward.
+                let lja = fx.addr(lb, j0, 4);
+                let lj = fx.load(F32X4, lja, 0);
+                let dl = fx.b.ins().fsub(li, lj);
+                bias = fx.b.ins().fadd(bias, dl);
+            }
             s = fx.b.ins().fadd(s, bias);
         }
         // Kept lanes: jlo <= j < jhi, and the expression mask.

@@ -40,6 +40,8 @@ pub enum Kind {
         b: u64,
         h: u64,
         t: u64,
+        /// `gate_cumsum_lo`: store the f32 rounding residual of the f64 sum instead of the sum.
+        lo: bool,
     },
     Threshold {
         q: DType,
@@ -76,6 +78,8 @@ pub struct AttnKernel {
     pub v: DType,
     /// dtype of the cumsum operand when there is one.
     pub c: Option<DType>,
+    /// `decay(pair)`: operand `c_lo` (f32) follows c; the bias adds `lo_i - lo_j`.
+    pub c_lo: bool,
     /// Whether the operand after c holds the first kept key tile per query tile.
     pub pruned: bool,
     pub bh: u64,
@@ -122,6 +126,9 @@ pub struct AttnScratch {
     pub o: i64,
     pub ci: i64,
     pub cj: i64,
+    /// `lo_i`, `lo_j` of a `decay(pair)` (empty areas otherwise).
+    pub li: i64,
+    pub lj: i64,
     pub mrow: i64,
     pub lrow: i64,
     pub arow: i64,
@@ -152,10 +159,13 @@ impl AttnKernel {
         let o = take(bmp * dp);
         let ci = take(bmp);
         let cj = take(bnp);
+        let pair = self.c_lo as u64;
+        let li = take(bmp * pair);
+        let lj = take(bnp * pair);
         let mrow = take(bmp);
         let lrow = take(bmp);
         let arow = take(bmp);
-        AttnScratch { bmp, bnp, dp, qs, kt, vp, s, o, ci, cj, mrow, lrow, arow, bytes: off as usize }
+        AttnScratch { bmp, bnp, dp, qs, kt, vp, s, o, ci, cj, li, lj, mrow, lrow, arow, bytes: off as usize }
     }
 }
 
@@ -223,7 +233,9 @@ pub fn emit(fx: &mut Fx, kind: &Kind, f: &Frame, h: &Helpers) {
             emit_scalar_op(fx, *src, *dst, *op, *c, *tensor_first, *n, f)
         }
         Kind::RmsNorm { x, w, out, rows: _, d, eps } => emit_rmsnorm(fx, *x, *w, *out, *d, *eps, f),
-        Kind::GateCumsum { kind, src, b: _, h: nh, t } => emit_gate_cumsum(fx, *kind, *src, *nh, *t, f, h),
+        Kind::GateCumsum { kind, src, b: _, h: nh, t, lo } => {
+            emit_gate_cumsum(fx, *kind, *src, *nh, *t, *lo, f, h)
+        }
         Kind::Threshold { q, k, bh: _, t, d, h, hk, rule, log_eps, bound, score, scale, bm } => {
             let p = super::threshold::Params {
                 q: *q,
@@ -369,7 +381,16 @@ fn emit_rmsnorm(fx: &mut Fx, xt: DType, wt: DType, ot: DType, d: u64, eps: f64, 
 }
 
 #[allow(clippy::too_many_arguments)]
-fn emit_gate_cumsum(fx: &mut Fx, kind: GateKind, src: DType, nh: u64, t: u64, f: &Frame, h: &Helpers) {
+fn emit_gate_cumsum(
+    fx: &mut Fx,
+    kind: GateKind,
+    src: DType,
+    nh: u64,
+    t: u64,
+    lo: bool,
+    f: &Frame,
+    h: &Helpers,
+) {
     let x = fx.arg(f.args, 0);
     let y = fx.arg(f.args, 1);
     fx.for_range(f.begin, f.end, 1, |fx, bh| {
@@ -417,8 +438,14 @@ fn emit_gate_cumsum(fx: &mut Fx, kind: GateKind, src: DType, nh: u64, t: u64, f:
                     a
                 }
             };
-            let c = fx.b.ins().fdemote(F32, c);
-            fx.store_f32(DType::F32, y, idx, c);
+            let mut c32 = fx.b.ins().fdemote(F32, c);
+            if lo {
+                // gate_cumsum_lo: what the f32 c could not hold, c - round_f32(c), in f32.
+                let back = fx.b.ins().fpromote(F64, c32);
+                let r = fx.b.ins().fsub(c, back);
+                c32 = fx.b.ins().fdemote(F32, r);
+            }
+            fx.store_f32(DType::F32, y, idx, c32);
         });
     });
 }
@@ -529,6 +556,10 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame, h: &Helpers) {
         next += 1;
         fx.arg(f.args, next - 1)
     });
+    let c_lo = (a.c.is_some() && a.c_lo).then(|| {
+        next += 1;
+        fx.arg(f.args, next - 1)
+    });
     let start = if a.pruned {
         next += 1;
         Some(fx.arg(f.args, next - 1))
@@ -547,6 +578,8 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame, h: &Helpers) {
     let ob = fx.b.ins().iadd_imm_s(scr, sc.o);
     let cib = fx.b.ins().iadd_imm_s(scr, sc.ci);
     let cjb = fx.b.ins().iadd_imm_s(scr, sc.cj);
+    // decay(pair): lo_i of the tile's rows and lo_j of its columns.
+    let lo_bufs = c_lo.map(|_| (fx.b.ins().iadd_imm_s(scr, sc.li), fx.b.ins().iadd_imm_s(scr, sc.lj)));
     let mrow = fx.b.ins().iadd_imm_s(scr, sc.mrow);
     let lrow = fx.b.ins().iadd_imm_s(scr, sc.lrow);
     let arow = fx.b.ins().iadd_imm_s(scr, sc.arow);
@@ -608,6 +641,9 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame, h: &Helpers) {
         zero_fill(fx, ob, bmp * dp);
         zero_fill(fx, vp, bnp * dp);
         zero_fill(fx, cib, bmp);
+        if let Some((lib, _)) = lo_bufs {
+            zero_fill(fx, lib, bmp);
+        }
         let ninf = fx.splat_c(f32::NEG_INFINITY);
         let zv = fx.splat_c(0.0);
         for r in (0..bmp).step_by(4) {
@@ -646,6 +682,11 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame, h: &Helpers) {
                 let cv = fx.load_f32(ct, cp, row);
                 let ca = fx.addr(cib, r, 4);
                 fx.store(cv, ca, 0);
+            }
+            if let (Some(lp), Some((lib, _))) = (c_lo, lo_bufs) {
+                let lv = fx.load_f32(DType::F32, lp, row);
+                let la = fx.addr(lib, r, 4);
+                fx.store(lv, la, 0);
             }
         });
 
@@ -688,6 +729,11 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame, h: &Helpers) {
                     let ca = fx.addr(cjb, cc, 4);
                     fx.store(cv, ca, 0);
                 }
+                if let (Some(lp), Some((_, ljb))) = (c_lo, lo_bufs) {
+                    let lv = fx.load_f32(DType::F32, lp, row);
+                    let la = fx.addr(ljb, cc, 4);
+                    fx.store(lv, la, 0);
+                }
             });
             // The last key tile may be short: zero the padding columns so that they stay finite.
             let short = fx.b.ins().icmp_imm_s(IntCC::SignedLessThan, cols, bnp as i64);
@@ -703,6 +749,10 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame, h: &Helpers) {
                     zero_fill(fx, vdst, dp);
                     let ca = fx.addr(cjb, cc, 4);
                     fx.store(z, ca, 0);
+                    if let Some((_, ljb)) = lo_bufs {
+                        let la = fx.addr(ljb, cc, 4);
+                        fx.store(z, la, 0);
+                    }
                 });
             });
 
@@ -758,6 +808,11 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame, h: &Helpers) {
                 } else {
                     None
                 };
+                let liv = lo_bufs.map(|(lib, _)| {
+                    let la = fx.addr(lib, r, 4);
+                    let li = fx.load(F32, la, 0);
+                    fx.splat(li)
+                });
                 let mut vmx = fx.splat_c(f32::NEG_INFINITY);
                 let ninf = vmx;
                 for cc in (0..bnp).step_by(4) {
@@ -769,7 +824,13 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame, h: &Helpers) {
                     }
                     if let Some(civ) = civ {
                         let cj = fx.load(F32X4, cjb, (cc * 4) as i32);
-                        let bias = fx.b.ins().fsub(civ, cj);
+                        let mut bias = fx.b.ins().fsub(civ, cj);
+                        if let (Some(liv), Some((_, ljb))) = (liv, lo_bufs) {
+                            // decay(pair): (c_i - c_j) + (lo_i - lo_j), the f64 cumsum's difference.
+                            let lj = fx.load(F32X4, ljb, (cc * 4) as i32);
+                            let dl = fx.b.ins().fsub(liv, lj);
+                            bias = fx.b.ins().fadd(bias, dl);
+                        }
                         s = fx.b.ins().fadd(s, bias);
                     }
                     let cf = cc as f32;

@@ -406,7 +406,7 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>, outputs: &[Value]) -> Result<Ve
                     })
                 }
             }
-            Op::GateCumsum { kind } => {
+            Op::GateCumsum { kind } | Op::GateCumsumLo { kind } => {
                 let [b, h, t] = <[u64; 3]>::try_from(out_shape.as_slice())
                     .map_err(|_| invalid("result must be [B, H, T]".into()))?;
                 if *kind == foxc_ir::GateKind::Slope {
@@ -414,7 +414,8 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>, outputs: &[Value]) -> Result<Ve
                 } else {
                     expect(ops[0], &[b, h, t], "gates [B, H, T]")?;
                 }
-                SpecKind::Fused(Kind::GateCumsum { kind: *kind, src: float_in(ops[0])?, b, h, t })
+                let lo = matches!(op, Op::GateCumsumLo { .. });
+                SpecKind::Fused(Kind::GateCumsum { kind: *kind, src: float_in(ops[0])?, b, h, t, lo })
             }
             Op::Threshold { rule, log_eps, bound, score, scale, bm } => {
                 let [b, h, t, d] = rank4(ops[0])?;
@@ -498,6 +499,12 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>, outputs: &[Value]) -> Result<Ve
                     expect(cv, &[b, h, t], "c")?;
                     c = Some(float_in(cv)?);
                 }
+                if let Some(lv) = ao.decay_lo {
+                    expect(lv, &[b, h, t], "c_lo")?;
+                    if dt(lv) != DType::F32 {
+                        return Err(invalid(format!("c_lo operand %{} must be f32", num[&lv])));
+                    }
+                }
                 if let Some(s) = ao.start {
                     if dt(s) != DType::I32 {
                         return Err(invalid(format!("start operand %{} must be i32", num[&s])));
@@ -550,6 +557,7 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>, outputs: &[Value]) -> Result<Ve
                     k: float_in(ao.k)?,
                     v: float_in(ao.v)?,
                     c,
+                    c_lo: ao.decay_lo.is_some(),
                     pruned,
                     bh: b * h,
                     h,

@@ -596,6 +596,10 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
     /// dense or with the boundary fused (`delta` operand).
     fn attention(&mut self, n: ValueId, res: usize, a: &Attention) -> Result<(), CodegenError> {
         let o = Attention::operands(self.g, n).map_err(CodegenError::Internal)?;
+        if o.decay_lo.is_some() {
+            // The compensate-decay pass gives the pair to the CPU target only.
+            return Err(Self::not_yet(n, "a decay pair (c, c_lo)"));
+        }
         let window = match a.mask {
             Mask::Causal => None,
             Mask::Window(w) => Some(u32::try_from(w).map_err(|_| user(format!("window {w} is too large")))?),

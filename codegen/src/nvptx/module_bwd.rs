@@ -60,6 +60,10 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             kv_group: self.static_dim(&a.kv_group, "the query heads per key/value head")?,
         };
         cfg.validate().map_err(|e| Self::not_yet(n, &e))?;
+        if o.decay_lo.is_some() {
+            // The compensate-decay pass gives the pair to the CPU target only.
+            return Err(Self::not_yet(n, "a decay pair (c, c_lo)"));
+        }
         // The region and its derivative, specialized like the forward's.
         let heads = self.ty(o.q).axes.get(1).and_then(|ax| ax.dim.eval(&|s| self.spec.dims.get(s).copied()));
         let dim = |d: &Dim| d.eval(&|s| self.spec.dims.get(s).copied());

@@ -25,12 +25,20 @@ pub struct AttnArgs<'a> {
     pub q: &'a [f64],
     pub k: &'a [f64],
     pub v: &'a [f64],
+    /// The decay values `c_t` of the bias `c_i - c_j` ([`pair_decay`] with a `decay(pair)`).
     pub c: Option<&'a [f64]>,
     /// `start [B, H, ceil(T / bm)]` as values (for `Prune::Boundary` derived with
     /// [`block_start`]), with `bm` and `bn`.
     pub start: Option<(&'a [f64], usize, usize)>,
     pub captures: Vec<Capture<'a>>,
     pub dim: &'a (dyn Fn(&Dim) -> Option<u64> + Sync),
+}
+
+/// The decay values of a `decay(pair)` attention: `c~_t = round_f32(c_t) + lo_t`, `c` read at its
+/// declared dtype (f32; this interpreter holds it unrounded) and `lo` the `gate_cumsum_lo`
+/// residual, so `c~` is the f64 cumsum again (to `|c| 2^-48`) and so is the bias `c~_i - c~_j`.
+pub fn pair_decay(c: &[f64], lo: &[f64]) -> Vec<f64> {
+    c.iter().zip(lo).map(|(&c, &l)| c as f32 as f64 + l).collect()
 }
 
 /// One computed row.
@@ -308,6 +316,18 @@ impl super::Evaluator<'_> {
             }
             None => None,
         };
+        let paired = match (c, o.decay_lo) {
+            (Some(c), Some(lo)) => {
+                let lo = self.positional(id, lo, 3, "c_lo")?;
+                if lo.data.len() != c.len() {
+                    return Err(
+                        self.err(id, format!("c_lo has shape {:?}, expected {:?}", lo.shape, [b, h, t]))
+                    );
+                }
+                Some(pair_decay(c, &lo.data))
+            }
+            _ => None,
+        };
         let derived;
         let start = match (a.prune, a.tiles) {
             (Prune::Dense, _) => None,
@@ -357,7 +377,7 @@ impl super::Evaluator<'_> {
             q: &q.data,
             k: &k.data,
             v: &v.data,
-            c,
+            c: paired.as_deref().or(c),
             start,
             captures: caps,
             dim: &dim,
@@ -393,6 +413,7 @@ pub fn sample_rows(
     let o = Attention::operands(g, node).map_err(bad)?;
     let mut want = vec![o.q, o.k, o.v];
     want.extend(o.decay);
+    want.extend(o.decay_lo);
     want.extend(o.start);
     want.extend(o.delta);
     want.extend(o.captures.iter().copied());
@@ -407,6 +428,7 @@ pub fn sample_rows(
         return Err(bad(format!("q has {h} heads, k {hk}")));
     }
     let c = o.decay.map(|c| vals[&c].data.as_slice());
+    let paired = c.zip(o.decay_lo).map(|(c, lo)| pair_decay(c, &vals[&lo].data));
     let derived;
     let start = match (a.prune, a.tiles) {
         (Prune::Dense, _) | (_, None) => None,
@@ -437,7 +459,7 @@ pub fn sample_rows(
         q: &q.data,
         k: &k.data,
         v: &v.data,
-        c,
+        c: paired.as_deref().or(c),
         start: None,
         captures,
         dim: &dim,
