@@ -214,8 +214,8 @@ impl Builder {
         Ok(())
     }
 
-    /// `grad_<p>` for every float parameter `p` of `fwd`, each result 0 of a node in `p`'s
-    /// dtype (zeros where `p` does not reach the output).
+    /// `grad_<p>` for every float parameter `p` of `fwd`, each in `p`'s dtype (zeros where `p`
+    /// does not reach the output).
     fn param_grads(&mut self, fwd: &Graph) -> Result<Vec<(String, Value)>, GradError> {
         let mut outputs = vec![];
         for p in &fwd.params {
@@ -227,13 +227,9 @@ impl Builder {
                 Some(v) => self.conform(v, &ty)?,
                 None => self.zeros_like(&ty)?,
             };
-            // Every output is result 0 of a node, in the parameter's dtype (an f32 result > 0
-            // gets an exact `+ 0`).
+            // Every output in the parameter's dtype.
             let grad = if ty.dtype != DType::F32 {
                 Value::of(self.g.add_multi(Op::Cast, vec![ty.clone()], &[grad], Span::default()))
-            } else if grad.result != 0 {
-                let z = self.cnst(0.0);
-                self.bin(BinaryOp::Add, grad, z)?
             } else {
                 grad
             };
@@ -757,16 +753,7 @@ impl Builder {
         }
         for (r, t) in targets.into_iter().enumerate() {
             if live.contains(&t.node) {
-                // Each result enters the rest of the program as result 0 of its own node (an
-                // exact `+ 0`). The interpreter reads any result of a node by value; dropping
-                // this copy (~0.4 ms at 1x16x32768x128 on the GPU) waits for a device check of
-                // the backends' ordinary ops reading results > 0 directly.
-                let mut v = Value { node: bw, result: r as u32 };
-                if r > 0 {
-                    let z = self.cnst(0.0);
-                    v = self.bin(BinaryOp::Add, v, z)?;
-                }
-                self.accumulate(t, v)?;
+                self.accumulate(t, Value { node: bw, result: r as u32 })?;
             }
         }
         Ok(())
