@@ -83,6 +83,9 @@ mod tests {
         assert_eq!(kernel_for(Target::Sm80, Some(128), &attn(Mask::Causal), t), std);
         assert_eq!(kernel_for(Target::Cpu, Some(128), &attn(Mask::Causal), t), std);
         assert_eq!(kernel_for(Target::Sm90a, Some(128), &attn(Mask::None), t), std);
+        // An expression mask runs on the standard kernel (its non-causal form visits every tile).
+        let expr = Mask::Expr(foxc_ir::Region::identity());
+        assert_eq!(kernel_for(Target::Sm90a, Some(128), &attn(expr), t), std);
         assert_eq!(kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), Tiles { bm: 32, bn: 64 }), std);
         assert_eq!(kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), Tiles { bm: 64, bn: 256 }), std);
         // The attribute's rule at code generation: D = 128 only.

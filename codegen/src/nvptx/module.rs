@@ -592,7 +592,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
 
     /// Dispatch of `attention` onto the flash-attention kernel: a score region, captured tensors
     /// included (emitted by the kernel's score hook; captures and their sizes are kernel
-    /// arguments after `T`), causal or window mask, grouped-query heads with a static group,
+    /// arguments after `T`), causal, window, no mask or an expression mask (its condition
+    /// compiled per element by the same hook), grouped-query heads with a static group,
     /// dense or with the boundary fused (`delta` operand).
     fn attention(&mut self, n: ValueId, res: usize, a: &Attention) -> Result<(), CodegenError> {
         let o = Attention::operands(self.g, n).map_err(CodegenError::Internal)?;
@@ -600,11 +601,14 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             // The compensate-decay pass gives the pair to the CPU target only.
             return Err(Self::not_yet(n, "a decay pair (c, c_lo)"));
         }
-        let window = match a.mask {
-            Mask::Causal => None,
-            Mask::Window(w) => Some(u32::try_from(w).map_err(|_| user(format!("window {w} is too large")))?),
-            Mask::None => return Err(Self::not_yet(n, "no mask (bidirectional)")),
-            Mask::Expr(_) => return Err(Self::not_yet(n, "an expression mask")),
+        let (window, causal, mask) = match &a.mask {
+            Mask::Causal => (None, true, None),
+            Mask::Window(w) => {
+                (Some(u32::try_from(*w).map_err(|_| user(format!("window {w} is too large")))?), true, None)
+            }
+            // Every key tile is visited; the expression's condition is evaluated per element.
+            Mask::None => (None, false, None),
+            Mask::Expr(r) => (None, false, Some(r)),
         };
         if a.prune == Prune::Start {
             return Err(Self::not_yet(n, "a separate block_boundary (the fuse-boundary pass did not apply)"));
@@ -626,6 +630,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         cfg.sm = self.spec.target.sm();
         cfg.out_bf16 = out_bf16;
         cfg.window = window;
+        cfg.causal = causal;
         cfg.bm = tiles.bm;
         cfg.bn = tiles.bn;
         cfg.kv_group = self.static_dim(&a.kv_group, "the query heads per key/value head")?;
@@ -648,7 +653,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             .map(|&c| CaptureTy { dtype: self.ty(c).dtype, rank: self.ty(c).rank() })
             .collect();
         let score =
-            RegionMod::with_captures(&a.score, &dim, heads, &caps).map_err(|e| Self::not_yet(n, &e))?;
+            RegionMod::with_mask(&a.score, mask, &dim, heads, &caps).map_err(|e| Self::not_yet(n, &e))?;
         // q, k, v in bf16: cast others into scratch copies first.
         let mut qkv = vec![];
         for (i, &v) in [q, o.k, o.v].iter().enumerate() {

@@ -87,6 +87,9 @@ pub struct AttnKernelConfig {
     pub scale: f32,
     pub has_decay: bool,
     pub window: Option<u32>,
+    /// Keys after the query row are masked and their tiles never visited (causal and window
+    /// masks); false for no mask and expression masks: every key tile up to `T` is visited.
+    pub causal: bool,
     /// Start each query tile at `start[m]` found from `delta` by an in-kernel search.
     pub prune: bool,
     pub dtype_in: AttnDtype,
@@ -116,6 +119,7 @@ impl AttnKernelConfig {
             scale: 1.0 / (head_dim as f32).sqrt(),
             has_decay,
             window: None,
+            causal: true,
             prune,
             dtype_in: AttnDtype::Bf16,
             sm: 90,
@@ -129,12 +133,13 @@ impl AttnKernelConfig {
     /// Kernel symbol name; distinct for every configuration so several fit in one module.
     pub fn kernel_name(&self) -> String {
         format!(
-            "foxc_attn_fwd{}_d{}_bm{}_bn{}{}{}{}{}{}{}{}_s{:08x}_sm{}",
+            "foxc_attn_fwd{}_d{}_bm{}_bn{}{}{}{}{}{}{}{}{}_s{:08x}_sm{}",
             if self.ws { "_ws" } else { "" },
             self.head_dim,
             self.bm,
             self.bn,
             if self.block_rows() != self.bm { format!("_k{}", self.block_rows()) } else { String::new() },
+            if self.causal { "" } else { "_bidir" },
             if self.has_decay { "_decay" } else { "" },
             if self.prune { "_prune" } else { "" },
             match self.window {
@@ -225,6 +230,9 @@ impl AttnKernelConfig {
         }
         if self.window == Some(0) {
             return Err("GPU attention: window must be at least 1".into());
+        }
+        if !self.causal && (self.window.is_some() || self.prune || self.ws) {
+            return Err("GPU attention: a non-causal mask runs on the standard kernel, unpruned".into());
         }
         Ok(())
     }
@@ -371,7 +379,9 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         let i0 = b.mulc(m, bm);
         let tmax = b.addc(t_len, -1);
         let i_last = b.smin(b.addc(i0, bm - 1), tmax);
-        let n_end = b.named(b.sdivc(i_last, bn), "n_end");
+        // The last key tile: the diagonal's under a causal mask, else the sequence's.
+        let j_last = if cfg.causal { i_last } else { tmax };
+        let n_end = b.named(b.sdivc(j_last, bn), "n_end");
 
         // Per-(b,h) base pointers (64-bit offsets).
         let bh64 = b.sext64(bh);

@@ -39,14 +39,24 @@ pub(crate) struct CaptureTy {
     pub rank: usize,
 }
 
-/// A region with its dims resolved and its kernel parameters laid out.
+/// One region with its dims resolved: the score region, or an expression mask's condition.
 #[derive(Clone, Debug)]
-pub(crate) struct RegionMod {
+struct Resolved {
     region: Region,
     /// The value of each `RNode::Dim`, by node position (0 elsewhere).
     dims: Vec<f64>,
     /// Per capture node (by node position), the value of each subscript's divisor.
     divs: Vec<Vec<Option<i64>>>,
+}
+
+/// A score region (and the attention's expression mask, if any) with its dims resolved and its
+/// kernel parameters laid out: the two regions share the captured tensors' parameters.
+#[derive(Clone, Debug)]
+pub(crate) struct RegionMod {
+    region: Resolved,
+    /// The condition of an expression mask (`Mask::Expr`): non-zero (NaN included, as in the
+    /// interpreter) keeps the element.
+    mask: Option<Resolved>,
     /// Heads per batch (`H`), to split the kernel's flat `bh` into `b` and `h`, when static.
     heads: Option<u64>,
     /// The extra kernel arguments, in parameter order.
@@ -73,57 +83,27 @@ impl RegionMod {
         heads: Option<u64>,
         caps: &[CaptureTy],
     ) -> Result<RegionMod, String> {
-        if let Some(m) = r.malformed() {
-            return Err(m);
-        }
+        RegionMod::with_mask(r, None, dim, heads, caps)
+    }
+
+    /// [`RegionMod::with_captures`] of score region `r` and the condition `mask` of an
+    /// expression mask (a region of the indices, dims and captures; it must not read `x`).
+    pub(crate) fn with_mask(
+        r: &Region,
+        mask: Option<&Region>,
+        dim: &dyn Fn(&Dim) -> Option<u64>,
+        heads: Option<u64>,
+        caps: &[CaptureTy],
+    ) -> Result<RegionMod, String> {
         let heads = heads.filter(|h| *h > 0);
-        let mut dims = vec![0.0; r.nodes.len()];
-        let mut divs = vec![vec![]; r.nodes.len()];
         let mut read = vec![None; caps.len()];
         let mut reads_bh = false;
-        for (n, node) in r.nodes.iter().enumerate() {
-            match node {
-                RNode::Dim(d) => {
-                    dims[n] =
-                        dim(d).ok_or_else(|| format!("the dim {d} of the score region is not static"))? as f64
-                }
-                RNode::Index(IndexVar::B | IndexVar::H) => reads_bh = true,
-                RNode::Capture { k, index } => {
-                    let ty = *caps.get(*k).ok_or_else(|| {
-                        format!("the score region reads capture {k}, which the attention does not have")
-                    })?;
-                    if !matches!(ty.dtype, DType::F32 | DType::BF16 | DType::F16) {
-                        return Err(format!(
-                            "a captured tensor of dtype {} in the score region (float tensors only)",
-                            ty.dtype
-                        ));
-                    }
-                    if index.len() != ty.rank {
-                        return Err(format!(
-                            "capture {k} has rank {} but {} subscripts",
-                            ty.rank,
-                            index.len()
-                        ));
-                    }
-                    for e in index {
-                        reads_bh |= e.vars().iter().any(|v| *v == "b" || *v == "h");
-                        divs[n].push(match &e.div {
-                            None => None,
-                            Some(d) => {
-                                let v = dim(d).ok_or_else(|| {
-                                    format!("the divisor {d} of a captured tensor's subscript is not static")
-                                })?;
-                                Some(i64::try_from(v).ok().filter(|v| *v > 0).ok_or_else(|| {
-                                    format!("a captured tensor's subscript divides by {d} = {v}")
-                                })?)
-                            }
-                        });
-                    }
-                    read[*k] = Some(ty);
-                }
-                _ => {}
-            }
-        }
+        let region = resolve(r, dim, caps, &mut read, &mut reads_bh)?;
+        let mask = match mask {
+            Some(m) if m.uses_score() => return Err("an expression mask that reads the score".into()),
+            Some(m) => Some(resolve(m, dim, caps, &mut read, &mut reads_bh)?),
+            None => None,
+        };
         let mut args = vec![];
         if reads_bh && heads.is_none() {
             args.push(ScoreArg::Heads);
@@ -134,7 +114,7 @@ impl RegionMod {
                 args.extend((0..ty.rank).map(|a| ScoreArg::CaptureDim(k, a)));
             }
         }
-        Ok(RegionMod { region: r.clone(), dims, divs, heads, args, caps: read })
+        Ok(RegionMod { region, mask, heads, args, caps: read })
     }
 
     /// The kernel arguments the region adds after the attention kernel's own, in order.
@@ -214,7 +194,63 @@ impl RegionMod {
     }
 }
 
-impl RegionMod {
+/// Resolves the dims of region `r` (captured tensors of types `caps`), marking in `read` the
+/// captures it reads and in `reads_bh` whether it needs `b` or `h`.
+fn resolve(
+    r: &Region,
+    dim: &dyn Fn(&Dim) -> Option<u64>,
+    caps: &[CaptureTy],
+    read: &mut [Option<CaptureTy>],
+    reads_bh: &mut bool,
+) -> Result<Resolved, String> {
+    if let Some(m) = r.malformed() {
+        return Err(m);
+    }
+    let mut dims = vec![0.0; r.nodes.len()];
+    let mut divs = vec![vec![]; r.nodes.len()];
+    for (n, node) in r.nodes.iter().enumerate() {
+        match node {
+            RNode::Dim(d) => {
+                dims[n] =
+                    dim(d).ok_or_else(|| format!("the dim {d} of the score region is not static"))? as f64
+            }
+            RNode::Index(IndexVar::B | IndexVar::H) => *reads_bh = true,
+            RNode::Capture { k, index } => {
+                let ty = *caps.get(*k).ok_or_else(|| {
+                    format!("the score region reads capture {k}, which the attention does not have")
+                })?;
+                if !matches!(ty.dtype, DType::F32 | DType::BF16 | DType::F16) {
+                    return Err(format!(
+                        "a captured tensor of dtype {} in the score region (float tensors only)",
+                        ty.dtype
+                    ));
+                }
+                if index.len() != ty.rank {
+                    return Err(format!("capture {k} has rank {} but {} subscripts", ty.rank, index.len()));
+                }
+                for e in index {
+                    *reads_bh |= e.vars().iter().any(|v| *v == "b" || *v == "h");
+                    divs[n].push(match &e.div {
+                        None => None,
+                        Some(d) => {
+                            let v = dim(d).ok_or_else(|| {
+                                format!("the divisor {d} of a captured tensor's subscript is not static")
+                            })?;
+                            Some(i64::try_from(v).ok().filter(|v| *v > 0).ok_or_else(|| {
+                                format!("a captured tensor's subscript divides by {d} = {v}")
+                            })?)
+                        }
+                    });
+                }
+                read[*k] = Some(ty);
+            }
+            _ => {}
+        }
+    }
+    Ok(Resolved { region: r.clone(), dims, divs })
+}
+
+impl Resolved {
     /// The value of node `n` when it is a constant or a resolved dim.
     fn constant(&self, n: u32) -> Option<f64> {
         match self.region.nodes.get(n as usize)? {
@@ -231,20 +267,71 @@ fn fnv1a(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, c| (h ^ c as u64).wrapping_mul(0x0100_0000_01b3))
 }
 
+impl RegionMod {
+    /// Region `rs` (the score's or the mask's) on one element, node by node, in f32.
+    fn eval<'a, 'ctx>(
+        &self,
+        rs: &Resolved,
+        b: &KernelBuilder<'a, 'ctx>,
+        x: FloatValue<'ctx>,
+        at: ScorePos<'ctx>,
+    ) -> FloatValue<'ctx> {
+        let mut vals: Vec<FloatValue<'ctx>> = Vec::with_capacity(rs.region.nodes.len());
+        for (n, node) in rs.region.nodes.iter().enumerate() {
+            let v = |k: u32| vals[k as usize];
+            let val = match node {
+                RNode::Score => x,
+                RNode::Index(var) => {
+                    let ix = match var {
+                        IndexVar::B => self.split_bh(b, at.bh).0,
+                        IndexVar::H => self.split_bh(b, at.bh).1,
+                        IndexVar::I => at.i,
+                        IndexVar::J => at.j,
+                    };
+                    b.sitofp(ix)
+                }
+                RNode::Dim(_) => b.f32(rs.dims[n]),
+                RNode::Const(c) => b.f32(*c),
+                RNode::Capture { k, index } => self.capture(b, *k, index, &rs.divs[n], at),
+                RNode::Unary(u, a) => unary(b, *u, v(*a)),
+                // Division by a constant (softcap's x / U): a product with the reciprocal,
+                // within 1.5 ulp of the quotient, no division in the score loop.
+                RNode::Binary(BinaryOp::Div, a, c) if rs.constant(*c).is_some_and(|k| k != 0.0) => {
+                    b.fmul(v(*a), b.f32(1.0 / rs.constant(*c).unwrap_or(1.0)))
+                }
+                RNode::Binary(op, a, c) => binary(b, *op, v(*a), v(*c)),
+                RNode::Select(c, a, e) => {
+                    // NaN counts as non-zero, as in the interpreter (`c != 0`).
+                    let nz = b.fcmp(FloatPredicate::UNE, v(*c), b.f32(0.0));
+                    b.select_f(nz, v(*a), v(*e))
+                }
+            };
+            vals.push(val);
+        }
+        vals[rs.region.root as usize]
+    }
+}
+
 impl ScoreMod for RegionMod {
     fn is_identity(&self) -> bool {
-        self.region.is_identity()
+        self.region.region.is_identity()
     }
 
-    /// Empty for the identity (its kernel keeps the plain name), else a hash of the region.
+    fn has_mask(&self) -> bool {
+        self.mask.is_some()
+    }
+
+    /// Empty for the identity without a mask (its kernel keeps the plain name), else a hash of
+    /// the region (and of the mask's condition).
     fn tag(&self) -> String {
-        if self.is_identity() {
-            return String::new();
+        let Resolved { region, dims, .. } = &self.region;
+        let mut key = format!("{region:?}{dims:?}{:?}{:?}{:?}", self.heads, self.args, self.caps);
+        match &self.mask {
+            None if self.is_identity() => return String::new(),
+            None => {}
+            Some(m) => key.push_str(&format!("mask{:?}{:?}", m.region, m.dims)),
         }
-        format!(
-            "r{:016x}",
-            fnv1a(&format!("{:?}{:?}{:?}{:?}{:?}", self.region, self.dims, self.heads, self.args, self.caps))
-        )
+        format!("r{:016x}", fnv1a(&key))
     }
 
     fn params(&self) -> Vec<(String, ParamTy)> {
@@ -264,39 +351,15 @@ impl ScoreMod for RegionMod {
         x: FloatValue<'ctx>,
         at: ScorePos<'ctx>,
     ) -> FloatValue<'ctx> {
-        let mut vals: Vec<FloatValue<'ctx>> = Vec::with_capacity(self.region.nodes.len());
-        for (n, node) in self.region.nodes.iter().enumerate() {
-            let v = |k: u32| vals[k as usize];
-            let val = match node {
-                RNode::Score => x,
-                RNode::Index(var) => {
-                    let ix = match var {
-                        IndexVar::B => self.split_bh(b, at.bh).0,
-                        IndexVar::H => self.split_bh(b, at.bh).1,
-                        IndexVar::I => at.i,
-                        IndexVar::J => at.j,
-                    };
-                    b.sitofp(ix)
-                }
-                RNode::Dim(_) => b.f32(self.dims[n]),
-                RNode::Const(c) => b.f32(*c),
-                RNode::Capture { k, index } => self.capture(b, *k, index, &self.divs[n], at),
-                RNode::Unary(u, a) => unary(b, *u, v(*a)),
-                // Division by a constant (softcap's x / U): a product with the reciprocal,
-                // within 1.5 ulp of the quotient, no division in the score loop.
-                RNode::Binary(BinaryOp::Div, a, c) if self.constant(*c).is_some_and(|k| k != 0.0) => {
-                    b.fmul(v(*a), b.f32(1.0 / self.constant(*c).unwrap_or(1.0)))
-                }
-                RNode::Binary(op, a, c) => binary(b, *op, v(*a), v(*c)),
-                RNode::Select(c, a, e) => {
-                    // NaN counts as non-zero, as in the interpreter (`c != 0`).
-                    let nz = b.fcmp(FloatPredicate::UNE, v(*c), b.f32(0.0));
-                    b.select_f(nz, v(*a), v(*e))
-                }
-            };
-            vals.push(val);
-        }
-        vals[self.region.root as usize]
+        self.eval(&self.region, b, x, at)
+    }
+
+    /// The mask's condition is evaluated with `x = 0` (it does not read it), as the
+    /// interpreter does; a NaN condition keeps the element (`c != 0`).
+    fn keeps<'a, 'ctx>(&self, b: &KernelBuilder<'a, 'ctx>, at: ScorePos<'ctx>) -> Option<IntValue<'ctx>> {
+        let m = self.mask.as_ref()?;
+        let c = self.eval(m, b, b.f32(0.0), at);
+        Some(b.fcmp(FloatPredicate::UNE, c, b.f32(0.0)))
     }
 }
 
@@ -643,6 +706,85 @@ mod tests {
             assert!(ir.contains(needle), "{needle} missing:\n{ir}");
         }
         insta::assert_snapshot!("nvptx_region_captures", ir);
+    }
+
+    /// The condition `j >= lo[b, h, i]` of an expression mask (the context-parallel partial's).
+    fn lo_mask() -> Region {
+        let mut r = Region::new();
+        let j = r.push(RNode::Index(IndexVar::J));
+        let lo = r.push(RNode::Capture {
+            k: 1,
+            index: vec![IndexExpr::var("b"), IndexExpr::var("h"), IndexExpr::var("i")],
+        });
+        r.push(RNode::Binary(BinaryOp::Ge, j, lo));
+        r
+    }
+
+    /// An expression mask shares the captures' parameters with the score region (capture 0 in
+    /// the score, capture 1 in the mask: both in order), its condition compiles to an `i1`
+    /// (`fcmp une` against 0: NaN keeps, as in the interpreter), and it names its kernel even
+    /// when the score is the identity.
+    #[test]
+    fn mask_condition_reads_its_capture_and_names_the_kernel() {
+        let caps = [CaptureTy { dtype: DType::F32, rank: 3 }, CaptureTy { dtype: DType::F32, rank: 3 }];
+        let mut score = Region::new();
+        let x = score.push(RNode::Score);
+        let kb = score.push(RNode::Capture {
+            k: 0,
+            index: vec![IndexExpr::var("b"), IndexExpr::var("h"), IndexExpr::var("j")],
+        });
+        score.push(RNode::Binary(BinaryOp::Add, x, kb));
+        let dim = |d: &Dim| d.eval(&|_| None);
+        let rm = RegionMod::with_mask(&score, Some(&lo_mask()), &dim, Some(4), &caps).unwrap();
+        use ScoreArg::*;
+        assert_eq!(
+            rm.args(),
+            [
+                Capture(0),
+                CaptureDim(0, 0),
+                CaptureDim(0, 1),
+                CaptureDim(0, 2),
+                Capture(1),
+                CaptureDim(1, 0),
+                CaptureDim(1, 1),
+                CaptureDim(1, 2)
+            ]
+        );
+        assert!(rm.has_mask());
+        let unmasked = RegionMod::with_captures(&score, &dim, Some(4), &caps).unwrap();
+        assert!(!unmasked.has_mask() && unmasked.args().len() == 4);
+        assert_ne!(rm.tag(), unmasked.tag());
+        // The identity score with a mask gets a tag (a kernel of its own), without one none.
+        let id = RegionMod::with_mask(&Region::identity(), Some(&lo_mask()), &dim, Some(4), &caps).unwrap();
+        assert!(id.is_identity() && !id.tag().is_empty());
+        // A mask that reads the score is refused.
+        let e = RegionMod::with_mask(&Region::identity(), Some(&score), &dim, Some(4), &caps).unwrap_err();
+        assert!(e.contains("reads the score"), "{e}");
+        // The condition alone, into a tiny kernel: 1.0 where kept.
+        let ctx = Context::create();
+        let m = ctx.create_module("t");
+        let mut params = vec![
+            ("x", ParamTy::F32),
+            ("i", ParamTy::I32),
+            ("j", ParamTy::I32),
+            ("bh", ParamTy::I32),
+            ("out", ParamTy::Ptr),
+            ("unused5", ParamTy::I32),
+            ("unused6", ParamTy::I32),
+            ("unused7", ParamTy::I32),
+        ];
+        let extra = id.params();
+        params.extend(extra.iter().map(|(n, t)| (n.as_str(), *t)));
+        let b = KernelBuilder::kernel(&ctx, &m, "mask", &params).unwrap();
+        let at = ScorePos { i: b.param_int(1), j: b.param_int(2), bh: b.param_int(3) };
+        assert!(unmasked.keeps(&b, at).is_none());
+        let keep = id.keeps(&b, at).expect("a mask condition");
+        b.store_f(DType::F32, b.param_ptr(4), b.i64(0), b.select_f(keep, b.f32(1.0), b.f32(0.0)));
+        let ir = inkwell::values::AnyValue::print_to_string(&b.finish().unwrap()).to_string();
+        for needle in ["%capture1", "fcmp oge", "fcmp une", "0x7FF8000000000000"] {
+            assert!(ir.contains(needle), "{needle} missing:\n{ir}");
+        }
+        insta::assert_snapshot!("nvptx_region_mask_condition", ir);
     }
 
     #[test]

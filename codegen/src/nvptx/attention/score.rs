@@ -5,7 +5,8 @@
 //! receives `x` with the element's query row `i`, key column `j` and the flat `(b, h)` index, and
 //! emits the modified score; the kernel then adds the decay bias and runs the online softmax.
 //! Masking (causal, window, tails) stays the kernel's: it runs after the hook, on the tiles that
-//! need it. [`Identity`] (plain FoX) emits nothing and keeps the fused `scale log2 e` FMA.
+//! need it; an expression mask's condition is the hook's ([`ScoreMod::keeps`]), which the kernel's
+//! mask step ANDs with its own on every tile. [`Identity`] (plain FoX) emits nothing and keeps the fused `scale log2 e` FMA.
 
 use crate::nvptx::builder::{KernelBuilder, ParamTy};
 use inkwell::values::{FloatValue, IntValue};
@@ -31,6 +32,10 @@ pub(crate) trait ScoreMod {
     fn is_identity(&self) -> bool {
         false
     }
+    /// True when the attention has an expression mask ([`ScoreMod::keeps`] gives its condition).
+    fn has_mask(&self) -> bool {
+        false
+    }
     /// A short tag that makes the kernel name unique for this modification (empty for identity).
     fn tag(&self) -> String;
     /// The kernel parameters the modification reads (captured tensors and their sizes),
@@ -45,6 +50,10 @@ pub(crate) trait ScoreMod {
         x: FloatValue<'ctx>,
         at: ScorePos<'ctx>,
     ) -> FloatValue<'ctx>;
+    /// Whether an expression mask keeps the element at `at` (i1); `None` without one.
+    fn keeps<'a, 'ctx>(&self, _: &KernelBuilder<'a, 'ctx>, _: ScorePos<'ctx>) -> Option<IntValue<'ctx>> {
+        None
+    }
 }
 
 /// The unmodified score (FoX as written today).

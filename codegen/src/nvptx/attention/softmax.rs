@@ -21,8 +21,8 @@ pub(crate) struct SoftmaxStep<'ctx> {
 
 impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
     /// Scores in log2 units, less the row term: `s2 = score(scale q.k) log2 e + b_j`, masked
-    /// (-inf) where the key is after the row, past T, or outside the window, on the tiles that
-    /// need it (a warp-uniform branch). `col0` is this thread's first column (`j0 + 2t`).
+    /// (-inf) where the key is after the row (causal masks), past T, outside the window, or
+    /// dropped by the expression mask, on the tiles that need it (a warp-uniform branch). `col0` is this thread's first column (`j0 + 2t`).
     pub(crate) fn scores(
         &self,
         s_acc: &[[FloatValue<'ctx>; 4]],
@@ -61,11 +61,15 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
                 sv.push(v);
             }
         }
-        // Does this warp's 16 x bn block need masking? (diagonal, tail, or window edge)
+        // Does this warp's 16 x bn block need masking? (diagonal, tail, or window edge; every
+        // block under an expression mask)
         let jlast = b.addc(j0, bn - 1);
-        let mut need = b.icmp(IntPredicate::SGT, jlast, rows.iw0);
+        let diag = cfg.causal.then(|| b.icmp(IntPredicate::SGT, jlast, rows.iw0));
         let tail = b.icmp(IntPredicate::SGE, jlast, self.t_len);
-        need = b.or(need, tail);
+        let mut need = diag.map_or(tail, |d| b.or(d, tail));
+        if self.score.has_mask() {
+            need = b.bool(true);
+        }
         if let Some(w) = cfg.window {
             let wl = b.sub(b.addc(rows.iw0, 15), j0);
             let wc = b.icmpc(IntPredicate::SGE, wl, w as i64);
@@ -78,9 +82,12 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
                 for e in 0..4 {
                     let r = e / 2;
                     let j = col(jt, e);
-                    let mut ok = b.icmp(IntPredicate::SLE, j, rows.i[r]);
+                    let before = cfg.causal.then(|| b.icmp(IntPredicate::SLE, j, rows.i[r]));
                     let int = b.icmp(IntPredicate::SLT, j, self.t_len);
-                    ok = b.and(ok, int);
+                    let mut ok = before.map_or(int, |x| b.and(x, int));
+                    if let Some(keep) = self.score.keeps(b, ScorePos { i: rows.i[r], j, bh }) {
+                        ok = b.and(ok, keep);
+                    }
                     if let Some(w) = cfg.window {
                         let dist = b.sub(rows.i[r], j);
                         let inw = b.icmpc(IntPredicate::SLT, dist, w as i64);
