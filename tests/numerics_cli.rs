@@ -6,7 +6,11 @@
 mod common;
 
 use common::{foxc, text, tmp};
-use foxc_runtime::{io, HostTensor};
+use foxc::cpu_backend;
+use foxc_ir::{Op, Value};
+use foxc_passes::{optimize, PassOptions};
+use foxc_runtime::cpu::ExecOptions;
+use foxc_runtime::{io, HostTensor, TensorMap};
 
 fn fresh_seed() -> u64 {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
@@ -77,4 +81,49 @@ fn f32_fox_with_a_cumsum_past_1e3_passes_its_dense_check() {
     let out = text(&o);
     assert!(out.contains("tol 1.0e-5"), "seed {seed}: the dense f32 check applies 1e-5:\n{out}");
     assert!(o.status.success(), "seed {seed}, min c = {c_min}: the f32 output misses 1e-5:\n{out}");
+}
+
+/// The CPU's pair `(c, c_lo)` holds the f64 cumsum: `c + lo` is within `|c| 2^-45` of the f64 sum
+/// of the same `log f` (the interpreter's `logsigmoid`), where `c` alone is off by up to
+/// `ulp(|c|) / 2` (checked too, so the comparison can tell the two apart).
+#[test]
+fn the_cpu_decay_pair_holds_the_f64_cumsum() {
+    let seed = fresh_seed();
+    let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/fox.attn")).unwrap();
+    let mut g = foxc_ir::frontend::compile("fox.attn", src.as_bytes()).unwrap().graph;
+    optimize(&mut g, &PassOptions::default()).unwrap();
+    let lo = g.find(|op| matches!(op, Op::GateCumsumLo { .. }));
+    let c = g.find(|op| matches!(op, Op::GateCumsum { .. }));
+    assert_eq!((lo.len(), c.len()), (1, 1), "compensate-decay gives the CPU attention a pair");
+    let (b, h, t, d) = (1, 4, 2048, 8);
+    let z = bursty_gates(&[b, h, t], &mut Rng(seed | 1));
+    let mut inputs = TensorMap::new();
+    inputs.insert("fgate".into(), HostTensor::from_f32(&[b, h, t], &z));
+    let mut rng = Rng(seed ^ 0x5bd1_e995);
+    for name in ["q", "k", "v"] {
+        let x: Vec<f32> = (0..b * h * t * d).map(|_| rng.uniform() as f32 - 0.5).collect();
+        inputs.insert(name.into(), HostTensor::from_f32_as_bf16(&[b, h, t, d], &x));
+    }
+    let outs = vec![("c".to_string(), Value::of(c[0])), ("lo".to_string(), Value::of(lo[0]))];
+    let got = cpu_backend::run_outputs(&g, &outs, &inputs, ExecOptions { threads: 2, poison: true }).unwrap();
+    let (cv, lv) = (got["c"].to_f64_vec(), got["lo"].to_f64_vec());
+    let logsigmoid = foxc_ir::interp::logsigmoid;
+    let (mut worst_pair, mut worst_single, mut c_min) = (0.0f64, 0.0f64, 0.0f64);
+    for (head, zs) in z.chunks(t).enumerate() {
+        let mut acc = 0.0f64;
+        for (k, &zk) in zs.iter().enumerate() {
+            acc += logsigmoid(zk as f64).max(foxc_ir::LOG_F_FLOOR);
+            let i = head * t + k;
+            let scale = acc.abs().max(1.0);
+            worst_pair = worst_pair.max((cv[i] + lv[i] - acc).abs() / scale);
+            worst_single = worst_single.max((cv[i] - acc).abs() / scale);
+            c_min = c_min.min(acc);
+        }
+    }
+    assert!(c_min <= -1e3, "seed {seed}: min c = {c_min}");
+    assert!(worst_pair <= 2f64.powi(-45), "seed {seed}: c + lo is {worst_pair:e} |c| from the f64 cumsum");
+    assert!(
+        worst_single > 2f64.powi(-30),
+        "seed {seed}: c alone is {worst_single:e} |c| off: no residual to test"
+    );
 }

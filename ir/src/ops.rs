@@ -213,9 +213,9 @@ pub enum Op {
     /// Operands: c `[B, H, T]`, delta `[B, H, T/bm]`. Result: i32 `[B, H, T/bm]`.
     BlockBoundary(Tiles),
     /// The generic fused attention ([`Attention`], docs/SEMANTICS.md "attention"). Operands
-    /// q, k, v, then c if `decay`, start or delta if pruned, then the captured tensors (read
-    /// them through [`Attention::operands`]). Results: `out` `[B, H, T, Dv]` in `out_dtype`
-    /// and `lse` f32 `[B, H, T]`.
+    /// q, k, v, then c if `decay`, c_lo if `decay(pair)`, start or delta if pruned, then the
+    /// captured tensors (read them through [`Attention::operands`]). Results: `out`
+    /// `[B, H, T, Dv]` in `out_dtype` and `lse` f32 `[B, H, T]`.
     Attention(Attention),
     /// The vector-Jacobian product of an `attention` with these attributes (docs/SEMANTICS.md,
     /// "attention_backward"). Operands: the forward's operands, then `out` (f32), `lse`, `dout`.
