@@ -28,17 +28,19 @@ A plain ring (each chunk passed around ``P - 1`` hops, as ring attention does) s
 chunks; causal attention alone needs ``P (P - 1) / 2``; the plan sends the kept part of those.
 The bytes of each are ``Plan.bytes``; bench/cp_plan.py reports them on the standard workload.
 
-Each rank computes one partial attention per source chunk (its own chunk causally, each earlier
-chunk over the received tiles) with a foxc program (``PARTIAL_SOURCE``) that returns the rows'
-log-sum-exp, and merges the partials through it:
-``lse = logsumexp_s lse_s``, ``out = sum_s exp(lse_s - lse) out_s``.
-On the CPU the partials run on the f64 reference interpreter (``_foxc.reference_with_lse``);
-on CUDA tensors on the foxc torch op, which returns ``(out, lse)``.
+Each rank computes one partial attention per source chunk with a foxc program that returns the
+rows' log-sum-exp: its own chunk causally (``DIAG_SOURCE``: the causal kernel, keys before the
+row's start dropped in the score), each earlier chunk over the received tiles
+(``PARTIAL_SOURCE``: an expression mask ``j >= lo[i]``, so its GPU kernel visits every key tile
+of the chunk: tiles that were not received are computed and masked, not skipped); it merges the
+partials through the log-sum-exp: ``lse = logsumexp_s lse_s``, ``out = sum_s exp(lse_s - lse)
+out_s``. On the CPU the partials run on the f64 reference interpreter
+(``_foxc.reference_with_lse``); on CUDA tensors on the foxc torch op, which returns ``(out, lse)``.
+``simulate`` runs P ranks in one process (threads for the exchange, buffers copied instead of
+sent), on NumPy arrays or on torch tensors of one GPU (bench/cp_sim.py).
 
-Not done: the CUDA path is written but has not run. The NVPTX backend does not lower attention
-with an expression mask yet (the partial's ``j >= lo[i]``), so foxc refuses the partial program
-on the GPU with that message; and a GPU rank computes its plan statistics on the host (its q and
-k chunk are copied once per forward). Grouped kv heads: planned, not run (refused).
+Not done: a GPU rank computes its plan statistics on the host (its q and k chunk are copied once
+per forward); grouped kv heads: planned, not run (refused).
 """
 
 from __future__ import annotations
@@ -59,6 +61,17 @@ PARTIAL_SOURCE = """
 attention fox_cp_partial(q: bf16[B, H, T, D], k: bf16[B, H, T, D], v: bf16[B, H, T, D], cq: f32[B, H, T], ck: f32[B, H, T], lo: f32[B, H, T], hi: f32[B, H, T]) -> f32[B, H, T, D] {
     s[b, h, i, j]   = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D) + cq[b, h, i] - ck[b, h, j]
     p[b, h, i, j]   = softmax(j, select(j >= lo[b, h, i], select(j <= hi[b, h, i], s[b, h, i, j], -inf), -inf))
+    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
+    return out
+}
+"""
+
+# The own chunk: causal (its kernel visits key tiles up to the diagonal only), keys before
+# lo[i] dropped in the score.
+DIAG_SOURCE = """
+attention fox_cp_diag(q: bf16[B, H, T, D], k: bf16[B, H, T, D], v: bf16[B, H, T, D], c: f32[B, H, T], lo: f32[B, H, T]) -> f32[B, H, T, D] {
+    s[b, h, i, j]   = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D) + c[b, h, i] - c[b, h, j]
+    p[b, h, i, j]   = softmax(j, select(j <= i, select(j >= lo[b, h, i], s[b, h, i, j], -inf), -inf))
     out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
     return out
 }
@@ -209,7 +222,9 @@ def plan_from_starts(starts: np.ndarray, bm: int, bn: int, P: int, kv_group: int
 
 # ---------------------------------------------------------------- exchanges
 class ThreadExchange:
-    """P ranks as threads of one process (the CPU tests): collectives through shared slots."""
+    """P ranks as threads of one process: collectives through shared slots, point-to-point
+    buffers copied (not sent). NumPy arrays (the CPU tests) or torch tensors (``simulate`` on
+    one GPU: every rank's tensors on the same device)."""
 
     def __init__(self, size: int):
         self.size = size
@@ -228,24 +243,25 @@ class _ThreadRank:
     def __init__(self, ex: ThreadExchange, rank: int):
         self.ex, self.rank, self.size = ex, rank, ex.size
 
-    def all_gather(self, x: np.ndarray, axis: int) -> np.ndarray:
+    def all_gather(self, x, axis: int):
         self.ex._slots[self.rank] = x
-        self.ex.gathered[self.rank] += x.nbytes * (self.size - 1)
+        self.ex.gathered[self.rank] += _nbytes(x) * (self.size - 1)
         self.ex._barrier.wait()
-        out = np.concatenate(list(self.ex._slots), axis=axis)
+        out = _cat(list(self.ex._slots), axis=axis)
         self.ex._barrier.wait()
         return out
 
-    def exchange(self, sends: Dict[int, np.ndarray], recv_counts: Dict[int, int], like=None) -> Dict[int, np.ndarray]:
+    def exchange(self, sends: Dict[int, Any], recv_counts: Dict[int, int], like=None) -> Dict[int, Any]:
         for dst, buf in sends.items():
-            self.ex._mail[(self.rank, dst)] = buf.copy()
-            self.ex.p2p[self.rank] += buf.nbytes
+            self.ex._mail[(self.rank, dst)] = buf.clone() if _is_torch(buf) else buf.copy()
+            self.ex.p2p[self.rank] += _nbytes(buf)
         self.ex._barrier.wait()
         got = {}
         for src, count in recv_counts.items():
             buf = self.ex._mail.pop((src, self.rank))
-            if buf.size != count:
-                raise RuntimeError(f"rank {self.rank}: {buf.size} values from rank {src}, expected {count}")
+            size = buf.numel() if _is_torch(buf) else buf.size
+            if size != count:
+                raise RuntimeError(f"rank {self.rank}: {size} values from rank {src}, expected {count}")
             got[src] = buf
         self.ex._barrier.wait()
         return got
@@ -311,6 +327,10 @@ def _like(x, a: np.ndarray, dtype=None):
     return a
 
 
+def _nbytes(x) -> int:
+    return x.numel() * x.element_size() if _is_torch(x) else x.nbytes
+
+
 def _cat(xs, axis):
     if _is_torch(xs[0]):
         import torch
@@ -350,21 +370,30 @@ def reference_with_lse(attn, **inputs: np.ndarray) -> Tuple[np.ndarray, np.ndarr
 def _partial_program():
     from . import load
 
+    # load caches the compilation (and its GPU plans) per text and options.
     return load(PARTIAL_SOURCE, no_prune=True)
 
 
-def _run_partial(part, q, k, v, cq, ck, lo, hi):
-    """``(out, lse)`` of the local queries over one key chunk."""
+def _diag_program():
+    from . import load
+
+    return load(DIAG_SOURCE, no_prune=True)
+
+
+def _run(prog, q, k, v, *vectors):
+    """``(out, lse)`` of a partial program on ``q, k, v`` and its f32 row/column vectors (NumPy
+    f64): the foxc torch op on CUDA tensors, the f64 reference interpreter otherwise."""
     if _is_torch(q) and q.is_cuda:
         import torch
 
         from . import torch as foxc_torch  # noqa: F401  (registers the op)
 
         f32 = lambda a: _like(q, a, torch.float32).contiguous()  # noqa: E731
-        out, lse = torch.ops.foxc.attention(part.id, [q, k, v, f32(cq), f32(ck), f32(lo), f32(hi)])
+        out, lse = torch.ops.foxc.attention(prog.id, [q, k, v, *(f32(a) for a in vectors)])
         return out.float(), lse
-    arrays = dict(q=_np(q), k=_np(k), v=_np(v), cq=cq, ck=ck, lo=lo, hi=hi)
-    (so, bo), (sl, bl) = _foxc.reference_with_lse(part._program, {n: _wire(a) for n, a in arrays.items()})
+    names = prog.params
+    arrays = dict(zip(names, [_np(q), _np(k), _np(v), *vectors]))
+    (so, bo), (sl, bl) = _foxc.reference_with_lse(prog._program, {n: _wire(a) for n, a in arrays.items()})
     return _f64((so, bo)), _f64((sl, bl))
 
 
@@ -404,11 +433,30 @@ def _unpack(buf, lo, src: int, n: int, bn: int, shape):
     return full
 
 
-def rank_forward(attn, ex, q, k, v, gate, *, gate_name: Optional[str] = None):
-    """Context-parallel attention on one rank: ``q, k, v [B, H, L, D]`` and ``gate [B, H, L]``
-    of chunk ``ex.rank``; returns ``(out [B, H, L, D], lse [B, H, L], plan)``.
+@dataclass
+class RankWork:
+    """What one rank holds after the exchange (steps 1-4 of ``rank_forward``): the gate cumsum
+    ``c [B, H, T]`` of the whole sequence, foxc's block starts ``[B, H, T / bm]``, the plan and
+    the K/V buffers received from earlier ranks (``{source rank: flat buffer}``)."""
 
-    ``ex``: a ``TorchExchange`` (torch.distributed) or a ``ThreadExchange`` rank view."""
+    rank: int
+    c: np.ndarray
+    starts: np.ndarray
+    plan: Plan
+    received: Dict[int, Any]
+
+
+@dataclass
+class PartialCall:
+    """One partial attention of a rank: the program and its inputs in parameter order."""
+
+    program: Any
+    args: Tuple
+
+
+def rank_exchange(attn, ex, q, k, v, gate, *, gate_name: Optional[str] = None) -> RankWork:
+    """Steps 1-4 of ``rank_forward`` on one rank: the shared gate cumsum, thresholds and block
+    starts, the plan, and the point-to-point exchange of the needed K/V tiles."""
     P, r = ex.size, ex.rank
     B, H, L, D = q.shape
     if not _foxc.prune_tiles(attn._program)[2]:
@@ -440,38 +488,60 @@ def rank_forward(attn, ex, q, k, v, gate, *, gate_name: Optional[str] = None):
         if (hi - lo).sum():
             recv[src] = int((hi - lo).sum()) * bn * 2 * D
     got = ex.exchange(sends, recv, like=kv)
-    # 5. Partials: the own chunk causally, each earlier chunk over its received tiles; merged
-    # through their log-sum-exp. Row i keeps keys from start[i // bm] * bn on (global).
-    part = _partial_program()
-    row_start = np.repeat(starts[:, :, r * L // bm : (r + 1) * L // bm], bm, axis=2) * bn
+    return RankWork(rank=r, c=c, starts=starts, plan=plan, received=got)
+
+
+def rank_partials(work: RankWork, q, k, v) -> List[PartialCall]:
+    """Step 5's partial attentions of one rank: its own chunk causally (``DIAG_SOURCE``), and
+    each earlier chunk it received tiles of over those tiles (``PARTIAL_SOURCE``; the tiles it
+    did not receive hold ``POISON`` and are masked). Row i keeps keys from
+    ``start[i // bm] * bn`` on (global positions)."""
+    plan, r, c = work.plan, work.rank, work.c
+    B, H, L, D = q.shape
+    bm, bn, n = plan.bm, plan.bn, plan.tiles_per_rank
+    row_start = np.repeat(work.starts[:, :, r * L // bm : (r + 1) * L // bm], bm, axis=2) * bn
     cq = c[:, :, r * L : (r + 1) * L]
-    diag = np.broadcast_to(np.arange(L, dtype=np.float64), (B, H, L))
-    parts = [_run_partial(part, q, k, v, cq, cq, np.maximum(row_start - r * L, 0.0), diag)]
-    for src, buf in got.items():
+    calls = [PartialCall(_diag_program(), (q, k, v, cq, np.maximum(row_start - r * L, 0.0)))]
+    part = _partial_program()
+    for src, buf in sorted(work.received.items()):
         full = _unpack(buf, plan.range_from(r, src)[0], src, n, bn, (B, H, L, 2 * D))
         ks, vs = full[..., :D], full[..., D:]
         if _is_torch(ks):
             ks, vs = ks.contiguous(), vs.contiguous()
         lo_rows = np.maximum(row_start - src * L, 0.0)
         ck = c[:, :, src * L : (src + 1) * L]
-        parts.append(_run_partial(part, q, ks, vs, cq, ck, lo_rows, np.full((B, H, L), L - 1.0)))
-    out, lse = _merge(parts)
-    return out, lse, plan
+        calls.append(PartialCall(part, (q, ks, vs, cq, ck, lo_rows, np.full((B, H, L), L - 1.0))))
+    return calls
 
 
-def simulate(attn, P: int, q, k, v, gate, gate_name: Optional[str] = None):
-    """Run ``rank_forward`` on ``P`` threads of this process (the NumPy reference path):
-    returns ``(out [B, H, T, D], lse [B, H, T], plan, {"p2p": K/V bytes sent, "gathered":
-    bytes of the all-gathers})``."""
+def run_partials(calls: Sequence[PartialCall]):
+    """Each partial's ``(out, lse)``, then their merge through the log-sum-exp."""
+    return _merge([_run(c.program, *c.args) for c in calls])
+
+
+def rank_forward(attn, ex, q, k, v, gate, *, gate_name: Optional[str] = None):
+    """Context-parallel attention on one rank: ``q, k, v [B, H, L, D]`` and ``gate [B, H, L]``
+    of chunk ``ex.rank``; returns ``(out [B, H, L, D], lse [B, H, L], plan)``.
+
+    ``ex``: a ``TorchExchange`` (torch.distributed) or a ``ThreadExchange`` rank view."""
+    work = rank_exchange(attn, ex, q, k, v, gate, gate_name=gate_name)
+    out, lse = run_partials(rank_partials(work, q, k, v))
+    return out, lse, work.plan
+
+
+def exchange_all(attn, P: int, q, k, v, gate, gate_name: Optional[str] = None):
+    """Steps 1-4 (``rank_exchange``) of ``P`` ranks as threads of this process over the
+    sequence's contiguous chunks: returns each rank's ``RankWork`` and the exchange (its byte
+    counters). NumPy arrays, or torch tensors on one device (the one-GPU simulation)."""
     ex = ThreadExchange(P)
     L = q.shape[2] // P
-    results: List[Any] = [None] * P
+    works: List[Any] = [None] * P
     errors: List[BaseException] = []
 
     def run(r):
         sl = slice(r * L, (r + 1) * L)
         try:
-            results[r] = rank_forward(
+            works[r] = rank_exchange(
                 attn, ex.rank_view(r), q[:, :, sl], k[:, :, sl], v[:, :, sl], gate[:, :, sl], gate_name=gate_name
             )
         except BaseException as e:  # noqa: BLE001  (re-raised below, after every thread ends)
@@ -485,6 +555,24 @@ def simulate(attn, P: int, q, k, v, gate, gate_name: Optional[str] = None):
         t.join()
     if errors:
         raise errors[0]
-    out = np.concatenate([o for o, _, _ in results], axis=2)
-    lse = np.concatenate([l for _, l, _ in results], axis=2)
-    return out, lse, results[0][2], {"p2p": sum(ex.p2p), "gathered": sum(ex.gathered)}
+    return works, ex
+
+
+def chunk(x, r: int, P: int):
+    """Rank ``r``'s chunk of ``x [B, H, T, ...]`` (contiguous for torch)."""
+    L = x.shape[2] // P
+    c = x[:, :, r * L : (r + 1) * L]
+    return c.contiguous() if _is_torch(c) else c
+
+
+def simulate(attn, P: int, q, k, v, gate, gate_name: Optional[str] = None):
+    """Context parallelism over ``P`` simulated ranks in this process: the exchange on threads
+    (``exchange_all``), then each rank's partials and merge in turn. NumPy arrays run the
+    reference path; torch CUDA tensors run the partials through the foxc torch op on their
+    device. Returns ``(out [B, H, T, D], lse [B, H, T], plan, {"p2p": K/V bytes sent,
+    "gathered": bytes of the all-gathers})``."""
+    works, ex = exchange_all(attn, P, q, k, v, gate, gate_name)
+    results = [run_partials(rank_partials(w, chunk(q, r, P), chunk(k, r, P), chunk(v, r, P))) for r, w in enumerate(works)]
+    out = _cat([o for o, _ in results], axis=2)
+    lse = _cat([l for _, l in results], axis=2)
+    return out, lse, works[0].plan, {"p2p": sum(ex.p2p), "gathered": sum(ex.gathered)}

@@ -171,3 +171,18 @@ def test_a_tile_missing_from_the_plan_shows_in_the_output(monkeypatch):
     monkeypatch.setattr(cp, "plan_from_starts", forgetful)
     out, _, _, _ = cp.simulate(attn, 4, q, k, v, fgate)
     assert np.abs(out - ref_out).max() > 100 * TOL * np.abs(ref_out).max()
+
+
+def test_the_own_chunk_program_is_the_partial_with_hi_at_the_row():
+    """DIAG_SOURCE (causal mask, the start in the score) keeps exactly the keys of
+    PARTIAL_SOURCE with ``hi[i] = i``: same output and lse on fresh inputs."""
+    rng = np.random.default_rng()
+    B, H, L, D = 1, 2, 96, 16
+    q, k, v = (rng.standard_normal((B, H, L, D)) for _ in range(3))
+    c = np.cumsum(-rng.uniform(0, 0.5, (B, H, L)), axis=2)
+    lo = rng.integers(0, L, (B, H, L)).astype(np.float64)
+    lo = np.minimum(lo, np.arange(L))  # at least the diagonal is kept
+    diag = cp._run(cp._diag_program(), q, k, v, c, lo)
+    part = cp._run(cp._partial_program(), q, k, v, c, c, lo, np.broadcast_to(np.arange(L, dtype=np.float64), (B, H, L)))
+    np.testing.assert_allclose(diag[0], part[0], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(diag[1], part[1], rtol=0, atol=1e-12)

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Issue 13 on one GPU, and the GPU expression masks it needs (issue 8's leftover), in one call.
+#
+# Build here (not on the device: no Rust there), from the repository root:
+#   cp -r target/release /work/tgt/<X>-rel/       # once, to seed the release target dir
+#   CARGO_TARGET_DIR=/work/tgt/<X>-rel cargo build --release -p foxc
+#   mkdir -p .devbin/cp && strip -o .devbin/cp/foxc /work/tgt/<X>-rel/release/foxc && gzip -f .devbin/cp/foxc
+#   CARGO_TARGET_DIR=/work/tgt/<X>-rel .tools/py/bin/maturin build --release -m python/Cargo.toml -o .devbin/cp
+#   (a dev-profile wheel works too, --profile dev, but its host-side plan steps are slower)
+# There:  OUT=$OUT bash bench/cp_sim_device.sh          (carry: .devbin/cp)
+# Knobs: BIN (default .devbin/cp: foxc.gz and the foxc wheel), CP_T (default "131072 262144"),
+# CP_P (default "2 4"), REPS (default 3), MASKS=0 / SIM=0 / GLOO=0 skip a step.
+#
+# Steps, each under a timeout:
+# 1. masks: `foxc run --backend cuda --check` of the non-causal kernels against the f64
+#    reference: examples/doc_bidir.attn (the expression mask doc[b, i] == doc[b, j], with doc
+#    ids made of runs of 300 positions, so rows keep hundreds of keys), refuse_noncausal.attn
+#    (no mask), at T not a multiple of any tile, D = 64 and 128.
+# 2. sim: bench/cp_sim.py: P virtual ranks on this GPU (the CP partials through the foxc torch
+#    op: PARTIAL_SOURCE is an expression mask), merged output vs the single-GPU foxc output and,
+#    at T = 2048, vs the f64 reference; times and bytes at CP_T x CP_P; JSON in $OUT/cp_sim.json.
+# 3. gloo: python/tests/test_distributed_torch.py (2 and 4 CPU processes through
+#    torch.distributed, where torch is installed).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/cp_out}; mkdir -p "$OUT"
+BIN=${BIN:-.devbin/cp}
+gunzip -kf "$BIN/foxc.gz" && chmod +x "$BIN/foxc" || { echo "no $BIN/foxc.gz"; exit 1; }
+FOXC=$BIN/foxc
+SITE=/tmp/foxc_cp_site
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$BIN"/foxc-*.whl || exit 1
+export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+fail=0
+
+if [ "${MASKS:-1}" = 1 ]; then
+  echo "## 1. non-causal masks on the GPU: --check against f64"
+  for shape in B=2,H=4,T=1000,D=128 B=1,H=4,T=1000,D=64 B=1,H=2,T=4099,D=128; do
+    in=/tmp/doc_$shape.safetensors
+    timeout 60 "$FOXC" inputs examples/doc_bidir.attn --shape "$shape" --seed 7 -o "$in" >/dev/null || { echo "FAIL inputs $shape"; fail=1; continue; }
+    # doc ids: runs of 300 positions (batch b shifted by 100 b), written over the random doc.
+    timeout 60 python3 - "$in" <<'EOF' || { echo "FAIL doc ids"; fail=1; }
+import json, struct, sys
+import numpy as np
+p = sys.argv[1]
+raw = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", raw[:8])[0]
+meta = json.loads(raw[8 : 8 + n])["doc"]
+B, T = meta["shape"]
+a, b = meta["data_offsets"]
+ids = ((np.arange(T)[None, :] + 100 * np.arange(B)[:, None]) // 300).astype("<f4")
+raw[8 + n + a : 8 + n + b] = ids.tobytes()
+open(p, "wb").write(raw)
+EOF
+    echo "doc_bidir $shape:"; timeout 120 "$FOXC" run examples/doc_bidir.attn --backend cuda --inputs "$in" --check 2>&1 | tail -4 || fail=1
+    timeout 120 "$FOXC" run examples/doc_bidir.attn --backend cuda --inputs "$in" --check >/dev/null 2>&1 || { echo "FAIL doc_bidir $shape"; fail=1; }
+    echo "refuse_noncausal $shape:"
+    timeout 120 "$FOXC" run examples/refuse_noncausal.attn --backend cuda --shape "$shape" --check 2>&1 | tail -3
+    timeout 120 "$FOXC" run examples/refuse_noncausal.attn --backend cuda --shape "$shape" --check >/dev/null 2>&1 || { echo "FAIL refuse_noncausal $shape"; fail=1; }
+  done
+  echo "bench, B=1 H=16 T=16384 D=128 (no mask vs causal, same card):"
+  timeout 120 "$FOXC" bench examples/refuse_noncausal.attn --backend cuda --shape B=1,H=16,T=16384,D=128 --no-prune 2>&1 | tail -3
+  timeout 120 "$FOXC" bench examples/fox.attn --backend cuda --shape B=1,H=16,T=16384,D=128 --no-prune 2>&1 | tail -3
+fi
+
+if [ "${SIM:-1}" = 1 ]; then
+  echo "## 2. context parallelism simulated on this GPU"
+  # shellcheck disable=SC2086
+  timeout 480 python3 bench/cp_sim.py --T ${CP_T:-131072 262144} --P ${CP_P:-2 4} --reps "${REPS:-3}" \
+    --json "$OUT/cp_sim.json" 2>&1 | tee "$OUT/cp_sim.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || { echo "FAIL cp_sim"; fail=1; }
+fi
+
+if [ "${GLOO:-1}" = 1 ]; then
+  echo "## 3. torch.distributed (gloo, CPU processes)"
+  if python3 -c "import pytest" 2>/dev/null; then
+    timeout 300 python3 -m pytest -q -p no:cacheprovider python/tests/test_distributed_torch.py 2>&1 | tail -5
+    [ "${PIPESTATUS[0]}" = 0 ] || { echo "FAIL gloo pytest"; fail=1; }
+  else
+    echo "skip: no pytest on this machine"
+  fi
+fi
+echo "cp_sim_device: $([ $fail = 0 ] && echo ok || echo FAILED)"
+exit $fail
