@@ -84,6 +84,24 @@ fn the_cp_partial_reads_its_mask_capture_in_the_kernel() {
     }
 }
 
+/// The partial's mask `j >= lo[b, h, i]` carries the key bound `keys_from = lo[b, h, i]` (the
+/// tiles pass): its kernel computes the block's first key tile from `min lo` over the rows
+/// (one `fptosi` of the minimum after a warp butterfly), a kernel of its own; without the
+/// attribute the same program computes no start (every tile visited).
+#[test]
+fn the_partial_skips_tiles_below_its_key_bound() {
+    let g = graph("partial.attn", &partial_source(), Target::Sm90a);
+    let mut unbounded = g.clone();
+    let n = unbounded.find(|op| matches!(op, Op::Attention(_)))[0];
+    let Op::Attention(a) = &mut unbounded.node_mut(n).op else { unreachable!() };
+    assert!(a.keys_from.take().is_some(), "the tiles pass set no keys_from");
+    let with = compile(&g, &spec(NvptxTarget::Sm90a, 128)).expect("compiles");
+    let without = compile(&unbounded, &spec(NvptxTarget::Sm90a, 128)).expect("compiles");
+    assert_ne!(attn_kernel(&with).name, attn_kernel(&without).name);
+    assert_eq!(with.llvm_ir.matches("fptosi float").count(), 1, "{}", with.llvm_ir);
+    assert_eq!(without.llvm_ir.matches("fptosi float").count(), 0);
+}
+
 /// The non-causal kernels differ from the causal ones only where they must: a causal program
 /// keeps the causal kernel; a document mask and no mask get the non-causal one.
 #[test]

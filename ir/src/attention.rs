@@ -430,6 +430,12 @@ pub struct Attention {
     pub prune: Prune,
     /// The GPU forward kernel (set with the tiles; `Standard` until then).
     pub kernel: AttnKernel,
+    /// With an expression mask: `E(b, h, i)` (a region of `b`, `h`, `i`, dims and captures,
+    /// neither `j` nor `x`) below which every key of row `i` is masked (`j < E` drops the
+    /// entry), as the tiles pass proves from the mask's form (`j >= E`). A kernel may skip the
+    /// key tiles that lie below `E` on every row of its query tile; the value is unchanged.
+    /// Printed `keys_from = E`.
+    pub keys_from: Option<Region>,
 }
 
 impl Attention {
@@ -446,6 +452,7 @@ impl Attention {
             tiles: None,
             prune: Prune::Dense,
             kernel: AttnKernel::Standard,
+            keys_from: None,
         }
     }
 
@@ -607,6 +614,9 @@ impl Attention {
             Mask::Causal => s.push_str(", mask = causal"),
             Mask::Window(w) => s.push_str(&format!(", mask = window({w})")),
             Mask::Expr(r) => s.push_str(&format!(", mask = {}", r.display_with(capture))),
+        }
+        if let Some(e) = &self.keys_from {
+            s.push_str(&format!(", keys_from = {}", e.display_with(capture)));
         }
         if self.has_decay_lo() {
             s.push_str(", decay(pair)");

@@ -1,7 +1,7 @@
 //! The typing rule of `Op::Attention`: operand types against the attributes, and the two
 //! result types. The verifier and every pass that builds an attention node use it.
 
-use crate::attention::{Attention, Mask, Prune, RNode, Region};
+use crate::attention::{Attention, IndexVar, Mask, Prune, RNode, Region};
 use crate::types::{DType, Dim, ValueType};
 
 fn dims(t: &ValueType) -> Vec<Dim> {
@@ -128,6 +128,20 @@ impl Attention {
             check_region(r, captures, "mask")?;
             if r.uses_score() {
                 return Err("attention's mask region must not use the score x".into());
+            }
+        }
+        if let Some(e) = &self.keys_from {
+            check_region(e, captures, "keys_from")?;
+            if !matches!(self.mask, Mask::Expr(_)) {
+                return Err("attention's keys_from bound goes with an expression mask".into());
+            }
+            let reads_j = |n: &RNode| match n {
+                RNode::Index(v) => *v == IndexVar::J,
+                RNode::Capture { index, .. } => index.iter().any(|x| x.vars().contains(&"j")),
+                _ => false,
+            };
+            if e.uses_score() || e.nodes.iter().any(reads_j) {
+                return Err("attention's keys_from bound must not use the score x or the key index j".into());
             }
         }
         if let Mask::Window(0) = self.mask {

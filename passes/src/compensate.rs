@@ -17,20 +17,30 @@
 
 use crate::acp::add_attention;
 use crate::{PassContext, PassError, PassOptions, Target};
-use foxc_ir::{Attention, Graph, Op};
+use foxc_ir::{Attention, Graph, Op, ValueId};
+use std::collections::BTreeMap;
 
 /// The `compensate-decay` pass.
 pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
     if opts.target != Target::Cpu {
         return Ok(());
     }
+    // One residual per cumsum, however many attentions read it.
+    let mut residual: BTreeMap<ValueId, ValueId> = BTreeMap::new();
     for n in g.find(|op| matches!(op, Op::Attention(a) if a.decay && !a.decay_lo)) {
         let Op::Attention(a) = g.op(n).clone() else { continue };
         let mut ops = Attention::operands(g, n).map_err(PassError::Internal)?;
         let Some(c) = ops.decay else { continue };
         let Op::GateCumsum { kind } = *g.op(c) else { continue };
-        let gate = g.operands(c);
-        let lo = g.add(Op::GateCumsumLo { kind }, g.ty(c).clone(), &gate, g.node(c).span);
+        let lo = match residual.get(&c) {
+            Some(&lo) => lo,
+            None => {
+                let gate = g.operands(c);
+                let lo = g.add(Op::GateCumsumLo { kind }, g.ty(c).clone(), &gate, g.node(c).span);
+                residual.insert(c, lo);
+                lo
+            }
+        };
         let mut pa = a.clone();
         pa.decay_lo = true;
         ops.decay_lo = Some(lo);

@@ -20,6 +20,7 @@ pub mod acp;
 pub mod compensate;
 pub mod fuse_out;
 pub mod grad;
+pub mod key_bound;
 pub mod lang;
 pub mod monotone;
 pub mod recognize;

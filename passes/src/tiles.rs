@@ -1,5 +1,6 @@
 //! Tile shapes per target, and the `tiles` pass that writes them on every attention (dense
-//! too): backends obey the attribute and never choose tiles themselves.
+//! too): backends obey the attribute and never choose tiles themselves. With the tiles, which
+//! tiles a kernel may skip under an expression mask (`keys_from`, [`crate::key_bound`]).
 
 use crate::{PassContext, PassError, PassOptions, Target};
 use foxc_ir::attention::AttnKernel;
@@ -46,7 +47,8 @@ pub fn kernel_for(target: Target, head_dim: Option<u64>, a: &Attention, tiles: T
 }
 
 /// The tiles pass: `--tiles` if given, else the target's choice, on every attention without
-/// tiles; and the forward kernel that goes with them ([`kernel_for`]).
+/// tiles; the forward kernel that goes with them ([`kernel_for`]); and under an expression
+/// mask of the form `j >= E`, the key bound `E` below which tiles need no visit.
 pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
     for n in g.find(|op| matches!(op, Op::Attention(a) if a.tiles.is_none())) {
         let head_dim =
@@ -55,6 +57,9 @@ pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(
         if let Op::Attention(a) = &mut g.node_mut(n).op {
             a.tiles = Some(tiles);
             a.kernel = kernel_for(opts.target, head_dim, a, tiles);
+            if let Mask::Expr(m) = &a.mask {
+                a.keys_from = crate::key_bound::keys_from(m);
+            }
         }
     }
     Ok(())

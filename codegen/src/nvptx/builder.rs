@@ -353,6 +353,10 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
     pub fn sitofp(&self, a: IntValue<'ctx>) -> FloatValue<'ctx> {
         self.keep(self.b.build_signed_int_to_float(a, self.f32t(), ""), || self.f32(0.0))
     }
+    /// Converts an f32 to i32, rounding toward zero (poison outside the i32 range: callers clamp).
+    pub fn fptosi(&self, a: FloatValue<'ctx>) -> IntValue<'ctx> {
+        self.keep(self.b.build_float_to_signed_int(a, self.i32t(), ""), || self.i32(0))
+    }
     /// Widens a half-precision float to f32.
     pub fn fpext(&self, a: FloatValue<'ctx>) -> FloatValue<'ctx> {
         self.keep(self.b.build_float_ext(a, self.f32t(), ""), || self.f32(0.0))

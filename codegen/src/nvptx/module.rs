@@ -652,8 +652,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             .iter()
             .map(|&c| CaptureTy { dtype: self.ty(c).dtype, rank: self.ty(c).rank() })
             .collect();
-        let score =
-            RegionMod::with_mask(&a.score, mask, &dim, heads, &caps).map_err(|e| Self::not_yet(n, &e))?;
+        let score = RegionMod::with_mask(&a.score, mask, a.keys_from.as_ref(), &dim, heads, &caps)
+            .map_err(|e| Self::not_yet(n, &e))?;
         // q, k, v in bf16: cast others into scratch copies first.
         let mut qkv = vec![];
         for (i, &v) in [q, o.k, o.v].iter().enumerate() {

@@ -45,6 +45,7 @@
 //! and D is a multiple of 64; the PTX then needs `sm_90a`). Measured on the H200:
 //! docs/GPU_KERNEL.md.
 
+mod key_bound;
 mod mma;
 pub(crate) mod prune;
 pub(crate) mod region;
@@ -435,6 +436,8 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
 
         // ---- start tile: window bound and the in-kernel pruning search ----
         let n_start = self.start_tile(cb, delta_p, bh, i0);
+        // Under an expression mask with a proven key bound: no tile below the block's bound.
+        let n_start = self.key_bound_start(n_start, n_end, bh, i0);
 
         // Q fragments: wait for the Q group only (K/V of the first tile may still fly).
         b.cp_async_wait(1);

@@ -57,6 +57,8 @@ pub(crate) struct RegionMod {
     /// The condition of an expression mask (`Mask::Expr`): non-zero (NaN included, as in the
     /// interpreter) keeps the element.
     mask: Option<Resolved>,
+    /// The attention's `keys_from` bound `E(b, h, i)`: keys `j < E` are masked on row `i`.
+    keys_from: Option<Resolved>,
     /// Heads per batch (`H`), to split the kernel's flat `bh` into `b` and `h`, when static.
     heads: Option<u64>,
     /// The extra kernel arguments, in parameter order.
@@ -83,14 +85,16 @@ impl RegionMod {
         heads: Option<u64>,
         caps: &[CaptureTy],
     ) -> Result<RegionMod, String> {
-        RegionMod::with_mask(r, None, dim, heads, caps)
+        RegionMod::with_mask(r, None, None, dim, heads, caps)
     }
 
-    /// [`RegionMod::with_captures`] of score region `r` and the condition `mask` of an
-    /// expression mask (a region of the indices, dims and captures; it must not read `x`).
+    /// [`RegionMod::with_captures`] of score region `r`, the condition `mask` of an expression
+    /// mask (a region of the indices, dims and captures; it must not read `x`) and the key
+    /// bound `keys_from` a pass proved for it (a region of `b, h, i`, dims and captures).
     pub(crate) fn with_mask(
         r: &Region,
         mask: Option<&Region>,
+        keys_from: Option<&Region>,
         dim: &dyn Fn(&Dim) -> Option<u64>,
         heads: Option<u64>,
         caps: &[CaptureTy],
@@ -104,17 +108,15 @@ impl RegionMod {
             Some(m) => Some(resolve(m, dim, caps, &mut read, &mut reads_bh)?),
             None => None,
         };
-        let mut args = vec![];
-        if reads_bh && heads.is_none() {
-            args.push(ScoreArg::Heads);
-        }
-        for (k, ty) in read.iter().enumerate() {
-            if let Some(ty) = ty {
-                args.push(ScoreArg::Capture(k));
-                args.extend((0..ty.rank).map(|a| ScoreArg::CaptureDim(k, a)));
+        let keys_from = match keys_from {
+            Some(e) if mask.is_none() || e.uses_score() => {
+                return Err("a keys_from bound without an expression mask, or reading the score".into())
             }
-        }
-        Ok(RegionMod { region, mask, heads, args, caps: read })
+            Some(e) => Some(resolve(e, dim, caps, &mut read, &mut reads_bh)?),
+            None => None,
+        };
+        let args = layout(&read, reads_bh && heads.is_none());
+        Ok(RegionMod { region, mask, keys_from, heads, args, caps: read })
     }
 
     /// The kernel arguments the region adds after the attention kernel's own, in order.
@@ -192,6 +194,22 @@ impl RegionMod {
         let v = b.load_f(ty.dtype, b.param_ptr(self.param(ScoreArg::Capture(k))), off);
         b.select_f(ok, v, b.f32(f64::NAN))
     }
+}
+
+/// The kernel arguments for the captures `read` (in capture order, each with its axis sizes),
+/// after the head count when `heads` (it is not static and a region reads `b` or `h`).
+fn layout(read: &[Option<CaptureTy>], heads: bool) -> Vec<ScoreArg> {
+    let mut args = vec![];
+    if heads {
+        args.push(ScoreArg::Heads);
+    }
+    for (k, ty) in read.iter().enumerate() {
+        if let Some(ty) = ty {
+            args.push(ScoreArg::Capture(k));
+            args.extend((0..ty.rank).map(|a| ScoreArg::CaptureDim(k, a)));
+        }
+    }
+    args
 }
 
 /// Resolves the dims of region `r` (captured tensors of types `caps`), marking in `read` the
@@ -331,6 +349,9 @@ impl ScoreMod for RegionMod {
             None => {}
             Some(m) => key.push_str(&format!("mask{:?}{:?}", m.region, m.dims)),
         }
+        if let Some(e) = &self.keys_from {
+            key.push_str(&format!("keys_from{:?}{:?}", e.region, e.dims));
+        }
         format!("r{:016x}", fnv1a(&key))
     }
 
@@ -352,6 +373,14 @@ impl ScoreMod for RegionMod {
         at: ScorePos<'ctx>,
     ) -> FloatValue<'ctx> {
         self.eval(&self.region, b, x, at)
+    }
+
+    fn keys_from<'a, 'ctx>(
+        &self,
+        b: &KernelBuilder<'a, 'ctx>,
+        at: ScorePos<'ctx>,
+    ) -> Option<FloatValue<'ctx>> {
+        Some(self.eval(self.keys_from.as_ref()?, b, b.f32(0.0), at))
     }
 
     /// The mask's condition is evaluated with `x = 0` (it does not read it), as the
@@ -735,7 +764,7 @@ mod tests {
         });
         score.push(RNode::Binary(BinaryOp::Add, x, kb));
         let dim = |d: &Dim| d.eval(&|_| None);
-        let rm = RegionMod::with_mask(&score, Some(&lo_mask()), &dim, Some(4), &caps).unwrap();
+        let rm = RegionMod::with_mask(&score, Some(&lo_mask()), None, &dim, Some(4), &caps).unwrap();
         use ScoreArg::*;
         assert_eq!(
             rm.args(),
@@ -755,10 +784,12 @@ mod tests {
         assert!(!unmasked.has_mask() && unmasked.args().len() == 4);
         assert_ne!(rm.tag(), unmasked.tag());
         // The identity score with a mask gets a tag (a kernel of its own), without one none.
-        let id = RegionMod::with_mask(&Region::identity(), Some(&lo_mask()), &dim, Some(4), &caps).unwrap();
+        let id =
+            RegionMod::with_mask(&Region::identity(), Some(&lo_mask()), None, &dim, Some(4), &caps).unwrap();
         assert!(id.is_identity() && !id.tag().is_empty());
         // A mask that reads the score is refused.
-        let e = RegionMod::with_mask(&Region::identity(), Some(&score), &dim, Some(4), &caps).unwrap_err();
+        let e =
+            RegionMod::with_mask(&Region::identity(), Some(&score), None, &dim, Some(4), &caps).unwrap_err();
         assert!(e.contains("reads the score"), "{e}");
         // The condition alone, into a tiny kernel: 1.0 where kept.
         let ctx = Context::create();

@@ -50,6 +50,15 @@ pub(crate) trait ScoreMod {
         x: FloatValue<'ctx>,
         at: ScorePos<'ctx>,
     ) -> FloatValue<'ctx>;
+    /// The expression mask's proven key bound `E` at row `at.i` (`at.j` unused): every key
+    /// `j < E` of the row is masked; `None` without one.
+    fn keys_from<'a, 'ctx>(
+        &self,
+        _: &KernelBuilder<'a, 'ctx>,
+        _: ScorePos<'ctx>,
+    ) -> Option<FloatValue<'ctx>> {
+        None
+    }
     /// Whether an expression mask keeps the element at `at` (i1); `None` without one.
     fn keeps<'a, 'ctx>(&self, _: &KernelBuilder<'a, 'ctx>, _: ScorePos<'ctx>) -> Option<IntValue<'ctx>> {
         None

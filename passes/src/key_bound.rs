@@ -1,0 +1,124 @@
+//! The key bound an expression mask proves: for a mask `j >= E` (also written `E <= j`,
+//! `j > E`, `E < j`), with `E` a function of `b, h, i`, dims and captured tensors (never of `j`
+//! or the score), every key `j < E` of row `i` is masked. A kernel then skips the key tiles
+//! that lie below `E` on every row of its query tile (attribute `keys_from`, set by the tiles
+//! pass); the kept entries, and so the value, are the same.
+//!
+//! Why only these forms: the mask keeps an entry where its condition is non-zero, NaN included.
+//! A comparison gives exactly 0 or 1 (0 when an operand is NaN), so `j >= E` drops every
+//! `j < E`, whatever `E` is. (The DSL has no `and` of conditions: a product of two would
+//! also bound, but a product with a value could be `0 * NaN = NaN`, kept.)
+
+use foxc_ir::attention::{IndexVar, RId, RNode, Region};
+use foxc_ir::BinaryOp;
+
+/// The region `E` with every key `j < E` masked, when `mask` has one of the forms above.
+pub fn keys_from(r: &Region) -> Option<Region> {
+    let is_j = |x: RId| matches!(r.nodes.get(x as usize), Some(RNode::Index(IndexVar::J)));
+    match *r.nodes.get(r.root as usize)? {
+        RNode::Binary(BinaryOp::Ge | BinaryOp::Gt, a, e) if is_j(a) && free_of_j(r, e) => Some(subtree(r, e)),
+        RNode::Binary(BinaryOp::Le | BinaryOp::Lt, e, a) if is_j(a) && free_of_j(r, e) => Some(subtree(r, e)),
+        _ => None,
+    }
+}
+
+/// The node ids `n` depends on (itself included), in increasing order.
+fn reachable(r: &Region, n: RId) -> Vec<RId> {
+    let mut seen = vec![false; r.nodes.len()];
+    let mut stack = vec![n];
+    while let Some(x) = stack.pop() {
+        if std::mem::replace(&mut seen[x as usize], true) {
+            continue;
+        }
+        match &r.nodes[x as usize] {
+            RNode::Unary(_, a) => stack.push(*a),
+            RNode::Binary(_, a, b) => stack.extend([*a, *b]),
+            RNode::Select(c, a, b) => stack.extend([*c, *a, *b]),
+            _ => {}
+        }
+    }
+    (0..r.nodes.len() as RId).filter(|x| seen[*x as usize]).collect()
+}
+
+/// Whether the value of node `n` depends neither on `j` nor on the score.
+fn free_of_j(r: &Region, n: RId) -> bool {
+    reachable(r, n).iter().all(|&x| match &r.nodes[x as usize] {
+        RNode::Score | RNode::Index(IndexVar::J) => false,
+        RNode::Capture { index, .. } => index.iter().all(|e| !e.vars().contains(&"j")),
+        _ => true,
+    })
+}
+
+/// Node `n` and what it depends on, as a region of its own (ids renumbered, order kept).
+fn subtree(r: &Region, n: RId) -> Region {
+    let keep = reachable(r, n);
+    let mut new_id = vec![0 as RId; r.nodes.len()];
+    let mut out = Region::new();
+    for &x in &keep {
+        let m = |a: &RId| new_id[*a as usize];
+        let node = match &r.nodes[x as usize] {
+            RNode::Unary(u, a) => RNode::Unary(*u, m(a)),
+            RNode::Binary(op, a, b) => RNode::Binary(*op, m(a), m(b)),
+            RNode::Select(c, a, b) => RNode::Select(m(c), m(a), m(b)),
+            other => other.clone(),
+        };
+        new_id[x as usize] = out.push(node);
+    }
+    out.root = new_id[n as usize];
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use foxc_ir::index::IndexExpr;
+
+    fn lo_capture(r: &mut Region, var: &str) -> RId {
+        r.push(RNode::Capture {
+            k: 0,
+            index: vec![IndexExpr::var("b"), IndexExpr::var("h"), IndexExpr::var(var)],
+        })
+    }
+
+    /// `j >= lo[b, h, i]` (the context-parallel partial's mask) gives `lo[b, h, i]`, in either
+    /// spelling.
+    #[test]
+    fn lower_bounds_are_found() {
+        let mut r = Region::new();
+        let j = r.push(RNode::Index(IndexVar::J));
+        let lo = lo_capture(&mut r, "i");
+        r.push(RNode::Binary(BinaryOp::Ge, j, lo));
+        let e = keys_from(&r).expect("a bound");
+        assert_eq!(e.display_with(&|k| format!("${k}")), "$0[b, h, i]");
+        let mut r2 = r.clone();
+        r2.nodes[2] = RNode::Binary(BinaryOp::Lt, lo, j);
+        assert_eq!(keys_from(&r2).expect("a bound").display_with(&|k| format!("${k}")), "$0[b, h, i]");
+    }
+
+    /// No bound where the form does not prove one: `j <= E` (an upper bound), `E` reading `j`,
+    /// a product (`(j >= E) * E` is NaN, kept, where `E` is), `doc[i] == doc[j]`.
+    #[test]
+    fn no_bound_otherwise() {
+        let mut r = Region::new();
+        let j = r.push(RNode::Index(IndexVar::J));
+        let lo = lo_capture(&mut r, "i");
+        r.push(RNode::Binary(BinaryOp::Le, j, lo));
+        assert!(keys_from(&r).is_none());
+        let mut r = Region::new();
+        let j = r.push(RNode::Index(IndexVar::J));
+        let lo = lo_capture(&mut r, "j");
+        r.push(RNode::Binary(BinaryOp::Ge, j, lo));
+        assert!(keys_from(&r).is_none(), "E reads j");
+        let mut r = Region::new();
+        let j = r.push(RNode::Index(IndexVar::J));
+        let lo = lo_capture(&mut r, "i");
+        let ge = r.push(RNode::Binary(BinaryOp::Ge, j, lo));
+        r.push(RNode::Binary(BinaryOp::Mul, ge, lo));
+        assert!(keys_from(&r).is_none(), "a product with a value");
+        let mut r = Region::new();
+        let a = lo_capture(&mut r, "i");
+        let b = lo_capture(&mut r, "j");
+        r.push(RNode::Binary(BinaryOp::Eq, a, b));
+        assert!(keys_from(&r).is_none());
+    }
+}
