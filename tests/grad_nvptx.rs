@@ -6,13 +6,14 @@
 use foxc::cli::{PruneArgs, TargetArg};
 use foxc::commands::grad::grad_program;
 use foxc::{cuda_backend, pipeline};
-use foxc_codegen::nvptx::ptxas;
+use foxc_codegen::nvptx::{ptxas, BufferKind, KernelArg, NvptxArtifact};
+use foxc_ir::Graph;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// The PTX of the gradient program of `example` for `target` with `D = d`, or the compiler's
-/// error.
-fn grad_ptx(example: &str, target: TargetArg, d: u64) -> Result<String, String> {
+/// The gradient program of `example` and its GPU artifact for `target` with `D = d`, or the
+/// compiler's error.
+fn grad_artifact(example: &str, target: TargetArg, d: u64) -> Result<(Graph, NvptxArtifact), String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(format!("{example}.attn"));
     let src = pipeline::Source::read(&path).map_err(|e| e.to_string())?;
     let c = src.compile().map_err(|e| e.to_string())?;
@@ -32,7 +33,44 @@ fn grad_ptx(example: &str, target: TargetArg, d: u64) -> Result<String, String> 
     if !a.ptx.contains(".entry foxc_attn_bwd_dq") || !a.ptx.contains(".entry foxc_attn_bwd_dkv") {
         return Err(format!("{example}: the gradient program has no backward kernels"));
     }
-    Ok(a.ptx)
+    Ok((p.graph, a))
+}
+
+/// The PTX of the gradient program of `example` for `target` with `D = d`, or the compiler's
+/// error.
+fn grad_ptx(example: &str, target: TargetArg, d: u64) -> Result<String, String> {
+    grad_artifact(example, target, d).map(|(_, a)| a.ptx)
+}
+
+/// The kernels of the ordinary ops (casts, the gate's reverse cumsum) read the very results
+/// their nodes read: a cast of the backward's dk reads dk's buffer, not dq's (the backward's
+/// results feed the rest of the program directly, without copies).
+#[test]
+fn ordinary_kernels_read_the_results_their_nodes_read() {
+    for ex in ["fox", "fox_gqa", "fox_alibi"] {
+        let (g, a) = grad_artifact(ex, TargetArg::Sm90a, 64).unwrap_or_else(|e| panic!("{ex}: {e}"));
+        let mut later = 0;
+        for k in &a.kernels {
+            if !foxc_codegen::loop_plan::handles(g.op(k.node)) {
+                continue;
+            }
+            let reads = g.operand_values(k.node);
+            later += reads.iter().filter(|v| v.result != 0).count();
+            for arg in &k.args {
+                let KernelArg::Buffer(b) = arg else { continue };
+                let BufferKind::Value(v) = &a.buffers[*b].kind else { continue };
+                assert!(
+                    v.node == k.node || reads.contains(v),
+                    "{ex}: kernel {} of %{} reads %{}#{}, not one of its operands {reads:?}",
+                    k.name,
+                    k.node.index(),
+                    v.node.index(),
+                    v.result
+                );
+            }
+        }
+        assert!(later >= 2, "{ex}: no kernel reads a later result of the backward ({later})");
+    }
 }
 
 #[test]

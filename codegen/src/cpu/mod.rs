@@ -334,8 +334,12 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>, outputs: &[Value]) -> Result<Ve
             let cx = generic::Ctx { g, dims, consts, num: &num };
             Ok(SpecKind::Generic(generic::plan(&cx, n, &contracted)?))
         };
+        // The fast kernels check their operands' types by node (result 0); a node reading a
+        // later result of another (a backward's dk) takes the generic loop, which reads any.
+        let later = g.operand_values(n).iter().any(|v| v.result != 0);
         let kind = match op {
             Op::Param { .. } => continue,
+            Op::Binary(_) | Op::Cast | Op::RmsNorm { .. } if later => generic(&consts)?,
             Op::Binary(bop)
                 if ops.len() == 2 && (consts.contains_key(&ops[0]) ^ consts.contains_key(&ops[1])) =>
             {

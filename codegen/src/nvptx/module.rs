@@ -246,7 +246,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
     /// or broadcasts is a generic loop).
     fn as_scaled(&self, n: ValueId) -> Option<(ValueId, f64)> {
         let ops = self.g.operands(n);
-        if ops.len() != 2 || self.ty(n).rank() == 0 {
+        if ops.len() != 2 || self.ty(n).rank() == 0 || self.reads_later_results(n) {
             return None;
         }
         match self.g.op(n) {
@@ -261,6 +261,12 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             },
             _ => None,
         }
+    }
+
+    /// Whether node `n` reads a result other than the first of some node (a backward's dk, a
+    /// forward's lse): the fast kernels take whole nodes' buffers, the generic loops any result.
+    fn reads_later_results(&self, n: ValueId) -> bool {
+        self.g.operand_values(n).iter().any(|v| v.result != 0)
     }
 
     /// Operand 0 of a threshold or attention node, with any folded scale: (value, factor).
@@ -310,14 +316,21 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                     node: n.index(),
                 });
             }
+            Op::GateCumsum { .. } | Op::Threshold { .. } | Op::Attention(_)
+                if self.reads_later_results(n) =>
+            {
+                return Err(ie(format!("{} reads a later result of a node", node.op.mnemonic())));
+            }
             Op::GateCumsum { .. } | Op::Threshold { .. } | Op::Attention(_) => {}
             // The row kernel for the last axis of a static size, in any float dtype.
-            Op::RmsNorm { axis, .. } if self.last_static_axis(ops[0], axis) => {}
-            // Float to float in the same layout: the flat cast kernel; the rest: a generic loop.
+            Op::RmsNorm { axis, .. }
+                if !self.reads_later_results(n) && self.last_static_axis(ops[0], axis) => {}
+            // Float to float in the same layout: the flat cast kernel (of any result); the rest:
+            // a generic loop.
             Op::Cast
-                if self.ty(ops[0]).dtype.is_float()
+                if g.value_ty(g.operand_values(n)[0]).dtype.is_float()
                     && node.ty.dtype.is_float()
-                    && self.ty(ops[0]).axes == node.ty.axes => {}
+                    && g.value_ty(g.operand_values(n)[0]).axes == node.ty.axes => {}
             Op::AttentionBackward(a) => {
                 let a = a.clone();
                 self.result_buffers(n);
@@ -416,7 +429,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 self.push(n, name, args, launch, vec![]);
             }
             Op::Cast => {
-                let x = ops[0];
+                let x = g.operand_values(n)[0];
                 let name = self.name(n, "cast");
                 self.cast(n, name, x, self.buf(x)?, res, node.ty.dtype, None)?;
             }
@@ -555,18 +568,19 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         &mut self,
         n: ValueId,
         name: String,
-        x: ValueId,
+        x: impl Into<Value>,
         src: usize,
         dst: usize,
         to: DType,
         mul: Option<f64>,
     ) -> Result<(), CodegenError> {
-        let from = self.ty(x).dtype;
+        let xt = self.g.value_ty(x.into());
+        let from = xt.dtype;
         if !from.is_float() || !to.is_float() {
             return Err(CodegenError::Unsupported { op: format!("cast {from} -> {to}"), node: n.index() });
         }
         kernels::build_cast(self.ctx, self.module, &name, from, to, mul).map_err(CodegenError::Internal)?;
-        let dims: Vec<Dim> = self.ty(x).dims().cloned().collect();
+        let dims: Vec<Dim> = xt.dims().cloned().collect();
         let args = vec![KernelArg::Buffer(src), KernelArg::Buffer(dst), KernelArg::I64(dims.clone())];
         let launch =
             Launch::Grid { x: GridDim::Ceil(dims, ELEM_THREADS), y: GridDim::Const(1), block: ELEM_THREADS };
