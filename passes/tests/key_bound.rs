@@ -81,18 +81,17 @@ fn every_key_below_the_bound_is_masked() {
         let a = attention(m);
         let (Mask::Expr(mask), Some(e)) = (&a.mask, &a.keys_from) else { continue };
         for _round in 0..20 {
-            let draw =
-                |rng: &mut rand::rngs::StdRng| -> Vec<f64> {
-                    (0..b * h * t)
-                        .map(|_| {
-                            if rng.gen_bool(0.05) {
-                                f64::NAN
-                            } else {
-                                rng.gen_range(-10.0..(t as f64 + 10.0))
-                            }
-                        })
-                        .collect()
-                };
+            let draw = |rng: &mut rand::rngs::StdRng| -> Vec<f64> {
+                (0..b * h * t)
+                    .map(|_| {
+                        if rng.random_bool(0.05) {
+                            f64::NAN
+                        } else {
+                            rng.random_range(-10.0..(t as f64 + 10.0))
+                        }
+                    })
+                    .collect()
+            };
             let (lo, hi) = (draw(&mut rng), draw(&mut rng));
             let caps = [Capture { shape: &shape, data: &lo }, Capture { shape: &shape, data: &hi }];
             let mut keep = RegionEval::new(mask, &caps, &dims).unwrap();
