@@ -500,6 +500,9 @@ def rank_partials(work: RankWork, q, k, v) -> List[PartialCall]:
     B, H, L, D = q.shape
     bm, bn, n = plan.bm, plan.bn, plan.tiles_per_rank
     row_start = np.repeat(work.starts[:, :, r * L // bm : (r + 1) * L // bm], bm, axis=2) * bn
+    # c relative to the chunk's first row (the shift cancels in c_i - c_j, and in the lse): the
+    # partials read it as f32, whose rounding grows with |c| (up to T per token of decay).
+    c = c - c[:, :, r * L : r * L + 1]
     cq = c[:, :, r * L : (r + 1) * L]
     calls = [PartialCall(_diag_program(), (q, k, v, cq, np.maximum(row_start - r * L, 0.0)))]
     part = _partial_program()
