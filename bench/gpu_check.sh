@@ -8,8 +8,12 @@ FOXC=${FOXC:-target/release/foxc}
 fail=0
 run() {
   echo "### foxc run $*"
-  "$FOXC" run "$@" --backend cuda --check 2>&1 | grep -E "pruning|starts|time|check|error" || true
-  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "FAILED: $*"; fail=1; }
+  # The status is foxc's own: captured before any filter (a `| grep || true` would report
+  # the filter's).
+  local out rc
+  out=$("$FOXC" run "$@" --backend cuda --check 2>&1); rc=$?
+  grep -E "pruning|starts|time|check|error" <<<"$out"
+  [ "$rc" -eq 0 ] || { echo "FAILED (exit $rc): $*"; fail=1; }
 }
 run examples/fox.attn --shape B=8,H=16,T=4096,D=128
 run examples/fox.attn --shape B=8,H=16,T=4096,D=128 --no-prune
@@ -38,9 +42,10 @@ run examples/window.attn --shape B=1,H=4,T=2048,D=64
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     echo "### compute-sanitizer --tool $tool"
-    compute-sanitizer --tool "$tool" --error-exitcode 9 "$FOXC" run examples/fox.attn --backend cuda \
-      --shape B=1,H=2,T=300,D=128 2>&1 | grep -E "ERROR SUMMARY|error|Error" | head -5
-    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "FAILED: sanitizer $tool"; fail=1; }
+    out=$(compute-sanitizer --tool "$tool" --error-exitcode 9 "$FOXC" run examples/fox.attn --backend cuda \
+      --shape B=1,H=2,T=300,D=128 2>&1); rc=$?
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|error|Error" <<<"$out" | head -5
+    [ "$rc" -eq 0 ] || { echo "FAILED (exit $rc): sanitizer $tool"; fail=1; }
   done
 fi
 echo "gpu_check: $([ $fail -eq 0 ] && echo all passed || echo FAILURES)"
