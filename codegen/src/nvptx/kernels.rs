@@ -58,13 +58,46 @@ fn log_gate<'ctx>(k: &Kb<'_, 'ctx>, kind: GateKind, x: FloatValue<'ctx>) -> Floa
     k.fmax(lf, k.f32(LOG_F_FLOOR))
 }
 
-/// Inclusive scan over the warp with `shfl.up` (lane l gets the sum of lanes 0..=l).
-fn warp_scan<'ctx>(k: &Kb<'_, 'ctx>, lane: IntValue<'ctx>, mut x: FloatValue<'ctx>) -> FloatValue<'ctx> {
+/// A sum carried as an unevaluated f32 pair `h + l` (`|l| <= ulp(h) / 2`): about 48 bits, so a
+/// scan of thousands of `log f` stays within rounding of the exact cumsum however large `|c|`
+/// grows (a plain f32 scan drifted by ~40 ulp(|c|) at T = 32768 with bursty gates, 0.08 absolute,
+/// in an emulation of this kernel; the pair gave round_f32(c) at every position; SEMANTICS.md,
+/// gate_cumsum). f32 adds only: LLVM and ptxas keep them as written (no fast-math, no mul to fuse).
+type Pair<'ctx> = (FloatValue<'ctx>, FloatValue<'ctx>);
+
+/// `a + b` as `(s, e)` with `s = fl(a + b)` and `e` its exact rounding error (TwoSum).
+fn two_sum<'ctx>(k: &Kb<'_, 'ctx>, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> Pair<'ctx> {
+    let s = k.fadd(a, b);
+    let bb = k.fsub(s, a);
+    let e = k.fadd(k.fsub(a, k.fsub(s, bb)), k.fsub(b, bb));
+    (s, e)
+}
+
+/// `(s, e)` renormalized (`|s| >= |e|`, FastTwoSum).
+fn renorm<'ctx>(k: &Kb<'_, 'ctx>, s: FloatValue<'ctx>, e: FloatValue<'ctx>) -> Pair<'ctx> {
+    let h = k.fadd(s, e);
+    (h, k.fsub(e, k.fsub(h, s)))
+}
+
+/// `a + b` of two pairs.
+fn pair_add<'ctx>(k: &Kb<'_, 'ctx>, a: Pair<'ctx>, b: Pair<'ctx>) -> Pair<'ctx> {
+    let (s, e) = two_sum(k, a.0, b.0);
+    renorm(k, s, k.fadd(e, k.fadd(a.1, b.1)))
+}
+
+/// `a + x` of a pair and an f32.
+fn pair_add1<'ctx>(k: &Kb<'_, 'ctx>, a: Pair<'ctx>, x: FloatValue<'ctx>) -> Pair<'ctx> {
+    let (s, e) = two_sum(k, a.0, x);
+    renorm(k, s, k.fadd(e, a.1))
+}
+
+/// Inclusive scan of pairs over the warp with `shfl.up` (lane l gets the sum of lanes 0..=l).
+fn warp_scan_pair<'ctx>(k: &Kb<'_, 'ctx>, lane: IntValue<'ctx>, mut x: Pair<'ctx>) -> Pair<'ctx> {
     for d in [1i64, 2, 4, 8, 16] {
-        let y = k.shfl_up(x, d);
+        let y = (k.shfl_up(x.0, d), k.shfl_up(x.1, d));
         let ok = k.icmpc(IntPredicate::SGE, lane, d);
-        let s = k.fadd(x, y);
-        x = k.select_f(ok, s, x);
+        let s = pair_add(k, x, y);
+        x = (k.select_f(ok, s.0, x.0), k.select_f(ok, s.1, x.1));
     }
     x
 }
@@ -72,7 +105,8 @@ fn warp_scan<'ctx>(k: &Kb<'_, 'ctx>, lane: IntValue<'ctx>, mut x: FloatValue<'ct
 /// `gate_cumsum` for `Logits` and `LogGate`: params `(gate: [BH, T], c: f32 [BH, T], T: i32)`.
 /// Grid `(BH)` (the (b, h) index is `ctaid.x`), block [`SCAN_THREADS`]. Each thread scans a
 /// contiguous chunk; a block-wide scan of the chunk totals (warp shuffles, then one warp over the
-/// 32 warp totals) gives each chunk's offset, and a second pass writes the running sums.
+/// 32 warp totals) gives each chunk's offset, and a second pass writes the running sums. Every
+/// sum is a [`Pair`]; `c` is its high part, the exact cumsum rounded to f32.
 pub fn build_gate_scan<'ctx>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
@@ -85,8 +119,8 @@ pub fn build_gate_scan<'ctx>(
     let gate = k.param_ptr(0);
     let out = k.param_ptr(1);
     let t_len = k.param_int(2);
-    let total = k.declare_var(k.f32(0.0).into());
-    let run = k.declare_var(k.f32(0.0).into());
+    let total = [k.declare_var(k.f32(0.0).into()), k.declare_var(k.f32(0.0).into())];
+    let run = [k.declare_var(k.f32(0.0).into()), k.declare_var(k.f32(0.0).into())];
     let tid = k.sreg("tid.x");
     let bh = k.sreg("ctaid.x");
     let (lane, warp) = lane_warp(&k, tid);
@@ -102,38 +136,54 @@ pub fn build_gate_scan<'ctx>(
         let idx = k.add(base, i);
         let x = k.load_f(in_dt, gate, idx);
         let lf = log_gate(k, kind, x);
-        let t = k.use_f(total);
-        k.def_var(total, k.fadd(t, lf));
+        let t = pair_add1(k, (k.use_f(total[0]), k.use_f(total[1])), lf);
+        k.def_var(total[0], t.0);
+        k.def_var(total[1], t.1);
     });
     // Inclusive warp scan of the chunk totals.
-    let mine = k.use_f(total);
-    let x = warp_scan(&k, lane, mine);
+    let mine = (k.use_f(total[0]), k.use_f(total[1]));
+    let x = warp_scan_pair(&k, lane, mine);
     let nwarps = SCAN_THREADS / 32;
-    let sh = k.shared_f32(&format!("{name}_warp_totals"), nwarps);
+    let sh = [
+        k.shared_f32(&format!("{name}_warp_totals"), nwarps),
+        k.shared_f32(&format!("{name}_warp_totals_lo"), nwarps),
+    ];
     let is_last = k.icmpc(IntPredicate::EQ, lane, 31);
-    k.if_then(is_last, |k| k.store(k.shared_at(sh, warp), x));
+    k.if_then(is_last, |k| {
+        k.store(k.shared_at(sh[0], warp), x.0);
+        k.store(k.shared_at(sh[1], warp), x.1);
+    });
     k.barrier();
     let is_w0 = k.icmpc(IntPredicate::EQ, warp, 0);
     k.if_then(is_w0, |k| {
-        let p = k.shared_at(sh, lane);
-        let y = warp_scan(k, lane, k.load_f32(p));
-        k.store(p, y);
+        let p = (k.shared_at(sh[0], lane), k.shared_at(sh[1], lane));
+        let y = warp_scan_pair(k, lane, (k.load_f32(p.0), k.load_f32(p.1)));
+        k.store(p.0, y.0);
+        k.store(p.1, y.1);
     });
     k.barrier();
-    // Offset of this chunk: the inclusive total of earlier warps plus the exclusive warp prefix.
+    // Offset of this chunk: the inclusive total of earlier warps plus the exclusive warp prefix
+    // (the previous lane's inclusive sum: no subtraction, which would cancel digits).
+    let zero = k.f32(0.0);
     let wprev = k.sub(warp, k.i32(1));
-    let wprev_c = k.select_i(k.icmpc(IntPredicate::SGT, warp, 0), wprev, k.i32(0));
-    let prev_tot = k.load_f32(k.shared_at(sh, wprev_c));
-    let warp_off = k.select_f(k.icmpc(IntPredicate::SGT, warp, 0), prev_tot, k.f32(0.0));
-    let excl = k.fsub(x, mine);
-    k.def_var(run, k.fadd(warp_off, excl));
+    let has_prev = k.icmpc(IntPredicate::SGT, warp, 0);
+    let wprev_c = k.select_i(has_prev, wprev, k.i32(0));
+    let prev_tot = (k.load_f32(k.shared_at(sh[0], wprev_c)), k.load_f32(k.shared_at(sh[1], wprev_c)));
+    let warp_off = (k.select_f(has_prev, prev_tot.0, zero), k.select_f(has_prev, prev_tot.1, zero));
+    let lane_prev = (k.shfl_up(x.0, 1), k.shfl_up(x.1, 1));
+    let not_first = k.icmpc(IntPredicate::SGT, lane, 0);
+    let excl = (k.select_f(not_first, lane_prev.0, zero), k.select_f(not_first, lane_prev.1, zero));
+    let start = pair_add(&k, warp_off, excl);
+    k.def_var(run[0], start.0);
+    k.def_var(run[1], start.1);
     k.for_range(lo64, hi64, k.i64(1), |k, i| {
         let idx = k.add(base, i);
         let xv = k.load_f(in_dt, gate, idx);
         let lf = log_gate(k, kind, xv);
-        let r = k.fadd(k.use_f(run), lf);
-        k.def_var(run, r);
-        k.store_f(DType::F32, out, idx, r);
+        let r = pair_add1(k, (k.use_f(run[0]), k.use_f(run[1])), lf);
+        k.def_var(run[0], r.0);
+        k.def_var(run[1], r.1);
+        k.store_f(DType::F32, out, idx, r.0);
     });
     k.finish()
 }
