@@ -52,11 +52,10 @@ ids = ((np.arange(T)[None, :] + 100 * np.arange(B)[:, None]) // 300).astype("<f4
 raw[8 + n + a : 8 + n + b] = ids.tobytes()
 open(p, "wb").write(raw)
 EOF
-    echo "doc_bidir $shape:"; timeout 120 "$FOXC" run examples/doc_bidir.attn --backend cuda --inputs "$in" --check 2>&1 | tail -4 || fail=1
-    timeout 120 "$FOXC" run examples/doc_bidir.attn --backend cuda --inputs "$in" --check >/dev/null 2>&1 || { echo "FAIL doc_bidir $shape"; fail=1; }
-    echo "refuse_noncausal $shape:"
-    timeout 120 "$FOXC" run examples/refuse_noncausal.attn --backend cuda --shape "$shape" --check 2>&1 | tail -3
-    timeout 120 "$FOXC" run examples/refuse_noncausal.attn --backend cuda --shape "$shape" --check >/dev/null 2>&1 || { echo "FAIL refuse_noncausal $shape"; fail=1; }
+    log=$(timeout 120 "$FOXC" run examples/doc_bidir.attn --backend cuda --inputs "$in" --check 2>&1) || { echo "FAIL doc_bidir $shape"; fail=1; }
+    echo "doc_bidir $shape:"; echo "$log" | tail -4
+    log=$(timeout 120 "$FOXC" run examples/refuse_noncausal.attn --backend cuda --shape "$shape" --check 2>&1) || { echo "FAIL refuse_noncausal $shape"; fail=1; }
+    echo "refuse_noncausal $shape:"; echo "$log" | tail -3
   done
   echo "bench, B=1 H=16 T=16384 D=128 (no mask vs causal, same card):"
   timeout 120 "$FOXC" bench examples/refuse_noncausal.attn --backend cuda --shape B=1,H=16,T=16384,D=128 --no-prune 2>&1 | tail -3
