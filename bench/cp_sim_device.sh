@@ -74,7 +74,8 @@ if [ "${GLOO:-1}" = 1 ]; then
   echo "## 3. torch.distributed (gloo, CPU processes)"
   if python3 -c "import pytest" 2>/dev/null; then
     timeout 300 python3 -m pytest -q -p no:cacheprovider python/tests/test_distributed_torch.py 2>&1 | tail -5
-    [ "${PIPESTATUS[0]}" = 0 ] || { echo "FAIL gloo pytest"; fail=1; }
+    # 5: nothing collected (the module skips itself without torch).
+    case "${PIPESTATUS[0]}" in 0 | 5) ;; *) echo "FAIL gloo pytest"; fail=1 ;; esac
   else
     echo "skip: no pytest on this machine"
   fi
