@@ -388,11 +388,11 @@ def _run(prog, q, k, v, *vectors):
 
         from . import torch as foxc_torch  # noqa: F401  (registers the op)
 
-        f32 = lambda a: _like(q, a, torch.float32).contiguous()  # noqa: E731
+        f32 = lambda a: a if _is_torch(a) else _like(q, a, torch.float32).contiguous()  # noqa: E731
         out, lse = torch.ops.foxc.attention(prog.id, [q, k, v, *(f32(a) for a in vectors)])
         return out.float(), lse
     names = prog.params
-    arrays = dict(zip(names, [_np(q), _np(k), _np(v), *vectors]))
+    arrays = dict(zip(names, [_np(q), _np(k), _np(v), *(_np(a) for a in vectors)]))
     (so, bo), (sl, bl) = _foxc.reference_with_lse(prog._program, {n: _wire(a) for n, a in arrays.items()})
     return _f64((so, bo)), _f64((sl, bl))
 
@@ -503,17 +503,21 @@ def rank_partials(work: RankWork, q, k, v) -> List[PartialCall]:
     # c relative to the chunk's first row (the shift cancels in c_i - c_j, and in the lse): the
     # partials read it as f32, whose rounding grows with |c| (up to T per token of decay).
     c = c - c[:, :, r * L : r * L + 1]
-    cq = c[:, :, r * L : (r + 1) * L]
-    calls = [PartialCall(_diag_program(), (q, k, v, cq, np.maximum(row_start - r * L, 0.0)))]
+    # On a GPU the row and column vectors go to the device once, as the op's f32 (the calls
+    # are then pure device work, as a rank would repeat them).
+    gpu = _is_torch(q) and q.is_cuda
+    vec = (lambda a: _like(q, a, "float32").contiguous()) if gpu else (lambda a: a)  # noqa: E731
+    cq = vec(c[:, :, r * L : (r + 1) * L])
+    calls = [PartialCall(_diag_program(), (q, k, v, cq, vec(np.maximum(row_start - r * L, 0.0))))]
     part = _partial_program()
     for src, buf in sorted(work.received.items()):
         full = _unpack(buf, plan.range_from(r, src)[0], src, n, bn, (B, H, L, 2 * D))
         ks, vs = full[..., :D], full[..., D:]
         if _is_torch(ks):
             ks, vs = ks.contiguous(), vs.contiguous()
-        lo_rows = np.maximum(row_start - src * L, 0.0)
-        ck = c[:, :, src * L : (src + 1) * L]
-        calls.append(PartialCall(part, (q, ks, vs, cq, ck, lo_rows, np.full((B, H, L), L - 1.0))))
+        lo_rows = vec(np.maximum(row_start - src * L, 0.0))
+        ck = vec(c[:, :, src * L : (src + 1) * L])
+        calls.append(PartialCall(part, (q, ks, vs, cq, ck, lo_rows, vec(np.full((B, H, L), L - 1.0)))))
     return calls
 
 
