@@ -16,12 +16,18 @@ fn root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The partial program's source, as the Python package defines it (one definition).
-fn partial_source() -> String {
+/// Program `NAME = """..."""` of python/foxc/distributed.py (one definition).
+fn py_source(name: &str) -> String {
     let py = std::fs::read_to_string(root().join("python/foxc/distributed.py")).unwrap();
-    let start = py.find("PARTIAL_SOURCE = \"\"\"").expect("PARTIAL_SOURCE in distributed.py") + 20;
-    let len = py[start..].find("\"\"\"").expect("the end of PARTIAL_SOURCE");
+    let open = format!("{name} = \"\"\"");
+    let start = py.find(&open).unwrap_or_else(|| panic!("{name} in distributed.py")) + open.len();
+    let len = py[start..].find("\"\"\"").expect("the end of the source");
     py[start..start + len].to_string()
+}
+
+/// The cross-chunk partial of context parallelism.
+fn partial_source() -> String {
+    py_source("PARTIAL_SOURCE")
 }
 
 fn example(name: &str) -> String {
@@ -102,6 +108,19 @@ fn the_partial_skips_tiles_below_its_key_bound() {
     assert_eq!(without.llvm_ir.matches("fptosi float").count(), 0);
 }
 
+/// The own-chunk partial (`DIAG_SOURCE`: causal, `select(j >= lo, s, -inf)` in the score)
+/// carries the bound from its score region: at D = 128 on sm_90a it takes the standard causal
+/// kernel (not the warp-specialized one, which does not skip) with the start computed.
+#[test]
+fn the_own_chunk_partial_skips_below_its_score_bound() {
+    let g = graph("diag.attn", &py_source("DIAG_SOURCE"), Target::Sm90a);
+    assert_eq!(mask_of(&g), Mask::Causal);
+    let a = compile(&g, &spec(NvptxTarget::Sm90a, 128)).expect("compiles");
+    let k = attn_kernel(&a);
+    assert!(!k.name.contains("_ws") && !k.name.contains("_bidir"), "{}", k.name);
+    assert_eq!(a.llvm_ir.matches("fptosi float").count(), 1);
+}
+
 /// The non-causal kernels differ from the causal ones only where they must: a causal program
 /// keeps the causal kernel; a document mask and no mask get the non-causal one.
 #[test]
@@ -135,6 +154,7 @@ fn expression_masks_assemble_with_ptxas() {
     };
     let programs = [
         ("partial", partial_source()),
+        ("diag", py_source("DIAG_SOURCE")),
         ("doc_bidir", example("doc_bidir")),
         ("refuse_noncausal", example("refuse_noncausal")),
     ];

@@ -430,11 +430,11 @@ pub struct Attention {
     pub prune: Prune,
     /// The GPU forward kernel (set with the tiles; `Standard` until then).
     pub kernel: AttnKernel,
-    /// With an expression mask: `E(b, h, i)` (a region of `b`, `h`, `i`, dims and captures,
-    /// neither `j` nor `x`) below which every key of row `i` is masked (`j < E` drops the
-    /// entry), as the tiles pass proves from the mask's form (`j >= E`). A kernel may skip the
-    /// key tiles that lie below `E` on every row of its query tile; the value is unchanged.
-    /// Printed `keys_from = E`.
+    /// `E(b, h, i)` (a region of `b`, `h`, `i`, dims and captures, neither `j` nor `x`) below
+    /// which every key of row `i` is dropped (masked, or scored `-inf`), as the tiles pass
+    /// proves from an expression mask `j >= E` or a score region `select(j >= E, X, -inf)`.
+    /// A kernel may skip the key tiles that lie below `E` on every row of its query tile; the
+    /// value is unchanged. Printed `keys_from = E`.
     pub keys_from: Option<Region>,
 }
 

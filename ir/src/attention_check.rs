@@ -132,9 +132,6 @@ impl Attention {
         }
         if let Some(e) = &self.keys_from {
             check_region(e, captures, "keys_from")?;
-            if !matches!(self.mask, Mask::Expr(_)) {
-                return Err("attention's keys_from bound goes with an expression mask".into());
-            }
             let reads_j = |n: &RNode| match n {
                 RNode::Index(v) => *v == IndexVar::J,
                 RNode::Capture { index, .. } => index.iter().any(|x| x.vars().contains(&"j")),

@@ -1,8 +1,11 @@
-//! The key bound an expression mask proves: for a mask `j >= E` (also written `E <= j`,
-//! `j > E`, `E < j`), with `E` a function of `b, h, i`, dims and captured tensors (never of `j`
-//! or the score), every key `j < E` of row `i` is masked. A kernel then skips the key tiles
-//! that lie below `E` on every row of its query tile (attribute `keys_from`, set by the tiles
-//! pass); the kept entries, and so the value, are the same.
+//! The key bound an attention proves: every key `j < E` of row `i` is dropped, for a region
+//! `E` of `b, h, i`, dims and captured tensors (never of `j` or the score). Two forms:
+//! - an expression mask `j >= E` (also written `E <= j`, `j > E`, `E < j`): masked;
+//! - a score region `select(j >= E, X, -inf)` (the same conditions): a `-inf` score, weight 0,
+//!   which is what a masked entry contributes (the context-parallel own-chunk partial).
+//!
+//! A kernel then skips the key tiles that lie below `E` on every row of its query tile
+//! (attribute `keys_from`, set by the tiles pass); the value is the same.
 //!
 //! Why only these forms: the mask keeps an entry where its condition is non-zero, NaN included.
 //! A comparison gives exactly 0 or 1 (0 when an operand is NaN), so `j >= E` drops every
@@ -12,10 +15,26 @@
 use foxc_ir::attention::{IndexVar, RId, RNode, Region};
 use foxc_ir::BinaryOp;
 
-/// The region `E` with every key `j < E` masked, when `mask` has one of the forms above.
-pub fn keys_from(r: &Region) -> Option<Region> {
+/// The region `E` with every key `j < E` masked, when `mask` is `j >= E` in one of its forms.
+pub fn keys_from(mask: &Region) -> Option<Region> {
+    lower_bound(mask, mask.root)
+}
+
+/// The region `E` with a `-inf` score at every key `j < E`, when the score region is
+/// `select(j >= E, X, -inf)` (the condition in one of the mask's forms).
+pub fn keys_from_score(score: &Region) -> Option<Region> {
+    match *score.nodes.get(score.root as usize)? {
+        RNode::Select(c, _, e) if matches!(score.nodes.get(e as usize), Some(RNode::Const(x)) if *x == f64::NEG_INFINITY) => {
+            lower_bound(score, c)
+        }
+        _ => None,
+    }
+}
+
+/// `E` when node `n` of `r` is the comparison `j >= E` (`E <= j`, `j > E`, `E < j`).
+fn lower_bound(r: &Region, n: RId) -> Option<Region> {
     let is_j = |x: RId| matches!(r.nodes.get(x as usize), Some(RNode::Index(IndexVar::J)));
-    match *r.nodes.get(r.root as usize)? {
+    match *r.nodes.get(n as usize)? {
         RNode::Binary(BinaryOp::Ge | BinaryOp::Gt, a, e) if is_j(a) && free_of_j(r, e) => Some(subtree(r, e)),
         RNode::Binary(BinaryOp::Le | BinaryOp::Lt, e, a) if is_j(a) && free_of_j(r, e) => Some(subtree(r, e)),
         _ => None,
@@ -93,6 +112,28 @@ mod tests {
         let mut r2 = r.clone();
         r2.nodes[2] = RNode::Binary(BinaryOp::Lt, lo, j);
         assert_eq!(keys_from(&r2).expect("a bound").display_with(&|k| format!("${k}")), "$0[b, h, i]");
+    }
+
+    /// `select(j >= lo[b, h, i], x, -inf)` as a score region gives `lo[b, h, i]`; with the
+    /// `-inf` in the other arm (kept below lo) or a finite fallback, nothing.
+    #[test]
+    fn score_regions_bound_through_a_minus_inf_select() {
+        let mut r = Region::new();
+        let x = r.push(RNode::Score);
+        let j = r.push(RNode::Index(IndexVar::J));
+        let lo = lo_capture(&mut r, "i");
+        let ge = r.push(RNode::Binary(BinaryOp::Ge, j, lo));
+        let ninf = r.push(RNode::Const(f64::NEG_INFINITY));
+        r.push(RNode::Select(ge, x, ninf));
+        let e = keys_from_score(&r).expect("a bound");
+        assert_eq!(e.display_with(&|k| format!("${k}")), "$0[b, h, i]");
+        let mut swapped = r.clone();
+        swapped.nodes[5] = RNode::Select(ge, ninf, x);
+        assert!(keys_from_score(&swapped).is_none());
+        let mut finite = r.clone();
+        finite.nodes[4] = RNode::Const(-1e30);
+        assert!(keys_from_score(&finite).is_none());
+        assert!(keys_from(&r).is_none(), "a score region is not a mask");
     }
 
     /// No bound where the form does not prove one: `j <= E` (an upper bound), `E` reading `j`,

@@ -28,14 +28,17 @@ pub fn tiles_for(target: Target, head_dim: Option<u64>, gradient: bool) -> Tiles
 }
 
 /// The forward kernel for an attention on `target` with these tiles: the warp-specialized one
-/// on sm_90a for a causal or window mask, tiles it runs (64- or 128-row query tiles: each of
-/// its two consumer warpgroups owns 64 rows; key tiles a multiple of 16 up to 128) and a head
-/// dim it is chosen for, or a symbolic one (the sizes are bound only at code generation, where
+/// on sm_90a for a causal or window mask without a key bound (only the standard kernel skips
+/// below one), tiles it runs (64- or 128-row query tiles: each of its two consumer warpgroups
+/// owns 64 rows; key tiles a multiple of 16 up to 128) and a head dim it is chosen for, or a
+/// symbolic one (the sizes are bound only at code generation, where
 /// [`AttnKernel::runs_warp_specialized`] completes the choice); the standard kernel otherwise.
 pub fn kernel_for(target: Target, head_dim: Option<u64>, a: &Attention, tiles: Tiles) -> AttnKernel {
     let ws = target == Target::Sm90a
         && head_dim.is_none_or(|d| AttnKernel::WS_HEAD_DIMS.contains(&d))
         && matches!(a.mask, Mask::Causal | Mask::Window(_))
+        // A key bound is skipped by the standard kernel only (worth more than the kernel).
+        && a.keys_from.is_none()
         && matches!(tiles.bm, 64 | 128)
         && tiles.bn.is_multiple_of(16)
         && (16..=128).contains(&tiles.bn);
@@ -47,8 +50,9 @@ pub fn kernel_for(target: Target, head_dim: Option<u64>, a: &Attention, tiles: T
 }
 
 /// The tiles pass: `--tiles` if given, else the target's choice, on every attention without
-/// tiles; the forward kernel that goes with them ([`kernel_for`]); and under an expression
-/// mask of the form `j >= E`, the key bound `E` below which tiles need no visit.
+/// tiles; the key bound `E` below which tiles need no visit, under an expression mask
+/// `j >= E` or a score region `select(j >= E, X, -inf)` ([`crate::key_bound`]); and the forward
+/// kernel that goes with them ([`kernel_for`]).
 pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
     for n in g.find(|op| matches!(op, Op::Attention(a) if a.tiles.is_none())) {
         let head_dim =
@@ -56,10 +60,12 @@ pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(
         let tiles = opts.tiles.unwrap_or_else(|| tiles_for(opts.target, head_dim, opts.gradient));
         if let Op::Attention(a) = &mut g.node_mut(n).op {
             a.tiles = Some(tiles);
-            a.kernel = kernel_for(opts.target, head_dim, a, tiles);
-            if let Mask::Expr(m) = &a.mask {
-                a.keys_from = crate::key_bound::keys_from(m);
+            a.keys_from = match &a.mask {
+                Mask::Expr(m) => crate::key_bound::keys_from(m),
+                _ => None,
             }
+            .or_else(|| crate::key_bound::keys_from_score(&a.score));
+            a.kernel = kernel_for(opts.target, head_dim, a, tiles);
         }
     }
     Ok(())

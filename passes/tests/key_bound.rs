@@ -119,6 +119,46 @@ fn every_key_below_the_bound_is_masked() {
     }
 }
 
+/// A causal program whose score drops keys below `lo` (`select(j >= lo, s, -inf)` inside the
+/// causal mask: the context-parallel own-chunk partial) gets the bound from its score region,
+/// and it is sound there too: every `j < E` scores `-inf` (fresh random captures and scores,
+/// NaN among them). Its GPU kernel is the standard one (the bound is skipped there only).
+#[test]
+fn a_minus_inf_score_below_the_bound_is_a_bound_too() {
+    let a = attention("select(j <= i, select(j >= lo[b, h, i], {}, -inf), -inf)");
+    assert_eq!(a.mask, Mask::Causal);
+    let e = a.keys_from.as_ref().expect("a bound from the score region");
+    assert_eq!(a.kernel, foxc_ir::attention::AttnKernel::Standard);
+    let seed: u64 = rand::random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (b, h, t) = (1usize, 2usize, 50usize);
+    let shape = [b, h, t];
+    let dims = |d: &Dim| {
+        d.eval(&|s| {
+            [("B", b), ("H", h), ("T", t), ("D", 4)].into_iter().find(|x| x.0 == s).map(|x| x.1 as u64)
+        })
+    };
+    let lo: Vec<f64> = (0..b * h * t)
+        .map(|_| if rng.random_bool(0.05) { f64::NAN } else { rng.random_range(-5.0..55.0) })
+        .collect();
+    let caps = [Capture { shape: &shape, data: &lo }];
+    let mut score = RegionEval::new(&a.score, &caps, &dims).unwrap();
+    let mut bound = RegionEval::new(e, &caps, &dims).unwrap();
+    let mut below = 0;
+    for hi_ in 0..h {
+        for i in 0..t {
+            let ei = bound.eval(0.0, [0, hi_, i, 0]);
+            for j in (0..t).filter(|&j| (j as f64) < ei) {
+                below += 1;
+                let x = if rng.random_bool(0.1) { f64::NAN } else { rng.random_range(-30.0..30.0) };
+                let s = score.eval(x, [0, hi_, i, j]);
+                assert_eq!(s, f64::NEG_INFINITY, "seed {seed}: j = {j} < E = {ei} at i {i} scores {s}");
+            }
+        }
+    }
+    assert!(below > 0);
+}
+
 /// The bound is an attribute of the tiles pass: printed, and unchanged by the value.
 #[test]
 fn the_bound_is_printed() {

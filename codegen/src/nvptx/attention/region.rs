@@ -109,9 +109,7 @@ impl RegionMod {
             None => None,
         };
         let keys_from = match keys_from {
-            Some(e) if mask.is_none() || e.uses_score() => {
-                return Err("a keys_from bound without an expression mask, or reading the score".into())
-            }
+            Some(e) if e.uses_score() => return Err("a keys_from bound that reads the score".into()),
             Some(e) => Some(resolve(e, dim, caps, &mut read, &mut reads_bh)?),
             None => None,
         };
