@@ -30,9 +30,10 @@ The bytes of each are ``Plan.bytes``; bench/cp_plan.py reports them on the stand
 
 Each rank computes one partial attention per source chunk with a foxc program that returns the
 rows' log-sum-exp: its own chunk causally (``DIAG_SOURCE``: the causal kernel, keys before the
-row's start dropped in the score), each earlier chunk over the received tiles
-(``PARTIAL_SOURCE``: an expression mask ``j >= lo[i]``, so its GPU kernel visits every key tile
-of the chunk: tiles that were not received are computed and masked, not skipped); it merges the
+row's start scored ``-inf``), each earlier chunk over the received tiles (``PARTIAL_SOURCE``: an
+expression mask ``j >= lo[i]``). In both the tiles pass proves the key bound ``keys_from = lo``,
+so the GPU kernel starts each query tile at its rows' lowest start: the tiles a rank did not
+receive (and the own chunk's pruned ones) are skipped, not computed and masked. It merges the
 partials through the log-sum-exp: ``lse = logsumexp_s lse_s``, ``out = sum_s exp(lse_s - lse)
 out_s``. On the CPU the partials run on the f64 reference interpreter
 (``_foxc.reference_with_lse``); on CUDA tensors on the foxc torch op, which returns ``(out, lse)``.
@@ -67,7 +68,7 @@ attention fox_cp_partial(q: bf16[B, H, T, D], k: bf16[B, H, T, D], v: bf16[B, H,
 """
 
 # The own chunk: causal (its kernel visits key tiles up to the diagonal only), keys before
-# lo[i] dropped in the score.
+# lo[i] scored -inf (the tiles pass proves keys_from = lo from that: the kernel skips them).
 DIAG_SOURCE = """
 attention fox_cp_diag(q: bf16[B, H, T, D], k: bf16[B, H, T, D], v: bf16[B, H, T, D], c: f32[B, H, T], lo: f32[B, H, T]) -> f32[B, H, T, D] {
     s[b, h, i, j]   = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D) + c[b, h, i] - c[b, h, j]
