@@ -13,9 +13,10 @@
 #
 # Steps, each under a timeout:
 # 1. masks: `foxc run --backend cuda --check` of the non-causal kernels against the f64
-#    reference: examples/doc_bidir.attn (the expression mask doc[b, i] == doc[b, j], with doc
-#    ids made of runs of 300 positions, so rows keep hundreds of keys), refuse_noncausal.attn
-#    (no mask), at T not a multiple of any tile, D = 64 and 128.
+#    reference: codegen/tests/programs/time_window.attn (abs(ts[b, i] - ts[b, j]) <= 0.5 over a
+#    captured f32 ts: random stamps keep about 38% of the keys), examples/local_bidir.attn
+#    (abs(i - j) < 64), refuse_noncausal.attn (no mask), at T not a multiple of any tile, D = 64
+#    and 128.
 # 2. sim: bench/cp_sim.py: P virtual ranks on this GPU (the CP partials through the foxc torch
 #    op: PARTIAL_SOURCE is an expression mask), merged output vs the single-GPU foxc output and,
 #    at T = 2048, vs the f64 reference; times and bytes at CP_T x CP_P; JSON in $OUT/cp_sim.json.
@@ -36,26 +37,10 @@ fail=0
 if [ "${MASKS:-1}" = 1 ]; then
   echo "## 1. non-causal masks on the GPU: --check against f64"
   for shape in B=2,H=4,T=1000,D=128 B=1,H=4,T=1000,D=64 B=1,H=2,T=4099,D=128; do
-    in=/tmp/doc_$shape.safetensors
-    timeout 60 "$FOXC" inputs examples/doc_bidir.attn --shape "$shape" --seed 7 -o "$in" >/dev/null || { echo "FAIL inputs $shape"; fail=1; continue; }
-    # doc ids: runs of 300 positions (batch b shifted by 100 b), written over the random doc.
-    timeout 60 python3 - "$in" <<'EOF' || { echo "FAIL doc ids"; fail=1; }
-import json, struct, sys
-import numpy as np
-p = sys.argv[1]
-raw = bytearray(open(p, "rb").read())
-n = struct.unpack("<Q", raw[:8])[0]
-meta = json.loads(raw[8 : 8 + n])["doc"]
-B, T = meta["shape"]
-a, b = meta["data_offsets"]
-ids = ((np.arange(T)[None, :] + 100 * np.arange(B)[:, None]) // 300).astype("<f4")
-raw[8 + n + a : 8 + n + b] = ids.tobytes()
-open(p, "wb").write(raw)
-EOF
-    log=$(timeout 120 "$FOXC" run examples/doc_bidir.attn --backend cuda --inputs "$in" --check 2>&1) || { echo "FAIL doc_bidir $shape"; fail=1; }
-    echo "doc_bidir $shape:"; echo "$log" | tail -4
-    log=$(timeout 120 "$FOXC" run examples/refuse_noncausal.attn --backend cuda --shape "$shape" --check 2>&1) || { echo "FAIL refuse_noncausal $shape"; fail=1; }
-    echo "refuse_noncausal $shape:"; echo "$log" | tail -3
+    for prog in codegen/tests/programs/time_window.attn examples/local_bidir.attn examples/refuse_noncausal.attn; do
+      log=$(timeout 120 "$FOXC" run "$prog" --backend cuda --shape "$shape" --check 2>&1) || { echo "FAIL $prog $shape"; fail=1; }
+      echo "$(basename "$prog" .attn) $shape:"; echo "$log" | tail -3
+    done
   done
   echo "bench, B=1 H=16 T=16384 D=128 (no mask vs causal, same card):"
   timeout 120 "$FOXC" bench examples/refuse_noncausal.attn --backend cuda --shape B=1,H=16,T=16384,D=128 --no-prune 2>&1 | tail -3

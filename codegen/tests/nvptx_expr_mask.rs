@@ -4,7 +4,8 @@
 //! score element by the score hook, its captured tensors kernel arguments like the score
 //! region's. The programs: the context-parallel partial of `python/foxc/distributed.py`
 //! (`PARTIAL_SOURCE`: mask `j >= lo[b, h, i]`, the score region selecting `j <= hi[b, h, i]`),
-//! `examples/doc_bidir.attn` (`doc[b, i] == doc[b, j]`) and `examples/refuse_noncausal.attn`
+//! `codegen/tests/programs/time_window.attn` (`abs(ts[b, i] - ts[b, j]) <= 0.5`),
+//! `examples/local_bidir.attn` (`abs(i - j) < 64`) and `examples/refuse_noncausal.attn`
 //! (no mask). The PTX assembles for sm_90a and sm_80.
 
 use foxc_codegen::nvptx::ptxas;
@@ -30,8 +31,11 @@ fn partial_source() -> String {
     py_source("PARTIAL_SOURCE")
 }
 
+/// `examples/NAME.attn`, or the test program `codegen/tests/programs/NAME.attn`.
 fn example(name: &str) -> String {
-    std::fs::read_to_string(root().join(format!("examples/{name}.attn"))).unwrap()
+    let ex = root().join(format!("examples/{name}.attn"));
+    let path = if ex.exists() { ex } else { root().join(format!("codegen/tests/programs/{name}.attn")) };
+    std::fs::read_to_string(path).unwrap()
 }
 
 /// `src` through the passes for `target` (the partial runs dense, as distributed.py loads it).
@@ -122,14 +126,15 @@ fn the_own_chunk_partial_skips_below_its_score_bound() {
 }
 
 /// The non-causal kernels differ from the causal ones only where they must: a causal program
-/// keeps the causal kernel; a document mask and no mask get the non-causal one.
+/// keeps the causal kernel; expression masks and no mask get the non-causal one.
 #[test]
 fn only_non_causal_masks_get_the_non_causal_kernel() {
     let cases = [
         ("fox", false),
         ("causal", false),
         ("window", false),
-        ("doc_bidir", true),
+        ("local_bidir", true),
+        ("time_window", true),
         ("refuse_noncausal", true),
     ];
     for (name, bidir) in cases {
@@ -137,12 +142,12 @@ fn only_non_causal_masks_get_the_non_causal_kernel() {
         let a = compile(&g, &spec(NvptxTarget::Sm90a, 64)).expect("compiles");
         assert_eq!(attn_kernel(&a).name.contains("_bidir"), bidir, "{name}: {}", attn_kernel(&a).name);
     }
-    let g = graph("doc_bidir", &example("doc_bidir"), Target::Sm90a);
+    let g = graph("time_window", &example("time_window"), Target::Sm90a);
     assert!(matches!(mask_of(&g), Mask::Expr(_)));
     let a = compile(&g, &spec(NvptxTarget::Sm90a, 64)).expect("compiles");
-    // doc's buffer and its two axis sizes follow the head count.
+    // ts's buffer and its two axis sizes follow the head count.
     let k = attn_kernel(&a);
-    assert_eq!(k.args[9], KernelArg::Buffer(param_buffer(&a, "doc")), "{:?}", k.args);
+    assert_eq!(k.args[9], KernelArg::Buffer(param_buffer(&a, "ts")), "{:?}", k.args);
 }
 
 /// Every program above assembles for both targets at D = 64 and 128, without spills on sm_90a.
@@ -155,7 +160,8 @@ fn expression_masks_assemble_with_ptxas() {
     let programs = [
         ("partial", partial_source()),
         ("diag", py_source("DIAG_SOURCE")),
-        ("doc_bidir", example("doc_bidir")),
+        ("local_bidir", example("local_bidir")),
+        ("time_window", example("time_window")),
         ("refuse_noncausal", example("refuse_noncausal")),
     ];
     for (t, pt) in [(NvptxTarget::Sm90a, Target::Sm90a), (NvptxTarget::Sm80, Target::Sm80)] {

@@ -22,7 +22,7 @@ const EXAMPLES: &[&str] = &[
     "alibi_m",
     "causal",
     "window",
-    "doc_bidir",
+    "local_bidir",
     "refuse_growing_bias",
     "refuse_growing_cumsum",
     "refuse_noncausal",
