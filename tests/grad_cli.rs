@@ -121,6 +121,39 @@ fn grad_on_the_cpu_writes_every_gradient_and_checks() {
     }
 }
 
+/// Captures' gradients are results > 0 of the backward node: `--check` compares them with the
+/// interpreter's value of that result (it read result 0, dq, once the `+ 0` copies were gone:
+/// grad_ts failed at rel L2 1.0). `ts` is read only by the mask, so its gradient is 0, and the
+/// key bias `kb` of fox_keybias gets a real one; the reference backend writes them too.
+#[test]
+fn capture_gradients_check_against_their_own_result() {
+    let cases = [
+        ("codegen/tests/programs/time_window.attn", "grad_ts", vec![2, 40]),
+        ("examples/fox_keybias.attn", "grad_kb", vec![2, 2, 40]),
+    ];
+    for (prog, capture, shape) in cases {
+        let mut files = vec![];
+        for backend in ["cpu", "reference"] {
+            let o = tmp(&format!("cap_{backend}_{capture}.safetensors"));
+            let r = foxc(&[
+                "grad",
+                prog,
+                "--backend",
+                backend,
+                "--shape",
+                "B=2,H=2,T=40,D=8",
+                "-o",
+                o.to_str().unwrap(),
+                "--check",
+            ]);
+            assert!(r.status.success() && text(&r).contains("check: ok"), "{prog} {backend}: {}", text(&r));
+            files.push(foxc_runtime::io::read_safetensors(&o).unwrap());
+        }
+        let (cpu, reference) = (&files[0][capture], &files[1][capture]);
+        assert_eq!((&cpu.shape, &reference.shape), (&shape, &shape), "{prog}");
+    }
+}
+
 /// `foxc bench --grad` times the gradient program (pruned and dense) and says so.
 #[test]
 fn bench_grad_times_forward_plus_backward_on_the_cpu() {

@@ -178,15 +178,15 @@ fn reference(
     p: &GradProgram,
     inputs: &BTreeMap<String, Tensor>,
 ) -> Result<BTreeMap<String, HostTensor>, Error> {
-    let targets: Vec<foxc_ir::ValueId> = p.outputs.iter().map(|(_, v)| v.node).collect();
-    let vals = interp::eval(&p.graph, inputs, &targets)
+    // By value: an output may be a result > 0 of its node (a capture's gradient is one).
+    let targets: Vec<foxc_ir::Value> = p.outputs.iter().map(|(_, v)| *v).collect();
+    let vals = interp::eval_values(&p.graph, inputs, &targets)
         .map_err(|e| Error::user(format!("error: reference interpreter: {e}")))?;
     let mut out = BTreeMap::new();
     for (name, v) in &p.outputs {
-        let t = vals
-            .get(&v.node)
-            .ok_or_else(|| Error::internal(format!("error: output {name} was not computed")))?;
-        out.insert(name.clone(), tensors::from_interp(t, p.graph.ty(v.node).dtype));
+        let t =
+            vals.get(v).ok_or_else(|| Error::internal(format!("error: output {name} was not computed")))?;
+        out.insert(name.clone(), tensors::from_interp(t, p.graph.value_ty(*v).dtype));
     }
     Ok(out)
 }
