@@ -26,7 +26,9 @@ pub fn emit_text(p: &GradProgram) -> String {
     let order = p.graph.topo_order();
     let num = |n: foxc_ir::ValueId| order.iter().position(|&m| m == n).unwrap_or(usize::MAX);
     for (name, v) in &p.outputs {
-        s.push_str(&format!("// output {name} = %{}\n", num(v.node)));
+        // `%n#r` for a result > 0, as the printer writes operands.
+        let r = if v.result > 0 { format!("#{}", v.result) } else { String::new() };
+        s.push_str(&format!("// output {name} = %{}{r}\n", num(v.node)));
     }
     s
 }
