@@ -6,7 +6,8 @@
 //! (`t = lane & 3`). wgmma's m64nN accumulators use the same order per warp and 8 columns.
 
 use super::{Attn, Frags};
-use inkwell::values::{BasicValueEnum, FloatValue, IntValue};
+use crate::nvptx::builder::KernelBuilder;
+use inkwell::values::{BasicValueEnum, FloatValue, IntValue, PointerValue};
 
 impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
     /// `S = Q K^T` for the K tile at byte offset `kcur`: `[jt][e]` per 8-key n-tile.
@@ -107,72 +108,104 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         o
     }
 
-    /// wgmma m64nNk16 bf16 -> f32, A and B from shared memory descriptors, accumulating into `acc`
-    /// (N/2 values per thread, in the mma.m16n8 C-fragment order per 8 columns).
+    /// [`wgmma_ss`] on this kernel's builder.
     pub(crate) fn wgmma(
         &self,
         acc: &[FloatValue<'ctx>],
         da: IntValue<'ctx>,
         db: IntValue<'ctx>,
     ) -> Vec<FloatValue<'ctx>> {
-        let n = acc.len();
-        let regs: Vec<String> = (0..n).map(|i| format!("${i}")).collect();
-        let text = format!(
-            "{{\n.reg .pred p;\nsetp.ne.b32 p, ${}, 0;\nwgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16 {{{}}}, ${}, ${}, p, 1, 1, 0, 0;\n}}",
-            2 * n + 2,
-            2 * n,
-            regs.join(", "),
-            2 * n,
-            2 * n + 1
-        );
-        let mut cons: Vec<String> = (0..n).map(|_| "=f".to_string()).collect();
-        cons.extend((0..n).map(|i| i.to_string()));
-        cons.extend(["l", "l", "r"].map(String::from));
-        let mut args: Vec<BasicValueEnum> = acc.iter().map(|v| (*v).into()).collect();
-        args.extend::<[BasicValueEnum; 3]>([da.into(), db.into(), self.b.i32(1).into()]);
-        self.b.asm_f32s(&text, &cons.join(","), n, &args)
+        wgmma_ss(self.b, acc, da, db)
     }
 
-    /// wgmma m64nNk16 with A (bf16, the warp's 16 rows in mma.m16n8k16 A-fragment order) from
-    /// registers and B from a transposed (MN-major) shared-memory descriptor.
+    /// [`wgmma_rs`] on this kernel's builder.
     pub(crate) fn wgmma_rs(
         &self,
         acc: &[FloatValue<'ctx>],
         a: &[IntValue<'ctx>; 4],
         db: IntValue<'ctx>,
     ) -> Vec<FloatValue<'ctx>> {
-        let n = acc.len();
-        let regs: Vec<String> = (0..n).map(|i| format!("${i}")).collect();
-        let text = format!(
-            "{{\n.reg .pred p;\nsetp.ne.b32 p, ${}, 0;\nwgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16 {{{}}}, {{${}, ${}, ${}, ${}}}, ${}, p, 1, 1, 1;\n}}",
-            2 * n + 5,
-            2 * n,
-            regs.join(", "),
-            2 * n,
-            2 * n + 1,
-            2 * n + 2,
-            2 * n + 3,
-            2 * n + 4
-        );
-        let mut cons: Vec<String> = (0..n).map(|_| "=f".to_string()).collect();
-        cons.extend((0..n).map(|i| i.to_string()));
-        cons.extend(["r", "r", "r", "r", "l", "r"].map(String::from));
-        let mut args: Vec<BasicValueEnum> = acc.iter().map(|v| (*v).into()).collect();
-        args.extend(a.iter().map(|v| BasicValueEnum::from(*v)));
-        args.extend::<[BasicValueEnum; 2]>([db.into(), self.b.i32(1).into()]);
-        self.b.asm_f32s(&text, &cons.join(","), n, &args)
+        wgmma_rs(self.b, acc, a, db)
     }
 
-    /// Shared-memory matrix descriptor (sm_90): 128B swizzle, stride 1024 B between 8-row groups.
-    /// `lbo`: for K-major operands unused (16); for MN-major ones (V, transposed) the byte stride
-    /// between 64-element panels along N.
+    /// [`gmma_desc`] of byte offset `off` in this kernel's shared memory.
     pub(crate) fn gmma_desc(&self, off: IntValue<'ctx>, lbo: i64) -> IntValue<'ctx> {
-        let b = self.b;
-        let base = b.ptr_to_i64(self.smem);
-        let addr = b.add(base, b.zext64(off));
-        let a = b.lshrc(addr, 4);
-        let a = b.andc(a, 0x3FFF);
-        let hi = ((lbo >> 4) << 16) | (64i64 << 32) | (1i64 << 62);
-        b.orc(a, hi)
+        gmma_desc(self.b, self.smem, off, lbo)
     }
+}
+
+// The wgmma instructions as free functions of the builder: the forward ([`Attn`]) and the
+// backward kernels (`attention_bwd::wg`) emit the same text.
+
+/// wgmma m64nNk16 bf16 -> f32, A and B from shared memory descriptors, accumulating into `acc`
+/// (N/2 values per thread, in the mma.m16n8 C-fragment order per 8 columns).
+pub(crate) fn wgmma_ss<'ctx>(
+    b: &KernelBuilder<'_, 'ctx>,
+    acc: &[FloatValue<'ctx>],
+    da: IntValue<'ctx>,
+    db: IntValue<'ctx>,
+) -> Vec<FloatValue<'ctx>> {
+    let n = acc.len();
+    let regs: Vec<String> = (0..n).map(|i| format!("${i}")).collect();
+    let text = format!(
+        "{{\n.reg .pred p;\nsetp.ne.b32 p, ${}, 0;\nwgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16 {{{}}}, ${}, ${}, p, 1, 1, 0, 0;\n}}",
+        2 * n + 2,
+        2 * n,
+        regs.join(", "),
+        2 * n,
+        2 * n + 1
+    );
+    let mut cons: Vec<String> = (0..n).map(|_| "=f".to_string()).collect();
+    cons.extend((0..n).map(|i| i.to_string()));
+    cons.extend(["l", "l", "r"].map(String::from));
+    let mut args: Vec<BasicValueEnum> = acc.iter().map(|v| (*v).into()).collect();
+    args.extend::<[BasicValueEnum; 3]>([da.into(), db.into(), b.i32(1).into()]);
+    b.asm_f32s(&text, &cons.join(","), n, &args)
+}
+
+/// wgmma m64nNk16 with A (bf16, the warp's 16 rows in mma.m16n8k16 A-fragment order) from
+/// registers and B from a transposed (MN-major) shared-memory descriptor.
+pub(crate) fn wgmma_rs<'ctx>(
+    b: &KernelBuilder<'_, 'ctx>,
+    acc: &[FloatValue<'ctx>],
+    a: &[IntValue<'ctx>; 4],
+    db: IntValue<'ctx>,
+) -> Vec<FloatValue<'ctx>> {
+    let n = acc.len();
+    let regs: Vec<String> = (0..n).map(|i| format!("${i}")).collect();
+    let text = format!(
+        "{{\n.reg .pred p;\nsetp.ne.b32 p, ${}, 0;\nwgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16 {{{}}}, {{${}, ${}, ${}, ${}}}, ${}, p, 1, 1, 1;\n}}",
+        2 * n + 5,
+        2 * n,
+        regs.join(", "),
+        2 * n,
+        2 * n + 1,
+        2 * n + 2,
+        2 * n + 3,
+        2 * n + 4
+    );
+    let mut cons: Vec<String> = (0..n).map(|_| "=f".to_string()).collect();
+    cons.extend((0..n).map(|i| i.to_string()));
+    cons.extend(["r", "r", "r", "r", "l", "r"].map(String::from));
+    let mut args: Vec<BasicValueEnum> = acc.iter().map(|v| (*v).into()).collect();
+    args.extend(a.iter().map(|v| BasicValueEnum::from(*v)));
+    args.extend::<[BasicValueEnum; 2]>([db.into(), b.i32(1).into()]);
+    b.asm_f32s(&text, &cons.join(","), n, &args)
+}
+
+/// Shared-memory matrix descriptor (sm_90) of byte offset `off` in `smem`: 128B swizzle, stride
+/// 1024 B between 8-row groups. `lbo`: for K-major operands unused (16); for MN-major ones (V,
+/// transposed) the byte stride between 64-element panels along N.
+pub(crate) fn gmma_desc<'ctx>(
+    b: &KernelBuilder<'_, 'ctx>,
+    smem: PointerValue<'ctx>,
+    off: IntValue<'ctx>,
+    lbo: i64,
+) -> IntValue<'ctx> {
+    let base = b.ptr_to_i64(smem);
+    let addr = b.add(base, b.zext64(off));
+    let a = b.lshrc(addr, 4);
+    let a = b.andc(a, 0x3FFF);
+    let hi = ((lbo >> 4) << 16) | (64i64 << 32) | (1i64 << 62);
+    b.orc(a, hi)
 }

@@ -46,7 +46,7 @@
 //! docs/GPU_KERNEL.md.
 
 mod key_bound;
-mod mma;
+pub(crate) mod mma;
 pub(crate) mod prune;
 pub(crate) mod region;
 pub(crate) mod score;

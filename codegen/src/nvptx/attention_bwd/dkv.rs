@@ -8,6 +8,7 @@
 //! that head's dc (which the dq kernel filled with the row sums): dc = rowsum - colsum.
 
 use super::probs::{ElemFn, PosFn};
+use super::wg::WG_ROWS;
 use super::{Bwd, BwdConfig, Regions, LOG2E};
 use crate::nvptx::builder::control::{basic, floats};
 use crate::nvptx::builder::{KernelBuilder, ParamTy};
@@ -232,6 +233,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             let cs_in =
                 [vals[a0 + 2 * dt * 4].into_float_value(), vals[a0 + 1 + 2 * dt * 4].into_float_value()];
             b.cp_async_wait(0);
+            self.fence_proxy();
             b.barrier();
             let more = b.icmp(IntPredicate::SLT, nxt, hi);
             let is0 = b.icmpc(IntPredicate::EQ, par, 0);
@@ -252,11 +254,19 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             let docur = b.select_i(is0, sm.dout[0], sm.dout[1]);
             let rcur = b.select_i(is0, sm.rows[0], sm.rows[1]);
             let i0c = b.mulc(cur, bq);
-            // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys.
-            let kf = self.a_frags(sm.k, wrow0);
-            let st = self.mma_abt(&kf, qcur, cfg.bq());
-            let vf = self.a_frags(sm.v, wrow0);
-            let dpt = self.mma_abt(&vf, docur, cfg.bq());
+            // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys (wgmma: its warpgroup's 64).
+            let (st, dpt) = if self.wg {
+                let a_row = b.mulc(b.andc(wrow0, !(WG_ROWS as i64 - 1)), 128);
+                let (ka, va) = ((b.add(sm.k, a_row), cfg.bn), (b.add(sm.v, a_row), cfg.bn));
+                let mut r = self.wg_abt_batch(&[(ka, (qcur, cfg.bq())), (va, (docur, cfg.bq()))]);
+                let dpt = r.pop().unwrap_or_default();
+                (r.pop().unwrap_or_default(), dpt)
+            } else {
+                let kf = self.a_frags(sm.k, wrow0);
+                let st = self.mma_abt(&kf, qcur, cfg.bq());
+                let vf = self.a_frags(sm.v, wrow0);
+                (st, self.mma_abt(&vf, docur, cfg.bq()))
+            };
             let rterm = self.load_pairs(rcur, tq, cfg.bq());
             let dterm = self.load_pairs(b.addc(rcur, bq * 4), tq, cfg.bq());
             let col0 = b.add(i0c, b.mulc(tq, 2));
@@ -276,6 +286,15 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                 need = b.or(need, b.icmpc(IntPredicate::SGE, b.sub(ilast, jw0), w as i64));
             }
             let (p, xs) = self.probs(&st, term, pos, need, h.bh);
+            let (dk_in, dv_in) = acc.split_at(dt * 4);
+            // wgmma: dV += P^T dO runs on the tensor cores while dS is computed.
+            let dv_pending = self.wg.then(|| {
+                let pa = self.wg_pack(&p);
+                self.wg_fence();
+                let dv = self.wg_acc(dv_in.to_vec(), &pa, docur, cfg.bq());
+                self.wg_commit();
+                dv
+            });
             let ddf: ElemFn = &|it, e| dterm[it * 2 + (e & 1)];
             let (ds, dx) = self.dscores(&p, &dpt, ddf, &xs, pos, h.bh);
             let mut cs = cs_in;
@@ -283,9 +302,20 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                 let r = (k % 4) / 2;
                 cs[r] = b.fadd(cs[r], *v);
             }
-            let (dk_in, dv_in) = acc.split_at(dt * 4);
-            let dv = self.mma_acc(dv_in.to_vec(), &p, docur, cfg.bq());
-            let dk = self.mma_acc(dk_in.to_vec(), &dx, qcur, cfg.bq());
+            let (dk, dv) = match dv_pending {
+                Some(dv) => {
+                    let xa = self.wg_pack(&dx);
+                    self.wg_fence();
+                    let dk = self.wg_acc(dk_in.to_vec(), &xa, qcur, cfg.bq());
+                    let mut r = self.wg_commit_wait(&[&dk, &dv]);
+                    let dv = r.pop().unwrap_or_default();
+                    (r.pop().unwrap_or_default(), dv)
+                }
+                None => {
+                    let dv = self.mma_acc(dv_in.to_vec(), &p, docur, cfg.bq());
+                    (self.mma_acc(dk_in.to_vec(), &dx, qcur, cfg.bq()), dv)
+                }
+            };
             b.if_then(more, |b| {
                 // The other row-term buffer was last read before this iteration's barrier.
                 self.put_row_terms(&row_terms, b.select_i(is0, sm.rows[1], sm.rows[0]));

@@ -122,12 +122,13 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         }
 
         b.cp_async_wait(1);
+        self.fence_proxy();
         b.barrier();
         let g = b.lshrc(self.lane, 2);
         let tq = b.andc(self.lane, 3);
         let wrow0 = b.mulc(warp, 16);
-        let qf = self.a_frags(q_off, wrow0);
-        let dof = self.a_frags(do_off, wrow0);
+        // mma.sync: the Q and dO fragments stay in registers (wgmma reads the tiles).
+        let qdo = (!self.wg).then(|| (self.a_frags(q_off, wrow0), self.a_frags(do_off, wrow0)));
         let iw0 = b.add(i0, wrow0);
         let ri = [b.add(iw0, g), b.addc(b.add(iw0, g), 8)];
         // Row terms: (c_i - c_ref - lse_i) log2 e (-inf for an empty row), and D_i.
@@ -156,6 +157,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             let dq_in = floats(&vals[2..2 + dt * 4]);
             let rs_in = [vals[2 + dt * 4].into_float_value(), vals[3 + dt * 4].into_float_value()];
             b.cp_async_wait(0);
+            self.fence_proxy();
             b.barrier();
             let is0 = b.icmpc(IntPredicate::EQ, par, 0);
             let more = b.icmp(IntPredicate::SGT, n, n_start);
@@ -175,8 +177,17 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             } else {
                 (vec![], None)
             };
-            let s = self.mma_abt(&qf, kcur, cfg.bn);
-            let dp = self.mma_abt(&dof, vcur, cfg.bn);
+            let (s, dp) = match &qdo {
+                Some((qf, dof)) => (self.mma_abt(qf, kcur, cfg.bn), self.mma_abt(dof, vcur, cfg.bn)),
+                None => {
+                    let mut r = self.wg_abt_batch(&[
+                        ((q_off, DQ_ROWS), (kcur, cfg.bn)),
+                        ((do_off, DQ_ROWS), (vcur, cfg.bn)),
+                    ]);
+                    let dp = r.pop().unwrap_or_default();
+                    (r.pop().unwrap_or_default(), dp)
+                }
+            };
             // Element e of n-tile jt: row ri[e / 2], key col0 + 8 jt + (e & 1).
             let pos: PosFn = &|jt, e| (ri[e / 2], b.addc(col0, (8 * jt + (e & 1)) as i64));
             let term: ElemFn = &|jt, e| match c_col.get(jt * 2 + (e & 1)) {
@@ -196,7 +207,11 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                 let r = (k % 4) / 2;
                 rs[r] = b.fadd(rs[r], *v);
             }
-            let dq = self.mma_acc(dq_in, &dx, kcur, cfg.bn);
+            let dq = if self.wg {
+                self.wg_acc_now(dq_in, &dx, kcur, cfg.bn)
+            } else {
+                self.mma_acc(dq_in, &dx, kcur, cfg.bn)
+            };
             if let (Some(cr), Some(cn)) = (c_ref, c_next) {
                 // The other bias buffer was last read before this iteration's barrier.
                 self.store_colb(cr, cn, b.select_i(is0, colb[1], colb[0]));

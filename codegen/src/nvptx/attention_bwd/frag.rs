@@ -1,7 +1,7 @@
 //! Tiles and matrix products of the backward kernels: `[rows, D]` bf16 tiles copied to shared
 //! memory with `cp.async` in the forward's swizzled row layout (16-byte chunk `ch` of row `r` at
-//! chunk `ch ^ (r & 7)`, `r & 3` when D is not a multiple of 64), and `mma.sync.m16n8k16` on
-//! fragments read with `ldmatrix`:
+//! chunk `ch ^ (r & 7)`, `r & 3` when D is not a multiple of 64; on the wgmma path the panel
+//! layout of [`super::wg`]), and `mma.sync.m16n8k16` on fragments read with `ldmatrix`:
 //!
 //! * [`Bwd::a_frags`]: the A operand (16 rows x D) of a warp from a tile;
 //! * [`Bwd::mma_abt`]: `C = A B^T` with B the rows of a tile (`S = Q K^T`, `dP = dO V^T`, and
@@ -39,7 +39,8 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                 let grow = b.smin(b.add(r0, row), tmax);
                 let eidx = b.add(b.mul(grow, b.i32(d as i64)), b.mulc(ch, 8));
                 let gp = b.gep(b.i16t().into(), src, b.sext64(eidx));
-                let so = b.add(dst, self.swz(row, ch));
+                let lo = if self.wg { self.panel_offset(row, ch, rows) } else { self.swz(row, ch) };
+                let so = b.add(dst, lo);
                 b.cp_async_16(b.smem_at(self.smem, so), gp);
             };
             if (it + 1) * nth <= total {

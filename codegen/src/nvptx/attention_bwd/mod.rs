@@ -19,10 +19,12 @@
 //!    `dP^T = V dO^T`, `dV += P^T dO`, `dK += dx^T Q`; per query head, the column sums of dS are
 //!    subtracted from dc (each (head, key) is owned by one block: no atomics).
 //!
-//! All matrix products are `mma.sync.m16n8k16` bf16 -> f32 ([`frag`]): correct on sm_80 and
-//! sm_90 alike (the sm_90a wgmma forward's helpers are not used here yet). Q, K, V and dO tiles
-//! are staged in shared memory with `cp.async` (double-buffered along the walk) in the forward's
-//! XOR-swizzled row layout. Scores use the forward's conventions ([`probs`]): log2 units, the
+//! Matrix products: on sm_90a with D = 64 or 128 ([`BwdConfig::uses_wgmma`]) `wgmma.mma_async`
+//! ([`wg`]: one warpgroup per 64 rows; the four GEMM shapes map onto the forward's `S = Q K^T`
+//! and `O += P V`), otherwise `mma.sync.m16n8k16` bf16 -> f32 ([`frag`]), correct on sm_80 and
+//! sm_90 alike. Q, K, V and dO tiles are staged in shared memory with `cp.async`
+//! (double-buffered along the walk) in the forward's XOR-swizzled row layout (the wgmma
+//! 64-column panel layout on the wgmma path). Scores use the forward's conventions ([`probs`]): log2 units, the
 //! decay term relative to a reference `c_ref` of the block, masks only on tiles that need them.
 //!
 //! # Kernel parameters
@@ -44,6 +46,7 @@ pub(crate) mod dq;
 mod frag;
 pub(crate) mod pre;
 mod probs;
+mod wg;
 
 use super::attention::region::RegionMod;
 use super::attention::score::ScoreMod;
@@ -114,6 +117,12 @@ impl BwdConfig {
         } else {
             64
         }
+    }
+
+    /// The sm_90a wgmma path: head dims of whole 64-column panels (the 128-byte swizzle atom
+    /// of the MN-major B operand), and a dkv block of whole warpgroups (64 keys each).
+    pub fn uses_wgmma(&self) -> bool {
+        self.sm == 90 && self.head_dim.is_multiple_of(64) && self.bn.is_multiple_of(wg::WG_ROWS)
     }
 
     pub fn dq_threads(&self) -> u32 {
@@ -239,6 +248,8 @@ pub(crate) struct Bwd<'k, 'a, 'ctx> {
     t_len: IntValue<'ctx>,
     /// Threads of the block.
     threads: u32,
+    /// The wgmma path ([`BwdConfig::uses_wgmma`]).
+    wg: bool,
 }
 
 impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
@@ -253,11 +264,13 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         body: impl FnOnce(&Bwd<'_, 'a, 'ctx>),
     ) -> Result<FunctionValue<'ctx>, String> {
         let b = KernelBuilder::kernel(ctx, module, name, params)?;
-        let smem = b.dyn_shared(&format!("{name}_smem"), 128);
+        // 1024: the wgmma 128-byte swizzle atom is 8 rows x 128 B.
+        let wg = cfg.uses_wgmma();
+        let smem = b.dyn_shared(&format!("{name}_smem"), if wg { 1024 } else { 128 });
         let tid = b.sreg("tid.x");
         let lane = b.andc(tid, 31);
         let t_len = b.param_int(params.len() as u32 - 1);
-        body(&Bwd { b: &b, cfg, regions, smem, tid, lane, t_len, threads });
+        body(&Bwd { b: &b, cfg, regions, smem, tid, lane, t_len, threads, wg });
         b.finish()
     }
 }

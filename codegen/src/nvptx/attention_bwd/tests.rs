@@ -82,14 +82,27 @@ fn backward_kernels_assemble_for_sm90a_and_sm80() {
         (causal_nodecay.prune, causal_nodecay.has_decay) = (false, false);
         let mut gqa = cfg(128, sm);
         (gqa.kv_group, gqa.bm) = (4, 128);
+        // 128-key tiles: two warpgroups per dkv block on the wgmma path.
+        let mut wide = cfg(128, sm);
+        (wide.bm, wide.bn) = (128, 128);
+        let mut wide64 = cfg(64, sm);
+        (wide64.bn, wide64.prune, wide64.window) = (128, false, Some(500));
         cfgs.extend([dense_window, causal_nodecay, gqa]);
+        if sm == 90 {
+            // (mma.sync's dq at 128 keys and D = 128 spills: sm_80 keeps 64-key tiles.)
+            cfgs.extend([wide, wide64]);
+        }
         let log = assemble(&ptx_of(&cfgs, &Region::identity()), arch, &format!("id{sm}"));
-        // No kernel spills to local memory (a spill would be a silent slowdown).
+        // No kernel spills to local memory (a spill would be a silent slowdown), and ptxas keeps
+        // the wgmma chains asynchronous (it serializes them, with a warning, when an accumulator
+        // is touched while in flight).
         for l in log.lines().filter(|l| l.contains("spill")) {
             assert!(l.contains(" 0 bytes spill stores"), "{arch}: {l}\n{log}");
         }
+        assert!(!log.contains("serialized"), "{arch}: {log}");
         let log = assemble(&ptx_of(&[cfg(64, sm), cfg(128, sm)], &softcap()), arch, &format!("cap{sm}"));
         assert!(!log.is_empty() || crate::nvptx::ptxas::find().is_none());
+        assert!(!log.contains("serialized"), "{arch}: {log}");
     }
 }
 
@@ -109,4 +122,30 @@ fn names_and_refusals() {
     let mut bn = cfg(64, 80);
     bn.bn = 24;
     assert!(bn.validate().unwrap_err().contains("bn"));
+}
+
+/// sm_90a with D = 64 / 128 and 64-key multiples runs every product on wgmma (dq: m64n{bn} for
+/// S and dP, m64n{D} for dQ; dkv: m64n{bq} and m64n{D}); sm_80, D = 32 / 96 and 32-key tiles
+/// stay on mma.sync.
+#[test]
+fn wgmma_on_sm90a_mma_sync_elsewhere() {
+    for (d, bn, sm, wg) in [
+        (64, 64, 90, true),
+        (128, 64, 90, true),
+        (128, 128, 90, true),
+        (96, 64, 90, false),
+        (32, 64, 90, false),
+    ]
+    .into_iter()
+    .chain([(128, 32, 90, false), (64, 64, 80, false), (128, 128, 80, false)])
+    {
+        let mut c = cfg(d, sm);
+        (c.bn, c.bm) = (bn, 64.max(bn));
+        assert_eq!(c.uses_wgmma(), wg, "D={d} bn={bn} sm={sm}");
+        let ptx = ptx_of(&[c.clone()], &Region::identity());
+        let wgmma = |n: u32| ptx.contains(&format!("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16"));
+        assert_eq!(wgmma(bn) && wgmma(c.bq()) && wgmma(d), wg, "D={d} bn={bn} sm={sm}");
+        assert_eq!(ptx.contains("mma.sync.aligned.m16n8k16"), !wg, "D={d} bn={bn} sm={sm}");
+        assert_eq!(ptx.contains("fence.proxy.async"), wg, "D={d} bn={bn} sm={sm}");
+    }
 }
