@@ -16,8 +16,10 @@ use foxc_ir::{Attention, Graph, Mask, Op, Tiles};
 /// kernel: 4.43), keeping 40.2% of the tiles instead of 40.0% (run 8). Not when the head dim
 /// is unknown (D = 256 runs the standard kernel, whose 128-key tiles do not fit in shared
 /// memory), and not for a graph that is differentiated: the backward kernels share the
-/// forward's tiles and took 30.17 ms forward + backward with 128-key tiles against 25.78 ms
-/// with 64 at 1x16x32768x128 (BENCHMARKS.md, "Training").
+/// forward's tiles, and forward + backward at 1x16x32768x128 took 19.41 / 19.44 ms with
+/// 128-key tiles against 18.73-19.09 with 64 (8x16x4096x128: 5.34 against 4.96), with the
+/// sm_90a wgmma backward (docs/GPU_KERNEL.md, "The sm_90a wgmma backward"; with the earlier
+/// mma.sync backward: 30.17 against 25.78).
 pub fn tiles_for(target: Target, head_dim: Option<u64>, gradient: bool) -> Tiles {
     match target {
         Target::Sm90a if !gradient && head_dim.is_some_and(|d| AttnKernel::WS_HEAD_DIMS.contains(&d)) => {
