@@ -110,7 +110,9 @@ pub fn loss(g: &Graph, inputs: &BTreeMap<String, Tensor>) -> f64 {
 
 /// Every output of the gradient program, by name.
 pub fn grads(p: &GradProgram, inputs: &BTreeMap<String, Tensor>) -> BTreeMap<String, Tensor> {
-    let targets: Vec<_> = p.outputs.iter().map(|(_, v)| v.node).collect();
-    let vals = interp::eval(&p.graph, inputs, &targets).unwrap_or_else(|e| panic!("{}: {e}", p.graph.name));
-    p.outputs.iter().map(|(n, v)| (n.clone(), vals[&v.node].clone())).collect()
+    // By value: a gradient may be a later result of a node (the backward's dk, not its dq).
+    let targets: Vec<_> = p.outputs.iter().map(|(_, v)| *v).collect();
+    let vals =
+        interp::eval_values(&p.graph, inputs, &targets).unwrap_or_else(|e| panic!("{}: {e}", p.graph.name));
+    p.outputs.iter().map(|(n, v)| (n.clone(), vals[v].clone())).collect()
 }
