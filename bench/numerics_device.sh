@@ -9,7 +9,7 @@
 # gate_cumsum). This records what the single c costs next to the bf16 operands' own error
 # (emulated, T = 4096: 2.4e-3 relative L2 from bf16 q, k, v; 7e-5 from the old scan's c).
 # Needs numpy for the inputs. Every step has a timeout.
-# Usage on the GPU machine: FOXC=target/release/foxc bench/numerics_device.sh
+# Usage on the GPU machine: FOXC=target/release/foxc bench/numerics_device.sh   (NUM_T: the T list)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FOXC=${FOXC:-target/release/foxc}
@@ -17,7 +17,7 @@ W=${OUT:-/tmp/out}/numerics
 mkdir -p "$W"
 sed 's/bf16\[/f32[/g' examples/fox.attn >"$W/fox_f32.attn"
 fail=0
-for T in 4096 32768; do
+for T in ${NUM_T:-4096 32768}; do
   timeout 60 "$FOXC" inputs "$W/fox_f32.attn" --shape "B=1,H=4,T=$T,D=64" -o "$W/std_$T.safetensors" >/dev/null &&
     timeout 120 python3 bench/bursty_inputs.py "$W/std_$T.safetensors" "$W/bursty_$T.safetensors" ||
     { echo "FAILED: inputs T=$T"; fail=1; continue; }
