@@ -6,8 +6,8 @@
 use foxc::cli::{PruneArgs, TargetArg};
 use foxc::commands::grad::grad_program;
 use foxc::{cuda_backend, pipeline};
-use foxc_codegen::nvptx::{ptxas, BufferKind, KernelArg, NvptxArtifact};
-use foxc_ir::Graph;
+use foxc_codegen::nvptx::{ptxas, BufferKind, GridDim, KernelArg, Launch, NvptxArtifact};
+use foxc_ir::{Dim, Graph};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -88,6 +88,40 @@ fn gradient_programs_assemble_for_the_gpu() {
                 let Some(ptxas) = &ptxas else { continue };
                 let arch = if target == TargetArg::Sm80 { "sm_80" } else { "sm_90a" };
                 ptxas::assemble(ptxas, &ptx, arch)
+                    .unwrap_or_else(|log| panic!("ptxas failed on {ex}_{arch}_d{d}:\n{log}"));
+            }
+        }
+    }
+}
+
+/// D = 256: the gradient programs compile and assemble on both targets, and the dq and dkv
+/// kernels launch two blocks per (tile, head), one per 128-column half of the head dim (grid y
+/// = heads x 2; D = 128 launches one).
+#[test]
+fn head_dim_256_backward_launches_a_block_per_half() {
+    let ptxas = ptxas::find();
+    for ex in ["fox", "fox_gqa", "window", "causal"] {
+        for target in [TargetArg::Sm90a, TargetArg::Sm80] {
+            for d in [128, 256] {
+                let (_, a) = grad_artifact(ex, target, d).unwrap_or_else(|e| panic!("{ex} D={d}: {e}"));
+                let bwd: Vec<_> = a
+                    .kernels
+                    .iter()
+                    .filter(|k| {
+                        k.name.starts_with("foxc_attn_bwd_dq") || k.name.starts_with("foxc_attn_bwd_dkv")
+                    })
+                    .collect();
+                assert_eq!(bwd.len(), 2, "{ex} D={d}");
+                for k in bwd {
+                    let Launch::GridShared { y: GridDim::Ceil(dims, 1), .. } = &k.launch else {
+                        panic!("{ex} D={d}: {} launch {:?}", k.name, k.launch)
+                    };
+                    let halves = dims.last() == Some(&Dim::Const(2));
+                    assert_eq!(halves, d == 256, "{ex} D={d}: {} grid y {dims:?}", k.name);
+                }
+                let Some(ptxas) = &ptxas else { continue };
+                let arch = if target == TargetArg::Sm80 { "sm_80" } else { "sm_90a" };
+                ptxas::assemble(ptxas, &a.ptx, arch)
                     .unwrap_or_else(|log| panic!("ptxas failed on {ex}_{arch}_d{d}:\n{log}"));
             }
         }

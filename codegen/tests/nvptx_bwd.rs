@@ -137,8 +137,31 @@ fn refusals_are_user_facing() {
     let e = compile(&g, &spec(NvptxTarget::Sm90a, 64, outs)).unwrap_err();
     assert!(matches!(e, CodegenError::Unsupported { .. }), "{e}");
     let (g, outs) = graph(FOX);
-    let e = compile(&g, &spec(NvptxTarget::Sm90a, 256, outs)).unwrap_err();
+    let e = compile(&g, &spec(NvptxTarget::Sm90a, 512, outs)).unwrap_err();
     assert!(e.to_string().contains("head_dim"), "{e}");
+}
+
+/// D = 256 compiles on both targets; dq and dkv launch a block per (tile, head, half of D):
+/// grid y twice the heads (D = 128: `plan_runs_pre_dq_dkv_after_the_forward`, 8).
+#[test]
+fn head_dim_256_launches_two_halves() {
+    for t in [NvptxTarget::Sm90a, NvptxTarget::Sm80] {
+        let (g, outs) = graph(FOX);
+        let a = compile(&g, &spec(t, 256, outs)).expect("D = 256 compiles");
+        let bind = |s: &str| match s {
+            "B" => Some(2),
+            "H" => Some(4),
+            "T" => Some(1000),
+            "D" => Some(256),
+            _ => None,
+        };
+        let dq = a.kernels[2].geometry(&bind).unwrap();
+        let dkv = a.kernels[3].geometry(&bind).unwrap();
+        assert!(a.kernels[2].name.contains("bwd_dq_d256") && a.kernels[3].name.contains("bwd_dkv_d256"));
+        assert_eq!((dq.grid, dkv.grid), ((16, 16, 1), (16, 16, 1)), "{t:?}");
+        let max = if t == NvptxTarget::Sm80 { 166_912 } else { 232_448 };
+        assert!(dq.shared_bytes <= max && dkv.shared_bytes <= max, "{t:?}");
+    }
 }
 
 /// sm_90a and sm_80, D = 64 and 128; causal, window and (causal without decay) dense; pruned;

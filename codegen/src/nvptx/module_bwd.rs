@@ -2,8 +2,8 @@
 //! ([`super::attention_bwd`]): three launches, `pre` (D = rowsum(dout out)), `dq` (dq, the
 //! row sums of dS into dc, the start scratch) and `dkv` (dk, dv, dc -= column sums). The
 //! constructs the forward kernel cannot run are refused here the same way (captured tensors,
-//! masks other than causal / window, a separate `block_boundary`), and so are head dims the
-//! backward does not build (256).
+//! masks other than causal / window, a separate `block_boundary`). A head dim above
+//! [`attention_bwd::BWD_PART_DIM`] runs `d_parts` blocks per tile and head (grid y).
 
 use super::attention::region::RegionMod;
 use super::attention_bwd::{self, BwdConfig, BwdKernel, Regions, DQ_ROWS, PRE_ROWS};
@@ -123,6 +123,15 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             dd_buf // not read
         };
 
+        // Grid y: the heads, times the head-dim parts when the head dim is split.
+        let parts = cfg.d_parts();
+        let with_parts = |heads: Vec<Dim>| -> Vec<Dim> {
+            if parts == 1 {
+                heads
+            } else {
+                heads.into_iter().chain([Dim::Const(parts as u64)]).collect()
+            }
+        };
         let build = |kind: BwdKernel| -> Result<String, CodegenError> {
             let f = attention_bwd::build_bwd_kernel(self.ctx, self.module, &cfg, kind, &regions)
                 .map_err(CodegenError::Internal)?;
@@ -157,7 +166,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             ],
             Launch::GridShared {
                 x: GridDim::Ceil(vec![t.clone()], DQ_ROWS),
-                y: GridDim::Ceil(bh, 1),
+                y: GridDim::Ceil(with_parts(bh), 1),
                 block: cfg.dq_threads(),
                 shared: cfg.dq_shared_bytes(),
             },
@@ -182,7 +191,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             ],
             Launch::GridShared {
                 x: GridDim::Ceil(vec![t], cfg.bn),
-                y: GridDim::Ceil(bhk, 1),
+                y: GridDim::Ceil(with_parts(bhk), 1),
                 block: cfg.dkv_threads(),
                 shared: cfg.dkv_shared_bytes(),
             },

@@ -71,7 +71,8 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let d = cfg.head_dim as i64;
         let bn = cfg.bn as i64;
         let bq = cfg.bq() as i64;
-        let dt = (cfg.head_dim / 8) as usize;
+        // 8-column tiles of the dK and dV this block accumulates (its head-dim part).
+        let dt = (cfg.part_dim() / 8) as usize;
         let grp = cfg.kv_group as i64;
         let t_len = self.t_len;
         let pp = |i| b.param_ptr(i);
@@ -81,7 +82,8 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let f32t = b.f32t().into();
         let warp = b.lshrc(self.tid, 5);
         let n = b.named(b.sreg("ctaid.x"), "n");
-        let bhk = b.sreg("ctaid.y");
+        let (bhk, part) = self.head_and_part();
+        let first_part = self.first_part(part);
         let j0 = b.mulc(n, bn);
         let jw0 = b.add(j0, b.mulc(warp, 16));
         let g = b.lshrc(self.lane, 2);
@@ -145,7 +147,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             self.load_chunk(&h, q_lo, &sm, 0);
             b.cp_async_commit();
             self.store_row_terms(&h, q_lo, sm.rows[0]);
-            let (dk, dv, colsum) = self.walk(&h, &sm, (q_lo, q_hi), n, rj, tq, acc_in);
+            let (dk, dv, colsum) = self.walk(&h, &sm, (q_lo, q_hi), (n, part), rj, tq, acc_in);
             // dc[bh, j] -= colsum_j (the dq kernel wrote the row sums there).
             if cfg.has_decay {
                 let dcb = b.gep(f32t, dc_p, row_base);
@@ -153,7 +155,11 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                     let mut s = colsum[r];
                     s = b.fadd(s, b.shfl_xor(s, 1));
                     s = b.fadd(s, b.shfl_xor(s, 2));
-                    let ok = b.and(b.icmp(IntPredicate::SLT, rj[r], t_len), b.icmpc(IntPredicate::EQ, tq, 0));
+                    let mut ok =
+                        b.and(b.icmp(IntPredicate::SLT, rj[r], t_len), b.icmpc(IntPredicate::EQ, tq, 0));
+                    if let Some(f) = first_part {
+                        ok = b.and(ok, f);
+                    }
                     b.if_then(ok, |b| {
                         let p = b.gep(f32t, dcb, b.sext64(rj[r]));
                         b.store(p, b.fsub(b.load_f32(p), s));
@@ -170,7 +176,10 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let acc = floats(&last[1..]);
         let (dk, dv) = acc.split_at(dt * 4);
         let sc = b.f32(cfg.scale as f64);
-        let t2 = b.mulc(tq, 2);
+        let mut t2 = b.mulc(tq, 2);
+        if let Some(p) = part {
+            t2 = b.add(t2, b.mulc(p, cfg.part_dim() as i64));
+        }
         for r in 0..2 {
             b.if_then(b.icmp(IntPredicate::SLT, rj[r], t_len), |b| {
                 let rowoff = b.mulc(rj[r], d);
@@ -194,14 +203,14 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         h: &Head<'ctx>,
         sm: &Smem<'ctx>,
         (lo, hi): (IntValue<'ctx>, IntValue<'ctx>),
-        n: IntValue<'ctx>,
+        (n, part): (IntValue<'ctx>, Option<IntValue<'ctx>>),
         rj: [IntValue<'ctx>; 2],
         tq: IntValue<'ctx>,
         acc_in: Vec<FloatValue<'ctx>>,
     ) -> (Vec<FloatValue<'ctx>>, Vec<FloatValue<'ctx>>, [FloatValue<'ctx>; 2]) {
         let (b, cfg) = (self.b, self.cfg);
         let bq = cfg.bq() as i64;
-        let dt = (cfg.head_dim / 8) as usize;
+        let dt = (cfg.part_dim() / 8) as usize;
         let f32t = b.f32t().into();
         let tmax = b.addc(self.t_len, -1);
         let warp = b.lshrc(self.tid, 5);
@@ -261,6 +270,10 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                 let mut r = self.wg_abt_batch(&[(ka, (qcur, cfg.bq())), (va, (docur, cfg.bq()))]);
                 let dpt = r.pop().unwrap_or_default();
                 (r.pop().unwrap_or_default(), dpt)
+            } else if part.is_some() {
+                // A split head dim: the K and V fragments per k-step (64 registers each).
+                let st = self.mma_abt_smem((sm.k, wrow0), qcur, cfg.bq());
+                (st, self.mma_abt_smem((sm.v, wrow0), docur, cfg.bq()))
             } else {
                 let kf = self.a_frags(sm.k, wrow0);
                 let st = self.mma_abt(&kf, qcur, cfg.bq());
@@ -312,8 +325,10 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                     (r.pop().unwrap_or_default(), dv)
                 }
                 None => {
-                    let dv = self.mma_acc(dv_in.to_vec(), &p, docur, cfg.bq());
-                    (self.mma_acc(dk_in.to_vec(), &dx, qcur, cfg.bq()), dv)
+                    // The block's part: 16-byte chunks from part * part_dim / 8.
+                    let ch0 = part.map(|p| b.mulc(p, (cfg.part_dim() / 8) as i64));
+                    let dv = self.mma_acc(dv_in.to_vec(), &p, (docur, ch0), cfg.bq());
+                    (self.mma_acc(dk_in.to_vec(), &dx, (qcur, ch0), cfg.bq()), dv)
                 }
             };
             b.if_then(more, |b| {

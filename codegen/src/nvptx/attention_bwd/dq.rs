@@ -44,7 +44,8 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let d = cfg.head_dim as i64;
         let rows = DQ_ROWS as i64;
         let bn = cfg.bn as i64;
-        let dt = (cfg.head_dim / 8) as usize;
+        // 8-column tiles of the dQ this block accumulates (its head-dim part).
+        let dt = (cfg.part_dim() / 8) as usize;
         let t_len = self.t_len;
         let pp = |i| b.param_ptr(i);
         let (q_p, k_p, v_p, c_p, delta_p, do_p) = (pp(0), pp(1), pp(2), pp(3), pp(4), pp(5));
@@ -54,7 +55,8 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
 
         let warp = b.lshrc(self.tid, 5);
         let bx = b.sreg("ctaid.x");
-        let bh = b.sreg("ctaid.y");
+        let (bh, part) = self.head_and_part();
+        let first_part = self.first_part(part);
         // Longest first: blockIdx.x = 0 takes the last query tile (as the forward).
         let m = b.sub(b.addc(b.sreg("nctaid.x"), -1), bx);
         let i0 = b.mulc(m, rows);
@@ -76,14 +78,18 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let (cb, lb) = (b.gep(f32t, c_p, row_base), b.gep(f32t, lse_p, row_base));
         let (ddb, dcb) = (b.gep(f32t, dd_p, row_base), b.gep(f32t, dc_p, row_base));
 
-        // Shared memory: Q, dO, K[2], V[2], column bias[2].
+        // Shared memory: Q, dO, K[bufs], V[bufs], column bias[2]. One buffer: K[1] = K[0].
         let tile = rows * d * 2;
         let kv = bn * d * 2;
+        let bufs = cfg.dq_kv_buffers() as i64;
         let q_off = b.i32(0);
         let do_off = b.i32(tile);
-        let k_off = [b.i32(2 * tile), b.i32(2 * tile + 2 * kv)];
-        let v_off = [b.i32(2 * tile + kv), b.i32(2 * tile + 3 * kv)];
-        let colb = [b.i32(2 * tile + 4 * kv), b.i32(2 * tile + 4 * kv + bn * 4)];
+        let (k_off, v_off) = if bufs == 2 {
+            ([b.i32(2 * tile), b.i32(2 * tile + 2 * kv)], [b.i32(2 * tile + kv), b.i32(2 * tile + 3 * kv)])
+        } else {
+            ([b.i32(2 * tile); 2], [b.i32(2 * tile + kv); 2])
+        };
+        let colb = [b.i32(2 * tile + 2 * bufs * kv), b.i32(2 * tile + 2 * bufs * kv + bn * 4)];
 
         self.load_tile(qb, i0, DQ_ROWS, q_off);
         self.load_tile(dob, i0, DQ_ROWS, do_off);
@@ -112,7 +118,11 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             let i0_ir = b.mulc(m_ir, bm);
             let at = SearchAt { cb, delta_p, bh, m: m_ir, i0: i0_ir, t_len, lane: self.lane };
             let ps = search_start(b, cfg.bm, cfg.bn, &at);
-            let first = b.and(b.icmp(IntPredicate::EQ, i0, i0_ir), b.icmpc(IntPredicate::EQ, self.tid, 0));
+            let mut first =
+                b.and(b.icmp(IntPredicate::EQ, i0, i0_ir), b.icmpc(IntPredicate::EQ, self.tid, 0));
+            if let Some(f) = first_part {
+                first = b.and(first, f);
+            }
             b.if_then(first, |b| {
                 let mt = b.sdivc(b.addc(t_len, bm - 1), bm);
                 let idx = b.add(b.mul(bh, mt), m_ir);
@@ -127,8 +137,10 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let g = b.lshrc(self.lane, 2);
         let tq = b.andc(self.lane, 3);
         let wrow0 = b.mulc(warp, 16);
-        // mma.sync: the Q and dO fragments stay in registers (wgmma reads the tiles).
-        let qdo = (!self.wg).then(|| (self.a_frags(q_off, wrow0), self.a_frags(do_off, wrow0)));
+        // mma.sync: the Q and dO fragments stay in registers (wgmma reads the tiles; a split
+        // head dim reads them per k-step, see `mma_abt_smem`).
+        let qdo =
+            (!self.wg && part.is_none()).then(|| (self.a_frags(q_off, wrow0), self.a_frags(do_off, wrow0)));
         let iw0 = b.add(i0, wrow0);
         let ri = [b.add(iw0, g), b.addc(b.add(iw0, g), 8)];
         // Row terms: (c_i - c_ref - lse_i) log2 e (-inf for an empty row), and D_i.
@@ -161,12 +173,18 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             b.barrier();
             let is0 = b.icmpc(IntPredicate::EQ, par, 0);
             let more = b.icmp(IntPredicate::SGT, n, n_start);
-            b.if_then(more, |b| {
-                let jn = b.mulc(b.addc(n, -1), bn);
-                self.load_tile(kb, jn, cfg.bn, b.select_i(is0, k_off[1], k_off[0]));
-                self.load_tile(vb, jn, cfg.bn, b.select_i(is0, v_off[1], v_off[0]));
-            });
-            b.cp_async_commit();
+            // The next key tile into the other buffer (with one buffer: after the products).
+            let prefetch = |b: &crate::nvptx::builder::KernelBuilder<'a, 'ctx>| {
+                b.if_then(more, |b| {
+                    let jn = b.mulc(b.addc(n, -1), bn);
+                    self.load_tile(kb, jn, cfg.bn, b.select_i(is0, k_off[1], k_off[0]));
+                    self.load_tile(vb, jn, cfg.bn, b.select_i(is0, v_off[1], v_off[0]));
+                });
+                b.cp_async_commit();
+            };
+            if bufs == 2 {
+                prefetch(b);
+            }
             let kcur = b.select_i(is0, k_off[0], k_off[1]);
             let vcur = b.select_i(is0, v_off[0], v_off[1]);
             let j0 = b.mulc(n, bn);
@@ -179,6 +197,10 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             };
             let (s, dp) = match &qdo {
                 Some((qf, dof)) => (self.mma_abt(qf, kcur, cfg.bn), self.mma_abt(dof, vcur, cfg.bn)),
+                None if !self.wg => (
+                    self.mma_abt_smem((q_off, wrow0), kcur, cfg.bn),
+                    self.mma_abt_smem((do_off, wrow0), vcur, cfg.bn),
+                ),
                 None => {
                     let mut r = self.wg_abt_batch(&[
                         ((q_off, DQ_ROWS), (kcur, cfg.bn)),
@@ -210,11 +232,18 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             let dq = if self.wg {
                 self.wg_acc_now(dq_in, &dx, kcur, cfg.bn)
             } else {
-                self.mma_acc(dq_in, &dx, kcur, cfg.bn)
+                // The block's part: 16-byte chunks from part * part_dim / 8.
+                let ch0 = part.map(|p| b.mulc(p, (cfg.part_dim() / 8) as i64));
+                self.mma_acc(dq_in, &dx, (kcur, ch0), cfg.bn)
             };
             if let (Some(cr), Some(cn)) = (c_ref, c_next) {
                 // The other bias buffer was last read before this iteration's barrier.
                 self.store_colb(cr, cn, b.select_i(is0, colb[1], colb[0]));
+            }
+            if bufs == 1 {
+                // Every warp is done reading K and V before the next tile overwrites them.
+                b.barrier();
+                prefetch(b);
             }
             let n_next = b.addc(n, -1);
             let again = b.icmp(IntPredicate::SGE, n_next, n_start);
@@ -228,7 +257,10 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let dq = floats(&last[2..2 + dt * 4]);
         let rs = [last[2 + dt * 4].into_float_value(), last[3 + dt * 4].into_float_value()];
         let sc = b.f32(cfg.scale as f64);
-        let t2 = b.mulc(tq, 2);
+        let mut t2 = b.mulc(tq, 2);
+        if let Some(p) = part {
+            t2 = b.add(t2, b.mulc(p, cfg.part_dim() as i64));
+        }
         for r in 0..2 {
             let mut sum = rs[r];
             sum = b.fadd(sum, b.shfl_xor(sum, 1));
@@ -243,7 +275,11 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                     b.store_aligned(b.gep(f32t, dqb, b.sext64(idx)), b.vec2_f32(x0, x1), 8);
                 }
                 if cfg.has_decay {
-                    b.if_then(b.icmpc(IntPredicate::EQ, tq, 0), |b| {
+                    let mut w = b.icmpc(IntPredicate::EQ, tq, 0);
+                    if let Some(f) = first_part {
+                        w = b.and(w, f);
+                    }
+                    b.if_then(w, |b| {
                         b.store(b.gep(f32t, dcb, b.sext64(ri[r])), sum);
                     });
                 }

@@ -89,13 +89,44 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         off: IntValue<'ctx>,
         n_rows: u32,
     ) -> Vec<[FloatValue<'ctx>; 4]> {
+        self.mma_abt_with(&|s| a[s], a.len(), off, n_rows)
+    }
+
+    /// [`Bwd::mma_abt`] with the A fragments read from the tile at `a_off` (rows from
+    /// `a_row0`) one k-step at a time, for a head dim whose fragments would not stay in
+    /// registers next to the accumulators (D = 256: 64 registers per 16 x D operand).
+    pub(super) fn mma_abt_smem(
+        &self,
+        (a_off, a_row0): (IntValue<'ctx>, IntValue<'ctx>),
+        off: IntValue<'ctx>,
+        n_rows: u32,
+    ) -> Vec<[FloatValue<'ctx>; 4]> {
+        let b = self.b;
+        let (l7, l8, l16) = self.lane_parts();
+        let row = b.add(b.add(a_row0, l7), b.mulc(l8, 8));
+        let frag = |s: usize| {
+            let o = b.add(a_off, self.swz(row, b.addc(l16, 2 * s as i64)));
+            b.ldmatrix_x4(b.smem_at(self.smem, o), false)
+        };
+        self.mma_abt_with(&frag, (self.cfg.head_dim / 16) as usize, off, n_rows)
+    }
+
+    /// `C = A B^T` with the A fragment of k-step `s` from `a(s)` (called once per k-step).
+    fn mma_abt_with(
+        &self,
+        a: &dyn Fn(usize) -> [IntValue<'ctx>; 4],
+        ksteps: usize,
+        off: IntValue<'ctx>,
+        n_rows: u32,
+    ) -> Vec<[FloatValue<'ctx>; 4]> {
         let b = self.b;
         let (l7, l8, l16) = self.lane_parts();
         let nt = (n_rows / 8) as usize;
         let zero = b.f32(0.0);
         let mut c = vec![[zero; 4]; nt];
         let row_l = b.add(l7, b.mulc(l16, 8));
-        for (s, af) in a.iter().enumerate() {
+        for s in 0..ksteps {
+            let af = &a(s);
             for jp in 0..nt / 2 {
                 let row = b.addc(row_l, 16 * jp as i64);
                 let o = b.add(off, self.swz(row, b.addc(l8, 2 * s as i64)));
@@ -108,17 +139,22 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
     }
 
     /// `acc += P B`: `p` in C-fragment order over `k_rows / 8` n-tiles (16 rows x k_rows),
-    /// B the tile at `off` (k_rows x D) read transposed; `acc[dtile * 4 + e]` over D / 8 tiles.
+    /// B the tile at `off` (k_rows x D) read transposed; `acc[dtile * 4 + e]` over
+    /// `acc.len() / 4` 8-column tiles of B, from 16-byte chunk `ch0` of its rows (the block's
+    /// head-dim part, [`super::BwdConfig::d_parts`]; `None`: from column 0).
     pub(super) fn mma_acc(
         &self,
         mut acc: Vec<FloatValue<'ctx>>,
         p: &[FloatValue<'ctx>],
-        off: IntValue<'ctx>,
+        (off, ch0): (IntValue<'ctx>, Option<IntValue<'ctx>>),
         k_rows: u32,
     ) -> Vec<FloatValue<'ctx>> {
         let b = self.b;
-        let (l7, l8, l16) = self.lane_parts();
-        let dt = (self.cfg.head_dim / 8) as usize;
+        let (l7, l8, mut l16) = self.lane_parts();
+        if let Some(c) = ch0 {
+            l16 = b.add(l16, c);
+        }
+        let dt = acc.len() / 4;
         let row_l = b.add(l7, b.mulc(l8, 8));
         for kk in 0..(k_rows / 16) as usize {
             let a = [

@@ -55,9 +55,14 @@ use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::{FunctionValue, IntValue, PointerValue};
 
-/// Head dimensions of the backward kernels. D = 256 is not built: dK and dV of a warp's 16 keys
-/// (256 f32 registers per thread) do not fit the register file.
-pub const BWD_HEAD_DIMS: [u32; 4] = [32, 64, 96, 128];
+/// Head dimensions of the backward kernels. At D = 256 the accumulators of a warp's 16 rows
+/// (dQ, or dK and dV: 128 / 256 f32 registers per thread) do not fit the register file with
+/// the rest, so both kernels split the head dim in [`BwdConfig::d_parts`] halves: a block per
+/// (tile, half) recomputes S and dP over the whole D and accumulates only its half.
+pub const BWD_HEAD_DIMS: [u32; 5] = [32, 64, 96, 128, 256];
+
+/// The widest head-dim slice one block accumulates (dQ, dK, dV columns).
+pub const BWD_PART_DIM: u32 = 128;
 
 /// Query rows of one dq block (and the forward's block on sm_90).
 pub const DQ_ROWS: u32 = 64;
@@ -110,9 +115,13 @@ impl BwdConfig {
     }
 
     /// Query rows per chunk of the dkv walk: a divisor of `bm` (so a chunk lies in one IR tile
-    /// and is kept or skipped whole); 32 above D = 64 to leave registers for dK and dV.
+    /// and is kept or skipped whole); 32 above D = 64 to leave registers for dK and dV, 16 at
+    /// D = 256 (the half of dK and dV a block holds is as large as D = 128's whole; 32-row
+    /// chunks spilled up to 92 bytes with GQA on sm_80).
     pub fn bq(&self) -> u32 {
-        if self.head_dim > 64 {
+        if self.head_dim > 128 {
+            16
+        } else if self.head_dim > 64 {
             32
         } else {
             64
@@ -120,9 +129,34 @@ impl BwdConfig {
     }
 
     /// The sm_90a wgmma path: head dims of whole 64-column panels (the 128-byte swizzle atom
-    /// of the MN-major B operand), and a dkv block of whole warpgroups (64 keys each).
+    /// of the MN-major B operand), and a dkv block of whole warpgroups (64 keys each). Not
+    /// for a head dim split in parts (D = 256 runs mma.sync on both targets).
     pub fn uses_wgmma(&self) -> bool {
-        self.sm == 90 && self.head_dim.is_multiple_of(64) && self.bn.is_multiple_of(wg::WG_ROWS)
+        self.sm == 90
+            && self.head_dim.is_multiple_of(64)
+            && self.d_parts() == 1
+            && self.bn.is_multiple_of(wg::WG_ROWS)
+    }
+
+    /// Head-dim slices of [`BWD_PART_DIM`] columns: blocks per (tile, head) of both the dq
+    /// and the dkv kernel (grid y = heads x parts, part = y mod parts). 1 up to D = 128.
+    pub fn d_parts(&self) -> u32 {
+        self.head_dim.div_ceil(BWD_PART_DIM)
+    }
+
+    /// The head-dim columns one block accumulates.
+    pub fn part_dim(&self) -> u32 {
+        self.head_dim / self.d_parts()
+    }
+
+    /// K and V buffers of the dq kernel: 2 (prefetch along the walk), 1 when the head dim is
+    /// split (D = 256: two 64-key buffers of K and V would not fit sm_80's shared memory).
+    pub fn dq_kv_buffers(&self) -> u32 {
+        if self.d_parts() == 1 {
+            2
+        } else {
+            1
+        }
     }
 
     pub fn dq_threads(&self) -> u32 {
@@ -133,9 +167,11 @@ impl BwdConfig {
         self.bn / 16 * 32
     }
 
-    /// dq: Q and dO tiles, two buffers each of K and V, two of the column bias (decay).
+    /// dq: Q and dO tiles, [`BwdConfig::dq_kv_buffers`] buffers each of K and V, two of the
+    /// column bias (decay).
     pub fn dq_shared_bytes(&self) -> u32 {
-        (2 * DQ_ROWS + 4 * self.bn) * self.head_dim * 2 + if self.has_decay { 2 * self.bn * 4 } else { 0 }
+        (2 * DQ_ROWS + 2 * self.dq_kv_buffers() * self.bn) * self.head_dim * 2
+            + if self.has_decay { 2 * self.bn * 4 } else { 0 }
     }
 
     /// dkv: K and V tiles, two buffers each of the Q and dO chunks, two of the per-row terms
@@ -148,7 +184,7 @@ impl BwdConfig {
     pub fn validate(&self) -> Result<(), String> {
         if !BWD_HEAD_DIMS.contains(&self.head_dim) {
             return Err(format!(
-                "the GPU attention backward supports head_dim 32, 64, 96 and 128, got {}",
+                "the GPU attention backward supports head_dim 32, 64, 96, 128 and 256, got {}",
                 self.head_dim
             ));
         }
@@ -275,14 +311,33 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
     }
 }
 
-/// Grid of the dq kernel: (ceil(T / 64), BH).
-pub fn dq_grid(t: u64, bh: u64) -> (u64, u64) {
-    (t.div_ceil(DQ_ROWS as u64), bh)
+impl<'ctx> Bwd<'_, '_, 'ctx> {
+    /// The block's head (`ctaid.y / parts`) and head-dim part (`ctaid.y mod parts`; `None`
+    /// when the head dim is not split).
+    fn head_and_part(&self) -> (IntValue<'ctx>, Option<IntValue<'ctx>>) {
+        let y = self.b.sreg("ctaid.y");
+        let parts = self.cfg.d_parts() as i64;
+        if parts == 1 {
+            return (y, None);
+        }
+        (self.b.udivc(y, parts), Some(self.b.uremc(y, parts)))
+    }
+
+    /// Whether this block writes what every part computes alike (dc, the start scratch):
+    /// part 0 only.
+    fn first_part(&self, part: Option<IntValue<'ctx>>) -> Option<IntValue<'ctx>> {
+        part.map(|p| self.b.icmpc(inkwell::IntPredicate::EQ, p, 0))
+    }
 }
 
-/// Grid of the dkv kernel: (ceil(T / bn), BH / kv_group).
+/// Grid of the dq kernel: (ceil(T / 64), BH x parts).
+pub fn dq_grid(cfg: &BwdConfig, t: u64, bh: u64) -> (u64, u64) {
+    (t.div_ceil(DQ_ROWS as u64), bh * cfg.d_parts() as u64)
+}
+
+/// Grid of the dkv kernel: (ceil(T / bn), BH / kv_group x parts).
 pub fn dkv_grid(cfg: &BwdConfig, t: u64, bh_kv: u64) -> (u64, u64) {
-    (t.div_ceil(cfg.bn as u64), bh_kv)
+    (t.div_ceil(cfg.bn as u64), bh_kv * cfg.d_parts() as u64)
 }
 
 /// Rows of the pre kernel per block (one warp each).

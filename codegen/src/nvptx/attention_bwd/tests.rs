@@ -113,7 +113,7 @@ fn names_and_refusals() {
         c.kernel_name(BwdKernel::Dq),
         format!("foxc_attn_bwd_dq_d128_bm64_bn64_decay_prune_s{:08x}_sm90", c.scale.to_bits())
     );
-    let mut big = cfg(256, 90);
+    let mut big = cfg(512, 90);
     assert!(big.validate().unwrap_err().contains("head_dim"));
     big.head_dim = 128;
     big.prune = true;
@@ -138,6 +138,7 @@ fn wgmma_on_sm90a_mma_sync_elsewhere() {
     ]
     .into_iter()
     .chain([(128, 32, 90, false), (64, 64, 80, false), (128, 128, 80, false)])
+    .chain([(256, 64, 90, false), (256, 64, 80, false)])
     {
         let mut c = cfg(d, sm);
         (c.bn, c.bm) = (bn, 64.max(bn));
@@ -148,4 +149,37 @@ fn wgmma_on_sm90a_mma_sync_elsewhere() {
         assert_eq!(ptx.contains("mma.sync.aligned.m16n8k16"), !wg, "D={d} bn={bn} sm={sm}");
         assert_eq!(ptx.contains("fence.proxy.async"), wg, "D={d} bn={bn} sm={sm}");
     }
+}
+
+/// D = 256 splits both kernels in two 128-column halves (grid y = heads x 2): each block reads
+/// its part from ctaid.y, keeps one buffer of K and V in the dq kernel (two would not fit sm_80),
+/// and accumulates 128 columns: per thread 64 f32 of dQ, 64 + 64 of dK and dV (16 8-column
+/// tiles each), as many as D = 128's whole.
+#[test]
+fn head_dim_256_splits_in_halves() {
+    for sm in [80, 90] {
+        let c = cfg(256, sm);
+        assert_eq!((c.d_parts(), c.part_dim(), c.dq_kv_buffers(), c.bq()), (2, 128, 1, 16));
+        assert!(c.validate().is_ok(), "{:?}", c.validate());
+        let c128 = cfg(128, sm);
+        assert_eq!((c128.d_parts(), c128.part_dim(), c128.dq_kv_buffers()), (1, 128, 2));
+        let ptx = ptx_of(std::slice::from_ref(&c), &Region::identity());
+        for kind in ["dq", "dkv"] {
+            let body =
+                kernel_body(&ptx, &c.kernel_name(if kind == "dq" { BwdKernel::Dq } else { BwdKernel::Dkv }));
+            // 16 k-steps of S^T / S over the whole D, 16 8-column tiles of accumulators:
+            // m16n8k16 products per visited tile. dq: S and dP (2 x 16 x 8), dQ (4 x 16);
+            // dkv at 16-row chunks: S^T and dP^T (2 x 16 x 2), dK and dV (2 x 1 x 16).
+            let mmas = body.matches("mma.sync.aligned.m16n8k16").count();
+            let want = if kind == "dq" { 2 * 16 * 8 + 4 * 16 } else { 2 * 16 * 2 + 2 * 16 };
+            assert_eq!(mmas, want, "{kind} sm_{sm}");
+        }
+    }
+}
+
+/// The text of kernel `name`'s body in `ptx`.
+fn kernel_body<'p>(ptx: &'p str, name: &str) -> &'p str {
+    let at = ptx.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("no kernel {name}"));
+    let rest = &ptx[at..];
+    &rest[..rest[1..].find(".entry").map_or(rest.len(), |e| e + 1)]
 }
