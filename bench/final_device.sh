@@ -33,6 +33,8 @@ check grad examples/fox.attn --shape B=2,H=3,T=777,D=64
 check grad examples/fox_gqa.attn --shape B=1,H=4,G=2,T=1000,D=64
 check grad examples/fox_alibi.attn --shape B=1,H=4,T=512,D=64
 check grad examples/fox_softcap.attn --shape B=1,H=4,T=1000,D=128
+check grad examples/fox.attn --shape B=1,H=2,T=777,D=256
+check grad examples/fox_gqa.attn --shape B=1,H=4,G=2,T=300,D=256 --no-prune
 check run examples/fox.attn --shape B=2,H=16,T=4096,D=128 --check-starts
 check run examples/fox.attn --shape B=1,H=4,T=2048,D=64
 check run examples/local_bidir.attn --shape B=1,H=4,T=1000,D=64
