@@ -69,7 +69,7 @@ fn attention_launch(
 
 #[test]
 fn warp_specialized_at_d128_standard_at_d64() {
-    let g = fox(AttnKernel::WarpSpecialized);
+    let g = fox(AttnKernel::WarpSpecialized { head_dims: vec![128] });
     let (name, cfg, geo) = attention_launch(&g, 128);
     assert!(name.starts_with("foxc_attn_fwd_ws_d128_bm64_bn128_"), "{name}");
     assert!(cfg.ws);

@@ -382,27 +382,22 @@ pub enum Prune {
 
 /// Which forward kernel a GPU backend runs for an attention: a pass decision (the tiles pass
 /// chooses per target, head dim and mask); backends obey it and never choose themselves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub enum AttnKernel {
     /// The general kernel (every target, head dim and variant the backend supports).
     #[default]
     Standard,
     /// sm_90a: producer and consumer warpgroups sharing a K/V ring (128 query rows per block;
-    /// codegen `nvptx::attention_ws`), where [`AttnKernel::runs_warp_specialized`] holds for
-    /// the head dim bound at code generation (the passes may not know it); the standard kernel
-    /// elsewhere.
-    WarpSpecialized,
+    /// codegen `nvptx::attention_ws`) where the head dim bound at code generation is one of
+    /// `head_dims`, the standard kernel elsewhere. The pass states the condition with the
+    /// choice because it may not know the head dim (a program compiled once for every size).
+    WarpSpecialized { head_dims: Vec<u64> },
 }
 
 impl AttnKernel {
-    /// Head dims the warp-specialized kernel is chosen for: measured 0.75x the standard
-    /// kernel's time at D = 128 (with 128-key tiles), 1.4x slower at D = 64, which keeps the
-    /// standard kernel (docs/GPU_KERNEL.md, run 8).
-    pub const WS_HEAD_DIMS: [u64; 1] = [128];
-
     /// Whether this attribute runs the warp-specialized kernel at head dim `head_dim`.
-    pub fn runs_warp_specialized(self, head_dim: u64) -> bool {
-        self == AttnKernel::WarpSpecialized && AttnKernel::WS_HEAD_DIMS.contains(&head_dim)
+    pub fn runs_warp_specialized(&self, head_dim: u64) -> bool {
+        matches!(self, AttnKernel::WarpSpecialized { head_dims } if head_dims.contains(&head_dim))
     }
 }
 
@@ -637,8 +632,9 @@ impl Attention {
             Prune::Start => s.push_str(", pruned"),
             Prune::Boundary => s.push_str(", pruned(fused boundary)"),
         }
-        if self.kernel == AttnKernel::WarpSpecialized {
-            s.push_str(", kernel = warp_specialized");
+        if let AttnKernel::WarpSpecialized { head_dims } = &self.kernel {
+            let dims: Vec<String> = head_dims.iter().map(|d| d.to_string()).collect();
+            s.push_str(&format!(", kernel = warp_specialized(D = {})", dims.join(" | ")));
         }
         s
     }

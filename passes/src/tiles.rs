@@ -6,6 +6,11 @@ use crate::{PassContext, PassError, PassOptions, Target};
 use foxc_ir::attention::AttnKernel;
 use foxc_ir::{Attention, Graph, Mask, Op, Tiles};
 
+/// Head dims the warp-specialized kernel is chosen for: measured 0.75x the standard kernel's
+/// time at D = 128 (with 128-key tiles), 1.4x slower at D = 64, which keeps the standard kernel
+/// (docs/GPU_KERNEL.md, run 8).
+pub const WS_HEAD_DIMS: [u64; 1] = [128];
+
 /// The `bm x bn` tiles for `target`. `head_dim` is `D` when the signature or the caller's
 /// bound sizes fix it; `gradient` says the graph will be differentiated.
 ///
@@ -22,7 +27,7 @@ use foxc_ir::{Attention, Graph, Mask, Op, Tiles};
 /// mma.sync backward: 30.17 against 25.78).
 pub fn tiles_for(target: Target, head_dim: Option<u64>, gradient: bool) -> Tiles {
     match target {
-        Target::Sm90a if !gradient && head_dim.is_some_and(|d| AttnKernel::WS_HEAD_DIMS.contains(&d)) => {
+        Target::Sm90a if !gradient && head_dim.is_some_and(|d| WS_HEAD_DIMS.contains(&d)) => {
             Tiles { bm: 64, bn: 128 }
         }
         Target::Cpu | Target::Sm80 | Target::Sm90a => Tiles { bm: 64, bn: 64 },
@@ -33,11 +38,11 @@ pub fn tiles_for(target: Target, head_dim: Option<u64>, gradient: bool) -> Tiles
 /// on sm_90a for a causal or window mask without a key bound (only the standard kernel skips
 /// below one), tiles it runs (64- or 128-row query tiles: each of its two consumer warpgroups
 /// owns 64 rows; key tiles a multiple of 16 up to 128) and a head dim it is chosen for, or a
-/// symbolic one (the sizes are bound only at code generation, where
-/// [`AttnKernel::runs_warp_specialized`] completes the choice); the standard kernel otherwise.
+/// symbolic one (the attribute then names the head dims it holds for, and code generation, which
+/// knows the size, reads it: [`AttnKernel::runs_warp_specialized`]); the standard kernel otherwise.
 pub fn kernel_for(target: Target, head_dim: Option<u64>, a: &Attention, tiles: Tiles) -> AttnKernel {
     let ws = target == Target::Sm90a
-        && head_dim.is_none_or(|d| AttnKernel::WS_HEAD_DIMS.contains(&d))
+        && head_dim.is_none_or(|d| WS_HEAD_DIMS.contains(&d))
         && matches!(a.mask, Mask::Causal | Mask::Window(_))
         // A key bound is skipped by the standard kernel only (worth more than the kernel).
         && a.keys_from.is_none()
@@ -45,7 +50,7 @@ pub fn kernel_for(target: Target, head_dim: Option<u64>, a: &Attention, tiles: T
         && tiles.bn.is_multiple_of(16)
         && (16..=128).contains(&tiles.bn);
     if ws {
-        AttnKernel::WarpSpecialized
+        AttnKernel::WarpSpecialized { head_dims: WS_HEAD_DIMS.to_vec() }
     } else {
         AttnKernel::Standard
     }
@@ -87,7 +92,7 @@ mod tests {
     #[test]
     fn kernel_choice() {
         let t = Tiles { bm: 64, bn: 128 };
-        let ws = AttnKernel::WarpSpecialized;
+        let ws = AttnKernel::WarpSpecialized { head_dims: vec![128] };
         assert_eq!(kernel_for(Target::Sm90a, None, &attn(Mask::Causal), t), ws);
         assert_eq!(kernel_for(Target::Sm90a, Some(128), &attn(Mask::Window(256)), t), ws);
         assert_eq!(kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), Tiles { bm: 128, bn: 64 }), ws);
