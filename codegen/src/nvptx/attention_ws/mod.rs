@@ -1,7 +1,7 @@
 //! The warp-specialized forward attention kernel for sm_90a (issue 11, stages a and b).
 //!
-//! Selected per attention by the tiles pass (`kernel = warp_specialized`; run at D = 128, the
-//! attribute's rule `AttnKernel::runs_warp_specialized`; D = 64 builds and is checked, but was
+//! Selected per attention by the tiles pass (`kernel = warp_specialized(D = 128)`: the head dims
+//! the choice holds for, `AttnKernel::runs_warp_specialized`; D = 64 builds and is checked, but was
 //! measured slower than the standard kernel); every other attention keeps the kernel of
 //! [`super::attention`]. Measured in docs/GPU_KERNEL.md, run 8. It computes the same function with
 //! the same pieces (the wgmma steps, the score hook and masks, the online softmax, the in-kernel
