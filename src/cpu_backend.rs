@@ -137,11 +137,11 @@ fn time_runs(
         run()?;
         ts.push(t0.elapsed().as_secs_f64() * 1e3);
     }
-    ts.sort_by(|a, b| a.total_cmp(b));
+    let s = crate::timing::summarize(&mut ts);
     Ok(BenchStats {
-        median_ms: ts[ts.len() / 2],
-        min_ms: ts[0],
-        max_ms: ts[ts.len() - 1],
+        median_ms: s.median_ms,
+        min_ms: s.min_ms,
+        max_ms: s.max_ms,
         iters: ts.len(),
         compile_ms,
         threads: rt::default_threads(),

@@ -359,10 +359,8 @@ pub fn bench_outputs(
     for _ in 0..iters {
         times.push(s.timed_run().map_err(cuda_err)?);
     }
-    times.sort_by(f64::total_cmp);
-    let median_ms =
-        if iters % 2 == 1 { times[iters / 2] } else { 0.5 * (times[iters / 2 - 1] + times[iters / 2]) };
-    Ok(BenchStats { median_ms, min_ms: times[0], max_ms: times[iters - 1], iters })
+    let s = crate::timing::summarize(&mut times);
+    Ok(BenchStats { median_ms: s.median_ms, min_ms: s.min_ms, max_ms: s.max_ms, iters })
 }
 
 /// [`bench_outputs`] of the graph's output.

@@ -16,5 +16,6 @@ pub mod error;
 pub mod pipeline;
 pub mod starts_check;
 pub mod tensors;
+pub mod timing;
 
 pub use error::{Error, ErrorKind};
