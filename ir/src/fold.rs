@@ -2,43 +2,12 @@
 //!
 //! The passes keep `1/sqrt(D)` symbolic (`rsqrt(dim D)`), since D is bound only at run time.
 //! A backend that specializes a kernel on concrete dims folds such scalars into the kernel here,
-//! with one definition of the arithmetic for every backend.
+//! with the interpreter's arithmetic (the one definition of every op).
 
 use crate::graph::{Graph, ValueId};
-use crate::ops::{BinaryOp, Op, UnaryOp};
+use crate::interp;
+use crate::ops::Op;
 use std::collections::BTreeMap;
-
-/// `op(x)` in f64, as the interpreter defines it.
-pub fn unary(u: UnaryOp, x: f64) -> f64 {
-    match u {
-        UnaryOp::Neg => -x,
-        UnaryOp::Exp => x.exp(),
-        UnaryOp::Log => x.ln(),
-        UnaryOp::Sqrt => x.sqrt(),
-        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
-        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-        UnaryOp::LogSigmoid => x.min(0.0) - (-x.abs()).exp().ln_1p(),
-        UnaryOp::Softplus => x.max(0.0) + (-x.abs()).exp().ln_1p(),
-        UnaryOp::Relu => x.max(0.0),
-        UnaryOp::Tanh => x.tanh(),
-        UnaryOp::Abs => x.abs(),
-        UnaryOp::Exp2 => x.exp2(),
-        UnaryOp::Log2 => x.log2(),
-    }
-}
-
-/// `x op y` in f64 for the arithmetic ops (comparisons give `None`: they are not numbers).
-pub fn binary(b: BinaryOp, x: f64, y: f64) -> Option<f64> {
-    Some(match b {
-        BinaryOp::Add => x + y,
-        BinaryOp::Sub => x - y,
-        BinaryOp::Mul => x * y,
-        BinaryOp::Div => x / y,
-        BinaryOp::Min => x.min(y),
-        BinaryOp::Max => x.max(y),
-        _ => return None,
-    })
-}
 
 /// The value of the rank-0 value `v` when it depends only on constants and dims in `dims`.
 pub fn scalar_value(g: &Graph, v: ValueId, dims: &BTreeMap<String, u64>) -> Option<f64> {
@@ -51,8 +20,9 @@ pub fn scalar_value(g: &Graph, v: ValueId, dims: &BTreeMap<String, u64>) -> Opti
     match &node.op {
         Op::Const(c) => Some(*c),
         Op::DimSize(d) => d.eval(&|s| dims.get(s).copied()).map(|x| x as f64),
-        Op::Unary(u) => Some(unary(*u, arg(0)?)),
-        Op::Binary(b) => binary(*b, arg(0)?, arg(1)?),
+        Op::Unary(u) => Some(interp::unary(*u, arg(0)?)),
+        // A comparison is a bool, not a number to fold into a kernel.
+        Op::Binary(b) if !b.is_comparison() => Some(interp::binary(*b, arg(0)?, arg(1)?)),
         _ => None,
     }
 }
@@ -60,6 +30,7 @@ pub fn scalar_value(g: &Graph, v: ValueId, dims: &BTreeMap<String, u64>) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::{BinaryOp, UnaryOp};
     use crate::types::{DType, Dim, Span, ValueType};
 
     #[test]

@@ -256,7 +256,8 @@ pub fn unary(u: UnaryOp, x: f64) -> f64 {
     }
 }
 
-fn binary(b: BinaryOp, x: f64, y: f64) -> f64 {
+/// `x op y`: the definition every backend calls (comparisons give 1 or 0).
+pub fn binary(b: BinaryOp, x: f64, y: f64) -> f64 {
     let t = |c: bool| if c { 1.0 } else { 0.0 };
     match b {
         BinaryOp::Add => x + y,
