@@ -79,8 +79,18 @@ fn gradient_programs_assemble_for_the_gpu() {
     if ptxas.is_none() {
         eprintln!("note: ptxas not found (set $PTXAS); compiling only");
     }
-    let runs =
-        ["fox", "fox_softcap", "fox_gqa", "window", "causal", "fox_loggate", "fox_handwritten", "fox_qknorm"];
+    let runs = [
+        "fox",
+        "fox_softcap",
+        "fox_gqa",
+        "window",
+        "causal",
+        "fox_loggate",
+        "fox_handwritten",
+        "fox_qknorm",
+        "local_bidir",
+        "refuse_noncausal",
+    ];
     for ex in runs {
         for target in [TargetArg::Sm90a, TargetArg::Sm80] {
             for d in [64, 128] {

@@ -1,8 +1,9 @@
 //! Lowering of `attention_backward` (docs/SEMANTICS.md) onto the backward kernels
 //! ([`super::attention_bwd`]): three launches, `pre` (D = rowsum(dout out)), `dq` (dq, the
-//! row sums of dS into dc, the start scratch) and `dkv` (dk, dv, dc -= column sums). The
-//! constructs the forward kernel cannot run are refused here the same way (captured tensors,
-//! masks other than causal / window, a separate `block_boundary`). A head dim above
+//! row sums of dS into dc, the start scratch) and `dkv` (dk, dv, dc -= column sums). Masks as
+//! the forward's: causal, window, none or an expression mask (every tile visited, the
+//! condition per element). Refused: captured tensors (the backward has no parameters for them
+//! yet, nor their gradients), a separate `block_boundary`, a decay pair. A head dim above
 //! [`attention_bwd::BWD_PART_DIM`] runs `d_parts` blocks per tile and head (grid y).
 
 use super::attention::region::RegionMod;
@@ -31,11 +32,15 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         let fwd_ids: Vec<ValueId> = fwd.iter().map(|v| v.node).collect();
         let o = AttnOperands::from_positional(a, &fwd_ids).map_err(CodegenError::Internal)?;
         let (out, lse, dout) = (rest[0], rest[1], rest[2]);
-        let window = match a.mask {
-            Mask::Causal => None,
-            Mask::Window(w) => Some(u32::try_from(w).map_err(|_| user(format!("window {w} is too large")))?),
-            Mask::None => return Err(Self::not_yet(n, "no mask (bidirectional)")),
-            Mask::Expr(_) => return Err(Self::not_yet(n, "an expression mask")),
+        // As the forward: without a causal mask every tile is visited; an expression mask's
+        // condition is evaluated on every element (by the score region's hook).
+        let (window, causal, mask) = match &a.mask {
+            Mask::Causal => (None, true, None),
+            Mask::Window(w) => {
+                (Some(u32::try_from(*w).map_err(|_| user(format!("window {w} is too large")))?), true, None)
+            }
+            Mask::None => (None, false, None),
+            Mask::Expr(r) => (None, false, Some(r)),
         };
         if !o.captures.is_empty() || !a.score.captures().is_empty() {
             return Err(Self::not_yet(n, "captured tensors in the backward"));
@@ -55,6 +60,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             scale: self.scale_value(&a.scale)? as f32,
             has_decay: a.decay,
             window,
+            causal,
             prune: a.prune == Prune::Boundary,
             sm: self.spec.target.sm(),
             kv_group: self.static_dim(&a.kv_group, "the query heads per key/value head")?,
@@ -67,7 +73,9 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         // The region and its derivative, specialized like the forward's.
         let heads = self.ty(o.q).axes.get(1).and_then(|ax| ax.dim.eval(&|s| self.spec.dims.get(s).copied()));
         let dim = |d: &Dim| d.eval(&|s| self.spec.dims.get(s).copied());
-        let score = RegionMod::new(&a.score, &dim, heads).map_err(|e| Self::not_yet(n, &e))?;
+        // No keys_from: the backward skips no tile below the bound (see `Regions`).
+        let score =
+            RegionMod::with_mask(&a.score, mask, None, &dim, heads, &[]).map_err(|e| Self::not_yet(n, &e))?;
         let dx_region = a.score.grad().dx;
         let dx = if a.score.is_identity() {
             None

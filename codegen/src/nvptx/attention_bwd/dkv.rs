@@ -10,6 +10,7 @@
 use super::probs::{ElemFn, PosFn};
 use super::wg::WG_ROWS;
 use super::{Bwd, BwdConfig, Regions, LOG2E};
+use crate::nvptx::attention::score::ScoreMod;
 use crate::nvptx::builder::control::{basic, floats};
 use crate::nvptx::builder::{KernelBuilder, ParamTy};
 use inkwell::context::Context;
@@ -111,7 +112,8 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         // The query chunks that can keep this tile: from the chunk of its first key to the end,
         // or to the last row within the window of its last key.
         let mq = b.sdivc(b.addc(t_len, bq - 1), bq);
-        let q_lo = b.named(b.sdivc(j0, bq), "q_lo");
+        // Without a causal mask every chunk may keep the tile: from the first.
+        let q_lo = b.named(if cfg.causal { b.sdivc(j0, bq) } else { b.i32(0) }, "q_lo");
         let q_hi = match cfg.window {
             Some(w) => {
                 let jl = b.smin(b.addc(j0, bn - 1), tmax);
@@ -293,7 +295,12 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                 }
             };
             let ilast = b.addc(i0c, bq - 1);
-            let mut need = b.icmp(IntPredicate::SGT, b.addc(jw0, 15), i0c);
+            let mut need = if cfg.causal {
+                b.icmp(IntPredicate::SGT, b.addc(jw0, 15), i0c)
+            } else {
+                // An expression mask: the condition on every element (no mask: rows past T).
+                b.bool(self.regions.score.has_mask())
+            };
             need = b.or(need, b.icmp(IntPredicate::SGE, ilast, self.t_len));
             if let Some(w) = cfg.window {
                 need = b.or(need, b.icmpc(IntPredicate::SGE, b.sub(ilast, jw0), w as i64));

@@ -6,6 +6,7 @@
 use super::probs::{ElemFn, PosFn};
 use super::{Bwd, BwdConfig, Regions, DQ_ROWS, LOG2E};
 use crate::nvptx::attention::prune::{search_start, SearchAt};
+use crate::nvptx::attention::score::ScoreMod;
 use crate::nvptx::builder::control::{basic, floats};
 use crate::nvptx::builder::ParamTy;
 use inkwell::context::Context;
@@ -62,7 +63,9 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let i0 = b.mulc(m, rows);
         let tmax = b.addc(t_len, -1);
         let i_last = b.smin(b.addc(i0, rows - 1), tmax);
-        let n_end = b.named(b.sdivc(i_last, bn), "n_end");
+        // The last key tile: the diagonal's under a causal mask, else the sequence's.
+        let j_last = if cfg.causal { i_last } else { tmax };
+        let n_end = b.named(b.sdivc(j_last, bn), "n_end");
 
         let t64 = b.sext64(t_len);
         let row_base = b.mul(b.sext64(bh), t64);
@@ -216,7 +219,15 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                 Some(&cc) => b.fadd(cc, rt[e / 2]),
                 None => rt[e / 2],
             };
-            let mut need = b.icmp(IntPredicate::SGT, b.addc(j0, bn - 1), iw0);
+            let mut need = if cfg.causal {
+                b.icmp(IntPredicate::SGT, b.addc(j0, bn - 1), iw0)
+            } else if self.regions.score.has_mask() {
+                // The condition on every element, as the forward's softmax.
+                b.bool(true)
+            } else {
+                // Keys past T.
+                b.icmp(IntPredicate::SGE, b.addc(j0, bn - 1), t_len)
+            };
             if let Some(w) = cfg.window {
                 let wl = b.sub(b.addc(iw0, 15), j0);
                 need = b.or(need, b.icmpc(IntPredicate::SGE, wl, w as i64));

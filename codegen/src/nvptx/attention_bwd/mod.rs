@@ -77,6 +77,10 @@ pub struct BwdConfig {
     pub scale: f32,
     pub has_decay: bool,
     pub window: Option<u32>,
+    /// Keys after the query row are masked and their tiles never visited (causal, window);
+    /// `false` (no mask, or an expression mask: its condition evaluated on every element by
+    /// [`Regions`]' score region, as the forward's `_bidir` kernels do): every tile is visited.
+    pub causal: bool,
     /// `start[m]` from `delta` and `c` by the forward's in-kernel search.
     pub prune: bool,
     /// 80 or 90 (the same code; recorded in the kernel names).
@@ -101,7 +105,7 @@ impl BwdConfig {
             BwdKernel::Dkv => "dkv",
         };
         format!(
-            "foxc_attn_bwd_{k}_d{}_bm{}_bn{}{}{}{}{}_s{:08x}_sm{}",
+            "foxc_attn_bwd_{k}_d{}_bm{}_bn{}{}{}{}{}{}_s{:08x}_sm{}",
             self.head_dim,
             self.bm,
             self.bn,
@@ -109,6 +113,7 @@ impl BwdConfig {
             if self.prune { "_prune" } else { "" },
             self.window.map_or(String::new(), |w| format!("_w{w}")),
             if self.kv_group != 1 { format!("_g{}", self.kv_group) } else { String::new() },
+            if self.causal { "" } else { "_bidir" },
             self.scale.to_bits(),
             self.sm
         )
@@ -220,12 +225,20 @@ impl BwdConfig {
         if self.prune && !self.has_decay {
             return Err("the GPU attention backward: pruning needs the decay operand c".into());
         }
+        if !self.causal && (self.prune || self.window.is_some()) {
+            return Err(
+                "the GPU attention backward: a non-causal mask runs unpruned, without a window".into()
+            );
+        }
         Ok(())
     }
 }
 
 /// The score region and its derivative as the kernels emit them. Neither may need kernel
 /// parameters of its own (captured tensors, a dynamic head count): [`Regions::new`] refuses them.
+/// An expression mask's condition rides on `score` ([`RegionMod::with_mask`], no `keys_from`:
+/// the backward visits every tile of a non-causal mask and evaluates the condition on each
+/// element, so it keeps exactly the forward's entries and skips no tile the forward visited).
 pub(crate) struct Regions<'r> {
     pub score: &'r RegionMod,
     /// `dR/dx`; `None` when it is the constant 1 (the identity region: `dx = dS`).

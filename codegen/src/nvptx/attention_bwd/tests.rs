@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::nvptx::target::{self, NvptxTarget};
-use foxc_ir::attention::{RNode, Region};
+use foxc_ir::attention::{IndexVar, RNode, Region};
 use foxc_ir::{BinaryOp, Dim, UnaryOp};
 
 fn cfg(d: u32, sm: u32) -> BwdConfig {
@@ -14,6 +14,7 @@ fn cfg(d: u32, sm: u32) -> BwdConfig {
         scale: 1.0 / (d as f32).sqrt(),
         has_decay: true,
         window: None,
+        causal: true,
         prune: true,
         sm,
         kv_group: 1,
@@ -35,14 +36,31 @@ fn no_dim(_: &Dim) -> Option<u64> {
     None
 }
 
+/// `abs(i - j) < 64`: a bidirectional local window as an expression mask's condition.
+fn local_mask() -> Region {
+    let mut r = Region::new();
+    let i = r.push(RNode::Index(IndexVar::I));
+    let j = r.push(RNode::Index(IndexVar::J));
+    let d = r.push(RNode::Binary(BinaryOp::Sub, i, j));
+    let a = r.push(RNode::Unary(UnaryOp::Abs, d));
+    let w = r.push(RNode::Const(64.0));
+    r.push(RNode::Binary(BinaryOp::Lt, a, w));
+    r
+}
+
 /// Builds the three kernels of `c` into one module and returns its PTX.
 fn ptx_of(cfgs: &[BwdConfig], region: &Region) -> String {
+    ptx_masked(cfgs, region, None)
+}
+
+/// [`ptx_of`] with an expression mask's condition `mask`.
+fn ptx_masked(cfgs: &[BwdConfig], region: &Region, mask: Option<&Region>) -> String {
     let t = if cfgs[0].sm == 90 { NvptxTarget::Sm90a } else { NvptxTarget::Sm80 };
     let tm = target::target_machine(t).unwrap();
     let ctx = Context::create();
     let m = ctx.create_module("bwd");
     target::prepare_module(&m, &tm);
-    let score = RegionMod::new(region, &no_dim, Some(4)).unwrap();
+    let score = RegionMod::with_mask(region, mask, None, &no_dim, Some(4), &[]).unwrap();
     let dx_region = region.grad().dx;
     let dx = RegionMod::new(&dx_region, &no_dim, Some(4)).unwrap();
     let regions = Regions::new(&score, (!region.is_identity()).then_some(&dx)).unwrap();
@@ -182,4 +200,59 @@ fn kernel_body<'p>(ptx: &'p str, name: &str) -> &'p str {
     let at = ptx.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("no kernel {name}"));
     let rest = &ptx[at..];
     &rest[..rest[1..].find(".entry").map_or(rest.len(), |e| e + 1)]
+}
+
+/// Without a causal mask (no mask, or an expression mask) the kernels are the `_bidir` ones:
+/// they assemble on both targets and paths (wgmma at D = 64 / 128 on sm_90a, mma.sync else,
+/// D = 256 split), the condition is compiled into them (the masked kernels differ from the
+/// unmasked ones and evaluate it on every tile: no `need` branch around it), and pruning or a
+/// window with a non-causal mask is refused.
+#[test]
+fn non_causal_masks_build_bidir_kernels() {
+    for sm in [90, 80] {
+        let arch = if sm == 90 { "sm_90a" } else { "sm_80" };
+        let cfgs: Vec<BwdConfig> = [64, 128, 256, 96]
+            .into_iter()
+            .map(|d| {
+                let mut c = cfg(d, sm);
+                (c.causal, c.prune) = (false, false);
+                // (D = 256 without decay: the dq kernel spills 4 bytes on sm_80, see GPU_KERNEL.md.)
+                c.has_decay = d >= 128;
+                c
+            })
+            .collect();
+        assert!(cfgs[0].kernel_name(BwdKernel::Dkv).contains("_bidir_"));
+        let plain = ptx_of(&cfgs, &Region::identity());
+        let masked = ptx_masked(&cfgs, &Region::identity(), Some(&local_mask()));
+        let capped = ptx_masked(&cfgs[..2], &softcap(), Some(&local_mask()));
+        for c in &cfgs {
+            for kind in [BwdKernel::Dq, BwdKernel::Dkv] {
+                let name = c.kernel_name(kind);
+                let p = kernel_body(&plain, &name);
+                let at = masked.find(&format!(".entry {name}_r")).expect("a masked kernel (region tag)");
+                let m = &masked[at..];
+                let m = &m[..m[1..].find(".entry").map_or(m.len(), |e| e + 1)];
+                // The condition: |i - j| compared with 64 (abs.s32 or its f32 form).
+                assert!(
+                    m.contains("abs.") && !p.contains("abs."),
+                    "{name}: no condition in the masked kernel"
+                );
+                // Rows past T and keys past T are masked in the unmasked kernel too.
+                assert!(p.contains("setp."), "{name}");
+            }
+        }
+        for ptx in [&plain, &masked] {
+            let log = assemble(ptx, arch, &format!("bidir{sm}"));
+            for l in log.lines().filter(|l| l.contains("spill")) {
+                assert!(l.contains(" 0 bytes spill stores"), "{arch}: {l}\n{log}");
+            }
+        }
+        // (A softcap region at D = 128 spills on sm_80, with or without the mask.)
+        assemble(&capped, arch, &format!("bidir_cap{sm}"));
+    }
+    let mut c = cfg(64, 90);
+    c.causal = false;
+    assert!(c.validate().unwrap_err().contains("non-causal"));
+    (c.prune, c.window) = (false, Some(100));
+    assert!(c.validate().unwrap_err().contains("non-causal"));
 }
