@@ -15,7 +15,13 @@ use std::path::Path;
 /// compiler's error.
 fn grad_artifact(example: &str, target: TargetArg, d: u64) -> Result<(Graph, NvptxArtifact), String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(format!("{example}.attn"));
-    let src = pipeline::Source::read(&path).map_err(|e| e.to_string())?;
+    grad_artifact_at(&path, target, d)
+}
+
+/// [`grad_artifact`] of the program at `path`.
+fn grad_artifact_at(path: &Path, target: TargetArg, d: u64) -> Result<(Graph, NvptxArtifact), String> {
+    let example = path.display();
+    let src = pipeline::Source::read(path).map_err(|e| e.to_string())?;
     let c = src.compile().map_err(|e| e.to_string())?;
     let prune = PruneArgs {
         no_prune: false,
@@ -90,6 +96,7 @@ fn gradient_programs_assemble_for_the_gpu() {
         "fox_qknorm",
         "local_bidir",
         "refuse_noncausal",
+        "fox_keybias",
     ];
     for ex in runs {
         for target in [TargetArg::Sm90a, TargetArg::Sm80] {
@@ -138,9 +145,35 @@ fn head_dim_256_backward_launches_a_block_per_half() {
     }
 }
 
-/// What the GPU backward does not run yet says so (a user-facing refusal, not a crash).
+/// What the GPU backward does not run yet says so (a user-facing refusal, not a crash): the
+/// gradient of a captured tensor not shaped `[B, H, T]` (time_window's `ts: f32[B, T]`, read
+/// by its mask).
 #[test]
-fn captured_tensors_are_refused_in_the_backward() {
-    let e = grad_ptx("fox_keybias", TargetArg::Sm90a, 64).unwrap_err();
-    assert!(e.contains("captured tensors") || e.contains("cannot"), "{e}");
+fn other_captured_tensor_gradients_are_refused_in_the_backward() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("codegen/tests/programs/time_window.attn");
+    let e = grad_artifact_at(&path, TargetArg::Sm90a, 64).map(|_| ()).unwrap_err();
+    assert!(e.contains("captured tensor") && e.contains("[B, H, T]"), "{e}");
+}
+
+/// A key-indexed capture (`kb[b, h, j]` of fox_keybias): its gradient (a result of the
+/// backward) is written by the dq kernel (0: no query read) and then accumulated by the dkv
+/// kernel (its column sums), both reading kb itself; on both targets and paths.
+#[test]
+fn key_capture_gradient_is_written_by_dq_and_summed_by_dkv() {
+    for target in [TargetArg::Sm90a, TargetArg::Sm80] {
+        for d in [64, 128, 256] {
+            let (g, a) = grad_artifact("fox_keybias", target, d).unwrap_or_else(|e| panic!("D={d}: {e}"));
+            let bwd = g.find(|op| matches!(op, foxc_ir::Op::AttentionBackward(_)));
+            assert_eq!(bwd.len(), 1);
+            let kb_grad = a
+                .buffers
+                .iter()
+                .position(|b| matches!(&b.kind, BufferKind::Value(v) if v.node == bwd[0] && v.result == 4))
+                .expect("the backward's result 4 (grad of kb: after dq, dk, dv, dc) has a buffer");
+            for kind in ["foxc_attn_bwd_dq", "foxc_attn_bwd_dkv"] {
+                let k = a.kernels.iter().find(|k| k.name.starts_with(kind)).expect(kind);
+                assert_eq!(k.args.last(), Some(&KernelArg::Buffer(kb_grad)), "{kind} D={d}: {:?}", k.args);
+            }
+        }
+    }
 }

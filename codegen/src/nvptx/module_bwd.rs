@@ -6,11 +6,14 @@
 //! yet, nor their gradients), a separate `block_boundary`, a decay pair. A head dim above
 //! [`attention_bwd::BWD_PART_DIM`] runs `d_parts` blocks per tile and head (grid y).
 
-use super::attention::region::RegionMod;
-use super::attention_bwd::{self, BwdConfig, BwdKernel, Regions, DQ_ROWS, PRE_ROWS};
+use super::attention::region::{CaptureTy, RegionMod, ScoreArg};
+use super::attention_bwd::{
+    self, BwdConfig, BwdKernel, CaptureRead, Regions, BWD_FIXED_PARAMS, DQ_ROWS, PRE_ROWS,
+};
 use super::module::Assembler;
 use super::{CodegenError, GridDim, KernelArg, Launch};
-use foxc_ir::attention::AttnOperands;
+use foxc_ir::attention::{AttnOperands, RId, RNode, Region};
+use foxc_ir::index::IndexExpr;
 use foxc_ir::{Attention, DType, Dim, Mask, Prune, Value, ValueId};
 
 fn user(msg: impl Into<String>) -> CodegenError {
@@ -42,9 +45,6 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             Mask::None => (None, false, None),
             Mask::Expr(r) => (None, false, Some(r)),
         };
-        if !o.captures.is_empty() || !a.score.captures().is_empty() {
-            return Err(Self::not_yet(n, "captured tensors in the backward"));
-        }
         if a.prune == Prune::Start {
             return Err(Self::not_yet(n, "a separate block_boundary (the fuse-boundary pass did not apply)"));
         }
@@ -73,16 +73,35 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         // The region and its derivative, specialized like the forward's.
         let heads = self.ty(o.q).axes.get(1).and_then(|ax| ax.dim.eval(&|s| self.spec.dims.get(s).copied()));
         let dim = |d: &Dim| d.eval(&|s| self.spec.dims.get(s).copied());
+        // Captured tensors: read by the regions through kernel parameters after the fixed
+        // ones (as the forward's score hook reads them).
+        let caps: Vec<CaptureTy> = o
+            .captures
+            .iter()
+            .map(|&c| CaptureTy { dtype: self.ty(c).dtype, rank: self.ty(c).rank() })
+            .collect();
         // No keys_from: the backward skips no tile below the bound (see `Regions`).
-        let score =
-            RegionMod::with_mask(&a.score, mask, None, &dim, heads, &[]).map_err(|e| Self::not_yet(n, &e))?;
-        let dx_region = a.score.grad().dx;
+        let score = RegionMod::with_mask(&a.score, mask, None, &dim, heads, &caps)
+            .map_err(|e| Self::not_yet(n, &e))?
+            .with_first_param(BWD_FIXED_PARAMS);
+        let grad = a.score.grad();
         let dx = if a.score.is_identity() {
             None
         } else {
-            Some(RegionMod::new(&dx_region, &dim, heads).map_err(|e| Self::not_yet(n, &e))?)
+            Some(RegionMod::sharing_params(&grad.dx, &score, &dim, &caps).map_err(|e| Self::not_yet(n, &e))?)
         };
-        let regions = Regions::new(&score, dx.as_ref()).map_err(|e| Self::not_yet(n, &e))?;
+        let (cap_reads, grad_caps) = self.capture_reads(n, a, &o.captures, &grad.captures, (&bh, &t))?;
+        let locals: Vec<RegionMod> = cap_reads
+            .iter()
+            .map(|(_, _, r)| RegionMod::sharing_params(r, &score, &dim, &caps))
+            .collect::<Result<_, _>>()
+            .map_err(|e| Self::not_yet(n, &e))?;
+        let reads = cap_reads
+            .iter()
+            .zip(&locals)
+            .map(|(&(by_key, slot, _), local)| CaptureRead { by_key, local, slot })
+            .collect();
+        let regions = Regions::new(&score, dx.as_ref(), reads, grad_caps.len());
 
         // q, k, v, dout in bf16 and out in f32 (copies of other dtypes first).
         let mut conv = |v: Value, to: DType, what: &str| -> Result<usize, CodegenError> {
@@ -121,6 +140,10 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         let res = |r: u32| self.buf(Value { node: n, result: r });
         let (dq, dk, dv) = (res(0)?, res(1)?, res(2)?);
         let dc = if a.decay { res(3)? } else { dq }; // not touched without decay
+                                                     // The captured tensors' gradients: the results after dc.
+        let first_grad = 3 + u32::from(a.decay);
+        let cap_bufs: Vec<usize> =
+            (0..grad_caps.len() as u32).map(|s| res(first_grad + s)).collect::<Result<_, _>>()?;
 
         let bht: Vec<Dim> = bh.iter().cloned().chain([t.clone()]).collect();
         let dd_buf = self.scratch(DType::F32, bht.clone(), format!("rowsum(dout * out) of %{}", n.index()));
@@ -146,6 +169,19 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             Ok(f.get_name().to_string_lossy().into_owned())
         };
         let (pre, dqk, dkvk) = (build(BwdKernel::Pre)?, build(BwdKernel::Dq)?, build(BwdKernel::Dkv)?);
+        // After T: the regions' arguments (head count, captures and their sizes), then the
+        // captured tensors' gradients (results after dc).
+        let mut extra = vec![];
+        for arg in score.args() {
+            extra.push(match *arg {
+                ScoreArg::Heads => KernelArg::I32(vec![bh[1].clone()]),
+                ScoreArg::Capture(k) => KernelArg::Buffer(self.buf(Value::of(o.captures[k]))?),
+                ScoreArg::CaptureDim(k, ax) => {
+                    KernelArg::I32(self.ty(o.captures[k]).dims().nth(ax).cloned().into_iter().collect())
+                }
+            });
+        }
+        extra.extend(cap_bufs.into_iter().map(KernelArg::Buffer));
         let buf = KernelArg::Buffer;
         let t_arg = KernelArg::I32(vec![t.clone()]);
         self.push(
@@ -171,7 +207,10 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 buf(dc),
                 buf(start),
                 t_arg.clone(),
-            ],
+            ]
+            .into_iter()
+            .chain(extra.iter().cloned())
+            .collect(),
             Launch::GridShared {
                 x: GridDim::Ceil(vec![t.clone()], DQ_ROWS),
                 y: GridDim::Ceil(with_parts(bh), 1),
@@ -196,7 +235,10 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 buf(dv),
                 buf(dc),
                 t_arg,
-            ],
+            ]
+            .into_iter()
+            .chain(extra)
+            .collect(),
             Launch::GridShared {
                 x: GridDim::Ceil(vec![t], cfg.bn),
                 y: GridDim::Ceil(with_parts(bhk), 1),
@@ -206,5 +248,69 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             vec![],
         );
         Ok(())
+    }
+
+    /// The captured tensors' reads whose gradients the kernels sum, from the region's
+    /// derivatives `reads` (capture node of the score region, `dR/d(read)`): `(by_key, slot,
+    /// dR/d(read))` for each read of a float capture, and the float captures (gradient slots, in
+    /// capture order). The kernels own a gradient entry per (batch-head, row) in the dq kernel
+    /// and per (batch-head, key) in the dkv kernel, so a float capture must be shaped like the
+    /// rows, `[B, H, T]`, and every read of it be `x[b, h, i]` (row sums) or `x[b, h, j]`
+    /// (column sums); other forms (`rel[h, i - j]`, `kb[h, j]`, a float tensor read only by
+    /// the mask at another shape) are refused with that said.
+    #[allow(clippy::type_complexity)]
+    fn capture_reads(
+        &self,
+        n: ValueId,
+        a: &Attention,
+        captures: &[ValueId],
+        reads: &[(RId, Region)],
+        (bh, t): (&[Dim], &Dim),
+    ) -> Result<(Vec<(bool, usize, Region)>, Vec<usize>), CodegenError> {
+        let grads: Vec<usize> =
+            (0..captures.len()).filter(|&k| self.ty(captures[k]).dtype.is_float()).collect();
+        let same = |x: &Dim, y: &Dim| {
+            let ev = |d: &Dim| d.eval(&|s| self.spec.dims.get(s).copied());
+            x == y || ev(x).is_some_and(|v| Some(v) == ev(y))
+        };
+        let rows: Vec<&Dim> = bh.iter().chain([t]).collect();
+        for &k in &grads {
+            let dims: Vec<&Dim> = self.ty(captures[k]).dims().collect();
+            if dims.len() != rows.len() || dims.iter().zip(&rows).any(|(x, y)| !same(x, y)) {
+                return Err(Self::not_yet(
+                    n,
+                    &format!(
+                        "the gradient of captured tensor %{} shaped {:?} (the GPU backward computes those shaped [B, H, T] only, read as x[b, h, i] or x[b, h, j])",
+                        captures[k].index(),
+                        dims
+                    ),
+                ));
+            }
+        }
+        let (vb, vh) = (IndexExpr::var("b"), IndexExpr::var("h"));
+        let mut out = vec![];
+        for (rid, local) in reads {
+            let Some(RNode::Capture { k, index }) = a.score.nodes.get(*rid as usize) else {
+                return Err(CodegenError::Internal(format!(
+                    "capture derivative of node {rid}, not a capture"
+                )));
+            };
+            let Some(slot) = grads.iter().position(|g| g == k) else { continue };
+            let by_key = match index.as_slice() {
+                [b, h, x] if *b == vb && *h == vh && *x == IndexExpr::var("i") => false,
+                [b, h, x] if *b == vb && *h == vh && *x == IndexExpr::var("j") => true,
+                _ => {
+                    return Err(Self::not_yet(
+                        n,
+                        &format!(
+                            "the gradient of a captured tensor read at [{}] (the GPU backward sums those read as x[b, h, i] or x[b, h, j] only)",
+                            index.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(", ")
+                        ),
+                    ))
+                }
+            };
+            out.push((by_key, slot, local.clone()));
+        }
+        Ok((out, grads))
     }
 }

@@ -65,10 +65,15 @@ pub(crate) struct RegionMod {
     args: Vec<ScoreArg>,
     /// The captured tensors the region reads, by capture number.
     caps: Vec<Option<CaptureTy>>,
+    /// The kernel parameter of the first argument ([`FIRST_PARAM`] in the forward kernel;
+    /// the backward kernels' own count there, [`RegionMod::with_first_param`]).
+    first_param: u32,
 }
 
 impl RegionMod {
     /// [`RegionMod::with_captures`] of a region that reads no captured tensor.
+    // (The kernels build theirs with `with_mask` / `sharing_params`; the tests with these.)
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn new(
         r: &Region,
         dim: &dyn Fn(&Dim) -> Option<u64>,
@@ -79,6 +84,7 @@ impl RegionMod {
 
     /// Resolves the dims of `r` whose captured tensors have types `caps` (by capture number);
     /// `Err` says what the GPU kernel cannot evaluate.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn with_captures(
         r: &Region,
         dim: &dyn Fn(&Dim) -> Option<u64>,
@@ -114,7 +120,36 @@ impl RegionMod {
             None => None,
         };
         let args = layout(&read, reads_bh && heads.is_none());
-        Ok(RegionMod { region, mask, keys_from, heads, args, caps: read })
+        Ok(RegionMod { region, mask, keys_from, heads, args, caps: read, first_param: FIRST_PARAM })
+    }
+
+    /// The same region with its arguments from kernel parameter `first` on.
+    pub(crate) fn with_first_param(mut self, first: u32) -> RegionMod {
+        self.first_param = first;
+        self
+    }
+
+    /// Region `r` (a derivative of `base`'s score region) reading through `base`'s kernel
+    /// parameters, so that both are emitted in one kernel; `Err` when `r` reads a captured
+    /// tensor or the head count that `base` has no parameter for.
+    pub(crate) fn sharing_params(
+        r: &Region,
+        base: &RegionMod,
+        dim: &dyn Fn(&Dim) -> Option<u64>,
+        caps: &[CaptureTy],
+    ) -> Result<RegionMod, String> {
+        let mut read = vec![None; caps.len()];
+        let mut reads_bh = false;
+        let region = resolve(r, dim, caps, &mut read, &mut reads_bh)?;
+        let missing_cap = read
+            .iter()
+            .enumerate()
+            .any(|(k, t)| t.is_some() && base.caps.get(k).copied().flatten().is_none());
+        let missing_heads = reads_bh && base.heads.is_none() && !base.args.contains(&ScoreArg::Heads);
+        if missing_cap || missing_heads {
+            return Err("a derivative region reads what its score region does not".into());
+        }
+        Ok(RegionMod { region, mask: None, keys_from: None, ..base.clone() })
     }
 
     /// The kernel arguments the region adds after the attention kernel's own, in order.
@@ -125,7 +160,7 @@ impl RegionMod {
     /// The parameter number of argument `a`.
     fn param(&self, a: ScoreArg) -> u32 {
         // A missing argument is a bug: the builder reports the missing parameter.
-        self.args.iter().position(|x| *x == a).map_or(u32::MAX, |p| FIRST_PARAM + p as u32)
+        self.args.iter().position(|x| *x == a).map_or(u32::MAX, |p| self.first_param + p as u32)
     }
 
     /// `(b, h)` of the flat batch-head index `bh`.

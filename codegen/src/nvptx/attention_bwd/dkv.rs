@@ -149,7 +149,25 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             self.load_chunk(&h, q_lo, &sm, 0);
             b.cp_async_commit();
             self.store_row_terms(&h, q_lo, sm.rows[0]);
-            let (dk, dv, colsum) = self.walk(&h, &sm, (q_lo, q_hi), (n, part), rj, tq, acc_in);
+            let (dk, dv, colsum, capcol) = self.walk(&h, &sm, (q_lo, q_hi), (n, part), rj, tq, acc_in);
+            // d cap[bh, j] += the column sums of its key reads (the dq kernel wrote the rows').
+            for (s, slot) in self.regions.slots(true).into_iter().enumerate() {
+                let gb = b.gep(f32t, b.param_ptr(self.regions.grad_param(slot)), row_base);
+                for r in 0..2 {
+                    let mut v = capcol[2 * s + r];
+                    v = b.fadd(v, b.shfl_xor(v, 1));
+                    v = b.fadd(v, b.shfl_xor(v, 2));
+                    let mut ok =
+                        b.and(b.icmp(IntPredicate::SLT, rj[r], t_len), b.icmpc(IntPredicate::EQ, tq, 0));
+                    if let Some(f) = first_part {
+                        ok = b.and(ok, f);
+                    }
+                    b.if_then(ok, |b| {
+                        let p = b.gep(f32t, gb, b.sext64(rj[r]));
+                        b.store(p, b.fadd(b.load_f32(p), v));
+                    });
+                }
+            }
             // dc[bh, j] -= colsum_j (the dq kernel wrote the row sums there).
             if cfg.has_decay {
                 let dcb = b.gep(f32t, dc_p, row_base);
@@ -197,8 +215,9 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
     }
 
     /// The walk over one query head's kept chunks `[lo, hi)` (chunk `lo` loaded and its row
-    /// terms stored in buffer 0 by the caller). Returns dK, dV (accumulated onto `acc_in`) and
-    /// this thread's column sums of dS for its two keys.
+    /// terms stored in buffer 0 by the caller). Returns dK, dV (accumulated onto `acc_in`),
+    /// this thread's column sums of dS for its two keys, and those of the captured tensors'
+    /// terms (two per key-read gradient slot, [`super::Regions::slots`]).
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn walk(
         &self,
@@ -209,7 +228,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         rj: [IntValue<'ctx>; 2],
         tq: IntValue<'ctx>,
         acc_in: Vec<FloatValue<'ctx>>,
-    ) -> (Vec<FloatValue<'ctx>>, Vec<FloatValue<'ctx>>, [FloatValue<'ctx>; 2]) {
+    ) -> (Vec<FloatValue<'ctx>>, Vec<FloatValue<'ctx>>, [FloatValue<'ctx>; 2], Vec<FloatValue<'ctx>>) {
         let (b, cfg) = (self.b, self.cfg);
         let bq = cfg.bq() as i64;
         let dt = (cfg.part_dim() / 8) as usize;
@@ -236,6 +255,9 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         carried.extend(acc_in.iter().map(|v| ("acc", (*v).into())));
         carried.extend([("colsum", zero.into()), ("colsum", zero.into())]);
         let a0 = 3;
+        let ncap = 2 * self.regions.slots(true).len();
+        let c0 = a0 + 2 + 2 * dt * 4;
+        carried.extend((0..ncap).map(|_| ("capcol", zero.into())));
         let last = b.do_while(("chunk", "chunks_done"), &carried, |b, vals| {
             let cur = vals[0].into_int_value();
             let nxt = vals[1].into_int_value();
@@ -322,6 +344,13 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                 let r = (k % 4) / 2;
                 cs[r] = b.fadd(cs[r], *v);
             }
+            let mut capcs = floats(&vals[c0..c0 + ncap]);
+            for (s, terms) in self.capture_terms(&p, &ds, &xs, pos, h.bh, true).iter().enumerate() {
+                for (k, v) in terms.iter().enumerate() {
+                    let r = 2 * s + (k % 4) / 2;
+                    capcs[r] = b.fadd(capcs[r], *v);
+                }
+            }
             let (dk, dv) = match dv_pending {
                 Some(dv) => {
                     let xa = self.wg_pack(&dx);
@@ -359,11 +388,12 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             next.extend(basic(&dk));
             next.extend(basic(&dv));
             next.extend(basic(&cs));
+            next.extend(basic(&capcs));
             (more, next)
         });
         let acc = floats(&last[a0..a0 + 2 * dt * 4]);
         let cs = [last[a0 + 2 * dt * 4].into_float_value(), last[a0 + 1 + 2 * dt * 4].into_float_value()];
-        (acc[..dt * 4].to_vec(), acc[dt * 4..].to_vec(), cs)
+        (acc[..dt * 4].to_vec(), acc[dt * 4..].to_vec(), cs, floats(&last[c0..c0 + ncap]))
     }
 
     /// The first chunk after `cur` (below `hi`) that keeps key tile `n`: its IR tile's

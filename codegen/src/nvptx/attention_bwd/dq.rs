@@ -166,6 +166,10 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let mut carried: Vec<(&str, BasicValueEnum)> = vec![("n", n_end.into()), ("parity", b.i32(0).into())];
         carried.extend((0..dt * 4).map(|_| ("dq", zero.into())));
         carried.extend([("rowsum", zero.into()), ("rowsum", zero.into())]);
+        // Row sums of the captured tensors' terms, two per query-read gradient slot.
+        let cap_slots = self.regions.slots(false);
+        let c0 = 4 + dt * 4;
+        carried.extend((0..2 * cap_slots.len()).map(|_| ("caprow", zero.into())));
         let last = b.do_while(("tile", "epilogue"), &carried, |b, vals| {
             let n = vals[0].into_int_value();
             let par = vals[1].into_int_value();
@@ -240,6 +244,13 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                 let r = (k % 4) / 2;
                 rs[r] = b.fadd(rs[r], *v);
             }
+            let mut caprs = floats(&vals[c0..c0 + 2 * cap_slots.len()]);
+            for (s, terms) in self.capture_terms(&p, &ds, &xs, pos, bh, false).iter().enumerate() {
+                for (k, v) in terms.iter().enumerate() {
+                    let r = 2 * s + (k % 4) / 2;
+                    caprs[r] = b.fadd(caprs[r], *v);
+                }
+            }
             let dq = if self.wg {
                 self.wg_acc_now(dq_in, &dx, kcur, cfg.bn)
             } else {
@@ -261,12 +272,14 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             let mut next = vec![n_next.into(), b.xorc(par, 1).into()];
             next.extend(basic(&dq));
             next.extend(basic(&rs));
+            next.extend(basic(&caprs));
             (again, next)
         });
 
         // Epilogue: dq = scale * acc (f32 pairs), the row sums of dS into dc.
         let dq = floats(&last[2..2 + dt * 4]);
         let rs = [last[2 + dt * 4].into_float_value(), last[3 + dt * 4].into_float_value()];
+        let caprs = floats(&last[c0..c0 + 2 * cap_slots.len()]);
         let sc = b.f32(cfg.scale as f64);
         let mut t2 = b.mulc(tq, 2);
         if let Some(p) = part {
@@ -284,6 +297,22 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                     let x1 = b.fmul(dq[dtile * 4 + 2 * r + 1], sc);
                     let idx = b.add(rowoff, b.addc(t2, 8 * dtile as i64));
                     b.store_aligned(b.gep(f32t, dqb, b.sext64(idx)), b.vec2_f32(x0, x1), 8);
+                }
+                // Every gradient of a captured tensor: its row sums (0 without a query read);
+                // the dkv kernel adds the column sums.
+                for slot in 0..self.regions.grads {
+                    let mut v = b.f32(0.0);
+                    if let Some(s) = cap_slots.iter().position(|&c| c == slot) {
+                        v = caprs[2 * s + r];
+                        v = b.fadd(v, b.shfl_xor(v, 1));
+                        v = b.fadd(v, b.shfl_xor(v, 2));
+                    }
+                    let mut w = b.icmpc(IntPredicate::EQ, tq, 0);
+                    if let Some(f) = first_part {
+                        w = b.and(w, f);
+                    }
+                    let gp = b.gep(f32t, b.param_ptr(self.regions.grad_param(slot)), row_base);
+                    b.if_then(w, |b| b.store(b.gep(f32t, gp, b.sext64(ri[r])), v));
                 }
                 if cfg.has_decay {
                     let mut w = b.icmpc(IntPredicate::EQ, tq, 0);

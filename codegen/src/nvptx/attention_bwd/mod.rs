@@ -234,8 +234,24 @@ impl BwdConfig {
     }
 }
 
-/// The score region and its derivative as the kernels emit them. Neither may need kernel
-/// parameters of its own (captured tensors, a dynamic head count): [`Regions::new`] refuses them.
+/// Parameters of the dq and dkv kernels before the regions' own (`T` is the last of them).
+pub(crate) const BWD_FIXED_PARAMS: u32 = 12;
+
+/// A read of a captured tensor in the score region whose gradient the kernels sum
+/// (`d cap = sum dS dR/d(read)` over the entries reading it): by query row (`kb[b, h, i]`: the
+/// dq kernel's row sums) or by key (`kb[b, h, j]`: the dkv kernel's column sums, per query
+/// head, as dc's). Other index forms are refused by the lowering.
+pub(crate) struct CaptureRead<'r> {
+    pub by_key: bool,
+    /// `dR / d(this read)`, reading through the score region's parameters.
+    pub local: &'r RegionMod,
+    /// The capture's gradient output: its place among [`Regions::grads`].
+    pub slot: usize,
+}
+
+/// The score region and its derivatives as the kernels emit them; they read captured tensors
+/// (and a head count not fixed at compile time) through the score region's kernel parameters,
+/// after the [`BWD_FIXED_PARAMS`], followed by the `grads` gradient outputs.
 /// An expression mask's condition rides on `score` ([`RegionMod::with_mask`], no `keys_from`:
 /// the backward visits every tile of a non-causal mask and evaluates the condition on each
 /// element, so it keeps exactly the forward's entries and skips no tile the forward visited).
@@ -243,16 +259,42 @@ pub(crate) struct Regions<'r> {
     pub score: &'r RegionMod,
     /// `dR/dx`; `None` when it is the constant 1 (the identity region: `dx = dS`).
     pub dx: Option<&'r RegionMod>,
+    pub reads: Vec<CaptureRead<'r>>,
+    /// Gradient outputs of captured tensors (f32 `[B, H, T]` each, in capture order): the dq
+    /// kernel writes every one (its row sums; 0 without a query read), the dkv kernel then adds
+    /// its column sums.
+    pub grads: usize,
 }
 
 impl<'r> Regions<'r> {
-    pub(crate) fn new(score: &'r RegionMod, dx: Option<&'r RegionMod>) -> Result<Regions<'r>, String> {
-        if !score.args().is_empty() || dx.is_some_and(|d| !d.args().is_empty()) {
-            return Err(
-                "a score region reading captured tensors or a head count not fixed at compile time".into()
-            );
-        }
-        Ok(Regions { score, dx })
+    /// `score` and `dx` must read through parameters from [`BWD_FIXED_PARAMS`] on
+    /// ([`RegionMod::with_first_param`], [`RegionMod::sharing_params`]).
+    pub(crate) fn new(
+        score: &'r RegionMod,
+        dx: Option<&'r RegionMod>,
+        reads: Vec<CaptureRead<'r>>,
+        grads: usize,
+    ) -> Regions<'r> {
+        Regions { score, dx, reads, grads }
+    }
+
+    /// The kernel parameters after `T`: the score region's arguments, then the gradients.
+    fn extra_params(&self) -> Vec<(String, ParamTy)> {
+        let mut p = self.score.params();
+        p.extend((0..self.grads).map(|s| (format!("dcap{s}"), ParamTy::Ptr)));
+        p
+    }
+
+    /// The parameter of gradient output `slot`.
+    fn grad_param(&self, slot: usize) -> u32 {
+        BWD_FIXED_PARAMS + self.score.args().len() as u32 + slot as u32
+    }
+
+    /// The gradient slots that have reads `by_key` (or by query row when false).
+    fn slots(&self, by_key: bool) -> Vec<usize> {
+        let mut s: Vec<usize> = self.reads.iter().filter(|r| r.by_key == by_key).map(|r| r.slot).collect();
+        s.dedup();
+        s
     }
 
     /// The score region's tag (empty for the identity); `dx` is derived from it.
@@ -307,18 +349,24 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
     fn build(
         ctx: &'ctx Context,
         module: &'a Module<'ctx>,
-        (name, params): (&str, &[(&str, ParamTy)]),
+        (name, fixed): (&str, &[(&str, ParamTy)]),
         (cfg, regions): (&BwdConfig, &Regions),
         threads: u32,
         body: impl FnOnce(&Bwd<'_, 'a, 'ctx>),
     ) -> Result<FunctionValue<'ctx>, String> {
-        let b = KernelBuilder::kernel(ctx, module, name, params)?;
+        if fixed.len() != BWD_FIXED_PARAMS as usize {
+            return Err(format!("{name}: {} fixed parameters, not {BWD_FIXED_PARAMS}", fixed.len()));
+        }
+        let extra = regions.extra_params();
+        let mut params = fixed.to_vec();
+        params.extend(extra.iter().map(|(n, t)| (n.as_str(), *t)));
+        let b = KernelBuilder::kernel(ctx, module, name, &params)?;
         // 1024: the wgmma 128-byte swizzle atom is 8 rows x 128 B.
         let wg = cfg.uses_wgmma();
         let smem = b.dyn_shared(&format!("{name}_smem"), if wg { 1024 } else { 128 });
         let tid = b.sreg("tid.x");
         let lane = b.andc(tid, 31);
-        let t_len = b.param_int(params.len() as u32 - 1);
+        let t_len = b.param_int(BWD_FIXED_PARAMS - 1);
         body(&Bwd { b: &b, cfg, regions, smem, tid, lane, t_len, threads, wg });
         b.finish()
     }

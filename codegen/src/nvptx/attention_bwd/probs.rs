@@ -115,3 +115,43 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         (ds, dx)
     }
 }
+
+impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
+    /// The captured-tensor terms of a fragment: for each gradient slot with reads `by_key`
+    /// (by query row when false), in [`super::Regions::slots`] order, `dS dR/d(read)` per
+    /// element, summed over the slot's reads; 0 where `P = 0` (as `dx`: a derivative that is
+    /// not finite on a masked element cannot leak a NaN).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn capture_terms(
+        &self,
+        p: &[FloatValue<'ctx>],
+        ds: &[FloatValue<'ctx>],
+        xs: &[FloatValue<'ctx>],
+        pos: PosFn<'_, 'ctx>,
+        bh: IntValue<'ctx>,
+        by_key: bool,
+    ) -> Vec<Vec<FloatValue<'ctx>>> {
+        let b = self.b;
+        let zero = b.f32(0.0);
+        let regions = self.regions;
+        regions
+            .slots(by_key)
+            .into_iter()
+            .map(|slot| {
+                (0..ds.len())
+                    .map(|k| {
+                        let (i, j) = pos(k / 4, k % 4);
+                        let mut sum = zero;
+                        for r in regions.reads.iter().filter(|r| r.by_key == by_key && r.slot == slot) {
+                            // xs is empty only for the identity region, which reads no capture.
+                            let x = xs.get(k).copied().unwrap_or(zero);
+                            sum = b.fadd(sum, r.local.emit(b, x, ScorePos { i, j, bh }));
+                        }
+                        let z = b.fcmp(FloatPredicate::OEQ, p[k], zero);
+                        b.select_f(z, zero, b.fmul(ds[k], sum))
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}

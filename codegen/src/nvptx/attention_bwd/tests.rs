@@ -63,7 +63,7 @@ fn ptx_masked(cfgs: &[BwdConfig], region: &Region, mask: Option<&Region>) -> Str
     let score = RegionMod::with_mask(region, mask, None, &no_dim, Some(4), &[]).unwrap();
     let dx_region = region.grad().dx;
     let dx = RegionMod::new(&dx_region, &no_dim, Some(4)).unwrap();
-    let regions = Regions::new(&score, (!region.is_identity()).then_some(&dx)).unwrap();
+    let regions = Regions::new(&score, (!region.is_identity()).then_some(&dx), vec![], 0);
     for c in cfgs {
         for kind in [BwdKernel::Pre, BwdKernel::Dq, BwdKernel::Dkv] {
             build_bwd_kernel(&ctx, &m, c, kind, &regions).unwrap();
