@@ -33,8 +33,16 @@ check grad examples/fox.attn --shape B=2,H=3,T=777,D=64
 check grad examples/fox_gqa.attn --shape B=1,H=4,G=2,T=1000,D=64
 check grad examples/fox_alibi.attn --shape B=1,H=4,T=512,D=64
 check grad examples/fox_softcap.attn --shape B=1,H=4,T=1000,D=128
-check grad examples/fox.attn --shape B=1,H=2,T=777,D=256
-check grad examples/fox_gqa.attn --shape B=1,H=4,G=2,T=300,D=256 --no-prune
+# h5's backward extensions: D = 256 (cbdc67f), expression masks and no mask (e5365fa), captured
+# [B, H, T] tensors read at i or j (72a330a).
+for a in "fox.attn B=1,H=2,T=777,D=256" "fox.attn B=1,H=2,T=1000,D=256 --no-prune" \
+  "fox_gqa.attn B=1,H=4,G=2,T=500,D=256" "window.attn B=1,H=2,T=600,D=256" "fox_softcap.attn B=1,H=2,T=333,D=256" \
+  "local_bidir.attn B=2,H=2,T=300,D=64" "local_bidir.attn B=1,H=2,T=777,D=128" "local_bidir.attn B=1,H=2,T=333,D=256" \
+  "refuse_noncausal.attn B=1,H=2,T=200,D=64" "fox_keybias.attn B=2,H=2,T=300,D=64" \
+  "fox_keybias.attn B=1,H=2,T=777,D=128" "fox_keybias.attn B=1,H=2,T=333,D=256"; do
+  set -- $a
+  check grad "examples/$1" --shape "$2" ${3:-}
+done
 check run examples/fox.attn --shape B=2,H=16,T=4096,D=128 --check-starts
 check run examples/fox.attn --shape B=1,H=4,T=2048,D=64
 check run examples/local_bidir.attn --shape B=1,H=4,T=1000,D=64
@@ -42,13 +50,13 @@ check run codegen/tests/programs/time_window.attn --shape B=2,H=4,T=1000,D=128
 grep -c "FAILED" "$OUT/checks.txt" | sed 's/^/failed checks: /' | tee -a "$OUT/steps.txt"
 
 stamp "2. forward + backward race"
-GRAD128=${GRAD128-32768 8192 16384 4096} FWD128= FWD64= timeout "${RACE_TMO:-230}" bench/race_device.sh > "$OUT/race.log" 2>&1
+GRAD128=${GRAD128-32768 8192 16384 4096} FWD128= FWD64= timeout "${RACE_TMO:-200}" bench/race_device.sh > "$OUT/race.log" 2>&1
 
 stamp "3. sanitizers and ncu split of the backward"
-FOXC_NEW=$FOXC CHECKS=0 ROUNDS=0 TMO=60 timeout 120 bench/bwd_device.sh > "$OUT/bwd.log" 2>&1
+FOXC_NEW=$FOXC CHECKS=0 ROUNDS=0 TMO=45 timeout 90 bench/bwd_device.sh > "$OUT/bwd.log" 2>&1
 
 stamp "4. f32 numerics"
-NUM_T=${NUM_T:-4096} timeout 60 bench/numerics_device.sh > "$OUT/numerics.log" 2>&1; echo "numerics rc=$?" >> "$OUT/numerics.log"
+NUM_T=${NUM_T:-4096} timeout 45 bench/numerics_device.sh > "$OUT/numerics.log" 2>&1; echo "numerics rc=$?" >> "$OUT/numerics.log"
 
 if [ "${CP:-1}" = 1 ] && ls .devbin/fin/foxc-*.whl >/dev/null 2>&1; then
   stamp "5. context parallelism on one GPU"
