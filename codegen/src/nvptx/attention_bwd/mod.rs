@@ -293,6 +293,8 @@ impl<'r> Regions<'r> {
     /// The gradient slots that have reads `by_key` (or by query row when false).
     fn slots(&self, by_key: bool) -> Vec<usize> {
         let mut s: Vec<usize> = self.reads.iter().filter(|r| r.by_key == by_key).map(|r| r.slot).collect();
+        // Each slot once (its reads are summed per element by `capture_terms`).
+        s.sort_unstable();
         s.dedup();
         s
     }

@@ -256,3 +256,15 @@ fn non_causal_masks_build_bidir_kernels() {
     (c.prune, c.window) = (false, Some(100));
     assert!(c.validate().unwrap_err().contains("non-causal"));
 }
+
+/// Each capture gradient slot is summed once per kernel, however many reads it has and in
+/// whatever order the region's derivative lists them (a slot listed twice would be added twice).
+#[test]
+fn capture_slots_are_listed_once() {
+    let id = RegionMod::new(&Region::identity(), &no_dim, Some(4)).unwrap();
+    let read = |by_key, slot| CaptureRead { by_key, local: &id, slot };
+    let reads = vec![read(true, 1), read(true, 0), read(true, 1), read(false, 0)];
+    let r = Regions::new(&id, None, reads, 2);
+    assert_eq!(r.slots(true), [0, 1]);
+    assert_eq!(r.slots(false), [0]);
+}
