@@ -155,21 +155,36 @@ fn other_captured_tensor_gradients_are_refused_in_the_backward() {
     assert!(e.contains("captured tensor") && e.contains("[B, H, T]"), "{e}");
 }
 
-/// A key-indexed capture (`kb[b, h, j]` of fox_keybias): its gradient (a result of the
-/// backward) is written by the dq kernel (0: no query read) and then accumulated by the dkv
-/// kernel (its column sums), both reading kb itself; on both targets and paths.
+/// A key-indexed capture (`kb[b, h, j]` of fox_keybias) and a query-indexed one (`qt[b, h, i]`
+/// of codegen/tests/programs/query_temp.attn): the gradient (a result of the backward) is
+/// written by the dq kernel (the row sums; 0 without a query read) and then accumulated by the
+/// dkv kernel (the column sums); both kernels take it as their last argument; on both targets
+/// and paths; the PTX assembles.
 #[test]
 fn key_capture_gradient_is_written_by_dq_and_summed_by_dkv() {
-    for target in [TargetArg::Sm90a, TargetArg::Sm80] {
-        for d in [64, 128, 256] {
-            let (g, a) = grad_artifact("fox_keybias", target, d).unwrap_or_else(|e| panic!("D={d}: {e}"));
+    let ptxas = ptxas::find();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let programs =
+        [root.join("examples/fox_keybias.attn"), root.join("codegen/tests/programs/query_temp.attn")];
+    for (path, target, d) in programs.iter().flat_map(|p| {
+        [TargetArg::Sm90a, TargetArg::Sm80].into_iter().flat_map(move |t| [64, 128, 256].map(|d| (p, t, d)))
+    }) {
+        {
+            let (g, a) = grad_artifact_at(path, target, d).unwrap_or_else(|e| panic!("D={d}: {e}"));
+            if let Some(ptxas) = &ptxas {
+                let arch = if target == TargetArg::Sm80 { "sm_80" } else { "sm_90a" };
+                ptxas::assemble(ptxas, &a.ptx, arch)
+                    .unwrap_or_else(|log| panic!("ptxas failed on {}_{arch}_d{d}:\n{log}", path.display()));
+            }
             let bwd = g.find(|op| matches!(op, foxc_ir::Op::AttentionBackward(_)));
             assert_eq!(bwd.len(), 1);
             let kb_grad = a
                 .buffers
                 .iter()
                 .position(|b| matches!(&b.kind, BufferKind::Value(v) if v.node == bwd[0] && v.result == 4))
-                .expect("the backward's result 4 (grad of kb: after dq, dk, dv, dc) has a buffer");
+                .expect(
+                    "the backward's result 4 (the capture's gradient: after dq, dk, dv, dc) has a buffer",
+                );
             for kind in ["foxc_attn_bwd_dq", "foxc_attn_bwd_dkv"] {
                 let k = a.kernels.iter().find(|k| k.name.starts_with(kind)).expect(kind);
                 assert_eq!(k.args.last(), Some(&KernelArg::Buffer(kb_grad)), "{kind} D={d}: {:?}", k.args);

@@ -279,7 +279,19 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         // Epilogue: dq = scale * acc (f32 pairs), the row sums of dS into dc.
         let dq = floats(&last[2..2 + dt * 4]);
         let rs = [last[2 + dt * 4].into_float_value(), last[3 + dt * 4].into_float_value()];
+        // The captured tensors' row sums over the row's 4 lanes (every lane shuffles: outside
+        // the row guard below), 0 for a gradient without a query read; [slot][row].
         let caprs = floats(&last[c0..c0 + 2 * cap_slots.len()]);
+        let capsum: Vec<[FloatValue<'ctx>; 2]> = (0..self.regions.grads)
+            .map(|slot| match cap_slots.iter().position(|&c| c == slot) {
+                Some(s) => [0, 1].map(|r| {
+                    let v = caprs[2 * s + r];
+                    let v = b.fadd(v, b.shfl_xor(v, 1));
+                    b.fadd(v, b.shfl_xor(v, 2))
+                }),
+                None => [b.f32(0.0); 2],
+            })
+            .collect();
         let sc = b.f32(cfg.scale as f64);
         let mut t2 = b.mulc(tq, 2);
         if let Some(p) = part {
@@ -300,13 +312,8 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                 }
                 // Every gradient of a captured tensor: its row sums (0 without a query read);
                 // the dkv kernel adds the column sums.
-                for slot in 0..self.regions.grads {
-                    let mut v = b.f32(0.0);
-                    if let Some(s) = cap_slots.iter().position(|&c| c == slot) {
-                        v = caprs[2 * s + r];
-                        v = b.fadd(v, b.shfl_xor(v, 1));
-                        v = b.fadd(v, b.shfl_xor(v, 2));
-                    }
+                for (slot, sums) in capsum.iter().enumerate() {
+                    let v = sums[r];
                     let mut w = b.icmpc(IntPredicate::EQ, tq, 0);
                     if let Some(f) = first_part {
                         w = b.and(w, f);
