@@ -43,6 +43,9 @@ for a in "fox.attn B=1,H=2,T=777,D=256" "fox.attn B=1,H=2,T=1000,D=256 --no-prun
   set -- $a
   check grad "examples/$1" --shape "$2" ${3:-}
 done
+for s in B=2,H=2,T=300,D=64 B=1,H=2,T=777,D=128 B=1,H=2,T=333,D=256; do
+  check grad codegen/tests/programs/query_temp.attn --shape "$s"  # a capture read by query row
+done
 check run examples/fox.attn --shape B=2,H=16,T=4096,D=128 --check-starts
 check run examples/fox.attn --shape B=1,H=4,T=2048,D=64
 check run examples/local_bidir.attn --shape B=1,H=4,T=1000,D=64
@@ -54,6 +57,13 @@ GRAD128=${GRAD128-32768 8192 16384 4096} FWD128= FWD64= timeout "${RACE_TMO:-200
 
 stamp "3. sanitizers and ncu split of the backward"
 FOXC_NEW=$FOXC CHECKS=0 ROUNDS=0 TMO=45 timeout 90 bench/bwd_device.sh > "$OUT/bwd.log" 2>&1
+
+for a in "fox.attn B=1,H=1,T=200,D=256" "fox_keybias.attn B=1,H=1,T=200,D=64"; do
+  set -- $a
+  out=$(timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 "$FOXC" grad "examples/$1" --backend cuda \
+    --shape "$2" 2>&1); rc=$?
+  echo "racecheck grad $a rc=$rc $(grep -E 'RACECHECK SUMMARY' <<<"$out")" | tee -a "$OUT/steps.txt"
+done
 
 stamp "4. f32 numerics"
 NUM_T=${NUM_T:-4096} timeout 45 bench/numerics_device.sh > "$OUT/numerics.log" 2>&1; echo "numerics rc=$?" >> "$OUT/numerics.log"
