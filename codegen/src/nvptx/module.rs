@@ -615,15 +615,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             // The compensate-decay pass gives the pair to the CPU target only.
             return Err(Self::not_yet(n, "a decay pair (c, c_lo)"));
         }
-        let (window, causal, mask) = match &a.mask {
-            Mask::Causal => (None, true, None),
-            Mask::Window(w) => {
-                (Some(u32::try_from(*w).map_err(|_| user(format!("window {w} is too large")))?), true, None)
-            }
-            // Every key tile is visited; the expression's condition is evaluated per element.
-            Mask::None => (None, false, None),
-            Mask::Expr(r) => (None, false, Some(r)),
-        };
+        let (window, causal, mask) = mask_parts(&a.mask)?;
         if a.prune == Prune::Start {
             return Err(Self::not_yet(n, "a separate block_boundary (the fuse-boundary pass did not apply)"));
         }
@@ -733,4 +725,18 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         self.push(n, name, args, Launch::Attention { cfg, t, bh }, vec![]);
         Ok(())
     }
+}
+
+/// An attention mask as the kernels take it: (window, causal, expression condition). Without a
+/// causal mask every key tile is visited and an expression's condition is evaluated per element
+/// (by the score region's hook), in the forward and the backward alike.
+pub(super) fn mask_parts(mask: &Mask) -> Result<(Option<u32>, bool, Option<&foxc_ir::Region>), CodegenError> {
+    Ok(match mask {
+        Mask::Causal => (None, true, None),
+        Mask::Window(w) => {
+            (Some(u32::try_from(*w).map_err(|_| user(format!("window {w} is too large")))?), true, None)
+        }
+        Mask::None => (None, false, None),
+        Mask::Expr(r) => (None, false, Some(r)),
+    })
 }

@@ -14,7 +14,7 @@ use super::module::Assembler;
 use super::{CodegenError, GridDim, KernelArg, Launch};
 use foxc_ir::attention::{AttnOperands, RId, RNode, Region};
 use foxc_ir::index::IndexExpr;
-use foxc_ir::{Attention, DType, Dim, Mask, Prune, Value, ValueId};
+use foxc_ir::{Attention, DType, Dim, Prune, Value, ValueId};
 
 fn user(msg: impl Into<String>) -> CodegenError {
     CodegenError::User(msg.into())
@@ -35,16 +35,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         let fwd_ids: Vec<ValueId> = fwd.iter().map(|v| v.node).collect();
         let o = AttnOperands::from_positional(a, &fwd_ids).map_err(CodegenError::Internal)?;
         let (out, lse, dout) = (rest[0], rest[1], rest[2]);
-        // As the forward: without a causal mask every tile is visited; an expression mask's
-        // condition is evaluated on every element (by the score region's hook).
-        let (window, causal, mask) = match &a.mask {
-            Mask::Causal => (None, true, None),
-            Mask::Window(w) => {
-                (Some(u32::try_from(*w).map_err(|_| user(format!("window {w} is too large")))?), true, None)
-            }
-            Mask::None => (None, false, None),
-            Mask::Expr(r) => (None, false, Some(r)),
-        };
+        let (window, causal, mask) = super::module::mask_parts(&a.mask)?;
         if a.prune == Prune::Start {
             return Err(Self::not_yet(n, "a separate block_boundary (the fuse-boundary pass did not apply)"));
         }

@@ -546,12 +546,10 @@ mod tests {
     use foxc_ir::DType;
     use inkwell::context::Context;
 
-    /// `rm` emitted once into a tiny kernel `(x, i, j, bh, out, 3 unused, rm's parameters)`
-    /// (its parameters start where the attention kernel's do): its LLVM IR, node by node.
-    fn mod_ir(rm: &RegionMod) -> String {
-        let ctx = Context::create();
-        let m = ctx.create_module("t");
-        let mut params = vec![
+    /// The fixed parameters of the tiny test kernels, `(x, i, j, bh, out, 3 unused)`: as many as
+    /// the attention kernel has before a region's own ([`FIRST_PARAM`]).
+    fn tiny_kernel_params() -> Vec<(&'static str, ParamTy)> {
+        vec![
             ("x", ParamTy::F32),
             ("i", ParamTy::I32),
             ("j", ParamTy::I32),
@@ -560,7 +558,15 @@ mod tests {
             ("unused5", ParamTy::I32),
             ("unused6", ParamTy::I32),
             ("unused7", ParamTy::I32),
-        ];
+        ]
+    }
+
+    /// `rm` emitted once into a tiny kernel `(x, i, j, bh, out, 3 unused, rm's parameters)`
+    /// (its parameters start where the attention kernel's do): its LLVM IR, node by node.
+    fn mod_ir(rm: &RegionMod) -> String {
+        let ctx = Context::create();
+        let m = ctx.create_module("t");
+        let mut params = tiny_kernel_params();
         assert_eq!(params.len() as u32, FIRST_PARAM);
         let extra = rm.params();
         params.extend(extra.iter().map(|(n, t)| (n.as_str(), *t)));
@@ -827,16 +833,7 @@ mod tests {
         // The condition alone, into a tiny kernel: 1.0 where kept.
         let ctx = Context::create();
         let m = ctx.create_module("t");
-        let mut params = vec![
-            ("x", ParamTy::F32),
-            ("i", ParamTy::I32),
-            ("j", ParamTy::I32),
-            ("bh", ParamTy::I32),
-            ("out", ParamTy::Ptr),
-            ("unused5", ParamTy::I32),
-            ("unused6", ParamTy::I32),
-            ("unused7", ParamTy::I32),
-        ];
+        let mut params = tiny_kernel_params();
         let extra = id.params();
         params.extend(extra.iter().map(|(n, t)| (n.as_str(), *t)));
         let b = KernelBuilder::kernel(&ctx, &m, "mask", &params).unwrap();
