@@ -261,6 +261,23 @@ pub fn launch_geometry(cfg: &AttnKernelConfig, t: u64, bh: u64) -> LaunchGeometr
     }
 }
 
+/// The forward kernels' fixed parameters (the standard and the warp-specialized kernel alike), in
+/// order; the score region's own follow from [`score::FIRST_PARAM`] on.
+pub(crate) fn fixed_params() -> Vec<(&'static str, ParamTy)> {
+    let params = vec![
+        ("q", ParamTy::Ptr),
+        ("k", ParamTy::Ptr),
+        ("v", ParamTy::Ptr),
+        ("c", ParamTy::Ptr),
+        ("delta", ParamTy::Ptr),
+        ("out", ParamTy::Ptr),
+        ("lse", ParamTy::Ptr),
+        ("T", ParamTy::I32),
+    ];
+    debug_assert_eq!(params.len(), score::FIRST_PARAM as usize);
+    params
+}
+
 /// Adds the kernel for `cfg` to `module` (named [`AttnKernelConfig::kernel_name`]) and returns it.
 /// If the module already holds it, returns the existing function.
 pub fn build_attention_kernel<'ctx>(
@@ -287,17 +304,7 @@ pub(crate) fn build_attention_kernel_with<'ctx>(
     if let Some(f) = module.get_function(&name) {
         return Ok(f);
     }
-    let mut params = vec![
-        ("q", ParamTy::Ptr),
-        ("k", ParamTy::Ptr),
-        ("v", ParamTy::Ptr),
-        ("c", ParamTy::Ptr),
-        ("delta", ParamTy::Ptr),
-        ("out", ParamTy::Ptr),
-        ("lse", ParamTy::Ptr),
-        ("T", ParamTy::I32),
-    ];
-    debug_assert_eq!(params.len(), score::FIRST_PARAM as usize);
+    let mut params = fixed_params();
     // The score modification's own parameters (captured tensors) follow T.
     let extra = score.params();
     params.extend(extra.iter().map(|(n, t)| (n.as_str(), *t)));

@@ -37,7 +37,7 @@ mod sync;
 
 use super::attention::score::ScoreMod;
 use super::attention::{AttnKernelConfig, LaunchGeometry};
-use super::builder::{KernelBuilder, ParamTy};
+use super::builder::KernelBuilder;
 use inkwell::attributes::AttributeLoc;
 use inkwell::context::Context;
 use inkwell::module::Module;
@@ -141,16 +141,7 @@ pub(crate) fn build<'ctx>(
     if let Some(f) = module.get_function(name) {
         return Ok(f);
     }
-    let mut params = vec![
-        ("q", ParamTy::Ptr),
-        ("k", ParamTy::Ptr),
-        ("v", ParamTy::Ptr),
-        ("c", ParamTy::Ptr),
-        ("delta", ParamTy::Ptr),
-        ("out", ParamTy::Ptr),
-        ("lse", ParamTy::Ptr),
-        ("T", ParamTy::I32),
-    ];
+    let mut params = super::attention::fixed_params();
     let extra = score.params();
     params.extend(extra.iter().map(|(n, t)| (n.as_str(), *t)));
     let lay = layout(cfg)?;
