@@ -100,11 +100,7 @@ fn s(x: &str) -> Dim {
 }
 
 fn add_attention(g: &mut Graph, a: Attention, ops: &[ValueId]) -> ValueId {
-    let tys: Vec<ValueType> = ops.iter().map(|&o| g.ty(o).clone()).collect();
-    let refs: Vec<&ValueType> = tys.iter().collect();
-    let rt = a.result_types(&refs).unwrap();
-    let vals: Vec<Value> = ops.iter().map(|&o| Value::of(o)).collect();
-    g.add_multi(Op::Attention(a), rt, &vals, Span::default())
+    g.add_attention(a, ops, Span::default()).unwrap()
 }
 
 // ---- FoX graphs: gate, norms, pruning, casts -----------------------------------------------

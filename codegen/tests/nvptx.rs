@@ -5,7 +5,7 @@ use foxc_codegen::nvptx::ptxas;
 use foxc_codegen::nvptx::{compile, BufferKind, CodegenError, KernelArg, Launch, NvptxSpec, NvptxTarget};
 use foxc_ir::{
     Attention, DType, Dim, GateKind, Graph, Mask, NormBound, Op, Prune, PruneRule, Scale, ScoreBound, Span,
-    Tiles, Value, ValueId, ValueType,
+    Tiles, ValueId, ValueType,
 };
 use std::collections::BTreeMap;
 
@@ -21,11 +21,7 @@ fn tiles_ty(bm: u32) -> ValueType {
 
 /// An attention node with both results typed by the op's rule.
 fn attention(g: &mut Graph, a: Attention, ops: &[ValueId]) -> ValueId {
-    let tys: Vec<ValueType> = ops.iter().map(|&o| g.ty(o).clone()).collect();
-    let refs: Vec<&ValueType> = tys.iter().collect();
-    let rt = a.result_types(&refs).unwrap();
-    let vals: Vec<Value> = ops.iter().map(|&o| Value::of(o)).collect();
-    g.add_multi(Op::Attention(a), rt, &vals, Span::default())
+    g.add_attention(a, ops, Span::default()).unwrap()
 }
 
 /// The pruned FoX forward as the GPU passes produce it: gate cumsum of logits, a data-bound

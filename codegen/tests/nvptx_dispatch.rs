@@ -43,11 +43,7 @@ fn graph_rule(rule: PruneRule, score: ScoreBound, region: Region, group: u64) ->
     a.tiles = Some(Tiles { bm: 64, bn: 64 });
     a.prune = Prune::Boundary;
     let ops = [q, k, v, c, delta];
-    let tys: Vec<ValueType> = ops.iter().map(|&o| g.ty(o).clone()).collect();
-    let refs: Vec<&ValueType> = tys.iter().collect();
-    let rt = a.result_types(&refs).unwrap();
-    let vals: Vec<Value> = ops.iter().map(|&o| Value::of(o)).collect();
-    g.output = Some(g.add_multi(Op::Attention(a), rt, &vals, sp));
+    g.output = Some(g.add_attention(a, &ops, sp).unwrap());
     foxc_ir::verify::verify(&g).unwrap();
     g
 }

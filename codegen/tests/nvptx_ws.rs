@@ -41,11 +41,7 @@ fn fox(kernel: AttnKernel) -> Graph {
     a.prune = Prune::Boundary;
     a.kernel = kernel;
     let ops = [q, k, v, c, delta];
-    let tys: Vec<ValueType> = ops.iter().map(|&o| g.ty(o).clone()).collect();
-    let refs: Vec<&ValueType> = tys.iter().collect();
-    let rt = a.result_types(&refs).unwrap();
-    let vals: Vec<Value> = ops.iter().map(|&o| Value::of(o)).collect();
-    g.output = Some(g.add_multi(Op::Attention(a), rt, &vals, sp));
+    g.output = Some(g.add_attention(a, &ops, sp).unwrap());
     foxc_ir::verify::verify(&g).unwrap();
     g
 }

@@ -16,7 +16,7 @@
 //! Operands, in the positional order that only [`Attention::operands`] and
 //! [`AttnOperands::to_vec`] know: `q, k, v, [c], [c_lo], [start | delta], captures...`.
 
-use crate::graph::{Graph, ValueId};
+use crate::graph::{Graph, Value, ValueId};
 use crate::index::IndexExpr;
 use crate::ops::{BinaryOp, Op, Tiles, UnaryOp};
 use crate::types::{DType, Dim};
@@ -431,6 +431,22 @@ pub struct Attention {
     /// A kernel may skip the key tiles that lie below `E` on every row of its query tile; the
     /// value is unchanged. Printed `keys_from = E`.
     pub keys_from: Option<Region>,
+}
+
+impl Graph {
+    /// Adds attention `a` over `operands` (in [`Attention::operands`] order), its results typed
+    /// by the op's rule ([`Attention::result_types`]); the rule's message when they do not fit.
+    pub fn add_attention(
+        &mut self,
+        a: Attention,
+        operands: &[ValueId],
+        span: crate::types::Span,
+    ) -> Result<ValueId, String> {
+        let tys: Vec<&crate::types::ValueType> = operands.iter().map(|&o| self.ty(o)).collect();
+        let rt = a.result_types(&tys)?;
+        let vals: Vec<Value> = operands.iter().map(|&o| Value::of(o)).collect();
+        Ok(self.add_multi(Op::Attention(a), rt, &vals, span))
+    }
 }
 
 impl Attention {

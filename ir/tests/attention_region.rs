@@ -37,11 +37,7 @@ fn graph(a: Attention, kv: &str, caps: &[(&str, Vec<Dim>)]) -> Graph {
     for (n, dims) in caps {
         ops.push(g.add_param(n, ValueType::tensor(DType::F32, dims.clone()), SP));
     }
-    let tys: Vec<ValueType> = ops.iter().map(|&o| g.ty(o).clone()).collect();
-    let refs: Vec<&ValueType> = tys.iter().collect();
-    let rt = a.result_types(&refs).unwrap();
-    let vals: Vec<Value> = ops.iter().map(|&o| Value::of(o)).collect();
-    let o = g.add_multi(Op::Attention(a), rt, &vals, SP);
+    let o = g.add_attention(a, &ops, SP).unwrap();
     g.output = Some(o);
     verify::verify(&g).unwrap();
     g

@@ -157,11 +157,7 @@ fn unfused_fox() -> Graph {
 
 /// An attention node with both results typed by the op's rule.
 fn attention(g: &mut Graph, a: Attention, ops: &[ValueId]) -> ValueId {
-    let tys: Vec<ValueType> = ops.iter().map(|&o| g.ty(o).clone()).collect();
-    let refs: Vec<&ValueType> = tys.iter().collect();
-    let rt = a.result_types(&refs).unwrap();
-    let vals: Vec<foxc_ir::Value> = ops.iter().map(|&o| foxc_ir::Value::of(o)).collect();
-    g.add_multi(Op::Attention(a), rt, &vals, SP)
+    g.add_attention(a, ops, SP).unwrap()
 }
 
 struct Fused {

@@ -14,7 +14,7 @@
 use crate::monotone::Verdict;
 use crate::{Explanation, PassContext, PassError, PassOptions};
 use foxc_ir::check::infer;
-use foxc_ir::{Attention, Dim, Graph, NormBound, Op, Prune, Value, ValueId, ValueType};
+use foxc_ir::{Attention, Dim, Graph, NormBound, Op, Prune, ValueId, ValueType};
 
 /// `max|x_i|` without reading data, when `x` is a positional rmsnorm of a weight with a
 /// declared range and a constant feature size.
@@ -49,11 +49,7 @@ pub(crate) fn add_attention(
     operands: &[ValueId],
     span: foxc_ir::Span,
 ) -> Result<ValueId, PassError> {
-    let tys: Vec<ValueType> = operands.iter().map(|o| g.ty(*o).clone()).collect();
-    let refs: Vec<&ValueType> = tys.iter().collect();
-    let rt = a.result_types(&refs).map_err(|e| PassError::Internal(format!("attention: {e}")))?;
-    let vals: Vec<Value> = operands.iter().map(|&o| Value::of(o)).collect();
-    Ok(g.add_multi(Op::Attention(a), rt, &vals, span))
+    g.add_attention(a, operands, span).map_err(|e| PassError::Internal(format!("attention: {e}")))
 }
 
 /// The ACP pass.

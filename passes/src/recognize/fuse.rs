@@ -15,7 +15,7 @@ use crate::{Explanation, PassError};
 use egg::{Id, Language, Symbol};
 use foxc_ir::attention::{Attention, Mask, Region, Scale};
 use foxc_ir::index::IndexExpr;
-use foxc_ir::{BinaryOp, DType, Dim, GateKind, Graph, Op, Span, UnaryOp, Value, ValueId, ValueType};
+use foxc_ir::{BinaryOp, DType, Dim, GateKind, Graph, Op, Span, UnaryOp, ValueId, ValueType};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// The mask of a candidate, before the region exists.
@@ -547,11 +547,7 @@ pub(crate) fn emit(em: &mut Emit, r: &Recognized, span: Span) -> Result<(ValueId
     let mut operands: Vec<ValueId> = vec![q, k, v];
     operands.extend(c);
     operands.extend(captures);
-    let tys: Vec<ValueType> = operands.iter().map(|o| em.g.ty(*o).clone()).collect();
-    let refs: Vec<&ValueType> = tys.iter().collect();
-    let rtys = a.result_types(&refs).map_err(EmitFail::Unfusable)?;
-    let vals: Vec<Value> = operands.into_iter().map(Value::of).collect();
-    Ok((em.g.add_multi(Op::Attention(a), rtys, &vals, span), spans))
+    Ok((em.g.add_attention(a, &operands, span).map_err(EmitFail::Unfusable)?, spans))
 }
 
 /// The source span of each node of `r`: that of the IR value its e-class was built from; a node
