@@ -161,6 +161,7 @@ pub fn plan(a: &NvptxArtifact, bind: &DimBindings) -> Result<(Vec<BufferDesc>, V
             shared_bytes: geo.shared_bytes,
             args,
             zero_first: k.zero_first.clone(),
+            deps: k.deps.clone(),
         });
     }
     Ok((buffers, launches))

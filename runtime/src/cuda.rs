@@ -7,6 +7,7 @@
 //!
 //! Every driver call returns a `Result`; every error says what was being done.
 
+use crate::tensor_map::TensorMapArg;
 use cudarc::driver::sys;
 use cudarc::driver::{result, CudaContext, CudaEvent, CudaStream, DriverError};
 use std::collections::HashMap;
@@ -61,6 +62,9 @@ pub enum ArgDesc {
     I32(i32),
     I64(i64),
     F32(f32),
+    /// A TMA tensor map over a buffer of the program, encoded at each launch from the
+    /// buffer's pointer and passed by value (128 bytes).
+    TensorMap(TensorMapArg),
 }
 
 /// One kernel launch.
@@ -74,6 +78,9 @@ pub struct LaunchDesc {
     pub args: Vec<ArgDesc>,
     /// Buffers set to zero (on the stream) right before this launch.
     pub zero_first: Vec<usize>,
+    /// The earlier launches (indices into the plan) whose results this one reads: it starts
+    /// only after all of them; launches independent of each other may run concurrently.
+    pub deps: Vec<usize>,
 }
 
 /// How a buffer is filled before a run.
@@ -163,8 +170,13 @@ impl CudaRuntime {
         }
         for l in &program.launches {
             for a in &l.args {
-                if let ArgDesc::Buffer(n) = a {
-                    if *n >= buffers.len() {
+                let buffer = match a {
+                    ArgDesc::Buffer(n) => Some(*n),
+                    ArgDesc::TensorMap(m) => Some(m.buffer),
+                    _ => None,
+                };
+                if let Some(n) = buffer {
+                    if n >= buffers.len() {
                         return Err(CudaError::new(
                             CudaErrorKind::Invalid,
                             format!("kernel {} uses buffer {n}, which does not exist", l.kernel),
@@ -248,17 +260,33 @@ unsafe fn enqueue_launches(
             CudaError::new(CudaErrorKind::Invalid, format!("kernel {} was not loaded", l.kernel))
         })?;
         // Each argument lives in its own 8-byte slot; the driver reads the low bytes
-        // (little-endian) for 4-byte arguments.
+        // (little-endian) for 4-byte arguments. Tensor maps (128 bytes) live in `maps`,
+        // filled before any pointer into either vector is taken.
         let mut slots = Vec::with_capacity(l.args.len());
+        let mut maps = Vec::new();
         for a in &l.args {
             slots.push(match *a {
                 ArgDesc::Buffer(n) => *ptrs.get(n).ok_or_else(|| missing(n, &l.kernel))?,
                 ArgDesc::I32(v) => v as u32 as u64,
                 ArgDesc::I64(v) => v as u64,
                 ArgDesc::F32(v) => v.to_bits() as u64,
+                ArgDesc::TensorMap(m) => {
+                    let p = *ptrs.get(m.buffer).ok_or_else(|| missing(m.buffer, &l.kernel))?;
+                    let map = m.encode(p).map_err(|e| {
+                        CudaError::new(CudaErrorKind::Invalid, format!("kernel {}: {e}", l.kernel))
+                    })?;
+                    maps.push(map);
+                    (maps.len() - 1) as u64
+                }
             });
         }
-        let mut args: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+        let mut args: Vec<*mut c_void> = Vec::with_capacity(l.args.len());
+        for (a, s) in l.args.iter().zip(slots.iter_mut()) {
+            args.push(match a {
+                ArgDesc::TensorMap(_) => &mut maps[*s as usize] as *mut sys::CUtensorMap as *mut c_void,
+                _ => s as *mut u64 as *mut c_void,
+            });
+        }
         // SAFETY: f belongs to a loaded module; the argument list matches the kernel's
         // parameters as the backend declared them; the buffers are live (the caller's contract).
         unsafe { result::launch_kernel(f, l.grid, l.block, l.shared_bytes, stream, &mut args) }.ctx(

@@ -143,6 +143,10 @@ pub struct KernelInfo {
     pub launch: Launch,
     /// Buffers to zero right before this launch (the atomicMax targets).
     pub zero_first: Vec<usize>,
+    /// The earlier launches (indices into [`NvptxArtifact::kernels`]) this one must follow:
+    /// the previous launch of its own node and the last launch of each node it reads, from the
+    /// graph's data flow. Launches that do not depend on each other may run concurrently.
+    pub deps: Vec<usize>,
 }
 
 /// The compiled program: LLVM IR and PTX of one module, and its launch plan.

@@ -224,7 +224,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         )
     }
 
-    /// Appends a launch to the plan (launches run in push order).
+    /// Appends a launch to the plan, after the launches it depends on ([`Assembler::deps_of`]).
     pub(super) fn push(
         &mut self,
         node: ValueId,
@@ -233,7 +233,31 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         launch: Launch,
         zero_first: Vec<usize>,
     ) {
-        self.kernels.push(KernelInfo { node, name, args, launch, zero_first });
+        let deps = self.deps_of(node);
+        self.kernels.push(KernelInfo { node, name, args, launch, zero_first, deps });
+    }
+
+    /// What a new launch of node `n` must follow, from the data flow alone: the previous launch
+    /// of `n` (a node's own launches run in order) and the last launch of each operand's node
+    /// (its launches are chained the same way), looking through nodes that have no launch
+    /// (folded scalars and scales) to their operands.
+    fn deps_of(&self, n: ValueId) -> Vec<usize> {
+        let last_of = |m: ValueId| self.kernels.iter().rposition(|k| k.node == m);
+        let mut deps: Vec<usize> = last_of(n).into_iter().collect();
+        let mut seen = HashSet::new();
+        let mut stack = self.g.operands(n);
+        while let Some(m) = stack.pop() {
+            if !seen.insert(m) {
+                continue;
+            }
+            match last_of(m) {
+                Some(i) => deps.push(i),
+                None => stack.extend(self.g.operands(m)),
+            }
+        }
+        deps.sort_unstable();
+        deps.dedup();
+        deps
     }
 
     /// The value of a rank-0 node computable at compile time (`1 / sqrt(D)` and the like).
