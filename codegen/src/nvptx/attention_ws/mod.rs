@@ -22,16 +22,22 @@
 //!   slot (256 arrivals after their wgmmas have waited). Fill `f` of the walk uses slot
 //!   `f % stages` in round `f / stages`: consumers wait on `full` with parity `round & 1`, the
 //!   producer on `empty` with `(round & 1) ^ 1` (a fresh barrier passes that at once).
-//! * The walk over key tiles goes from the diagonal tile of the block's last row down to the
-//!   smaller of the two consumers' start tiles; each consumer computes the tiles in its own
-//!   range `[start_w, end_w]` (its own IR query tile's `start`, found by the same 32-ary search
-//!   in every warp, so no extra synchronization is needed) and only releases the others.
+//! * The walk over key tiles goes from the diagonal tile of the block's last row (`hi`, no search
+//!   needed) down to the smaller of the two consumers' start tiles (`lo`); each consumer computes
+//!   the tiles in its own range `[start_w, end_w]` (its own IR query tile's `start`) and only
+//!   releases the others. Each warpgroup finds both starts itself (warps 0-1 search one, warps
+//!   2-3 the other, results exchanged in shared memory behind a barrier of the warpgroup), after
+//!   its first loads are out: the producer's first fill (tile `hi`, slot 0) and the consumers'
+//!   Q tiles land while the searches' dependent loads run (run 10).
+//! * bf16 output goes through shared memory (the consumer's Q tile, free at the end), written
+//!   to global memory with 16-byte coalesced stores ([`epilogue`]).
 //! * Grid `(ceil(T / 128), B H)`, block index reversed so the longest query tiles start first.
 //!
 //! Kernel parameters are those of the old kernel (module docs of [`super::attention`]), in the
 //! same order, followed by the score modification's. Launch with [`launch_geometry`].
 
 mod consumer;
+mod epilogue;
 mod roles;
 mod sync;
 
@@ -60,6 +66,9 @@ pub(crate) const CONSUMER_REGS: u32 = 224;
 /// Most slots of the K/V ring (more buys nothing once loads are hidden; fewer saves memory).
 const MAX_STAGES: u32 = 4;
 
+/// Bytes of the start exchange (two i32 per warpgroup, rounded up).
+const XCH_BYTES: u32 = 32;
+
 /// Dynamic shared memory an sm_90 block may have.
 const MAX_SHARED: u32 = 232_448;
 
@@ -77,6 +86,9 @@ pub struct WsLayout {
     pub c0: u32,
     /// `full[s]` at `bar0 + 8 s`, `empty[s]` at `bar0 + 8 (stages + s)`.
     pub bar0: u32,
+    /// The start tiles each warpgroup's search halves hand each other: warpgroup `wg`'s pair
+    /// (i32 start of consumer 0, of consumer 1) at `xch0 + 8 wg`.
+    pub xch0: u32,
     pub total: u32,
 }
 
@@ -87,7 +99,7 @@ pub fn layout(cfg: &AttnKernelConfig) -> Result<WsLayout, String> {
     let kv_bytes = cfg.bn * d * 2;
     let kv0 = 2 * q_bytes;
     let per_stage = 2 * kv_bytes + 4 * cfg.bn + 16;
-    let stages = (MAX_SHARED.saturating_sub(kv0) / per_stage).min(MAX_STAGES);
+    let stages = (MAX_SHARED.saturating_sub(kv0 + XCH_BYTES) / per_stage).min(MAX_STAGES);
     if stages < 2 {
         return Err(format!(
             "warp-specialized attention: tiles 128x{} at head_dim {d} leave room for {stages} K/V slots (needs 2)",
@@ -96,7 +108,8 @@ pub fn layout(cfg: &AttnKernelConfig) -> Result<WsLayout, String> {
     }
     let c0 = kv0 + stages * 2 * kv_bytes;
     let bar0 = c0 + stages * 4 * cfg.bn;
-    Ok(WsLayout { q_bytes, kv_bytes, stages, kv0, c0, bar0, total: bar0 + 16 * stages })
+    let xch0 = bar0 + 16 * stages;
+    Ok(WsLayout { q_bytes, kv_bytes, stages, kv0, c0, bar0, xch0, total: xch0 + XCH_BYTES })
 }
 
 /// Errors for configurations this kernel does not implement.

@@ -2,6 +2,7 @@
 //! loop and the consumers' compute loop (see the module docs of [`super`] for the protocol).
 
 use super::consumer::Consumer;
+use super::epilogue::store_output_bf16;
 use super::sync::{
     fence_async_shared, mbar_arrive, mbar_arrive_on_copies, mbar_init, mbar_wait, named_barrier, set_max_regs,
 };
@@ -9,8 +10,12 @@ use super::{WsLayout, BLOCK_ROWS, CONSUMER_REGS, PRODUCER_REGS};
 use crate::nvptx::attention::score::ScoreMod;
 use crate::nvptx::attention::{Attn, AttnKernelConfig, Rows, LOG2E};
 use crate::nvptx::builder::KernelBuilder;
-use inkwell::values::{IntValue, PointerValue};
+use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
+
+/// Named barrier of the producer warpgroup's start exchange (0 is `__syncthreads`, 1 and 2
+/// the consumers' Q tiles, 3 and 4 their turns).
+const PRODUCER_BARRIER: i64 = 5;
 
 /// Per-block values every role derives the same way.
 pub(super) struct Block<'ctx> {
@@ -27,12 +32,11 @@ pub(super) struct Block<'ctx> {
     lb: PointerValue<'ctx>,
 }
 
-/// The key-tile walk: from `hi` down to `lo`, and each consumer's own range.
+/// The key-tile walk: from `hi` (the diagonal tile of the block's last row) down to `lo` (the
+/// smaller of the two consumers' start tiles).
 pub(super) struct Walk<'ctx> {
     pub(super) hi: IntValue<'ctx>,
     pub(super) lo: IntValue<'ctx>,
-    start: [IntValue<'ctx>; 2],
-    end: [IntValue<'ctx>; 2],
 }
 
 pub(super) fn emit<'ctx>(
@@ -63,20 +67,19 @@ pub(super) fn emit<'ctx>(
     b.barrier();
 
     let a = Attn { b, cfg: view, smem, tid: wtid, lane, t_len, wg: true, score };
-    let walk = walk(&a, cfg, &blk);
     let is_producer = b.icmpc(IntPredicate::EQ, wg, 0);
     b.if_else(
         is_producer,
         "role",
         |b| {
             set_max_regs(b, PRODUCER_REGS, false);
-            producer(&a, cfg, lay, &blk, &walk);
+            producer(&a, cfg, lay, &blk);
             vec![]
         },
         |b| {
             set_max_regs(b, CONSUMER_REGS, true);
             let cw = b.addc(wg, -1);
-            consumer(&a, cfg, lay, &blk, &walk, cw);
+            consumer(&a, cfg, lay, &blk, cw);
             vec![]
         },
     );
@@ -154,19 +157,56 @@ fn consumer_rows<'ctx>(
     (i0w, i0c, end)
 }
 
-/// Both consumers' ranges and the walk, computed alike by every warp (the start search is a
-/// per-warp ballot; repeating it keeps the roles free of any extra handshake).
-fn walk<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, blk: &Block<'ctx>) -> Walk<'ctx> {
+/// The walk's first tile: the diagonal tile of the block's last row (no search needed).
+fn walk_hi<'ctx>(b: &KernelBuilder<'_, 'ctx>, cfg: &AttnKernelConfig, blk: &Block<'ctx>) -> IntValue<'ctx> {
+    let (_, _, e0) = consumer_rows(b, cfg, blk, b.i32(0));
+    let (_, _, e1) = consumer_rows(b, cfg, blk, b.i32(1));
+    b.smax(e0, e1)
+}
+
+/// Both consumers' start tiles (each one's IR query tile's `start`: window bound and the
+/// in-kernel pruning search). Without pruning they are arithmetic. With pruning the four warps
+/// of warpgroup `wg` split the two searches: [`post_start`] now (each role calls it once its
+/// first loads are issued, so they land during the search), then `sync` (a barrier of the
+/// warpgroup's 128 threads), then both results read back from the warpgroup's exchange pair.
+fn starts<'ctx>(
+    a: &Attn<'_, '_, 'ctx>,
+    cfg: &AttnKernelConfig,
+    lay: &WsLayout,
+    blk: &Block<'ctx>,
+    wg: IntValue<'ctx>,
+    sync: impl FnOnce(&KernelBuilder<'_, 'ctx>),
+) -> [IntValue<'ctx>; 2] {
     let b = a.b;
-    let delta_p = b.param_ptr(4);
-    let mut start = [b.i32(0); 2];
-    let mut end = [b.i32(0); 2];
-    for w in 0..2 {
-        let (_, i0c, e) = consumer_rows(b, cfg, blk, b.i32(w as i64));
-        start[w] = a.start_tile(blk.cb, delta_p, blk.bh, i0c);
-        end[w] = e;
+    if !cfg.prune {
+        sync(b);
+        return [0, 1].map(|w| {
+            let (_, i0c, _) = consumer_rows(b, cfg, blk, b.i32(w));
+            a.start_tile(blk.cb, b.param_ptr(4), blk.bh, i0c)
+        });
     }
-    Walk { hi: b.smax(end[0], end[1]), lo: b.smin(start[0], start[1]), start, end }
+    let xch = b.addc(b.mulc(wg, 8), lay.xch0 as i64);
+    post_start(a, cfg, blk, xch);
+    sync(b);
+    let i32t = b.i32t().into();
+    [0, 1].map(|h| b.load(i32t, b.smem_at(a.smem, b.addc(xch, 4 * h))).into_int_value())
+}
+
+/// This warp's half of the start search: warps 0 and 1 of the warpgroup (`a.tid` is the
+/// thread's index in it) search consumer 0's start, warps 2 and 3 consumer 1's, so a
+/// warpgroup has both in the time of one search (a 32-ary search per warp, a chain of
+/// dependent loads); the first thread of each half stores its result at `xch + 4 half`.
+fn post_start<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, blk: &Block<'ctx>, xch: IntValue<'ctx>) {
+    let b = a.b;
+    let half = b.lshrc(a.tid, 6);
+    // Thread 0 of each half is the search's thread 0 (it also writes the debug starts).
+    let ah = Attn { tid: b.andc(a.tid, 63), ..*a };
+    let (_, i0c, _) = consumer_rows(b, cfg, blk, half);
+    let st = ah.start_tile(blk.cb, b.param_ptr(4), blk.bh, i0c);
+    let first = b.icmpc(IntPredicate::EQ, ah.tid, 0);
+    b.if_then_named(first, ("post_start", "post_start_done"), |b| {
+        b.store(b.smem_at(a.smem, b.add(xch, b.mulc(half, 4))), st);
+    });
 }
 
 /// Slot and round parity of fill `k` (the k-th key tile of the walk).
@@ -182,53 +222,97 @@ pub(super) fn slot<'ctx>(
 }
 
 /// The producer: for each key tile of the walk, wait for its slot to be free, copy K and V
-/// (cp.async, arrival when landed) and store the tile's `c_j` (plain arrival, release).
-fn producer<'ctx>(
-    a: &Attn<'_, '_, 'ctx>,
-    cfg: &AttnKernelConfig,
-    lay: &WsLayout,
-    blk: &Block<'ctx>,
-    walk: &Walk<'ctx>,
-) {
+/// (cp.async, arrival when landed) and store the tile's `c_j` (plain arrival, release). The
+/// first fill (tile `hi`, slot 0, round 0: its `empty` barrier is fresh and would pass at once)
+/// needs no search and goes out first; the start search that bounds the rest runs while it
+/// lands, and so does its `c_j` load (stored and arrived on after the search).
+fn producer<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, lay: &WsLayout, blk: &Block<'ctx>) {
     let b = a.b;
-    let bn = cfg.bn as i64;
-    let kv = lay.kv_bytes as i64;
-    b.do_while(("fill", "fill_done"), &[("n", walk.hi.into())], |b, v| {
-        let n = v[0].into_int_value();
-        let k = b.sub(walk.hi, n);
-        let (s, par) = slot(b, lay, k);
-        mbar_wait(b, bar_at(b, a.smem, lay, s, true), b.xorc(par, 1));
-        let j0 = b.mulc(n, bn);
-        let koff = b.addc(b.mulc(s, 2 * kv), lay.kv0 as i64);
-        a.load_tile(blk.kb, j0, cfg.bn, koff);
-        a.load_tile(blk.vb, j0, cfg.bn, b.addc(koff, kv));
-        let full = bar_at(b, a.smem, lay, s, false);
-        mbar_arrive_on_copies(b, full);
-        if cfg.has_decay {
-            let inb = b.icmpc(IntPredicate::SLT, a.tid, bn);
-            b.if_then_named(inb, ("c_col", "c_col_done"), |b| {
-                let j = b.smin(b.add(j0, a.tid), blk.tmax);
-                let cj = b.load_f32(b.gep(b.f32t().into(), blk.cb, b.sext64(j)));
-                let off = b.add(b.addc(b.mulc(s, 4 * bn), lay.c0 as i64), b.mulc(a.tid, 4));
-                b.store(b.smem_at(a.smem, off), cj);
-            });
+    let hi = walk_hi(b, cfg, blk);
+    let first = fill(a, cfg, lay, blk, hi, hi, false);
+    let st = starts(a, cfg, lay, blk, b.i32(0), |b| {
+        if cfg.prune {
+            named_barrier(b, b.i32(PRODUCER_BARRIER), 128);
         }
-        mbar_arrive(b, full);
-        let nn = b.addc(n, -1);
-        (b.icmp(IntPredicate::SGE, nn, walk.lo), vec![nn.into()])
     });
+    publish(a, cfg, lay, first);
+    let lo = b.smin(st[0], st[1]);
+    b.while_loop(
+        ("fill", "fill_tile", "fill_done"),
+        &[("n", b.addc(hi, -1).into())],
+        |b, v| b.icmp(IntPredicate::SGE, v[0].into_int_value(), lo),
+        |b, v| {
+            let n = v[0].into_int_value();
+            let f = fill(a, cfg, lay, blk, hi, n, true);
+            publish(a, cfg, lay, f);
+            vec![b.addc(n, -1).into()]
+        },
+    );
     // Leave only once the copies have landed (the consumers still read the slots).
     b.call_void("llvm.nvvm.cp.async.wait.all", &[]);
 }
 
+/// A fill whose copies are out: its slot and its `c_j` as loaded (decay only), for [`publish`].
+struct Fill<'ctx> {
+    slot: IntValue<'ctx>,
+    cj: Option<FloatValue<'ctx>>,
+}
+
+/// Fill `hi - n` of the walk: key tile `n` into its slot (after waiting for the slot to be
+/// empty when `wait_empty`): K and V copies with their arrival on `full`, and the load of the
+/// tile's `c_j` (column `j0 + tid`, clamped to T - 1).
+#[allow(clippy::too_many_arguments)]
+fn fill<'ctx>(
+    a: &Attn<'_, '_, 'ctx>,
+    cfg: &AttnKernelConfig,
+    lay: &WsLayout,
+    blk: &Block<'ctx>,
+    hi: IntValue<'ctx>,
+    n: IntValue<'ctx>,
+    wait_empty: bool,
+) -> Fill<'ctx> {
+    let b = a.b;
+    let bn = cfg.bn as i64;
+    let kv = lay.kv_bytes as i64;
+    let (s, par) = slot(b, lay, b.sub(hi, n));
+    if wait_empty {
+        mbar_wait(b, bar_at(b, a.smem, lay, s, true), b.xorc(par, 1));
+    }
+    let j0 = b.mulc(n, bn);
+    let koff = b.addc(b.mulc(s, 2 * kv), lay.kv0 as i64);
+    a.load_tile(blk.kb, j0, cfg.bn, koff);
+    a.load_tile(blk.vb, j0, cfg.bn, b.addc(koff, kv));
+    mbar_arrive_on_copies(b, bar_at(b, a.smem, lay, s, false));
+    let cj = cfg.has_decay.then(|| {
+        let j = b.smin(b.add(j0, a.tid), blk.tmax);
+        b.load_f32(b.gep(b.f32t().into(), blk.cb, b.sext64(j)))
+    });
+    Fill { slot: s, cj }
+}
+
+/// The rest of a fill: threads `tid < bn` store the `c_j` into the slot, then every producer
+/// thread arrives on `full` (release: the stores are visible to the consumers' acquire wait).
+fn publish<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, lay: &WsLayout, f: Fill<'ctx>) {
+    let b = a.b;
+    let bn = cfg.bn as i64;
+    if let Some(cj) = f.cj {
+        let inb = b.icmpc(IntPredicate::SLT, a.tid, bn);
+        b.if_then_named(inb, ("c_col", "c_col_done"), |b| {
+            let off = b.add(b.addc(b.mulc(f.slot, 4 * bn), lay.c0 as i64), b.mulc(a.tid, 4));
+            b.store(b.smem_at(a.smem, off), cj);
+        });
+    }
+    mbar_arrive(b, bar_at(b, a.smem, lay, f.slot, false));
+}
+
 /// Consumer `cw` (0 or 1): its 64 rows as one block of the old kernel, reading K/V from the
 /// ring, computing only the key tiles in its own range and releasing every slot it is given.
+/// Its Q copy and its row loads of `c` go out before the start search, which runs while they land.
 fn consumer<'ctx>(
     a0: &Attn<'_, '_, 'ctx>,
     cfg: &AttnKernelConfig,
     lay: &WsLayout,
     blk: &Block<'ctx>,
-    walk: &Walk<'ctx>,
     cw: IntValue<'ctx>,
 ) {
     let b = a0.b;
@@ -237,10 +321,7 @@ fn consumer<'ctx>(
     let qoff = b.mulc(cw, lay.q_bytes as i64);
     let smem_c = b.smem_at(a0.smem, qoff);
     let a = Attn { smem: smem_c, ..*a0 };
-    let (i0w, i0c, _) = consumer_rows(b, cfg, blk, cw);
-    let is1 = b.icmpc(IntPredicate::EQ, cw, 1);
-    let my_start = b.select_i(is1, walk.start[1], walk.start[0]);
-    let my_end = b.select_i(is1, walk.end[1], walk.end[0]);
+    let (i0w, i0c, my_end) = consumer_rows(b, cfg, blk, cw);
 
     a.load_tile(blk.qb, i0w, 64, b.i32(0));
     b.cp_async_commit();
@@ -259,13 +340,22 @@ fn consumer<'ctx>(
         }),
         None => [b.f32(0.0); 2],
     };
-    b.cp_async_wait(0);
-    fence_async_shared(b);
-    named_barrier(b, b.addc(cw, 1), 128);
+    // The Q tile's barrier also publishes the start search's halves.
+    let st = starts(a0, cfg, lay, blk, b.addc(cw, 1), |b| {
+        b.cp_async_wait(0);
+        fence_async_shared(b);
+        named_barrier(b, b.addc(cw, 1), 128);
+    });
+    let walk = Walk { hi: walk_hi(b, cfg, blk), lo: b.smin(st[0], st[1]) };
+    let is1 = b.icmpc(IntPredicate::EQ, cw, 1);
+    let my_start = b.select_i(is1, st[1], st[0]);
 
-    let c = Consumer { base: a0.smem, lay, blk, walk, rows: &rows, qoff, my_start, my_end, c_ref, cw };
+    let c = Consumer { base: a0.smem, lay, blk, walk: &walk, rows: &rows, qoff, my_start, my_end, c_ref, cw };
     let (o, m, l) = c.run(&a);
     let (inv, lse) = a.finalize(m, l, cir);
-    let o_elt = if cfg.out_bf16 { b.i16t().into() } else { f32t };
-    a.store_output(&o, inv, lse, &rows, blk.ob, o_elt, blk.lb);
+    if cfg.out_bf16 {
+        store_output_bf16(&a, &o, inv, lse, &rows, i0w, cw, blk.ob, blk.lb);
+    } else {
+        a.store_output(&o, inv, lse, &rows, blk.ob, f32t, blk.lb);
+    }
 }

@@ -38,7 +38,8 @@ fn layout_takes_the_deepest_ring_that_fits() {
     let l = layout(&c).unwrap();
     assert_eq!((l.stages, l.q_bytes, l.kv_bytes), (4, 16384, 16384));
     assert_eq!(l.kv0 % 1024, 0);
-    assert_eq!(l.total, 2 * 16384 + 4 * (2 * 16384 + 256 + 16));
+    assert_eq!(l.total, 2 * 16384 + 4 * (2 * 16384 + 256 + 16) + 32);
+    assert_eq!(l.xch0 % 8, 0);
     c.bn = 128;
     assert_eq!(layout(&c).unwrap().stages, 3);
     let g = launch_geometry(&c, 1000, 6);
