@@ -12,7 +12,7 @@ use cudarc::driver::sys;
 use cudarc::driver::{result, CudaContext, CudaEvent, CudaStream, DriverError};
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// What went wrong, and whether the user can fix it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -194,7 +194,14 @@ impl CudaRuntime {
         if let Some(n) = program.outputs.iter().find(|&&n| n >= buffers.len()) {
             return Err(CudaError::new(CudaErrorKind::Invalid, format!("output buffer {n} does not exist")));
         }
-        Ok(Session { rt: self, program: program.clone(), _module: module, functions, buffers })
+        Ok(Session {
+            rt: self,
+            program: program.clone(),
+            _module: module,
+            functions,
+            buffers,
+            lanes: Mutex::new(Lanes::new()),
+        })
     }
 }
 
@@ -230,8 +237,67 @@ fn resolve_functions(
     Ok(functions)
 }
 
-/// Enqueues `launches` on `stream`; buffer `n` of the program is the device memory at `ptrs[n]`
-/// of `sizes[n]` bytes.
+/// The runtime's own streams and events for running a plan's independent launches at the same
+/// time ([`crate::lanes`]): created on first use, in the context current then, and reused.
+struct Lanes {
+    /// Streams of lanes 1.. (non-blocking: no implicit order with the legacy default stream;
+    /// the events order everything).
+    streams: Vec<sys::CUstream>,
+    events: Vec<sys::CUevent>,
+    /// Everything on the caller's stream in plan order (`FOXC_SERIAL_LAUNCHES=1`: to compare).
+    serial: bool,
+}
+
+// SAFETY: plain driver handles, used only while their context is current and under the Mutex
+// that owns them.
+unsafe impl Send for Lanes {}
+
+impl Lanes {
+    fn new() -> Lanes {
+        let serial = std::env::var("FOXC_SERIAL_LAUNCHES").is_ok_and(|v| v == "1");
+        Lanes { streams: vec![], events: vec![], serial }
+    }
+
+    /// Stream of `lane` (0: the caller's).
+    fn stream(&mut self, lane: usize, caller: sys::CUstream) -> Result<sys::CUstream, CudaError> {
+        if lane == 0 {
+            return Ok(caller);
+        }
+        while self.streams.len() < lane {
+            let s = result::stream::create(result::stream::StreamKind::NonBlocking)
+                .ctx(|| "creating a stream for concurrent launches".into())?;
+            self.streams.push(s);
+        }
+        Ok(self.streams[lane - 1])
+    }
+
+    /// Event number `n` (created on first use, without timing).
+    fn event(&mut self, n: usize) -> Result<sys::CUevent, CudaError> {
+        while self.events.len() <= n {
+            let e = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .ctx(|| "creating an event for concurrent launches".into())?;
+            self.events.push(e);
+        }
+        Ok(self.events[n])
+    }
+}
+
+impl Drop for Lanes {
+    fn drop(&mut self) {
+        // SAFETY: created by this struct and destroyed once; errors at teardown are ignored.
+        for &e in &self.events {
+            let _ = unsafe { result::event::destroy(e) };
+        }
+        for &s in &self.streams {
+            let _ = unsafe { result::stream::destroy(s) };
+        }
+    }
+}
+
+/// Enqueues `launches` as a fork/join on `stream` and the runtime's other lanes
+/// ([`crate::lanes::schedule`]): each launch starts after the launches it depends on; to the
+/// caller the whole plan runs in order on `stream`. Buffer `n` of the program is the device
+/// memory at `ptrs[n]` of `sizes[n]` bytes.
 ///
 /// # Safety
 /// Every pointer must be live device memory of at least its size in the current context, and
@@ -242,6 +308,64 @@ unsafe fn enqueue_launches(
     ptrs: &[sys::CUdeviceptr],
     sizes: &[usize],
     stream: sys::CUstream,
+    lanes: &Mutex<Lanes>,
+) -> Result<(), CudaError> {
+    let mut lanes = lanes.lock().map_err(|_| CudaError::new(CudaErrorKind::Invalid, "lanes poisoned"))?;
+    let deps: Vec<Vec<usize>> = launches.iter().map(|l| l.deps.clone()).collect();
+    let plan =
+        crate::lanes::schedule(&deps, lanes.serial).map_err(|e| CudaError::new(CudaErrorKind::Invalid, e))?;
+    // Event 0: the fork (what the caller enqueued before); event 1 + i: after launch i.
+    let forks = plan.forks();
+    if forks {
+        let fork = lanes.event(0)?;
+        // SAFETY: a live event and the caller's stream.
+        unsafe { result::event::record(fork, stream) }.ctx(|| "recording the fork event".into())?;
+    }
+    let mut forked = [false; crate::lanes::LANES];
+    forked[0] = true;
+    for (i, (l, step)) in launches.iter().zip(&plan.steps).enumerate() {
+        let s = lanes.stream(step.lane, stream)?;
+        if !forked[step.lane] {
+            forked[step.lane] = true;
+            let fork = lanes.event(0)?;
+            // SAFETY: live stream and event.
+            unsafe { result::stream::wait_event(s, fork, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
+                .ctx(|| "waiting for the fork event".into())?;
+        }
+        for &w in &step.waits {
+            let e = lanes.event(1 + w)?;
+            // SAFETY: live stream and event (recorded right after launch w, earlier).
+            unsafe { result::stream::wait_event(s, e, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
+                .ctx(|| format!("making {} wait for {}", l.kernel, launches[w].kernel))?;
+        }
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { enqueue_one(functions, l, ptrs, sizes, s) }?;
+        if plan.record_after[i] {
+            let e = lanes.event(1 + i)?;
+            // SAFETY: live stream and event.
+            unsafe { result::event::record(e, s) }
+                .ctx(|| format!("recording an event after {}", l.kernel))?;
+        }
+    }
+    for &j in &plan.join {
+        let e = lanes.event(1 + j)?;
+        // SAFETY: live stream and event (recorded after launch j above).
+        unsafe { result::stream::wait_event(stream, e, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
+            .ctx(|| "joining the concurrent launches".into())?;
+    }
+    Ok(())
+}
+
+/// Enqueues one launch (its zeroing first) on `stream`.
+///
+/// # Safety
+/// As [`enqueue_launches`].
+unsafe fn enqueue_one(
+    functions: &HashMap<String, sys::CUfunction>,
+    l: &LaunchDesc,
+    ptrs: &[sys::CUdeviceptr],
+    sizes: &[usize],
+    stream: sys::CUstream,
 ) -> Result<(), CudaError> {
     let missing = |n: usize, kernel: &str| {
         CudaError::new(
@@ -249,55 +373,51 @@ unsafe fn enqueue_launches(
             format!("kernel {kernel} uses buffer {n}, which does not exist"),
         )
     };
-    for l in launches {
-        for &z in &l.zero_first {
-            let (p, bytes) = (*ptrs.get(z).ok_or_else(|| missing(z, &l.kernel))?, sizes[z]);
-            // SAFETY: within the allocation (the caller's contract), on the given stream.
-            unsafe { result::memset_d8_async(p, 0, bytes, stream) }
-                .ctx(|| format!("zeroing buffer {z} before {}", l.kernel))?;
-        }
-        let f = *functions.get(&l.kernel).ok_or_else(|| {
-            CudaError::new(CudaErrorKind::Invalid, format!("kernel {} was not loaded", l.kernel))
-        })?;
-        // Each argument lives in its own 8-byte slot; the driver reads the low bytes
-        // (little-endian) for 4-byte arguments. Tensor maps (128 bytes) live in `maps`,
-        // filled before any pointer into either vector is taken.
-        let mut slots = Vec::with_capacity(l.args.len());
-        let mut maps = Vec::new();
-        for a in &l.args {
-            slots.push(match *a {
-                ArgDesc::Buffer(n) => *ptrs.get(n).ok_or_else(|| missing(n, &l.kernel))?,
-                ArgDesc::I32(v) => v as u32 as u64,
-                ArgDesc::I64(v) => v as u64,
-                ArgDesc::F32(v) => v.to_bits() as u64,
-                ArgDesc::TensorMap(m) => {
-                    let p = *ptrs.get(m.buffer).ok_or_else(|| missing(m.buffer, &l.kernel))?;
-                    let map = m.encode(p).map_err(|e| {
-                        CudaError::new(CudaErrorKind::Invalid, format!("kernel {}: {e}", l.kernel))
-                    })?;
-                    maps.push(map);
-                    (maps.len() - 1) as u64
-                }
-            });
-        }
-        let mut args: Vec<*mut c_void> = Vec::with_capacity(l.args.len());
-        for (a, s) in l.args.iter().zip(slots.iter_mut()) {
-            args.push(match a {
-                ArgDesc::TensorMap(_) => &mut maps[*s as usize] as *mut sys::CUtensorMap as *mut c_void,
-                _ => s as *mut u64 as *mut c_void,
-            });
-        }
-        // SAFETY: f belongs to a loaded module; the argument list matches the kernel's
-        // parameters as the backend declared them; the buffers are live (the caller's contract).
-        unsafe { result::launch_kernel(f, l.grid, l.block, l.shared_bytes, stream, &mut args) }.ctx(
-            || {
-                format!(
-                    "launching {} (grid {:?}, block {:?}, {} B shared)",
-                    l.kernel, l.grid, l.block, l.shared_bytes
-                )
-            },
-        )?;
+    for &z in &l.zero_first {
+        let (p, bytes) = (*ptrs.get(z).ok_or_else(|| missing(z, &l.kernel))?, sizes[z]);
+        // SAFETY: within the allocation (the caller's contract), on the given stream.
+        unsafe { result::memset_d8_async(p, 0, bytes, stream) }
+            .ctx(|| format!("zeroing buffer {z} before {}", l.kernel))?;
     }
+    let f = *functions.get(&l.kernel).ok_or_else(|| {
+        CudaError::new(CudaErrorKind::Invalid, format!("kernel {} was not loaded", l.kernel))
+    })?;
+    // Each argument lives in its own 8-byte slot; the driver reads the low bytes
+    // (little-endian) for 4-byte arguments. Tensor maps (128 bytes) live in `maps`,
+    // filled before any pointer into either vector is taken.
+    let mut slots = Vec::with_capacity(l.args.len());
+    let mut maps = Vec::new();
+    for a in &l.args {
+        slots.push(match *a {
+            ArgDesc::Buffer(n) => *ptrs.get(n).ok_or_else(|| missing(n, &l.kernel))?,
+            ArgDesc::I32(v) => v as u32 as u64,
+            ArgDesc::I64(v) => v as u64,
+            ArgDesc::F32(v) => v.to_bits() as u64,
+            ArgDesc::TensorMap(m) => {
+                let p = *ptrs.get(m.buffer).ok_or_else(|| missing(m.buffer, &l.kernel))?;
+                let map = m.encode(p).map_err(|e| {
+                    CudaError::new(CudaErrorKind::Invalid, format!("kernel {}: {e}", l.kernel))
+                })?;
+                maps.push(map);
+                (maps.len() - 1) as u64
+            }
+        });
+    }
+    let mut args: Vec<*mut c_void> = Vec::with_capacity(l.args.len());
+    for (a, s) in l.args.iter().zip(slots.iter_mut()) {
+        args.push(match a {
+            ArgDesc::TensorMap(_) => &mut maps[*s as usize] as *mut sys::CUtensorMap as *mut c_void,
+            _ => s as *mut u64 as *mut c_void,
+        });
+    }
+    // SAFETY: f belongs to a loaded module; the argument list matches the kernel's
+    // parameters as the backend declared them; the buffers are live (the caller's contract).
+    unsafe { result::launch_kernel(f, l.grid, l.block, l.shared_bytes, stream, &mut args) }.ctx(|| {
+        format!(
+            "launching {} (grid {:?}, block {:?}, {} B shared)",
+            l.kernel, l.grid, l.block, l.shared_bytes
+        )
+    })?;
     Ok(())
 }
 
@@ -376,6 +496,7 @@ pub struct Session<'rt> {
     _module: Module,
     functions: HashMap<String, sys::CUfunction>,
     buffers: Vec<DeviceBuffer>,
+    lanes: Mutex<Lanes>,
 }
 
 impl Session<'_> {
@@ -424,7 +545,16 @@ impl Session<'_> {
         let ptrs: Vec<sys::CUdeviceptr> = self.buffers.iter().map(|b| b.ptr).collect();
         let sizes: Vec<usize> = self.buffers.iter().map(|b| b.bytes).collect();
         // SAFETY: every buffer is a live allocation of its size, owned by self.
-        unsafe { enqueue_launches(&self.functions, &self.program.launches, &ptrs, &sizes, self.stream()) }
+        unsafe {
+            enqueue_launches(
+                &self.functions,
+                &self.program.launches,
+                &ptrs,
+                &sizes,
+                self.stream(),
+                &self.lanes,
+            )
+        }
     }
 
     /// Waits for the stream; reports any asynchronous kernel fault.
@@ -472,6 +602,7 @@ pub struct ExternalModule {
     ctx: Arc<CudaContext>,
     module: Module,
     functions: HashMap<String, sys::CUfunction>,
+    lanes: Mutex<Lanes>,
 }
 
 // SAFETY: a CUmodule and its CUfunctions are plain driver handles, valid in any thread once their
@@ -526,7 +657,7 @@ impl ExternalModule {
         })?;
         let module = Module::load(ptx)?;
         let functions = resolve_functions(&module, launches)?;
-        Ok(ExternalModule { ctx, module, functions })
+        Ok(ExternalModule { ctx, module, functions, lanes: Mutex::new(Lanes::new()) })
     }
 
     pub fn device_info(&self) -> Result<DeviceInfo, CudaError> {
@@ -553,7 +684,21 @@ impl ExternalModule {
         let _guard = ContextGuard::enter(&self.ctx)?;
         let _ = &self.module;
         // SAFETY: forwarded from the caller's contract.
-        unsafe { enqueue_launches(&self.functions, launches, ptrs, sizes, stream as sys::CUstream) }
+        unsafe {
+            enqueue_launches(&self.functions, launches, ptrs, sizes, stream as sys::CUstream, &self.lanes)
+        }
+    }
+}
+
+impl Drop for ExternalModule {
+    fn drop(&mut self) {
+        // The lanes' streams and events go with the module's context current (the caller's
+        // thread may have another one current).
+        if let Ok(_guard) = ContextGuard::enter(&self.ctx) {
+            if let Ok(mut lanes) = self.lanes.lock() {
+                drop(std::mem::replace(&mut *lanes, Lanes::new()));
+            }
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod io;
+pub mod lanes;
 pub mod tensor;
 pub mod tensor_map;
 pub mod validate;
