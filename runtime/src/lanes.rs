@@ -42,6 +42,7 @@ impl Schedule {
 /// waits, on each other lane, for the latest launch it depends on there (directly or through
 /// other launches), unless its lane already waited for that one or a later one.
 /// `serial`: everything on lane 0 in plan order (no concurrency).
+#[allow(clippy::needless_range_loop)] // i indexes several parallel tables
 pub fn schedule(deps: &[Vec<usize>], serial: bool) -> Result<Schedule, String> {
     let n = deps.len();
     // ancestors[i][j]: launch i must follow launch j.
