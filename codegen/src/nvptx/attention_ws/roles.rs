@@ -2,7 +2,7 @@
 //! loop and the consumers' compute loop (see the module docs of [`super`] for the protocol).
 
 use super::consumer::Consumer;
-use super::epilogue::store_output_bf16;
+use super::epilogue::{store_output_bf16, OutAt};
 use super::sync::{
     fence_async_shared, mbar_arrive, mbar_arrive_on_copies, mbar_init, mbar_wait, named_barrier, set_max_regs,
 };
@@ -354,7 +354,8 @@ fn consumer<'ctx>(
     let (o, m, l) = c.run(&a);
     let (inv, lse) = a.finalize(m, l, cir);
     if cfg.out_bf16 {
-        store_output_bf16(&a, &o, inv, lse, &rows, i0w, cw, blk.ob, blk.lb);
+        let at = OutAt { base: a0.smem, i0: blk.i0, ob: blk.ob, lb: blk.lb };
+        store_output_bf16(&a, lay, &at, &o, inv, lse);
     } else {
         a.store_output(&o, inv, lse, &rows, blk.ob, f32t, blk.lb);
     }
