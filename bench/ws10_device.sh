@@ -88,7 +88,7 @@ fi
 
 echo "## (c) compute-sanitizer on the new build (warp-specialized kernel, D = 128)"
 if [ "${SAN:-1}" = 1 ]; then
-  for c in "memcheck B=1,H=2,T=300,D=128" "racecheck B=1,H=2,T=300,D=128" "racecheck B=1,H=1,T=900,D=128"; do
+  for c in "memcheck B=1,H=2,T=300,D=128" "racecheck B=1,H=2,T=300,D=128"; do
     set -- $c
     log="$OUT/san_$1_${2//[,=]/_}.log"
     t 100 compute-sanitizer --tool "$1" --error-exitcode 3 "$NEW" run examples/fox.attn --backend cuda --shape "$2" >"$log" 2>&1
