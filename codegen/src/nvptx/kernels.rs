@@ -17,6 +17,9 @@ use foxc_ir::{DType, GateKind, LOG_F_FLOOR};
 pub use super::builder::PTX_KERNEL_CC;
 /// Threads per block of the scan (one block per (b, h)).
 pub const SCAN_THREADS: u32 = 1024;
+/// Consecutive elements each scan thread owns per segment of the row (segments of
+/// `SCAN_THREADS * SCAN_ELEMS` = 8192 elements, staged in 33 KB of shared memory).
+pub const SCAN_ELEMS: u32 = 8;
 /// Threads per block of the elementwise kernels (cast, slope cumsum).
 pub const ELEM_THREADS: u32 = 256;
 /// Threads per block of the row kernels (RMSNorm, threshold): 4 warps, one row per warp at a time.
@@ -103,10 +106,13 @@ fn warp_scan_pair<'ctx>(k: &Kb<'_, 'ctx>, lane: IntValue<'ctx>, mut x: Pair<'ctx
 }
 
 /// `gate_cumsum` for `Logits` and `LogGate`: params `(gate: [BH, T], c: f32 [BH, T], T: i32)`.
-/// Grid `(BH)` (the (b, h) index is `ctaid.x`), block [`SCAN_THREADS`]. Each thread scans a
-/// contiguous chunk; a block-wide scan of the chunk totals (warp shuffles, then one warp over the
-/// 32 warp totals) gives each chunk's offset, and a second pass writes the running sums. Every
-/// sum is a [`Pair`]; `c` is its high part, the exact cumsum rounded to f32.
+/// Grid `(BH)` (the (b, h) index is `ctaid.x`), block [`SCAN_THREADS`]. The row goes through
+/// shared memory in segments of `SCAN_THREADS * SCAN_ELEMS` elements: coalesced loads (each
+/// warp reads consecutive elements, all `SCAN_ELEMS` loads of a thread in flight at once) store
+/// `log f` in the stage; each thread then scans its own `SCAN_ELEMS` consecutive elements, the
+/// block scans the threads' totals, and the running sums go back through the stage to coalesced
+/// stores; a pair carries the row's sum from one segment to the next. Every sum is a compensated
+/// f32 pair ([`Pair`]), so `c` is within rounding of the exact cumsum whatever the grouping.
 pub fn build_gate_scan<'ctx>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
@@ -119,71 +125,97 @@ pub fn build_gate_scan<'ctx>(
     let gate = k.param_ptr(0);
     let out = k.param_ptr(1);
     let t_len = k.param_int(2);
-    let total = [k.declare_var(k.f32(0.0).into()), k.declare_var(k.f32(0.0).into())];
-    let run = [k.declare_var(k.f32(0.0).into()), k.declare_var(k.f32(0.0).into())];
+    let carry = [k.declare_var(k.f32(0.0).into()), k.declare_var(k.f32(0.0).into())];
     let tid = k.sreg("tid.x");
     let bh = k.sreg("ctaid.x");
     let (lane, warp) = lane_warp(&k, tid);
-    let nthreads = SCAN_THREADS as i64;
-    // chunk = ceil(T / threads)
-    let chunk = k.sdivc(k.addc(t_len, nthreads - 1), nthreads);
-    let lo = k.smin(k.mul(tid, chunk), t_len);
-    let hi = k.smin(k.add(lo, chunk), t_len);
-    let base = k.mul(k.sext64(bh), k.sext64(t_len));
-    let lo64 = k.sext64(lo);
-    let hi64 = k.sext64(hi);
-    k.for_range(lo64, hi64, k.i64(1), |k, i| {
-        let idx = k.add(base, i);
-        let x = k.load_f(in_dt, gate, idx);
-        let lf = log_gate(k, kind, x);
-        let t = pair_add1(k, (k.use_f(total[0]), k.use_f(total[1])), lf);
-        k.def_var(total[0], t.0);
-        k.def_var(total[1], t.1);
-    });
-    // Inclusive warp scan of the chunk totals.
-    let mine = (k.use_f(total[0]), k.use_f(total[1]));
-    let x = warp_scan_pair(&k, lane, mine);
+    let (nthreads, elems) = (SCAN_THREADS as i64, SCAN_ELEMS as i64);
+    let seg = nthreads * elems;
+    // Element e of the segment sits at e + e / 32: one pad word per 32 makes both the
+    // coalesced accesses (e = j * threads + tid) and a thread's own run (e = tid * elems + j)
+    // free of bank conflicts.
+    let stage = k.shared_f32(&format!("{name}_stage"), (seg + seg / 32) as u32);
+    let staged = |k: &Kb<'_, 'ctx>, e: IntValue<'ctx>| k.shared_at(stage, k.add(e, k.lshrc(e, 5)));
     let nwarps = SCAN_THREADS / 32;
     let sh = [
         k.shared_f32(&format!("{name}_warp_totals"), nwarps),
         k.shared_f32(&format!("{name}_warp_totals_lo"), nwarps),
     ];
-    let is_last = k.icmpc(IntPredicate::EQ, lane, 31);
-    k.if_then(is_last, |k| {
-        k.store(k.shared_at(sh[0], warp), x.0);
-        k.store(k.shared_at(sh[1], warp), x.1);
-    });
-    k.barrier();
-    let is_w0 = k.icmpc(IntPredicate::EQ, warp, 0);
-    k.if_then(is_w0, |k| {
-        let p = (k.shared_at(sh[0], lane), k.shared_at(sh[1], lane));
-        let y = warp_scan_pair(k, lane, (k.load_f32(p.0), k.load_f32(p.1)));
-        k.store(p.0, y.0);
-        k.store(p.1, y.1);
-    });
-    k.barrier();
-    // Offset of this chunk: the inclusive total of earlier warps plus the exclusive warp prefix
-    // (the previous lane's inclusive sum: no subtraction, which would cancel digits).
+    let base = k.mul(k.sext64(bh), k.sext64(t_len));
+    let nseg = k.sdivc(k.addc(t_len, seg - 1), seg);
     let zero = k.f32(0.0);
-    let wprev = k.sub(warp, k.i32(1));
-    let has_prev = k.icmpc(IntPredicate::SGT, warp, 0);
-    let wprev_c = k.select_i(has_prev, wprev, k.i32(0));
-    let prev_tot = (k.load_f32(k.shared_at(sh[0], wprev_c)), k.load_f32(k.shared_at(sh[1], wprev_c)));
-    let warp_off = (k.select_f(has_prev, prev_tot.0, zero), k.select_f(has_prev, prev_tot.1, zero));
-    let lane_prev = (k.shfl_up(x.0, 1), k.shfl_up(x.1, 1));
-    let not_first = k.icmpc(IntPredicate::SGT, lane, 0);
-    let excl = (k.select_f(not_first, lane_prev.0, zero), k.select_f(not_first, lane_prev.1, zero));
-    let start = pair_add(&k, warp_off, excl);
-    k.def_var(run[0], start.0);
-    k.def_var(run[1], start.1);
-    k.for_range(lo64, hi64, k.i64(1), |k, i| {
-        let idx = k.add(base, i);
-        let xv = k.load_f(in_dt, gate, idx);
-        let lf = log_gate(k, kind, xv);
-        let r = pair_add1(k, (k.use_f(run[0]), k.use_f(run[1])), lf);
-        k.def_var(run[0], r.0);
-        k.def_var(run[1], r.1);
-        k.store_f(DType::F32, out, idx, r.0);
+    k.for_range(k.i32(0), nseg, k.i32(1), |k, s| {
+        let seg0 = k.mulc(s, seg);
+        // 1. Coalesced loads of the segment (all in flight), log f into the stage; 0 past T.
+        let mut loaded = Vec::with_capacity(SCAN_ELEMS as usize);
+        for j in 0..elems {
+            let e = k.addc(tid, j * nthreads);
+            let t = k.add(seg0, e);
+            let inb = k.icmp(IntPredicate::SLT, t, t_len);
+            let tc = k.smin(t, k.addc(t_len, -1));
+            loaded.push((e, inb, k.load_f(in_dt, gate, k.add(base, k.sext64(tc)))));
+        }
+        for &(e, inb, x) in &loaded {
+            let lf = k.select_f(inb, log_gate(k, kind, x), zero);
+            k.store(staged(k, e), lf);
+        }
+        k.barrier();
+        // 2. This thread's run of consecutive elements: its total, then the block's scan of
+        // the totals.
+        let own0 = k.mulc(tid, elems);
+        let own: Vec<FloatValue<'ctx>> = (0..elems).map(|j| k.load_f32(staged(k, k.addc(own0, j)))).collect();
+        let mut total = (zero, zero);
+        for &x in &own {
+            total = pair_add1(k, total, x);
+        }
+        let x = warp_scan_pair(k, lane, total);
+        let is_last = k.icmpc(IntPredicate::EQ, lane, 31);
+        k.if_then(is_last, |k| {
+            k.store(k.shared_at(sh[0], warp), x.0);
+            k.store(k.shared_at(sh[1], warp), x.1);
+        });
+        k.barrier();
+        let is_w0 = k.icmpc(IntPredicate::EQ, warp, 0);
+        k.if_then(is_w0, |k| {
+            let p = (k.shared_at(sh[0], lane), k.shared_at(sh[1], lane));
+            let y = warp_scan_pair(k, lane, (k.load_f32(p.0), k.load_f32(p.1)));
+            k.store(p.0, y.0);
+            k.store(p.1, y.1);
+        });
+        k.barrier();
+        // Offset of this run: the carry, the inclusive total of earlier warps and the
+        // exclusive warp prefix (the previous lane's inclusive sum: no subtraction, which
+        // would cancel digits).
+        let wprev = k.sub(warp, k.i32(1));
+        let has_prev = k.icmpc(IntPredicate::SGT, warp, 0);
+        let wprev_c = k.select_i(has_prev, wprev, k.i32(0));
+        let prev_tot = (k.load_f32(k.shared_at(sh[0], wprev_c)), k.load_f32(k.shared_at(sh[1], wprev_c)));
+        let warp_off = (k.select_f(has_prev, prev_tot.0, zero), k.select_f(has_prev, prev_tot.1, zero));
+        let lane_prev = (k.shfl_up(x.0, 1), k.shfl_up(x.1, 1));
+        let not_first = k.icmpc(IntPredicate::SGT, lane, 0);
+        let excl = (k.select_f(not_first, lane_prev.0, zero), k.select_f(not_first, lane_prev.1, zero));
+        let c0 = (k.use_f(carry[0]), k.use_f(carry[1]));
+        let mut run = pair_add(k, c0, pair_add(k, warp_off, excl));
+        for (j, &x) in own.iter().enumerate() {
+            run = pair_add1(k, run, x);
+            k.store(staged(k, k.addc(own0, j as i64)), run.0);
+        }
+        // The row's sum so far: the carry plus the block's total (the last warp's inclusive).
+        let last = k.i32(nwarps as i64 - 1);
+        let block_tot = (k.load_f32(k.shared_at(sh[0], last)), k.load_f32(k.shared_at(sh[1], last)));
+        let c1 = pair_add(k, c0, block_tot);
+        k.def_var(carry[0], c1.0);
+        k.def_var(carry[1], c1.1);
+        k.barrier();
+        // 3. Coalesced stores of the running sums; the barrier keeps the next segment's
+        // stage and warp totals from overwriting what is still read here.
+        for &(e, inb, _) in &loaded {
+            let t = k.add(seg0, e);
+            k.if_then(inb, |k| {
+                k.store_f(DType::F32, out, k.add(base, k.sext64(t)), k.load_f32(staged(k, e)));
+            });
+        }
+        k.barrier();
     });
     k.finish()
 }

@@ -26,6 +26,11 @@ type R<T> = Result<T, String>;
 type Kb<'a, 'ctx> = KernelBuilder<'a, 'ctx>;
 
 const WARPS: u32 = ROW_THREADS / 32;
+/// Rows each warp of the norms kernel loads at once: about 1 KB of q and k rows per lane
+/// group (8 rows at D = 128, bf16), between 2 and 16 rows.
+fn norm_rows(d: u32) -> u32 {
+    (1024 / d.max(1)).clamp(2, 16)
+}
 
 /// Renders the formula's operations as LLVM f32 instructions over precomputed statistics.
 struct Llvm<'a, 'b, 'ctx> {
@@ -113,7 +118,8 @@ fn block_reduce<'ctx>(
 }
 
 /// Per-tile maxima of squared norms: params `(q, k, norms: f32 [BH, Mt, 2], T: i32)`.
-/// Grid `(Mt, BH)`, block [`ROW_THREADS`]: one warp per row at a time.
+/// Grid `(Mt, BH)`, block [`ROW_THREADS`]: each warp loads [`norm_rows`] rows at a time, one
+/// row spread over the warp (each row's sum in the same order as before: bit-identical norms).
 pub fn build_threshold_norms<'ctx>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
@@ -138,18 +144,29 @@ pub fn build_threshold_norms<'ctx>(
     let last = k.smin(k.addc(i0, bm as i64), t_len);
     let bh_base = k.mul(k.sext64(bh), k.sext64(t_len));
     let kbh_base = kv_rows(&k, bh, t_len, kv_group);
-    k.for_range(k.add(i0, warp), last, k.i32(WARPS as i64), |k, i| {
-        let base = k.mul(k.add(bh_base, k.sext64(i)), k.i64(d as i64));
-        let kbase = k.mul(k.add(kbh_base, k.sext64(i)), k.i64(d as i64));
-        let qv = load_row(k, q_dt, q, base, lane, d);
-        let kv = load_row(k, k_dt, kk, kbase, lane, d);
-        let (mut sq, mut sk) = (k.f32(0.0), k.f32(0.0));
-        for (a, b) in qv.iter().zip(&kv) {
-            sq = k.fma(*a, *a, sq);
-            sk = k.fma(*b, *b, sk);
+    // norm_rows(d) rows per warp and step, all their loads issued before any arithmetic: the
+    // kernel is bound by the bytes in flight (one row at a time left the memory system idle).
+    // A row past the tile repeats the tile's last row (its norms are already in the maxima).
+    let nrows = norm_rows(d);
+    let step = k.i32((WARPS * nrows) as i64);
+    k.for_range(k.add(i0, warp), last, step, |k, i| {
+        let rows: Vec<_> = (0..nrows)
+            .map(|r| {
+                let row = k.smin(k.addc(i, (r * WARPS) as i64), k.addc(last, -1));
+                let base = k.mul(k.add(bh_base, k.sext64(row)), k.i64(d as i64));
+                let kbase = k.mul(k.add(kbh_base, k.sext64(row)), k.i64(d as i64));
+                (load_row(k, q_dt, q, base, lane, d), load_row(k, k_dt, kk, kbase, lane, d))
+            })
+            .collect();
+        for (qv, kv) in &rows {
+            let (mut sq, mut sk) = (k.f32(0.0), k.f32(0.0));
+            for (a, b) in qv.iter().zip(kv) {
+                sq = k.fma(*a, *a, sq);
+                sk = k.fma(*b, *b, sk);
+            }
+            k.def_var(qm, k.fmax(k.use_f(qm), k.warp_sum(sq)));
+            k.def_var(km, k.fmax(k.use_f(km), k.warp_sum(sk)));
         }
-        k.def_var(qm, k.fmax(k.use_f(qm), k.warp_sum(sq)));
-        k.def_var(km, k.fmax(k.use_f(km), k.warp_sum(sk)));
     });
     let r = block_reduce(&k, &format!("{name}_max"), &[k.use_f(qm), k.use_f(km)], lw, false);
     let t0 = k.icmpc(IntPredicate::EQ, tid, 0);
