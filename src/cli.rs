@@ -102,6 +102,16 @@ pub struct PruneArgs {
     /// ACP tile shape BMxBN (default: the target's choice: 64x64; 64x128 on sm_90a for a forward with D = 128).
     #[arg(long, value_parser = crate::pipeline::parse_tiles)]
     pub tiles: Option<foxc_ir::Tiles>,
+    /// How the sm_90a warp-specialized forward loads K and V: `tma` (one thread issues tensor
+    /// memory accelerator copies) or `cp-async` (128 threads). Default: the tiles pass's choice.
+    #[arg(long, value_enum)]
+    pub ws_loads: Option<WsLoadsArg>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WsLoadsArg {
+    Tma,
+    CpAsync,
 }
 
 #[derive(Args, Debug)]

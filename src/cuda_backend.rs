@@ -10,6 +10,7 @@ use foxc_runtime::cuda::{
     ArgDesc, BufferDesc, BufferInit, CudaError, CudaErrorKind, CudaRuntime, DeviceInfo, ExternalModule,
     LaunchDesc, Program,
 };
+use foxc_runtime::tensor_map::{TensorMapArg, TmaSwizzle};
 use foxc_runtime::{HostTensor, TensorMap};
 use std::collections::BTreeMap;
 
@@ -152,6 +153,7 @@ pub fn plan(a: &NvptxArtifact, bind: &DimBindings) -> Result<(Vec<BufferDesc>, V
                     let v = cg::eval_product(d, &lookup).map_err(codegen_err)?;
                     ArgDesc::F32((v as f64).ln() as f32)
                 }
+                KernelArg::TensorMap(m) => ArgDesc::TensorMap(tensor_map(m, &lookup)?),
             });
         }
         launches.push(LaunchDesc {
@@ -165,6 +167,20 @@ pub fn plan(a: &NvptxArtifact, bind: &DimBindings) -> Result<(Vec<BufferDesc>, V
         });
     }
     Ok((buffers, launches))
+}
+
+/// The runtime's tensor map for the plan's `m` with the dimensions bound; a shape the copy
+/// engine cannot describe is a user error (e.g. a dimension past 2^32 elements).
+fn tensor_map(m: &cg::TmaMap, lookup: &dyn Fn(&str) -> Option<u64>) -> Result<TensorMapArg, Error> {
+    let dims = m.dims.iter().map(|d| cg::eval_product(d, lookup)).collect::<Result<Vec<u64>, _>>();
+    let swizzle = match m.swizzle_bytes {
+        0 => TmaSwizzle::None,
+        128 => TmaSwizzle::B128,
+        s => return Err(Error::internal(format!("internal error: a tensor map with a {s}-byte swizzle"))),
+    };
+    let arg = TensorMapArg::contiguous(m.buffer, &dims.map_err(codegen_err)?, &m.box_dims, swizzle);
+    arg.check().map_err(|e| Error::user(format!("error: {e}")))?;
+    Ok(arg)
 }
 
 /// The kernels index with i32 within one (b, h) slice and i64 across: reject what overflows.
@@ -438,5 +454,54 @@ mod tests {
         let e = emit(&g, &BTreeMap::new(), "sm_75", Emit::Ptx).unwrap_err();
         assert_eq!(e.kind, crate::ErrorKind::User);
         assert!(e.message.contains("sm_75"));
+    }
+
+    /// `--ws-loads tma`: the warp-specialized attention takes tensor maps of its K and V buffers
+    /// last, bound to `(D, T, B G)` (row-major byte strides), `(64, bn, 1)` boxes, 128-byte
+    /// swizzle; the cp.async kernel takes none.
+    #[test]
+    fn tma_attention_gets_tensor_maps_of_k_and_v() {
+        let src = crate::pipeline::Source {
+            name: "fox_gqa.attn".into(),
+            bytes: include_bytes!("../examples/fox_gqa.attn").to_vec(),
+        };
+        let g = src.compile().unwrap().graph;
+        let sizes = [("B", 2), ("H", 4), ("G", 2), ("T", 1000), ("D", 128)];
+        let dims: BTreeMap<String, u64> = sizes.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        let attention_args = |loads| {
+            let opts = foxc_passes::PassOptions {
+                target: foxc_passes::Target::Sm90a,
+                dims: dims.clone(),
+                ws_loads: Some(loads),
+                ..Default::default()
+            };
+            let (opt, _) = crate::pipeline::optimize(&g, &opts).unwrap();
+            let a = compile(&opt, &dims, "sm_90a").unwrap();
+            let (_, launches) = plan(&a, &foxc_ir::shapes::DimBindings(dims.clone())).unwrap();
+            let l = launches.into_iter().find(|l| l.kernel.starts_with("foxc_attn_fwd_ws")).unwrap();
+            (l.kernel, l.args)
+        };
+        let (name, args) = attention_args(foxc_ir::attention::KvLoads::Tma);
+        assert!(name.starts_with("foxc_attn_fwd_ws_tma_d128_bm64_bn128_"), "{name}");
+        let maps: Vec<TensorMapArg> = args
+            .iter()
+            .filter_map(|a| match a {
+                ArgDesc::TensorMap(m) => Some(*m),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(maps.len(), 2);
+        for (m, operand) in maps.iter().zip([1, 2]) {
+            assert_eq!(args[operand], ArgDesc::Buffer(m.buffer), "map over operand {operand}");
+            assert_eq!(
+                (m.rank, &m.dims[..3], &m.strides[..2]),
+                (3, &[128, 1000, 4][..], &[256, 256_000][..])
+            );
+            assert_eq!((&m.box_dims[..3], m.swizzle), (&[64, 128, 1][..], TmaSwizzle::B128));
+        }
+        assert!(matches!(args[args.len() - 2..], [ArgDesc::TensorMap(_), ArgDesc::TensorMap(_)]));
+        let (name, args) = attention_args(foxc_ir::attention::KvLoads::CpAsync);
+        assert!(name.starts_with("foxc_attn_fwd_ws_d128_"), "{name}");
+        assert!(!args.iter().any(|a| matches!(a, ArgDesc::TensorMap(_))));
     }
 }

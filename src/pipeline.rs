@@ -1,7 +1,8 @@
 //! The front half of the pipeline: source file -> verified graph -> optimized graph.
 
-use crate::cli::{PruneArgs, TargetArg};
+use crate::cli::{PruneArgs, TargetArg, WsLoadsArg};
 use crate::Error;
+use foxc_ir::attention::KvLoads;
 use foxc_ir::frontend::{self, Compiled};
 use foxc_ir::Graph;
 use foxc_passes::{PassOptions, PassReport, Target};
@@ -59,6 +60,10 @@ pub fn pass_options(prune: &PruneArgs, target: TargetArg, print_after_all: bool)
         },
         print_after_all,
         tiles: prune.tiles,
+        ws_loads: prune.ws_loads.map(|l| match l {
+            WsLoadsArg::Tma => KvLoads::Tma,
+            WsLoadsArg::CpAsync => KvLoads::CpAsync,
+        }),
         ..PassOptions::default()
     }
 }

@@ -50,6 +50,7 @@ fn gradient_ops_compile_for_the_gpu() {
                 log_eps: -10.0,
                 prune_rule: foxc_passes::rules::default_rule(),
                 tiles: None,
+                ws_loads: None,
             };
             let (opt, _) =
                 pipeline::optimize(&c.graph, &pipeline::pass_options(&prune, target, false)).unwrap();

@@ -75,6 +75,7 @@ fn optimize(src: &Graph, prune: Option<f64>) -> Graph {
         log_eps: prune.unwrap_or(-10.0),
         prune_rule: foxc_passes::rules::default_rule(),
         tiles,
+        ws_loads: None,
     };
     pipeline::optimize(src, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0
 }

@@ -6,7 +6,7 @@
 use foxc_codegen::nvptx::attention::AttnKernelConfig;
 use foxc_codegen::nvptx::attention_ws;
 use foxc_codegen::nvptx::{compile, Launch, NvptxSpec, NvptxTarget};
-use foxc_ir::attention::{Attention, AttnKernel, Mask, Prune, Scale};
+use foxc_ir::attention::{Attention, AttnKernel, KvLoads, Mask, Prune, Scale};
 use foxc_ir::*;
 
 fn s(x: &str) -> Dim {
@@ -65,7 +65,7 @@ fn attention_launch(
 
 #[test]
 fn warp_specialized_at_d128_standard_at_d64() {
-    let g = fox(AttnKernel::WarpSpecialized { head_dims: vec![128] });
+    let g = fox(AttnKernel::WarpSpecialized { head_dims: vec![128], loads: KvLoads::CpAsync });
     let (name, cfg, geo) = attention_launch(&g, 128);
     assert!(name.starts_with("foxc_attn_fwd_ws_d128_bm64_bn128_"), "{name}");
     assert!(cfg.ws);

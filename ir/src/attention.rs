@@ -391,13 +391,33 @@ pub enum AttnKernel {
     /// codegen `nvptx::attention_ws`) where the head dim bound at code generation is one of
     /// `head_dims`, the standard kernel elsewhere. The pass states the condition with the
     /// choice because it may not know the head dim (a program compiled once for every size).
-    WarpSpecialized { head_dims: Vec<u64> },
+    WarpSpecialized { head_dims: Vec<u64>, loads: KvLoads },
+}
+
+/// How the warp-specialized kernel's producer fills its K/V ring (a pass decision, like the
+/// kernel: `--ws-loads`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KvLoads {
+    /// `cp.async` 16-byte copies issued by all 128 producer threads.
+    #[default]
+    CpAsync,
+    /// One thread issues tensor-memory-accelerator copies (`cp.async.bulk.tensor`) of whole
+    /// boxes; the kernel takes a tensor map of K and of V.
+    Tma,
 }
 
 impl AttnKernel {
     /// Whether this attribute runs the warp-specialized kernel at head dim `head_dim`.
     pub fn runs_warp_specialized(&self, head_dim: u64) -> bool {
-        matches!(self, AttnKernel::WarpSpecialized { head_dims } if head_dims.contains(&head_dim))
+        matches!(self, AttnKernel::WarpSpecialized { head_dims, .. } if head_dims.contains(&head_dim))
+    }
+
+    /// How a warp-specialized kernel loads K and V (`cp.async` for the standard kernel).
+    pub fn kv_loads(&self) -> KvLoads {
+        match self {
+            AttnKernel::WarpSpecialized { loads, .. } => *loads,
+            AttnKernel::Standard => KvLoads::CpAsync,
+        }
     }
 }
 
@@ -648,9 +668,10 @@ impl Attention {
             Prune::Start => s.push_str(", pruned"),
             Prune::Boundary => s.push_str(", pruned(fused boundary)"),
         }
-        if let AttnKernel::WarpSpecialized { head_dims } = &self.kernel {
+        if let AttnKernel::WarpSpecialized { head_dims, loads } = &self.kernel {
             let dims: Vec<String> = head_dims.iter().map(|d| d.to_string()).collect();
-            s.push_str(&format!(", kernel = warp_specialized(D = {})", dims.join(" | ")));
+            let loads = if *loads == KvLoads::Tma { ", loads = tma" } else { "" };
+            s.push_str(&format!(", kernel = warp_specialized(D = {}{loads})", dims.join(" | ")));
         }
         s
     }

@@ -62,6 +62,9 @@ pub struct PassOptions {
     /// The optimized graph will be differentiated (`foxc grad`, `bench --grad`): the tiles
     /// pass picks the tiles the backward kernels run best with.
     pub gradient: bool,
+    /// How the warp-specialized kernel loads K and V (`--ws-loads`); `None`: the tiles pass's
+    /// choice ([`tiles::WS_LOADS`]).
+    pub ws_loads: Option<foxc_ir::attention::KvLoads>,
 }
 
 impl Default for PassOptions {
@@ -75,6 +78,7 @@ impl Default for PassOptions {
             tiles: None,
             dims: Default::default(),
             gradient: false,
+            ws_loads: None,
         }
     }
 }

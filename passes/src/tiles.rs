@@ -3,13 +3,17 @@
 //! tiles a kernel may skip under an expression mask (`keys_from`, [`crate::key_bound`]).
 
 use crate::{PassContext, PassError, PassOptions, Target};
-use foxc_ir::attention::AttnKernel;
+use foxc_ir::attention::{AttnKernel, KvLoads};
 use foxc_ir::{Attention, Graph, Mask, Op, Tiles};
 
 /// Head dims the warp-specialized kernel is chosen for: measured 0.75x the standard kernel's
 /// time at D = 128 (with 128-key tiles), 1.4x slower at D = 64, which keeps the standard kernel
 /// (docs/GPU_KERNEL.md, run 8).
 pub const WS_HEAD_DIMS: [u64; 1] = [128];
+
+/// How the warp-specialized kernel fills its K/V ring unless `--ws-loads` says otherwise:
+/// `cp.async` until the TMA path (`loads = tma`) is measured correct and not slower on the GPU.
+pub const WS_LOADS: KvLoads = KvLoads::CpAsync;
 
 /// The `bm x bn` tiles for `target`. `head_dim` is `D` when the signature or the caller's
 /// bound sizes fix it; `gradient` says the graph will be differentiated.
@@ -40,7 +44,13 @@ pub fn tiles_for(target: Target, head_dim: Option<u64>, gradient: bool) -> Tiles
 /// owns 64 rows; key tiles a multiple of 16 up to 128) and a head dim it is chosen for, or a
 /// symbolic one (the attribute then names the head dims it holds for, and code generation, which
 /// knows the size, reads it: [`AttnKernel::runs_warp_specialized`]); the standard kernel otherwise.
-pub fn kernel_for(target: Target, head_dim: Option<u64>, a: &Attention, tiles: Tiles) -> AttnKernel {
+pub fn kernel_for(
+    target: Target,
+    head_dim: Option<u64>,
+    a: &Attention,
+    tiles: Tiles,
+    loads: KvLoads,
+) -> AttnKernel {
     let ws = target == Target::Sm90a
         && head_dim.is_none_or(|d| WS_HEAD_DIMS.contains(&d))
         && matches!(a.mask, Mask::Causal | Mask::Window(_))
@@ -50,7 +60,7 @@ pub fn kernel_for(target: Target, head_dim: Option<u64>, a: &Attention, tiles: T
         && tiles.bn.is_multiple_of(16)
         && (16..=128).contains(&tiles.bn);
     if ws {
-        AttnKernel::WarpSpecialized { head_dims: WS_HEAD_DIMS.to_vec() }
+        AttnKernel::WarpSpecialized { head_dims: WS_HEAD_DIMS.to_vec(), loads }
     } else {
         AttnKernel::Standard
     }
@@ -59,7 +69,7 @@ pub fn kernel_for(target: Target, head_dim: Option<u64>, a: &Attention, tiles: T
 /// The tiles pass: `--tiles` if given, else the target's choice, on every attention without
 /// tiles; the key bound `E` below which tiles need no visit, under an expression mask
 /// `j >= E` or a score region `select(j >= E, X, -inf)` ([`crate::key_bound`]); and the forward
-/// kernel that goes with them ([`kernel_for`]).
+/// kernel that goes with them ([`kernel_for`]; its K/V loads: `--ws-loads`, else [`WS_LOADS`]).
 pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
     for n in g.find(|op| matches!(op, Op::Attention(a) if a.tiles.is_none())) {
         let head_dim =
@@ -72,7 +82,7 @@ pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(
                 _ => None,
             }
             .or_else(|| crate::key_bound::keys_from_score(&a.score));
-            a.kernel = kernel_for(opts.target, head_dim, a, tiles);
+            a.kernel = kernel_for(opts.target, head_dim, a, tiles, opts.ws_loads.unwrap_or(WS_LOADS));
         }
     }
     Ok(())
@@ -83,6 +93,11 @@ mod tests {
     use super::*;
     use foxc_ir::Scale;
 
+    /// The choice with the default loads.
+    fn kernel_for(target: Target, head_dim: Option<u64>, a: &Attention, tiles: Tiles) -> AttnKernel {
+        super::kernel_for(target, head_dim, a, tiles, KvLoads::CpAsync)
+    }
+
     fn attn(mask: Mask) -> Attention {
         Attention::new(Scale::constant(0.125), mask, true)
     }
@@ -92,7 +107,7 @@ mod tests {
     #[test]
     fn kernel_choice() {
         let t = Tiles { bm: 64, bn: 128 };
-        let ws = AttnKernel::WarpSpecialized { head_dims: vec![128] };
+        let ws = AttnKernel::WarpSpecialized { head_dims: vec![128], loads: KvLoads::CpAsync };
         assert_eq!(kernel_for(Target::Sm90a, None, &attn(Mask::Causal), t), ws);
         assert_eq!(kernel_for(Target::Sm90a, Some(128), &attn(Mask::Window(256)), t), ws);
         assert_eq!(kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), Tiles { bm: 128, bn: 64 }), ws);
@@ -106,6 +121,10 @@ mod tests {
         assert_eq!(kernel_for(Target::Sm90a, Some(128), &attn(expr), t), std);
         assert_eq!(kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), Tiles { bm: 32, bn: 64 }), std);
         assert_eq!(kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), Tiles { bm: 64, bn: 256 }), std);
+        // The loads asked for are the attribute's (`--ws-loads tma`).
+        let tma = AttnKernel::WarpSpecialized { head_dims: vec![128], loads: KvLoads::Tma };
+        assert_eq!(super::kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), t, KvLoads::Tma), tma);
+        assert_eq!(super::kernel_for(Target::Sm80, Some(128), &attn(Mask::Causal), t, KvLoads::Tma), std);
         // The attribute's rule at code generation: D = 128 only.
         assert!(ws.runs_warp_specialized(128));
         assert!(!ws.runs_warp_specialized(64));

@@ -64,12 +64,12 @@ impl TensorMapArg {
             swizzle,
         };
         let mut stride = ELEM_BYTES;
-        for i in 0..rank {
-            m.dims[i] = dims[i];
+        for (i, &d) in dims.iter().take(rank).enumerate() {
+            m.dims[i] = d;
             m.box_dims[i] = box_dims.get(i).copied().unwrap_or(1);
-            stride = stride.saturating_mul(dims[i]);
-            if i + 1 < MAX_RANK {
-                m.strides[i] = stride;
+            stride = stride.saturating_mul(d);
+            if let Some(s) = m.strides.get_mut(i) {
+                *s = stride;
             }
         }
         m
@@ -92,12 +92,12 @@ impl TensorMapArg {
         }
         for i in 0..r - 1 {
             let s = self.strides[i];
-            if s % 16 != 0 || s >= 1 << 40 {
+            if !s.is_multiple_of(16) || s >= 1 << 40 {
                 return Err(format!("tensor map stride {i} is {s} bytes (a multiple of 16 below 2^40)"));
             }
         }
         let row = self.box_dims[0] as u64 * ELEM_BYTES;
-        if row % 16 != 0 {
+        if !row.is_multiple_of(16) {
             return Err(format!("tensor map box rows are {row} bytes (a multiple of 16)"));
         }
         if let Some(span) = self.swizzle.span() {
@@ -113,7 +113,7 @@ impl TensorMapArg {
     /// Encodes the map over the device memory at `ptr` (16-byte aligned).
     pub fn encode(&self, ptr: sys::CUdeviceptr) -> Result<sys::CUtensorMap, String> {
         self.check()?;
-        if ptr % 16 != 0 {
+        if !ptr.is_multiple_of(16) {
             return Err(format!("a tensor map needs a 16-byte aligned buffer, got address {ptr:#x}"));
         }
         let swizzle = match self.swizzle {

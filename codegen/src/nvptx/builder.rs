@@ -20,10 +20,11 @@ pub(crate) mod control;
 pub(crate) mod gpu;
 pub(crate) mod memory;
 
+use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::builder::{Builder, BuilderError};
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
-use inkwell::types::{BasicMetadataTypeEnum, BasicTypeEnum, FloatType, IntType, PointerType};
+use inkwell::types::{AnyType, BasicMetadataTypeEnum, BasicTypeEnum, FloatType, IntType, PointerType};
 use inkwell::values::{BasicValue, BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
 use std::cell::RefCell;
@@ -39,6 +40,10 @@ pub(crate) enum ParamTy {
     I32,
     I64,
     F32,
+    /// A 128-byte TMA tensor map passed by value (`.param .align 64 .b8 name[128]`): a `byval`
+    /// pointer marked `nvvm.grid_constant`, so the kernel may take its address (the copy
+    /// instructions read the map in parameter space) without a local copy.
+    TensorMap,
 }
 
 /// Builds one kernel function. See the module documentation.
@@ -71,11 +76,20 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
                 ParamTy::I32 => ctx.i32_type().into(),
                 ParamTy::I64 => ctx.i64_type().into(),
                 ParamTy::F32 => ctx.f32_type().into(),
+                ParamTy::TensorMap => ctx.ptr_type(AddressSpace::default()).into(),
             })
             .collect();
         let fty = ctx.void_type().fn_type(&tys, false);
         let f = module.add_function(name, fty, Some(Linkage::External));
         f.set_call_conventions(PTX_KERNEL_CC);
+        for (i, _) in params.iter().enumerate().filter(|(_, (_, t))| *t == ParamTy::TensorMap) {
+            let map = ctx.i8_type().array_type(128).as_any_type_enum();
+            let kind = |n: &str| Attribute::get_named_enum_kind_id(n);
+            let loc = AttributeLoc::Param(i as u32);
+            f.add_attribute(loc, ctx.create_type_attribute(kind("byval"), map));
+            f.add_attribute(loc, ctx.create_enum_attribute(kind("align"), 64));
+            f.add_attribute(loc, ctx.create_string_attribute("nvvm.grid_constant", ""));
+        }
         for (i, (n, _)) in params.iter().enumerate() {
             if let Some(p) = f.get_nth_param(i as u32) {
                 p.set_name(n);

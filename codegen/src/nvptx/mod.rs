@@ -111,6 +111,24 @@ pub enum KernelArg {
     I64(Vec<Dim>),
     /// `ln` of the product of the dims, as f32 (the threshold's `ln T`).
     LnF32(Vec<Dim>),
+    /// A TMA tensor map over a buffer, passed by value (the kernel parameter is
+    /// [`builder::ParamTy::TensorMap`]).
+    TensorMap(TmaMap),
+}
+
+/// A tiled tensor map over a contiguous bf16 buffer, for `cp.async.bulk.tensor` copies: the
+/// runtime encodes it per launch (`cuTensorMapEncodeTiled`) from the buffer's pointer.
+/// Elements of a box outside the tensor arrive as zeros.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TmaMap {
+    /// Buffer number of [`NvptxArtifact::buffers`].
+    pub buffer: usize,
+    /// Elements along each dimension, innermost (contiguous) first; each the product of its dims.
+    pub dims: Vec<Vec<Dim>>,
+    /// Elements one copy moves along each dimension.
+    pub box_dims: Vec<u32>,
+    /// Shared-memory swizzle of each box row: 128 (the 128-byte swizzle wgmma reads) or 0 (none).
+    pub swizzle_bytes: u32,
 }
 
 /// One grid extent: a constant, or `ceil(product of dims / n)`.

@@ -3,6 +3,7 @@
 
 use super::attention::region::{CaptureTy, RegionMod, ScoreArg};
 use super::attention::{self, AttnKernelConfig};
+use super::attention_ws;
 use super::generic;
 use super::kernels::{self, ELEM_THREADS, ROW_THREADS, SCAN_THREADS};
 use super::target;
@@ -10,6 +11,7 @@ use super::threshold;
 use super::{
     BufferInfo, BufferKind, CodegenError, GridDim, KernelArg, KernelInfo, Launch, NvptxArtifact, NvptxSpec,
 };
+use foxc_ir::attention::KvLoads;
 use foxc_ir::{
     Attention, BinaryOp, DType, Dim, GateKind, Graph, Mask, NormBound, Op, Prune, Value, ValueId, ValueType,
 };
@@ -676,6 +678,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             cfg.debug_starts = true;
             cfg.ws = false;
         }
+        cfg.tma = cfg.ws && a.kernel.kv_loads() == KvLoads::Tma;
         // Captured tensors: read by the score hook through their index expressions.
         let caps: Vec<CaptureTy> = o
             .captures
@@ -737,6 +740,11 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                     KernelArg::I32(self.ty(o.captures[k]).dims().nth(ax).cloned().into_iter().collect())
                 }
             });
+        }
+        if cfg.tma {
+            // Tensor maps of K and V over their [B, H_kv, T, D] buffers (attention_ws::tma).
+            let (kv_heads, _, _) = self.bhtd(o.k, "attention's k")?;
+            args.extend(attention_ws::tma::args(&cfg, qkv[1], qkv[2], &t, &kv_heads));
         }
         if debug_starts {
             let mut shape = bh.clone();

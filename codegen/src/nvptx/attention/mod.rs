@@ -104,6 +104,10 @@ pub struct AttnKernelConfig {
     /// Run the warp-specialized sm_90a kernel ([`crate::nvptx::attention_ws`]) instead: set
     /// from the attention's `kernel` attribute (a pass decision).
     pub ws: bool,
+    /// With `ws`: the producer loads K and V through the tensor memory accelerator (two tensor
+    /// map parameters last; [`crate::nvptx::attention_ws`]'s `tma` module), from the
+    /// attention's `kernel` attribute (`loads = tma`).
+    pub tma: bool,
     /// Debug: also write each query tile's in-kernel `start` to an extra pointer parameter
     /// after the score hook's (i32 `[B, H, ceil(T / bm)]`; standard kernel only).
     pub debug_starts: bool,
@@ -127,6 +131,7 @@ impl AttnKernelConfig {
             out_bf16: false,
             kv_group: 1,
             ws: false,
+            tma: false,
             debug_starts: false,
         }
     }
@@ -135,7 +140,11 @@ impl AttnKernelConfig {
     pub fn kernel_name(&self) -> String {
         format!(
             "foxc_attn_fwd{}_d{}_bm{}_bn{}{}{}{}{}{}{}{}{}_s{:08x}_sm{}",
-            if self.ws { "_ws" } else { "" },
+            match (self.ws, self.tma) {
+                (true, true) => "_ws_tma",
+                (true, false) => "_ws",
+                (false, _) => "",
+            },
             self.head_dim,
             self.bm,
             self.bn,

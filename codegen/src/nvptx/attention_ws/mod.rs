@@ -34,12 +34,14 @@
 //! * Grid `(ceil(T / 128), B H)`, block index reversed so the longest query tiles start first.
 //!
 //! Kernel parameters are those of the old kernel (module docs of [`super::attention`]), in the
-//! same order, followed by the score modification's. Launch with [`launch_geometry`].
+//! same order, followed by the score modification's and, with `loads = tma` (`cfg.tma`), the
+//! tensor maps of K and V ([`tma`]). Launch with [`launch_geometry`].
 
 mod consumer;
 mod epilogue;
 mod roles;
 mod sync;
+pub(crate) mod tma;
 
 use super::attention::score::ScoreMod;
 use super::attention::{AttnKernelConfig, LaunchGeometry};
@@ -157,6 +159,9 @@ pub(crate) fn build<'ctx>(
     let mut params = super::attention::fixed_params();
     let extra = score.params();
     params.extend(extra.iter().map(|(n, t)| (n.as_str(), *t)));
+    if cfg.tma {
+        params.extend(tma::PARAMS);
+    }
     let lay = layout(cfg)?;
     let view = consumer_view(cfg);
     let b = KernelBuilder::kernel(ctx, module, name, &params)?;

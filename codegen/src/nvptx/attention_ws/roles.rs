@@ -6,6 +6,7 @@ use super::epilogue::{store_output_bf16, OutAt};
 use super::sync::{
     fence_async_shared, mbar_arrive, mbar_arrive_on_copies, mbar_init, mbar_wait, named_barrier, set_max_regs,
 };
+use super::tma;
 use super::{WsLayout, BLOCK_ROWS, CONSUMER_REGS, PRODUCER_REGS};
 use crate::nvptx::attention::score::ScoreMod;
 use crate::nvptx::attention::{Attn, AttnKernelConfig, Rows, LOG2E};
@@ -60,9 +61,10 @@ pub(super) fn emit<'ctx>(
     let t0 = b.icmpc(IntPredicate::EQ, tid, 0);
     b.if_then_named(t0, ("mbar_init", "roles"), |b| {
         for s in 0..s_n {
-            mbar_init(b, bar(b, smem, lay, s, false), 256);
+            mbar_init(b, bar(b, smem, lay, s, false), tma::full_arrivals(cfg));
             mbar_init(b, bar(b, smem, lay, s, true), 256);
         }
+        tma::after_barrier_init(b, cfg);
     });
     b.barrier();
 
@@ -248,8 +250,11 @@ fn producer<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, lay: &WsLayout
             vec![b.addc(n, -1).into()]
         },
     );
-    // Leave only once the copies have landed (the consumers still read the slots).
-    b.call_void("llvm.nvvm.cp.async.wait.all", &[]);
+    // Leave only once the copies have landed (the consumers still read the slots); bulk
+    // copies complete on the barriers the consumers wait for.
+    if !cfg.tma {
+        b.call_void("llvm.nvvm.cp.async.wait.all", &[]);
+    }
 }
 
 /// A fill whose copies are out: its slot and its `c_j` as loaded (decay only), for [`publish`].
@@ -280,9 +285,15 @@ fn fill<'ctx>(
     }
     let j0 = b.mulc(n, bn);
     let koff = b.addc(b.mulc(s, 2 * kv), lay.kv0 as i64);
-    a.load_tile(blk.kb, j0, cfg.bn, koff);
-    a.load_tile(blk.vb, j0, cfg.bn, b.addc(koff, kv));
-    mbar_arrive_on_copies(b, bar_at(b, a.smem, lay, s, false));
+    let full = bar_at(b, a.smem, lay, s, false);
+    if cfg.tma {
+        let kv_head = b.udivc(blk.bh, cfg.kv_group as i64);
+        tma::fill_kv(a, cfg, lay, kv_head, j0, koff, full);
+    } else {
+        a.load_tile(blk.kb, j0, cfg.bn, koff);
+        a.load_tile(blk.vb, j0, cfg.bn, b.addc(koff, kv));
+        mbar_arrive_on_copies(b, full);
+    }
     let cj = cfg.has_decay.then(|| {
         let j = b.smin(b.add(j0, a.tid), blk.tmax);
         b.load_f32(b.gep(b.f32t().into(), blk.cb, b.sext64(j)))

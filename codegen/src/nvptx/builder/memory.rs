@@ -169,6 +169,13 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
         self.gep(self.ctx.i8_type().into(), base, off)
     }
 
+    /// `p` (shared memory of this block, address space 3) as a `shared::cluster` pointer
+    /// (address space 7), the destination type of the bulk tensor copies.
+    pub fn shared_cluster(&self, p: PointerValue<'ctx>) -> PointerValue<'ctx> {
+        let t = self.ctx.ptr_type(AddressSpace::from(7u16));
+        self.keep(self.b.build_address_space_cast(p, t, ""), || t.const_null())
+    }
+
     /// The address of a shared pointer as an i64 (for matrix descriptors).
     pub fn ptr_to_i64(&self, p: PointerValue<'ctx>) -> IntValue<'ctx> {
         self.keep(self.b.build_ptr_to_int(p, self.i64t(), ""), || self.i64(0))
