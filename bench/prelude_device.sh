@@ -15,8 +15,10 @@
 #   (c) `foxc bench --iters 50` (pruned and dense rows) base, new, new-serial interleaved,
 #       2 rounds, at SHAPES;
 #   (d) ncu kernel durations of one new run (pruned, dense) at 1x1x16384x128 and of the
-#       prelude kernels at 1x16x32768x128.
-# Knobs: CHECK=0 / CMP=0 / TIME=0 / NCU=0 skip a step; ROUNDS, SHAPES, ITERS.
+#       prelude kernels at 1x16x32768x128;
+#   (e) (run after (b)) compute-sanitizer racecheck and memcheck of the scan at T = 9000,
+#       memcheck of every kernel at T = 777.
+# Knobs: CHECK=0 / CMP=0 / SAN=0 / TIME=0 / NCU=0 skip a step; ROUNDS, SHAPES, ITERS.
 # Prints "prelude: all checks passed" or "prelude: FAILURES" last; exit 1 on a failed check.
 # Usage (GPU machine, repository root): OUT=$OUT bash bench/prelude_device.sh
 set -uo pipefail
@@ -99,6 +101,24 @@ EOF
     done
     rm -rf "$d"
   done
+fi
+
+echo "## (e) compute-sanitizer: the scan and threshold kernels at T = 9000 (two scan segments)"
+if [ "${SAN:-1}" = 1 ]; then
+  for tool in racecheck memcheck; do
+    log="$OUT/san_$tool.log"
+    t 60 compute-sanitizer --tool "$tool" --error-exitcode 3 --kernel-name kns=gate_cumsum \
+      "$NEW" run examples/fox.attn --backend cuda --shape B=1,H=2,T=9000,D=64 >"$log" 2>&1
+    rc=$?
+    echo "san $tool gate_cumsum rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | head -2 | tr '\n' ' ')"
+    [ $rc -eq 0 ] || { fail=1; echo "FAILED: $tool"; tail -8 "$log"; }
+  done
+  log="$OUT/san_memcheck_all.log"
+  t 60 compute-sanitizer --tool memcheck --error-exitcode 3 "$NEW" run examples/fox.attn --backend cuda \
+    --shape B=1,H=2,T=777,D=64 >"$log" 2>&1
+  rc=$?
+  echo "san memcheck all kernels rc=$rc $(grep -E 'ERROR SUMMARY' "$log" | head -1)"
+  [ $rc -eq 0 ] || { fail=1; echo "FAILED: memcheck all"; tail -8 "$log"; }
 fi
 
 echo "## (c) timings: foxc bench --iters ${ITERS:=50}, base / new / new-serial interleaved (variant,round,csv)"
