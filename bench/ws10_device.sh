@@ -11,7 +11,8 @@
 #   (c) compute-sanitizer memcheck and racecheck of the new build on small D = 128 shapes;
 #   (d) `foxc bench --iters 50` (pruned and dense rows) base and new interleaved, ROUNDS (2)
 #       rounds, at SHAPES.
-# Knobs: CHECK=0 / CMP=0 / SAN=0 / TIME=0 skip a step; ROUNDS, SHAPES, ITERS.
+# Knobs: CHECK=0 / CMP=0 / SAN=0 / TIME=0 skip a step; ROUNDS, SHAPES, ITERS; NCU=1 adds ncu
+# sections of one new attention launch at NCU_SHAPE (default 1x16x32768x128).
 # Prints "ws10: all checks passed" or "ws10: FAILURES" last; exit 1 on any failed check.
 # Usage (GPU machine, repository root): OUT=$OUT bash bench/ws10_device.sh
 set -uo pipefail
@@ -111,6 +112,16 @@ if [ "${TIME:-1}" = 1 ]; then
       done
     done
   done | tee "$OUT/ws10_ab.csv"
+fi
+# NCU=1: ncu sections of one new attention launch at NCU_SHAPE (off by default: ~1-2 min).
+if [ "${NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
+  echo "## ncu: the new build's attention kernel at ${NCU_SHAPE:=B=1,H=16,T=32768,D=128}"
+  t 200 ncu -k regex:foxc_attn_fwd --launch-count 1 \
+    --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
+    --metrics gpu__time_duration.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active \
+    "$NEW" run examples/fox.attn --backend cuda --shape "$NCU_SHAPE" --seed 0 >"$OUT/ncu_new.txt" 2>&1
+  echo "ncu rc=$?"
+  grep -E "Achieved Occupancy|cycles_active|warps_active|time_duration|Registers Per|Stall|stall|Issue Slots|No Eligible|Eligible Warps" "$OUT/ncu_new.txt" | head -30
 fi
 echo "ws10: $([ $fail -eq 0 ] && echo all checks passed || echo FAILURES) (${SECONDS}s)"
 exit $fail
