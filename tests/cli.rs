@@ -269,19 +269,25 @@ fn mask_draws_rules_side_by_side() {
     assert_eq!(&std::fs::read(&png).unwrap()[1..4], b"PNG");
 }
 
-/// `--ws-loads tma` reaches the tiles pass: the warp-specialized attribute says so; without it
-/// the default (cp.async) is not printed; an unknown value is a usage error.
+/// `--ws-loads tma` reaches the tiles pass: the warp-specialized attribute says so; cp-async
+/// is not printed; without the flag the pass's default (`WS_LOADS`); an unknown value is a
+/// usage error.
 #[test]
 fn ws_loads_flag_reaches_the_kernel_attribute() {
     let args = ["compile", "examples/fox.attn", "--target", "sm_90a", "--shape", "D=128", "--emit", "opt"];
-    let with = |extra: &[&str]| foxc(&[&args[..], extra].concat());
-    let o = with(&["--ws-loads", "tma"]);
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("kernel = warp_specialized(D = 128, loads = tma)"), "{}", text(&o));
-    for extra in [&[][..], &["--ws-loads", "cp-async"]] {
-        let o = with(extra);
-        assert!(o.status.success(), "{}", text(&o));
-        assert!(text(&o).contains("kernel = warp_specialized(D = 128)"), "{}", text(&o));
-    }
-    assert!(!with(&["--ws-loads", "bulk"]).status.success());
+    let with = |extra: &[&str]| {
+        let o = foxc(&[&args[..], extra].concat());
+        assert!(o.status.success(), "{extra:?}: {}", text(&o));
+        text(&o)
+    };
+    let tma = with(&["--ws-loads", "tma"]);
+    assert!(tma.contains("kernel = warp_specialized(D = 128, loads = tma)"), "{tma}");
+    let cp = with(&["--ws-loads", "cp-async"]);
+    assert!(cp.contains("kernel = warp_specialized(D = 128)"), "{cp}");
+    let default = match foxc_passes::tiles::WS_LOADS {
+        foxc_ir::attention::KvLoads::Tma => &tma,
+        foxc_ir::attention::KvLoads::CpAsync => &cp,
+    };
+    assert_eq!(&with(&[]), default);
+    assert!(!foxc(&[&args[..], &["--ws-loads", "bulk"]].concat()).status.success());
 }
