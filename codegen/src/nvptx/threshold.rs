@@ -32,6 +32,9 @@ fn norm_rows(d: u32) -> u32 {
     (1024 / d.max(1)).clamp(2, 16)
 }
 
+/// Tiles of the head's norms each thread of the delta kernel loads at once.
+const FOLD_TILES: u32 = 4;
+
 /// Renders the formula's operations as LLVM f32 instructions over precomputed statistics.
 struct Llvm<'a, 'b, 'ctx> {
     k: &'a Kb<'b, 'ctx>,
@@ -253,17 +256,27 @@ pub fn build_threshold_delta<'ctx>(
             }
         }
         BoundSrc::Norms if needs_norms(s.rule, &s.score, s.bound) => {
-            // Every thread folds a stride of the head's tiles: all (q, k) and k of tiles <= m.
+            // Every thread folds a stride of the head's tiles: all (q, k) and k of tiles <= m,
+            // FOLD_TILES tiles per step with their loads issued together. A tile index past the
+            // head repeats its last tile (maxima: a repeat changes nothing; it counts for k of
+            // tiles <= m only when the last tile itself does).
             let acc: Vec<_> = (0..3).map(|_| k.declare_var(k.f32(0.0).into())).collect();
             let row = k.mul(k.sext64(bh), k.sext64(mt));
-            k.for_range(tid, mt, k.i32(ROW_THREADS as i64), |k, j| {
-                let at = k.mulc(k.add(row, k.sext64(j)), 2);
-                let nq = k.load_f(DType::F32, norms, at);
-                let nk = k.load_f(DType::F32, norms, k.addc(at, 1));
-                k.def_var(acc[0], k.fmax(k.use_f(acc[0]), nq));
-                k.def_var(acc[1], k.fmax(k.use_f(acc[1]), nk));
-                let seen = k.icmp(IntPredicate::SLE, j, m);
-                k.def_var(acc[2], k.select_f(seen, k.fmax(k.use_f(acc[2]), nk), k.use_f(acc[2])));
+            let step = k.i32((ROW_THREADS * FOLD_TILES) as i64);
+            k.for_range(tid, mt, step, |k, j0| {
+                let tiles: Vec<_> = (0..FOLD_TILES)
+                    .map(|u| {
+                        let j = k.smin(k.addc(j0, (u * ROW_THREADS) as i64), k.addc(mt, -1));
+                        let at = k.mulc(k.add(row, k.sext64(j)), 2);
+                        (j, k.load_f(DType::F32, norms, at), k.load_f(DType::F32, norms, k.addc(at, 1)))
+                    })
+                    .collect();
+                for (j, nq, nk) in tiles {
+                    k.def_var(acc[0], k.fmax(k.use_f(acc[0]), nq));
+                    k.def_var(acc[1], k.fmax(k.use_f(acc[1]), nk));
+                    let seen = k.icmp(IntPredicate::SLE, j, m);
+                    k.def_var(acc[2], k.select_f(seen, k.fmax(k.use_f(acc[2]), nk), k.use_f(acc[2])));
+                }
             });
             let vals: Vec<_> = acc.iter().map(|v| k.use_f(*v)).collect();
             let r = block_reduce(&k, &format!("{name}_norms"), &vals, lw, false);
