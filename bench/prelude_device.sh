@@ -93,9 +93,11 @@ for k in sorted(a):
     ndiff = int((u != v).sum()) if u.shape == v.shape else -1
     print(f"cmp {x} vs {y} [{what}] {k} {sy}: bitwise {'equal' if same else 'DIFFERENT'} "
           f"({ndiff} elements differ), rel L2 {rel:.3e}, nan {int(np.isnan(v).sum())}")
-    # new vs serial: the same kernels, so bitwise; new vs base: the scan may round a tie
-    # differently, nothing more.
-    ok = ok and (same if x == "serial" else (rel < 1e-5 and not np.isnan(v).any()))
+    # new vs serial: the same kernels, so bitwise. new vs base: bitwise expected when the two
+    # builds differ only in the prelude (the scan rounds to round_f32(exact) in both); another
+    # attention kernel may round bf16 outputs differently: rel L2 < 5e-3 (the (a) checks
+    # against the f64 reference are the correctness gate).
+    ok = ok and (same if x == "serial" else (rel < 5e-3 and not np.isnan(v).any()))
 sys.exit(0 if ok else 1)
 EOF
     done
