@@ -107,3 +107,43 @@ fn assembles_with_ptxas_and_bounded_spills() {
         }
     }
 }
+
+/// The tuned configuration at D = 128: 128-key tiles, decay, pruning, bf16 output.
+fn tuned() -> AttnKernelConfig {
+    let mut c = cfg(128);
+    c.bn = 128;
+    c.out_bf16 = true;
+    c
+}
+
+/// Run 10: each role issues its first copies (the producer's first K/V fill, a consumer's Q
+/// tile) before the start search's first ballot, so they land while the search runs; and the
+/// searches are split over the warps and exchanged behind a warpgroup barrier (the producer's
+/// named barrier 5).
+#[test]
+fn first_loads_go_out_before_the_start_search() {
+    let ptx = ptx_for(&tuned());
+    let roles: Vec<&str> = ptx.split("setmaxnreg.").skip(1).collect();
+    assert_eq!(roles.len(), 2, "a consumer and a producer section");
+    for role in roles {
+        let copy = role.find("cp.async.cg.shared.global").expect("a cp.async in the role");
+        let ballot = role.find("vote.sync.ballot").expect("a start search in the role");
+        assert!(copy < ballot, "the search comes before the first copy in:\n{}", &role[..200]);
+    }
+    assert!(ptx.contains("bar.sync \t5, 128;"), "no producer exchange barrier");
+}
+
+/// Run 10: bf16 O leaves through shared memory in 16-byte stores, one per 8 columns of a row:
+/// 64 rows x D / 8 chunks over a consumer's 128 threads.
+#[test]
+fn bf16_output_leaves_in_16_byte_stores() {
+    for d in HEAD_DIMS {
+        let mut c = tuned();
+        c.head_dim = d;
+        let ptx = ptx_for(&c);
+        let wide = ptx.matches("st.global.v4.b32").count();
+        assert_eq!(wide as u32, 64 * d / 8 / 128, "D={d}");
+        // The only other global stores are the two LSE values of the thread's rows.
+        assert_eq!(ptx.matches("st.global.b32").count() + ptx.matches("st.global.f32").count(), 2, "D={d}");
+    }
+}
