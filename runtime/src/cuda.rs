@@ -201,25 +201,7 @@ impl CudaRuntime {
             functions,
             buffers,
             lanes: Mutex::new(Lanes::new()),
-            graph: Mutex::new(None),
-            use_graph: std::env::var("FOXC_CUDA_GRAPH").is_ok_and(|v| v == "1"),
         })
-    }
-}
-
-/// A captured and instantiated plan (destroyed on drop).
-struct PlanGraph {
-    graph: sys::CUgraph,
-    exec: sys::CUgraphExec,
-}
-
-impl Drop for PlanGraph {
-    fn drop(&mut self) {
-        // SAFETY: created by Session::capture and destroyed once; errors at teardown ignored.
-        unsafe {
-            let _ = sys::cuGraphExecDestroy(self.exec);
-            let _ = sys::cuGraphDestroy(self.graph);
-        }
     }
 }
 
@@ -511,11 +493,6 @@ impl Drop for DeviceBuffer {
 pub struct Session<'rt> {
     rt: &'rt CudaRuntime,
     program: Program,
-    /// With `FOXC_CUDA_GRAPH=1`: the plan captured once as a CUDA graph (its launches, their
-    /// dependencies and zeroing), replayed by one launch per run. Declared before the module
-    /// and buffers so it is destroyed first.
-    graph: Mutex<Option<PlanGraph>>,
-    use_graph: bool,
     _module: Module,
     functions: HashMap<String, sys::CUfunction>,
     buffers: Vec<DeviceBuffer>,
@@ -563,58 +540,8 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// Enqueues the whole forward pass on the stream (asynchronous): the launches, or with
-    /// `FOXC_CUDA_GRAPH=1` one launch of the plan's graph (captured on first use).
+    /// Enqueues the whole forward pass on the stream (asynchronous).
     pub fn enqueue(&self) -> Result<(), CudaError> {
-        if !self.use_graph {
-            return self.enqueue_launches();
-        }
-        let mut g =
-            self.graph.lock().map_err(|_| CudaError::new(CudaErrorKind::Invalid, "graph poisoned"))?;
-        if g.is_none() {
-            *g = Some(self.capture()?);
-        }
-        let exec = g.as_ref().map(|g| g.exec).unwrap_or(std::ptr::null_mut());
-        // SAFETY: an instantiated graph of this session's launches on its live buffers.
-        unsafe { sys::cuGraphLaunch(exec, self.stream()) }
-            .result()
-            .ctx(|| "launching the plan's CUDA graph".into())
-    }
-
-    /// Captures the plan's launches (fork/join included) on the stream into a graph.
-    fn capture(&self) -> Result<PlanGraph, CudaError> {
-        // The lanes' streams and events exist before the capture (no creation while capturing).
-        {
-            let mut lanes =
-                self.lanes.lock().map_err(|_| CudaError::new(CudaErrorKind::Invalid, "lanes poisoned"))?;
-            for lane in 1..crate::lanes::LANES {
-                lanes.stream(lane, self.stream())?;
-            }
-            lanes.event(self.program.launches.len())?;
-        }
-        let s = self.stream();
-        // SAFETY: the session's live stream; relaxed mode leaves other threads' calls alone.
-        unsafe { sys::cuStreamBeginCapture_v2(s, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) }
-            .result()
-            .ctx(|| "starting the capture of the plan".into())?;
-        let queued = self.enqueue_launches();
-        let mut graph = std::ptr::null_mut();
-        // SAFETY: ends the capture begun above (also after a failed enqueue).
-        let ended = unsafe { sys::cuStreamEndCapture(s, &mut graph) }.result();
-        queued?;
-        ended.ctx(|| "ending the capture of the plan".into())?;
-        let mut exec = std::ptr::null_mut();
-        // SAFETY: graph is the captured graph.
-        if let Err(e) = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }.result() {
-            // SAFETY: destroyed once; the instantiation failed.
-            let _ = unsafe { sys::cuGraphDestroy(graph) };
-            return Err(e).ctx(|| "instantiating the plan's CUDA graph".into());
-        }
-        Ok(PlanGraph { graph, exec })
-    }
-
-    /// Enqueues every launch of the plan (the fork/join of [`enqueue_launches`]).
-    fn enqueue_launches(&self) -> Result<(), CudaError> {
         let ptrs: Vec<sys::CUdeviceptr> = self.buffers.iter().map(|b| b.ptr).collect();
         let sizes: Vec<usize> = self.buffers.iter().map(|b| b.bytes).collect();
         // SAFETY: every buffer is a live allocation of its size, owned by self.
