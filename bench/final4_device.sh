@@ -13,13 +13,8 @@ exec > >(tee "$R/final4.log") 2>&1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 echo "## checks of the final build"
 fail=0
-check() { # what FILE SHAPE [flags]
-  local what=$1 file=$2 shape=$3; shift 3
-  local line; line=$(timeout 60 "$F" "$what" "examples/$file.attn" --backend cuda --shape "$shape" --check "$@" 2>&1)
-  local rc=$?
-  echo "$what $file [$shape] $* rc=$rc $(echo "$line" | grep -E 'rel L2|check:' | tr '\n' ' ' | cut -c1-400)"
-  [ $rc -eq 0 ] || fail=1
-}
+source bench/device_lib.sh  # check_cuda
+check() { check_cuda "$F" "$@" || fail=1; }
 check run fox B=1,H=3,T=777,D=128
 check run fox B=1,H=1,T=8291,D=128
 check run fox B=1,H=2,T=4099,D=128 --no-prune

@@ -25,17 +25,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/prelude.log") 2>&1
-unpack() { # a .gz is unpacked to a temporary folder; a plain binary is used as it is
-  case "$1" in
-    *.gz) local d; d=$(mktemp -d); gunzip -c "$1" >"$d/foxc" && chmod +x "$d/foxc" && echo "$d/foxc" ;;
-    *) echo "$1" ;;
-  esac
-}
+source bench/device_lib.sh  # unpack, t, compare_outputs
 BASE=$(unpack "${FOXC_BASE:-.devbin/s4/foxc.gz}")
 NEW=$(unpack "${FOXC_NEW:-.devbin/h7/foxc.gz}")
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 fail=0
-t() { local s=$1; shift; timeout "$s" "$@"; }
 
 echo "## (a) correctness of the new build: --backend cuda --check"
 if [ "${CHECK:-1}" = 1 ]; then
@@ -47,9 +41,7 @@ if [ "${CHECK:-1}" = 1 ]; then
     extras=("")
     [ "$1 $2" = "run fox" ] && extras=("" "--no-prune")
     for x in "${extras[@]}"; do
-      out=$(t 60 "$NEW" "$1" "examples/$2.attn" --backend cuda --check --shape "$3" $x 2>&1); rc=$?
-      echo "check $1 $2 [$3] ${x:-pruned} rc=$rc $(grep -iE 'check|error|rel' <<<"$out" | tail -3 | tr '\n' ' ')"
-      [ $rc -eq 0 ] || { fail=1; echo "FAILED: check $1 $2 $3 $x"; }
+      check_cuda "$NEW" "$1" "$2" "$3" $x || { fail=1; echo "FAILED: check $1 $2 $3 $x"; }
     done
   done
 fi
@@ -69,37 +61,13 @@ if [ "${CMP:-1}" = 1 ]; then
     [ $rc -eq 0 ] || { fail=1; echo "FAILED: runs of $1 $2 $x rc=$rc"; rm -rf "$d"; continue; }
     for pair in "base new" "serial new"; do
       set -- $pair
-      t 60 python3 - "$d" "$1" "$2" "$c" <<'EOF' || { fail=1; echo "FAILED: compare $pair $c"; }
-import json, struct, sys
-import numpy as np
-def load(path):  # safetensors by hand: {name: (dtype, shape, raw bytes)}
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    head = json.loads(raw[8:8 + n]); body = raw[8 + n:]
-    return {k: (v["dtype"], tuple(v["shape"]), body[v["data_offsets"][0]:v["data_offsets"][1]])
-            for k, v in head.items() if k != "__metadata__"}
-def f64(dt, b):
-    if dt == "BF16":
-        return (np.frombuffer(b, np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    return np.frombuffer(b, {"F32": np.float32, "F16": np.float16, "I32": np.int32}[dt]).astype(np.float64)
-d, x, y, what = sys.argv[1:5]
-a = load(f"{d}/{x}.safetensors"); b = load(f"{d}/{y}.safetensors")
-ok = set(a) == set(b)
-for k in sorted(a):
-    (dx, sx, bx), (dy, sy, by) = a[k], b[k]
-    same = (dx, sx, bx) == (dy, sy, by)
-    u, v = f64(dx, bx), f64(dy, by)
-    rel = float(np.linalg.norm(u - v) / max(np.linalg.norm(u), 1e-30)) if u.shape == v.shape else float("nan")
-    ndiff = int((u != v).sum()) if u.shape == v.shape else -1
-    print(f"cmp {x} vs {y} [{what}] {k} {sy}: bitwise {'equal' if same else 'DIFFERENT'} "
-          f"({ndiff} elements differ), rel L2 {rel:.3e}, nan {int(np.isnan(v).sum())}")
-    # new vs serial: the same kernels, so bitwise. new vs base: bitwise expected when the two
-    # builds differ only in the prelude (the scan rounds to round_f32(exact) in both); another
-    # attention kernel may round bf16 outputs differently: rel L2 < 5e-3 (the (a) checks
-    # against the f64 reference are the correctness gate).
-    ok = ok and (same if x == "serial" else (rel < 5e-3 and not np.isnan(v).any()))
-sys.exit(0 if ok else 1)
-EOF
+      # new vs serial: the same kernels, so bitwise. new vs base: bitwise when the two builds
+      # differ only in the prelude (the scan rounds to round_f32(exact) in both); another attention
+      # kernel may round bf16 outputs differently: rel L2 < 5e-3 (the (a) checks against the f64
+      # reference are the correctness gate).
+      tol=(); [ "$1" = base ] && tol=(--rel-tol 5e-3)
+      compare_outputs "$d/$1.safetensors" "$d/$2.safetensors" "$1 vs $2 [$c]" "${tol[@]}" ||
+        { fail=1; echo "FAILED: compare $pair $c"; }
     done
     rm -rf "$d"
   done
@@ -115,12 +83,7 @@ if [ "${SAN:-1}" = 1 ]; then
     echo "san $tool gate_cumsum rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | head -2 | tr '\n' ' ')"
     [ $rc -eq 0 ] || { fail=1; echo "FAILED: $tool"; tail -8 "$log"; }
   done
-  log="$OUT/san_memcheck_all.log"
-  t 60 compute-sanitizer --tool memcheck --error-exitcode 3 "$NEW" run examples/fox.attn --backend cuda \
-    --shape B=1,H=2,T=777,D=64 >"$log" 2>&1
-  rc=$?
-  echo "san memcheck all kernels rc=$rc $(grep -E 'ERROR SUMMARY' "$log" | head -1)"
-  [ $rc -eq 0 ] || { fail=1; echo "FAILED: memcheck all"; tail -8 "$log"; }
+  sanitize memcheck "$NEW" B=1,H=2,T=777,D=64 || { fail=1; echo "FAILED: memcheck all"; }
 fi
 
 echo "## (c) timings: foxc bench --iters ${ITERS:=50}, base / new / new-serial interleaved (variant,round,csv)"
@@ -131,9 +94,7 @@ if [ "${TIME:-1}" = 1 ]; then
       for v in base new new-serial; do
         bin=$BASE; [ $v != base ] && bin=$NEW
         ser=0; [ $v = new-serial ] && ser=1
-        # foxc bench times the pruned and the dense (--no-prune) program: two rows.
-        FOXC_SERIAL_LAUNCHES=$ser t 60 "$bin" bench examples/fox.attn --backend cuda --shape "$s" --seed 0 \
-          --iters "$ITERS" --format csv 2>&1 | grep -v '^program' | sed "s|^|$v,r$round,|"
+        FOXC_SERIAL_LAUNCHES=$ser bench_rows "$v,r$round" "$bin" "$s"
       done
     done
   done | tee "$OUT/prelude_ab.csv"

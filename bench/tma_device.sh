@@ -22,16 +22,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/tma.log") 2>&1
-unpack() { # a .gz is unpacked into a temporary folder; a plain binary is used as it is
-  case "$1" in
-    *.gz) local d; d=$(mktemp -d); gunzip -c "$1" >"$d/foxc" && chmod +x "$d/foxc" && echo "$d/foxc" ;;
-    *) echo "$1" ;;
-  esac
-}
+source bench/device_lib.sh  # unpack, t, compare_outputs
 F=$(unpack "${FOXC_NEW:-${FOXC:-.devbin/h8/foxc.gz}}")
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 fail=0
-t() { local s=$1; shift; timeout "$s" "$@"; }
 
 echo "## (0) the tma kernel is the one compiled"
 if [ "${PTX:-1}" = 1 ]; then
@@ -53,9 +47,7 @@ if [ "${CHECK:-1}" = 1 ]; then
     extras=("")
     case "$2" in *T=777,* | *T=8291,*) [ "$1" = fox ] && extras=("" "--no-prune") ;; esac
     for x in "${extras[@]}"; do
-      out=$(t 90 "$F" run "examples/$1.attn" --backend cuda --check --ws-loads tma --shape "$2" $x 2>&1); rc=$?
-      echo "check $1 [$2] ${x:-pruned} rc=$rc $(grep -E 'check|error' <<<"$out" | tr '\n' ' ')"
-      [ $rc -eq 0 ] || { fail=1; echo "FAILED: check $1 $2 $x"; }
+      check_cuda "$F" run "$1" "$2" --ws-loads tma $x || { fail=1; echo "FAILED: check $1 $2 $x"; }
     done
   done
 fi
@@ -73,31 +65,8 @@ if [ "${CMP:-1}" = 1 ]; then
         -o "$d/new.safetensors" >/dev/null
     rc=$?
     [ $rc -eq 0 ] || { fail=1; echo "FAILED: runs of $1 $2 $x rc=$rc"; continue; }
-    t 60 python3 - "$d" "$1 [$2] ${x:-pruned}" <<'EOF' || { fail=1; echo "FAILED: compare $1 $2 $x"; }
-import json, struct, sys
-import numpy as np
-def load(path):  # safetensors by hand: {name: (dtype, shape, raw bytes)}
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    head = json.loads(raw[8:8 + n]); body = raw[8 + n:]
-    return {k: (v["dtype"], tuple(v["shape"]), body[v["data_offsets"][0]:v["data_offsets"][1]])
-            for k, v in head.items() if k != "__metadata__"}
-def f64(dt, b):
-    if dt == "BF16":
-        return (np.frombuffer(b, np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    return np.frombuffer(b, {"F32": np.float32, "F16": np.float16, "I32": np.int32}[dt]).astype(np.float64)
-a = load(f"{sys.argv[1]}/base.safetensors"); b = load(f"{sys.argv[1]}/new.safetensors")
-ok = set(a) == set(b)
-for k in sorted(a):
-    (dx, sx, bx), (dy, sy, by) = a[k], b[k]
-    same = (dx, sx, bx) == (dy, sy, by)
-    x, y = f64(dx, bx), f64(dy, by)
-    rel = float(np.linalg.norm(x - y) / max(np.linalg.norm(x), 1e-30)) if x.shape == y.shape else float("nan")
-    print(f"cmp {sys.argv[2]} {k} {sy} {dy}: bitwise {'equal' if same else 'DIFFERENT'}, "
-          f"rel L2 {rel:.3e}, nan {int(np.isnan(y).sum())}")
-    ok = ok and same
-sys.exit(0 if ok else 1)
-EOF
+    compare_outputs "$d/base.safetensors" "$d/new.safetensors" "$1 [$2] ${x:-pruned}" ||
+      { fail=1; echo "FAILED: compare $1 $2 $x"; }
     rm -rf "$d"
   done
 fi
@@ -106,12 +75,7 @@ echo "## (c) compute-sanitizer with tma (warp-specialized kernel, D = 128)"
 if [ "${SAN:-1}" = 1 ]; then
   for c in "memcheck fox B=1,H=2,T=300,D=128" "racecheck fox B=1,H=2,T=300,D=128"; do
     set -- $c
-    log="$OUT/san_$1_$2_${3//[,=]/_}.log"
-    t 60 compute-sanitizer --tool "$1" --error-exitcode 3 "$F" run "examples/$2.attn" --backend cuda \
-      --ws-loads tma --shape "$3" >"$log" 2>&1
-    rc=$?
-    echo "san $1 $2 [$3] rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | head -2 | tr '\n' ' ')"
-    [ $rc -eq 0 ] || { fail=1; echo "FAILED: $1 $2 $3"; tail -20 "$log"; }
+    sanitize "$1" "$F" "$3" --ws-loads tma || { fail=1; echo "FAILED: $1 $2 $3"; }
   done
 fi
 
@@ -121,9 +85,7 @@ if [ "${TIME:-1}" = 1 ]; then
   for round in $(seq "${ROUNDS:-2}"); do
     for s in $SHAPES; do
       for l in cp-async tma; do
-        # foxc bench times the pruned and the dense (--no-prune) program: two rows.
-        t 60 "$F" bench examples/fox.attn --backend cuda --shape "$s" --seed 0 --iters "$ITERS" \
-          --ws-loads $l --format csv 2>&1 | grep -v '^program' | sed "s|^|$l,r$round,|"
+        bench_rows "$l,r$round" "$F" "$s" --ws-loads $l
       done
     done
   done | tee "$OUT/tma_ab.csv"

@@ -19,17 +19,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/ws10.log") 2>&1
-unpack() { # a .gz is unpacked next to /tmp; a plain binary is used as it is
-  case "$1" in
-    *.gz) local d; d=$(mktemp -d); gunzip -c "$1" >"$d/foxc" && chmod +x "$d/foxc" && echo "$d/foxc" ;;
-    *) echo "$1" ;;
-  esac
-}
+source bench/device_lib.sh  # unpack, t, compare_outputs
 BASE=$(unpack "${FOXC_BASE:-.devbin/s4/foxc.gz}")
 NEW=$(unpack "${FOXC_NEW:-.devbin/h6/foxc.gz}")
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 fail=0
-t() { local s=$1; shift; timeout "$s" "$@"; }
 
 echo "## (a) correctness of the new build: --backend cuda --check"
 if [ "${CHECK:-1}" = 1 ]; then
@@ -40,9 +34,7 @@ if [ "${CHECK:-1}" = 1 ]; then
     extras=("")
     [ "$1" = fox ] && extras=("" "--no-prune")
     for x in "${extras[@]}"; do
-      out=$(t 90 "$NEW" run "examples/$1.attn" --backend cuda --check --shape "$2" $x 2>&1); rc=$?
-      echo "check $1 [$2] ${x:-pruned} rc=$rc $(grep -E 'check|error' <<<"$out" | tr '\n' ' ')"
-      [ $rc -eq 0 ] || { fail=1; echo "FAILED: check $1 $2 $x"; }
+      check_cuda "$NEW" run "$1" "$2" $x || { fail=1; echo "FAILED: check $1 $2 $x"; }
     done
   done
 fi
@@ -58,31 +50,8 @@ if [ "${CMP:-1}" = 1 ]; then
       t 60 "$NEW" run "examples/$1.attn" --backend cuda --inputs "$d/in.safetensors" $x -o "$d/new.safetensors" >/dev/null
     rc=$?
     [ $rc -eq 0 ] || { fail=1; echo "FAILED: runs of $1 $2 $x rc=$rc"; continue; }
-    t 60 python3 - "$d" "$1 [$2] ${x:-pruned}" <<'EOF' || { fail=1; echo "FAILED: compare $1 $2 $x"; }
-import json, struct, sys
-import numpy as np
-def load(path):  # safetensors by hand: {name: (dtype, shape, raw bytes)}
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    head = json.loads(raw[8:8 + n]); body = raw[8 + n:]
-    return {k: (v["dtype"], tuple(v["shape"]), body[v["data_offsets"][0]:v["data_offsets"][1]])
-            for k, v in head.items() if k != "__metadata__"}
-def f64(dt, b):
-    if dt == "BF16":
-        return (np.frombuffer(b, np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    return np.frombuffer(b, {"F32": np.float32, "F16": np.float16, "I32": np.int32}[dt]).astype(np.float64)
-a = load(f"{sys.argv[1]}/base.safetensors"); b = load(f"{sys.argv[1]}/new.safetensors")
-ok = set(a) == set(b)
-for k in sorted(a):
-    (dx, sx, bx), (dy, sy, by) = a[k], b[k]
-    same = (dx, sx, bx) == (dy, sy, by)
-    x, y = f64(dx, bx), f64(dy, by)
-    rel = float(np.linalg.norm(x - y) / max(np.linalg.norm(x), 1e-30)) if x.shape == y.shape else float("nan")
-    print(f"cmp {sys.argv[2]} {k} {sy} {dy}: bitwise {'equal' if same else 'DIFFERENT'}, "
-          f"rel L2 {rel:.3e}, nan {int(np.isnan(y).sum())}")
-    ok = ok and same
-sys.exit(0 if ok else 1)
-EOF
+    compare_outputs "$d/base.safetensors" "$d/new.safetensors" "$1 [$2] ${x:-pruned}" ||
+      { fail=1; echo "FAILED: compare $1 $2 $x"; }
     rm -rf "$d"
   done
 fi
@@ -91,11 +60,7 @@ echo "## (c) compute-sanitizer on the new build (warp-specialized kernel, D = 12
 if [ "${SAN:-1}" = 1 ]; then
   for c in "memcheck B=1,H=2,T=300,D=128" "racecheck B=1,H=2,T=300,D=128"; do
     set -- $c
-    log="$OUT/san_$1_${2//[,=]/_}.log"
-    t 100 compute-sanitizer --tool "$1" --error-exitcode 3 "$NEW" run examples/fox.attn --backend cuda --shape "$2" >"$log" 2>&1
-    rc=$?
-    echo "san $1 [$2] rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | head -2 | tr '\n' ' ')"
-    [ $rc -eq 0 ] || { fail=1; echo "FAILED: $1 $2"; tail -20 "$log"; }
+    sanitize "$1" "$NEW" "$2" || { fail=1; echo "FAILED: $1 $2"; }
   done
 fi
 
@@ -106,9 +71,7 @@ if [ "${TIME:-1}" = 1 ]; then
     for s in $SHAPES; do
       for v in base new; do
         bin=$BASE; [ $v = new ] && bin=$NEW
-        # foxc bench times the pruned and the dense (--no-prune) program: two rows.
-        t 60 "$bin" bench examples/fox.attn --backend cuda --shape "$s" --seed 0 --iters "$ITERS" \
-          --format csv 2>&1 | grep -v '^program' | sed "s|^|$v,r$round,|"
+        bench_rows "$v,r$round" "$bin" "$s"
       done
     done
   done | tee "$OUT/ws10_ab.csv"

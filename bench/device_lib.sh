@@ -1,0 +1,44 @@
+# Shared by the device scripts (bench/*_device.sh): source it after `cd` to the repository root.
+# unpack BIN: a .gz binary is unpacked into a temporary folder (the path is printed); a plain
+#   binary is printed as it is.
+# t SECONDS CMD...: CMD under `timeout` (a deadlocked kernel must not eat the device lease).
+# compare_outputs A B LABEL [--rel-tol X]: bench/compare_outputs.py under a minute's timeout.
+unpack() {
+  case "$1" in
+    *.gz) local d; d=$(mktemp -d); gunzip -c "$1" >"$d/foxc" && chmod +x "$d/foxc" && echo "$d/foxc" ;;
+    *) echo "$1" ;;
+  esac
+}
+t() { local s=$1; shift; timeout "$s" "$@"; }
+compare_outputs() { t 60 python3 bench/compare_outputs.py "$@"; }
+# check_cuda BIN run|grad FILE SHAPE [FLAGS...]: `BIN run|grad examples/FILE.attn --backend cuda
+#   --check --shape SHAPE FLAGS` under 90 s, summarised on one line; returns its exit status.
+check_cuda() {
+  local bin=$1 what=$2 file=$3 shape=$4 out rc
+  shift 4
+  out=$(t 90 "$bin" "$what" "examples/$file.attn" --backend cuda --check --shape "$shape" "$@" 2>&1)
+  rc=$?
+  echo "check $what $file [$shape] ${*:-pruned} rc=$rc $(grep -iE 'check|error' <<<"$out" | tail -6 | tr '\n' ' ')"
+  return $rc
+}
+# sanitize TOOL BIN SHAPE [FLAGS...]: compute-sanitizer TOOL on `BIN run examples/fox.attn` at
+#   SHAPE, its log under $OUT, one summary line (and the log's tail on a failure); returns its status.
+sanitize() {
+  local tool=$1 bin=$2 shape=$3 rc
+  shift 3
+  local log="$OUT/san_${tool}_${shape//[,=]/_}.log"
+  t 100 compute-sanitizer --tool "$tool" --error-exitcode 3 "$bin" run examples/fox.attn --backend cuda \
+    --shape "$shape" "$@" >"$log" 2>&1
+  rc=$?
+  echo "san $tool [$shape] $* rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | head -2 | tr '\n' ' ')"
+  [ $rc -eq 0 ] || tail -20 "$log"
+  return $rc
+}
+# bench_rows TAG BIN SHAPE [FLAGS...]: `BIN bench examples/fox.attn` at SHAPE (${ITERS:-50} runs;
+#   a pruned and a dense row), CSV rows prefixed with TAG.
+bench_rows() {
+  local tag=$1 bin=$2 shape=$3
+  shift 3
+  t 60 "$bin" bench examples/fox.attn --backend cuda --shape "$shape" --seed 0 --iters "${ITERS:-50}" "$@" \
+    --format csv 2>&1 | grep -v '^program' | sed "s|^|$tag,|"
+}
