@@ -1,24 +1,27 @@
-//! The warp-specialized forward attention kernel for sm_90a (issue 11, stages a and b).
+//! The warp-specialized forward attention kernel for sm_90a (issue 11).
 //!
 //! Selected per attention by the tiles pass (`kernel = warp_specialized(D = 128)`: the head dims
 //! the choice holds for, `AttnKernel::runs_warp_specialized`; D = 64 builds and is checked, but was
 //! measured slower than the standard kernel); every other attention keeps the kernel of
-//! [`super::attention`]. Measured in docs/GPU_KERNEL.md, run 8. It computes the same function with
+//! [`super::attention`]. Measured in docs/GPU_KERNEL.md, runs 8-11. It computes the same function with
 //! the same pieces (the wgmma steps, the score hook and masks, the online softmax, the in-kernel
 //! start search, the epilogue), arranged differently:
 //!
 //! * A block owns 128 query rows: three warpgroups, `384` threads. Warpgroup 0 is the
 //!   **producer**: it drops to 56 registers (`setmaxnreg.dec`) and streams the K and V tiles
-//!   (and the tile's gate cumsum `c_j`) into a ring of `stages` shared-memory slots with
-//!   `cp.async`. Warpgroups 1 and 2 are the **consumers**: each raises its limit to 224
+//!   (and the tile's gate cumsum `c_j`) into a ring of `stages` shared-memory slots: through the
+//!   tensor memory accelerator (`loads = tma`, the tiles pass's default since run 11: one thread
+//!   issues `cp.async.bulk.tensor` copies, [`tma`]) or with `cp.async` from all 128 threads
+//!   (`loads = cp_async`). Warpgroups 1 and 2 are the **consumers**: each raises its limit to 224
 //!   registers and owns 64 query rows (its own Q tile), like one block of the old kernel, but
 //!   both read the same K/V slot, so each K/V byte is loaded once per 128 rows.
 //! * Inside a consumer ([`consumer`]), tile n's `Q K^T` and tile n+1's `P V` are issued together
 //!   and tile n's softmax runs while the `P V` is on the tensor cores; the two consumers take
 //!   turns issuing their GEMMs (pingpong on two named barriers).
 //! * The ring is guarded by mbarriers. `full[s]` completes when the slot's copies have landed
-//!   (128 `cp.async.mbarrier.arrive.noinc`, one per producer thread) and its `c_j` are stored
-//!   (128 plain arrivals, release); `empty[s]` completes when both consumers are done with the
+//!   (with TMA: one `arrive.expect_tx` of the tile's bytes, completed by the copies; with
+//!   cp.async: 128 `cp.async.mbarrier.arrive.noinc`, one per producer thread) and its `c_j` are
+//!   stored (128 plain arrivals, release); `empty[s]` completes when both consumers are done with the
 //!   slot (256 arrivals after their wgmmas have waited). Fill `f` of the walk uses slot
 //!   `f % stages` in round `f / stages`: consumers wait on `full` with parity `round & 1`, the
 //!   producer on `empty` with `(round & 1) ^ 1` (a fresh barrier passes that at once).
