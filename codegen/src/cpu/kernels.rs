@@ -502,6 +502,14 @@ fn emit_block_boundary(fx: &mut Fx, ct: DType, dt: DType, t: u64, bm: u64, bn: u
     });
 }
 
+/// `dst[slot] = src[idx]` as f32: one element of a per-row or per-column f32 buffer (the gate
+/// cumsum `c` and its residual `c_lo`) staged next to the tile that reads it.
+fn stage_scalar(fx: &mut Fx, dt: DType, src: Value, idx: Value, dst: Value, slot: Value) {
+    let x = fx.load_f32(dt, src, idx);
+    let at = fx.addr(dst, slot, 4);
+    fx.store(x, at, 0);
+}
+
 /// Copy `n` elements of `dt` from element `src_idx` of `src` to f32 at byte address `dst`,
 /// multiplied by `mul` when given. Vector path when `n.is_multiple_of(4)`.
 fn copy_row(fx: &mut Fx, dt: DType, src: Value, src_idx: Value, dst: Value, n: u64, mul: Option<Value>) {
@@ -679,14 +687,10 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame, h: &Helpers) {
                 }
             }
             if let (Some(cp), Some(ct)) = (c, a.c) {
-                let cv = fx.load_f32(ct, cp, row);
-                let ca = fx.addr(cib, r, 4);
-                fx.store(cv, ca, 0);
+                stage_scalar(fx, ct, cp, row, cib, r);
             }
             if let (Some(lp), Some((lib, _))) = (c_lo, lo_bufs) {
-                let lv = fx.load_f32(DType::F32, lp, row);
-                let la = fx.addr(lib, r, 4);
-                fx.store(lv, la, 0);
+                stage_scalar(fx, DType::F32, lp, row, lib, r);
             }
         });
 
@@ -725,14 +729,10 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame, h: &Helpers) {
                 let vdst = fx.addr(vp, cc, (dp * 4) as i64);
                 copy_row(fx, a.v, v, src, vdst, d, None);
                 if let (Some(cp), Some(ct)) = (c, a.c) {
-                    let cv = fx.load_f32(ct, cp, row);
-                    let ca = fx.addr(cjb, cc, 4);
-                    fx.store(cv, ca, 0);
+                    stage_scalar(fx, ct, cp, row, cjb, cc);
                 }
                 if let (Some(lp), Some((_, ljb))) = (c_lo, lo_bufs) {
-                    let lv = fx.load_f32(DType::F32, lp, row);
-                    let la = fx.addr(ljb, cc, 4);
-                    fx.store(lv, la, 0);
+                    stage_scalar(fx, DType::F32, lp, row, ljb, cc);
                 }
             });
             // The last key tile may be short: zero the padding columns so that they stay finite.
