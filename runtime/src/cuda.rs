@@ -237,27 +237,59 @@ fn resolve_functions(
     Ok(functions)
 }
 
-/// The runtime's own streams and events for running a plan's independent launches at the same
-/// time ([`crate::lanes`]): created on first use, in the context current then, and reused.
+/// How the runtime runs a plan's independent launches at the same time ([`crate::lanes`]): its
+/// own streams and events, and the schedule of the last plan it ran (computed once per plan,
+/// not on every run).
 struct Lanes {
-    /// Streams of lanes 1.. (non-blocking: no implicit order with the legacy default stream;
-    /// the events order everything).
-    streams: Vec<sys::CUstream>,
-    events: Vec<sys::CUevent>,
+    handles: LaneHandles,
     /// Everything on the caller's stream in plan order (`FOXC_SERIAL_LAUNCHES=1`: to compare).
     serial: bool,
+    /// The launches' dependency lists and their schedule.
+    plan: Option<(Vec<Vec<usize>>, crate::lanes::Schedule)>,
 }
-
-// SAFETY: plain driver handles, used only while their context is current and under the Mutex
-// that owns them.
-unsafe impl Send for Lanes {}
 
 impl Lanes {
     fn new() -> Lanes {
         let serial = std::env::var("FOXC_SERIAL_LAUNCHES").is_ok_and(|v| v == "1");
-        Lanes { streams: vec![], events: vec![], serial }
+        Lanes { handles: LaneHandles { streams: vec![], events: vec![] }, serial, plan: None }
     }
+}
 
+/// The schedule of `launches`: `cached`'s when it was made for the same dependency lists, else a
+/// new one, kept in `cached`.
+fn schedule_of<'a>(
+    cached: &'a mut Option<(Vec<Vec<usize>>, crate::lanes::Schedule)>,
+    launches: &[LaunchDesc],
+    serial: bool,
+) -> Result<&'a crate::lanes::Schedule, CudaError> {
+    let same = cached.as_ref().is_some_and(|(deps, _)| {
+        deps.len() == launches.len() && deps.iter().zip(launches).all(|(d, l)| *d == l.deps)
+    });
+    if !same {
+        let deps: Vec<Vec<usize>> = launches.iter().map(|l| l.deps.clone()).collect();
+        let plan =
+            crate::lanes::schedule(&deps, serial).map_err(|e| CudaError::new(CudaErrorKind::Invalid, e))?;
+        *cached = Some((deps, plan));
+    }
+    cached
+        .as_ref()
+        .map(|(_, plan)| plan)
+        .ok_or_else(|| CudaError::new(CudaErrorKind::Invalid, "no launch schedule"))
+}
+
+/// The lanes' streams and events: created on first use, in the context current then, and reused.
+struct LaneHandles {
+    /// Streams of lanes 1.. (non-blocking: no implicit order with the legacy default stream;
+    /// the events order everything).
+    streams: Vec<sys::CUstream>,
+    events: Vec<sys::CUevent>,
+}
+
+// SAFETY: plain driver handles, used only while their context is current and under the Mutex
+// that owns them.
+unsafe impl Send for LaneHandles {}
+
+impl LaneHandles {
     /// Stream of `lane` (0: the caller's).
     fn stream(&mut self, lane: usize, caller: sys::CUstream) -> Result<sys::CUstream, CudaError> {
         if lane == 0 {
@@ -282,7 +314,7 @@ impl Lanes {
     }
 }
 
-impl Drop for Lanes {
+impl Drop for LaneHandles {
     fn drop(&mut self) {
         // SAFETY: created by this struct and destroyed once; errors at teardown are ignored.
         for &e in &self.events {
@@ -310,10 +342,9 @@ unsafe fn enqueue_launches(
     stream: sys::CUstream,
     lanes: &Mutex<Lanes>,
 ) -> Result<(), CudaError> {
-    let mut lanes = lanes.lock().map_err(|_| CudaError::new(CudaErrorKind::Invalid, "lanes poisoned"))?;
-    let deps: Vec<Vec<usize>> = launches.iter().map(|l| l.deps.clone()).collect();
-    let plan =
-        crate::lanes::schedule(&deps, lanes.serial).map_err(|e| CudaError::new(CudaErrorKind::Invalid, e))?;
+    let mut guard = lanes.lock().map_err(|_| CudaError::new(CudaErrorKind::Invalid, "lanes poisoned"))?;
+    let Lanes { handles: lanes, serial, plan } = &mut *guard;
+    let plan = schedule_of(plan, launches, *serial)?;
     // Event 0: the fork (what the caller enqueued before); event 1 + i: after launch i.
     let forks = plan.forks();
     if forks {
@@ -747,5 +778,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn launch(deps: Vec<usize>) -> LaunchDesc {
+        LaunchDesc {
+            kernel: "k".into(),
+            grid: (1, 1, 1),
+            block: (32, 1, 1),
+            shared_bytes: 0,
+            args: vec![],
+            zero_first: vec![],
+            deps,
+        }
+    }
+
+    #[test]
+    fn the_schedule_is_made_once_per_plan() {
+        let fox = [launch(vec![]), launch(vec![]), launch(vec![1]), launch(vec![0, 2])];
+        let mut cached = None;
+        let first = schedule_of(&mut cached, &fox, false).unwrap().clone();
+        assert!(first.forks());
+        // A stale entry for the same dependency lists would be kept: mark it to see that it is.
+        if let Some((_, plan)) = cached.as_mut() {
+            plan.join.push(99);
+        }
+        assert_eq!(schedule_of(&mut cached, &fox, false).unwrap().join, [99]);
+        // Another plan replaces it.
+        let chain = [launch(vec![]), launch(vec![0])];
+        let other = schedule_of(&mut cached, &chain, false).unwrap();
+        assert!(!other.forks() && other.join.is_empty());
+        assert_eq!(schedule_of(&mut cached, &fox, false).unwrap(), &first);
     }
 }
