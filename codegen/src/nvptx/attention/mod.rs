@@ -52,6 +52,7 @@ pub(crate) mod region;
 pub(crate) mod score;
 mod softmax;
 mod tile_io;
+pub(crate) use tile_io::normalized_pair;
 
 use super::builder::control::{basic, floats};
 use super::builder::{KernelBuilder, ParamTy};

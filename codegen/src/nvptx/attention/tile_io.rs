@@ -3,6 +3,7 @@
 //! addressing of the mma.sync path, and the output epilogue (O / l as f32 or bf16, and the LSE).
 
 use super::{Attn, Rows, LOG2E};
+use crate::nvptx::builder::KernelBuilder;
 use inkwell::types::BasicTypeEnum;
 use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
@@ -184,13 +185,12 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         let b = self.b;
         let d = self.cfg.head_dim as i64;
         let t2 = b.mulc(rows.tq, 2);
-        for r in 0..2 {
-            let inb = b.icmp(IntPredicate::SLT, rows.i[r], self.t_len);
+        for (r, &row) in rows.i.iter().enumerate() {
+            let inb = b.icmp(IntPredicate::SLT, row, self.t_len);
             b.if_then_named(inb, ("store", "store_done"), |b| {
-                let rowoff = b.mulc(rows.i[r], d);
+                let rowoff = b.mulc(row, d);
                 for dtile in 0..(d / 8) as usize {
-                    let x0 = b.fmul(o[dtile * 4 + 2 * r], inv[r]);
-                    let x1 = b.fmul(o[dtile * 4 + 2 * r + 1], inv[r]);
+                    let (x0, x1) = normalized_pair(b, o, inv, dtile, r);
                     let idx = b.add(rowoff, b.addc(t2, 8 * dtile as i64));
                     let p = b.gep(o_elt, ob, b.sext64(idx));
                     if self.cfg.out_bf16 {
@@ -202,10 +202,23 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
                 }
                 let t0 = b.icmpc(IntPredicate::EQ, rows.tq, 0);
                 b.if_then_named(t0, ("lse", "lse_done"), |b| {
-                    let p = b.gep(b.f32t().into(), lb, b.sext64(rows.i[r]));
+                    let p = b.gep(b.f32t().into(), lb, b.sext64(row));
                     b.store(p, lse[r]);
                 });
             });
         }
     }
+}
+
+/// The thread's two adjacent O columns of D tile `dtile` in its row `r` (0 or 1) of the
+/// accumulator fragments `o`, divided by the row's sum (`inv[r] = 1 / l`): what every epilogue
+/// writes.
+pub(crate) fn normalized_pair<'ctx>(
+    b: &KernelBuilder<'_, 'ctx>,
+    o: &[FloatValue<'ctx>],
+    inv: [FloatValue<'ctx>; 2],
+    dtile: usize,
+    r: usize,
+) -> (FloatValue<'ctx>, FloatValue<'ctx>) {
+    (b.fmul(o[dtile * 4 + 2 * r], inv[r]), b.fmul(o[dtile * 4 + 2 * r + 1], inv[r]))
 }

@@ -8,14 +8,14 @@
 //! column of eight rows `g`) and the 16-byte reads (eight consecutive chunks of one row per
 //! quarter warp) both hit 32 distinct banks.
 //!
-//! The thread's indices are derived here from a fresh read of `%tid.x` (inline asm, not merged
+//! The thread's indices are derived here from a fresh read of `%tid.x` (`sreg_fresh`, not merged
 //! with the kernel's first read): keeping them live across the consumer's loop instead made
 //! ptxas schedule every wgmma descriptor after the turn barrier (129 instructions before the
 //! first HGMMA of a turn instead of 19; the pathology of run 9).
 
 use super::sync::{fence_async_shared, named_barrier};
 use super::WsLayout;
-use crate::nvptx::attention::Attn;
+use crate::nvptx::attention::{normalized_pair, Attn};
 use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
 
@@ -43,8 +43,7 @@ pub(super) fn store_output_bf16<'ctx>(
     let b = a.b;
     let d = a.cfg.head_dim as i64;
     let cpr = d / 8; // 16-byte chunks per row
-    let tid = b.asm("mov.u32 $0, %tid.x;", "=r", Some(b.i32t().into()), &[]).map(|v| v.into_int_value());
-    let tid = tid.unwrap_or_else(|| b.i32(0));
+    let tid = b.sreg_fresh("tid.x");
     let wtid = b.andc(tid, 127);
     let cw = b.addc(b.lshrc(tid, 7), -1);
     let lane = b.andc(tid, 31);
@@ -57,12 +56,11 @@ pub(super) fn store_output_bf16<'ctx>(
     // The wgmmas read Q through the async proxy; order those reads before the generic writes.
     fence_async_shared(b);
     let t4 = b.mulc(tq, 4);
-    for r in 0..2 {
-        let r7 = b.andc(rl[r], 7);
-        let row_off = b.add(b.add(tile, b.mulc(rl[r], 2 * d)), t4);
+    for (r, &row) in rl.iter().enumerate() {
+        let r7 = b.andc(row, 7);
+        let row_off = b.add(b.add(tile, b.mulc(row, 2 * d)), t4);
         for dtile in 0..cpr as usize {
-            let x0 = b.fmul(o[dtile * 4 + 2 * r], inv[r]);
-            let x1 = b.fmul(o[dtile * 4 + 2 * r + 1], inv[r]);
+            let (x0, x1) = normalized_pair(b, o, inv, dtile, r);
             let ch = b.xor(b.i32(dtile as i64), r7);
             let off = b.add(row_off, b.mulc(ch, 16));
             // Two adjacent columns -> one b32 of bf16 (cvt.rn.bf16x2.f32), as store_output.

@@ -91,6 +91,15 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
         self.call_i(&format!("llvm.nvvm.read.ptx.sreg.{name}"), &[])
     }
 
+    /// A fresh read of a 32-bit special register (inline `mov.u32`): unlike [`Self::sreg`],
+    /// which LLVM merges with the kernel's first read, it keeps derived indices from living
+    /// across long loops (attention_ws's epilogue: live indices changed ptxas's wgmma schedule).
+    pub fn sreg_fresh(&self, name: &str) -> IntValue<'ctx> {
+        let v = self.asm(&format!("mov.u32 $0, %{name};"), "=r", Some(self.i32t().into()), &[]);
+        // None only after a builder error, which `finish` reports.
+        v.map(|v| v.into_int_value()).unwrap_or_else(|| self.i32(0))
+    }
+
     /// `bar.sync 0` (the name LLVM 22 knows; `barrier0` is only auto-upgraded from text IR).
     pub fn barrier(&self) {
         self.call_void("llvm.nvvm.barrier.cta.sync.aligned.all", &[self.i32(0).into()]);
