@@ -21,6 +21,8 @@ const PRODUCER_BARRIER: i64 = 5;
 /// Per-block values every role derives the same way.
 pub(super) struct Block<'ctx> {
     pub(super) bh: IntValue<'ctx>,
+    /// The key/value head it reads (`bh / kv_group`).
+    kv_head: IntValue<'ctx>,
     /// First row of the block's 128-row tile.
     i0: IntValue<'ctx>,
     tmax: IntValue<'ctx>,
@@ -101,14 +103,17 @@ fn block<'ctx>(b: &KernelBuilder<'_, 'ctx>, cfg: &AttnKernelConfig, t_len: IntVa
     let mat_base = b.mulc(row_base, d);
     let i16t = b.i16t().into();
     let f32t = b.f32t().into();
-    let kv_base = if cfg.kv_group == 1 {
-        mat_base
+    // Key/value head of query head `bh` (GQA: `kv_group` query heads share one).
+    let (kv_head, kv_base) = if cfg.kv_group == 1 {
+        (bh, mat_base)
     } else {
-        b.mulc(b.mul(b.sext64(b.udivc(bh, cfg.kv_group as i64)), b.sext64(t_len)), d)
+        let kv_head = b.udivc(bh, cfg.kv_group as i64);
+        (kv_head, b.mulc(b.mul(b.sext64(kv_head), b.sext64(t_len)), d))
     };
     let o_elt = if cfg.out_bf16 { i16t } else { f32t };
     Block {
         bh,
+        kv_head,
         i0,
         tmax,
         qb: b.gep(i16t, b.param_ptr(0), mat_base),
@@ -287,8 +292,7 @@ fn fill<'ctx>(
     let koff = b.addc(b.mulc(s, 2 * kv), lay.kv0 as i64);
     let full = bar_at(b, a.smem, lay, s, false);
     if cfg.tma {
-        let kv_head = b.udivc(blk.bh, cfg.kv_group as i64);
-        tma::fill_kv(a, cfg, lay, kv_head, j0, koff, full);
+        tma::fill_kv(a, cfg, lay, blk.kv_head, j0, koff, full);
     } else {
         a.load_tile(blk.kb, j0, cfg.bn, koff);
         a.load_tile(blk.vb, j0, cfg.bn, b.addc(koff, kv));
