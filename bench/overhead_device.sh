@@ -9,12 +9,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 FOXC=${FOXC:?set FOXC to the foxc binary}
+source bench/device_lib.sh  # bench_rows, kernel_durations
 SHAPES=${SHAPES:-B=1,H=1,T=16384,D=128 B=1,H=1,T=8192,D=128 B=1,H=2,T=16384,D=64}
 for round in 1 2; do
   for s in $SHAPES; do
     for np in "" "--no-prune"; do
-      timeout 60 "$FOXC" bench examples/fox.attn --backend cuda --shape "$s" --seed 0 --iters 200 $np \
-        --format csv | tail -n +2 | sed "s/^/r$round${np:+ noprune},/"
+      ITERS=200 bench_rows "r$round${np:+ noprune}" "$FOXC" "$s" $np
     done
   done
 done | tee "$OUT/overhead.csv"
@@ -22,9 +22,7 @@ if command -v ncu >/dev/null; then
   for s in ${SHAPES%% *}; do
     for np in "" "--no-prune"; do
       echo "## ncu kernel durations: $s ${np:-pruned}"
-      timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum \
-        "$FOXC" run examples/fox.attn --backend cuda --shape "$s" --seed 0 $np 2>&1 |
-        grep -E "^\s+foxc_|gpu__time_duration" | paste - - | awk '{print $1, $(NF-1), $NF}'
+      kernel_durations "$FOXC" "$s" . $np
     done
   done | tee "$OUT/overhead_ncu.txt"
   if [ "${NCU_WS:-1}" = 1 ]; then

@@ -108,9 +108,7 @@ if [ "${NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
     for v in base new; do
       bin=$BASE; [ $v = new ] && bin=$NEW
       echo "# ncu $v $1 ${x:-pruned}"
-      t 60 ncu --clock-control none --metrics gpu__time_duration.sum -k "regex:$3" \
-        "$bin" run examples/fox.attn --backend cuda --shape "$1" --seed 0 $x 2>&1 |
-        grep -E "^\s+foxc_|gpu__time_duration" | paste - - | awk '{print $1, $(NF-1), $NF}'
+      kernel_durations "$bin" "$1" "$3" $x
     done
   done | tee "$OUT/prelude_ncu.txt"
 fi
