@@ -52,3 +52,26 @@ kernel_durations() {
     "$bin" run examples/fox.attn --backend cuda --shape "$shape" --seed 0 "$@" 2>&1 |
     grep -E "^\s+foxc_|gpu__time_duration" | paste - - | awk '{print $1, $(NF-1), $NF}'
 }
+# compare_runs FILE SHAPE BIN_A "FLAGS_A" BIN_B "FLAGS_B" [--rel-tol X]: both binaries run
+#   examples/FILE.attn on the same fresh inputs (seed 3) with their flags, then compare_outputs
+#   (bitwise unless --rel-tol); returns non-zero when a run or the comparison fails.
+compare_runs() {
+  local file=$1 shape=$2 bin_a=$3 flags_a=$4 bin_b=$5 flags_b=$6 d rc
+  shift 6
+  d=$(mktemp -d)
+  # shellcheck disable=SC2086  # the flags are word lists
+  t 60 "$bin_a" inputs "examples/$file.attn" --shape "$shape" --seed 3 -o "$d/in.safetensors" >/dev/null &&
+    t 60 "$bin_a" run "examples/$file.attn" --backend cuda --inputs "$d/in.safetensors" $flags_a \
+      -o "$d/a.safetensors" >/dev/null &&
+    t 60 "$bin_b" run "examples/$file.attn" --backend cuda --inputs "$d/in.safetensors" $flags_b \
+      -o "$d/b.safetensors" >/dev/null
+  rc=$?
+  if [ $rc -eq 0 ]; then
+    compare_outputs "$d/a.safetensors" "$d/b.safetensors" "$file [$shape] ${flags_b:-pruned}" "$@"
+    rc=$?
+  else
+    echo "runs of $file [$shape] failed (rc=$rc)"
+  fi
+  rm -rf "$d"
+  return $rc
+}

@@ -57,17 +57,7 @@ if [ "${CMP:-1}" = 1 ]; then
   for c in "fox B=2,H=4,T=2051,D=128 -" "fox B=1,H=2,T=4099,D=128 --no-prune" "fox B=1,H=2,T=64,D=128 -" \
     "fox_gqa B=2,H=4,G=2,T=1000,D=128 -"; do
     set -- $c; x=$3; [ "$x" = - ] && x=""
-    d=$(mktemp -d)
-    t 60 "$F" inputs "examples/$1.attn" --shape "$2" --seed 3 -o "$d/in.safetensors" >/dev/null &&
-      t 60 "$F" run "examples/$1.attn" --backend cuda --inputs "$d/in.safetensors" $x --ws-loads cp-async \
-        -o "$d/base.safetensors" >/dev/null &&
-      t 60 "$F" run "examples/$1.attn" --backend cuda --inputs "$d/in.safetensors" $x --ws-loads tma \
-        -o "$d/new.safetensors" >/dev/null
-    rc=$?
-    [ $rc -eq 0 ] || { fail=1; echo "FAILED: runs of $1 $2 $x rc=$rc"; continue; }
-    compare_outputs "$d/base.safetensors" "$d/new.safetensors" "$1 [$2] ${x:-pruned}" ||
-      { fail=1; echo "FAILED: compare $1 $2 $x"; }
-    rm -rf "$d"
+    compare_runs "$1" "$2" "$F" "$x --ws-loads cp-async" "$F" "$x --ws-loads tma" || { fail=1; echo "FAILED: compare $1 $2 $x"; }
   done
 fi
 
