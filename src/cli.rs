@@ -106,6 +106,17 @@ pub struct PruneArgs {
     /// memory accelerator copies) or `cp-async` (128 threads). Default: the tiles pass's choice.
     #[arg(long, value_enum)]
     pub ws_loads: Option<WsLoadsArg>,
+    /// The sm_90a warp-specialized forward's grid: `tiles` (one block per 128-row query tile and
+    /// head) or `persistent` (one block per multiprocessor taking (head, query tile) items from
+    /// a counter, longest tile of a head first). Default: the tiles pass's choice.
+    #[arg(long, value_enum)]
+    pub ws_grid: Option<WsGridArg>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WsGridArg {
+    Tiles,
+    Persistent,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -81,22 +81,25 @@ pub fn compile_outputs(
     dims: &BTreeMap<String, u64>,
     target: &str,
 ) -> Result<NvptxArtifact, Error> {
-    compile_spec(g, outputs, dims, target, false)
+    compile_spec(g, outputs, dims, target, false, None)
 }
 
-/// [`compile_outputs`], optionally with the debug buffer of in-kernel block starts.
+/// [`compile_outputs`], optionally with the debug buffer of in-kernel block starts, for a
+/// device with `sms` multiprocessors when known (sizes persistent grids, `NvptxSpec::sms`).
 fn compile_spec(
     g: &Graph,
     outputs: &[Value],
     dims: &BTreeMap<String, u64>,
     target: &str,
     debug_starts: bool,
+    sms: Option<u32>,
 ) -> Result<NvptxArtifact, Error> {
     let spec = NvptxSpec {
         target: parse_target(target)?,
         dims: dims.clone(),
         outputs: outputs.to_vec(),
         debug_starts,
+        sms,
     };
     cg::compile(g, &spec).map_err(codegen_err)
 }
@@ -197,6 +200,11 @@ fn check_sizes(g: &Graph, bind: &DimBindings) -> Result<(), Error> {
     Ok(())
 }
 
+/// The device's multiprocessor count, when the driver reported one.
+fn sm_count(info: &DeviceInfo) -> Option<u32> {
+    u32::try_from(info.multiprocessors).ok().filter(|n| *n > 0)
+}
+
 /// The NVPTX target of a device: sm_90a on compute capability 9.x, sm_80 on 8.x.
 pub fn target_for(info: &DeviceInfo) -> Result<&'static str, Error> {
     match info.compute_capability {
@@ -262,7 +270,7 @@ fn prepare_with(
     let info = rt.device_info().map_err(cuda_err)?;
     let target = target_for(&info)?;
     let values: Vec<Value> = outputs.iter().map(|(_, v)| *v).collect();
-    let art = compile_spec(g, &values, &bind.0, target, debug_starts)?;
+    let art = compile_spec(g, &values, &bind.0, target, debug_starts, sm_count(&info))?;
     let mut program = program(&art, &bind)?;
     if debug_starts {
         let buf = art
@@ -419,7 +427,7 @@ pub fn load_external_outputs(
     ordinal: usize,
 ) -> Result<ExternalKernels, Error> {
     let device = device_info(ordinal)?;
-    let artifact = compile_outputs(g, outputs, static_dims, target_for(&device)?)?;
+    let artifact = compile_spec(g, outputs, static_dims, target_for(&device)?, false, sm_count(&device))?;
     let (_, launches) = plan(&artifact, bind)?;
     let module = ExternalModule::load(ordinal, &artifact.ptx, &launches).map_err(cuda_err)?;
     Ok(ExternalKernels { artifact, device, module })

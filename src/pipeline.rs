@@ -1,8 +1,8 @@
 //! The front half of the pipeline: source file -> verified graph -> optimized graph.
 
-use crate::cli::{PruneArgs, TargetArg, WsLoadsArg};
+use crate::cli::{PruneArgs, TargetArg, WsGridArg, WsLoadsArg};
 use crate::Error;
-use foxc_ir::attention::KvLoads;
+use foxc_ir::attention::{KvLoads, WsGrid};
 use foxc_ir::frontend::{self, Compiled};
 use foxc_ir::Graph;
 use foxc_passes::{PassOptions, PassReport, Target};
@@ -63,6 +63,10 @@ pub fn pass_options(prune: &PruneArgs, target: TargetArg, print_after_all: bool)
         ws_loads: prune.ws_loads.map(|l| match l {
             WsLoadsArg::Tma => KvLoads::Tma,
             WsLoadsArg::CpAsync => KvLoads::CpAsync,
+        }),
+        ws_grid: prune.ws_grid.map(|g| match g {
+            WsGridArg::Tiles => WsGrid::Tiles,
+            WsGridArg::Persistent => WsGrid::Persistent,
         }),
         ..PassOptions::default()
     }

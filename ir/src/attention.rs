@@ -391,7 +391,21 @@ pub enum AttnKernel {
     /// codegen `nvptx::attention_ws`) where the head dim bound at code generation is one of
     /// `head_dims`, the standard kernel elsewhere. The pass states the condition with the
     /// choice because it may not know the head dim (a program compiled once for every size).
-    WarpSpecialized { head_dims: Vec<u64>, loads: KvLoads },
+    WarpSpecialized { head_dims: Vec<u64>, loads: KvLoads, grid: WsGrid },
+}
+
+/// How the warp-specialized kernel's blocks are laid out over the work (a pass decision, like
+/// the loads: `--ws-grid`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WsGrid {
+    /// One block per 128-row query tile and head, `(ceil(T / 128), B H)`, the longest query
+    /// tile of a head first.
+    #[default]
+    Tiles,
+    /// One block per multiprocessor, looping over `(head, query tile)` work items handed out by
+    /// a counter in the same order (head-major, longest query tile first), so the next item's
+    /// first loads and start search overlap the current item's last tiles and epilogue.
+    Persistent,
 }
 
 /// How the warp-specialized kernel's producer fills its K/V ring (a pass decision, like the
@@ -417,6 +431,14 @@ impl AttnKernel {
         match self {
             AttnKernel::WarpSpecialized { loads, .. } => *loads,
             AttnKernel::Standard => KvLoads::CpAsync,
+        }
+    }
+
+    /// The grid of a warp-specialized kernel (`tiles` for the standard kernel).
+    pub fn ws_grid(&self) -> WsGrid {
+        match self {
+            AttnKernel::WarpSpecialized { grid, .. } => *grid,
+            AttnKernel::Standard => WsGrid::Tiles,
         }
     }
 }
@@ -668,10 +690,11 @@ impl Attention {
             Prune::Start => s.push_str(", pruned"),
             Prune::Boundary => s.push_str(", pruned(fused boundary)"),
         }
-        if let AttnKernel::WarpSpecialized { head_dims, loads } = &self.kernel {
+        if let AttnKernel::WarpSpecialized { head_dims, loads, grid } = &self.kernel {
             let dims: Vec<String> = head_dims.iter().map(|d| d.to_string()).collect();
             let loads = if *loads == KvLoads::Tma { ", loads = tma" } else { "" };
-            s.push_str(&format!(", kernel = warp_specialized(D = {}{loads})", dims.join(" | ")));
+            let grid = if *grid == WsGrid::Persistent { ", grid = persistent" } else { "" };
+            s.push_str(&format!(", kernel = warp_specialized(D = {}{loads}{grid})", dims.join(" | ")));
         }
         s
     }

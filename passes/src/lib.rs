@@ -65,6 +65,9 @@ pub struct PassOptions {
     /// How the warp-specialized kernel loads K and V (`--ws-loads`); `None`: the tiles pass's
     /// choice ([`tiles::WS_LOADS`]).
     pub ws_loads: Option<foxc_ir::attention::KvLoads>,
+    /// The warp-specialized kernel's grid (`--ws-grid`); `None`: the tiles pass's choice
+    /// ([`tiles::WS_GRID`]).
+    pub ws_grid: Option<foxc_ir::attention::WsGrid>,
 }
 
 impl Default for PassOptions {
@@ -79,6 +82,7 @@ impl Default for PassOptions {
             dims: Default::default(),
             gradient: false,
             ws_loads: None,
+            ws_grid: None,
         }
     }
 }

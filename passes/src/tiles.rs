@@ -3,7 +3,7 @@
 //! tiles a kernel may skip under an expression mask (`keys_from`, [`crate::key_bound`]).
 
 use crate::{PassContext, PassError, PassOptions, Target};
-use foxc_ir::attention::{AttnKernel, KvLoads};
+use foxc_ir::attention::{AttnKernel, KvLoads, WsGrid};
 use foxc_ir::{Attention, Graph, Mask, Op, Tiles};
 
 /// Head dims the warp-specialized kernel is chosen for: measured 0.75x the standard kernel's
@@ -16,6 +16,11 @@ pub const WS_HEAD_DIMS: [u64; 1] = [128];
 /// H200: 1.316 vs 1.381 ms at 4x16x8192x128, 3.373 vs 3.550 at 1x16x32768x128 (docs/GPU_KERNEL.md,
 /// run 11).
 pub const WS_LOADS: KvLoads = KvLoads::Tma;
+
+/// The warp-specialized kernel's grid unless `--ws-grid` says otherwise: one block per query
+/// tile and head. The persistent grid (docs/GPU_KERNEL.md, run 14) stays opt-in until the
+/// device shows it faster at every standard shape.
+pub const WS_GRID: WsGrid = WsGrid::Tiles;
 
 /// The `bm x bn` tiles for `target`. `head_dim` is `D` when the signature or the caller's
 /// bound sizes fix it; `gradient` says the graph will be differentiated.
@@ -52,6 +57,7 @@ pub fn kernel_for(
     a: &Attention,
     tiles: Tiles,
     loads: KvLoads,
+    grid: WsGrid,
 ) -> AttnKernel {
     let ws = target == Target::Sm90a
         && head_dim.is_none_or(|d| WS_HEAD_DIMS.contains(&d))
@@ -62,7 +68,7 @@ pub fn kernel_for(
         && tiles.bn.is_multiple_of(16)
         && (16..=128).contains(&tiles.bn);
     if ws {
-        AttnKernel::WarpSpecialized { head_dims: WS_HEAD_DIMS.to_vec(), loads }
+        AttnKernel::WarpSpecialized { head_dims: WS_HEAD_DIMS.to_vec(), loads, grid }
     } else {
         AttnKernel::Standard
     }
@@ -71,7 +77,8 @@ pub fn kernel_for(
 /// The tiles pass: `--tiles` if given, else the target's choice, on every attention without
 /// tiles; the key bound `E` below which tiles need no visit, under an expression mask
 /// `j >= E` or a score region `select(j >= E, X, -inf)` ([`crate::key_bound`]); and the forward
-/// kernel that goes with them ([`kernel_for`]; its K/V loads: `--ws-loads`, else [`WS_LOADS`]).
+/// kernel that goes with them ([`kernel_for`]; its K/V loads: `--ws-loads`, else [`WS_LOADS`];
+/// its grid: `--ws-grid`, else [`WS_GRID`]).
 pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
     for n in g.find(|op| matches!(op, Op::Attention(a) if a.tiles.is_none())) {
         let head_dim =
@@ -84,7 +91,8 @@ pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(
                 _ => None,
             }
             .or_else(|| crate::key_bound::keys_from_score(&a.score));
-            a.kernel = kernel_for(opts.target, head_dim, a, tiles, opts.ws_loads.unwrap_or(WS_LOADS));
+            let (loads, grid) = (opts.ws_loads.unwrap_or(WS_LOADS), opts.ws_grid.unwrap_or(WS_GRID));
+            a.kernel = kernel_for(opts.target, head_dim, a, tiles, loads, grid);
         }
     }
     Ok(())
@@ -97,7 +105,7 @@ mod tests {
 
     /// The choice with the default loads.
     fn kernel_for(target: Target, head_dim: Option<u64>, a: &Attention, tiles: Tiles) -> AttnKernel {
-        super::kernel_for(target, head_dim, a, tiles, KvLoads::CpAsync)
+        super::kernel_for(target, head_dim, a, tiles, KvLoads::CpAsync, WsGrid::Tiles)
     }
 
     fn attn(mask: Mask) -> Attention {
@@ -109,7 +117,11 @@ mod tests {
     #[test]
     fn kernel_choice() {
         let t = Tiles { bm: 64, bn: 128 };
-        let ws = AttnKernel::WarpSpecialized { head_dims: vec![128], loads: KvLoads::CpAsync };
+        let ws = AttnKernel::WarpSpecialized {
+            head_dims: vec![128],
+            loads: KvLoads::CpAsync,
+            grid: WsGrid::Tiles,
+        };
         assert_eq!(kernel_for(Target::Sm90a, None, &attn(Mask::Causal), t), ws);
         assert_eq!(kernel_for(Target::Sm90a, Some(128), &attn(Mask::Window(256)), t), ws);
         assert_eq!(kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), Tiles { bm: 128, bn: 64 }), ws);
@@ -124,9 +136,19 @@ mod tests {
         assert_eq!(kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), Tiles { bm: 32, bn: 64 }), std);
         assert_eq!(kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), Tiles { bm: 64, bn: 256 }), std);
         // The loads asked for are the attribute's (`--ws-loads tma`).
-        let tma = AttnKernel::WarpSpecialized { head_dims: vec![128], loads: KvLoads::Tma };
-        assert_eq!(super::kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), t, KvLoads::Tma), tma);
-        assert_eq!(super::kernel_for(Target::Sm80, Some(128), &attn(Mask::Causal), t, KvLoads::Tma), std);
+        let tma =
+            AttnKernel::WarpSpecialized { head_dims: vec![128], loads: KvLoads::Tma, grid: WsGrid::Tiles };
+        let (loads, grid) = (KvLoads::Tma, WsGrid::Tiles);
+        assert_eq!(super::kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), t, loads, grid), tma);
+        assert_eq!(super::kernel_for(Target::Sm80, Some(128), &attn(Mask::Causal), t, loads, grid), std);
+        // And the grid asked for (`--ws-grid persistent`).
+        let persistent =
+            AttnKernel::WarpSpecialized { head_dims: vec![128], loads, grid: WsGrid::Persistent };
+        let p =
+            super::kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), t, loads, WsGrid::Persistent);
+        assert_eq!(p, persistent);
+        assert_eq!(p.ws_grid(), WsGrid::Persistent);
+        assert_eq!(std.ws_grid(), WsGrid::Tiles);
         // The attribute's rule at code generation: D = 128 only.
         assert!(ws.runs_warp_specialized(128));
         assert!(!ws.runs_warp_specialized(64));

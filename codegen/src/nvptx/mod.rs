@@ -56,12 +56,16 @@ pub struct NvptxSpec {
     /// buffer ([`NvptxArtifact::debug_starts`]), to be compared with the reference's. Off by
     /// default; when off no code or parameter is added.
     pub debug_starts: bool,
+    /// Multiprocessors of the device the program will run on: sizes persistent grids (the
+    /// warp-specialized attention with `grid = persistent` runs one block per SM). `None`
+    /// (compiling without a device): one block per work item, which the same kernel runs too.
+    pub sms: Option<u32>,
 }
 
 impl NvptxSpec {
     /// A spec for the graph's output alone.
     pub fn new(target: NvptxTarget, dims: BTreeMap<String, u64>) -> NvptxSpec {
-        NvptxSpec { target, dims, outputs: vec![], debug_starts: false }
+        NvptxSpec { target, dims, outputs: vec![], debug_starts: false, sms: None }
     }
 }
 
@@ -141,8 +145,9 @@ pub enum GridDim {
 /// How a kernel is launched.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Launch {
-    /// Geometry from [`attention::launch_geometry`] for sequence length `t` and `bh` heads.
-    Attention { cfg: AttnKernelConfig, t: Dim, bh: Vec<Dim> },
+    /// Geometry from [`attention::launch_geometry`] for sequence length `t` and `bh` heads (a
+    /// persistent kernel's grid from the device's `sms`, [`NvptxSpec::sms`]).
+    Attention { cfg: AttnKernelConfig, t: Dim, bh: Vec<Dim>, sms: Option<u32> },
     /// A plain grid with static shared memory.
     Grid { x: GridDim, y: GridDim, block: u32 },
     /// A plain grid whose kernel takes `shared` bytes of dynamic shared memory (the attention
@@ -208,10 +213,10 @@ impl KernelInfo {
     /// a grid extent exceeds what CUDA allows.
     pub fn geometry(&self, bind: &dyn Fn(&str) -> Option<u64>) -> Result<LaunchGeometry, CodegenError> {
         let (gx, gy, block, shared) = match &self.launch {
-            Launch::Attention { cfg, t, bh } => {
+            Launch::Attention { cfg, t, bh, sms } => {
                 let t = eval_product(std::slice::from_ref(t), bind)?;
                 let bh = eval_product(bh, bind)?;
-                let g = attention::launch_geometry(cfg, t, bh);
+                let g = attention::launch_geometry(cfg, t, bh, *sms);
                 // The kernel's own grid (a block may own less than a `bm` tile); bh is checked
                 // here before the builder's u32 conversion could wrap.
                 if bh > 65535 {

@@ -11,7 +11,7 @@ use super::threshold;
 use super::{
     BufferInfo, BufferKind, CodegenError, GridDim, KernelArg, KernelInfo, Launch, NvptxArtifact, NvptxSpec,
 };
-use foxc_ir::attention::KvLoads;
+use foxc_ir::attention::{KvLoads, WsGrid};
 use foxc_ir::{
     Attention, BinaryOp, DType, Dim, GateKind, Graph, Mask, NormBound, Op, Prune, Value, ValueId, ValueType,
 };
@@ -679,6 +679,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             cfg.ws = false;
         }
         cfg.tma = cfg.ws && a.kernel.kv_loads() == KvLoads::Tma;
+        cfg.persistent = cfg.ws && a.kernel.ws_grid() == WsGrid::Persistent;
         // Captured tensors: read by the score hook through their index expressions.
         let caps: Vec<CaptureTy> = o
             .captures
@@ -754,7 +755,17 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             args.push(KernelArg::Buffer(dbg));
             self.debug_starts = Some(dbg);
         }
-        self.push(n, name, args, Launch::Attention { cfg, t, bh }, vec![]);
+        // The persistent kernel: the head count and its work-item counter, zeroed right before
+        // every launch (attention_ws::persist).
+        let mut zero_first = vec![];
+        if cfg.persistent {
+            let work = self.scratch(DType::I32, vec![], format!("work-item counter of %{}", n.index()));
+            args.push(KernelArg::I32(bh.clone()));
+            args.push(KernelArg::Buffer(work));
+            zero_first.push(work);
+        }
+        let sms = self.spec.sms;
+        self.push(n, name, args, Launch::Attention { cfg, t, bh, sms }, zero_first);
         Ok(())
     }
 }

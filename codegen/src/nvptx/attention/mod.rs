@@ -109,6 +109,10 @@ pub struct AttnKernelConfig {
     /// map parameters last; [`crate::nvptx::attention_ws`]'s `tma` module), from the
     /// attention's `kernel` attribute (`loads = tma`).
     pub tma: bool,
+    /// With `ws`: one block per multiprocessor looping over `(head, query tile)` work items
+    /// from a counter ([`crate::nvptx::attention_ws`]'s `persist` module; two parameters more:
+    /// `BH` and the counter), from the attention's `kernel` attribute (`grid = persistent`).
+    pub persistent: bool,
     /// Debug: also write each query tile's in-kernel `start` to an extra pointer parameter
     /// after the score hook's (i32 `[B, H, ceil(T / bm)]`; standard kernel only).
     pub debug_starts: bool,
@@ -133,6 +137,7 @@ impl AttnKernelConfig {
             kv_group: 1,
             ws: false,
             tma: false,
+            persistent: false,
             debug_starts: false,
         }
     }
@@ -140,12 +145,13 @@ impl AttnKernelConfig {
     /// Kernel symbol name; distinct for every configuration so several fit in one module.
     pub fn kernel_name(&self) -> String {
         format!(
-            "foxc_attn_fwd{}_d{}_bm{}_bn{}{}{}{}{}{}{}{}{}_s{:08x}_sm{}",
+            "foxc_attn_fwd{}{}_d{}_bm{}_bn{}{}{}{}{}{}{}{}{}_s{:08x}_sm{}",
             match (self.ws, self.tma) {
                 (true, true) => "_ws_tma",
                 (true, false) => "_ws",
                 (false, _) => "",
             },
+            if self.ws && self.persistent { "_persist" } else { "" },
             self.head_dim,
             self.bm,
             self.bn,
@@ -258,10 +264,11 @@ pub struct LaunchGeometry {
 }
 
 /// Launch geometry for sequence length `t` and `bh` = batch x heads:
-/// grid (Mt, BH, 1), one block per query tile.
-pub fn launch_geometry(cfg: &AttnKernelConfig, t: u64, bh: u64) -> LaunchGeometry {
+/// grid (Mt, BH, 1), one block per query tile (a persistent kernel: one block per SM of the
+/// `sms` the device has, [`crate::nvptx::attention_ws::launch_geometry`]).
+pub fn launch_geometry(cfg: &AttnKernelConfig, t: u64, bh: u64, sms: Option<u32>) -> LaunchGeometry {
     if cfg.ws {
-        return crate::nvptx::attention_ws::launch_geometry(cfg, t, bh);
+        return crate::nvptx::attention_ws::launch_geometry(cfg, t, bh, sms);
     }
     let mt = t.div_ceil(cfg.block_rows().max(1) as u64);
     LaunchGeometry {
@@ -685,12 +692,12 @@ mod tests {
         let mut cfg = AttnKernelConfig::new(128, true, true);
         cfg.bm = 128;
         // sm_90 covers a 128-row pruning tile with two 64-row blocks.
-        let g = launch_geometry(&cfg, 1000, 6);
+        let g = launch_geometry(&cfg, 1000, 6, None);
         assert_eq!(g.grid, (16, 6, 1));
         assert_eq!(g.block, (128, 1, 1));
         assert!(cfg.kernel_name().contains("_bm128_bn64_k64_"));
         cfg.sm = 80;
-        let g = launch_geometry(&cfg, 1000, 6);
+        let g = launch_geometry(&cfg, 1000, 6, None);
         assert_eq!(g.grid, (8, 6, 1));
         assert_eq!(g.block, (256, 1, 1));
         assert_eq!(g.shared_bytes, (128 + 4 * 64) * 128 * 2 + 2 * 64 * 4);

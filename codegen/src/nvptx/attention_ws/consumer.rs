@@ -12,7 +12,11 @@
 //! other's GEMMs do. Every tile of the walk is one turn for both consumers (a skipped tile
 //! too), plus one for the last P V: both take the same number of turns. Consumer 0 goes first
 //! (consumer 1 hands it the first turn) and takes one extra wait at the end for consumer 1's
-//! last hand-over, so no barrier is left half-arrived.
+//! last hand-over, so no barrier is left half-arrived. In the persistent kernel both take the
+//! same number of turns per item too, so the turns run on across items: the first hand-over
+//! and the last wait are made once, around the item loop (per item they would race: consumer
+//! 1's last hand-over of one item and its first of the next could complete the barrier
+//! without consumer 0; run 9).
 
 use super::roles::{bar_at, slot, Block, Walk};
 use super::sync::{fence_async_shared, mbar_arrive, mbar_wait, named_arrive, named_barrier};
@@ -37,6 +41,12 @@ pub(super) struct Consumer<'k, 'ctx> {
     pub lay: &'k WsLayout,
     pub blk: &'k Block<'ctx>,
     pub walk: &'k Walk<'ctx>,
+    /// Fills of the ring before this walk (the persistent kernel's ring runs on across items).
+    pub fills: IntValue<'ctx>,
+    /// The turns at the tensor cores run on across the persistent kernel's items: the first
+    /// hand-over and the last wait are made once, around the item loop ([`first_turn`],
+    /// [`last_turn`]), not by [`Consumer::run`].
+    pub turns_run_on: bool,
     pub rows: &'k Rows<'ctx>,
     /// Offset of this consumer's view from the block's base (its Q tile).
     pub qoff: IntValue<'ctx>,
@@ -49,6 +59,22 @@ pub(super) struct Consumer<'k, 'ctx> {
 
 /// Named barrier of consumer `w`'s turn (0 is `__syncthreads`, 1 and 2 the Q loads).
 const TURN_BARRIER: i64 = 3;
+
+/// Consumer 1 hands consumer 0 its first turn.
+pub(super) fn first_turn<'ctx>(b: &KernelBuilder<'_, 'ctx>, cw: IntValue<'ctx>) {
+    let c1 = b.icmpc(IntPredicate::EQ, cw, 1);
+    b.if_then_named(c1, ("first_turn", "first_turn_done"), |b| {
+        named_arrive(b, b.i32(TURN_BARRIER), 256);
+    });
+}
+
+/// Consumer 0 takes consumer 1's last hand-over, so no barrier is left half-arrived.
+pub(super) fn last_turn<'ctx>(b: &KernelBuilder<'_, 'ctx>, cw: IntValue<'ctx>) {
+    let c0 = b.icmpc(IntPredicate::EQ, cw, 0);
+    b.if_then_named(c0, ("last_turn", "last_turn_done"), |b| {
+        named_barrier(b, b.i32(TURN_BARRIER), 256);
+    });
+}
 
 impl<'k, 'ctx> Consumer<'k, 'ctx> {
     /// Waits for this consumer's turn at the tensor cores.
@@ -71,7 +97,7 @@ impl<'k, 'ctx> Consumer<'k, 'ctx> {
 
     /// Waits for fill `k`'s slot to be full; returns (slot, parity).
     fn wait_full(&self, b: &KernelBuilder<'_, 'ctx>, n: IntValue<'ctx>) -> IntValue<'ctx> {
-        let k = b.sub(self.walk.hi, n);
+        let k = b.add(self.fills, b.sub(self.walk.hi, n));
         let (s, par) = slot(b, self.lay, k);
         mbar_wait(b, bar_at(b, self.base, self.lay, s, false), par);
         s
@@ -176,11 +202,9 @@ impl<'k, 'ctx> Consumer<'k, 'ctx> {
         let pn = (a.cfg.bn / 4) as usize; // packed P values per thread
         let zero = b.f32(0.0);
         let ninf = b.f32(f64::NEG_INFINITY);
-        // Consumer 1 hands consumer 0 its first turn.
-        let c1 = b.icmpc(IntPredicate::EQ, self.cw, 1);
-        b.if_then_named(c1, ("first_turn", "first_turn_done"), |b| {
-            named_arrive(b, b.i32(TURN_BARRIER), 256);
-        });
+        if !self.turns_run_on {
+            first_turn(b, self.cw);
+        }
         self.skip(b, self.walk.hi, b.addc(self.my_end, 1));
 
         // First own tile: S alone, then its softmax (O is still zero: nothing to rescale).
@@ -249,11 +273,9 @@ impl<'k, 'ctx> Consumer<'k, 'ctx> {
         let o = b.asm_pass("wgmma.wait_group.sync.aligned 0;", &o);
         self.release(b, sprev);
         self.skip(b, b.addc(self.my_start, -1), self.walk.lo);
-        // Consumer 0 takes consumer 1's last hand-over.
-        let c0 = b.icmpc(IntPredicate::EQ, self.cw, 0);
-        b.if_then_named(c0, ("last_turn", "last_turn_done"), |b| {
-            named_barrier(b, b.i32(TURN_BARRIER), 256);
-        });
+        if !self.turns_run_on {
+            last_turn(b, self.cw);
+        }
         (o, m, l)
     }
 }

@@ -34,14 +34,18 @@
 //!   Q tiles land while the searches' dependent loads run (run 10).
 //! * bf16 output goes through shared memory (the consumer's Q tile, free at the end), written
 //!   to global memory with 16-byte coalesced stores ([`epilogue`]).
-//! * Grid `(ceil(T / 128), B H)`, block index reversed so the longest query tiles start first.
+//! * Grid `(ceil(T / 128), B H)`, block index reversed so the longest query tiles start first;
+//!   or (`grid = persistent`, `cfg.persistent`) one block per multiprocessor looping over the
+//!   same `(head, query tile)` items in the same order, handed out by a counter ([`persist`]).
 //!
 //! Kernel parameters are those of the old kernel (module docs of [`super::attention`]), in the
-//! same order, followed by the score modification's and, with `loads = tma` (`cfg.tma`), the
-//! tensor maps of K and V ([`tma`]). Launch with [`launch_geometry`].
+//! same order, followed by the score modification's, with `loads = tma` (`cfg.tma`) the
+//! tensor maps of K and V ([`tma`]), and with `cfg.persistent` the head count and the work
+//! counter ([`persist`]). Launch with [`launch_geometry`].
 
 mod consumer;
 mod epilogue;
+mod persist;
 mod roles;
 mod sync;
 pub(crate) mod tma;
@@ -74,6 +78,10 @@ const MAX_STAGES: u32 = 4;
 /// Bytes of the start exchange (two i32 per warpgroup, rounded up).
 const XCH_BYTES: u32 = 32;
 
+/// Bytes of the persistent kernel's work-item ring ([`persist`]): two `item_full` and two
+/// `item_empty` mbarriers, two entries of four i32, the producer's two next-item words.
+const ITEM_BYTES: u32 = 72;
+
 /// Dynamic shared memory an sm_90 block may have.
 const MAX_SHARED: u32 = 232_448;
 
@@ -94,6 +102,11 @@ pub struct WsLayout {
     /// The start tiles each warpgroup's search halves hand each other: warpgroup `wg`'s pair
     /// (i32 start of consumer 0, of consumer 1) at `xch0 + 8 wg`.
     pub xch0: u32,
+    /// The persistent kernel's work-item ring (`cfg.persistent`; [`persist`]): `item_full[e]`
+    /// at `item0 + 8 e`, `item_empty[e]` at `item0 + 16 + 8 e`, entry `e` (i32 item, the two
+    /// consumers' start tiles) at `item0 + 32 + 16 e`, the producer's next item `k` at
+    /// `item0 + 64 + 4 (k % 2)`; `ITEM_BYTES` (0 without).
+    pub item0: u32,
     pub total: u32,
 }
 
@@ -104,7 +117,8 @@ pub fn layout(cfg: &AttnKernelConfig) -> Result<WsLayout, String> {
     let kv_bytes = cfg.bn * d * 2;
     let kv0 = 2 * q_bytes;
     let per_stage = 2 * kv_bytes + 4 * cfg.bn + 16;
-    let stages = (MAX_SHARED.saturating_sub(kv0 + XCH_BYTES) / per_stage).min(MAX_STAGES);
+    let item_bytes = if cfg.persistent { ITEM_BYTES } else { 0 };
+    let stages = (MAX_SHARED.saturating_sub(kv0 + XCH_BYTES + item_bytes) / per_stage).min(MAX_STAGES);
     if stages < 2 {
         return Err(format!(
             "warp-specialized attention: tiles 128x{} at head_dim {d} leave room for {stages} K/V slots (needs 2)",
@@ -114,7 +128,8 @@ pub fn layout(cfg: &AttnKernelConfig) -> Result<WsLayout, String> {
     let c0 = kv0 + stages * 2 * kv_bytes;
     let bar0 = c0 + stages * 4 * cfg.bn;
     let xch0 = bar0 + 16 * stages;
-    Ok(WsLayout { q_bytes, kv_bytes, stages, kv0, c0, bar0, xch0, total: xch0 + XCH_BYTES })
+    let item0 = xch0 + XCH_BYTES;
+    Ok(WsLayout { q_bytes, kv_bytes, stages, kv0, c0, bar0, xch0, item0, total: item0 + item_bytes })
 }
 
 /// Errors for configurations this kernel does not implement.
@@ -136,14 +151,21 @@ pub(crate) fn consumer_view(cfg: &AttnKernelConfig) -> AttnKernelConfig {
     AttnKernelConfig { ws: false, ..cfg.clone() }
 }
 
-/// Grid `(ceil(T / 128), BH)`, [`THREADS`] threads, the layout's shared memory.
-pub fn launch_geometry(cfg: &AttnKernelConfig, t: u64, bh: u64) -> LaunchGeometry {
+/// Grid `(ceil(T / 128), BH)`, [`THREADS`] threads, the layout's shared memory. The
+/// persistent kernel: one block per multiprocessor (`sms`; shared memory and registers allow
+/// one), never more blocks than work items; without a device count one block per item (the
+/// same kernel: each block then runs its own item and finds the counter past the end).
+pub fn launch_geometry(cfg: &AttnKernelConfig, t: u64, bh: u64, sms: Option<u32>) -> LaunchGeometry {
     let shared_bytes = layout(cfg).map(|l| l.total).unwrap_or(0);
-    LaunchGeometry {
-        grid: (t.div_ceil(BLOCK_ROWS as u64) as u32, bh as u32, 1),
-        block: (THREADS, 1, 1),
-        shared_bytes,
-    }
+    let tiles = t.div_ceil(BLOCK_ROWS as u64);
+    let grid = if cfg.persistent {
+        let items = tiles * bh;
+        let blocks = sms.map_or(items, |s| items.min(s.max(1) as u64));
+        (blocks.min(i32::MAX as u64) as u32, 1, 1)
+    } else {
+        (tiles as u32, bh as u32, 1)
+    };
+    LaunchGeometry { grid, block: (THREADS, 1, 1), shared_bytes }
 }
 
 /// Adds the warp-specialized kernel for `cfg` (named `kernel_name`, which carries `_ws`) with
@@ -164,6 +186,9 @@ pub(crate) fn build<'ctx>(
     params.extend(extra.iter().map(|(n, t)| (n.as_str(), *t)));
     if cfg.tma {
         params.extend(tma::PARAMS);
+    }
+    if cfg.persistent {
+        params.extend(persist::PARAMS);
     }
     let lay = layout(cfg)?;
     let view = consumer_view(cfg);

@@ -6,7 +6,7 @@ use super::epilogue::{store_output_bf16, OutAt};
 use super::sync::{
     fence_async_shared, mbar_arrive, mbar_arrive_on_copies, mbar_init, mbar_wait, named_barrier, set_max_regs,
 };
-use super::tma;
+use super::{persist, tma};
 use super::{WsLayout, BLOCK_ROWS, CONSUMER_REGS, PRODUCER_REGS};
 use crate::nvptx::attention::score::ScoreMod;
 use crate::nvptx::attention::{Attn, AttnKernelConfig, Rows, LOG2E};
@@ -56,7 +56,8 @@ pub(super) fn emit<'ctx>(
     let wg = b.named(b.lshrc(tid, 7), "wg");
     let wtid = b.named(b.andc(tid, 127), "wtid");
     let t_len = b.param_int(7);
-    let blk = block(b, cfg, t_len);
+    // The tiles grid's block (the persistent kernel derives one per work item instead).
+    let blk = (!cfg.persistent).then(|| block(b, cfg, t_len));
 
     // Barriers: one thread initializes them, everyone waits for that.
     let s_n = lay.stages as i64;
@@ -65,6 +66,9 @@ pub(super) fn emit<'ctx>(
         for s in 0..s_n {
             mbar_init(b, bar(b, smem, lay, s, false), tma::full_arrivals(cfg));
             mbar_init(b, bar(b, smem, lay, s, true), 256);
+        }
+        if cfg.persistent {
+            persist::init_barriers(b, smem, lay);
         }
         tma::after_barrier_init(b, cfg);
     });
@@ -77,25 +81,45 @@ pub(super) fn emit<'ctx>(
         "role",
         |b| {
             set_max_regs(b, PRODUCER_REGS, false);
-            producer(&a, cfg, lay, &blk);
+            match &blk {
+                Some(blk) => producer(&a, cfg, lay, blk),
+                None => persist::producer(&a, cfg, lay),
+            }
             vec![]
         },
         |b| {
             set_max_regs(b, CONSUMER_REGS, true);
             let cw = b.addc(wg, -1);
-            consumer(&a, cfg, lay, &blk, cw);
+            match &blk {
+                Some(blk) => {
+                    consumer_item(&a, cfg, lay, blk, cw, b.i32(0), None);
+                }
+                None => persist::consumer(&a, cfg, lay, cw),
+            }
             vec![]
         },
     );
 }
 
+/// The tiles grid's block: query tile and head from the block index.
 fn block<'ctx>(b: &KernelBuilder<'_, 'ctx>, cfg: &AttnKernelConfig, t_len: IntValue<'ctx>) -> Block<'ctx> {
-    let d = cfg.head_dim as i64;
     let bx = b.sreg("ctaid.x");
     let nbx = b.sreg("nctaid.x");
     let bh = b.sreg("ctaid.y");
     // Longest first: blockIdx.x = 0 takes the last query tile.
     let m = b.sub(b.addc(nbx, -1), bx);
+    block_at(b, cfg, t_len, bh, m)
+}
+
+/// The block of 128-row query tile `m` of flat head `bh`.
+pub(super) fn block_at<'ctx>(
+    b: &KernelBuilder<'_, 'ctx>,
+    cfg: &AttnKernelConfig,
+    t_len: IntValue<'ctx>,
+    bh: IntValue<'ctx>,
+    m: IntValue<'ctx>,
+) -> Block<'ctx> {
+    let d = cfg.head_dim as i64;
     let i0 = b.named(b.mulc(m, BLOCK_ROWS as i64), "i0");
     let tmax = b.addc(t_len, -1);
     let bh64 = b.sext64(bh);
@@ -165,7 +189,11 @@ fn consumer_rows<'ctx>(
 }
 
 /// The walk's first tile: the diagonal tile of the block's last row (no search needed).
-fn walk_hi<'ctx>(b: &KernelBuilder<'_, 'ctx>, cfg: &AttnKernelConfig, blk: &Block<'ctx>) -> IntValue<'ctx> {
+pub(super) fn walk_hi<'ctx>(
+    b: &KernelBuilder<'_, 'ctx>,
+    cfg: &AttnKernelConfig,
+    blk: &Block<'ctx>,
+) -> IntValue<'ctx> {
     let (_, _, e0) = consumer_rows(b, cfg, blk, b.i32(0));
     let (_, _, e1) = consumer_rows(b, cfg, blk, b.i32(1));
     b.smax(e0, e1)
@@ -235,13 +263,36 @@ pub(super) fn slot<'ctx>(
 /// lands, and so does its `c_j` load (stored and arrived on after the search).
 fn producer<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, lay: &WsLayout, blk: &Block<'ctx>) {
     let b = a.b;
+    producer_item(a, cfg, lay, blk, b.i32(0), false, |_| {});
+    // Leave only once the copies have landed (the consumers still read the slots); bulk
+    // copies complete on the barriers the consumers wait for.
+    if !cfg.tma {
+        b.call_void("llvm.nvvm.cp.async.wait.all", &[]);
+    }
+}
+
+/// The producer's fills of one block (or work item): `fills` of the ring came before it
+/// (the persistent kernel's ring runs on across items), its first fill waits for its slot
+/// when `first_waits` (a fresh ring's first slot is free), and `post` gets both consumers'
+/// start tiles as soon as the search has them. Returns the walk's last tile `lo`.
+pub(super) fn producer_item<'ctx>(
+    a: &Attn<'_, '_, 'ctx>,
+    cfg: &AttnKernelConfig,
+    lay: &WsLayout,
+    blk: &Block<'ctx>,
+    fills: IntValue<'ctx>,
+    first_waits: bool,
+    post: impl FnOnce([IntValue<'ctx>; 2]),
+) -> IntValue<'ctx> {
+    let b = a.b;
     let hi = walk_hi(b, cfg, blk);
-    let first = fill(a, cfg, lay, blk, hi, hi, false);
+    let first = fill(a, cfg, lay, blk, fills, hi, hi, first_waits);
     let st = starts(a, cfg, lay, blk, b.i32(0), |b| {
         if cfg.prune {
             named_barrier(b, b.i32(PRODUCER_BARRIER), 128);
         }
     });
+    post(st);
     publish(a, cfg, lay, first);
     let lo = b.smin(st[0], st[1]);
     b.while_loop(
@@ -250,16 +301,12 @@ fn producer<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, lay: &WsLayout
         |b, v| b.icmp(IntPredicate::SGE, v[0].into_int_value(), lo),
         |b, v| {
             let n = v[0].into_int_value();
-            let f = fill(a, cfg, lay, blk, hi, n, true);
+            let f = fill(a, cfg, lay, blk, fills, hi, n, true);
             publish(a, cfg, lay, f);
             vec![b.addc(n, -1).into()]
         },
     );
-    // Leave only once the copies have landed (the consumers still read the slots); bulk
-    // copies complete on the barriers the consumers wait for.
-    if !cfg.tma {
-        b.call_void("llvm.nvvm.cp.async.wait.all", &[]);
-    }
+    lo
 }
 
 /// A fill whose copies are out: its slot and its `c_j` as loaded (decay only), for [`publish`].
@@ -268,15 +315,16 @@ struct Fill<'ctx> {
     cj: Option<FloatValue<'ctx>>,
 }
 
-/// Fill `hi - n` of the walk: key tile `n` into its slot (after waiting for the slot to be
-/// empty when `wait_empty`): K and V copies with their arrival on `full`, and the load of the
-/// tile's `c_j` (column `j0 + tid`, clamped to T - 1).
+/// Fill `fills + hi - n` of the ring: key tile `n` into its slot (after waiting for the slot to
+/// be empty when `wait_empty`): K and V copies with their arrival on `full`, and the load of
+/// the tile's `c_j` (column `j0 + tid`, clamped to T - 1).
 #[allow(clippy::too_many_arguments)]
 fn fill<'ctx>(
     a: &Attn<'_, '_, 'ctx>,
     cfg: &AttnKernelConfig,
     lay: &WsLayout,
     blk: &Block<'ctx>,
+    fills: IntValue<'ctx>,
     hi: IntValue<'ctx>,
     n: IntValue<'ctx>,
     wait_empty: bool,
@@ -284,7 +332,7 @@ fn fill<'ctx>(
     let b = a.b;
     let bn = cfg.bn as i64;
     let kv = lay.kv_bytes as i64;
-    let (s, par) = slot(b, lay, b.sub(hi, n));
+    let (s, par) = slot(b, lay, b.add(fills, b.sub(hi, n)));
     if wait_empty {
         mbar_wait(b, bar_at(b, a.smem, lay, s, true), b.xorc(par, 1));
     }
@@ -322,14 +370,20 @@ fn publish<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, lay: &WsLayout,
 
 /// Consumer `cw` (0 or 1): its 64 rows as one block of the old kernel, reading K/V from the
 /// ring, computing only the key tiles in its own range and releasing every slot it is given.
-/// Its Q copy and its row loads of `c` go out before the start search, which runs while they land.
-fn consumer<'ctx>(
+/// Its Q copy and its row loads of `c` go out before the start search, which runs while they
+/// land. `fills`: fills of the ring before this block (or work item). `given`: both consumers'
+/// start tiles, when the producer found them (the persistent kernel; the consumer then searches
+/// nothing and its turns at the tensor cores run on across items). Returns the walk's length
+/// (the fills it took).
+pub(super) fn consumer_item<'ctx>(
     a0: &Attn<'_, '_, 'ctx>,
     cfg: &AttnKernelConfig,
     lay: &WsLayout,
     blk: &Block<'ctx>,
     cw: IntValue<'ctx>,
-) {
+    fills: IntValue<'ctx>,
+    given: Option<[IntValue<'ctx>; 2]>,
+) -> IntValue<'ctx> {
     let b = a0.b;
     // This consumer's view of shared memory starts at its Q tile, so the old kernel's wgmma
     // steps find Q at offset 0; the ring's offsets are taken relative to it.
@@ -338,6 +392,11 @@ fn consumer<'ctx>(
     let a = Attn { smem: smem_c, ..*a0 };
     let (i0w, i0c, my_end) = consumer_rows(b, cfg, blk, cw);
 
+    if given.is_some() {
+        // The persistent kernel's previous item staged its output in this Q tile: every warp
+        // of the warpgroup has read it back before the next Q lands there.
+        named_barrier(b, b.addc(cw, 1), 128);
+    }
     a.load_tile(blk.qb, i0w, 64, b.i32(0));
     b.cp_async_commit();
     let f32t = b.f32t().into();
@@ -356,16 +415,36 @@ fn consumer<'ctx>(
         None => [b.f32(0.0); 2],
     };
     // The Q tile's barrier also publishes the start search's halves.
-    let st = starts(a0, cfg, lay, blk, b.addc(cw, 1), |b| {
+    let q_landed = |b: &KernelBuilder<'_, 'ctx>| {
         b.cp_async_wait(0);
         fence_async_shared(b);
         named_barrier(b, b.addc(cw, 1), 128);
-    });
+    };
+    let st = match given {
+        Some(st) => {
+            q_landed(b);
+            st
+        }
+        None => starts(a0, cfg, lay, blk, b.addc(cw, 1), q_landed),
+    };
     let walk = Walk { hi: walk_hi(b, cfg, blk), lo: b.smin(st[0], st[1]) };
     let is1 = b.icmpc(IntPredicate::EQ, cw, 1);
     let my_start = b.select_i(is1, st[1], st[0]);
 
-    let c = Consumer { base: a0.smem, lay, blk, walk: &walk, rows: &rows, qoff, my_start, my_end, c_ref, cw };
+    let c = Consumer {
+        base: a0.smem,
+        lay,
+        blk,
+        walk: &walk,
+        fills,
+        turns_run_on: given.is_some(),
+        rows: &rows,
+        qoff,
+        my_start,
+        my_end,
+        c_ref,
+        cw,
+    };
     let (o, m, l) = c.run(&a);
     let (inv, lse) = a.finalize(m, l, cir);
     if cfg.out_bf16 {
@@ -374,4 +453,5 @@ fn consumer<'ctx>(
     } else {
         a.store_output(&o, inv, lse, &rows, blk.ob, f32t, blk.lb);
     }
+    b.addc(b.sub(walk.hi, walk.lo), 1)
 }

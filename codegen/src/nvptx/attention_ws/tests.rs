@@ -42,7 +42,7 @@ fn layout_takes_the_deepest_ring_that_fits() {
     assert_eq!(l.xch0 % 8, 0);
     c.bn = 128;
     assert_eq!(layout(&c).unwrap().stages, 3);
-    let g = launch_geometry(&c, 1000, 6);
+    let g = launch_geometry(&c, 1000, 6, None);
     assert_eq!(g.grid, (8, 6, 1));
     assert_eq!(g.block, (384, 1, 1));
     c.head_dim = 96;

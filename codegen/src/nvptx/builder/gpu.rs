@@ -145,6 +145,14 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
         self.call_i("llvm.cttz.i32", &[x.into(), self.bool(true).into()])
     }
 
+    /// `atom.add.u32` on the i32 at `p` (relaxed, device scope): returns the value before the
+    /// add (the persistent attention's work counter).
+    pub fn atomic_add_i32(&self, p: PointerValue<'ctx>, v: IntValue<'ctx>) -> IntValue<'ctx> {
+        let r =
+            self.b.build_atomicrmw(inkwell::AtomicRMWBinOp::Add, p, v, inkwell::AtomicOrdering::Monotonic);
+        self.keep(r, || self.i32(0))
+    }
+
     // ---- asynchronous copies -------------------------------------------------------------
 
     /// `cp.async.cg.shared.global` of 16 bytes.

@@ -1,0 +1,216 @@
+//! The persistent grid of the warp-specialized kernel (`grid = persistent`, issue 11 item 1;
+//! docs/GPU_KERNEL.md, run 14): one block per multiprocessor loops over work items, one item
+//! being a 128-row query tile of one head, the work the tiles grid gives a block.
+//!
+//! **Order.** Item `w` is query tile `nt - 1 - w % nt` of flat head `w / nt` (`nt = ceil(T /
+//! 128)`): head-major, the longest query tile of a head first, the order in which the tiles
+//! grid's blocks start. Heads stay together so the K/V of the one or two heads in flight stay
+//! in L2 (run 9 spread the items over all heads: 35% slower at 1x16x32768x128); within a head
+//! the long tiles start first and the short ones fill the end.
+//!
+//! **Hand-out.** Block `x`'s first item is `x`; every next one is `gridDim.x + atom.add(counter,
+//! 1)` on an i32 the runtime zeroes before each launch, taken by the producer's thread 0 once the
+//! producer has issued the current item's last fill (the consumers still have up to `stages`
+//! tiles and the epilogue of that item to go). So a block whose item was short (pruned) takes
+//! the next one, and no block holds an item it has not started.
+//!
+//! **Item ring.** The producer finds both consumers' start tiles (the search of [`super::roles`],
+//! while the item's first K/V fill lands) and posts `(w, start_0, start_1)` in entry `k % 2` of a
+//! two-entry ring in shared memory: `item_full[e]` (one arrival, the producer's thread 0 after
+//! its stores: release) and `item_empty[e]` (256 arrivals, every consumer thread after reading
+//! it). The consumers never search; past the last item the entry holds `w = -1`.
+//!
+//! **What runs on across items.** The K/V ring's fill count (every role counts the same
+//! `hi - lo + 1` fills per item) and the consumers' pingpong turns (both take the same number
+//! per item; the first hand-over and the last wait are made once, around the loop). So the
+//! producer's first fill of item `k + 1` goes out as soon as a slot is free, while the
+//! consumers finish item `k`.
+
+use super::consumer::{first_turn, last_turn};
+use super::roles::{block_at, consumer_item, producer_item, walk_hi};
+use super::sync::{mbar_arrive, mbar_init, mbar_wait, named_barrier};
+use super::{WsLayout, BLOCK_ROWS};
+use crate::nvptx::attention::score::FIRST_PARAM;
+use crate::nvptx::attention::{Attn, AttnKernelConfig};
+use crate::nvptx::builder::{KernelBuilder, ParamTy};
+use inkwell::values::{IntValue, PointerValue};
+use inkwell::IntPredicate;
+
+/// The parameters after the score hook's and the tensor maps: `B H` and the work counter.
+pub(super) const PARAMS: [(&str, ParamTy); 2] = [("BH", ParamTy::I32), ("work", ParamTy::Ptr)];
+
+/// Named barrier of the producer warpgroup (shared with the start exchange of [`super::roles`]:
+/// both are used by the producer's 128 threads in program order).
+const PRODUCER_BARRIER: i64 = 5;
+
+/// Sentinel item: past the last one.
+const DONE: i64 = -1;
+
+/// Index of the `BH` parameter (the counter is the next one).
+fn first_param(a: &Attn<'_, '_, '_>, cfg: &AttnKernelConfig) -> u32 {
+    FIRST_PARAM + a.score.params().len() as u32 + if cfg.tma { 2 } else { 0 }
+}
+
+/// Query tiles per head, `ceil(T / 128)`.
+fn tiles_per_head<'ctx>(a: &Attn<'_, '_, 'ctx>) -> IntValue<'ctx> {
+    let b = a.b;
+    b.udivc(b.addc(a.t_len, BLOCK_ROWS as i64 - 1), BLOCK_ROWS as i64)
+}
+
+/// `(bh, m)` of item `w`: head-major, longest query tile first.
+fn decode<'ctx>(a: &Attn<'_, '_, 'ctx>, w: IntValue<'ctx>) -> (IntValue<'ctx>, IntValue<'ctx>) {
+    let b = a.b;
+    let nt = tiles_per_head(a);
+    (b.udiv(w, nt), b.sub(b.addc(nt, -1), b.urem(w, nt)))
+}
+
+/// `item_full[e]` (or `item_empty[e]`).
+fn item_bar<'ctx>(
+    b: &KernelBuilder<'_, 'ctx>,
+    smem: PointerValue<'ctx>,
+    lay: &WsLayout,
+    e: IntValue<'ctx>,
+    empty: bool,
+) -> PointerValue<'ctx> {
+    b.smem_at(smem, b.addc(b.mulc(e, 8), lay.item0 as i64 + if empty { 16 } else { 0 }))
+}
+
+/// Word `i` of entry `e` (0: the item, 1 and 2: the consumers' start tiles).
+fn entry<'ctx>(
+    b: &KernelBuilder<'_, 'ctx>,
+    smem: PointerValue<'ctx>,
+    lay: &WsLayout,
+    e: IntValue<'ctx>,
+    i: i64,
+) -> PointerValue<'ctx> {
+    b.smem_at(smem, b.addc(b.mulc(e, 16), lay.item0 as i64 + 32 + 4 * i))
+}
+
+/// Initializes the item ring's barriers (by the thread that initializes the K/V ring's).
+pub(super) fn init_barriers<'ctx>(b: &KernelBuilder<'_, 'ctx>, smem: PointerValue<'ctx>, lay: &WsLayout) {
+    for e in 0..2 {
+        mbar_init(b, item_bar(b, smem, lay, b.i32(e), false), 1);
+        mbar_init(b, item_bar(b, smem, lay, b.i32(e), true), 256);
+    }
+}
+
+/// Entry and round parity of item `k` of this block.
+fn ring<'ctx>(b: &KernelBuilder<'_, 'ctx>, k: IntValue<'ctx>) -> (IntValue<'ctx>, IntValue<'ctx>) {
+    (b.andc(k, 1), b.andc(b.lshrc(k, 1), 1))
+}
+
+/// The producer's thread 0 posts item `k` (`w` and both start tiles) once entry `k % 2` is free.
+fn post<'ctx>(
+    a: &Attn<'_, '_, 'ctx>,
+    lay: &WsLayout,
+    k: IntValue<'ctx>,
+    w: IntValue<'ctx>,
+    st: [IntValue<'ctx>; 2],
+) {
+    let b = a.b;
+    let t0 = b.icmpc(IntPredicate::EQ, a.tid, 0);
+    b.if_then_named(t0, ("post_item", "item_posted"), |b| {
+        let (e, par) = ring(b, k);
+        mbar_wait(b, item_bar(b, a.smem, lay, e, true), b.xorc(par, 1));
+        for (i, v) in [w, st[0], st[1]].into_iter().enumerate() {
+            b.store(entry(b, a.smem, lay, e, i as i64), v);
+        }
+        mbar_arrive(b, item_bar(b, a.smem, lay, e, false));
+    });
+}
+
+/// A consumer thread reads item `k` (`w`, both start tiles) and releases its entry.
+fn take<'ctx>(a: &Attn<'_, '_, 'ctx>, lay: &WsLayout, k: IntValue<'ctx>) -> [IntValue<'ctx>; 3] {
+    let b = a.b;
+    let (e, par) = ring(b, k);
+    mbar_wait(b, item_bar(b, a.smem, lay, e, false), par);
+    let i32t = b.i32t().into();
+    let v = [0, 1, 2].map(|i| b.load(i32t, entry(b, a.smem, lay, e, i)).into_int_value());
+    mbar_arrive(b, item_bar(b, a.smem, lay, e, true));
+    v
+}
+
+/// The producer's next item after its `k`-th: thread 0 takes it from the counter, the
+/// warpgroup reads it after a barrier (two words, alternating, so a thread still reading the
+/// previous one is never overwritten: the next write is behind the next barrier).
+fn next_item<'ctx>(
+    a: &Attn<'_, '_, 'ctx>,
+    cfg: &AttnKernelConfig,
+    lay: &WsLayout,
+    k: IntValue<'ctx>,
+) -> IntValue<'ctx> {
+    let b = a.b;
+    let at = b.smem_at(a.smem, b.addc(b.mulc(b.andc(k, 1), 4), lay.item0 as i64 + 64));
+    let t0 = b.icmpc(IntPredicate::EQ, a.tid, 0);
+    b.if_then_named(t0, ("fetch_item", "item_fetched"), |b| {
+        let counter = b.param_ptr(first_param(a, cfg) + 1);
+        let w = b.add(b.sreg("nctaid.x"), b.atomic_add_i32(counter, b.i32(1)));
+        b.store(at, w);
+    });
+    named_barrier(b, b.i32(PRODUCER_BARRIER), 128);
+    b.load(b.i32t().into(), at).into_int_value()
+}
+
+/// The producer warpgroup: every item of this block in turn ([`producer_item`]), posting each
+/// with its start tiles, then the end sentinel.
+pub(super) fn producer<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, lay: &WsLayout) {
+    let b = a.b;
+    let total = b.mul(tiles_per_head(a), b.param_int(first_param(a, cfg)));
+    let zero = b.i32(0);
+    let carried = [("w", b.sreg("ctaid.x").into()), ("k", zero.into()), ("fills", zero.into())];
+    let fin = b.while_loop(
+        ("items", "item", "items_done"),
+        &carried,
+        |b, v| b.icmp(IntPredicate::SLT, v[0].into_int_value(), total),
+        |b, v| {
+            let [w, k, fills] = [0, 1, 2].map(|i| v[i].into_int_value());
+            let (bh, m) = decode(a, w);
+            let blk = block_at(b, cfg, a.t_len, bh, m);
+            let lo = producer_item(a, cfg, lay, &blk, fills, true, |st| post(a, lay, k, w, st));
+            let fills = b.add(fills, b.addc(b.sub(walk_hi(b, cfg, &blk), lo), 1));
+            let w = next_item(a, cfg, lay, k);
+            vec![w.into(), b.addc(k, 1).into(), fills.into()]
+        },
+    );
+    post(a, lay, fin[1].into_int_value(), b.i32(DONE), [zero, zero]);
+    // Leave only once the copies have landed (see roles::producer).
+    if !cfg.tma {
+        b.call_void("llvm.nvvm.cp.async.wait.all", &[]);
+    }
+}
+
+/// Consumer warpgroup `cw`: the items the producer posts, in order ([`consumer_item`] with the
+/// posted start tiles), until the sentinel.
+pub(super) fn consumer<'ctx>(
+    a: &Attn<'_, '_, 'ctx>,
+    cfg: &AttnKernelConfig,
+    lay: &WsLayout,
+    cw: IntValue<'ctx>,
+) {
+    let b = a.b;
+    first_turn(b, cw);
+    let zero = b.i32(0);
+    let it = take(a, lay, zero);
+    let carried = [
+        ("w", it[0].into()),
+        ("start", it[1].into()),
+        ("start", it[2].into()),
+        ("k", zero.into()),
+        ("fills", zero.into()),
+    ];
+    b.while_loop(
+        ("items", "item", "items_done"),
+        &carried,
+        |b, v| b.icmpc(IntPredicate::SGE, v[0].into_int_value(), 0),
+        |b, v| {
+            let [w, s0, s1, k, fills] = [0, 1, 2, 3, 4].map(|i| v[i].into_int_value());
+            let (bh, m) = decode(a, w);
+            let blk = block_at(b, cfg, a.t_len, bh, m);
+            let len = consumer_item(a, cfg, lay, &blk, cw, fills, Some([s0, s1]));
+            let k = b.addc(k, 1);
+            let it = take(a, lay, k);
+            vec![it[0].into(), it[1].into(), it[2].into(), k.into(), b.add(fills, len).into()]
+        },
+    );
+    last_turn(b, cw);
+}
