@@ -291,3 +291,23 @@ fn ws_loads_flag_reaches_the_kernel_attribute() {
     assert_eq!(&with(&[]), default);
     assert!(!foxc(&[&args[..], &["--ws-loads", "bulk"]].concat()).status.success());
 }
+
+#[test]
+fn ws_grid_flag_reaches_the_kernel_attribute() {
+    let args = ["compile", "examples/fox.attn", "--target", "sm_90a", "--shape", "D=128", "--emit", "opt"];
+    let with = |extra: &[&str]| {
+        let o = foxc(&[&args[..], extra].concat());
+        assert!(o.status.success(), "{extra:?}: {}", text(&o));
+        text(&o)
+    };
+    let persistent = with(&["--ws-grid", "persistent"]);
+    assert!(persistent.contains("loads = tma, grid = persistent)"), "{persistent}");
+    let tiles = with(&["--ws-grid", "tiles"]);
+    assert!(!tiles.contains("grid = persistent") && tiles.contains("kernel = warp_specialized"), "{tiles}");
+    let default = match foxc_passes::tiles::WS_GRID {
+        foxc_ir::attention::WsGrid::Persistent => &persistent,
+        foxc_ir::attention::WsGrid::Tiles => &tiles,
+    };
+    assert_eq!(&with(&[]), default);
+    assert!(!foxc(&[&args[..], &["--ws-grid", "blocks"]].concat()).status.success());
+}

@@ -6,7 +6,7 @@
 use foxc_codegen::nvptx::attention::AttnKernelConfig;
 use foxc_codegen::nvptx::attention_ws;
 use foxc_codegen::nvptx::{compile, Launch, NvptxSpec, NvptxTarget};
-use foxc_ir::attention::{Attention, AttnKernel, KvLoads, Mask, Prune, Scale};
+use foxc_ir::attention::{Attention, AttnKernel, KvLoads, Mask, Prune, Scale, WsGrid};
 use foxc_ir::*;
 
 fn s(x: &str) -> Dim {
@@ -65,7 +65,11 @@ fn attention_launch(
 
 #[test]
 fn warp_specialized_at_d128_standard_at_d64() {
-    let g = fox(AttnKernel::WarpSpecialized { head_dims: vec![128], loads: KvLoads::CpAsync });
+    let g = fox(AttnKernel::WarpSpecialized {
+        head_dims: vec![128],
+        loads: KvLoads::CpAsync,
+        grid: WsGrid::Tiles,
+    });
     let (name, cfg, geo) = attention_launch(&g, 128);
     assert!(name.starts_with("foxc_attn_fwd_ws_d128_bm64_bn128_"), "{name}");
     assert!(cfg.ws);
@@ -85,4 +89,41 @@ fn the_standard_attribute_keeps_the_standard_kernel() {
     let (name, cfg, _) = attention_launch(&fox(AttnKernel::Standard), 128);
     assert!(name.starts_with("foxc_attn_fwd_d128_"), "{name}");
     assert!(!cfg.ws);
+}
+
+/// `grid = persistent`: the `_persist` kernel, launched one block per SM of the spec's device
+/// (never more than the work items; one per item without a device count), with the head count
+/// and a work counter the runtime zeroes before the launch as its last two arguments.
+#[test]
+fn persistent_grid_takes_bh_and_a_zeroed_counter() {
+    use foxc_codegen::nvptx::KernelArg;
+    let g = fox(AttnKernel::WarpSpecialized {
+        head_dims: vec![128],
+        loads: KvLoads::Tma,
+        grid: WsGrid::Persistent,
+    });
+    let bind = dims(128);
+    for (sms, blocks) in [(Some(132), 48), (Some(20), 20), (None, 48)] {
+        let spec = NvptxSpec { sms, ..NvptxSpec::new(NvptxTarget::Sm90a, bind.clone()) };
+        let a = compile(&g, &spec).expect("compiles");
+        let k = a.kernels.iter().find(|k| k.name.starts_with("foxc_attn_fwd")).unwrap();
+        assert!(k.name.starts_with("foxc_attn_fwd_ws_tma_persist_d128_"), "{}", k.name);
+        let Launch::Attention { cfg, .. } = &k.launch else { panic!("not an attention launch") };
+        assert!(cfg.persistent);
+        // 8 query tiles x 6 heads = 48 items.
+        let geo = k.geometry(&|s| bind.get(s).copied()).unwrap();
+        assert_eq!(geo.grid, (blocks, 1, 1), "sms {sms:?}");
+        assert_eq!(geo.block, (attention_ws::THREADS, 1, 1));
+        let n = k.args.len();
+        assert_eq!(k.args[n - 2], KernelArg::I32(vec![Dim::sym("B"), Dim::sym("H")]));
+        let KernelArg::Buffer(counter) = k.args[n - 1] else { panic!("no counter: {:?}", k.args[n - 1]) };
+        assert_eq!(k.zero_first, vec![counter]);
+        assert_eq!(a.buffers[counter].dtype, DType::I32);
+    }
+    // The tiles grid has neither.
+    let g =
+        fox(AttnKernel::WarpSpecialized { head_dims: vec![128], loads: KvLoads::Tma, grid: WsGrid::Tiles });
+    let a = compile(&g, &NvptxSpec::new(NvptxTarget::Sm90a, bind)).unwrap();
+    let k = a.kernels.iter().find(|k| k.name.starts_with("foxc_attn_fwd")).unwrap();
+    assert!(k.zero_first.is_empty() && !k.name.contains("persist"), "{}", k.name);
 }

@@ -147,3 +147,76 @@ fn bf16_output_leaves_in_16_byte_stores() {
         assert_eq!(ptx.matches("st.global.b32").count() + ptx.matches("st.global.f32").count(), 2, "D={d}");
     }
 }
+
+/// The tuned configuration with the persistent grid.
+fn persistent(tma: bool) -> AttnKernelConfig {
+    let mut c = tuned();
+    (c.tma, c.persistent) = (tma, true);
+    c
+}
+
+/// Run 14: the persistent kernel takes its items from the counter (one `atom.add`, by the
+/// producer), keeps the item ring's four barriers beside the K/V ring's, takes `BH` and the
+/// counter last, and only the producer searches (the consumers read the starts the producer
+/// posts); the tiles kernel has none of it.
+#[test]
+fn persistent_kernel_hands_out_items_from_a_counter() {
+    for tma in [true, false] {
+        let c = persistent(tma);
+        let name = c.kernel_name();
+        assert!(name.contains("_persist_"), "{name}");
+        let ptx = ptx_for(&c);
+        assert_eq!(ptx.matches("atom.global.add.u32").count(), 1, "tma {tma}");
+        let stages = layout(&c).unwrap().stages as usize;
+        assert_eq!(ptx.matches("mbarrier.init.shared.b64").count(), 2 * stages + 4, "tma {tma}");
+        let last = if tma { 11 } else { 9 };
+        assert!(ptx.contains(&format!(".param .u32 {name}_param_{}", last - 1)), "no BH parameter");
+        assert!(
+            ptx.contains(&format!(".param .u64 .ptr .global .align 1 {name}_param_{last}\n")),
+            "no counter"
+        );
+        let roles: Vec<&str> = ptx.split("setmaxnreg.").skip(1).collect();
+        let (consumer, producer) = (roles[0], roles[1]);
+        assert!(consumer.starts_with("inc") && producer.starts_with("dec"), "role order");
+        assert!(!consumer.contains("vote.sync.ballot"), "a consumer searches (tma {tma})");
+        assert!(producer.contains("vote.sync.ballot"), "the producer does not search (tma {tma})");
+        let tiles = ptx_for(&AttnKernelConfig { persistent: false, ..c.clone() });
+        assert!(!tiles.contains("atom.") && !tiles.contains("_persist_"), "tma {tma}");
+    }
+}
+
+/// ptxas assembles the persistent kernel with `setmaxnreg` honoured: no spills with TMA, the
+/// cp.async producer's address math spills a little (56 B with ptxas 13.0), as run 10's did.
+#[test]
+fn persistent_kernel_assembles_with_ptxas() {
+    use crate::nvptx::ptxas;
+    let Some(ptxas) = ptxas::find() else {
+        eprintln!("note: ptxas not found (set $PTXAS); skipping the PTX assembly check");
+        return;
+    };
+    for (tma, prune, limit) in [(true, true, 0), (true, false, 0), (false, true, 64)] {
+        let mut c = persistent(tma);
+        c.prune = prune;
+        let log = ptxas::assemble(&ptxas, &ptx_for(&c), "sm_90a")
+            .unwrap_or_else(|log| panic!("ptxas failed on {}:\n{log}", c.kernel_name()));
+        assert!(!log.contains("C7508") && !log.contains("warning"), "{log}");
+        assert!(ptxas::spill_stores(&log) <= limit, "tma {tma} prune {prune}: {log}");
+    }
+}
+
+/// One block per SM, never more than the items; one per item without a device count. The
+/// item ring fits beside a 3-slot ring of 128-key tiles at D = 128.
+#[test]
+fn persistent_launch_geometry_and_layout() {
+    let c = persistent(true);
+    let l = layout(&c).unwrap();
+    assert_eq!(l.stages, 3);
+    assert_eq!((l.item0 % 16, l.total - l.item0), (0, 72));
+    assert!(l.total <= MAX_SHARED);
+    assert_eq!(layout(&tuned()).unwrap().total, l.item0);
+    // 1000 rows: 8 query tiles per head; 6 heads: 48 items.
+    assert_eq!(launch_geometry(&c, 1000, 6, Some(132)).grid, (48, 1, 1));
+    assert_eq!(launch_geometry(&c, 1000, 6, Some(16)).grid, (16, 1, 1));
+    assert_eq!(launch_geometry(&c, 1000, 6, None).grid, (48, 1, 1));
+    assert_eq!(launch_geometry(&tuned(), 1000, 6, Some(16)).grid, (8, 6, 1));
+}
