@@ -27,7 +27,7 @@
 //! consumers finish item `k`.
 
 use super::consumer::{first_turn, last_turn};
-use super::roles::{block_at, consumer_item, producer_item, walk_hi};
+use super::roles::{block_at, consumer_item, producer_item, walk_hi, Block};
 use super::sync::{mbar_arrive, mbar_init, mbar_wait, named_barrier};
 use super::{WsLayout, BLOCK_ROWS};
 use crate::nvptx::attention::score::FIRST_PARAM;
@@ -119,6 +119,25 @@ fn post<'ctx>(
     });
 }
 
+/// The producer's thread 0 asks L2 for the item's Q rows (`cp.async.bulk.prefetch.L2`, up to
+/// 128 rows of `2 D` bytes, none past `T`) when it posts the item: the consumers load their Q
+/// tiles only after the previous item's epilogue (the Q tile is its staging buffer), and then
+/// find the rows in L2 instead of HBM.
+fn prefetch_q<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, blk: &Block<'ctx>) {
+    let b = a.b;
+    let t0 = b.icmpc(IntPredicate::EQ, a.tid, 0);
+    b.if_then_named(t0, ("prefetch_q", "q_prefetched"), |b| {
+        let d = cfg.head_dim as i64;
+        let rows = b.smin(b.sub(a.t_len, blk.i0), b.i32(BLOCK_ROWS as i64));
+        let src = b.gep(b.i16t().into(), blk.qb, b.sext64(b.mulc(blk.i0, d)));
+        let bytes = b.mulc(rows, 2 * d);
+        b.call_void(
+            "llvm.nvvm.cp.async.bulk.prefetch.L2",
+            &[src.into(), bytes.into(), b.i64(0).into(), b.bool(false).into()],
+        );
+    });
+}
+
 /// A consumer thread reads item `k` (`w`, both start tiles) and releases its entry.
 fn take<'ctx>(a: &Attn<'_, '_, 'ctx>, lay: &WsLayout, k: IntValue<'ctx>) -> [IntValue<'ctx>; 3] {
     let b = a.b;
@@ -166,7 +185,10 @@ pub(super) fn producer<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, lay
             let [w, k, fills] = [0, 1, 2].map(|i| v[i].into_int_value());
             let (bh, m) = decode(a, w);
             let blk = block_at(b, cfg, a.t_len, bh, m);
-            let lo = producer_item(a, cfg, lay, &blk, fills, true, |st| post(a, lay, k, w, st));
+            let lo = producer_item(a, cfg, lay, &blk, fills, true, |st| {
+                post(a, lay, k, w, st);
+                prefetch_q(a, cfg, &blk);
+            });
             let fills = b.add(fills, b.addc(b.sub(walk_hi(b, cfg, &blk), lo), 1));
             let w = next_item(a, cfg, lay, k);
             vec![w.into(), b.addc(k, 1).into(), fills.into()]

@@ -24,10 +24,10 @@ pub(super) struct Block<'ctx> {
     /// The key/value head it reads (`bh / kv_group`).
     kv_head: IntValue<'ctx>,
     /// First row of the block's 128-row tile.
-    i0: IntValue<'ctx>,
+    pub(super) i0: IntValue<'ctx>,
     tmax: IntValue<'ctx>,
     /// Base pointers of this head's q, k, v, c, out, lse.
-    qb: PointerValue<'ctx>,
+    pub(super) qb: PointerValue<'ctx>,
     kb: PointerValue<'ctx>,
     vb: PointerValue<'ctx>,
     cb: PointerValue<'ctx>,
