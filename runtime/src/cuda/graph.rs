@@ -22,11 +22,15 @@ pub enum Submission {
 }
 
 impl Submission {
-    /// The default, or `FOXC_CUDA_GRAPH=1` / `=0` to choose (for A/B timings).
+    /// [`Submission::Graph`], or launch by launch with `FOXC_CUDA_GRAPH=0` (for A/B timings).
+    /// Graph by default since it was measured (H200, bench/graph_device.sh, docs/GPU_KERNEL.md
+    /// run 12b): outputs bitwise equal; pruned level with `--no-prune` where nothing is pruned
+    /// (1x1x16384x128: 0.2439 / 0.2440 ms against 0.2443 / 0.2437; by launches 0.2532 / 0.2552
+    /// against 0.2476 / 0.2472), the standard shapes unchanged within 0.3%.
     pub fn from_env() -> Submission {
         match std::env::var("FOXC_CUDA_GRAPH").as_deref() {
-            Ok("1") => Submission::Graph,
-            _ => Submission::Launches,
+            Ok("0") => Submission::Launches,
+            _ => Submission::Graph,
         }
     }
 }
