@@ -1,10 +1,11 @@
 //! The front half of the pipeline: source file -> verified graph -> optimized graph.
 
-use crate::cli::{PruneArgs, TargetArg, WsLoadsArg};
+use crate::cli::{AttnKernelArg, PruneArgs, TargetArg, WsLoadsArg};
 use crate::Error;
 use foxc_ir::attention::KvLoads;
 use foxc_ir::frontend::{self, Compiled};
 use foxc_ir::Graph;
+use foxc_passes::tiles::ForwardKernel;
 use foxc_passes::{PassOptions, PassReport, Target};
 use std::path::Path;
 
@@ -63,6 +64,10 @@ pub fn pass_options(prune: &PruneArgs, target: TargetArg, print_after_all: bool)
         ws_loads: prune.ws_loads.map(|l| match l {
             WsLoadsArg::Tma => KvLoads::Tma,
             WsLoadsArg::CpAsync => KvLoads::CpAsync,
+        }),
+        attn_kernel: prune.attn_kernel.map(|k| match k {
+            AttnKernelArg::Standard => ForwardKernel::Standard,
+            AttnKernelArg::WarpSpecialized => ForwardKernel::WarpSpecialized,
         }),
         ..PassOptions::default()
     }

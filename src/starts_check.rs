@@ -107,6 +107,7 @@ mod tests {
             prune_rule: foxc_passes::rules::default_rule(),
             tiles: Some(foxc_ir::Tiles { bm: 16, bn: 16 }),
             ws_loads: None,
+            attn_kernel: None,
         };
         let opts = crate::pipeline::pass_options(&args, crate::cli::TargetArg::Sm90a, false);
         let (opt, _) = crate::pipeline::optimize(&c.graph, &opts).unwrap();

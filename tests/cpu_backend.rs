@@ -23,7 +23,14 @@ fn compile(name: &str) -> Graph {
 }
 
 fn optimize(g: &Graph, prune: bool, rule: PruneRule) -> Graph {
-    let args = PruneArgs { no_prune: !prune, log_eps: -10.0, prune_rule: rule, tiles: None, ws_loads: None };
+    let args = PruneArgs {
+        no_prune: !prune,
+        log_eps: -10.0,
+        prune_rule: rule,
+        tiles: None,
+        ws_loads: None,
+        attn_kernel: None,
+    };
     pipeline::optimize(g, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0
 }
 
@@ -181,6 +188,7 @@ fn other_tile_shapes() {
             prune_rule: rule("tight"),
             tiles: Some(foxc_ir::Tiles { bm, bn }),
             ws_loads: None,
+            attn_kernel: None,
         };
         let opt = pipeline::optimize(&src, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0;
         let inputs = tensors::generate(&src, &shape("B=1,H=4,T=200,D=32"), bm as u64).unwrap();

@@ -106,6 +106,7 @@ fn check_program(path: &Path, t: u64, seed: u64, passes: bool) {
             prune_rule: foxc_passes::rules::default_rule(),
             tiles: None,
             ws_loads: None,
+            attn_kernel: None,
         };
         let opt = pipeline::optimize(&src, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0;
         let opt_f32 = before_cast(&opt);

@@ -51,6 +51,7 @@ fn gradient_ops_compile_for_the_gpu() {
                 prune_rule: foxc_passes::rules::default_rule(),
                 tiles: None,
                 ws_loads: None,
+                attn_kernel: None,
             };
             let (opt, _) =
                 pipeline::optimize(&c.graph, &pipeline::pass_options(&prune, target, false)).unwrap();

@@ -76,6 +76,7 @@ fn optimize(src: &Graph, prune: Option<f64>) -> Graph {
         prune_rule: foxc_passes::rules::default_rule(),
         tiles,
         ws_loads: None,
+        attn_kernel: None,
     };
     pipeline::optimize(src, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0
 }

@@ -29,6 +29,7 @@ fn grad_artifact_at(path: &Path, target: TargetArg, d: u64) -> Result<(Graph, Nv
         prune_rule: foxc_passes::rules::by_name(foxc_passes::rules::RULES[0].name).unwrap(),
         tiles: None,
         ws_loads: None,
+        attn_kernel: None,
     };
     let (opt, _) = pipeline::optimize(&c.graph, &pipeline::pass_options(&prune, target, false))
         .map_err(|e| e.to_string())?;

@@ -17,6 +17,7 @@ fn prune(no_prune: bool) -> PruneArgs {
         prune_rule: foxc_passes::rules::by_name(foxc_passes::rules::RULES[0].name).unwrap(),
         tiles: None,
         ws_loads: None,
+        attn_kernel: None,
     }
 }
 

@@ -65,6 +65,9 @@ pub struct PassOptions {
     /// How the warp-specialized kernel loads K and V (`--ws-loads`); `None`: the tiles pass's
     /// choice ([`tiles::WS_LOADS`]).
     pub ws_loads: Option<foxc_ir::attention::KvLoads>,
+    /// The forward kernel asked for (`--attn-kernel`); `None`: the tiles pass's choice
+    /// ([`tiles::kernel_for`]).
+    pub attn_kernel: Option<tiles::ForwardKernel>,
 }
 
 impl Default for PassOptions {
@@ -79,6 +82,7 @@ impl Default for PassOptions {
             dims: Default::default(),
             gradient: false,
             ws_loads: None,
+            attn_kernel: None,
         }
     }
 }

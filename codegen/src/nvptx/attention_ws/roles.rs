@@ -7,7 +7,7 @@ use super::sync::{
     fence_async_shared, mbar_arrive, mbar_arrive_on_copies, mbar_init, mbar_wait, named_barrier, set_max_regs,
 };
 use super::tma;
-use super::{WsLayout, BLOCK_ROWS, CONSUMER_REGS, PRODUCER_REGS};
+use super::{residency, WsLayout, BLOCK_ROWS};
 use crate::nvptx::attention::score::ScoreMod;
 use crate::nvptx::attention::{Attn, AttnKernelConfig, Rows, LOG2E};
 use crate::nvptx::builder::KernelBuilder;
@@ -76,12 +76,12 @@ pub(super) fn emit<'ctx>(
         is_producer,
         "role",
         |b| {
-            set_max_regs(b, PRODUCER_REGS, false);
+            set_max_regs(b, residency(cfg.head_dim, cfg.bn).producer_regs, false);
             producer(&a, cfg, lay, &blk);
             vec![]
         },
         |b| {
-            set_max_regs(b, CONSUMER_REGS, true);
+            set_max_regs(b, residency(cfg.head_dim, cfg.bn).consumer_regs, true);
             let cw = b.addc(wg, -1);
             consumer(&a, cfg, lay, &blk, cw);
             vec![]
