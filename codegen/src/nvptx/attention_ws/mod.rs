@@ -84,6 +84,10 @@ pub struct Residency {
     /// Dynamic shared memory one block may use: the SM's 228 KB over the blocks, less the 1 KB
     /// the hardware reserves per block.
     pub max_shared: u32,
+    /// A consumer runs tile n's softmax while tile n+1's `P V` is on the tensor cores (it then
+    /// holds two tiles of P and the O being written: [`consumer`]); without, it waits for both
+    /// GEMMs of its turn before the softmax (the other consumers' GEMMs still overlap it).
+    pub overlap: bool,
 }
 
 /// The residency at head dim `d` with `bn`-key tiles:
@@ -94,17 +98,19 @@ pub struct Residency {
 ///   1.4x slower than the standard kernel's three 64-row blocks), so 80 registers at entry
 ///   (65 536 / 768 = 85, rounded down to 8) and a pool of 384 x 80 = 30 720 per block: producer
 ///   24 (the least `setmaxnreg` takes), consumers 104 (24 x 128 + 104 x 256 = 29 696; 112 would
-///   need 31 744); 113 KB of shared memory per block (4 slots). ptxas: 68 bytes of spill stores
-///   in the consumers and their wgmmas serialized (C7512; no spills from 224 down to 128 - 4
-///   bytes there). With 128-key tiles (S of 64 registers) ptxas cannot fit a wgmma under the cap
-///   of 80 at entry (C7602), hence one block per SM there.
+///   need 31 744); 113 KB of shared memory per block (4 slots). The consumers do not overlap
+///   their own softmax with their `P V` there: with the overlap ptxas spilled 68 bytes and
+///   serialized their wgmmas at 104 registers (C7512; it needs about 128); without it, see
+///   [`consumer`]'s tests. With 128-key tiles (S of 64 registers) ptxas could not fit a wgmma
+///   under the cap of 80 at entry (C7602), hence one block per SM there.
 pub fn residency(d: u32, bn: u32) -> Residency {
     let blocks_per_sm = if d <= 64 && bn <= 64 { 2 } else { 1 };
     let entry_regs = 65_536 / (blocks_per_sm * THREADS) / 8 * 8;
     let (producer_regs, consumer_regs) = if blocks_per_sm == 1 { (56, 224) } else { (24, 104) };
     debug_assert!(128 * producer_regs + 256 * consumer_regs <= THREADS * entry_regs);
     let max_shared = SM_SHARED / blocks_per_sm - BLOCK_RESERVED_SHARED;
-    Residency { blocks_per_sm, entry_regs, producer_regs, consumer_regs, max_shared }
+    let overlap = blocks_per_sm == 1;
+    Residency { blocks_per_sm, entry_regs, producer_regs, consumer_regs, max_shared, overlap }
 }
 
 /// Most slots of the K/V ring (more buys nothing once loads are hidden; fewer saves memory).

@@ -365,7 +365,20 @@ fn consumer<'ctx>(
     let is1 = b.icmpc(IntPredicate::EQ, cw, 1);
     let my_start = b.select_i(is1, st[1], st[0]);
 
-    let c = Consumer { base: a0.smem, lay, blk, walk: &walk, rows: &rows, qoff, my_start, my_end, c_ref, cw };
+    let overlap = residency(cfg.head_dim, cfg.bn).overlap;
+    let c = Consumer {
+        base: a0.smem,
+        lay,
+        blk,
+        walk: &walk,
+        rows: &rows,
+        qoff,
+        my_start,
+        my_end,
+        c_ref,
+        cw,
+        overlap,
+    };
     let (o, m, l) = c.run(&a);
     let (inv, lse) = a.finalize(m, l, cir);
     if cfg.out_bf16 {
