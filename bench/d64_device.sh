@@ -15,7 +15,8 @@
 #   (c) compute-sanitizer memcheck and racecheck of the ws D = 64 kernel at 1x66x512x64 (264
 #       blocks, more than one per SM);
 #   (d) `foxc bench --iters 20` (pruned and dense rows) standard and ws at 64x64 and 64x128,
-#       interleaved, ROUNDS (2) rounds, at SHAPES;
+#       interleaved, ROUNDS (2) rounds (round 2 without standard 64x128, and only before BUDGET
+#       seconds, default 170, have passed), at SHAPES;
 #   (e) ncu of the ws and the standard D = 64 kernel at 1x16x32768x64: registers, occupancy
 #       limits, achieved warps, tensor pipe.
 # Knobs: PTX=0 / CHECK=0 / CMP=0 / SAN=0 / TIME=0 / NCU=0 skip a step; ROUNDS, SHAPES, ITERS.
@@ -49,7 +50,9 @@ fi
 stamp "(a) correctness of the ws kernel at D = 64: --backend cuda --check $WS"
 if [ "${CHECK:-1}" = 1 ]; then
   for tl in 64x64 64x128; do
-    for s in B=1,H=2,T=64,D=64 B=1,H=2,T=130,D=64 B=1,H=3,T=777,D=64 B=1,H=1,T=8291,D=64; do
+    sizes="B=1,H=2,T=64,D=64 B=1,H=2,T=130,D=64 B=1,H=3,T=777,D=64 B=1,H=1,T=8291,D=64"
+    [ $tl = 64x128 ] && sizes="B=1,H=2,T=130,D=64 B=1,H=1,T=8291,D=64"  # one block per SM, as run 8
+    for s in $sizes; do
       for x in "" --no-prune; do
         check_cuda "$F" run fox "$s" $WS --tiles $tl $x || { fail=1; echo "FAILED: check fox $s $tl $x"; }
       done
@@ -81,8 +84,12 @@ stamp "(d) timings: foxc bench --iters ${ITERS:=20}, interleaved (variant,round,
 if [ "${TIME:-1}" = 1 ]; then
   SHAPES=${SHAPES:-"B=2,H=16,T=16384,D=64 B=1,H=16,T=32768,D=64 B=1,H=2,T=16384,D=64 B=8,H=16,T=4096,D=64"}
   for round in $(seq "${ROUNDS:-2}"); do
+    # Round 2 only while the budget lasts (BUDGET seconds since the start, default 170).
+    [ "$round" -gt 1 ] && [ $SECONDS -gt "${BUDGET:-170}" ] && { echo "round $round skipped at ${SECONDS}s"; break; }
+    variants="std:64x64 ws:64x64 ws:64x128"
+    [ "$round" = 1 ] && variants="$variants std:64x128"
     for s in $SHAPES; do
-      for v in std:64x64 ws:64x64 ws:64x128 std:64x128; do
+      for v in $variants; do
         k=${v%%:*}; tl=${v#*:}; flags=$STD; [ "$k" = ws ] && flags=$WS
         bench_rows "$k-$tl,r$round" "$F" "$s" $flags --tiles "$tl"
       done
@@ -96,6 +103,7 @@ if [ "${NCU:-1}" = 1 ]; then
   M=$M,launch__occupancy_limit_warps,sm__warps_active.avg.pct_of_peak_sustained_active
   M=$M,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum
   for v in ws std; do
+    [ $SECONDS -gt "${NCU_BUDGET:-215}" ] && { echo "ncu $v skipped at ${SECONDS}s"; continue; }
     flags=$STD; [ $v = ws ] && flags=$WS
     t 90 ncu --clock-control none --metrics "$M" -k regex:foxc_attn_fwd "$F" run examples/fox.attn \
       --backend cuda --shape B=1,H=16,T=32768,D=64 --seed 0 $flags --tiles 64x64 >"$OUT/ncu_$v.txt" 2>&1
@@ -104,4 +112,5 @@ if [ "${NCU:-1}" = 1 ]; then
   done
 fi
 
+stamp "done after ${SECONDS}s"
 if [ $fail = 0 ]; then echo "d64: all checks passed"; else echo "d64: FAILURES"; exit 1; fi
