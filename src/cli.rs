@@ -49,7 +49,7 @@ pub enum Command {
 
     /// Time the compiled program (median of repeated runs) on generated inputs.
     #[command(
-        after_help = "Example:\n  foxc bench examples/fox.attn --backend cpu --shape B=1,H=8,T=4096,D=64 --format csv"
+        after_help = "On the GPU each run is one launch of the plan captured as a CUDA graph (FOXC_CUDA_GRAPH=0: launch by\nlaunch), timed by CUDA events around it after a 200 ms warm-up.\n\nExample:\n  foxc bench examples/fox.attn --backend cpu --shape B=1,H=8,T=4096,D=64 --format csv"
     )]
     Bench(BenchArgs),
 
@@ -111,12 +111,22 @@ pub struct PruneArgs {
     /// a counter, longest tile of a head first). Default: the tiles pass's choice.
     #[arg(long, value_enum)]
     pub ws_grid: Option<WsGridArg>,
+    /// The sm_90a forward kernel: `standard` or `warp-specialized` (at every head dim it builds
+    /// for, D = 64 too, where its mask and tiles allow). Default: the tiles pass's choice.
+    #[arg(long, value_enum)]
+    pub attn_kernel: Option<AttnKernelArg>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WsGridArg {
     Tiles,
     Persistent,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnKernelArg {
+    Standard,
+    WarpSpecialized,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,10 +1,11 @@
 //! The front half of the pipeline: source file -> verified graph -> optimized graph.
 
-use crate::cli::{PruneArgs, TargetArg, WsGridArg, WsLoadsArg};
+use crate::cli::{AttnKernelArg, PruneArgs, TargetArg, WsGridArg, WsLoadsArg};
 use crate::Error;
 use foxc_ir::attention::{KvLoads, WsGrid};
 use foxc_ir::frontend::{self, Compiled};
 use foxc_ir::Graph;
+use foxc_passes::tiles::ForwardKernel;
 use foxc_passes::{PassOptions, PassReport, Target};
 use std::path::Path;
 
@@ -67,6 +68,10 @@ pub fn pass_options(prune: &PruneArgs, target: TargetArg, print_after_all: bool)
         ws_grid: prune.ws_grid.map(|g| match g {
             WsGridArg::Tiles => WsGrid::Tiles,
             WsGridArg::Persistent => WsGrid::Persistent,
+        }),
+        attn_kernel: prune.attn_kernel.map(|k| match k {
+            AttnKernelArg::Standard => ForwardKernel::Standard,
+            AttnKernelArg::WarpSpecialized => ForwardKernel::WarpSpecialized,
         }),
         ..PassOptions::default()
     }

@@ -108,6 +108,7 @@ mod tests {
             tiles: Some(foxc_ir::Tiles { bm: 16, bn: 16 }),
             ws_loads: None,
             ws_grid: None,
+            attn_kernel: None,
         };
         let opts = crate::pipeline::pass_options(&args, crate::cli::TargetArg::Sm90a, false);
         let (opt, _) = crate::pipeline::optimize(&c.graph, &opts).unwrap();

@@ -292,6 +292,29 @@ fn ws_loads_flag_reaches_the_kernel_attribute() {
     assert!(!foxc(&[&args[..], &["--ws-loads", "bulk"]].concat()).status.success());
 }
 
+/// `--attn-kernel` reaches the tiles pass: `warp-specialized` puts the kernel on a D = 64
+/// attention (which the pass's own choice keeps on the standard kernel), `standard` takes it off
+/// a D = 128 one; an unknown value is a usage error.
+#[test]
+fn attn_kernel_flag_overrides_the_pass_choice() {
+    let opt = |d: &str, extra: &[&str]| {
+        let shape = format!("D={d}");
+        let args = ["compile", "examples/fox.attn", "--target", "sm_90a", "--shape", &shape, "--emit", "opt"];
+        let o = foxc(&[&args[..], extra].concat());
+        assert!(o.status.success(), "{extra:?}: {}", text(&o));
+        text(&o)
+    };
+    assert!(!opt("64", &[]).contains("warp_specialized"));
+    let ws64 = opt("64", &["--attn-kernel", "warp-specialized"]);
+    assert!(ws64.contains("kernel = warp_specialized(D = 64 | 128"), "{ws64}");
+    assert!(opt("128", &[]).contains("warp_specialized"));
+    assert!(!opt("128", &["--attn-kernel", "standard"]).contains("warp_specialized"));
+    let bad = ["compile", "examples/fox.attn", "--attn-kernel", "fast"];
+    assert!(!foxc(&bad).status.success());
+}
+
+/// `--ws-grid` reaches the kernel attribute: `persistent` is printed with it, `tiles` (the
+/// tiles pass's default) is not; an unknown value is a usage error.
 #[test]
 fn ws_grid_flag_reaches_the_kernel_attribute() {
     let args = ["compile", "examples/fox.attn", "--target", "sm_90a", "--shape", "D=128", "--emit", "opt"];

@@ -30,6 +30,7 @@ fn optimize(g: &Graph, prune: bool, rule: PruneRule) -> Graph {
         tiles: None,
         ws_loads: None,
         ws_grid: None,
+        attn_kernel: None,
     };
     pipeline::optimize(g, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0
 }
@@ -189,6 +190,7 @@ fn other_tile_shapes() {
             tiles: Some(foxc_ir::Tiles { bm, bn }),
             ws_loads: None,
             ws_grid: None,
+            attn_kernel: None,
         };
         let opt = pipeline::optimize(&src, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0;
         let inputs = tensors::generate(&src, &shape("B=1,H=4,T=200,D=32"), bm as u64).unwrap();

@@ -107,6 +107,7 @@ fn check_program(path: &Path, t: u64, seed: u64, passes: bool) {
             tiles: None,
             ws_loads: None,
             ws_grid: None,
+            attn_kernel: None,
         };
         let opt = pipeline::optimize(&src, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0;
         let opt_f32 = before_cast(&opt);

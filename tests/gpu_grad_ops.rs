@@ -52,6 +52,7 @@ fn gradient_ops_compile_for_the_gpu() {
                 tiles: None,
                 ws_loads: None,
                 ws_grid: None,
+                attn_kernel: None,
             };
             let (opt, _) =
                 pipeline::optimize(&c.graph, &pipeline::pass_options(&prune, target, false)).unwrap();

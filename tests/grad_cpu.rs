@@ -77,6 +77,7 @@ fn optimize(src: &Graph, prune: Option<f64>) -> Graph {
         tiles,
         ws_loads: None,
         ws_grid: None,
+        attn_kernel: None,
     };
     pipeline::optimize(src, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0
 }

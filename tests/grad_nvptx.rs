@@ -30,6 +30,7 @@ fn grad_artifact_at(path: &Path, target: TargetArg, d: u64) -> Result<(Graph, Nv
         tiles: None,
         ws_loads: None,
         ws_grid: None,
+        attn_kernel: None,
     };
     let (opt, _) = pipeline::optimize(&c.graph, &pipeline::pass_options(&prune, target, false))
         .map_err(|e| e.to_string())?;

@@ -57,6 +57,7 @@ fn case(
         tiles: Some(foxc_ir::Tiles { bm, bn }),
         ws_loads: None,
         ws_grid: None,
+        attn_kernel: None,
     };
     let (opt, _) = pipeline::optimize(&src, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap();
     let dims = pipeline::parse_shape(&format!("B=1,H={h},T={t},D=16")).unwrap();

@@ -18,6 +18,7 @@ fn prune(no_prune: bool) -> PruneArgs {
         tiles: None,
         ws_loads: None,
         ws_grid: None,
+        attn_kernel: None,
     }
 }
 

@@ -68,6 +68,9 @@ pub struct PassOptions {
     /// The warp-specialized kernel's grid (`--ws-grid`); `None`: the tiles pass's choice
     /// ([`tiles::WS_GRID`]).
     pub ws_grid: Option<foxc_ir::attention::WsGrid>,
+    /// The forward kernel asked for (`--attn-kernel`); `None`: the tiles pass's choice
+    /// ([`tiles::kernel_for`]).
+    pub attn_kernel: Option<tiles::ForwardKernel>,
 }
 
 impl Default for PassOptions {
@@ -83,6 +86,7 @@ impl Default for PassOptions {
             gradient: false,
             ws_loads: None,
             ws_grid: None,
+            attn_kernel: None,
         }
     }
 }

@@ -11,6 +11,19 @@ use foxc_ir::{Attention, Graph, Mask, Op, Tiles};
 /// (docs/GPU_KERNEL.md, run 8).
 pub const WS_HEAD_DIMS: [u64; 1] = [128];
 
+/// Head dims the warp-specialized kernel builds for (codegen's `attention_ws::HEAD_DIMS`): what
+/// `--attn-kernel warp-specialized` may run it at.
+pub const WS_BUILDS: [u64; 2] = [64, 128];
+
+/// A forward kernel asked for on the command line (`--attn-kernel`), over the pass's own
+/// choice: the A/B of the two kernels at the same tiles in one binary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForwardKernel {
+    Standard,
+    /// Where the kernel runs (target, mask, tiles; head dims [`WS_BUILDS`]), else the standard one.
+    WarpSpecialized,
+}
+
 /// How the warp-specialized kernel fills its K/V ring unless `--ws-loads` says otherwise: TMA
 /// (`loads = tma`), measured correct (outputs bitwise equal to `cp.async`'s) and faster on the
 /// H200: 1.316 vs 1.381 ms at 4x16x8192x128, 3.373 vs 3.550 at 1x16x32768x128 (docs/GPU_KERNEL.md,
@@ -51,16 +64,24 @@ pub fn tiles_for(target: Target, head_dim: Option<u64>, gradient: bool) -> Tiles
 /// owns 64 rows; key tiles a multiple of 16 up to 128) and a head dim it is chosen for, or a
 /// symbolic one (the attribute then names the head dims it holds for, and code generation, which
 /// knows the size, reads it: [`AttnKernel::runs_warp_specialized`]); the standard kernel otherwise.
+/// `pick` (`--attn-kernel`) overrides the head-dim choice: `Standard` always, `WarpSpecialized`
+/// wherever the kernel runs at all (head dims [`WS_BUILDS`]).
 pub fn kernel_for(
     target: Target,
     head_dim: Option<u64>,
     a: &Attention,
     tiles: Tiles,
     loads: KvLoads,
-    grid: WsGrid,
+    pick: Option<ForwardKernel>,
 ) -> AttnKernel {
+    let head_dims: &[u64] = match pick {
+        None => &WS_HEAD_DIMS,
+        Some(ForwardKernel::WarpSpecialized) => &WS_BUILDS,
+        Some(ForwardKernel::Standard) => &[],
+    };
     let ws = target == Target::Sm90a
-        && head_dim.is_none_or(|d| WS_HEAD_DIMS.contains(&d))
+        && !head_dims.is_empty()
+        && head_dim.is_none_or(|d| head_dims.contains(&d))
         && matches!(a.mask, Mask::Causal | Mask::Window(_))
         // A key bound is skipped by the standard kernel only (worth more than the kernel).
         && a.keys_from.is_none()
@@ -68,7 +89,7 @@ pub fn kernel_for(
         && tiles.bn.is_multiple_of(16)
         && (16..=128).contains(&tiles.bn);
     if ws {
-        AttnKernel::WarpSpecialized { head_dims: WS_HEAD_DIMS.to_vec(), loads, grid }
+        AttnKernel::WarpSpecialized { head_dims: head_dims.to_vec(), loads, grid: WsGrid::Tiles }
     } else {
         AttnKernel::Standard
     }
@@ -77,8 +98,8 @@ pub fn kernel_for(
 /// The tiles pass: `--tiles` if given, else the target's choice, on every attention without
 /// tiles; the key bound `E` below which tiles need no visit, under an expression mask
 /// `j >= E` or a score region `select(j >= E, X, -inf)` ([`crate::key_bound`]); and the forward
-/// kernel that goes with them ([`kernel_for`]; its K/V loads: `--ws-loads`, else [`WS_LOADS`];
-/// its grid: `--ws-grid`, else [`WS_GRID`]).
+/// kernel that goes with them ([`kernel_for`]; `--attn-kernel` if given; its K/V loads:
+/// `--ws-loads`, else [`WS_LOADS`]; its grid: `--ws-grid`, else [`WS_GRID`], [`with_grid`]).
 pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
     for n in g.find(|op| matches!(op, Op::Attention(a) if a.tiles.is_none())) {
         let head_dim =
@@ -91,11 +112,22 @@ pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(
                 _ => None,
             }
             .or_else(|| crate::key_bound::keys_from_score(&a.score));
-            let (loads, grid) = (opts.ws_loads.unwrap_or(WS_LOADS), opts.ws_grid.unwrap_or(WS_GRID));
-            a.kernel = kernel_for(opts.target, head_dim, a, tiles, loads, grid);
+            let loads = opts.ws_loads.unwrap_or(WS_LOADS);
+            a.kernel = with_grid(kernel_for(opts.target, head_dim, a, tiles, loads, opts.attn_kernel), opts);
         }
     }
     Ok(())
+}
+
+/// `kernel` with the warp-specialized grid `--ws-grid` asks for, else [`WS_GRID`] (the
+/// grid changes how blocks are laid over the work, not which kernel computes it).
+pub fn with_grid(kernel: AttnKernel, opts: &PassOptions) -> AttnKernel {
+    match kernel {
+        AttnKernel::WarpSpecialized { head_dims, loads, .. } => {
+            AttnKernel::WarpSpecialized { head_dims, loads, grid: opts.ws_grid.unwrap_or(WS_GRID) }
+        }
+        AttnKernel::Standard => AttnKernel::Standard,
+    }
 }
 
 #[cfg(test)]
@@ -105,7 +137,7 @@ mod tests {
 
     /// The choice with the default loads.
     fn kernel_for(target: Target, head_dim: Option<u64>, a: &Attention, tiles: Tiles) -> AttnKernel {
-        super::kernel_for(target, head_dim, a, tiles, KvLoads::CpAsync, WsGrid::Tiles)
+        super::kernel_for(target, head_dim, a, tiles, KvLoads::CpAsync, None)
     }
 
     fn attn(mask: Mask) -> Attention {
@@ -138,20 +170,62 @@ mod tests {
         // The loads asked for are the attribute's (`--ws-loads tma`).
         let tma =
             AttnKernel::WarpSpecialized { head_dims: vec![128], loads: KvLoads::Tma, grid: WsGrid::Tiles };
-        let (loads, grid) = (KvLoads::Tma, WsGrid::Tiles);
-        assert_eq!(super::kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), t, loads, grid), tma);
-        assert_eq!(super::kernel_for(Target::Sm80, Some(128), &attn(Mask::Causal), t, loads, grid), std);
-        // And the grid asked for (`--ws-grid persistent`).
-        let persistent =
-            AttnKernel::WarpSpecialized { head_dims: vec![128], loads, grid: WsGrid::Persistent };
-        let p =
-            super::kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), t, loads, WsGrid::Persistent);
-        assert_eq!(p, persistent);
-        assert_eq!(p.ws_grid(), WsGrid::Persistent);
-        assert_eq!(std.ws_grid(), WsGrid::Tiles);
+        assert_eq!(
+            super::kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), t, KvLoads::Tma, None),
+            tma
+        );
+        assert_eq!(
+            super::kernel_for(Target::Sm80, Some(128), &attn(Mask::Causal), t, KvLoads::Tma, None),
+            std
+        );
         // The attribute's rule at code generation: D = 128 only.
         assert!(ws.runs_warp_specialized(128));
         assert!(!ws.runs_warp_specialized(64));
         assert!(!std.runs_warp_specialized(128));
+    }
+
+    /// `--attn-kernel`: the standard kernel wherever asked; the warp-specialized one at every
+    /// head dim it builds for (D = 64 too), but still only where it runs (target, mask, tiles).
+    #[test]
+    fn attn_kernel_option_overrides_the_head_dim_choice() {
+        let t = Tiles { bm: 64, bn: 64 };
+        let pick = |target, d, mask, tiles, k| {
+            super::kernel_for(target, d, &attn(mask), tiles, KvLoads::Tma, Some(k))
+        };
+        let ws = AttnKernel::WarpSpecialized {
+            head_dims: vec![64, 128],
+            loads: KvLoads::Tma,
+            grid: WsGrid::Tiles,
+        };
+        let f = ForwardKernel::WarpSpecialized;
+        assert_eq!(pick(Target::Sm90a, Some(64), Mask::Causal, t, f), ws);
+        assert!(pick(Target::Sm90a, Some(64), Mask::Causal, t, f).runs_warp_specialized(64));
+        assert_eq!(pick(Target::Sm90a, None, Mask::Window(100), t, f), ws);
+        assert_eq!(pick(Target::Sm90a, Some(96), Mask::Causal, t, f), AttnKernel::Standard);
+        assert_eq!(pick(Target::Sm80, Some(64), Mask::Causal, t, f), AttnKernel::Standard);
+        assert_eq!(pick(Target::Sm90a, Some(64), Mask::None, t, f), AttnKernel::Standard);
+        assert_eq!(
+            pick(Target::Sm90a, Some(64), Mask::Causal, Tiles { bm: 32, bn: 64 }, f),
+            AttnKernel::Standard
+        );
+        let s = ForwardKernel::Standard;
+        assert_eq!(
+            pick(Target::Sm90a, Some(128), Mask::Causal, Tiles { bm: 64, bn: 128 }, s),
+            AttnKernel::Standard
+        );
+        assert_eq!(pick(Target::Sm90a, None, Mask::Causal, t, s), AttnKernel::Standard);
+    }
+
+    /// `--ws-grid persistent` reaches a warp-specialized attribute only; the default is
+    /// [`WS_GRID`].
+    #[test]
+    fn grid_choice() {
+        let ws = |grid| AttnKernel::WarpSpecialized { head_dims: vec![128], loads: KvLoads::Tma, grid };
+        let persistent = PassOptions { ws_grid: Some(WsGrid::Persistent), ..PassOptions::default() };
+        assert_eq!(with_grid(ws(WsGrid::Tiles), &persistent), ws(WsGrid::Persistent));
+        assert_eq!(with_grid(AttnKernel::Standard, &persistent), AttnKernel::Standard);
+        assert_eq!(with_grid(ws(WsGrid::Persistent), &PassOptions::default()), ws(WS_GRID));
+        assert_eq!(ws(WsGrid::Persistent).ws_grid(), WsGrid::Persistent);
+        assert_eq!(AttnKernel::Standard.ws_grid(), WsGrid::Tiles);
     }
 }

@@ -14,6 +14,10 @@ use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::sync::{Arc, Mutex};
 
+mod graph;
+use graph::PlanGraph;
+pub use graph::Submission;
+
 /// What went wrong, and whether the user can fix it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CudaErrorKind {
@@ -201,6 +205,8 @@ impl CudaRuntime {
             functions,
             buffers,
             lanes: Mutex::new(Lanes::new()),
+            graph: Mutex::new(None),
+            submission: Submission::from_env(),
         })
     }
 }
@@ -524,6 +530,10 @@ impl Drop for DeviceBuffer {
 pub struct Session<'rt> {
     rt: &'rt CudaRuntime,
     program: Program,
+    /// With [`Submission::Graph`]: the plan captured on the first run. Declared before the
+    /// module and the buffers so it is destroyed first.
+    graph: Mutex<Option<PlanGraph>>,
+    submission: Submission,
     _module: Module,
     functions: HashMap<String, sys::CUfunction>,
     buffers: Vec<DeviceBuffer>,
@@ -571,8 +581,42 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// Enqueues the whole forward pass on the stream (asynchronous).
+    /// Enqueues the whole plan on the stream (asynchronous): its launches, or one launch of its
+    /// graph ([`Submission`]; captured on the first run).
     pub fn enqueue(&self) -> Result<(), CudaError> {
+        if self.submission == Submission::Launches {
+            return self.enqueue_launches();
+        }
+        let g = self.captured()?;
+        match g.as_ref() {
+            Some(graph) => graph.launch(self.stream()),
+            None => Err(CudaError::new(CudaErrorKind::Invalid, "the plan's graph was not captured")),
+        }
+    }
+
+    /// The plan's graph, captured now if it was not yet (nothing runs on the GPU meanwhile).
+    fn captured(&self) -> Result<std::sync::MutexGuard<'_, Option<PlanGraph>>, CudaError> {
+        let mut g =
+            self.graph.lock().map_err(|_| CudaError::new(CudaErrorKind::Invalid, "graph poisoned"))?;
+        if g.is_none() {
+            // The lanes' streams and events are made before the capture (none while capturing).
+            {
+                let mut lanes = self
+                    .lanes
+                    .lock()
+                    .map_err(|_| CudaError::new(CudaErrorKind::Invalid, "lanes poisoned"))?;
+                for lane in 1..crate::lanes::LANES {
+                    lanes.handles.stream(lane, self.stream())?;
+                }
+                lanes.handles.event(self.program.launches.len())?;
+            }
+            *g = Some(PlanGraph::capture(self.stream(), || self.enqueue_launches())?);
+        }
+        Ok(g)
+    }
+
+    /// Enqueues every launch of the plan (the fork/join of [`enqueue_launches`]).
+    fn enqueue_launches(&self) -> Result<(), CudaError> {
         let ptrs: Vec<sys::CUdeviceptr> = self.buffers.iter().map(|b| b.ptr).collect();
         let sizes: Vec<usize> = self.buffers.iter().map(|b| b.bytes).collect();
         // SAFETY: every buffer is a live allocation of its size, owned by self.
@@ -593,12 +637,17 @@ impl Session<'_> {
         self.rt.stream.synchronize().ctx(|| "running the kernels (a kernel faulted)".into())
     }
 
-    /// Runs the forward pass once and returns its time in milliseconds (CUDA events around
-    /// all launches).
+    /// Runs the plan once and returns its time in milliseconds: CUDA events around its
+    /// submission (the launches, or the graph's one launch). The GPU is idle at the start event,
+    /// so with [`Submission::Launches`] the host's submission of each launch can count.
     pub fn timed_run(&self) -> Result<f64, CudaError> {
         let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let start: CudaEvent = self.rt.ctx.new_event(flags).ctx(|| "creating an event".into())?;
         let end: CudaEvent = self.rt.ctx.new_event(flags).ctx(|| "creating an event".into())?;
+        if self.submission == Submission::Graph {
+            // Captured before the start event: the host's capture is not the plan's time.
+            drop(self.captured()?);
+        }
         start.record(&self.rt.stream).ctx(|| "recording the start event".into())?;
         self.enqueue()?;
         end.record(&self.rt.stream).ctx(|| "recording the end event".into())?;

@@ -2,7 +2,9 @@
 //! warpgroup): for key tile n it issues `S_n = Q K_n^T` and then `O += P_{n+1} V_{n+1}` (the
 //! previous tile's probabilities, already in registers) as two wgmma groups, waits for the
 //! first only, runs tile n's scores and online softmax while the tensor cores do the second,
-//! then waits for it, releases tile n+1's slot and rescales O by tile n's factor. The walk and
+//! then waits for it, releases tile n+1's slot and rescales O by tile n's factor. Without
+//! `overlap` (two blocks per SM at D = 64, too few registers for two tiles of P) it waits for
+//! both groups before the softmax. The walk and
 //! the ring are those of [`super::roles`]; tiles outside this consumer's range are released
 //! without compute, before and after its own tiles.
 //!
@@ -55,6 +57,8 @@ pub(super) struct Consumer<'k, 'ctx> {
     pub c_ref: Option<FloatValue<'ctx>>,
     /// This consumer (0 or 1).
     pub cw: IntValue<'ctx>,
+    /// The softmax of tile n runs while tile n+1's `P V` is in flight ([`super::Residency`]).
+    pub overlap: bool,
 }
 
 /// Named barrier of consumer `w`'s turn (0 is `__syncthreads`, 1 and 2 the Q loads).
@@ -243,12 +247,21 @@ impl<'k, 'ctx> Consumer<'k, 'ctx> {
                 let (_, vprev) = self.kv_off(b, sprev);
                 self.turn_begin(b);
                 b.asm_stmt("wgmma.fence.sync.aligned;");
-                let acc = self.issue_qk(a, k);
-                let o = self.issue_pv(a, o, &p, vprev);
-                self.turn_end(b);
-                let acc = b.asm_pass("wgmma.wait_group.sync.aligned 1;", &acc);
+                let (acc, o) = if self.overlap {
+                    let acc = self.issue_qk(a, k);
+                    let o = self.issue_pv(a, o, &p, vprev);
+                    self.turn_end(b);
+                    (b.asm_pass("wgmma.wait_group.sync.aligned 1;", &acc), o)
+                } else {
+                    // P_{n+1} V_{n+1} done before S_n is issued: P_{n+1} is free by then.
+                    let o = self.issue_pv(a, o, &p, vprev);
+                    let o = b.asm_pass("wgmma.wait_group.sync.aligned 0;", &o);
+                    let acc = self.issue_qk(a, k);
+                    self.turn_end(b);
+                    (b.asm_pass("wgmma.wait_group.sync.aligned 0;", &acc), o)
+                };
                 let st = self.softmax(a, &acc, n, s, m_old, l_old);
-                let o = b.asm_pass("wgmma.wait_group.sync.aligned 0;", &o);
+                let o = if self.overlap { b.asm_pass("wgmma.wait_group.sync.aligned 0;", &o) } else { o };
                 self.release(b, sprev);
                 let o = a.rescale(&o, st.alpha);
                 let mut next = vec![b.addc(n, -1).into(), s.into()];

@@ -7,7 +7,7 @@ use super::sync::{
     fence_async_shared, mbar_arrive, mbar_arrive_on_copies, mbar_init, mbar_wait, named_barrier, set_max_regs,
 };
 use super::{persist, tma};
-use super::{WsLayout, BLOCK_ROWS, CONSUMER_REGS, PRODUCER_REGS};
+use super::{residency, WsLayout, BLOCK_ROWS};
 use crate::nvptx::attention::score::ScoreMod;
 use crate::nvptx::attention::{Attn, AttnKernelConfig, Rows, LOG2E};
 use crate::nvptx::builder::KernelBuilder;
@@ -80,7 +80,7 @@ pub(super) fn emit<'ctx>(
         is_producer,
         "role",
         |b| {
-            set_max_regs(b, PRODUCER_REGS, false);
+            set_max_regs(b, residency(cfg.head_dim, cfg.bn).producer_regs, false);
             match &blk {
                 Some(blk) => producer(&a, cfg, lay, blk),
                 None => persist::producer(&a, cfg, lay),
@@ -88,7 +88,7 @@ pub(super) fn emit<'ctx>(
             vec![]
         },
         |b| {
-            set_max_regs(b, CONSUMER_REGS, true);
+            set_max_regs(b, residency(cfg.head_dim, cfg.bn).consumer_regs, true);
             let cw = b.addc(wg, -1);
             match &blk {
                 Some(blk) => {
@@ -431,6 +431,7 @@ pub(super) fn consumer_item<'ctx>(
     let is1 = b.icmpc(IntPredicate::EQ, cw, 1);
     let my_start = b.select_i(is1, st[1], st[0]);
 
+    let overlap = residency(cfg.head_dim, cfg.bn).overlap;
     let c = Consumer {
         base: a0.smem,
         lay,
@@ -444,6 +445,7 @@ pub(super) fn consumer_item<'ctx>(
         my_end,
         c_ref,
         cw,
+        overlap,
     };
     let (o, m, l) = c.run(&a);
     let (inv, lse) = a.finalize(m, l, cir);

@@ -51,7 +51,7 @@ pub(super) fn named_arrive<'ctx>(b: &KernelBuilder<'_, 'ctx>, id: IntValue<'ctx>
 }
 
 /// `setmaxnreg.{inc,dec}.sync.aligned.u32 regs`: every warp of the warpgroup runs it together;
-/// it takes effect because the kernel declares `.maxntid` and `.minnctapersm 1`.
+/// it takes effect because the kernel declares `.maxntid` and `.minnctapersm` (a register cap at entry).
 pub(super) fn set_max_regs(b: &KernelBuilder<'_, '_>, regs: u32, grow: bool) {
     let name = if grow {
         "llvm.nvvm.setmaxnreg.inc.sync.aligned.u32"
