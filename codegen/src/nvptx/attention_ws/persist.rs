@@ -27,7 +27,7 @@
 //! consumers finish item `k`.
 
 use super::consumer::{first_turn, last_turn};
-use super::roles::{block_at, consumer_item, producer_item, walk_hi, Block};
+use super::roles::{block_at, consumer_item, load_q, producer_item, walk_hi, Block};
 use super::sync::{mbar_arrive, mbar_init, mbar_wait, named_barrier};
 use super::{WsLayout, BLOCK_ROWS};
 use crate::nvptx::attention::score::FIRST_PARAM;
@@ -202,7 +202,10 @@ pub(super) fn producer<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, lay
 }
 
 /// Consumer warpgroup `cw`: the items the producer posts, in order ([`consumer_item`] with the
-/// posted start tiles), until the sentinel.
+/// posted start tiles), until the sentinel. Each item's Q copy goes out as soon as the item is
+/// known: the first one (`blockIdx.x`, which the grid never makes past the last item) before
+/// the producer has posted it (its start search runs meanwhile), the next ones right after
+/// the previous item's epilogue has read its staged output back from the Q tile.
 pub(super) fn consumer<'ctx>(
     a: &Attn<'_, '_, 'ctx>,
     cfg: &AttnKernelConfig,
@@ -212,6 +215,8 @@ pub(super) fn consumer<'ctx>(
     let b = a.b;
     first_turn(b, cw);
     let zero = b.i32(0);
+    let (bh, m) = decode(a, b.sreg("ctaid.x"));
+    load_q(a, cfg, lay, &block_at(b, cfg, a.t_len, bh, m), cw);
     let it = take(a, lay, zero);
     let carried = [
         ("w", it[0].into()),
@@ -231,6 +236,14 @@ pub(super) fn consumer<'ctx>(
             let len = consumer_item(a, cfg, lay, &blk, cw, fills, Some([s0, s1]));
             let k = b.addc(k, 1);
             let it = take(a, lay, k);
+            let more = b.icmpc(IntPredicate::SGE, it[0], 0);
+            b.if_then_named(more, ("next_q", "next_q_done"), |b| {
+                // This item's epilogue staged its output in the Q tile: every warp of the
+                // warpgroup has read it back before the next Q lands there.
+                named_barrier(b, b.addc(cw, 1), 128);
+                let (bh, m) = decode(a, it[0]);
+                load_q(a, cfg, lay, &block_at(b, cfg, a.t_len, bh, m), cw);
+            });
             vec![it[0].into(), it[1].into(), it[2].into(), k.into(), b.add(fills, len).into()]
         },
     );

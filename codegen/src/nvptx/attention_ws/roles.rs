@@ -368,13 +368,61 @@ fn publish<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, lay: &WsLayout,
     mbar_arrive(b, bar_at(b, a.smem, lay, f.slot, false));
 }
 
+/// The head's `out` and `lse` for the epilogue: the block's, or for a persistent item made
+/// afresh after the walk (a zero-extended head index, so LLVM does not reuse the item's earlier
+/// products and keep the two 64-bit pointers live through the walk: live values there moved
+/// ptxas's wgmma descriptor schedule, run 9).
+fn out_ptrs<'ctx>(
+    b: &KernelBuilder<'_, 'ctx>,
+    cfg: &AttnKernelConfig,
+    blk: &Block<'ctx>,
+    afresh: bool,
+) -> (PointerValue<'ctx>, PointerValue<'ctx>) {
+    if !afresh {
+        return (blk.ob, blk.lb);
+    }
+    let row_base = b.mul(b.zext64(blk.bh), b.zext64(b.param_int(7)));
+    let o_elt = if cfg.out_bf16 { b.i16t().into() } else { b.f32t().into() };
+    let ob = b.gep(o_elt, b.param_ptr(5), b.mulc(row_base, cfg.head_dim as i64));
+    (ob, b.gep(b.f32t().into(), b.param_ptr(6), row_base))
+}
+
+/// Consumer `cw`'s view of shared memory (its offset and the `Attn` that starts at its Q
+/// tile, so the old kernel's wgmma steps find Q at offset 0; the ring's offsets are taken
+/// relative to it).
+fn consumer_view_of<'a, 'b, 'ctx>(
+    a0: &Attn<'a, 'b, 'ctx>,
+    lay: &WsLayout,
+    cw: IntValue<'ctx>,
+) -> (IntValue<'ctx>, Attn<'a, 'b, 'ctx>) {
+    let b = a0.b;
+    let qoff = b.mulc(cw, lay.q_bytes as i64);
+    (qoff, Attn { smem: b.smem_at(a0.smem, qoff), ..*a0 })
+}
+
+/// Consumer `cw` issues the copy of its 64 Q rows of `blk` into its Q tile (one cp.async
+/// group; [`consumer_item`] waits for it).
+pub(super) fn load_q<'ctx>(
+    a0: &Attn<'_, '_, 'ctx>,
+    cfg: &AttnKernelConfig,
+    lay: &WsLayout,
+    blk: &Block<'ctx>,
+    cw: IntValue<'ctx>,
+) {
+    let b = a0.b;
+    let (_, a) = consumer_view_of(a0, lay, cw);
+    let (i0w, _, _) = consumer_rows(b, cfg, blk, cw);
+    a.load_tile(blk.qb, i0w, 64, b.i32(0));
+    b.cp_async_commit();
+}
+
 /// Consumer `cw` (0 or 1): its 64 rows as one block of the old kernel, reading K/V from the
 /// ring, computing only the key tiles in its own range and releasing every slot it is given.
 /// Its Q copy and its row loads of `c` go out before the start search, which runs while they
 /// land. `fills`: fills of the ring before this block (or work item). `given`: both consumers'
-/// start tiles, when the producer found them (the persistent kernel; the consumer then searches
-/// nothing and its turns at the tensor cores run on across items). Returns the walk's length
-/// (the fills it took).
+/// start tiles, when the producer found them (the persistent kernel, which has also issued
+/// the Q copy already, [`load_q`]; the consumer then searches nothing and its turns at the
+/// tensor cores run on across items). Returns the walk's length (the fills it took).
 pub(super) fn consumer_item<'ctx>(
     a0: &Attn<'_, '_, 'ctx>,
     cfg: &AttnKernelConfig,
@@ -385,20 +433,12 @@ pub(super) fn consumer_item<'ctx>(
     given: Option<[IntValue<'ctx>; 2]>,
 ) -> IntValue<'ctx> {
     let b = a0.b;
-    // This consumer's view of shared memory starts at its Q tile, so the old kernel's wgmma
-    // steps find Q at offset 0; the ring's offsets are taken relative to it.
-    let qoff = b.mulc(cw, lay.q_bytes as i64);
-    let smem_c = b.smem_at(a0.smem, qoff);
-    let a = Attn { smem: smem_c, ..*a0 };
+    let (qoff, a) = consumer_view_of(a0, lay, cw);
     let (i0w, i0c, my_end) = consumer_rows(b, cfg, blk, cw);
 
-    if given.is_some() {
-        // The persistent kernel's previous item staged its output in this Q tile: every warp
-        // of the warpgroup has read it back before the next Q lands there.
-        named_barrier(b, b.addc(cw, 1), 128);
+    if given.is_none() {
+        load_q(a0, cfg, lay, blk, cw);
     }
-    a.load_tile(blk.qb, i0w, 64, b.i32(0));
-    b.cp_async_commit();
     let f32t = b.f32t().into();
     let l2e = b.f32(LOG2E);
     let c_ref = cfg.has_decay.then(|| b.load_f32(b.gep(f32t, blk.cb, b.sext64(i0c))));
@@ -450,10 +490,12 @@ pub(super) fn consumer_item<'ctx>(
     let (o, m, l) = c.run(&a);
     let (inv, lse) = a.finalize(m, l, cir);
     if cfg.out_bf16 {
-        let at = OutAt { base: a0.smem, i0: blk.i0, ob: blk.ob, lb: blk.lb };
+        let (ob, lb) = out_ptrs(b, cfg, blk, given.is_some());
+        let at = OutAt { base: a0.smem, i0: blk.i0, ob, lb };
         store_output_bf16(&a, lay, &at, &o, inv, lse);
     } else {
-        a.store_output(&o, inv, lse, &rows, blk.ob, f32t, blk.lb);
+        let (ob, lb) = out_ptrs(b, cfg, blk, given.is_some());
+        a.store_output(&o, inv, lse, &rows, ob, f32t, lb);
     }
     b.addc(b.sub(walk.hi, walk.lo), 1)
 }
