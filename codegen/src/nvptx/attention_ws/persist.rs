@@ -5,7 +5,7 @@
 //! **Order.** Item `w` is query tile `nt - 1 - w % nt` of flat head `w / nt` (`nt = ceil(T /
 //! 128)`): head-major, the longest query tile of a head first, the order in which the tiles
 //! grid's blocks start. Heads stay together so the K/V of the one or two heads in flight stay
-//! in L2 (run 9 spread the items over all heads: 35% slower at 1x16x32768x128); within a head
+//! in L2 (run 9 spread the items over all heads: 26-32% slower at 1x16x32768x128); within a head
 //! the long tiles start first and the short ones fill the end.
 //!
 //! **Hand-out.** Block `x`'s first item is `x`; every next one is `gridDim.x + atom.add(counter,
