@@ -21,7 +21,7 @@ fail=0
 echo "## (a) checks, submission by graph"
 if [ "${CHECK:-1}" = 1 ]; then
   for c in "run fox B=1,H=2,T=777,D=128" "run fox B=1,H=1,T=16384,D=128" "run fox B=2,H=3,T=4099,D=64" \
-    "grad fox B=1,H=2,T=777,D=128" "run fox_gqa B=1,H=4,T=1000,D=128" "run fox_alibi B=1,H=2,T=1000,D=64"; do
+    "grad fox B=1,H=2,T=777,D=128" "run fox_gqa B=1,H=4,T=1000,D=128,G=2" "run fox_alibi B=1,H=2,T=1000,D=64"; do
     # shellcheck disable=SC2086
     check_cuda "$GRAPH" $c || fail=1
     # shellcheck disable=SC2086
@@ -65,7 +65,7 @@ if [ "${NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
   t 200 ncu -k regex:foxc_attn_fwd --launch-count 1 \
     --section LaunchStats --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
     --section SchedulerStats --section SpeedOfLight \
-    --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active \
+    --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active \
     "$FOXC" run examples/fox.attn --backend cuda --shape "$NCU_SHAPE" --seed 0 >"$OUT/ncu_ws.txt" 2>&1
   echo "ncu rc=$?"
   grep -E "Achieved Occupancy|gmma_cycles|warps_active|pipe_xu|Registers Per|Shared Memory Config|Dynamic Shared|Duration|Stall|Issue Slots|Executed Ipc|No Eligible|Eligible Warps|Compute \(SM\)|Memory Throughput|L2 Cache Throughput|DRAM Throughput" "$OUT/ncu_ws.txt" | head -50

@@ -99,7 +99,7 @@ pub struct PruneArgs {
     /// The safe threshold rule: a name from `foxc rules` (the table in passes/src/rules.rs).
     #[arg(long, value_parser = parse_rule, default_value = foxc_passes::rules::RULES[0].name)]
     pub prune_rule: foxc_ir::PruneRule,
-    /// ACP tile shape BMxBN (default: the target's choice: 64x64; 64x128 on sm_90a for a forward with D = 128).
+    /// ACP tile shape BMxBN (default: the target's choice: 64x64; 64x128 on sm_90a for a forward with D = 64 or 128).
     #[arg(long, value_parser = crate::pipeline::parse_tiles)]
     pub tiles: Option<foxc_ir::Tiles>,
     /// How the sm_90a warp-specialized forward loads K and V: `tma` (one thread issues tensor

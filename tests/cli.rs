@@ -333,4 +333,9 @@ fn ws_grid_flag_reaches_the_kernel_attribute() {
     };
     assert_eq!(&with(&[]), default);
     assert!(!foxc(&[&args[..], &["--ws-grid", "blocks"]].concat()).status.success());
+    // D = 64's three-consumer block was not run with it: a usage error (exit 1) naming the way out.
+    let d64 = ["compile", "examples/fox.attn", "--target", "sm_90a", "--shape", "D=64", "--emit", "ptx"];
+    let o = foxc(&[&d64[..], &["--attn-kernel", "warp-specialized", "--ws-grid", "persistent"]].concat());
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("--ws-grid tiles"), "{}", text(&o));
 }

@@ -35,23 +35,32 @@ pub const WS_LOADS: KvLoads = KvLoads::Tma;
 /// device shows it faster at every standard shape.
 pub const WS_GRID: WsGrid = WsGrid::Tiles;
 
+/// Head dims that get 128-key tiles on sm_90a for a forward (64-row query tiles either way).
+/// D = 128: the warp-specialized kernel ran 1x16x32768x128 in 3.34 ms with them against 4.02 ms
+/// with 64 (the standard kernel: 4.43), keeping 40.2% of the tiles instead of 40.0% (run 8).
+/// D = 64 (the standard kernel): median ms pruned, 64x128 against 64x64, one call (H200,
+/// docs/GPU_KERNEL.md run 13): 1.4553 vs 1.4788 at 2x16x16384x64, 2.3394 vs 2.4133 at
+/// 1x16x32768x64, 0.2150 vs 0.2499 at 1x2x16384x64, 0.5818 vs 0.5874 at 8x16x4096x64 (dense:
+/// 2.97 vs 3.09, 5.77 vs 5.96, 0.244 vs 0.291, 0.823 vs 0.851); kept 45.9 / 38.5 / 51.2 / 62.1%
+/// of the work instead of 45.5 / 38.3 / 50.8 / 60.8%.
+pub const WIDE_KEY_HEAD_DIMS: [u64; 2] = [64, 128];
+
 /// The `bm x bn` tiles for `target`. `head_dim` is `D` when the signature or the caller's
 /// bound sizes fix it; `gradient` says the graph will be differentiated.
 ///
 /// GPUs: 64-row query tiles (measured 7% (D = 128) to 30% (D = 64) faster than 128-row ones on
 /// the H200 with the standard kernel, and fewer kept tiles; docs/GPU_KERNEL.md, run 3), 64-key
-/// tiles; on sm_90a with D = 128 known, for a forward, 128-key tiles: the warp-specialized
-/// kernel ran 1x16x32768x128 in 3.34 ms with them against 4.02 ms with 64 (the standard
-/// kernel: 4.43), keeping 40.2% of the tiles instead of 40.0% (run 8). Not when the head dim
-/// is unknown (D = 256 runs the standard kernel, whose 128-key tiles do not fit in shared
-/// memory), and not for a graph that is differentiated: the backward kernels share the
-/// forward's tiles, and forward + backward at 1x16x32768x128 took 19.41 / 19.44 ms with
-/// 128-key tiles against 18.73-19.09 with 64 (8x16x4096x128: 5.34 against 4.96), with the
-/// sm_90a wgmma backward (docs/GPU_KERNEL.md, "The sm_90a wgmma backward"; with the earlier
-/// mma.sync backward: 30.17 against 25.78).
+/// tiles; on sm_90a with D = 64 or 128 known, for a forward, 128-key tiles
+/// ([`WIDE_KEY_HEAD_DIMS`]: measured faster with the warp-specialized kernel at D = 128 and the
+/// standard one at D = 64). Not when the head dim is unknown (D = 256 runs the standard kernel,
+/// whose 128-key tiles do not fit in shared memory), and not for a graph that is
+/// differentiated: the backward kernels share the forward's tiles, and forward + backward at
+/// 1x16x32768x128 took 19.41 / 19.44 ms with 128-key tiles against 18.73-19.09 with 64
+/// (8x16x4096x128: 5.34 against 4.96), with the sm_90a wgmma backward (docs/GPU_KERNEL.md, "The
+/// sm_90a wgmma backward"; with the earlier mma.sync backward: 30.17 against 25.78).
 pub fn tiles_for(target: Target, head_dim: Option<u64>, gradient: bool) -> Tiles {
     match target {
-        Target::Sm90a if !gradient && head_dim.is_some_and(|d| WS_HEAD_DIMS.contains(&d)) => {
+        Target::Sm90a if !gradient && head_dim.is_some_and(|d| WIDE_KEY_HEAD_DIMS.contains(&d)) => {
             Tiles { bm: 64, bn: 128 }
         }
         Target::Cpu | Target::Sm80 | Target::Sm90a => Tiles { bm: 64, bn: 64 },

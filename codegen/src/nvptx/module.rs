@@ -680,6 +680,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         }
         cfg.tma = cfg.ws && a.kernel.kv_loads() == KvLoads::Tma;
         cfg.persistent = cfg.ws && a.kernel.ws_grid() == WsGrid::Persistent;
+        attention_ws::check_persistent(&cfg).map_err(user)?;
         // Captured tensors: read by the score hook through their index expressions.
         let caps: Vec<CaptureTy> = o
             .captures

@@ -2,23 +2,22 @@
 //! warpgroup): for key tile n it issues `S_n = Q K_n^T` and then `O += P_{n+1} V_{n+1}` (the
 //! previous tile's probabilities, already in registers) as two wgmma groups, waits for the
 //! first only, runs tile n's scores and online softmax while the tensor cores do the second,
-//! then waits for it, releases tile n+1's slot and rescales O by tile n's factor. Without
-//! `overlap` (two blocks per SM at D = 64, too few registers for two tiles of P) it waits for
-//! both groups before the softmax. The walk and
+//! then waits for it, releases tile n+1's slot and rescales O by tile n's factor. The walk and
 //! the ring are those of [`super::roles`]; tiles outside this consumer's range are released
 //! without compute, before and after its own tiles.
 //!
-//! The two consumers also take turns at the tensor cores (named barriers 3
-//! and 4, 256 threads each): a consumer waits for its turn before issuing a tile's GEMMs and
-//! hands the turn over right after issuing them, so one consumer's softmax runs while the
-//! other's GEMMs do. Every tile of the walk is one turn for both consumers (a skipped tile
-//! too), plus one for the last P V: both take the same number of turns. Consumer 0 goes first
-//! (consumer 1 hands it the first turn) and takes one extra wait at the end for consumer 1's
-//! last hand-over, so no barrier is left half-arrived. In the persistent kernel both take the
-//! same number of turns per item too, so the turns run on across items: the first hand-over
-//! and the last wait are made once, around the item loop (per item they would race: consumer
-//! 1's last hand-over of one item and its first of the next could complete the barrier
-//! without consumer 0; run 9).
+//! The consumers also take turns at the tensor cores, in a ring (named barriers `nc + 1` ..
+//! `2 nc` for `nc` consumers, 256 threads each: the waiting consumer and the one handing over):
+//! a consumer waits for its turn before issuing a tile's GEMMs and hands the turn to the next
+//! one right after issuing them, so one consumer's softmax runs while another's GEMMs do.
+//! Every tile of the walk is one turn for every consumer (a skipped tile too), plus one for the
+//! last P V: all take the same number of turns. Consumer 0 goes first (the last consumer hands
+//! it the first turn) and takes one extra wait at the end for the last consumer's last
+//! hand-over, so no barrier is left half-arrived. In the persistent kernel all take the same
+//! number of turns per item too, so the turns run on across items: the first hand-over and the
+//! last wait are made once, around the item loop ([`first_turn`], [`last_turn`]; per item they
+//! would race: the last consumer's last hand-over of one item and its first of the next could
+//! complete the barrier without consumer 0; run 9).
 
 use super::roles::{bar_at, slot, Block, Walk};
 use super::sync::{fence_async_shared, mbar_arrive, mbar_wait, named_arrive, named_barrier};
@@ -55,41 +54,55 @@ pub(super) struct Consumer<'k, 'ctx> {
     pub my_start: IntValue<'ctx>,
     pub my_end: IntValue<'ctx>,
     pub c_ref: Option<FloatValue<'ctx>>,
-    /// This consumer (0 or 1).
+    /// This consumer (0 to `consumers - 1`).
     pub cw: IntValue<'ctx>,
-    /// The softmax of tile n runs while tile n+1's `P V` is in flight ([`super::Residency`]).
-    pub overlap: bool,
+    /// Consumer warpgroups of the block (2 or 3).
+    pub consumers: u32,
 }
 
-/// Named barrier of consumer `w`'s turn (0 is `__syncthreads`, 1 and 2 the Q loads).
-const TURN_BARRIER: i64 = 3;
+/// Named barrier of consumer 0's turn with `consumers` consumers (0 is `__syncthreads`, 1 to
+/// `nc` the Q loads): 3 with two consumers.
+fn turn_barrier0(consumers: u32) -> i64 {
+    consumers as i64 + 1
+}
 
-/// Consumer 1 hands consumer 0 its first turn.
-pub(super) fn first_turn<'ctx>(b: &KernelBuilder<'_, 'ctx>, cw: IntValue<'ctx>) {
-    let c1 = b.icmpc(IntPredicate::EQ, cw, 1);
-    b.if_then_named(c1, ("first_turn", "first_turn_done"), |b| {
-        named_arrive(b, b.i32(TURN_BARRIER), 256);
+/// The last consumer hands consumer 0 its first turn.
+pub(super) fn first_turn<'ctx>(b: &KernelBuilder<'_, 'ctx>, cw: IntValue<'ctx>, consumers: u32) {
+    let last = b.icmpc(IntPredicate::EQ, cw, consumers as i64 - 1);
+    b.if_then_named(last, ("first_turn", "first_turn_done"), |b| {
+        named_arrive(b, b.i32(turn_barrier0(consumers)), 256);
     });
 }
 
-/// Consumer 0 takes consumer 1's last hand-over, so no barrier is left half-arrived.
-pub(super) fn last_turn<'ctx>(b: &KernelBuilder<'_, 'ctx>, cw: IntValue<'ctx>) {
+/// Consumer 0 takes the last consumer's last hand-over, so no barrier is left half-arrived.
+pub(super) fn last_turn<'ctx>(b: &KernelBuilder<'_, 'ctx>, cw: IntValue<'ctx>, consumers: u32) {
     let c0 = b.icmpc(IntPredicate::EQ, cw, 0);
     b.if_then_named(c0, ("last_turn", "last_turn_done"), |b| {
-        named_barrier(b, b.i32(TURN_BARRIER), 256);
+        named_barrier(b, b.i32(turn_barrier0(consumers)), 256);
     });
 }
 
 impl<'k, 'ctx> Consumer<'k, 'ctx> {
     /// Waits for this consumer's turn at the tensor cores.
     fn turn_begin(&self, b: &KernelBuilder<'_, 'ctx>) {
-        named_barrier(b, b.addc(self.cw, TURN_BARRIER), 256);
+        named_barrier(b, b.addc(self.cw, self.turn_barrier()), 256);
+    }
+
+    /// Named barrier of consumer 0's turn; consumer `w` has the `w`-th after it (0 is
+    /// `__syncthreads`, 1 to `nc` the Q loads): 3 with two consumers.
+    fn turn_barrier(&self) -> i64 {
+        turn_barrier0(self.consumers)
     }
 
     /// Hands the turn to the other consumer.
     fn turn_end(&self, b: &KernelBuilder<'_, 'ctx>) {
-        let other = b.xorc(self.cw, 1);
-        named_arrive(b, b.addc(other, TURN_BARRIER), 256);
+        let next = if self.consumers == 2 {
+            b.xorc(self.cw, 1)
+        } else {
+            let last = b.icmpc(IntPredicate::EQ, self.cw, self.consumers as i64 - 1);
+            b.select_i(last, b.i32(0), b.addc(self.cw, 1))
+        };
+        named_arrive(b, b.addc(next, self.turn_barrier()), 256);
     }
 
     /// Byte offsets of slot `s`'s K and V tiles, relative to this consumer's view.
@@ -207,7 +220,7 @@ impl<'k, 'ctx> Consumer<'k, 'ctx> {
         let zero = b.f32(0.0);
         let ninf = b.f32(f64::NEG_INFINITY);
         if !self.turns_run_on {
-            first_turn(b, self.cw);
+            first_turn(b, self.cw, self.consumers);
         }
         self.skip(b, self.walk.hi, b.addc(self.my_end, 1));
 
@@ -247,21 +260,12 @@ impl<'k, 'ctx> Consumer<'k, 'ctx> {
                 let (_, vprev) = self.kv_off(b, sprev);
                 self.turn_begin(b);
                 b.asm_stmt("wgmma.fence.sync.aligned;");
-                let (acc, o) = if self.overlap {
-                    let acc = self.issue_qk(a, k);
-                    let o = self.issue_pv(a, o, &p, vprev);
-                    self.turn_end(b);
-                    (b.asm_pass("wgmma.wait_group.sync.aligned 1;", &acc), o)
-                } else {
-                    // P_{n+1} V_{n+1} done before S_n is issued: P_{n+1} is free by then.
-                    let o = self.issue_pv(a, o, &p, vprev);
-                    let o = b.asm_pass("wgmma.wait_group.sync.aligned 0;", &o);
-                    let acc = self.issue_qk(a, k);
-                    self.turn_end(b);
-                    (b.asm_pass("wgmma.wait_group.sync.aligned 0;", &acc), o)
-                };
+                let acc = self.issue_qk(a, k);
+                let o = self.issue_pv(a, o, &p, vprev);
+                self.turn_end(b);
+                let acc = b.asm_pass("wgmma.wait_group.sync.aligned 1;", &acc);
                 let st = self.softmax(a, &acc, n, s, m_old, l_old);
-                let o = if self.overlap { b.asm_pass("wgmma.wait_group.sync.aligned 0;", &o) } else { o };
+                let o = b.asm_pass("wgmma.wait_group.sync.aligned 0;", &o);
                 self.release(b, sprev);
                 let o = a.rescale(&o, st.alpha);
                 let mut next = vec![b.addc(n, -1).into(), s.into()];
@@ -287,7 +291,7 @@ impl<'k, 'ctx> Consumer<'k, 'ctx> {
         self.release(b, sprev);
         self.skip(b, b.addc(self.my_start, -1), self.walk.lo);
         if !self.turns_run_on {
-            last_turn(b, self.cw);
+            last_turn(b, self.cw, self.consumers);
         }
         (o, m, l)
     }

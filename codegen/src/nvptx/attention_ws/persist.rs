@@ -17,7 +17,7 @@
 //! **Item ring.** The producer finds both consumers' start tiles (the search of [`super::roles`],
 //! while the item's first K/V fill lands) and posts `(w, start_0, start_1)` in entry `k % 2` of a
 //! two-entry ring in shared memory: `item_full[e]` (one arrival, the producer's thread 0 after
-//! its stores: release) and `item_empty[e]` (256 arrivals, every consumer thread after reading
+//! its stores: release) and `item_empty[e]` (128 arrivals per consumer, after reading
 //! it). The consumers never search; past the last item the entry holds `w = -1`.
 //!
 //! **What runs on across items.** The K/V ring's fill count (every role counts the same
@@ -27,21 +27,19 @@
 //! consumers finish item `k`.
 
 use super::consumer::{first_turn, last_turn};
-use super::roles::{block_at, consumer_item, load_q, producer_item, walk_hi, Block};
+use super::roles::{
+    block_at, consumer_item, consumers, load_q, producer_barrier, producer_item, walk_hi, Block,
+};
 use super::sync::{mbar_arrive, mbar_init, mbar_wait, named_barrier};
-use super::{WsLayout, BLOCK_ROWS};
+use super::{residency, WsLayout};
 use crate::nvptx::attention::score::FIRST_PARAM;
 use crate::nvptx::attention::{Attn, AttnKernelConfig};
 use crate::nvptx::builder::{KernelBuilder, ParamTy};
-use inkwell::values::{IntValue, PointerValue};
+use inkwell::values::{BasicValueEnum, IntValue, PointerValue};
 use inkwell::IntPredicate;
 
 /// The parameters after the score hook's and the tensor maps: `B H` and the work counter.
 pub(super) const PARAMS: [(&str, ParamTy); 2] = [("BH", ParamTy::I32), ("work", ParamTy::Ptr)];
-
-/// Named barrier of the producer warpgroup (shared with the start exchange of [`super::roles`]:
-/// both are used by the producer's 128 threads in program order).
-const PRODUCER_BARRIER: i64 = 5;
 
 /// Sentinel item: past the last one.
 const DONE: i64 = -1;
@@ -51,16 +49,25 @@ fn first_param(a: &Attn<'_, '_, '_>, cfg: &AttnKernelConfig) -> u32 {
     FIRST_PARAM + a.score.params().len() as u32 + if cfg.tma { 2 } else { 0 }
 }
 
-/// Query tiles per head, `ceil(T / 128)`.
-fn tiles_per_head<'ctx>(a: &Attn<'_, '_, 'ctx>) -> IntValue<'ctx> {
+/// Query rows of an item: the block's ([`residency`]; 128 with two consumers).
+fn item_rows(cfg: &AttnKernelConfig) -> i64 {
+    residency(cfg.head_dim, cfg.bn).rows() as i64
+}
+
+/// Query tiles per head, `ceil(T / rows)`.
+fn tiles_per_head<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig) -> IntValue<'ctx> {
     let b = a.b;
-    b.udivc(b.addc(a.t_len, BLOCK_ROWS as i64 - 1), BLOCK_ROWS as i64)
+    b.udivc(b.addc(a.t_len, item_rows(cfg) - 1), item_rows(cfg))
 }
 
 /// `(bh, m)` of item `w`: head-major, longest query tile first.
-fn decode<'ctx>(a: &Attn<'_, '_, 'ctx>, w: IntValue<'ctx>) -> (IntValue<'ctx>, IntValue<'ctx>) {
+fn decode<'ctx>(
+    a: &Attn<'_, '_, 'ctx>,
+    cfg: &AttnKernelConfig,
+    w: IntValue<'ctx>,
+) -> (IntValue<'ctx>, IntValue<'ctx>) {
     let b = a.b;
-    let nt = tiles_per_head(a);
+    let nt = tiles_per_head(a, cfg);
     (b.udiv(w, nt), b.sub(b.addc(nt, -1), b.urem(w, nt)))
 }
 
@@ -75,7 +82,7 @@ fn item_bar<'ctx>(
     b.smem_at(smem, b.addc(b.mulc(e, 8), lay.item0 as i64 + if empty { 16 } else { 0 }))
 }
 
-/// Word `i` of entry `e` (0: the item, 1 and 2: the consumers' start tiles).
+/// Word `i` of entry `e` (0: the item, 1 on: the consumers' start tiles).
 fn entry<'ctx>(
     b: &KernelBuilder<'_, 'ctx>,
     smem: PointerValue<'ctx>,
@@ -87,10 +94,15 @@ fn entry<'ctx>(
 }
 
 /// Initializes the item ring's barriers (by the thread that initializes the K/V ring's).
-pub(super) fn init_barriers<'ctx>(b: &KernelBuilder<'_, 'ctx>, smem: PointerValue<'ctx>, lay: &WsLayout) {
+pub(super) fn init_barriers<'ctx>(
+    b: &KernelBuilder<'_, 'ctx>,
+    smem: PointerValue<'ctx>,
+    lay: &WsLayout,
+    consumers: u32,
+) {
     for e in 0..2 {
         mbar_init(b, item_bar(b, smem, lay, b.i32(e), false), 1);
-        mbar_init(b, item_bar(b, smem, lay, b.i32(e), true), 256);
+        mbar_init(b, item_bar(b, smem, lay, b.i32(e), true), 128 * consumers);
     }
 }
 
@@ -99,36 +111,37 @@ fn ring<'ctx>(b: &KernelBuilder<'_, 'ctx>, k: IntValue<'ctx>) -> (IntValue<'ctx>
     (b.andc(k, 1), b.andc(b.lshrc(k, 1), 1))
 }
 
-/// The producer's thread 0 posts item `k` (`w` and both start tiles) once entry `k % 2` is free.
+/// The producer's thread 0 posts item `k` (`w` and the consumers' start tiles) once entry
+/// `k % 2` is free.
 fn post<'ctx>(
     a: &Attn<'_, '_, 'ctx>,
     lay: &WsLayout,
     k: IntValue<'ctx>,
     w: IntValue<'ctx>,
-    st: [IntValue<'ctx>; 2],
+    st: &[IntValue<'ctx>],
 ) {
     let b = a.b;
     let t0 = b.icmpc(IntPredicate::EQ, a.tid, 0);
     b.if_then_named(t0, ("post_item", "item_posted"), |b| {
         let (e, par) = ring(b, k);
         mbar_wait(b, item_bar(b, a.smem, lay, e, true), b.xorc(par, 1));
-        for (i, v) in [w, st[0], st[1]].into_iter().enumerate() {
-            b.store(entry(b, a.smem, lay, e, i as i64), v);
+        for (i, v) in std::iter::once(&w).chain(st).enumerate() {
+            b.store(entry(b, a.smem, lay, e, i as i64), *v);
         }
         mbar_arrive(b, item_bar(b, a.smem, lay, e, false));
     });
 }
 
-/// The producer's thread 0 asks L2 for the item's Q rows (`cp.async.bulk.prefetch.L2`, up to
-/// 128 rows of `2 D` bytes, none past `T`) when it posts the item: the consumers load their Q
-/// tiles only after the previous item's epilogue (the Q tile is its staging buffer), and then
+/// The producer's thread 0 asks L2 for the item's Q rows (`cp.async.bulk.prefetch.L2`, the
+/// item's rows of `2 D` bytes, none past `T`) when it posts the item: the consumers load their
+/// Q tiles only after the previous item's epilogue (the Q tile is its staging buffer), and then
 /// find the rows in L2 instead of HBM.
 fn prefetch_q<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, blk: &Block<'ctx>) {
     let b = a.b;
     let t0 = b.icmpc(IntPredicate::EQ, a.tid, 0);
     b.if_then_named(t0, ("prefetch_q", "q_prefetched"), |b| {
         let d = cfg.head_dim as i64;
-        let rows = b.smin(b.sub(a.t_len, blk.i0), b.i32(BLOCK_ROWS as i64));
+        let rows = b.smin(b.sub(a.t_len, blk.i0), b.i32(item_rows(cfg)));
         let src = b.gep(b.i16t().into(), blk.qb, b.sext64(b.mulc(blk.i0, d)));
         let bytes = b.mulc(rows, 2 * d);
         b.call_void(
@@ -138,13 +151,20 @@ fn prefetch_q<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, blk: &Block<
     });
 }
 
-/// A consumer thread reads item `k` (`w`, both start tiles) and releases its entry.
-fn take<'ctx>(a: &Attn<'_, '_, 'ctx>, lay: &WsLayout, k: IntValue<'ctx>) -> [IntValue<'ctx>; 3] {
+/// A consumer thread reads item `k` (`w`, then the consumers' start tiles) and releases its
+/// entry.
+fn take<'ctx>(
+    a: &Attn<'_, '_, 'ctx>,
+    cfg: &AttnKernelConfig,
+    lay: &WsLayout,
+    k: IntValue<'ctx>,
+) -> Vec<IntValue<'ctx>> {
     let b = a.b;
     let (e, par) = ring(b, k);
     mbar_wait(b, item_bar(b, a.smem, lay, e, false), par);
     let i32t = b.i32t().into();
-    let v = [0, 1, 2].map(|i| b.load(i32t, entry(b, a.smem, lay, e, i)).into_int_value());
+    let v =
+        (0..=consumers(cfg)).map(|i| b.load(i32t, entry(b, a.smem, lay, e, i)).into_int_value()).collect();
     mbar_arrive(b, item_bar(b, a.smem, lay, e, true));
     v
 }
@@ -166,15 +186,15 @@ fn next_item<'ctx>(
         let w = b.add(b.sreg("nctaid.x"), b.atomic_add_i32(counter, b.i32(1)));
         b.store(at, w);
     });
-    named_barrier(b, b.i32(PRODUCER_BARRIER), 128);
+    named_barrier(b, b.i32(producer_barrier(consumers(cfg) as u32)), 128);
     b.load(b.i32t().into(), at).into_int_value()
 }
 
 /// The producer warpgroup: every item of this block in turn ([`producer_item`]), posting each
-/// with its start tiles, then the end sentinel.
+/// with its start tiles (and asking L2 for its Q rows), then the end sentinel.
 pub(super) fn producer<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, lay: &WsLayout) {
     let b = a.b;
-    let total = b.mul(tiles_per_head(a), b.param_int(first_param(a, cfg)));
+    let total = b.mul(tiles_per_head(a, cfg), b.param_int(first_param(a, cfg)));
     let zero = b.i32(0);
     let carried = [("w", b.sreg("ctaid.x").into()), ("k", zero.into()), ("fills", zero.into())];
     let fin = b.while_loop(
@@ -183,7 +203,7 @@ pub(super) fn producer<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, lay
         |b, v| b.icmp(IntPredicate::SLT, v[0].into_int_value(), total),
         |b, v| {
             let [w, k, fills] = [0, 1, 2].map(|i| v[i].into_int_value());
-            let (bh, m) = decode(a, w);
+            let (bh, m) = decode(a, cfg, w);
             let blk = block_at(b, cfg, a.t_len, bh, m);
             let lo = producer_item(a, cfg, lay, &blk, fills, true, |st| {
                 post(a, lay, k, w, st);
@@ -194,7 +214,8 @@ pub(super) fn producer<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, lay
             vec![w.into(), b.addc(k, 1).into(), fills.into()]
         },
     );
-    post(a, lay, fin[1].into_int_value(), b.i32(DONE), [zero, zero]);
+    let none = vec![zero; consumers(cfg) as usize];
+    post(a, lay, fin[1].into_int_value(), b.i32(DONE), &none);
     // Leave only once the copies have landed (see roles::producer).
     if !cfg.tma {
         b.call_void("llvm.nvvm.cp.async.wait.all", &[]);
@@ -213,39 +234,41 @@ pub(super) fn consumer<'ctx>(
     cw: IntValue<'ctx>,
 ) {
     let b = a.b;
-    first_turn(b, cw);
+    let nc = consumers(cfg) as u32;
+    first_turn(b, cw, nc);
     let zero = b.i32(0);
-    let (bh, m) = decode(a, b.sreg("ctaid.x"));
+    let (bh, m) = decode(a, cfg, b.sreg("ctaid.x"));
     load_q(a, cfg, lay, &block_at(b, cfg, a.t_len, bh, m), cw);
-    let it = take(a, lay, zero);
-    let carried = [
-        ("w", it[0].into()),
-        ("start", it[1].into()),
-        ("start", it[2].into()),
-        ("k", zero.into()),
-        ("fills", zero.into()),
-    ];
+    let it = take(a, cfg, lay, zero);
+    // Carried: the item, its start tiles, k, fills.
+    let mut carried: Vec<(&str, BasicValueEnum)> = vec![("w", it[0].into())];
+    carried.extend(it[1..].iter().map(|s| ("start", (*s).into())));
+    carried.extend([("k", zero.into()), ("fills", zero.into())]);
+    let n = nc as usize;
     b.while_loop(
         ("items", "item", "items_done"),
         &carried,
         |b, v| b.icmpc(IntPredicate::SGE, v[0].into_int_value(), 0),
         |b, v| {
-            let [w, s0, s1, k, fills] = [0, 1, 2, 3, 4].map(|i| v[i].into_int_value());
-            let (bh, m) = decode(a, w);
+            let iv: Vec<IntValue> = v.iter().map(|x| x.into_int_value()).collect();
+            let (w, st, k, fills) = (iv[0], &iv[1..=n], iv[n + 1], iv[n + 2]);
+            let (bh, m) = decode(a, cfg, w);
             let blk = block_at(b, cfg, a.t_len, bh, m);
-            let len = consumer_item(a, cfg, lay, &blk, cw, fills, Some([s0, s1]));
+            let len = consumer_item(a, cfg, lay, &blk, cw, fills, Some(st));
             let k = b.addc(k, 1);
-            let it = take(a, lay, k);
+            let it = take(a, cfg, lay, k);
             let more = b.icmpc(IntPredicate::SGE, it[0], 0);
             b.if_then_named(more, ("next_q", "next_q_done"), |b| {
                 // This item's epilogue staged its output in the Q tile: every warp of the
                 // warpgroup has read it back before the next Q lands there.
                 named_barrier(b, b.addc(cw, 1), 128);
-                let (bh, m) = decode(a, it[0]);
+                let (bh, m) = decode(a, cfg, it[0]);
                 load_q(a, cfg, lay, &block_at(b, cfg, a.t_len, bh, m), cw);
             });
-            vec![it[0].into(), it[1].into(), it[2].into(), k.into(), b.add(fills, len).into()]
+            let mut next: Vec<BasicValueEnum> = it.iter().map(|x| (*x).into()).collect();
+            next.extend::<[BasicValueEnum; 2]>([k.into(), b.add(fills, len).into()]);
+            next
         },
     );
-    last_turn(b, cw);
+    last_turn(b, cw, nc);
 }

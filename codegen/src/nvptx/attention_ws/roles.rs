@@ -7,16 +7,18 @@ use super::sync::{
     fence_async_shared, mbar_arrive, mbar_arrive_on_copies, mbar_init, mbar_wait, named_barrier, set_max_regs,
 };
 use super::{persist, tma};
-use super::{residency, WsLayout, BLOCK_ROWS};
+use super::{residency, xch_stride, WsLayout};
 use crate::nvptx::attention::score::ScoreMod;
 use crate::nvptx::attention::{Attn, AttnKernelConfig, Rows, LOG2E};
 use crate::nvptx::builder::KernelBuilder;
 use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
 
-/// Named barrier of the producer warpgroup's start exchange (0 is `__syncthreads`, 1 and 2
-/// the consumers' Q tiles, 3 and 4 their turns).
-const PRODUCER_BARRIER: i64 = 5;
+/// Named barrier of the producer warpgroup's start exchange (0 is `__syncthreads`, 1 to `nc`
+/// the `nc` consumers' Q tiles, `nc + 1` to `2 nc` their turns): 5 with two consumers.
+pub(super) fn producer_barrier(consumers: u32) -> i64 {
+    2 * consumers as i64 + 1
+}
 
 /// Per-block values every role derives the same way.
 pub(super) struct Block<'ctx> {
@@ -58,6 +60,7 @@ pub(super) fn emit<'ctx>(
     let t_len = b.param_int(7);
     // The tiles grid's block (the persistent kernel derives one per work item instead).
     let blk = (!cfg.persistent).then(|| block(b, cfg, t_len));
+    let res = residency(cfg.head_dim, cfg.bn);
 
     // Barriers: one thread initializes them, everyone waits for that.
     let s_n = lay.stages as i64;
@@ -65,10 +68,10 @@ pub(super) fn emit<'ctx>(
     b.if_then_named(t0, ("mbar_init", "roles"), |b| {
         for s in 0..s_n {
             mbar_init(b, bar(b, smem, lay, s, false), tma::full_arrivals(cfg));
-            mbar_init(b, bar(b, smem, lay, s, true), 256);
+            mbar_init(b, bar(b, smem, lay, s, true), 128 * res.consumers);
         }
         if cfg.persistent {
-            persist::init_barriers(b, smem, lay);
+            persist::init_barriers(b, smem, lay, res.consumers);
         }
         tma::after_barrier_init(b, cfg);
     });
@@ -111,7 +114,7 @@ fn block<'ctx>(b: &KernelBuilder<'_, 'ctx>, cfg: &AttnKernelConfig, t_len: IntVa
     block_at(b, cfg, t_len, bh, m)
 }
 
-/// The block of 128-row query tile `m` of flat head `bh`.
+/// The block of query tile `m` (of the residency's rows) of flat head `bh`.
 pub(super) fn block_at<'ctx>(
     b: &KernelBuilder<'_, 'ctx>,
     cfg: &AttnKernelConfig,
@@ -120,7 +123,7 @@ pub(super) fn block_at<'ctx>(
     m: IntValue<'ctx>,
 ) -> Block<'ctx> {
     let d = cfg.head_dim as i64;
-    let i0 = b.named(b.mulc(m, BLOCK_ROWS as i64), "i0");
+    let i0 = b.named(b.mulc(m, residency(cfg.head_dim, cfg.bn).rows() as i64), "i0");
     let tmax = b.addc(t_len, -1);
     let bh64 = b.sext64(bh);
     let row_base = b.mul(bh64, b.sext64(t_len));
@@ -173,8 +176,8 @@ pub(super) fn bar_at<'ctx>(
     b.smem_at(smem, b.addc(b.mulc(s, 8), base))
 }
 
-/// Row range of consumer `w` (0 or 1): its first row (clamped into the sequence, for the
-/// start search of a tail block whose second half is past T) and its diagonal key tile.
+/// Row range of consumer `w` (0 to `consumers - 1`): its first row (clamped into the sequence,
+/// for the start search of a tail block whose last rows are past T) and its diagonal key tile.
 fn consumer_rows<'ctx>(
     b: &KernelBuilder<'_, 'ctx>,
     cfg: &AttnKernelConfig,
@@ -194,16 +197,25 @@ pub(super) fn walk_hi<'ctx>(
     cfg: &AttnKernelConfig,
     blk: &Block<'ctx>,
 ) -> IntValue<'ctx> {
-    let (_, _, e0) = consumer_rows(b, cfg, blk, b.i32(0));
-    let (_, _, e1) = consumer_rows(b, cfg, blk, b.i32(1));
-    b.smax(e0, e1)
+    let ends: Vec<IntValue> = (0..consumers(cfg)).map(|w| consumer_rows(b, cfg, blk, b.i32(w)).2).collect();
+    ends[1..].iter().fold(ends[0], |hi, &e| b.smax(hi, e))
 }
 
-/// Both consumers' start tiles (each one's IR query tile's `start`: window bound and the
+/// Consumer warpgroups of the block ([`residency`]).
+pub(super) fn consumers(cfg: &AttnKernelConfig) -> i64 {
+    residency(cfg.head_dim, cfg.bn).consumers as i64
+}
+
+/// The smallest of the consumers' start tiles: the walk's last tile.
+fn walk_lo<'ctx>(b: &KernelBuilder<'_, 'ctx>, st: &[IntValue<'ctx>]) -> IntValue<'ctx> {
+    st[1..].iter().fold(st[0], |lo, &s| b.smin(lo, s))
+}
+
+/// Every consumer's start tile (each one's IR query tile's `start`: window bound and the
 /// in-kernel pruning search). Without pruning they are arithmetic. With pruning the four warps
-/// of warpgroup `wg` split the two searches: [`post_start`] now (each role calls it once its
+/// of warpgroup `wg` split the searches: [`post_start`] now (each role calls it once its
 /// first loads are issued, so they land during the search), then `sync` (a barrier of the
-/// warpgroup's 128 threads), then both results read back from the warpgroup's exchange pair.
+/// warpgroup's 128 threads), then the results read back from the warpgroup's exchange.
 fn starts<'ctx>(
     a: &Attn<'_, '_, 'ctx>,
     cfg: &AttnKernelConfig,
@@ -211,37 +223,50 @@ fn starts<'ctx>(
     blk: &Block<'ctx>,
     wg: IntValue<'ctx>,
     sync: impl FnOnce(&KernelBuilder<'_, 'ctx>),
-) -> [IntValue<'ctx>; 2] {
+) -> Vec<IntValue<'ctx>> {
     let b = a.b;
     if !cfg.prune {
         sync(b);
-        return [0, 1].map(|w| {
-            let (_, i0c, _) = consumer_rows(b, cfg, blk, b.i32(w));
-            a.start_tile(blk.cb, b.param_ptr(4), blk.bh, i0c)
-        });
+        return (0..consumers(cfg))
+            .map(|w| {
+                let (_, i0c, _) = consumer_rows(b, cfg, blk, b.i32(w));
+                a.start_tile(blk.cb, b.param_ptr(4), blk.bh, i0c)
+            })
+            .collect();
     }
-    let xch = b.addc(b.mulc(wg, 8), lay.xch0 as i64);
+    let stride = xch_stride(consumers(cfg) as u32) as i64;
+    let xch = b.addc(b.mulc(wg, stride), lay.xch0 as i64);
     post_start(a, cfg, blk, xch);
     sync(b);
     let i32t = b.i32t().into();
-    [0, 1].map(|h| b.load(i32t, b.smem_at(a.smem, b.addc(xch, 4 * h))).into_int_value())
+    (0..consumers(cfg))
+        .map(|h| b.load(i32t, b.smem_at(a.smem, b.addc(xch, 4 * h))).into_int_value())
+        .collect()
 }
 
 /// This warp's half of the start search: warps 0 and 1 of the warpgroup (`a.tid` is the
 /// thread's index in it) search consumer 0's start, warps 2 and 3 consumer 1's, so a
 /// warpgroup has both in the time of one search (a 32-ary search per warp, a chain of
-/// dependent loads); the first thread of each half stores its result at `xch + 4 half`.
+/// dependent loads); the first thread of each half stores its result at `xch + 4 half`. With a
+/// third consumer, warps 0 and 1 then search its start too (stored at `xch + 8`).
 fn post_start<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, blk: &Block<'ctx>, xch: IntValue<'ctx>) {
     let b = a.b;
     let half = b.lshrc(a.tid, 6);
     // Thread 0 of each half is the search's thread 0 (it also writes the debug starts).
     let ah = Attn { tid: b.andc(a.tid, 63), ..*a };
-    let (_, i0c, _) = consumer_rows(b, cfg, blk, half);
-    let st = ah.start_tile(blk.cb, b.param_ptr(4), blk.bh, i0c);
-    let first = b.icmpc(IntPredicate::EQ, ah.tid, 0);
-    b.if_then_named(first, ("post_start", "post_start_done"), |b| {
-        b.store(b.smem_at(a.smem, b.add(xch, b.mulc(half, 4))), st);
-    });
+    let search = |w: IntValue<'ctx>| {
+        let (_, i0c, _) = consumer_rows(b, cfg, blk, w);
+        let st = ah.start_tile(blk.cb, b.param_ptr(4), blk.bh, i0c);
+        let first = b.icmpc(IntPredicate::EQ, ah.tid, 0);
+        b.if_then_named(first, ("post_start", "post_start_done"), |b| {
+            b.store(b.smem_at(a.smem, b.add(xch, b.mulc(w, 4))), st);
+        });
+    };
+    search(half);
+    if consumers(cfg) == 3 {
+        let lower = b.icmpc(IntPredicate::EQ, half, 0);
+        b.if_then_named(lower, ("third_start", "third_start_done"), |b| search(b.i32(2)));
+    }
 }
 
 /// Slot and round parity of fill `k` (the k-th key tile of the walk).
@@ -273,7 +298,7 @@ fn producer<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, lay: &WsLayout
 
 /// The producer's fills of one block (or work item): `fills` of the ring came before it
 /// (the persistent kernel's ring runs on across items), its first fill waits for its slot
-/// when `first_waits` (a fresh ring's first slot is free), and `post` gets both consumers'
+/// when `first_waits` (a fresh ring's first slot is free), and `post` gets the consumers'
 /// start tiles as soon as the search has them. Returns the walk's last tile `lo`.
 pub(super) fn producer_item<'ctx>(
     a: &Attn<'_, '_, 'ctx>,
@@ -282,19 +307,19 @@ pub(super) fn producer_item<'ctx>(
     blk: &Block<'ctx>,
     fills: IntValue<'ctx>,
     first_waits: bool,
-    post: impl FnOnce([IntValue<'ctx>; 2]),
+    post: impl FnOnce(&[IntValue<'ctx>]),
 ) -> IntValue<'ctx> {
     let b = a.b;
     let hi = walk_hi(b, cfg, blk);
     let first = fill(a, cfg, lay, blk, fills, hi, hi, first_waits);
     let st = starts(a, cfg, lay, blk, b.i32(0), |b| {
         if cfg.prune {
-            named_barrier(b, b.i32(PRODUCER_BARRIER), 128);
+            named_barrier(b, b.i32(producer_barrier(consumers(cfg) as u32)), 128);
         }
     });
-    post(st);
+    post(&st);
     publish(a, cfg, lay, first);
-    let lo = b.smin(st[0], st[1]);
+    let lo = walk_lo(b, &st);
     b.while_loop(
         ("fill", "fill_tile", "fill_done"),
         &[("n", b.addc(hi, -1).into())],
@@ -368,25 +393,6 @@ fn publish<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, lay: &WsLayout,
     mbar_arrive(b, bar_at(b, a.smem, lay, f.slot, false));
 }
 
-/// The head's `out` and `lse` for the epilogue: the block's, or for a persistent item made
-/// afresh after the walk (a zero-extended head index, so LLVM does not reuse the item's earlier
-/// products and keep the two 64-bit pointers live through the walk: live values there moved
-/// ptxas's wgmma descriptor schedule, run 9).
-fn out_ptrs<'ctx>(
-    b: &KernelBuilder<'_, 'ctx>,
-    cfg: &AttnKernelConfig,
-    blk: &Block<'ctx>,
-    afresh: bool,
-) -> (PointerValue<'ctx>, PointerValue<'ctx>) {
-    if !afresh {
-        return (blk.ob, blk.lb);
-    }
-    let row_base = b.mul(b.zext64(blk.bh), b.zext64(b.param_int(7)));
-    let o_elt = if cfg.out_bf16 { b.i16t().into() } else { b.f32t().into() };
-    let ob = b.gep(o_elt, b.param_ptr(5), b.mulc(row_base, cfg.head_dim as i64));
-    (ob, b.gep(b.f32t().into(), b.param_ptr(6), row_base))
-}
-
 /// Consumer `cw`'s view of shared memory (its offset and the `Attn` that starts at its Q
 /// tile, so the old kernel's wgmma steps find Q at offset 0; the ring's offsets are taken
 /// relative to it).
@@ -416,13 +422,32 @@ pub(super) fn load_q<'ctx>(
     b.cp_async_commit();
 }
 
-/// Consumer `cw` (0 or 1): its 64 rows as one block of the old kernel, reading K/V from the
-/// ring, computing only the key tiles in its own range and releasing every slot it is given.
-/// Its Q copy and its row loads of `c` go out before the start search, which runs while they
-/// land. `fills`: fills of the ring before this block (or work item). `given`: both consumers'
-/// start tiles, when the producer found them (the persistent kernel, which has also issued
-/// the Q copy already, [`load_q`]; the consumer then searches nothing and its turns at the
-/// tensor cores run on across items). Returns the walk's length (the fills it took).
+/// The head's `out` and `lse` for the epilogue: the block's, or for a persistent item made
+/// afresh after the walk (a zero-extended head index, so LLVM does not reuse the item's earlier
+/// products and keep the two 64-bit pointers live through the walk: live values there moved
+/// ptxas's wgmma descriptor schedule, run 9 and run 14).
+fn out_ptrs<'ctx>(
+    b: &KernelBuilder<'_, 'ctx>,
+    cfg: &AttnKernelConfig,
+    blk: &Block<'ctx>,
+    afresh: bool,
+) -> (PointerValue<'ctx>, PointerValue<'ctx>) {
+    if !afresh {
+        return (blk.ob, blk.lb);
+    }
+    let row_base = b.mul(b.zext64(blk.bh), b.zext64(b.param_int(7)));
+    let o_elt = if cfg.out_bf16 { b.i16t().into() } else { b.f32t().into() };
+    let ob = b.gep(o_elt, b.param_ptr(5), b.mulc(row_base, cfg.head_dim as i64));
+    (ob, b.gep(b.f32t().into(), b.param_ptr(6), row_base))
+}
+
+/// Consumer `cw` (0 to `consumers - 1`): its 64 rows as one block of the old kernel, reading
+/// K/V from the ring, computing only the key tiles in its own range and releasing every slot
+/// it is given. Its Q copy and its row loads of `c` go out before the start search, which runs
+/// while they land. `fills`: fills of the ring before this block (or work item). `given`: the
+/// consumers' start tiles, when the producer found them (the persistent kernel, which has also
+/// issued the Q copy already, [`load_q`]; the consumer then searches nothing and its turns at
+/// the tensor cores run on across items). Returns the walk's length (the fills it took).
 pub(super) fn consumer_item<'ctx>(
     a0: &Attn<'_, '_, 'ctx>,
     cfg: &AttnKernelConfig,
@@ -430,7 +455,7 @@ pub(super) fn consumer_item<'ctx>(
     blk: &Block<'ctx>,
     cw: IntValue<'ctx>,
     fills: IntValue<'ctx>,
-    given: Option<[IntValue<'ctx>; 2]>,
+    given: Option<&[IntValue<'ctx>]>,
 ) -> IntValue<'ctx> {
     let b = a0.b;
     let (qoff, a) = consumer_view_of(a0, lay, cw);
@@ -463,15 +488,14 @@ pub(super) fn consumer_item<'ctx>(
     let st = match given {
         Some(st) => {
             q_landed(b);
-            st
+            st.to_vec()
         }
         None => starts(a0, cfg, lay, blk, b.addc(cw, 1), q_landed),
     };
-    let walk = Walk { hi: walk_hi(b, cfg, blk), lo: b.smin(st[0], st[1]) };
-    let is1 = b.icmpc(IntPredicate::EQ, cw, 1);
-    let my_start = b.select_i(is1, st[1], st[0]);
+    let walk = Walk { hi: walk_hi(b, cfg, blk), lo: walk_lo(b, &st) };
+    let my_start =
+        (1..st.len()).fold(st[0], |my, w| b.select_i(b.icmpc(IntPredicate::EQ, cw, w as i64), st[w], my));
 
-    let overlap = residency(cfg.head_dim, cfg.bn).overlap;
     let c = Consumer {
         base: a0.smem,
         lay,
@@ -485,7 +509,7 @@ pub(super) fn consumer_item<'ctx>(
         my_end,
         c_ref,
         cw,
-        overlap,
+        consumers: consumers(cfg) as u32,
     };
     let (o, m, l) = c.run(&a);
     let (inv, lse) = a.finalize(m, l, cir);

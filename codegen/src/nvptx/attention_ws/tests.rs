@@ -66,7 +66,7 @@ fn ptx_has_the_roles_the_ring_and_the_register_split() {
         let ptx = ptx_for(&cfg(d));
         let r = residency(d, 64);
         for want in [
-            ".maxntid 384".to_string(),
+            format!(".maxntid {}", r.threads()),
             format!(".minnctapersm {}", r.blocks_per_sm),
             format!("setmaxnreg.dec.sync.aligned.u32 \t{}", r.producer_regs),
             format!("setmaxnreg.inc.sync.aligned.u32 \t{}", r.consumer_regs),
@@ -82,50 +82,44 @@ fn ptx_has_the_roles_the_ring_and_the_register_split() {
     }
 }
 
-/// D = 64 with 64-key tiles runs two blocks per SM (issue 11 item 2): `.minnctapersm 2`, 24 /
-/// 104 registers after `setmaxnreg` inside the block's pool of 384 x 80, and a ring that leaves
-/// room for the second block (two blocks' shared memory plus their reserved 1 KB within the SM's
-/// 228 KB). D = 128, and D = 64 with 128-key tiles, keep one block per SM with 56 / 224.
+/// D = 64 runs one block of three consumers per SM (issue 11 item 2, run 13): 512 threads,
+/// 192 rows, `.maxntid 512`, 32 / 160 registers after `setmaxnreg` within the block's pool of
+/// 512 x 128; its turns and exchange use named barriers 4-7 (1-3 are the Q tiles). D = 128 keeps
+/// two consumers with 56 / 224 and the barriers it had.
 #[test]
-fn d64_residency_is_two_blocks_per_sm() {
+fn d64_runs_three_consumers() {
     let r = residency(64, 64);
-    assert_eq!((r.blocks_per_sm, r.entry_regs, r.producer_regs, r.consumer_regs), (2, 80, 24, 104));
-    assert!(128 * r.producer_regs + 256 * r.consumer_regs <= THREADS * r.entry_regs);
-    for (d, bn) in [(128, 64), (128, 128), (64, 128)] {
-        let r = residency(d, bn);
-        assert_eq!((r.blocks_per_sm, r.entry_regs, r.producer_regs, r.consumer_regs), (1, 168, 56, 224));
+    assert_eq!(
+        (r.consumers, r.blocks_per_sm, r.entry_regs, r.producer_regs, r.consumer_regs),
+        (3, 1, 128, 32, 160)
+    );
+    assert_eq!((r.threads(), r.rows()), (512, 192));
+    assert!(128 * r.producer_regs + 384 * r.consumer_regs <= r.threads() * r.entry_regs);
+    for bn in [64, 128] {
+        let r = residency(128, bn);
+        assert_eq!((r.consumers, r.entry_regs, r.producer_regs, r.consumer_regs), (2, 168, 56, 224));
+        assert_eq!((r.threads(), r.rows()), (THREADS, BLOCK_ROWS));
     }
     let c = cfg(64);
     let l = layout(&c).unwrap();
-    assert_eq!(l.stages, 4);
-    assert!(2 * (l.total + 1024) <= 233_472, "{} B per block", l.total);
+    assert_eq!((l.stages, l.kv0), (4, 3 * 8192));
+    let g = launch_geometry(&c, 1000, 6, None);
+    assert_eq!((g.grid, g.block), ((6, 6, 1), (512, 1, 1)));
     let ptx = ptx_for(&c);
-    assert!(ptx.contains(".minnctapersm 2"));
-    assert!(ptx.contains("setmaxnreg.dec.sync.aligned.u32 \t24"));
-    assert!(ptx.contains("setmaxnreg.inc.sync.aligned.u32 \t104"));
-}
-
-/// With one block per SM a consumer runs its softmax while its `P V` is in flight (it waits for
-/// the `Q K^T` group alone: `wait_group 1`); at two blocks per SM (D = 64, 64-key tiles) it
-/// waits for each group before going on (too few registers for two tiles of P).
-#[test]
-fn softmax_overlaps_own_pv_only_at_one_block_per_sm() {
-    for (d, bn) in [(128, 128), (128, 64), (64, 128), (64, 64)] {
-        let mut c = cfg(d);
-        c.bn = bn;
-        let overlap = residency(d, bn).overlap;
-        assert_eq!(overlap, residency(d, bn).blocks_per_sm == 1);
-        let ptx = ptx_for(&c);
-        assert_eq!(ptx.contains("wgmma.wait_group.sync.aligned 1;"), overlap, "D={d} bn={bn}");
+    for want in [".maxntid 512", "bar.sync \t7, 128;", "mbarrier.init.shared.b64"] {
+        assert!(ptx.contains(want), "no `{want}`");
     }
+    // The three turn barriers (4, 5, 6) and the empty slots' 384 arrivals.
+    assert!(ptx.contains("384;"), "no 384-arrival empty barrier");
+    let ptx128 = ptx_for(&cfg(128));
+    assert!(ptx128.contains("bar.sync \t5, 128;") && !ptx128.contains("bar.sync \t7"));
 }
 
 /// ptxas accepts the kernel and honours `setmaxnreg` (no C7508 "ignored" warning), for D = 64
 /// and 128, f32 and bf16 output, with and without decay, under the register cap at entry of the
-/// residency (80 at D = 64 with 64-key tiles: two blocks per SM). Spills: none with one block
-/// per SM and 64-key tiles; with 128-key tiles the consumers hold S, O and two tiles of P: 28
-/// bytes at D = 128 (224 registers) as measured on the H200 in run 8, at most 64; at two blocks
-/// per SM (consumers at 104) see [`SPILL_TWO_BLOCKS`].
+/// residency (168 at D = 128, 128 at D = 64). Spills: none with 64-key tiles; with 128-key
+/// tiles the consumers hold S, O and two tiles of P: 28 bytes at D = 128 (224 registers) as
+/// measured on the H200 in run 8, 28 at D = 64 (160 registers): at most 64.
 #[test]
 fn assembles_with_ptxas_and_bounded_spills() {
     use crate::nvptx::ptxas;
@@ -146,20 +140,11 @@ fn assembles_with_ptxas_and_bounded_spills() {
             let r = residency(d, bn);
             let entry = r.entry_regs;
             assert!(used_registers(&log) <= entry, "D={d} bn={bn}: over {entry} at entry: {log}");
-            let limit = match (r.blocks_per_sm, bn) {
-                (2, _) => SPILL_TWO_BLOCKS,
-                (_, 64) => 0,
-                _ => 64,
-            };
+            let limit = if bn == 64 { 0 } else { 64 };
             assert!(ptxas::spill_stores(&log) <= limit, "D={d} bn={bn}: {log}");
         }
     }
 }
-
-/// Spill stores of the consumers at 104 registers (D = 64, 64-key tiles, without the overlap of
-/// their own softmax and `P V`): 28 bytes with ptxas 13.0 (68 with the overlap; none from 120
-/// registers on); more means the consumer grew.
-const SPILL_TWO_BLOCKS: u32 = 32;
 
 /// Registers per thread of the (one) kernel of a `ptxas -v` report.
 fn used_registers(report: &str) -> u32 {
@@ -278,4 +263,18 @@ fn persistent_launch_geometry_and_layout() {
     assert_eq!(launch_geometry(&c, 1000, 6, Some(16)).grid, (16, 1, 1));
     assert_eq!(launch_geometry(&c, 1000, 6, None).grid, (48, 1, 1));
     assert_eq!(launch_geometry(&tuned(), 1000, 6, Some(16)).grid, (8, 6, 1));
+}
+
+/// The persistent grid is refused where the block has three consumers (D = 64, not run with
+/// it), as a usage error naming the way out; D = 128 takes it.
+#[test]
+fn persistent_grid_needs_two_consumers() {
+    let mut c = persistent(true);
+    assert_eq!(check_persistent(&c), Ok(()));
+    c.head_dim = 64;
+    let e = check_persistent(&c).unwrap_err();
+    assert!(e.contains("--ws-grid tiles") && e.contains("head_dim 64"), "{e}");
+    assert!(validate(&c).is_err());
+    c.persistent = false;
+    assert_eq!(check_persistent(&c), Ok(()));
 }
