@@ -7,8 +7,11 @@ use foxc_ir::attention::{AttnKernel, KvLoads, WsGrid};
 use foxc_ir::{Attention, Graph, Mask, Op, Tiles};
 
 /// Head dims the warp-specialized kernel is chosen for: measured 0.75x the standard kernel's
-/// time at D = 128 (with 128-key tiles), 1.4x slower at D = 64, which keeps the standard kernel
-/// (docs/GPU_KERNEL.md, run 8).
+/// time at D = 128 (with 128-key tiles; docs/GPU_KERNEL.md, run 8). D = 64 keeps the standard
+/// kernel: the warp-specialized one with three consumers per block took 1.4492 / 2.3153 ms
+/// (64x64) and 1.4720 / 2.3265 (64x128) against the standard kernel's 1.4282 / 2.2932 (64x128)
+/// at 2x16x16384x64 / 1x16x32768x64 (run 13, call B; two blocks of two consumers per SM were
+/// 1.4-17% slower in call A).
 pub const WS_HEAD_DIMS: [u64; 1] = [128];
 
 /// Head dims the warp-specialized kernel builds for (codegen's `attention_ws::HEAD_DIMS`): what
