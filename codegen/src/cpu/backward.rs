@@ -22,7 +22,7 @@
 //! multiple of 4 elements (and keys to a multiple of 4 rows), so the inner loops have no tails.
 
 use super::emit::{Fx, F32, F32X4, I64};
-use super::kernels::{zero_fill, AttnKernel, Frame};
+use super::kernels::{copy_row, zero_fill, AttnKernel, Frame};
 use super::region::{self, CaptureCode, Lanes, RegionCode};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, Value};
@@ -256,23 +256,15 @@ fn arg(fx: &mut Fx, args: Value, k: usize) -> Value {
 }
 
 /// Copy row `row` (`d` elements of `dt`) of buffer `p` into f32 scratch at `dst`, times `mul`,
-/// zero-padding to `dp` elements.
+/// zero-padding to `dp` elements: the forward's row copy ([`copy_row`]), then the padding.
 #[allow(clippy::too_many_arguments)]
 fn stage_row(fx: &mut Fx, dt: DType, p: Value, row: Value, d: u64, dp: u64, dst: Value, mul: Option<f32>) {
     let base = fx.b.ins().imul_imm_s(row, d as i64);
-    let m = mul.map(|m| fx.f32c(m));
-    for e in 0..dp {
-        let x = if e < d {
-            let idx = fx.b.ins().iadd_imm_s(base, e as i64);
-            let x = fx.load_f32(dt, p, idx);
-            match m {
-                Some(m) => fx.b.ins().fmul(x, m),
-                None => x,
-            }
-        } else {
-            fx.f32c(0.0)
-        };
-        fx.store(x, dst, (e * 4) as i32);
+    let m = mul.map(|m| fx.splat_c(m));
+    copy_row(fx, dt, p, base, dst, d, m);
+    for e in d..dp {
+        let z = fx.f32c(0.0);
+        fx.store(z, dst, (e * 4) as i32);
     }
 }
 

@@ -511,8 +511,16 @@ fn stage_scalar(fx: &mut Fx, dt: DType, src: Value, idx: Value, dst: Value, slot
 }
 
 /// Copy `n` elements of `dt` from element `src_idx` of `src` to f32 at byte address `dst`,
-/// multiplied by `mul` when given. Vector path when `n.is_multiple_of(4)`.
-fn copy_row(fx: &mut Fx, dt: DType, src: Value, src_idx: Value, dst: Value, n: u64, mul: Option<Value>) {
+/// multiplied by `mul` (an f32x4 splat) when given. Vector path when `n.is_multiple_of(4)`.
+pub(super) fn copy_row(
+    fx: &mut Fx,
+    dt: DType,
+    src: Value,
+    src_idx: Value,
+    dst: Value,
+    n: u64,
+    mul: Option<Value>,
+) {
     if n.is_multiple_of(4) {
         for j in (0..n).step_by(4) {
             let idx = fx.b.ins().iadd_imm_s(src_idx, j as i64);
