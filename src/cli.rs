@@ -94,7 +94,7 @@ pub struct PruneArgs {
     #[arg(long)]
     pub no_prune: bool,
     /// ln(eps): the pruned attention mass per row stays below eps.
-    #[arg(long, default_value_t = -10.0, allow_hyphen_values = true)]
+    #[arg(long, default_value_t = DEFAULT_LOG_EPS, allow_hyphen_values = true)]
     pub log_eps: f64,
     /// The safe threshold rule: a name from `foxc rules` (the table in passes/src/rules.rs).
     #[arg(long, value_parser = parse_rule, default_value = foxc_passes::rules::RULES[0].name)]
@@ -115,6 +115,25 @@ pub struct PruneArgs {
     /// for, D = 64 too, where its mask and tiles allow). Default: the tiles pass's choice.
     #[arg(long, value_enum)]
     pub attn_kernel: Option<AttnKernelArg>,
+}
+
+/// ln(eps) of the pruning unless `--log-eps` says otherwise.
+pub const DEFAULT_LOG_EPS: f64 = -10.0;
+
+/// What the command line gives when no pruning flag is passed (for callers that build the
+/// options in code: tests, the starts check).
+impl Default for PruneArgs {
+    fn default() -> PruneArgs {
+        PruneArgs {
+            no_prune: false,
+            log_eps: DEFAULT_LOG_EPS,
+            prune_rule: foxc_passes::rules::default_rule(),
+            tiles: None,
+            ws_loads: None,
+            ws_grid: None,
+            attn_kernel: None,
+        }
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

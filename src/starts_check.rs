@@ -102,13 +102,8 @@ mod tests {
         let src = crate::pipeline::Source::embedded_default();
         let c = src.compile().unwrap();
         let args = crate::cli::PruneArgs {
-            no_prune: false,
-            log_eps: -10.0,
-            prune_rule: foxc_passes::rules::default_rule(),
             tiles: Some(foxc_ir::Tiles { bm: 16, bn: 16 }),
-            ws_loads: None,
-            ws_grid: None,
-            attn_kernel: None,
+            ..crate::cli::PruneArgs::default()
         };
         let opts = crate::pipeline::pass_options(&args, crate::cli::TargetArg::Sm90a, false);
         let (opt, _) = crate::pipeline::optimize(&c.graph, &opts).unwrap();

@@ -23,15 +23,7 @@ fn compile(name: &str) -> Graph {
 }
 
 fn optimize(g: &Graph, prune: bool, rule: PruneRule) -> Graph {
-    let args = PruneArgs {
-        no_prune: !prune,
-        log_eps: -10.0,
-        prune_rule: rule,
-        tiles: None,
-        ws_loads: None,
-        ws_grid: None,
-        attn_kernel: None,
-    };
+    let args = PruneArgs { no_prune: !prune, prune_rule: rule, ..PruneArgs::default() };
     pipeline::optimize(g, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0
 }
 
@@ -184,13 +176,9 @@ fn other_tile_shapes() {
     let src = compile("fox");
     for (bm, bn) in [(32, 16), (16, 64), (48, 32)] {
         let args = PruneArgs {
-            no_prune: false,
-            log_eps: -10.0,
             prune_rule: rule("tight"),
             tiles: Some(foxc_ir::Tiles { bm, bn }),
-            ws_loads: None,
-            ws_grid: None,
-            attn_kernel: None,
+            ..PruneArgs::default()
         };
         let opt = pipeline::optimize(&src, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0;
         let inputs = tensors::generate(&src, &shape("B=1,H=4,T=200,D=32"), bm as u64).unwrap();

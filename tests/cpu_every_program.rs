@@ -100,15 +100,7 @@ fn check_program(path: &Path, t: u64, seed: u64, passes: bool) {
         return;
     }
     for prune in [false, true] {
-        let args = PruneArgs {
-            no_prune: !prune,
-            log_eps: -10.0,
-            prune_rule: foxc_passes::rules::default_rule(),
-            tiles: None,
-            ws_loads: None,
-            ws_grid: None,
-            attn_kernel: None,
-        };
+        let args = PruneArgs { no_prune: !prune, ..PruneArgs::default() };
         let opt = pipeline::optimize(&src, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0;
         let opt_f32 = before_cast(&opt);
         let got = run_poisoned(&opt_f32, &inputs);

@@ -45,15 +45,7 @@ fn gradient_ops_compile_for_the_gpu() {
         }
         let c = pipeline::Source::read(&f).unwrap().compile().unwrap();
         for (target, arch) in [(TargetArg::Sm90a, "sm_90a"), (TargetArg::Sm80, "sm_80")] {
-            let prune = PruneArgs {
-                no_prune: false,
-                log_eps: -10.0,
-                prune_rule: foxc_passes::rules::default_rule(),
-                tiles: None,
-                ws_loads: None,
-                ws_grid: None,
-                attn_kernel: None,
-            };
+            let prune = PruneArgs::default();
             let (opt, _) =
                 pipeline::optimize(&c.graph, &pipeline::pass_options(&prune, target, false)).unwrap();
             let mut p = grad_program(&opt).unwrap_or_else(|e| panic!("{name}: {e}"));

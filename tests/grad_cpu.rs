@@ -15,7 +15,7 @@
 //! threshold kernel picks another first tile than the f64 reference (a near tie), the case
 //! only gets 2e-3 (ln eps = -10) and is counted; most cases must have the same starts.
 
-use foxc::cli::{PruneArgs, TargetArg};
+use foxc::cli::{PruneArgs, TargetArg, DEFAULT_LOG_EPS};
 use foxc::commands::grad::grad_program;
 use foxc::{cpu_backend, pipeline, tensors};
 use foxc_ir::interp::{self, Tensor};
@@ -72,12 +72,9 @@ fn optimize(src: &Graph, prune: Option<f64>) -> Graph {
     let tiles = Some(foxc_ir::Tiles { bm: 8, bn: 16 });
     let args = PruneArgs {
         no_prune: prune.is_none(),
-        log_eps: prune.unwrap_or(-10.0),
-        prune_rule: foxc_passes::rules::default_rule(),
+        log_eps: prune.unwrap_or(DEFAULT_LOG_EPS),
         tiles,
-        ws_loads: None,
-        ws_grid: None,
-        attn_kernel: None,
+        ..PruneArgs::default()
     };
     pipeline::optimize(src, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0
 }

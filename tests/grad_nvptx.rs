@@ -23,15 +23,7 @@ fn grad_artifact_at(path: &Path, target: TargetArg, d: u64) -> Result<(Graph, Nv
     let example = path.display();
     let src = pipeline::Source::read(path).map_err(|e| e.to_string())?;
     let c = src.compile().map_err(|e| e.to_string())?;
-    let prune = PruneArgs {
-        no_prune: false,
-        log_eps: -10.0,
-        prune_rule: foxc_passes::rules::by_name(foxc_passes::rules::RULES[0].name).unwrap(),
-        tiles: None,
-        ws_loads: None,
-        ws_grid: None,
-        attn_kernel: None,
-    };
+    let prune = PruneArgs::default();
     let (opt, _) = pipeline::optimize(&c.graph, &pipeline::pass_options(&prune, target, false))
         .map_err(|e| e.to_string())?;
     let p = grad_program(&opt).map_err(|e| e.to_string())?;

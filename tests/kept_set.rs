@@ -51,13 +51,10 @@ fn case(
 ) -> Vec<f64> {
     let src = compile(name);
     let args = PruneArgs {
-        no_prune: false,
         log_eps: -6.0,
         prune_rule: rule.clone(),
         tiles: Some(foxc_ir::Tiles { bm, bn }),
-        ws_loads: None,
-        ws_grid: None,
-        attn_kernel: None,
+        ..PruneArgs::default()
     };
     let (opt, _) = pipeline::optimize(&src, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap();
     let dims = pipeline::parse_shape(&format!("B=1,H={h},T={t},D=16")).unwrap();

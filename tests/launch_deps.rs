@@ -11,15 +11,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 fn prune(no_prune: bool) -> PruneArgs {
-    PruneArgs {
-        no_prune,
-        log_eps: -10.0,
-        prune_rule: foxc_passes::rules::by_name(foxc_passes::rules::RULES[0].name).unwrap(),
-        tiles: None,
-        ws_loads: None,
-        ws_grid: None,
-        attn_kernel: None,
-    }
+    PruneArgs { no_prune, ..PruneArgs::default() }
 }
 
 /// The forward and (when it compiles) gradient artifacts of `example` on sm_90a at D = 64.
