@@ -28,7 +28,8 @@
 
 use super::consumer::{first_turn, last_turn};
 use super::roles::{
-    block_at, consumer_item, consumers, load_q, producer_barrier, producer_item, walk_hi, Block,
+    block_at, consumer_item, consumers, load_q, producer_barrier, producer_drain, producer_item, walk_hi,
+    Block,
 };
 use super::sync::{mbar_arrive, mbar_init, mbar_wait, named_barrier};
 use super::{residency, WsLayout};
@@ -216,10 +217,7 @@ pub(super) fn producer<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, lay
     );
     let none = vec![zero; consumers(cfg) as usize];
     post(a, lay, fin[1].into_int_value(), b.i32(DONE), &none);
-    // Leave only once the copies have landed (see roles::producer).
-    if !cfg.tma {
-        b.call_void("llvm.nvvm.cp.async.wait.all", &[]);
-    }
+    producer_drain(b, cfg);
 }
 
 /// Consumer warpgroup `cw`: the items the producer posts, in order ([`consumer_item`] with the

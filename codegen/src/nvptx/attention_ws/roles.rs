@@ -289,8 +289,12 @@ pub(super) fn slot<'ctx>(
 fn producer<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, lay: &WsLayout, blk: &Block<'ctx>) {
     let b = a.b;
     producer_item(a, cfg, lay, blk, b.i32(0), false, |_| {});
-    // Leave only once the copies have landed (the consumers still read the slots); bulk
-    // copies complete on the barriers the consumers wait for.
+    producer_drain(b, cfg);
+}
+
+/// The producer leaves only once its copies have landed (the consumers still read the slots);
+/// bulk (TMA) copies complete on the barriers the consumers wait for, `cp.async` ones need a wait.
+pub(super) fn producer_drain(b: &KernelBuilder<'_, '_>, cfg: &AttnKernelConfig) {
     if !cfg.tma {
         b.call_void("llvm.nvvm.cp.async.wait.all", &[]);
     }
