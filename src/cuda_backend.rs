@@ -134,6 +134,7 @@ pub fn plan(a: &NvptxArtifact, bind: &DimBindings) -> Result<(Vec<BufferDesc>, V
                 (BufferInit::Poison, format!("value %{}#{}", v.node.index(), v.result))
             }
             cg::BufferKind::Scratch(s) => (BufferInit::Poison, format!("scratch {i}: {s}")),
+            cg::BufferKind::Counters(s) => (BufferInit::Zero, format!("counters {i}: {s}")),
         };
         buffers.push(BufferDesc { bytes, init, label });
     }
@@ -292,12 +293,17 @@ fn prepare_with(
     Ok(Prepared { program, outs, rt, inputs: ins })
 }
 
-/// Runs a prepared program once: its outputs by name, the kernel time and the device name.
+/// Runs a prepared program twice (the second time on poisoned buffers): the second run's
+/// outputs by name and kernel time, and the device name.
 fn run_prepared(p: Prepared, opts: RunOptions) -> Result<(TensorMap, f64, String), Error> {
     let device = p.rt.device_info().map_err(cuda_err)?.name;
     let mut s = p.rt.load(&p.program).map_err(cuda_err)?;
     let refs: Vec<&[u8]> = p.inputs.iter().map(|v| v.as_slice()).collect();
     s.upload(&refs).map_err(cuda_err)?;
+    s.timed_run().map_err(cuda_err)?;
+    // The outputs are the second run's, on buffers poisoned again: kernels that keep state for
+    // the next launch (counters they must leave zero) fail here, not in someone's training.
+    s.repoison().map_err(cuda_err)?;
     let kernel_ms = s.timed_run().map_err(cuda_err)?;
     let datas = s.download_outputs().map_err(cuda_err)?;
     let mut out = TensorMap::new();
@@ -318,8 +324,8 @@ fn run_prepared(p: Prepared, opts: RunOptions) -> Result<(TensorMap, f64, String
 }
 
 /// Interface I1: compiles for the GPU present the values `outputs` (each under its name), runs
-/// once and returns them. Every buffer is poisoned (NaN) first; a NaN left in an output is an
-/// error unless `opts.allow_nan`.
+/// (twice, see [`run_prepared`]) and returns them. Every buffer is poisoned (NaN) before each
+/// run; a NaN left in an output is an error unless `opts.allow_nan`.
 pub fn run_outputs(
     g: &Graph,
     outputs: &[(String, Value)],
@@ -341,7 +347,7 @@ pub fn run_debug_starts(
     Ok(run_prepared(prepare_with(g, outputs, inputs, true)?, opts)?.0)
 }
 
-/// Compiles for the GPU present, runs once and returns the graph's output (see [`run_outputs`]).
+/// Compiles for the GPU present, runs and returns the graph's output (see [`run_outputs`]).
 pub fn run(g: &Graph, inputs: &TensorMap) -> Result<CudaRun, Error> {
     let outputs = single_output(g)?;
     let (mut m, kernel_ms, device) = run_prepared(prepare(g, &outputs, inputs)?, RunOptions::default())?;

@@ -96,33 +96,31 @@ fn fox_plan_has_one_kernel_per_node_and_no_boundary_launch() {
     let g = fox_graph(foxc_passes::rules::by_name("paper").unwrap(), NormBound::Data);
     let a = compile(&g, &spec(NvptxTarget::Sm90a, 64)).expect("compiles");
     let names: Vec<&str> = a.kernels.iter().map(|k| k.name.as_str()).collect();
-    // The output cast to bf16 is fused into the attention epilogue: no cast launch.
-    assert_eq!(names.len(), 4, "{names:?}");
+    // The output cast to bf16 is fused into the attention epilogue: no cast launch. The paper
+    // rule reads only norm statistics: the threshold is one kernel (norms, then each head's
+    // last block evaluates its deltas).
+    assert_eq!(names.len(), 3, "{names:?}");
     assert!(names[0].contains("gate_cumsum"), "{names:?}");
-    assert!(names[1].contains("threshold_norms"), "{names:?}");
-    assert!(names[2].contains("threshold_delta"), "{names:?}");
-    assert!(names[3].starts_with("foxc_attn_fwd_d64_bm128_bn64") && names[3].contains("_prune"), "{names:?}");
-    assert!(names[3].contains("_obf16_"), "{names:?}");
+    assert!(names[1].contains("threshold_norms_delta"), "{names:?}");
+    assert!(names[2].starts_with("foxc_attn_fwd_d64_bm128_bn64") && names[2].contains("_prune"), "{names:?}");
+    assert!(names[2].contains("_obf16_"), "{names:?}");
     for k in &a.kernels {
         assert!(a.ptx.contains(&format!(".entry {}", k.name)), "PTX lacks {}", k.name);
     }
     assert!(a.ptx.contains(".target sm_90a"));
-    // The per-tile norms are scratch, written by the norms kernel and read by the delta kernel.
-    let nb = match &a.kernels[1].args[2] {
+    let buffer = |k: usize, arg: usize| match &a.kernels[k].args[arg] {
         KernelArg::Buffer(b) => *b,
         other => panic!("{other:?}"),
     };
-    assert!(matches!(a.buffers[nb].kind, BufferKind::Scratch(_)));
-    assert!(matches!(&a.kernels[2].args[2], KernelArg::Buffer(b) if *b == nb));
-    // Attention reads delta directly (argument 5) and its geometry follows the tiles.
-    let delta_buf = match &a.kernels[3].args[4] {
-        KernelArg::Buffer(b) => *b,
-        other => panic!("{other:?}"),
-    };
-    assert_eq!(
-        a.buffers[delta_buf].kind,
-        BufferKind::Value(g.find(|o| matches!(o, Op::Threshold { .. }))[0].into())
-    );
+    // Its arguments: the per-tile norms (scratch), delta (the threshold's value, which the
+    // attention reads as its argument 5) and the per-head arrival counters (zero at the first
+    // launch, left zero: counters, not scratch).
+    assert!(matches!(a.buffers[buffer(1, 2)].kind, BufferKind::Scratch(_)));
+    let threshold = g.find(|o| matches!(o, Op::Threshold { .. }))[0];
+    assert_eq!(a.buffers[buffer(1, 3)].kind, BufferKind::Value(threshold.into()));
+    assert!(matches!(a.buffers[buffer(1, 4)].kind, BufferKind::Counters(_)));
+    assert_eq!(a.buffers[buffer(1, 4)].dtype, DType::I32);
+    assert_eq!(buffer(2, 4), buffer(1, 3));
     let bind = |s: &str| match s {
         "B" => Some(2),
         "H" => Some(3),
@@ -130,15 +128,15 @@ fn fox_plan_has_one_kernel_per_node_and_no_boundary_launch() {
         "D" => Some(64),
         _ => None,
     };
-    let geo = a.kernels[3].geometry(&bind).unwrap();
+    let geo = a.kernels[2].geometry(&bind).unwrap();
     // The attention kernel's own geometry (a block may own part of a bm tile).
-    let Launch::Attention { cfg, .. } = &a.kernels[3].launch else { panic!("not attention") };
+    let Launch::Attention { cfg, .. } = &a.kernels[2].launch else { panic!("not attention") };
     assert_eq!(geo, foxc_codegen::nvptx::attention::launch_geometry(cfg, 1000, 6, None));
     assert_eq!(geo.grid.1, 6);
     assert_eq!(a.kernels[0].geometry(&bind).unwrap().grid, (6, 1, 1));
     assert_eq!(a.buffers[a.outputs[0]].dtype, DType::BF16);
     // The attention writes the graph output directly (out_dtype bf16).
-    assert!(matches!(&a.kernels[3].args[5], KernelArg::Buffer(b) if *b == a.outputs[0]));
+    assert!(matches!(&a.kernels[2].args[5], KernelArg::Buffer(b) if *b == a.outputs[0]));
     assert_eq!(a.buffers[a.outputs[0]].kind, BufferKind::Value(g.output.unwrap().into()));
     assert!(cfg.out_bf16);
 }
@@ -149,10 +147,10 @@ fn cast_to_f16_is_not_fused() {
     let g = fox_graph_out(foxc_passes::rules::by_name("paper").unwrap(), NormBound::Data, DType::F16);
     let a = compile(&g, &spec(NvptxTarget::Sm90a, 64)).expect("compiles");
     let names: Vec<&str> = a.kernels.iter().map(|k| k.name.as_str()).collect();
-    assert_eq!(names.len(), 5, "{names:?}");
-    assert!(!names[3].contains("_obf16"), "{names:?}");
-    assert!(names[4].contains("cast"), "{names:?}");
-    let Launch::Attention { cfg, .. } = &a.kernels[3].launch else { panic!("not attention") };
+    assert_eq!(names.len(), 4, "{names:?}");
+    assert!(!names[2].contains("_obf16"), "{names:?}");
+    assert!(names[3].contains("cast"), "{names:?}");
+    let Launch::Attention { cfg, .. } = &a.kernels[2].launch else { panic!("not attention") };
     assert!(!cfg.out_bf16);
 }
 
@@ -273,6 +271,19 @@ fn fox_gate_and_threshold_llvm_ir_snapshot() {
     .expect("compiles");
     let small = small_kernels_ir(&a.llvm_ir);
     insta::assert_snapshot!("nvptx_fox_gate_threshold_sm90a_d64", small);
+}
+
+/// The paper rule's threshold: one kernel (norms, then each head's last block evaluates the
+/// deltas of all its tiles).
+#[test]
+fn fox_gate_and_one_kernel_threshold_llvm_ir_snapshot() {
+    let a = compile(
+        &fox_graph(foxc_passes::rules::by_name("paper").unwrap(), NormBound::Data),
+        &spec(NvptxTarget::Sm90a, 64),
+    )
+    .expect("compiles");
+    let small = small_kernels_ir(&a.llvm_ir);
+    insta::assert_snapshot!("nvptx_fox_gate_threshold_paper_sm90a_d64", small);
 }
 
 /// The IR of every kernel but attention, with attribute-group numbers dropped (they shift when

@@ -1,7 +1,8 @@
 //! The NVPTX threshold kernels for every rule of the table: each formula compiles under every
 //! kind of score bound and norm bound, the per-tile norms kernel is launched exactly when the
-//! rendered formula reads a norm statistic from the data, and (when ptxas is found) the PTX
-//! assembles for sm_90a and sm_80.
+//! rendered formula reads a norm statistic from the data (with the deltas in the same kernel
+//! when it reads no row statistic), and (when ptxas is found) the PTX assembles for sm_90a and
+//! sm_80.
 
 use foxc_codegen::nvptx::ptxas;
 use foxc_codegen::nvptx::{compile, NvptxSpec, NvptxTarget};
@@ -62,8 +63,16 @@ fn every_rule_compiles_with_a_norms_kernel_exactly_when_it_reads_data_norms() {
     for (what, g, norms) in &cases {
         let a = compile(g, &spec(NvptxTarget::Sm90a)).unwrap_or_else(|e| panic!("{what}: {e}"));
         let names: Vec<&str> = a.kernels.iter().map(|k| k.name.as_str()).collect();
-        assert!(names.last().is_some_and(|n| n.contains("threshold_delta")), "{what}: {names:?}");
+        // Norm statistics without row statistics: one kernel (norms, then each head's deltas).
+        let fused = *norms
+            && !g.find(|o| matches!(o, Op::Threshold { .. })).iter().any(|&n| {
+                let Op::Threshold { rule, score, .. } = g.op(n) else { return false };
+                rule.formula.stats_under(score).iter().any(|s| s.per_row())
+            });
+        let last = if fused { "threshold_norms_delta" } else { "threshold_delta" };
+        assert!(names.last().is_some_and(|n| n.contains(last)), "{what}: {names:?}");
         assert_eq!(names.iter().any(|n| n.contains("threshold_norms")), *norms, "{what}: {names:?}");
+        assert_eq!(names.len(), if *norms && !fused { 2 } else { 1 }, "{what}: {names:?}");
     }
 }
 
@@ -121,5 +130,24 @@ fn debug_starts_add_a_buffer_and_a_parameter_only_when_asked() {
             ptxas::assemble(&ptxas, &a.ptx, t.cpu())
                 .unwrap_or_else(|log| panic!("ptxas failed on dbg:\n{log}"));
         }
+    }
+}
+
+/// The one-kernel threshold counts each head's blocks in with a relaxed atomic between two
+/// `fence.acq_rel.gpu` (the writer's release, the last block's acquire), tells the whole block
+/// whether it was last through `bar.red.or`, and scans the tiles' key norms (`shfl.sync.up`)
+/// only for a formula that reads k_causal.
+#[test]
+fn the_one_kernel_threshold_counts_blocks_in_and_scans_only_for_k_causal() {
+    for (name, scans) in [("paper", false), ("local", true)] {
+        let rule = foxc_passes::rules::by_name(name).unwrap();
+        let g = threshold_graph(rule, NormBound::Data, ScoreBound::IDENTITY);
+        let a = compile(&g, &spec(NvptxTarget::Sm90a)).unwrap();
+        assert_eq!(a.kernels.len(), 1, "{name}");
+        assert!(a.kernels[0].name.contains("threshold_norms_delta"), "{name}");
+        assert_eq!(a.ptx.matches("fence.acq_rel.gpu;").count(), 2, "{name}");
+        assert_eq!(a.ptx.matches("atom.global.add.u32").count(), 1, "{name}");
+        assert!(a.ptx.contains("bar.red.or.pred"), "{name}");
+        assert_eq!(a.ptx.contains("shfl.sync.up"), scans, "{name}");
     }
 }

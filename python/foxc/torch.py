@@ -80,16 +80,21 @@ def _launch(plan, tensors: Dict, dev) -> List[torch.Tensor]:
     outputs. (Temporaries freed after the launch are safe: torch's allocator reuses memory in
     stream order.)"""
     outs = [torch.empty(shape, dtype=_TORCH_DTYPES[dtype], device=dev) for _, dtype, shape in plan.outputs]
-    offsets, total = [], 0
+    # Workspace: "scratch" buffers in one torch.empty, "zeroed" ones (counters the kernels
+    # expect zero and leave zero) in one torch.zeros.
+    offsets, totals = [], {"scratch": 0, "zeroed": 0}
     for (role, _), size in zip(plan.roles, plan.sizes):
-        offsets.append(total)
-        if role == "scratch":
-            total += (size + _ALIGN - 1) // _ALIGN * _ALIGN
-    ws = torch.empty(max(total, 1), dtype=torch.uint8, device=dev)
+        offsets.append(totals.get(role, 0))
+        if role in totals:
+            totals[role] += (size + _ALIGN - 1) // _ALIGN * _ALIGN
+    ws = {"scratch": torch.empty(max(totals["scratch"], 1), dtype=torch.uint8, device=dev)}
+    # (No memset when the plan has no counters: zero-byte buffers take any valid pointer.)
+    z = totals["zeroed"]
+    ws["zeroed"] = torch.zeros(z, dtype=torch.uint8, device=dev) if z else ws["scratch"]
     ptrs = []
     for (role, i), off, size in zip(plan.roles, offsets, plan.sizes):
-        if role == "scratch":
-            ptrs.append(ws.data_ptr() + off)
+        if role in ws:
+            ptrs.append(ws[role].data_ptr() + off)
             continue
         t = tensors[i] if role == "input" else outs[i]
         if t.numel() * t.element_size() < size:

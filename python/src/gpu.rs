@@ -19,7 +19,9 @@ use std::sync::{Arc, Mutex};
 /// The launches of one program for one set of shapes on one device, and the buffers the
 /// caller provides: `roles[n]` says what buffer `n` is: `("input", i)` the tensor of the
 /// program's i-th parameter, `("output", j)` the tensor of output j (`outputs[j]`: name, dtype,
-/// shape), `("scratch", 0)` workspace of `sizes[n]` bytes.
+/// shape), `("scratch", 0)` workspace of `sizes[n]` bytes, `("zeroed", 0)` workspace of
+/// `sizes[n]` bytes that must be zero when the plan is launched (counters the kernels leave
+/// zero).
 ///
 /// A forward plan has the outputs `out` and, when the output is a fused attention's, `lse` (its
 /// row log-sum-exp `[B, H, T]` f32, what the backward reads); a gradient plan has
@@ -184,6 +186,7 @@ fn build(
             }
             (BufferKind::Param { index, .. }, None) => ("input".to_string(), *index),
             (_, Some(j)) => ("output".to_string(), j),
+            (BufferKind::Counters(_), None) => ("zeroed".to_string(), 0),
             _ => ("scratch".to_string(), 0),
         });
     }

@@ -95,6 +95,8 @@ pub enum BufferInit {
     /// Filled with 0xFF bytes (NaN in every float dtype), so an element that no kernel writes
     /// shows up in the output instead of passing as a stale value.
     Poison,
+    /// Zeroed: counters that the kernels expect zero at their first launch and leave zero.
+    Zero,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -545,7 +547,7 @@ impl Session<'_> {
         self.rt.stream.cu_stream()
     }
 
-    /// Copies the inputs into their buffers and poisons every other buffer.
+    /// Copies the inputs into their buffers, zeroes the counters and poisons every other buffer.
     pub fn upload(&mut self, inputs: &[&[u8]]) -> Result<(), CudaError> {
         for (i, (b, d)) in self.buffers.iter().zip(&self.program.buffers).enumerate() {
             match d.init {
@@ -576,6 +578,25 @@ impl Session<'_> {
                     unsafe { result::memset_d8_sync(b.ptr, 0xFF, b.bytes) }
                         .ctx(|| format!("poisoning buffer {i} ({})", d.label))?;
                 }
+                BufferInit::Zero => {
+                    // SAFETY: within the allocation.
+                    unsafe { result::memset_d8_sync(b.ptr, 0, b.bytes) }
+                        .ctx(|| format!("zeroing buffer {i} ({})", d.label))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Poisons every buffer that [`Self::upload`] poisons, again, and leaves the inputs and
+    /// the counters as the previous run left them: a second run then shows whether the plan
+    /// computes everything again from what its kernels leave behind.
+    pub fn repoison(&mut self) -> Result<(), CudaError> {
+        for (i, (b, d)) in self.buffers.iter().zip(&self.program.buffers).enumerate() {
+            if d.init == BufferInit::Poison {
+                // SAFETY: within the allocation.
+                unsafe { result::memset_d8_sync(b.ptr, 0xFF, b.bytes) }
+                    .ctx(|| format!("poisoning buffer {i} ({})", d.label))?;
             }
         }
         Ok(())

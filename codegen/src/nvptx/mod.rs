@@ -94,6 +94,10 @@ pub enum BufferKind {
     Value(Value),
     /// Kernel-private scratch (norms of the threshold, bf16 copies).
     Scratch(String),
+    /// i32 counters that must be zero before the plan's first launch; the kernels that use
+    /// them leave them zero (the threshold's per-head arrivals), so they need no clearing
+    /// between runs.
+    Counters(String),
 }
 
 /// One device buffer of the plan: a dense tensor of `shape` (resolved with the bound dims).

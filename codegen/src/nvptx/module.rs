@@ -168,6 +168,13 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         self.buffers.len() - 1
     }
 
+    /// Kernel-private i32 counters, zero before the first launch and left zero by every kernel
+    /// that uses them ([`BufferKind::Counters`]).
+    pub(super) fn counters(&mut self, shape: Vec<Dim>, what: String) -> usize {
+        self.buffers.push(BufferInfo { dtype: DType::I32, shape, kind: BufferKind::Counters(what) });
+        self.buffers.len() - 1
+    }
+
     /// The buffer of value `v` (a node's result 0 when given a `ValueId`): an operand lowered
     /// before, or a result of the node being lowered.
     pub(super) fn buf(&self, v: impl Into<Value>) -> Result<usize, CodegenError> {
@@ -488,15 +495,32 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                     },
                 };
                 let tiles = GridDim::Ceil(vec![t.clone()], *bm);
+                let grid = |block| Launch::Grid { x: tiles.clone(), y: GridDim::Ceil(bh.clone(), 1), block };
+                let mut norms_shape = bh.clone();
+                norms_shape.push(Dim::Tiles(Box::new(t.clone()), *bm));
+                norms_shape.push(Dim::Const(2));
+                let norms_what = format!("per-tile max squared norms of q, k for %{}", n.index());
+                if threshold::fuses_delta(&spec) {
+                    // One launch: the norms, then each head's last block evaluates its deltas.
+                    let nb = self.scratch(DType::F32, norms_shape, norms_what);
+                    let arrived =
+                        self.counters(bh.clone(), format!("blocks of each head done with %{}", n.index()));
+                    let name = self.name(n, "threshold_norms_delta");
+                    threshold::build_threshold_fused(self.ctx, self.module, &name, &spec).map_err(ie)?;
+                    let args = vec![
+                        KernelArg::Buffer(qb),
+                        KernelArg::Buffer(kb),
+                        KernelArg::Buffer(nb),
+                        KernelArg::Buffer(res),
+                        KernelArg::Buffer(arrived),
+                        KernelArg::I32(vec![t.clone()]),
+                        KernelArg::LnF32(vec![t]),
+                    ];
+                    self.push(n, name, args, grid(threshold::norm_threads(d, *bm)), vec![]);
+                    return Ok(());
+                }
                 let norms = if threshold::needs_norms(rule, score, spec.bound) {
-                    let mut shape = bh.clone();
-                    shape.push(Dim::Tiles(Box::new(t.clone()), *bm));
-                    shape.push(Dim::Const(2));
-                    let nb = self.scratch(
-                        DType::F32,
-                        shape,
-                        format!("per-tile max squared norms of q, k for %{}", n.index()),
-                    );
+                    let nb = self.scratch(DType::F32, norms_shape, norms_what);
                     let name = self.name(n, "threshold_norms");
                     threshold::build_threshold_norms(
                         self.ctx,
@@ -514,12 +538,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                         KernelArg::Buffer(nb),
                         KernelArg::I32(vec![t.clone()]),
                     ];
-                    let launch = Launch::Grid {
-                        x: tiles.clone(),
-                        y: GridDim::Ceil(bh.clone(), 1),
-                        block: ROW_THREADS,
-                    };
-                    self.push(n, name, args, launch, vec![]);
+                    self.push(n, name, args, grid(threshold::norm_threads(d, *bm)), vec![]);
                     nb
                 } else {
                     res
@@ -534,8 +553,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                     KernelArg::I32(vec![t.clone()]),
                     KernelArg::LnF32(vec![t]),
                 ];
-                let launch = Launch::Grid { x: tiles, y: GridDim::Ceil(bh, 1), block: ROW_THREADS };
-                self.push(n, name, args, launch, vec![]);
+                self.push(n, name, args, grid(ROW_THREADS), vec![]);
             }
             Op::Attention(a) => self.attention(n, res, a)?,
             _ => unreachable!("filtered above"),

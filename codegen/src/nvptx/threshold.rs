@@ -3,10 +3,15 @@
 //! f32 instructions; this file only computes the statistics the formula reads.
 //!
 //! - [`build_threshold_norms`]: `norms [BH, Mt, 2]`, the largest squared norm of q and of k
-//!   over the rows of each query tile (no atomics: one block per tile).
+//!   over the rows of each query tile (one block per tile).
 //! - [`build_threshold_delta`]: one block per (tile m, head); head statistics (`q_max`,
 //!   `k_max`) and `k_causal` (keys of tiles `0..=m`) are block maxima over the norms buffer,
 //!   `q_tile` is tile m's entry, the row statistics (`q_i`, `s_ii`) come from the rows.
+//! - [`build_threshold_fused`], for a formula of norm statistics without row statistics
+//!   ([`fuses_delta`]): the norms kernel, whose last block of each head (a per-head arrival
+//!   counter) then evaluates `delta` of all the head's tiles. One launch instead of two: the
+//!   threshold is on the way to the attention beside the gate scan, and at small shapes the
+//!   second launch made it the longer of the two (docs/GPU_KERNEL.md, run 16).
 //!
 //! The attention's q may be `s q'` with `s` folded away (`module.rs`, `resolve_q`): the kernels
 //! read q', so data statistics of q are multiplied by `|s|` and `s_ii` by `s` here; a static
@@ -14,9 +19,10 @@
 
 use super::builder::{KernelBuilder, ParamTy};
 use super::kernels::{lane_warp, load_row, ROW_THREADS};
+use inkwell::attributes::AttributeLoc;
 use inkwell::context::Context;
 use inkwell::module::Module;
-use inkwell::values::{FloatValue, FunctionValue, IntValue};
+use inkwell::values::{FloatValue, FunctionValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
 
 use foxc_ir::prune_rule::{RuleEmitter, Stat};
@@ -32,13 +38,23 @@ fn norm_rows(d: u32) -> u32 {
     (1024 / d.max(1)).clamp(2, 16)
 }
 
+/// Threads per block of the norms kernels: enough warps that one step of [`norm_rows`] rows per
+/// warp covers the tile (one round trip to memory per block instead of `bm / (4 rows)`), at
+/// least [`ROW_THREADS`], at most 512 (the kernel declares it: `.maxntid`).
+pub fn norm_threads(d: u32, bm: u32) -> u32 {
+    (32 * bm.div_ceil(norm_rows(d))).clamp(ROW_THREADS, 512)
+}
+
 /// Tiles of the head's norms each thread of the delta kernel loads at once.
 const FOLD_TILES: u32 = 4;
+
+/// The formula's statistics as LLVM values, indexed by [`Stat`] (None: not computed).
+type Stats<'ctx> = [Option<FloatValue<'ctx>>; Stat::ALL.len()];
 
 /// Renders the formula's operations as LLVM f32 instructions over precomputed statistics.
 struct Llvm<'a, 'b, 'ctx> {
     k: &'a Kb<'b, 'ctx>,
-    stats: [Option<FloatValue<'ctx>>; Stat::ALL.len()],
+    stats: Stats<'ctx>,
 }
 
 impl<'ctx> RuleEmitter for Llvm<'_, '_, 'ctx> {
@@ -80,17 +96,19 @@ pub(super) fn kv_rows<'ctx>(
     k.mul(k.sext64(kvh), k.sext64(t_len))
 }
 
-/// Combine per-thread values `vals` over the block with `op` (max or min): warp reduction,
-/// then every thread reads the warps' results from shared memory (so all threads hold them).
+/// Combine per-thread values `vals` over a block of `warps` warps with `op` (max or min): warp
+/// reduction, then every thread reads the warps' results from shared memory (so all threads
+/// hold them).
 fn block_reduce<'ctx>(
     k: &Kb<'_, 'ctx>,
     name: &str,
     vals: &[FloatValue<'ctx>],
     (lane, warp): (IntValue<'ctx>, IntValue<'ctx>),
+    warps: u32,
     min: bool,
 ) -> Vec<FloatValue<'ctx>> {
     let op = |a, b| if min { k.fmin(a, b) } else { k.fmax(a, b) };
-    let sh = k.shared_f32(name, WARPS * vals.len() as u32);
+    let sh = k.shared_f32(name, warps * vals.len() as u32);
     let wr: Vec<FloatValue<'ctx>> = vals
         .iter()
         .map(|&v| {
@@ -104,58 +122,86 @@ fn block_reduce<'ctx>(
     let is0 = k.icmpc(IntPredicate::EQ, lane, 0);
     k.if_then(is0, |k| {
         for (s, v) in wr.iter().enumerate() {
-            let at = k.addc(warp, (s as u32 * WARPS) as i64);
+            let at = k.addc(warp, (s as u32 * warps) as i64);
             k.store(k.shared_at(sh, at), *v);
         }
     });
     k.barrier();
     (0..vals.len())
         .map(|s| {
-            let mut v = k.load_f32(k.shared_at(sh, k.i32((s as u32 * WARPS) as i64)));
-            for w in 1..WARPS {
-                v = op(v, k.load_f32(k.shared_at(sh, k.i32((s as u32 * WARPS + w) as i64))));
+            let mut v = k.load_f32(k.shared_at(sh, k.i32((s as u32 * warps) as i64)));
+            for w in 1..warps {
+                v = op(v, k.load_f32(k.shared_at(sh, k.i32((s as u32 * warps + w) as i64))));
             }
             v
         })
         .collect()
 }
 
-/// Per-tile maxima of squared norms: params `(q, k, norms: f32 [BH, Mt, 2], T: i32)`.
-/// Grid `(Mt, BH)`, block [`ROW_THREADS`]: each warp loads [`norm_rows`] rows at a time, one
-/// row spread over the warp (each row's sum in the same order as before: bit-identical norms).
-pub fn build_threshold_norms<'ctx>(
-    ctx: &'ctx Context,
-    module: &Module<'ctx>,
+/// Inclusive running maximum of `v` over the threads of a block of `warps` warps, in thread
+/// order, and the block's maximum: a warp scan (`shfl.up`; a lane below the distance keeps its
+/// own value, which max leaves unchanged), then the maxima of the warps before this one from
+/// shared memory. Ends with a barrier, so the caller may call it again in a loop.
+fn block_scan_max<'ctx>(
+    k: &Kb<'_, 'ctx>,
     name: &str,
-    d: u32,
-    kv_group: u32,
+    v: FloatValue<'ctx>,
+    (lane, warp): (IntValue<'ctx>, IntValue<'ctx>),
+    warps: u32,
+) -> (FloatValue<'ctx>, FloatValue<'ctx>) {
+    let mut x = v;
+    for dist in [1, 2, 4, 8, 16] {
+        x = k.fmax(x, k.shfl_up(x, dist));
+    }
+    let sh = k.shared_f32(name, warps);
+    k.if_then(k.icmpc(IntPredicate::EQ, lane, 31), |k| k.store(k.shared_at(sh, warp), x));
+    k.barrier();
+    let (mut before, mut total) = (x, x);
+    for w in 0..warps {
+        let m = k.load_f32(k.shared_at(sh, k.i32(w as i64)));
+        let earlier = k.icmpc(IntPredicate::UGT, warp, w as i64);
+        before = k.select_f(earlier, k.fmax(before, m), before);
+        total = k.fmax(total, m);
+    }
+    k.barrier();
+    (before, total)
+}
+
+/// The largest squared norms of q and k over the rows of tile `m` of head `bh` (every thread
+/// gets them): each warp loads [`norm_rows`] rows at a time, one row spread over the warp (each
+/// row's sum in the same order as before: bit-identical norms).
+struct TileNorms<'ctx> {
+    q: FloatValue<'ctx>,
+    k: FloatValue<'ctx>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn tile_norms<'ctx>(
+    k: &Kb<'_, 'ctx>,
+    name: &str,
+    (q, kk): (PointerValue<'ctx>, PointerValue<'ctx>),
     (q_dt, k_dt): (DType, DType),
-    bm: u32,
-) -> R<FunctionValue<'ctx>> {
-    let params = [("q", ParamTy::Ptr), ("k", ParamTy::Ptr), ("norms", ParamTy::Ptr), ("T", ParamTy::I32)];
-    let k = Kb::kernel(ctx, module, name, &params)?;
-    let (q, kk, norms, t_len) = (k.param_ptr(0), k.param_ptr(1), k.param_ptr(2), k.param_int(3));
+    (d, kv_group, bm): (u32, u32, u32),
+    (m, bh, t_len): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
+    lw: (IntValue<'ctx>, IntValue<'ctx>),
+    warps: u32,
+) -> TileNorms<'ctx> {
+    let (lane, warp) = lw;
     let qm = k.declare_var(k.f32(0.0).into());
     let km = k.declare_var(k.f32(0.0).into());
-    let tid = k.sreg("tid.x");
-    let lw = lane_warp(&k, tid);
-    let (lane, warp) = lw;
-    let m = k.sreg("ctaid.x");
-    let bh = k.sreg("ctaid.y");
-    let mt = k.sreg("nctaid.x");
     let i0 = k.mulc(m, bm as i64);
     let last = k.smin(k.addc(i0, bm as i64), t_len);
     let bh_base = k.mul(k.sext64(bh), k.sext64(t_len));
-    let kbh_base = kv_rows(&k, bh, t_len, kv_group);
+    let kbh_base = kv_rows(k, bh, t_len, kv_group);
     // norm_rows(d) rows per warp and step, all their loads issued before any arithmetic: the
     // kernel is bound by the bytes in flight (one row at a time left the memory system idle).
     // A row past the tile repeats the tile's last row (its norms are already in the maxima).
     let nrows = norm_rows(d);
-    let step = k.i32((WARPS * nrows) as i64);
+    let step = k.i32((warps * nrows) as i64);
     k.for_range(k.add(i0, warp), last, step, |k, i| {
         let rows: Vec<_> = (0..nrows)
             .map(|r| {
-                let row = k.smin(k.addc(i, (r * WARPS) as i64), k.addc(last, -1));
+                let row = k.smin(k.addc(i, (r * warps) as i64), k.addc(last, -1));
                 let base = k.mul(k.add(bh_base, k.sext64(row)), k.i64(d as i64));
                 let kbase = k.mul(k.add(kbh_base, k.sext64(row)), k.i64(d as i64));
                 (load_row(k, q_dt, q, base, lane, d), load_row(k, k_dt, kk, kbase, lane, d))
@@ -171,17 +217,55 @@ pub fn build_threshold_norms<'ctx>(
             k.def_var(km, k.fmax(k.use_f(km), k.warp_sum(sk)));
         }
     });
-    let r = block_reduce(&k, &format!("{name}_max"), &[k.use_f(qm), k.use_f(km)], lw, false);
-    let t0 = k.icmpc(IntPredicate::EQ, tid, 0);
-    k.if_then(t0, |k| {
-        let tile = k.add(k.mul(k.sext64(bh), k.sext64(mt)), k.sext64(m));
-        for (slot, v) in r.iter().enumerate() {
-            k.store_f(DType::F32, norms, k.addc(k.mulc(tile, 2), slot as i64), *v);
-        }
-    });
-    k.finish()
+    let r = block_reduce(k, &format!("{name}_max"), &[k.use_f(qm), k.use_f(km)], lw, warps, false);
+    TileNorms { q: r[0], k: r[1] }
 }
 
+/// Declares the block size of a norms kernel (`.maxntid`), so that ptxas keeps the registers
+/// within what [`norm_threads`] threads may hold, and `.minnctapersm 1` (with `.maxntid` alone
+/// ptxas 13.0 capped the per-row rules' norms kernel at 80 registers and spilled).
+fn declare_threads<'ctx>(ctx: &'ctx Context, f: FunctionValue<'ctx>, threads: u32) {
+    for (key, v) in [("nvvm.maxntid", threads), ("nvvm.minctasm", 1)] {
+        f.add_attribute(AttributeLoc::Function, ctx.create_string_attribute(key, &v.to_string()));
+    }
+}
+
+/// Per-tile maxima of squared norms: params `(q, k, norms: f32 [BH, Mt, 2], T: i32)`.
+/// Grid `(Mt, BH)`, block [`norm_threads`].
+pub fn build_threshold_norms<'ctx>(
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    name: &str,
+    d: u32,
+    kv_group: u32,
+    dts: (DType, DType),
+    bm: u32,
+) -> R<FunctionValue<'ctx>> {
+    let params = [("q", ParamTy::Ptr), ("k", ParamTy::Ptr), ("norms", ParamTy::Ptr), ("T", ParamTy::I32)];
+    let k = Kb::kernel(ctx, module, name, &params)?;
+    let (q, kk, norms, t_len) = (k.param_ptr(0), k.param_ptr(1), k.param_ptr(2), k.param_int(3));
+    let threads = norm_threads(d, bm);
+    let tid = k.sreg("tid.x");
+    let lw = lane_warp(&k, tid);
+    let (m, bh, mt) = (k.sreg("ctaid.x"), k.sreg("ctaid.y"), k.sreg("nctaid.x"));
+    let n = tile_norms(&k, name, (q, kk), dts, (d, kv_group, bm), (m, bh, t_len), lw, threads / 32);
+    k.if_then(k.icmpc(IntPredicate::EQ, tid, 0), |k| store_norms(k, norms, (m, bh, mt), &n));
+    let f = k.finish()?;
+    declare_threads(ctx, f, threads);
+    Ok(f)
+}
+
+/// Tile `m`'s entry of the norms buffer `[BH, Mt, 2]`.
+fn store_norms<'ctx>(
+    k: &Kb<'_, 'ctx>,
+    norms: PointerValue<'ctx>,
+    (m, bh, mt): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
+    n: &TileNorms<'ctx>,
+) {
+    let tile = k.add(k.mul(k.sext64(bh), k.sext64(mt)), k.sext64(m));
+    k.store_f(DType::F32, norms, k.mulc(tile, 2), n.q);
+    k.store_f(DType::F32, norms, k.addc(k.mulc(tile, 2), 1), n.k);
+}
 /// Where the threshold kernel gets the norm statistics.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum BoundSrc {
@@ -215,6 +299,42 @@ pub fn needs_norms(rule: &PruneRule, score: &ScoreBound, bound: BoundSrc) -> boo
         && [Stat::QMax, Stat::KMax, Stat::QTile, Stat::KCausal].iter().any(|s| reads.contains(s))
 }
 
+/// Whether the threshold is one kernel ([`build_threshold_fused`]): the formula reads the norms
+/// buffer and no row statistic (a row statistic reads the tile's rows, one block per tile).
+pub fn fuses_delta(s: &DeltaSpec) -> bool {
+    needs_norms(s.rule, &s.score, s.bound)
+        && !s.rule.formula.stats_under(&s.score).iter().any(|x| x.per_row())
+}
+
+/// The statistics every formula may read that do not come from the data.
+fn constant_stats<'ctx>(k: &Kb<'_, 'ctx>, s: &DeltaSpec, ln_t: FloatValue<'ctx>) -> Stats<'ctx> {
+    let mut st: Stats<'ctx> = [None; Stat::ALL.len()];
+    st[Stat::LnEps as usize] = Some(k.f32(s.log_eps));
+    st[Stat::LnT as usize] = Some(ln_t);
+    st[Stat::Scale as usize] = Some(k.f32(s.scale.abs()));
+    st
+}
+
+/// Sets the norm statistics from maxima of squared norms (over the head: q, k; over the keys of
+/// tiles `<= m`: k; over tile m: q). q' norms are scaled by the folded factor `|qscale|`.
+fn set_norm_stats<'ctx>(
+    k: &Kb<'_, 'ctx>,
+    st: &mut Stats<'ctx>,
+    s: &DeltaSpec,
+    (q_max, k_max, k_causal, q_tile): (
+        FloatValue<'ctx>,
+        FloatValue<'ctx>,
+        FloatValue<'ctx>,
+        FloatValue<'ctx>,
+    ),
+) {
+    let aqs = k.f32(s.qscale.abs());
+    st[Stat::QMax as usize] = Some(k.fmul(aqs, k.sqrt(q_max)));
+    st[Stat::KMax as usize] = Some(k.sqrt(k_max));
+    st[Stat::KCausal as usize] = Some(k.sqrt(k_causal));
+    st[Stat::QTile as usize] = Some(k.fmul(aqs, k.sqrt(q_tile)));
+}
+
 /// Per-query-tile delta: params `(q, k, norms: f32 [BH, Mt, 2], delta: f32 [BH, Mt], T: i32,
 /// lnT: f32)`. Grid `(Mt, BH)`, block [`ROW_THREADS`]. `norms` is read only when
 /// [`needs_norms`] (pass any valid pointer otherwise).
@@ -243,10 +363,7 @@ pub fn build_threshold_delta<'ctx>(
     let bh = k.sreg("ctaid.y");
     let mt = k.sreg("nctaid.x");
     let aqs = k.f32(s.qscale.abs());
-    let mut st: [Option<FloatValue<'ctx>>; Stat::ALL.len()] = [None; Stat::ALL.len()];
-    st[Stat::LnEps as usize] = Some(k.f32(s.log_eps));
-    st[Stat::LnT as usize] = Some(ln_t);
-    st[Stat::Scale as usize] = Some(k.f32(s.scale.abs()));
+    let mut st = constant_stats(&k, s, ln_t);
     match s.bound {
         BoundSrc::Static { q_max, k_max } => {
             for (x, v) in
@@ -279,12 +396,9 @@ pub fn build_threshold_delta<'ctx>(
                 }
             });
             let vals: Vec<_> = acc.iter().map(|v| k.use_f(*v)).collect();
-            let r = block_reduce(&k, &format!("{name}_norms"), &vals, lw, false);
+            let r = block_reduce(&k, &format!("{name}_norms"), &vals, lw, WARPS, false);
             let q_tile = k.load_f(DType::F32, norms, k.mulc(k.add(row, k.sext64(m)), 2));
-            st[Stat::QMax as usize] = Some(k.fmul(aqs, k.sqrt(r[0])));
-            st[Stat::KMax as usize] = Some(k.sqrt(r[1]));
-            st[Stat::KCausal as usize] = Some(k.sqrt(r[2]));
-            st[Stat::QTile as usize] = Some(k.fmul(aqs, k.sqrt(q_tile)));
+            set_norm_stats(&k, &mut st, s, (r[0], r[1], r[2], q_tile));
         }
         BoundSrc::Norms => {}
     }
@@ -320,8 +434,118 @@ pub fn build_threshold_delta<'ctx>(
         let v = f.emit(&s.score, &mut Llvm { k, stats: st });
         k.def_var(wmin, k.fmin(k.use_f(wmin), v));
     });
-    let r = block_reduce(&k, &format!("{name}_min"), &[k.use_f(wmin)], lw, true);
+    let r = block_reduce(&k, &format!("{name}_min"), &[k.use_f(wmin)], lw, WARPS, true);
     let t0 = k.icmpc(IntPredicate::EQ, tid, 0);
     k.if_then(t0, |k| k.store_f(DType::F32, delta, out_idx, r[0]));
     k.finish()
+}
+
+/// The threshold in one kernel, for [`fuses_delta`] formulas: params `(q, k, norms: f32
+/// [BH, Mt, 2], delta: f32 [BH, Mt], arrived: i32 [BH], T: i32, lnT: f32)`. Grid `(Mt, BH)`,
+/// block [`norm_threads`]. `arrived` must be zero at the first launch; the kernel leaves it zero.
+///
+/// Each block writes its tile's norms (as [`build_threshold_norms`]) and counts itself in at
+/// its head's `arrived`; the block that arrives last, which sees every norm of the head, resets
+/// the counter and evaluates `delta` of all the head's tiles (as [`build_threshold_delta`], the
+/// same maxima: bit-identical deltas).
+pub fn build_threshold_fused<'ctx>(
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    name: &str,
+    s: &DeltaSpec,
+) -> R<FunctionValue<'ctx>> {
+    if !fuses_delta(s) {
+        return Err(format!("{name}: the formula is not one of norm statistics only"));
+    }
+    let params = [
+        ("q", ParamTy::Ptr),
+        ("k", ParamTy::Ptr),
+        ("norms", ParamTy::Ptr),
+        ("delta", ParamTy::Ptr),
+        ("arrived", ParamTy::Ptr),
+        ("T", ParamTy::I32),
+        ("lnT", ParamTy::F32),
+    ];
+    let k = Kb::kernel(ctx, module, name, &params)?;
+    let (q, kk, norms, delta, arrived) =
+        (k.param_ptr(0), k.param_ptr(1), k.param_ptr(2), k.param_ptr(3), k.param_ptr(4));
+    let (t_len, ln_t) = (k.param_int(5), k.param_f32(6));
+    let threads = norm_threads(s.d, s.bm);
+    let warps = threads / 32;
+    let tid = k.sreg("tid.x");
+    let lw = lane_warp(&k, tid);
+    let (m, bh, mt) = (k.sreg("ctaid.x"), k.sreg("ctaid.y"), k.sreg("nctaid.x"));
+    let n = tile_norms(&k, name, (q, kk), s.dts, (s.d, s.kv_group, s.bm), (m, bh, t_len), lw, warps);
+
+    // Thread 0 writes the norms, then releases them and counts the block in; the last block's
+    // thread 0 acquires every other block's norms and hands them on to its block through the
+    // barrier. (The counter is reset by the last block: nothing else touches it in this launch.)
+    let last = k.declare_var(k.bool(false).into());
+    k.if_then(k.icmpc(IntPredicate::EQ, tid, 0), |k| {
+        store_norms(k, norms, (m, bh, mt), &n);
+        k.fence_acq_rel_gpu();
+        let counter = k.gep_dt(DType::I32, arrived, k.sext64(bh));
+        let before = k.atomic_add_i32(counter, k.i32(1));
+        let is_last = k.icmp(IntPredicate::EQ, before, k.addc(mt, -1));
+        k.if_then(is_last, |k| {
+            k.store(counter, k.i32(0));
+            k.fence_acq_rel_gpu();
+        });
+        k.def_var(last, is_last);
+    });
+    let last = k.barrier_any(k.use_var(last).into_int_value());
+    k.if_then(last, |k| head_delta(k, name, s, (norms, delta), (bh, mt, ln_t), (tid, lw), warps));
+    let f = k.finish()?;
+    declare_threads(ctx, f, threads);
+    Ok(f)
+}
+
+/// `delta` of every tile of head `bh` from the head's tile norms (run by one whole block):
+/// the head maxima by a strided fold and a block reduction, `k_causal` of tile `m` (the keys of
+/// tiles `<= m`) by a running maximum over the tiles in order, one tile per thread and round.
+fn head_delta<'ctx>(
+    k: &Kb<'_, 'ctx>,
+    name: &str,
+    s: &DeltaSpec,
+    (norms, delta): (PointerValue<'ctx>, PointerValue<'ctx>),
+    (bh, mt, ln_t): (IntValue<'ctx>, IntValue<'ctx>, FloatValue<'ctx>),
+    (tid, lw): (IntValue<'ctx>, (IntValue<'ctx>, IntValue<'ctx>)),
+    warps: u32,
+) {
+    let threads = warps * 32;
+    let row = k.mul(k.sext64(bh), k.sext64(mt));
+    let entry = |k: &Kb<'_, 'ctx>, j: IntValue<'ctx>, slot: i64| {
+        k.load_f(DType::F32, norms, k.addc(k.mulc(k.add(row, k.sext64(j)), 2), slot))
+    };
+    let acc: Vec<_> = (0..2).map(|_| k.declare_var(k.f32(0.0).into())).collect();
+    k.for_range(tid, mt, k.i32(threads as i64), |k, j| {
+        k.def_var(acc[0], k.fmax(k.use_f(acc[0]), entry(k, j, 0)));
+        k.def_var(acc[1], k.fmax(k.use_f(acc[1]), entry(k, j, 1)));
+    });
+    let vals: Vec<_> = acc.iter().map(|v| k.use_f(*v)).collect();
+    let head = block_reduce(k, &format!("{name}_head"), &vals, lw, warps, false);
+    // Tiles in rounds of one per thread; `seen` carries the keys' maximum of earlier rounds
+    // (0: squared norms are not negative, as the delta kernel's fold starts).
+    let reads_causal = s.rule.formula.stats_under(&s.score).contains(&Stat::KCausal);
+    let seen = k.declare_var(k.f32(0.0).into());
+    k.for_range(k.i32(0), mt, k.i32(threads as i64), |k, j0| {
+        let j = k.add(j0, tid);
+        let jc = k.smin(j, k.addc(mt, -1));
+        let (q_tile, k_tile) = (entry(k, jc, 0), entry(k, jc, 1));
+        // (Only a formula that reads k_causal pays for the scan and its barriers.)
+        let k_causal = if reads_causal {
+            let (upto, round) = block_scan_max(k, &format!("{name}_causal"), k_tile, lw, warps);
+            let before = k.use_f(seen);
+            k.def_var(seen, k.fmax(before, round));
+            k.fmax(before, upto)
+        } else {
+            head[1]
+        };
+        let mut st = constant_stats(k, s, ln_t);
+        set_norm_stats(k, &mut st, s, (head[0], head[1], k_causal, q_tile));
+        let v = s.rule.formula.emit(&s.score, &mut Llvm { k, stats: st });
+        k.if_then(k.icmp(IntPredicate::SLT, j, mt), |k| {
+            k.store_f(DType::F32, delta, k.add(row, k.sext64(j)), v);
+        });
+    });
 }

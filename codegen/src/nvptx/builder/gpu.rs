@@ -153,6 +153,23 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
         self.keep(r, || self.i32(0))
     }
 
+    /// `fence.acq_rel.gpu`: with a relaxed atomic between two of them, the stores before the
+    /// writer's fence are visible to the loads after the reader's (the threshold's per-head
+    /// arrival counter).
+    pub fn fence_acq_rel_gpu(&self) {
+        self.asm_stmt("fence.acq_rel.gpu;");
+    }
+
+    /// `bar.red.or.pred` on barrier 0: waits for the whole block, as [`Self::barrier`], and
+    /// returns (i1, to every thread) whether `pred` (i1) was true in any thread.
+    pub fn barrier_any(&self, pred: IntValue<'ctx>) -> IntValue<'ctx> {
+        self.call_int(
+            "llvm.nvvm.barrier.cta.red.or.aligned.all",
+            self.i1t(),
+            &[self.i32(0).into(), pred.into()],
+        )
+    }
+
     // ---- asynchronous copies -------------------------------------------------------------
 
     /// `cp.async.cg.shared.global` of 16 bytes.
