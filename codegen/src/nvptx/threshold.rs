@@ -19,7 +19,6 @@
 
 use super::builder::{KernelBuilder, ParamTy};
 use super::kernels::{lane_warp, load_row, ROW_THREADS};
-use inkwell::attributes::AttributeLoc;
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::{FloatValue, FunctionValue, IntValue, PointerValue};
@@ -36,13 +35,6 @@ const WARPS: u32 = ROW_THREADS / 32;
 /// group (8 rows at D = 128, bf16), between 2 and 16 rows.
 fn norm_rows(d: u32) -> u32 {
     (1024 / d.max(1)).clamp(2, 16)
-}
-
-/// Threads per block of the norms kernels: enough warps that one step of [`norm_rows`] rows per
-/// warp covers the tile (one round trip to memory per block instead of `bm / (4 rows)`), at
-/// least [`ROW_THREADS`], at most 512 (the kernel declares it: `.maxntid`).
-pub fn norm_threads(d: u32, bm: u32) -> u32 {
-    (32 * bm.div_ceil(norm_rows(d))).clamp(ROW_THREADS, 512)
 }
 
 /// Tiles of the head's norms each thread of the delta kernel loads at once.
@@ -96,19 +88,17 @@ pub(super) fn kv_rows<'ctx>(
     k.mul(k.sext64(kvh), k.sext64(t_len))
 }
 
-/// Combine per-thread values `vals` over a block of `warps` warps with `op` (max or min): warp
-/// reduction, then every thread reads the warps' results from shared memory (so all threads
-/// hold them).
+/// Combine per-thread values `vals` over the block with `op` (max or min): warp reduction,
+/// then every thread reads the warps' results from shared memory (so all threads hold them).
 fn block_reduce<'ctx>(
     k: &Kb<'_, 'ctx>,
     name: &str,
     vals: &[FloatValue<'ctx>],
     (lane, warp): (IntValue<'ctx>, IntValue<'ctx>),
-    warps: u32,
     min: bool,
 ) -> Vec<FloatValue<'ctx>> {
     let op = |a, b| if min { k.fmin(a, b) } else { k.fmax(a, b) };
-    let sh = k.shared_f32(name, warps * vals.len() as u32);
+    let sh = k.shared_f32(name, WARPS * vals.len() as u32);
     let wr: Vec<FloatValue<'ctx>> = vals
         .iter()
         .map(|&v| {
@@ -122,24 +112,23 @@ fn block_reduce<'ctx>(
     let is0 = k.icmpc(IntPredicate::EQ, lane, 0);
     k.if_then(is0, |k| {
         for (s, v) in wr.iter().enumerate() {
-            let at = k.addc(warp, (s as u32 * warps) as i64);
+            let at = k.addc(warp, (s as u32 * WARPS) as i64);
             k.store(k.shared_at(sh, at), *v);
         }
     });
     k.barrier();
     (0..vals.len())
         .map(|s| {
-            let mut v = k.load_f32(k.shared_at(sh, k.i32((s as u32 * warps) as i64)));
-            for w in 1..warps {
-                v = op(v, k.load_f32(k.shared_at(sh, k.i32((s as u32 * warps + w) as i64))));
+            let mut v = k.load_f32(k.shared_at(sh, k.i32((s as u32 * WARPS) as i64)));
+            for w in 1..WARPS {
+                v = op(v, k.load_f32(k.shared_at(sh, k.i32((s as u32 * WARPS + w) as i64))));
             }
             v
         })
         .collect()
 }
 
-/// Inclusive running maximum of `v` over the threads of a block of `warps` warps, in thread
-/// order, and the block's maximum: a warp scan (`shfl.up`; a lane below the distance keeps its
+/// Inclusive running maximum of `v` over the threads of the block, in thread order, and the block's maximum: a warp scan (`shfl.up`; a lane below the distance keeps its
 /// own value, which max leaves unchanged), then the maxima of the warps before this one from
 /// shared memory. Ends with a barrier, so the caller may call it again in a loop.
 fn block_scan_max<'ctx>(
@@ -147,17 +136,16 @@ fn block_scan_max<'ctx>(
     name: &str,
     v: FloatValue<'ctx>,
     (lane, warp): (IntValue<'ctx>, IntValue<'ctx>),
-    warps: u32,
 ) -> (FloatValue<'ctx>, FloatValue<'ctx>) {
     let mut x = v;
     for dist in [1, 2, 4, 8, 16] {
         x = k.fmax(x, k.shfl_up(x, dist));
     }
-    let sh = k.shared_f32(name, warps);
+    let sh = k.shared_f32(name, WARPS);
     k.if_then(k.icmpc(IntPredicate::EQ, lane, 31), |k| k.store(k.shared_at(sh, warp), x));
     k.barrier();
     let (mut before, mut total) = (x, x);
-    for w in 0..warps {
+    for w in 0..WARPS {
         let m = k.load_f32(k.shared_at(sh, k.i32(w as i64)));
         let earlier = k.icmpc(IntPredicate::UGT, warp, w as i64);
         before = k.select_f(earlier, k.fmax(before, m), before);
@@ -184,7 +172,6 @@ fn tile_norms<'ctx>(
     (d, kv_group, bm): (u32, u32, u32),
     (m, bh, t_len): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
     lw: (IntValue<'ctx>, IntValue<'ctx>),
-    warps: u32,
 ) -> TileNorms<'ctx> {
     let (lane, warp) = lw;
     let qm = k.declare_var(k.f32(0.0).into());
@@ -197,11 +184,11 @@ fn tile_norms<'ctx>(
     // kernel is bound by the bytes in flight (one row at a time left the memory system idle).
     // A row past the tile repeats the tile's last row (its norms are already in the maxima).
     let nrows = norm_rows(d);
-    let step = k.i32((warps * nrows) as i64);
+    let step = k.i32((WARPS * nrows) as i64);
     k.for_range(k.add(i0, warp), last, step, |k, i| {
         let rows: Vec<_> = (0..nrows)
             .map(|r| {
-                let row = k.smin(k.addc(i, (r * warps) as i64), k.addc(last, -1));
+                let row = k.smin(k.addc(i, (r * WARPS) as i64), k.addc(last, -1));
                 let base = k.mul(k.add(bh_base, k.sext64(row)), k.i64(d as i64));
                 let kbase = k.mul(k.add(kbh_base, k.sext64(row)), k.i64(d as i64));
                 (load_row(k, q_dt, q, base, lane, d), load_row(k, k_dt, kk, kbase, lane, d))
@@ -217,21 +204,12 @@ fn tile_norms<'ctx>(
             k.def_var(km, k.fmax(k.use_f(km), k.warp_sum(sk)));
         }
     });
-    let r = block_reduce(k, &format!("{name}_max"), &[k.use_f(qm), k.use_f(km)], lw, warps, false);
+    let r = block_reduce(k, &format!("{name}_max"), &[k.use_f(qm), k.use_f(km)], lw, false);
     TileNorms { q: r[0], k: r[1] }
 }
 
-/// Declares the block size of a norms kernel (`.maxntid`), so that ptxas keeps the registers
-/// within what [`norm_threads`] threads may hold, and `.minnctapersm 1` (with `.maxntid` alone
-/// ptxas 13.0 capped the per-row rules' norms kernel at 80 registers and spilled).
-fn declare_threads<'ctx>(ctx: &'ctx Context, f: FunctionValue<'ctx>, threads: u32) {
-    for (key, v) in [("nvvm.maxntid", threads), ("nvvm.minctasm", 1)] {
-        f.add_attribute(AttributeLoc::Function, ctx.create_string_attribute(key, &v.to_string()));
-    }
-}
-
 /// Per-tile maxima of squared norms: params `(q, k, norms: f32 [BH, Mt, 2], T: i32)`.
-/// Grid `(Mt, BH)`, block [`norm_threads`].
+/// Grid `(Mt, BH)`, block [`ROW_THREADS`].
 pub fn build_threshold_norms<'ctx>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
@@ -244,15 +222,12 @@ pub fn build_threshold_norms<'ctx>(
     let params = [("q", ParamTy::Ptr), ("k", ParamTy::Ptr), ("norms", ParamTy::Ptr), ("T", ParamTy::I32)];
     let k = Kb::kernel(ctx, module, name, &params)?;
     let (q, kk, norms, t_len) = (k.param_ptr(0), k.param_ptr(1), k.param_ptr(2), k.param_int(3));
-    let threads = norm_threads(d, bm);
     let tid = k.sreg("tid.x");
     let lw = lane_warp(&k, tid);
     let (m, bh, mt) = (k.sreg("ctaid.x"), k.sreg("ctaid.y"), k.sreg("nctaid.x"));
-    let n = tile_norms(&k, name, (q, kk), dts, (d, kv_group, bm), (m, bh, t_len), lw, threads / 32);
+    let n = tile_norms(&k, name, (q, kk), dts, (d, kv_group, bm), (m, bh, t_len), lw);
     k.if_then(k.icmpc(IntPredicate::EQ, tid, 0), |k| store_norms(k, norms, (m, bh, mt), &n));
-    let f = k.finish()?;
-    declare_threads(ctx, f, threads);
-    Ok(f)
+    k.finish()
 }
 
 /// Tile `m`'s entry of the norms buffer `[BH, Mt, 2]`.
@@ -396,7 +371,7 @@ pub fn build_threshold_delta<'ctx>(
                 }
             });
             let vals: Vec<_> = acc.iter().map(|v| k.use_f(*v)).collect();
-            let r = block_reduce(&k, &format!("{name}_norms"), &vals, lw, WARPS, false);
+            let r = block_reduce(&k, &format!("{name}_norms"), &vals, lw, false);
             let q_tile = k.load_f(DType::F32, norms, k.mulc(k.add(row, k.sext64(m)), 2));
             set_norm_stats(&k, &mut st, s, (r[0], r[1], r[2], q_tile));
         }
@@ -434,7 +409,7 @@ pub fn build_threshold_delta<'ctx>(
         let v = f.emit(&s.score, &mut Llvm { k, stats: st });
         k.def_var(wmin, k.fmin(k.use_f(wmin), v));
     });
-    let r = block_reduce(&k, &format!("{name}_min"), &[k.use_f(wmin)], lw, WARPS, true);
+    let r = block_reduce(&k, &format!("{name}_min"), &[k.use_f(wmin)], lw, true);
     let t0 = k.icmpc(IntPredicate::EQ, tid, 0);
     k.if_then(t0, |k| k.store_f(DType::F32, delta, out_idx, r[0]));
     k.finish()
@@ -442,7 +417,7 @@ pub fn build_threshold_delta<'ctx>(
 
 /// The threshold in one kernel, for [`fuses_delta`] formulas: params `(q, k, norms: f32
 /// [BH, Mt, 2], delta: f32 [BH, Mt], arrived: i32 [BH], T: i32, lnT: f32)`. Grid `(Mt, BH)`,
-/// block [`norm_threads`]. `arrived` must be zero at the first launch; the kernel leaves it zero.
+/// block [`ROW_THREADS`]. `arrived` must be zero at the first launch; the kernel leaves it zero.
 ///
 /// Each block writes its tile's norms (as [`build_threshold_norms`]) and counts itself in at
 /// its head's `arrived`; the block that arrives last, which sees every norm of the head, resets
@@ -470,12 +445,10 @@ pub fn build_threshold_fused<'ctx>(
     let (q, kk, norms, delta, arrived) =
         (k.param_ptr(0), k.param_ptr(1), k.param_ptr(2), k.param_ptr(3), k.param_ptr(4));
     let (t_len, ln_t) = (k.param_int(5), k.param_f32(6));
-    let threads = norm_threads(s.d, s.bm);
-    let warps = threads / 32;
     let tid = k.sreg("tid.x");
     let lw = lane_warp(&k, tid);
     let (m, bh, mt) = (k.sreg("ctaid.x"), k.sreg("ctaid.y"), k.sreg("nctaid.x"));
-    let n = tile_norms(&k, name, (q, kk), s.dts, (s.d, s.kv_group, s.bm), (m, bh, t_len), lw, warps);
+    let n = tile_norms(&k, name, (q, kk), s.dts, (s.d, s.kv_group, s.bm), (m, bh, t_len), lw);
 
     // Thread 0 writes the norms, then releases them and counts the block in; the last block's
     // thread 0 acquires every other block's norms and hands them on to its block through the
@@ -494,10 +467,8 @@ pub fn build_threshold_fused<'ctx>(
         k.def_var(last, is_last);
     });
     let last = k.barrier_any(k.use_var(last).into_int_value());
-    k.if_then(last, |k| head_delta(k, name, s, (norms, delta), (bh, mt, ln_t), (tid, lw), warps));
-    let f = k.finish()?;
-    declare_threads(ctx, f, threads);
-    Ok(f)
+    k.if_then(last, |k| head_delta(k, name, s, (norms, delta), (bh, mt, ln_t), (tid, lw)));
+    k.finish()
 }
 
 /// `delta` of every tile of head `bh` from the head's tile norms (run by one whole block):
@@ -510,9 +481,8 @@ fn head_delta<'ctx>(
     (norms, delta): (PointerValue<'ctx>, PointerValue<'ctx>),
     (bh, mt, ln_t): (IntValue<'ctx>, IntValue<'ctx>, FloatValue<'ctx>),
     (tid, lw): (IntValue<'ctx>, (IntValue<'ctx>, IntValue<'ctx>)),
-    warps: u32,
 ) {
-    let threads = warps * 32;
+    let threads = ROW_THREADS;
     let row = k.mul(k.sext64(bh), k.sext64(mt));
     let entry = |k: &Kb<'_, 'ctx>, j: IntValue<'ctx>, slot: i64| {
         k.load_f(DType::F32, norms, k.addc(k.mulc(k.add(row, k.sext64(j)), 2), slot))
@@ -523,7 +493,7 @@ fn head_delta<'ctx>(
         k.def_var(acc[1], k.fmax(k.use_f(acc[1]), entry(k, j, 1)));
     });
     let vals: Vec<_> = acc.iter().map(|v| k.use_f(*v)).collect();
-    let head = block_reduce(k, &format!("{name}_head"), &vals, lw, warps, false);
+    let head = block_reduce(k, &format!("{name}_head"), &vals, lw, false);
     // Tiles in rounds of one per thread; `seen` carries the keys' maximum of earlier rounds
     // (0: squared norms are not negative, as the delta kernel's fold starts).
     let reads_causal = s.rule.formula.stats_under(&s.score).contains(&Stat::KCausal);
@@ -534,7 +504,7 @@ fn head_delta<'ctx>(
         let (q_tile, k_tile) = (entry(k, jc, 0), entry(k, jc, 1));
         // (Only a formula that reads k_causal pays for the scan and its barriers.)
         let k_causal = if reads_causal {
-            let (upto, round) = block_scan_max(k, &format!("{name}_causal"), k_tile, lw, warps);
+            let (upto, round) = block_scan_max(k, &format!("{name}_causal"), k_tile, lw);
             let before = k.use_f(seen);
             k.def_var(seen, k.fmax(before, round));
             k.fmax(before, upto)
