@@ -18,8 +18,10 @@
 #   (d) BROKEN must fail (a) for the paper rule at 1x2x4099x64 with --check-starts;
 #   (e) timings: `foxc bench` (graph submission), pruned and dense rows, NEW and OLD
 #       interleaved, ROUNDS rounds, at SMALL (200 runs) and the standard shapes (20 runs);
-#   (f) ncu kernel durations of every kernel at 1x1x2048x128 and 1x16x32768x128, NEW and OLD.
-# Knobs: CHECK=0 / CMP=0 / SAN=0 / TIME=0 / NCU=0 skip a step; ROUNDS, SMALL, SHAPES.
+#       SERIAL=1: also NEW with FOXC_SERIAL_LAUNCHES=1 at SMALL (one chain, no fork and join);
+#   (f) ncu kernel durations of every kernel, pruned and --no-prune, NEW and OLD, at NCU_SHAPES
+#       (default 1x1x2048x128, 1x1x4096x64, 1x16x32768x128).
+# Knobs: CHECK=0 / CMP=0 / SAN=0 / TIME=0 / NCU=0 skip a step; ROUNDS, SMALL, SHAPES, NCU_SHAPES.
 # Prints "threshold: all checks passed" or "threshold: FAILURES" last.
 # Usage (GPU machine, repository root): NEW=... OLD=... [BROKEN=...] OUT=$OUT bash bench/threshold_device.sh
 set -uo pipefail
@@ -87,6 +89,12 @@ if [ "${TIME:-1}" = 1 ]; then
       done
     done
   done | tee "$OUT/threshold_small.csv"
+  if [ "${SERIAL:-0}" = 1 ]; then
+    # The threshold and the scan in one chain: what the fork and join of the two lanes cost.
+    for s in $SMALL; do
+      FOXC_SERIAL_LAUNCHES=1 ITERS=${ITERS_SMALL:-200} bench_rows "small,new-serial,r1" "$NEW" "$s"
+    done | tee "$OUT/threshold_serial.csv"
+  fi
   for s in $SHAPES; do
     for b in old new; do
       bin=$NEW; [ $b = old ] && bin=$OLD
@@ -95,13 +103,16 @@ if [ "${TIME:-1}" = 1 ]; then
   done | tee "$OUT/threshold_std.csv"
 fi
 
-stamp "(f) ncu kernel durations"
+stamp "(f) ncu kernel durations (the new build runs the plan twice: two lines per kernel)"
 if [ "${NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
-  for s in B=1,H=1,T=2048,D=128 B=1,H=16,T=32768,D=128; do
+  for s in ${NCU_SHAPES:-B=1,H=1,T=2048,D=128 B=1,H=1,T=4096,D=64 B=1,H=16,T=32768,D=128}; do
     for b in old new; do
       bin=$NEW; [ $b = old ] && bin=$OLD
-      echo "# $b $s pruned"
-      kernel_durations "$bin" "$s" .
+      for np in "" --no-prune; do
+        echo "# $b $s ${np:-pruned}"
+        # shellcheck disable=SC2086
+        kernel_durations "$bin" "$s" . $np
+      done
     done
   done
 fi
