@@ -516,7 +516,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                         KernelArg::I32(vec![t.clone()]),
                         KernelArg::LnF32(vec![t]),
                     ];
-                    self.push(n, name, args, grid(ROW_THREADS), vec![]);
+                    self.push(n, name, args, grid(threshold::NORM_THREADS), vec![]);
                     return Ok(());
                 }
                 let norms = if threshold::needs_norms(rule, score, spec.bound) {
@@ -538,7 +538,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                         KernelArg::Buffer(nb),
                         KernelArg::I32(vec![t.clone()]),
                     ];
-                    self.push(n, name, args, grid(ROW_THREADS), vec![]);
+                    self.push(n, name, args, grid(threshold::NORM_THREADS), vec![]);
                     nb
                 } else {
                     res

@@ -17,6 +17,7 @@
 //! read q', so data statistics of q are multiplied by `|s|` and `s_ii` by `s` here; a static
 //! bound is already a bound on `s q'`.
 
+use super::builder::control::Var;
 use super::builder::{KernelBuilder, ParamTy};
 use super::kernels::{lane_warp, load_row, ROW_THREADS};
 use inkwell::context::Context;
@@ -36,6 +37,15 @@ const WARPS: u32 = ROW_THREADS / 32;
 fn norm_rows(d: u32) -> u32 {
     (1024 / d.max(1)).clamp(2, 16)
 }
+
+/// Threads per block of the norms kernels: 8 warps, so that one step of 16-byte loads covers a
+/// 128-row tile at D = 128 (device call B: the 128-thread kernel took four steps, 6.5-7.1 us
+/// at 1x1x2048x128, longer than the gate scan beside it), at ~90 registers two blocks per SM.
+pub const NORM_THREADS: u32 = 256;
+const NORM_WARPS: u32 = NORM_THREADS / 32;
+/// Rows per lane group and step of [`vector_rows`] at most (64 registers of loads in flight
+/// per lane, as [`norm_rows`] has).
+const MAX_SLOTS: u32 = 8;
 
 /// Tiles of the head's norms each thread of the delta kernel loads at once.
 const FOLD_TILES: u32 = 4;
@@ -88,17 +98,19 @@ pub(super) fn kv_rows<'ctx>(
     k.mul(k.sext64(kvh), k.sext64(t_len))
 }
 
-/// Combine per-thread values `vals` over the block with `op` (max or min): warp reduction,
-/// then every thread reads the warps' results from shared memory (so all threads hold them).
+/// Combine per-thread values `vals` over a block of `warps` warps with `op` (max or min): warp
+/// reduction, then every thread reads the warps' results from shared memory (so all threads
+/// hold them).
 fn block_reduce<'ctx>(
     k: &Kb<'_, 'ctx>,
     name: &str,
     vals: &[FloatValue<'ctx>],
     (lane, warp): (IntValue<'ctx>, IntValue<'ctx>),
+    warps: u32,
     min: bool,
 ) -> Vec<FloatValue<'ctx>> {
     let op = |a, b| if min { k.fmin(a, b) } else { k.fmax(a, b) };
-    let sh = k.shared_f32(name, WARPS * vals.len() as u32);
+    let sh = k.shared_f32(name, warps * vals.len() as u32);
     let wr: Vec<FloatValue<'ctx>> = vals
         .iter()
         .map(|&v| {
@@ -112,23 +124,24 @@ fn block_reduce<'ctx>(
     let is0 = k.icmpc(IntPredicate::EQ, lane, 0);
     k.if_then(is0, |k| {
         for (s, v) in wr.iter().enumerate() {
-            let at = k.addc(warp, (s as u32 * WARPS) as i64);
+            let at = k.addc(warp, (s as u32 * warps) as i64);
             k.store(k.shared_at(sh, at), *v);
         }
     });
     k.barrier();
     (0..vals.len())
         .map(|s| {
-            let mut v = k.load_f32(k.shared_at(sh, k.i32((s as u32 * WARPS) as i64)));
-            for w in 1..WARPS {
-                v = op(v, k.load_f32(k.shared_at(sh, k.i32((s as u32 * WARPS + w) as i64))));
+            let mut v = k.load_f32(k.shared_at(sh, k.i32((s as u32 * warps) as i64)));
+            for w in 1..warps {
+                v = op(v, k.load_f32(k.shared_at(sh, k.i32((s as u32 * warps + w) as i64))));
             }
             v
         })
         .collect()
 }
 
-/// Inclusive running maximum of `v` over the threads of the block, in thread order, and the block's maximum: a warp scan (`shfl.up`; a lane below the distance keeps its
+/// Inclusive running maximum of `v` over the threads of a block of `warps` warps, in thread
+/// order, and the block's maximum: a warp scan (`shfl.up`; a lane below the distance keeps its
 /// own value, which max leaves unchanged), then the maxima of the warps before this one from
 /// shared memory. Ends with a barrier, so the caller may call it again in a loop.
 fn block_scan_max<'ctx>(
@@ -136,16 +149,17 @@ fn block_scan_max<'ctx>(
     name: &str,
     v: FloatValue<'ctx>,
     (lane, warp): (IntValue<'ctx>, IntValue<'ctx>),
+    warps: u32,
 ) -> (FloatValue<'ctx>, FloatValue<'ctx>) {
     let mut x = v;
     for dist in [1, 2, 4, 8, 16] {
         x = k.fmax(x, k.shfl_up(x, dist));
     }
-    let sh = k.shared_f32(name, WARPS);
+    let sh = k.shared_f32(name, warps);
     k.if_then(k.icmpc(IntPredicate::EQ, lane, 31), |k| k.store(k.shared_at(sh, warp), x));
     k.barrier();
     let (mut before, mut total) = (x, x);
-    for w in 0..WARPS {
+    for w in 0..warps {
         let m = k.load_f32(k.shared_at(sh, k.i32(w as i64)));
         let earlier = k.icmpc(IntPredicate::UGT, warp, w as i64);
         before = k.select_f(earlier, k.fmax(before, m), before);
@@ -155,43 +169,100 @@ fn block_scan_max<'ctx>(
     (before, total)
 }
 
-/// The largest squared norms of q and k over the rows of tile `m` of head `bh` (every thread
-/// gets them): each warp loads [`norm_rows`] rows at a time, one row spread over the warp (each
-/// row's sum in the same order as before: bit-identical norms).
+/// The largest squared norms of q and k over the rows of a query tile (every thread gets them).
 struct TileNorms<'ctx> {
     q: FloatValue<'ctx>,
     k: FloatValue<'ctx>,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn tile_norms<'ctx>(
+/// Where the norms kernels read: q and k (their dtypes), the first query row of the head,
+/// the first key row of its kv head, the tile's rows `[i0, last)`, the head dim.
+#[derive(Clone, Copy)]
+struct Rows<'ctx> {
+    q: PointerValue<'ctx>,
+    k: PointerValue<'ctx>,
+    dts: (DType, DType),
+    q_base: IntValue<'ctx>,
+    k_base: IntValue<'ctx>,
+    i0: IntValue<'ctx>,
+    last: IntValue<'ctx>,
+    d: u32,
+}
+
+/// The running maxima of a thread's squared row norms.
+#[derive(Clone, Copy)]
+struct Maxima<'ctx> {
+    q: Var<'ctx>,
+    k: Var<'ctx>,
+}
+
+impl<'ctx> Maxima<'ctx> {
+    fn add(&self, k: &Kb<'_, 'ctx>, sq: FloatValue<'ctx>, sk: FloatValue<'ctx>) {
+        k.def_var(self.q, k.fmax(k.use_f(self.q), sq));
+        k.def_var(self.k, k.fmax(k.use_f(self.k), sk));
+    }
+}
+
+/// The lane layout of 16-byte row loads: each lane loads `elems` elements of a row, `lanes`
+/// lanes cover a row, a warp covers `rows` rows at once. For q and k of one dtype whose rows
+/// split into 16-byte pieces over a power-of-two number of lanes (bf16 D = 8 .. 256).
+#[derive(Clone, Copy)]
+struct VecRows {
+    elems: u32,
+    lanes: u32,
+    rows: u32,
+}
+
+impl VecRows {
+    fn of(d: u32, (q_dt, k_dt): (DType, DType)) -> Option<VecRows> {
+        if q_dt != k_dt || !q_dt.is_float() {
+            return None;
+        }
+        let elems = (16 / q_dt.size_bytes()) as u32;
+        let lanes = d / elems;
+        if !d.is_multiple_of(elems) || !(1..=32).contains(&lanes) || !32u32.is_multiple_of(lanes) {
+            return None;
+        }
+        Some(VecRows { elems, lanes, rows: 32 / lanes })
+    }
+}
+
+/// Rows of the tile in 16-byte pieces ([`VecRows`]): `slots` rows per lane group and step, all
+/// their loads issued before any arithmetic, each row's sum over its lanes by butterflies
+/// inside the group. A row past the tile repeats the tile's last row.
+fn vector_rows<'ctx>(
     k: &Kb<'_, 'ctx>,
-    name: &str,
-    (q, kk): (PointerValue<'ctx>, PointerValue<'ctx>),
-    (q_dt, k_dt): (DType, DType),
-    (d, kv_group, bm): (u32, u32, u32),
-    (m, bh, t_len): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
-    lw: (IntValue<'ctx>, IntValue<'ctx>),
-) -> TileNorms<'ctx> {
-    let (lane, warp) = lw;
-    let qm = k.declare_var(k.f32(0.0).into());
-    let km = k.declare_var(k.f32(0.0).into());
-    let i0 = k.mulc(m, bm as i64);
-    let last = k.smin(k.addc(i0, bm as i64), t_len);
-    let bh_base = k.mul(k.sext64(bh), k.sext64(t_len));
-    let kbh_base = kv_rows(k, bh, t_len, kv_group);
-    // norm_rows(d) rows per warp and step, all their loads issued before any arithmetic: the
-    // kernel is bound by the bytes in flight (one row at a time left the memory system idle).
-    // A row past the tile repeats the tile's last row (its norms are already in the maxima).
-    let nrows = norm_rows(d);
-    let step = k.i32((WARPS * nrows) as i64);
-    k.for_range(k.add(i0, warp), last, step, |k, i| {
-        let rows: Vec<_> = (0..nrows)
-            .map(|r| {
-                let row = k.smin(k.addc(i, (r * WARPS) as i64), k.addc(last, -1));
-                let base = k.mul(k.add(bh_base, k.sext64(row)), k.i64(d as i64));
-                let kbase = k.mul(k.add(kbh_base, k.sext64(row)), k.i64(d as i64));
-                (load_row(k, q_dt, q, base, lane, d), load_row(k, k_dt, kk, kbase, lane, d))
+    v: VecRows,
+    r: &Rows<'ctx>,
+    acc: Maxima<'ctx>,
+    (lane, warp): (IntValue<'ctx>, IntValue<'ctx>),
+    (warps, bm): (u32, u32),
+) {
+    let slots = bm.div_ceil(warps * v.rows).clamp(1, MAX_SLOTS);
+    let per_warp = slots * v.rows;
+    let (sub, col) = (k.udivc(lane, v.lanes as i64), k.uremc(lane, v.lanes as i64));
+    let col_off = k.sext64(k.mulc(col, v.elems as i64));
+    let load = |k: &Kb<'_, 'ctx>, dt: DType, p: PointerValue<'ctx>, base: IntValue<'ctx>, row| {
+        let at = k.add(k.mul(k.add(base, k.sext64(row)), k.i64(r.d as i64)), col_off);
+        let ty = k.elem_type(dt).into_float_type().vec_type(v.elems);
+        let x = k.load_aligned(ty.into(), k.gep_dt(dt, p, at), 16).into_vector_value();
+        (0..v.elems as i64)
+            .map(|e| {
+                let x = k.extract_f(x, e);
+                if dt == DType::F32 {
+                    x
+                } else {
+                    k.fpext(x)
+                }
+            })
+            .collect::<Vec<_>>()
+    };
+    let start = k.add(r.i0, k.mulc(warp, per_warp as i64));
+    k.for_range(start, r.last, k.i32((warps * per_warp) as i64), |k, i| {
+        let rows: Vec<_> = (0..slots)
+            .map(|s| {
+                let row = k.smin(k.add(k.addc(i, (s * v.rows) as i64), sub), k.addc(r.last, -1));
+                (load(k, r.dts.0, r.q, r.q_base, row), load(k, r.dts.1, r.k, r.k_base, row))
             })
             .collect();
         for (qv, kv) in &rows {
@@ -200,16 +271,91 @@ fn tile_norms<'ctx>(
                 sq = k.fma(*a, *a, sq);
                 sk = k.fma(*b, *b, sk);
             }
-            k.def_var(qm, k.fmax(k.use_f(qm), k.warp_sum(sq)));
-            k.def_var(km, k.fmax(k.use_f(km), k.warp_sum(sk)));
+            let mut m = v.lanes / 2;
+            while m > 0 {
+                sq = k.fadd(sq, k.shfl_xor(sq, m as i64));
+                sk = k.fadd(sk, k.shfl_xor(sk, m as i64));
+                m /= 2;
+            }
+            acc.add(k, sq, sk);
         }
     });
-    let r = block_reduce(k, &format!("{name}_max"), &[k.use_f(qm), k.use_f(km)], lw, false);
+}
+
+/// Rows of the tile one per warp at a time, element by element ([`load_row`]; any dtype and
+/// head dim): [`norm_rows`] rows per warp and step, all their loads issued before any
+/// arithmetic (the kernel is bound by the bytes in flight). A row past the tile repeats the
+/// tile's last row (its norms are already in the maxima).
+fn scalar_rows<'ctx>(
+    k: &Kb<'_, 'ctx>,
+    r: &Rows<'ctx>,
+    acc: Maxima<'ctx>,
+    (lane, warp): (IntValue<'ctx>, IntValue<'ctx>),
+    warps: u32,
+) {
+    let nrows = norm_rows(r.d);
+    let step = k.i32((warps * nrows) as i64);
+    k.for_range(k.add(r.i0, warp), r.last, step, |k, i| {
+        let rows: Vec<_> = (0..nrows)
+            .map(|n| {
+                let row = k.smin(k.addc(i, (n * warps) as i64), k.addc(r.last, -1));
+                let base = k.mul(k.add(r.q_base, k.sext64(row)), k.i64(r.d as i64));
+                let kbase = k.mul(k.add(r.k_base, k.sext64(row)), k.i64(r.d as i64));
+                (load_row(k, r.dts.0, r.q, base, lane, r.d), load_row(k, r.dts.1, r.k, kbase, lane, r.d))
+            })
+            .collect();
+        for (qv, kv) in &rows {
+            let (mut sq, mut sk) = (k.f32(0.0), k.f32(0.0));
+            for (a, b) in qv.iter().zip(kv) {
+                sq = k.fma(*a, *a, sq);
+                sk = k.fma(*b, *b, sk);
+            }
+            acc.add(k, k.warp_sum(sq), k.warp_sum(sk));
+        }
+    });
+}
+
+/// The norms of tile `m` of head `bh`, over a block of [`NORM_THREADS`]: 16-byte loads
+/// ([`vector_rows`]) where the layout allows and q and k are 16-byte aligned (a runtime test:
+/// a torch view may start anywhere), element loads ([`scalar_rows`]) otherwise.
+#[allow(clippy::too_many_arguments)]
+fn tile_norms<'ctx>(
+    k: &Kb<'_, 'ctx>,
+    name: &str,
+    (q, kk): (PointerValue<'ctx>, PointerValue<'ctx>),
+    dts: (DType, DType),
+    (d, kv_group, bm): (u32, u32, u32),
+    (m, bh, t_len): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
+    lw: (IntValue<'ctx>, IntValue<'ctx>),
+) -> TileNorms<'ctx> {
+    let acc = Maxima { q: k.declare_var(k.f32(0.0).into()), k: k.declare_var(k.f32(0.0).into()) };
+    let i0 = k.mulc(m, bm as i64);
+    let r = Rows {
+        q,
+        k: kk,
+        dts,
+        q_base: k.mul(k.sext64(bh), k.sext64(t_len)),
+        k_base: kv_rows(k, bh, t_len, kv_group),
+        i0,
+        last: k.smin(k.addc(i0, bm as i64), t_len),
+        d,
+    };
+    match VecRows::of(d, dts) {
+        Some(v) => {
+            let addr_bits = k.or(k.ptr_to_i64(q), k.ptr_to_i64(kk));
+            let aligned = k.icmpc(IntPredicate::EQ, k.andc(addr_bits, 15), 0);
+            k.if_then(aligned, |k| vector_rows(k, v, &r, acc, lw, (NORM_WARPS, bm)));
+            k.if_then(k.not(aligned), |k| scalar_rows(k, &r, acc, lw, NORM_WARPS));
+        }
+        None => scalar_rows(k, &r, acc, lw, NORM_WARPS),
+    }
+    let vals = [k.use_f(acc.q), k.use_f(acc.k)];
+    let r = block_reduce(k, &format!("{name}_max"), &vals, lw, NORM_WARPS, false);
     TileNorms { q: r[0], k: r[1] }
 }
 
 /// Per-tile maxima of squared norms: params `(q, k, norms: f32 [BH, Mt, 2], T: i32)`.
-/// Grid `(Mt, BH)`, block [`ROW_THREADS`].
+/// Grid `(Mt, BH)`, block [`NORM_THREADS`].
 pub fn build_threshold_norms<'ctx>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
@@ -371,7 +517,7 @@ pub fn build_threshold_delta<'ctx>(
                 }
             });
             let vals: Vec<_> = acc.iter().map(|v| k.use_f(*v)).collect();
-            let r = block_reduce(&k, &format!("{name}_norms"), &vals, lw, false);
+            let r = block_reduce(&k, &format!("{name}_norms"), &vals, lw, WARPS, false);
             let q_tile = k.load_f(DType::F32, norms, k.mulc(k.add(row, k.sext64(m)), 2));
             set_norm_stats(&k, &mut st, s, (r[0], r[1], r[2], q_tile));
         }
@@ -409,7 +555,7 @@ pub fn build_threshold_delta<'ctx>(
         let v = f.emit(&s.score, &mut Llvm { k, stats: st });
         k.def_var(wmin, k.fmin(k.use_f(wmin), v));
     });
-    let r = block_reduce(&k, &format!("{name}_min"), &[k.use_f(wmin)], lw, true);
+    let r = block_reduce(&k, &format!("{name}_min"), &[k.use_f(wmin)], lw, WARPS, true);
     let t0 = k.icmpc(IntPredicate::EQ, tid, 0);
     k.if_then(t0, |k| k.store_f(DType::F32, delta, out_idx, r[0]));
     k.finish()
@@ -417,7 +563,7 @@ pub fn build_threshold_delta<'ctx>(
 
 /// The threshold in one kernel, for [`fuses_delta`] formulas: params `(q, k, norms: f32
 /// [BH, Mt, 2], delta: f32 [BH, Mt], arrived: i32 [BH], T: i32, lnT: f32)`. Grid `(Mt, BH)`,
-/// block [`ROW_THREADS`]. `arrived` must be zero at the first launch; the kernel leaves it zero.
+/// block [`NORM_THREADS`]. `arrived` must be zero at the first launch; the kernel leaves it zero.
 ///
 /// Each block writes its tile's norms (as [`build_threshold_norms`]) and counts itself in at
 /// its head's `arrived`; the block that arrives last, which sees every norm of the head, resets
@@ -482,7 +628,7 @@ fn head_delta<'ctx>(
     (bh, mt, ln_t): (IntValue<'ctx>, IntValue<'ctx>, FloatValue<'ctx>),
     (tid, lw): (IntValue<'ctx>, (IntValue<'ctx>, IntValue<'ctx>)),
 ) {
-    let threads = ROW_THREADS;
+    let threads = NORM_THREADS;
     let row = k.mul(k.sext64(bh), k.sext64(mt));
     let entry = |k: &Kb<'_, 'ctx>, j: IntValue<'ctx>, slot: i64| {
         k.load_f(DType::F32, norms, k.addc(k.mulc(k.add(row, k.sext64(j)), 2), slot))
@@ -493,7 +639,7 @@ fn head_delta<'ctx>(
         k.def_var(acc[1], k.fmax(k.use_f(acc[1]), entry(k, j, 1)));
     });
     let vals: Vec<_> = acc.iter().map(|v| k.use_f(*v)).collect();
-    let head = block_reduce(k, &format!("{name}_head"), &vals, lw, false);
+    let head = block_reduce(k, &format!("{name}_head"), &vals, lw, NORM_WARPS, false);
     // Tiles in rounds of one per thread; `seen` carries the keys' maximum of earlier rounds
     // (0: squared norms are not negative, as the delta kernel's fold starts).
     let reads_causal = s.rule.formula.stats_under(&s.score).contains(&Stat::KCausal);
@@ -504,7 +650,7 @@ fn head_delta<'ctx>(
         let (q_tile, k_tile) = (entry(k, jc, 0), entry(k, jc, 1));
         // (Only a formula that reads k_causal pays for the scan and its barriers.)
         let k_causal = if reads_causal {
-            let (upto, round) = block_scan_max(k, &format!("{name}_causal"), k_tile, lw);
+            let (upto, round) = block_scan_max(k, &format!("{name}_causal"), k_tile, lw, NORM_WARPS);
             let before = k.use_f(seen);
             k.def_var(seen, k.fmax(before, round));
             k.fmax(before, upto)
@@ -518,4 +664,25 @@ fn head_delta<'ctx>(
             k.store_f(DType::F32, delta, k.add(row, k.sext64(j)), v);
         });
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::VecRows;
+    use foxc_ir::DType;
+
+    /// 16-byte pieces over a power-of-two number of lanes, for q and k of one dtype only.
+    #[test]
+    fn vector_rows_cover_a_row_with_whole_16_byte_pieces() {
+        let of = |d, dts| VecRows::of(d, dts).map(|v| (v.elems, v.lanes, v.rows));
+        let bf = (DType::BF16, DType::BF16);
+        assert_eq!(of(128, bf), Some((8, 16, 2)));
+        assert_eq!(of(64, bf), Some((8, 8, 4)));
+        assert_eq!(of(256, bf), Some((8, 32, 1)));
+        assert_eq!(of(64, (DType::F32, DType::F32)), Some((4, 16, 2)));
+        assert_eq!(of(96, bf), None, "12 lanes do not divide a warp");
+        assert_eq!(of(512, bf), None, "64 lanes per row");
+        assert_eq!(of(36, bf), None, "72-byte rows");
+        assert_eq!(of(128, (DType::BF16, DType::F32)), None, "two dtypes");
+    }
 }
