@@ -111,6 +111,12 @@ pub struct PruneArgs {
     /// a counter, longest tile of a head first). Default: the tiles pass's choice.
     #[arg(long, value_enum)]
     pub ws_grid: Option<WsGridArg>,
+    /// Whether the sm_90a warp-specialized forward's consumer warpgroups take turns at the
+    /// tensor cores: `ring` (pingpong: each waits for its turn before issuing a tile's GEMMs) or
+    /// `none` (each issues them as soon as its operands are ready). Default: the tiles pass's
+    /// choice.
+    #[arg(long, value_enum)]
+    pub ws_turns: Option<WsTurnsArg>,
     /// The sm_90a forward kernel: `standard` or `warp-specialized` (at every head dim it builds
     /// for, D = 64 too, where its mask and tiles allow). Default: the tiles pass's choice.
     #[arg(long, value_enum)]
@@ -131,6 +137,7 @@ impl Default for PruneArgs {
             tiles: None,
             ws_loads: None,
             ws_grid: None,
+            ws_turns: None,
             attn_kernel: None,
         }
     }
@@ -140,6 +147,12 @@ impl Default for PruneArgs {
 pub enum WsGridArg {
     Tiles,
     Persistent,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WsTurnsArg {
+    Ring,
+    None,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

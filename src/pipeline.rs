@@ -1,8 +1,8 @@
 //! The front half of the pipeline: source file -> verified graph -> optimized graph.
 
-use crate::cli::{AttnKernelArg, PruneArgs, TargetArg, WsGridArg, WsLoadsArg};
+use crate::cli::{AttnKernelArg, PruneArgs, TargetArg, WsGridArg, WsLoadsArg, WsTurnsArg};
 use crate::Error;
-use foxc_ir::attention::{KvLoads, WsGrid};
+use foxc_ir::attention::{KvLoads, WsGrid, WsTurns};
 use foxc_ir::frontend::{self, Compiled};
 use foxc_ir::Graph;
 use foxc_passes::tiles::ForwardKernel;
@@ -68,6 +68,10 @@ pub fn pass_options(prune: &PruneArgs, target: TargetArg, print_after_all: bool)
         ws_grid: prune.ws_grid.map(|g| match g {
             WsGridArg::Tiles => WsGrid::Tiles,
             WsGridArg::Persistent => WsGrid::Persistent,
+        }),
+        ws_turns: prune.ws_turns.map(|t| match t {
+            WsTurnsArg::Ring => WsTurns::Ring,
+            WsTurnsArg::None => WsTurns::None,
         }),
         attn_kernel: prune.attn_kernel.map(|k| match k {
             AttnKernelArg::Standard => ForwardKernel::Standard,

@@ -339,3 +339,43 @@ fn ws_grid_flag_reaches_the_kernel_attribute() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("--ws-grid tiles"), "{}", text(&o));
 }
+
+/// `--ws-turns` reaches the kernel attribute and the kernel: `none` is printed with it and
+/// builds the free-running kernel (`_free_`, no turn barrier: no `bar.arrive`), `ring` (the
+/// tiles pass's default) is not printed and keeps the turns; an unknown value is a usage error.
+#[test]
+fn ws_turns_flag_reaches_the_kernel() {
+    let base = ["compile", "examples/fox.attn", "--target", "sm_90a", "--attn-kernel", "warp-specialized"];
+    let with = |d: &str, emit: &str, extra: &[&str]| {
+        let shape = format!("D={d}");
+        let o = foxc(&[&base[..], &["--shape", &shape, "--emit", emit], extra].concat());
+        assert!(o.status.success(), "{extra:?}: {}", text(&o));
+        text(&o)
+    };
+    for d in ["64", "128"] {
+        let none = with(d, "opt", &["--ws-turns", "none"]);
+        assert!(none.contains(", turns = none)"), "{none}");
+        let ring = with(d, "opt", &["--ws-turns", "ring"]);
+        assert!(!ring.contains("turns = none") && ring.contains("kernel = warp_specialized"), "{ring}");
+        let default = match foxc_passes::tiles::WS_TURNS {
+            foxc_ir::attention::WsTurns::None => &none,
+            foxc_ir::attention::WsTurns::Ring => &ring,
+        };
+        assert_eq!(&with(d, "opt", &[]), default);
+        let ptx_none = with(d, "ptx", &["--ws-turns", "none"]);
+        assert!(ptx_none.contains("foxc_attn_fwd_ws_tma_free_"), "D={d}");
+        assert!(!ptx_none.contains("bar.arrive"), "D={d}: a turn hand-over in the free-running kernel");
+        assert!(
+            with(d, "ptx", &["--ws-turns", "ring"]).contains("bar.arrive"),
+            "D={d}: no turns in the ring"
+        );
+    }
+    // The standard kernel takes no turns: the option leaves it as it is.
+    let std = ["compile", "examples/fox.attn", "--target", "sm_90a", "--shape", "D=64", "--emit", "ptx"];
+    let (a, b) = (foxc(&std), foxc(&[&std[..], &["--ws-turns", "none"]].concat()));
+    assert!(a.status.success() && b.status.success());
+    assert_eq!(text(&a), text(&b));
+    let o = foxc(&[&base[..], &["--shape", "D=128", "--ws-turns", "pingpong"]].concat());
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("possible values: ring, none"), "{}", text(&o));
+}

@@ -6,7 +6,7 @@
 use foxc_codegen::nvptx::attention::AttnKernelConfig;
 use foxc_codegen::nvptx::attention_ws;
 use foxc_codegen::nvptx::{compile, Launch, NvptxSpec, NvptxTarget};
-use foxc_ir::attention::{Attention, AttnKernel, KvLoads, Mask, Prune, Scale, WsGrid};
+use foxc_ir::attention::{Attention, AttnKernel, KvLoads, Mask, Prune, Scale, WsGrid, WsTurns};
 use foxc_ir::*;
 
 fn s(x: &str) -> Dim {
@@ -69,6 +69,7 @@ fn warp_specialized_at_d128_standard_at_d64() {
         head_dims: vec![128],
         loads: KvLoads::CpAsync,
         grid: WsGrid::Tiles,
+        turns: WsTurns::Ring,
     });
     let (name, cfg, geo) = attention_launch(&g, 128);
     assert!(name.starts_with("foxc_attn_fwd_ws_d128_bm64_bn128_"), "{name}");
@@ -101,6 +102,7 @@ fn persistent_grid_takes_bh_and_a_zeroed_counter() {
         head_dims: vec![128],
         loads: KvLoads::Tma,
         grid: WsGrid::Persistent,
+        turns: WsTurns::Ring,
     });
     let bind = dims(128);
     for (sms, blocks) in [(Some(132), 48), (Some(20), 20), (None, 48)] {
@@ -121,9 +123,33 @@ fn persistent_grid_takes_bh_and_a_zeroed_counter() {
         assert_eq!(a.buffers[counter].dtype, DType::I32);
     }
     // The tiles grid has neither.
-    let g =
-        fox(AttnKernel::WarpSpecialized { head_dims: vec![128], loads: KvLoads::Tma, grid: WsGrid::Tiles });
+    let g = fox(AttnKernel::WarpSpecialized {
+        head_dims: vec![128],
+        loads: KvLoads::Tma,
+        grid: WsGrid::Tiles,
+        turns: WsTurns::Ring,
+    });
     let a = compile(&g, &NvptxSpec::new(NvptxTarget::Sm90a, bind)).unwrap();
     let k = a.kernels.iter().find(|k| k.name.starts_with("foxc_attn_fwd")).unwrap();
     assert!(k.zero_first.is_empty() && !k.name.contains("persist"), "{}", k.name);
+}
+
+/// `turns = none`: the free-running kernel (`_free_`, `cfg.free_running`), at D = 64 (three
+/// consumers) and 128, with the launch geometry of the ring's kernel; `ring` has neither.
+#[test]
+fn turns_none_reaches_the_kernel_config() {
+    for d in [64, 128] {
+        let attr = |turns| AttnKernel::WarpSpecialized {
+            head_dims: vec![64, 128],
+            loads: KvLoads::Tma,
+            grid: WsGrid::Tiles,
+            turns,
+        };
+        let (name, cfg, geo) = attention_launch(&fox(attr(WsTurns::None)), d);
+        assert!(name.starts_with(&format!("foxc_attn_fwd_ws_tma_free_d{d}_")), "{name}");
+        assert!(cfg.ws && cfg.free_running);
+        let (ring_name, ring_cfg, ring_geo) = attention_launch(&fox(attr(WsTurns::Ring)), d);
+        assert!(!ring_name.contains("_free") && !ring_cfg.free_running, "{ring_name}");
+        assert_eq!(geo, ring_geo);
+    }
 }

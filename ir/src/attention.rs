@@ -391,7 +391,20 @@ pub enum AttnKernel {
     /// codegen `nvptx::attention_ws`) where the head dim bound at code generation is one of
     /// `head_dims`, the standard kernel elsewhere. The pass states the condition with the
     /// choice because it may not know the head dim (a program compiled once for every size).
-    WarpSpecialized { head_dims: Vec<u64>, loads: KvLoads, grid: WsGrid },
+    WarpSpecialized { head_dims: Vec<u64>, loads: KvLoads, grid: WsGrid, turns: WsTurns },
+}
+
+/// Whether the warp-specialized kernel's consumer warpgroups take turns at the tensor cores (a
+/// pass decision, like the grid: `--ws-turns`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WsTurns {
+    /// Pingpong: the consumers issue their GEMMs in a ring of named barriers, one turn per key
+    /// tile each, so one consumer's softmax runs while another's GEMMs do.
+    #[default]
+    Ring,
+    /// Free-running: each consumer issues its GEMMs as soon as its operands are ready (the warp
+    /// schedulers interleave the consumers, as they do independent blocks).
+    None,
 }
 
 /// How the warp-specialized kernel's blocks are laid out over the work (a pass decision, like
@@ -439,6 +452,15 @@ impl AttnKernel {
         match self {
             AttnKernel::WarpSpecialized { grid, .. } => *grid,
             AttnKernel::Standard => WsGrid::Tiles,
+        }
+    }
+
+    /// The consumers' turns of a warp-specialized kernel (`ring` for the standard kernel, which
+    /// has none to take).
+    pub fn ws_turns(&self) -> WsTurns {
+        match self {
+            AttnKernel::WarpSpecialized { turns, .. } => *turns,
+            AttnKernel::Standard => WsTurns::Ring,
         }
     }
 }
@@ -690,11 +712,12 @@ impl Attention {
             Prune::Start => s.push_str(", pruned"),
             Prune::Boundary => s.push_str(", pruned(fused boundary)"),
         }
-        if let AttnKernel::WarpSpecialized { head_dims, loads, grid } = &self.kernel {
+        if let AttnKernel::WarpSpecialized { head_dims, loads, grid, turns } = &self.kernel {
             let dims: Vec<String> = head_dims.iter().map(|d| d.to_string()).collect();
             let loads = if *loads == KvLoads::Tma { ", loads = tma" } else { "" };
             let grid = if *grid == WsGrid::Persistent { ", grid = persistent" } else { "" };
-            s.push_str(&format!(", kernel = warp_specialized(D = {}{loads}{grid})", dims.join(" | ")));
+            let turns = if *turns == WsTurns::None { ", turns = none" } else { "" };
+            s.push_str(&format!(", kernel = warp_specialized(D = {}{loads}{grid}{turns})", dims.join(" | ")));
         }
         s
     }

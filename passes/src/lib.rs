@@ -68,6 +68,9 @@ pub struct PassOptions {
     /// The warp-specialized kernel's grid (`--ws-grid`); `None`: the tiles pass's choice
     /// ([`tiles::WS_GRID`]).
     pub ws_grid: Option<foxc_ir::attention::WsGrid>,
+    /// Whether the warp-specialized kernel's consumers take turns at the tensor cores
+    /// (`--ws-turns`); `None`: the tiles pass's choice ([`tiles::WS_TURNS`]).
+    pub ws_turns: Option<foxc_ir::attention::WsTurns>,
     /// The forward kernel asked for (`--attn-kernel`); `None`: the tiles pass's choice
     /// ([`tiles::kernel_for`]).
     pub attn_kernel: Option<tiles::ForwardKernel>,
@@ -86,6 +89,7 @@ impl Default for PassOptions {
             gradient: false,
             ws_loads: None,
             ws_grid: None,
+            ws_turns: None,
             attn_kernel: None,
         }
     }

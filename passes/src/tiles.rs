@@ -3,7 +3,7 @@
 //! tiles a kernel may skip under an expression mask (`keys_from`, [`crate::key_bound`]).
 
 use crate::{PassContext, PassError, PassOptions, Target};
-use foxc_ir::attention::{AttnKernel, KvLoads, WsGrid};
+use foxc_ir::attention::{AttnKernel, KvLoads, WsGrid, WsTurns};
 use foxc_ir::{Attention, Graph, Mask, Op, Tiles};
 
 /// Head dims the warp-specialized kernel is chosen for: measured 0.75x the standard kernel's
@@ -37,6 +37,11 @@ pub const WS_LOADS: KvLoads = KvLoads::Tma;
 /// tile and head. The persistent grid (docs/GPU_KERNEL.md, run 14) stays opt-in until the
 /// device shows it faster at every standard shape.
 pub const WS_GRID: WsGrid = WsGrid::Tiles;
+
+/// Whether the warp-specialized kernel's consumers take turns at the tensor cores unless
+/// `--ws-turns` says otherwise: the ring (pingpong, runs 8-13). `none` (free-running consumers)
+/// is the A/B of docs/GPU_KERNEL.md run 15.
+pub const WS_TURNS: WsTurns = WsTurns::Ring;
 
 /// Head dims that get 128-key tiles on sm_90a for a forward (64-row query tiles either way).
 /// D = 128: the warp-specialized kernel ran 1x16x32768x128 in 3.34 ms with them against 4.02 ms
@@ -101,7 +106,12 @@ pub fn kernel_for(
         && tiles.bn.is_multiple_of(16)
         && (16..=128).contains(&tiles.bn);
     if ws {
-        AttnKernel::WarpSpecialized { head_dims: head_dims.to_vec(), loads, grid: WsGrid::Tiles }
+        AttnKernel::WarpSpecialized {
+            head_dims: head_dims.to_vec(),
+            loads,
+            grid: WsGrid::Tiles,
+            turns: WsTurns::Ring,
+        }
     } else {
         AttnKernel::Standard
     }
@@ -111,7 +121,8 @@ pub fn kernel_for(
 /// tiles; the key bound `E` below which tiles need no visit, under an expression mask
 /// `j >= E` or a score region `select(j >= E, X, -inf)` ([`crate::key_bound`]); and the forward
 /// kernel that goes with them ([`kernel_for`]; `--attn-kernel` if given; its K/V loads:
-/// `--ws-loads`, else [`WS_LOADS`]; its grid: `--ws-grid`, else [`WS_GRID`], [`with_grid`]).
+/// `--ws-loads`, else [`WS_LOADS`]; its grid and turns: `--ws-grid` and `--ws-turns`, else
+/// [`WS_GRID`] and [`WS_TURNS`], [`with_ws_options`]).
 pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
     for n in g.find(|op| matches!(op, Op::Attention(a) if a.tiles.is_none())) {
         let head_dim =
@@ -125,19 +136,24 @@ pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(
             }
             .or_else(|| crate::key_bound::keys_from_score(&a.score));
             let loads = opts.ws_loads.unwrap_or(WS_LOADS);
-            a.kernel = with_grid(kernel_for(opts.target, head_dim, a, tiles, loads, opts.attn_kernel), opts);
+            a.kernel =
+                with_ws_options(kernel_for(opts.target, head_dim, a, tiles, loads, opts.attn_kernel), opts);
         }
     }
     Ok(())
 }
 
-/// `kernel` with the warp-specialized grid `--ws-grid` asks for, else [`WS_GRID`] (the
-/// grid changes how blocks are laid over the work, not which kernel computes it).
-pub fn with_grid(kernel: AttnKernel, opts: &PassOptions) -> AttnKernel {
+/// `kernel` with the warp-specialized grid `--ws-grid` asks for, else [`WS_GRID`], and the
+/// consumers' turns `--ws-turns` asks for, else [`WS_TURNS`] (both change how the work is
+/// laid out and scheduled, not which kernel computes it).
+pub fn with_ws_options(kernel: AttnKernel, opts: &PassOptions) -> AttnKernel {
     match kernel {
-        AttnKernel::WarpSpecialized { head_dims, loads, .. } => {
-            AttnKernel::WarpSpecialized { head_dims, loads, grid: opts.ws_grid.unwrap_or(WS_GRID) }
-        }
+        AttnKernel::WarpSpecialized { head_dims, loads, .. } => AttnKernel::WarpSpecialized {
+            head_dims,
+            loads,
+            grid: opts.ws_grid.unwrap_or(WS_GRID),
+            turns: opts.ws_turns.unwrap_or(WS_TURNS),
+        },
         AttnKernel::Standard => AttnKernel::Standard,
     }
 }
@@ -165,6 +181,7 @@ mod tests {
             head_dims: vec![128],
             loads: KvLoads::CpAsync,
             grid: WsGrid::Tiles,
+            turns: WsTurns::Ring,
         };
         assert_eq!(kernel_for(Target::Sm90a, None, &attn(Mask::Causal), t), ws);
         assert_eq!(kernel_for(Target::Sm90a, Some(128), &attn(Mask::Window(256)), t), ws);
@@ -180,8 +197,12 @@ mod tests {
         assert_eq!(kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), Tiles { bm: 32, bn: 64 }), std);
         assert_eq!(kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), Tiles { bm: 64, bn: 256 }), std);
         // The loads asked for are the attribute's (`--ws-loads tma`).
-        let tma =
-            AttnKernel::WarpSpecialized { head_dims: vec![128], loads: KvLoads::Tma, grid: WsGrid::Tiles };
+        let tma = AttnKernel::WarpSpecialized {
+            head_dims: vec![128],
+            loads: KvLoads::Tma,
+            grid: WsGrid::Tiles,
+            turns: WsTurns::Ring,
+        };
         assert_eq!(
             super::kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), t, KvLoads::Tma, None),
             tma
@@ -208,6 +229,7 @@ mod tests {
             head_dims: vec![64, 128],
             loads: KvLoads::Tma,
             grid: WsGrid::Tiles,
+            turns: WsTurns::Ring,
         };
         let f = ForwardKernel::WarpSpecialized;
         assert_eq!(pick(Target::Sm90a, Some(64), Mask::Causal, t, f), ws);
@@ -232,12 +254,46 @@ mod tests {
     /// [`WS_GRID`].
     #[test]
     fn grid_choice() {
-        let ws = |grid| AttnKernel::WarpSpecialized { head_dims: vec![128], loads: KvLoads::Tma, grid };
+        let ws = |grid| AttnKernel::WarpSpecialized {
+            head_dims: vec![128],
+            loads: KvLoads::Tma,
+            grid,
+            turns: WsTurns::Ring,
+        };
         let persistent = PassOptions { ws_grid: Some(WsGrid::Persistent), ..PassOptions::default() };
-        assert_eq!(with_grid(ws(WsGrid::Tiles), &persistent), ws(WsGrid::Persistent));
-        assert_eq!(with_grid(AttnKernel::Standard, &persistent), AttnKernel::Standard);
-        assert_eq!(with_grid(ws(WsGrid::Persistent), &PassOptions::default()), ws(WS_GRID));
+        assert_eq!(with_ws_options(ws(WsGrid::Tiles), &persistent), ws(WsGrid::Persistent));
+        assert_eq!(with_ws_options(AttnKernel::Standard, &persistent), AttnKernel::Standard);
+        assert_eq!(with_ws_options(ws(WsGrid::Persistent), &PassOptions::default()), ws(WS_GRID));
         assert_eq!(ws(WsGrid::Persistent).ws_grid(), WsGrid::Persistent);
         assert_eq!(AttnKernel::Standard.ws_grid(), WsGrid::Tiles);
+    }
+
+    /// `--ws-turns none` reaches a warp-specialized attribute only (with the grid asked for);
+    /// the default is [`WS_TURNS`], the ring.
+    #[test]
+    fn turns_choice() {
+        let ws = |grid, turns| AttnKernel::WarpSpecialized {
+            head_dims: vec![64],
+            loads: KvLoads::Tma,
+            grid,
+            turns,
+        };
+        let none = PassOptions { ws_turns: Some(WsTurns::None), ..PassOptions::default() };
+        assert_eq!(
+            with_ws_options(ws(WsGrid::Tiles, WsTurns::Ring), &none),
+            ws(WsGrid::Tiles, WsTurns::None)
+        );
+        assert_eq!(with_ws_options(AttnKernel::Standard, &none), AttnKernel::Standard);
+        assert_eq!(
+            with_ws_options(ws(WsGrid::Tiles, WsTurns::None), &PassOptions::default()),
+            ws(WsGrid::Tiles, WS_TURNS)
+        );
+        let both = PassOptions { ws_grid: Some(WsGrid::Persistent), ..none };
+        assert_eq!(
+            with_ws_options(ws(WsGrid::Tiles, WsTurns::Ring), &both),
+            ws(WsGrid::Persistent, WsTurns::None)
+        );
+        assert_eq!(ws(WsGrid::Tiles, WsTurns::None).ws_turns(), WsTurns::None);
+        assert_eq!(AttnKernel::Standard.ws_turns(), WsTurns::Ring);
     }
 }

@@ -11,7 +11,7 @@ use super::threshold;
 use super::{
     BufferInfo, BufferKind, CodegenError, GridDim, KernelArg, KernelInfo, Launch, NvptxArtifact, NvptxSpec,
 };
-use foxc_ir::attention::{KvLoads, WsGrid};
+use foxc_ir::attention::{KvLoads, WsGrid, WsTurns};
 use foxc_ir::{
     Attention, BinaryOp, DType, Dim, GateKind, Graph, Mask, NormBound, Op, Prune, Value, ValueId, ValueType,
 };
@@ -698,6 +698,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         }
         cfg.tma = cfg.ws && a.kernel.kv_loads() == KvLoads::Tma;
         cfg.persistent = cfg.ws && a.kernel.ws_grid() == WsGrid::Persistent;
+        cfg.free_running = cfg.ws && a.kernel.ws_turns() == WsTurns::None;
         attention_ws::check_persistent(&cfg).map_err(user)?;
         // Captured tensors: read by the score hook through their index expressions.
         let caps: Vec<CaptureTy> = o

@@ -113,6 +113,10 @@ pub struct AttnKernelConfig {
     /// from a counter ([`crate::nvptx::attention_ws`]'s `persist` module; two parameters more:
     /// `BH` and the counter), from the attention's `kernel` attribute (`grid = persistent`).
     pub persistent: bool,
+    /// With `ws`: the consumer warpgroups issue their GEMMs as soon as their operands are ready,
+    /// without the ring of turns (no turn barriers), from the attention's `kernel` attribute
+    /// (`turns = none`; docs/GPU_KERNEL.md run 15).
+    pub free_running: bool,
     /// Debug: also write each query tile's in-kernel `start` to an extra pointer parameter
     /// after the score hook's (i32 `[B, H, ceil(T / bm)]`; standard kernel only).
     pub debug_starts: bool,
@@ -138,6 +142,7 @@ impl AttnKernelConfig {
             ws: false,
             tma: false,
             persistent: false,
+            free_running: false,
             debug_starts: false,
         }
     }
@@ -145,13 +150,14 @@ impl AttnKernelConfig {
     /// Kernel symbol name; distinct for every configuration so several fit in one module.
     pub fn kernel_name(&self) -> String {
         format!(
-            "foxc_attn_fwd{}{}_d{}_bm{}_bn{}{}{}{}{}{}{}{}{}_s{:08x}_sm{}",
+            "foxc_attn_fwd{}{}{}_d{}_bm{}_bn{}{}{}{}{}{}{}{}{}_s{:08x}_sm{}",
             match (self.ws, self.tma) {
                 (true, true) => "_ws_tma",
                 (true, false) => "_ws",
                 (false, _) => "",
             },
             if self.ws && self.persistent { "_persist" } else { "" },
+            if self.ws && self.free_running { "_free" } else { "" },
             self.head_dim,
             self.bm,
             self.bn,

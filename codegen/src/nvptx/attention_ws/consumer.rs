@@ -18,6 +18,13 @@
 //! last wait are made once, around the item loop ([`first_turn`], [`last_turn`]; per item they
 //! would race: the last consumer's last hand-over of one item and its first of the next could
 //! complete the barrier without consumer 0; run 9).
+//!
+//! Free-running consumers (`turns = none`, `cfg.free_running`; docs/GPU_KERNEL.md run 15) take
+//! no turns: no turn barrier is emitted, and each consumer issues a tile's GEMMs as soon as the
+//! slot is full (and its previous softmax done), as independent blocks of the standard kernel
+//! do; the warp schedulers interleave the consumers. The turns order the GEMMs only: every
+//! slot's hand-over is the ring's `full` / `empty` mbarriers, which count all consumers, so a
+//! consumer runs at most `stages` fills ahead of the slowest one.
 
 use super::roles::{bar_at, slot, Block, Walk};
 use super::sync::{fence_async_shared, mbar_arrive, mbar_wait, named_arrive, named_barrier};
@@ -48,6 +55,9 @@ pub(super) struct Consumer<'k, 'ctx> {
     /// hand-over and the last wait are made once, around the item loop ([`first_turn`],
     /// [`last_turn`]), not by [`Consumer::run`].
     pub turns_run_on: bool,
+    /// The consumers take turns at the tensor cores (the ring); false: free-running, no turn
+    /// barriers at all (`cfg.free_running`).
+    pub turns: bool,
     pub rows: &'k Rows<'ctx>,
     /// Offset of this consumer's view from the block's base (its Q tile).
     pub qoff: IntValue<'ctx>,
@@ -83,8 +93,11 @@ pub(super) fn last_turn<'ctx>(b: &KernelBuilder<'_, 'ctx>, cw: IntValue<'ctx>, c
 }
 
 impl<'k, 'ctx> Consumer<'k, 'ctx> {
-    /// Waits for this consumer's turn at the tensor cores.
+    /// Waits for this consumer's turn at the tensor cores (nothing when free-running).
     fn turn_begin(&self, b: &KernelBuilder<'_, 'ctx>) {
+        if !self.turns {
+            return;
+        }
         named_barrier(b, b.addc(self.cw, self.turn_barrier()), 256);
     }
 
@@ -94,8 +107,11 @@ impl<'k, 'ctx> Consumer<'k, 'ctx> {
         turn_barrier0(self.consumers)
     }
 
-    /// Hands the turn to the other consumer.
+    /// Hands the turn to the next consumer (nothing when free-running).
     fn turn_end(&self, b: &KernelBuilder<'_, 'ctx>) {
+        if !self.turns {
+            return;
+        }
         let next = if self.consumers == 2 {
             b.xorc(self.cw, 1)
         } else {
@@ -219,7 +235,7 @@ impl<'k, 'ctx> Consumer<'k, 'ctx> {
         let pn = (a.cfg.bn / 4) as usize; // packed P values per thread
         let zero = b.f32(0.0);
         let ninf = b.f32(f64::NEG_INFINITY);
-        if !self.turns_run_on {
+        if self.turns && !self.turns_run_on {
             first_turn(b, self.cw, self.consumers);
         }
         self.skip(b, self.walk.hi, b.addc(self.my_end, 1));
@@ -290,7 +306,7 @@ impl<'k, 'ctx> Consumer<'k, 'ctx> {
         let o = b.asm_pass("wgmma.wait_group.sync.aligned 0;", &o);
         self.release(b, sprev);
         self.skip(b, b.addc(self.my_start, -1), self.walk.lo);
-        if !self.turns_run_on {
+        if self.turns && !self.turns_run_on {
             last_turn(b, self.cw, self.consumers);
         }
         (o, m, l)

@@ -19,7 +19,8 @@
 //!   byte is loaded once per block.
 //! * Inside a consumer ([`consumer`]), tile n's `Q K^T` and tile n+1's `P V` are issued together
 //!   and tile n's softmax runs while the `P V` is on the tensor cores; the consumers take turns
-//!   issuing their GEMMs (pingpong, a ring of named barriers).
+//!   issuing their GEMMs (pingpong, a ring of named barriers), or (`turns = none`,
+//!   `cfg.free_running`) issue them as soon as their operands are ready.
 //! * The ring is guarded by mbarriers. `full[s]` completes when the slot's copies have landed
 //!   (with TMA: one `arrive.expect_tx` of the tile's bytes, completed by the copies; with
 //!   cp.async: 128 `cp.async.mbarrier.arrive.noinc`, one per producer thread) and its `c_j` are
@@ -287,3 +288,5 @@ pub(crate) fn build<'ctx>(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod turns_tests;

@@ -25,6 +25,15 @@
 //! per item; the first hand-over and the last wait are made once, around the loop). So the
 //! producer's first fill of item `k + 1` goes out as soon as a slot is free, while the
 //! consumers finish item `k`.
+//!
+//! **Free-running consumers** (`turns = none`, `cfg.free_running`) take no turns: no first
+//! hand-over, no last wait. The protocol does not depend on the turns, so the grid takes them
+//! either way: the turns only order the consumers' GEMMs; every hand-over of data goes through
+//! mbarriers that count all consumers (the K/V ring's `empty`, the item ring's `item_empty`,
+//! 128 arrivals per consumer) and phase parities, so a consumer that runs ahead waits on the
+//! next phase of `full` / `item_full`, which the producer cannot complete before every consumer
+//! has released the slot or entry (a lead of at most `stages` fills and two items, within the
+//! one-bit parity's reach); the Q tile and its barrier are each consumer's own.
 
 use super::consumer::{first_turn, last_turn};
 use super::roles::{
@@ -233,7 +242,9 @@ pub(super) fn consumer<'ctx>(
 ) {
     let b = a.b;
     let nc = consumers(cfg) as u32;
-    first_turn(b, cw, nc);
+    if !cfg.free_running {
+        first_turn(b, cw, nc);
+    }
     let zero = b.i32(0);
     let (bh, m) = decode(a, cfg, b.sreg("ctaid.x"));
     load_q(a, cfg, lay, &block_at(b, cfg, a.t_len, bh, m), cw);
@@ -268,5 +279,7 @@ pub(super) fn consumer<'ctx>(
             next
         },
     );
-    last_turn(b, cw, nc);
+    if !cfg.free_running {
+        last_turn(b, cw, nc);
+    }
 }

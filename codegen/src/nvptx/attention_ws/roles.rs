@@ -507,6 +507,7 @@ pub(super) fn consumer_item<'ctx>(
         walk: &walk,
         fills,
         turns_run_on: given.is_some(),
+        turns: !cfg.free_running,
         rows: &rows,
         qoff,
         my_start,

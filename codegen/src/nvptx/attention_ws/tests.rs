@@ -50,7 +50,7 @@ fn layout_takes_the_deepest_ring_that_fits() {
 }
 
 /// PTX of the kernel for `c` (sm_90a), through the backend's own LLVM pipeline.
-fn ptx_for(c: &AttnKernelConfig) -> String {
+pub(super) fn ptx_for(c: &AttnKernelConfig) -> String {
     use crate::nvptx::target::{finish, prepare_module, target_machine, NvptxTarget};
     let ctx = Context::create();
     let m = ctx.create_module("ws");
@@ -147,7 +147,7 @@ fn assembles_with_ptxas_and_bounded_spills() {
 }
 
 /// Registers per thread of the (one) kernel of a `ptxas -v` report.
-fn used_registers(report: &str) -> u32 {
+pub(super) fn used_registers(report: &str) -> u32 {
     let at = report.find("Used ").expect("a register count in the ptxas report");
     report[at + 5..].split_whitespace().next().unwrap().parse().unwrap()
 }
