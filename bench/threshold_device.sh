@@ -12,7 +12,8 @@
 #       wrong deltas show here even when the output stays within tolerance) for fox with the
 #       paper rule (one kernel), local (one kernel, the k_causal scan over several rounds of
 #       tiles at T = 20000, D = 64), tight (two kernels, per-row), fox_gqa, at tile counts that
-#       are and are not multiples; `grad --check` (the backward plan's threshold);
+#       are and are not multiples, D = 96 (element loads: no 16-byte layout) and 256 (32 lanes a
+#       row); `grad --check` (the backward plan's threshold);
 #   (b) NEW against OLD on the same inputs: bitwise (the deltas are the same maxima);
 #   (c) compute-sanitizer memcheck, racecheck, synccheck of NEW at 1x66x512x128 (local rule);
 #   (d) BROKEN must fail (a) for the paper rule at 1x2x4099x64 with --check-starts;
@@ -38,7 +39,8 @@ stamp() { echo "## $(date -u +%T) (${SECONDS}s) $*"; }
 stamp "(a) checks of NEW"
 if [ "${CHECK:-1}" = 1 ]; then
   for c in "fox B=1,H=2,T=4099,D=64" "fox B=1,H=1,T=2048,D=128" "fox B=2,H=3,T=777,D=128" \
-    "fox B=1,H=1,T=16384,D=128" "fox_gqa B=1,H=4,G=2,T=1000,D=128" "fox_alibi B=1,H=2,T=1000,D=64"; do
+    "fox B=1,H=1,T=16384,D=128" "fox_gqa B=1,H=4,G=2,T=1000,D=128" "fox_alibi B=1,H=2,T=1000,D=64" \
+    "fox B=1,H=2,T=1000,D=96" "fox B=1,H=2,T=1000,D=256"; do
     # shellcheck disable=SC2086
     check_cuda "$NEW" run $c --check-starts || fail=1
   done
