@@ -88,7 +88,7 @@ pub fn kernel_for(
     head_dim: Option<u64>,
     a: &Attention,
     tiles: Tiles,
-    loads: KvLoads,
+    ws: WsOptions,
     pick: Option<ForwardKernel>,
 ) -> AttnKernel {
     let head_dims: &[u64] = match pick {
@@ -96,7 +96,7 @@ pub fn kernel_for(
         Some(ForwardKernel::WarpSpecialized) => &WS_BUILDS,
         Some(ForwardKernel::Standard) => &[],
     };
-    let ws = target == Target::Sm90a
+    let runs_ws = target == Target::Sm90a
         && !head_dims.is_empty()
         && head_dim.is_none_or(|d| head_dims.contains(&d))
         && matches!(a.mask, Mask::Causal | Mask::Window(_))
@@ -105,24 +105,44 @@ pub fn kernel_for(
         && matches!(tiles.bm, 64 | 128)
         && tiles.bn.is_multiple_of(16)
         && (16..=128).contains(&tiles.bn);
-    if ws {
+    if runs_ws {
         AttnKernel::WarpSpecialized {
             head_dims: head_dims.to_vec(),
-            loads,
-            grid: WsGrid::Tiles,
-            turns: WsTurns::Ring,
+            loads: ws.loads,
+            grid: ws.grid,
+            turns: ws.turns,
         }
     } else {
         AttnKernel::Standard
     }
 }
 
+/// How a warp-specialized kernel runs: its K/V loads, grid and turns (they change how the work
+/// is loaded, laid out and scheduled, not which kernel computes it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WsOptions {
+    pub loads: KvLoads,
+    pub grid: WsGrid,
+    pub turns: WsTurns,
+}
+
+impl WsOptions {
+    /// `--ws-loads`, `--ws-grid` and `--ws-turns` where given, else [`WS_LOADS`], [`WS_GRID`]
+    /// and [`WS_TURNS`].
+    pub fn of(opts: &PassOptions) -> WsOptions {
+        WsOptions {
+            loads: opts.ws_loads.unwrap_or(WS_LOADS),
+            grid: opts.ws_grid.unwrap_or(WS_GRID),
+            turns: opts.ws_turns.unwrap_or(WS_TURNS),
+        }
+    }
+}
+
 /// The tiles pass: `--tiles` if given, else the target's choice, on every attention without
 /// tiles; the key bound `E` below which tiles need no visit, under an expression mask
 /// `j >= E` or a score region `select(j >= E, X, -inf)` ([`crate::key_bound`]); and the forward
-/// kernel that goes with them ([`kernel_for`]; `--attn-kernel` if given; its K/V loads:
-/// `--ws-loads`, else [`WS_LOADS`]; its grid and turns: `--ws-grid` and `--ws-turns`, else
-/// [`WS_GRID`] and [`WS_TURNS`], [`with_ws_options`]).
+/// kernel that goes with them ([`kernel_for`]; `--attn-kernel` if given; how a
+/// warp-specialized one runs: [`WsOptions::of`]).
 pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
     for n in g.find(|op| matches!(op, Op::Attention(a) if a.tiles.is_none())) {
         let head_dim =
@@ -135,27 +155,10 @@ pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(
                 _ => None,
             }
             .or_else(|| crate::key_bound::keys_from_score(&a.score));
-            let loads = opts.ws_loads.unwrap_or(WS_LOADS);
-            a.kernel =
-                with_ws_options(kernel_for(opts.target, head_dim, a, tiles, loads, opts.attn_kernel), opts);
+            a.kernel = kernel_for(opts.target, head_dim, a, tiles, WsOptions::of(opts), opts.attn_kernel);
         }
     }
     Ok(())
-}
-
-/// `kernel` with the warp-specialized grid `--ws-grid` asks for, else [`WS_GRID`], and the
-/// consumers' turns `--ws-turns` asks for, else [`WS_TURNS`] (both change how the work is
-/// laid out and scheduled, not which kernel computes it).
-pub fn with_ws_options(kernel: AttnKernel, opts: &PassOptions) -> AttnKernel {
-    match kernel {
-        AttnKernel::WarpSpecialized { head_dims, loads, .. } => AttnKernel::WarpSpecialized {
-            head_dims,
-            loads,
-            grid: opts.ws_grid.unwrap_or(WS_GRID),
-            turns: opts.ws_turns.unwrap_or(WS_TURNS),
-        },
-        AttnKernel::Standard => AttnKernel::Standard,
-    }
 }
 
 #[cfg(test)]
@@ -163,9 +166,14 @@ mod tests {
     use super::*;
     use foxc_ir::Scale;
 
-    /// The choice with the default loads.
+    /// `cp.async` loads, the tiles grid, the turns ring.
+    const CP_ASYNC: WsOptions =
+        WsOptions { loads: KvLoads::CpAsync, grid: WsGrid::Tiles, turns: WsTurns::Ring };
+    const TMA: WsOptions = WsOptions { loads: KvLoads::Tma, ..CP_ASYNC };
+
+    /// The choice with `cp.async` loads.
     fn kernel_for(target: Target, head_dim: Option<u64>, a: &Attention, tiles: Tiles) -> AttnKernel {
-        super::kernel_for(target, head_dim, a, tiles, KvLoads::CpAsync, None)
+        super::kernel_for(target, head_dim, a, tiles, CP_ASYNC, None)
     }
 
     fn attn(mask: Mask) -> Attention {
@@ -203,14 +211,8 @@ mod tests {
             grid: WsGrid::Tiles,
             turns: WsTurns::Ring,
         };
-        assert_eq!(
-            super::kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), t, KvLoads::Tma, None),
-            tma
-        );
-        assert_eq!(
-            super::kernel_for(Target::Sm80, Some(128), &attn(Mask::Causal), t, KvLoads::Tma, None),
-            std
-        );
+        assert_eq!(super::kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), t, TMA, None), tma);
+        assert_eq!(super::kernel_for(Target::Sm80, Some(128), &attn(Mask::Causal), t, TMA, None), std);
         // The attribute's rule at code generation: D = 128 only.
         assert!(ws.runs_warp_specialized(128));
         assert!(!ws.runs_warp_specialized(64));
@@ -222,9 +224,7 @@ mod tests {
     #[test]
     fn attn_kernel_option_overrides_the_head_dim_choice() {
         let t = Tiles { bm: 64, bn: 64 };
-        let pick = |target, d, mask, tiles, k| {
-            super::kernel_for(target, d, &attn(mask), tiles, KvLoads::Tma, Some(k))
-        };
+        let pick = |target, d, mask, tiles, k| super::kernel_for(target, d, &attn(mask), tiles, TMA, Some(k));
         let ws = AttnKernel::WarpSpecialized {
             head_dims: vec![64, 128],
             loads: KvLoads::Tma,
@@ -250,50 +250,34 @@ mod tests {
         assert_eq!(pick(Target::Sm90a, None, Mask::Causal, t, s), AttnKernel::Standard);
     }
 
-    /// `--ws-grid persistent` reaches a warp-specialized attribute only; the default is
-    /// [`WS_GRID`].
+    /// `--ws-loads`, `--ws-grid` and `--ws-turns` reach a warp-specialized attribute only; the
+    /// defaults are [`WS_LOADS`], [`WS_GRID`] and [`WS_TURNS`].
     #[test]
-    fn grid_choice() {
-        let ws = |grid| AttnKernel::WarpSpecialized {
-            head_dims: vec![128],
-            loads: KvLoads::Tma,
-            grid,
-            turns: WsTurns::Ring,
+    fn ws_options_choice() {
+        let defaults = WsOptions::of(&PassOptions::default());
+        assert_eq!(defaults, WsOptions { loads: WS_LOADS, grid: WS_GRID, turns: WS_TURNS });
+        let asked = PassOptions {
+            ws_loads: Some(KvLoads::CpAsync),
+            ws_grid: Some(WsGrid::Persistent),
+            ws_turns: Some(WsTurns::None),
+            ..PassOptions::default()
         };
-        let persistent = PassOptions { ws_grid: Some(WsGrid::Persistent), ..PassOptions::default() };
-        assert_eq!(with_ws_options(ws(WsGrid::Tiles), &persistent), ws(WsGrid::Persistent));
-        assert_eq!(with_ws_options(AttnKernel::Standard, &persistent), AttnKernel::Standard);
-        assert_eq!(with_ws_options(ws(WsGrid::Persistent), &PassOptions::default()), ws(WS_GRID));
-        assert_eq!(ws(WsGrid::Persistent).ws_grid(), WsGrid::Persistent);
-        assert_eq!(AttnKernel::Standard.ws_grid(), WsGrid::Tiles);
-    }
-
-    /// `--ws-turns none` reaches a warp-specialized attribute only (with the grid asked for);
-    /// the default is [`WS_TURNS`], the ring.
-    #[test]
-    fn turns_choice() {
-        let ws = |grid, turns| AttnKernel::WarpSpecialized {
-            head_dims: vec![64],
-            loads: KvLoads::Tma,
-            grid,
-            turns,
-        };
-        let none = PassOptions { ws_turns: Some(WsTurns::None), ..PassOptions::default() };
+        let ws = WsOptions::of(&asked);
+        assert_eq!(ws, WsOptions { loads: KvLoads::CpAsync, grid: WsGrid::Persistent, turns: WsTurns::None });
+        let t = Tiles { bm: 64, bn: 128 };
+        let k = super::kernel_for(Target::Sm90a, Some(128), &attn(Mask::Causal), t, ws, None);
         assert_eq!(
-            with_ws_options(ws(WsGrid::Tiles, WsTurns::Ring), &none),
-            ws(WsGrid::Tiles, WsTurns::None)
+            k,
+            AttnKernel::WarpSpecialized {
+                head_dims: vec![128],
+                loads: KvLoads::CpAsync,
+                grid: WsGrid::Persistent,
+                turns: WsTurns::None
+            }
         );
-        assert_eq!(with_ws_options(AttnKernel::Standard, &none), AttnKernel::Standard);
-        assert_eq!(
-            with_ws_options(ws(WsGrid::Tiles, WsTurns::None), &PassOptions::default()),
-            ws(WsGrid::Tiles, WS_TURNS)
-        );
-        let both = PassOptions { ws_grid: Some(WsGrid::Persistent), ..none };
-        assert_eq!(
-            with_ws_options(ws(WsGrid::Tiles, WsTurns::Ring), &both),
-            ws(WsGrid::Persistent, WsTurns::None)
-        );
-        assert_eq!(ws(WsGrid::Tiles, WsTurns::None).ws_turns(), WsTurns::None);
-        assert_eq!(AttnKernel::Standard.ws_turns(), WsTurns::Ring);
+        assert_eq!((k.ws_grid(), k.ws_turns()), (WsGrid::Persistent, WsTurns::None));
+        let std = super::kernel_for(Target::Sm80, Some(128), &attn(Mask::Causal), t, ws, None);
+        assert_eq!(std, AttnKernel::Standard);
+        assert_eq!((std.ws_grid(), std.ws_turns()), (WsGrid::Tiles, WsTurns::Ring));
     }
 }
