@@ -11,7 +11,9 @@ use foxc_ir::{Attention, Graph, Mask, Op, Tiles};
 /// kernel: the warp-specialized one with three consumers per block took 1.4492 / 2.3153 ms
 /// (64x64) and 1.4720 / 2.3265 (64x128) against the standard kernel's 1.4282 / 2.2932 (64x128)
 /// at 2x16x16384x64 / 1x16x32768x64 (run 13, call B; two blocks of two consumers per SM were
-/// 1.4-17% slower in call A).
+/// 1.4-17% slower in call A). Without the turn ring (`--ws-turns none`, run 15) it took 1.4404 /
+/// 2.2976 with 64x128 tiles against the standard kernel's 1.4284 / 2.3134 in the same call:
+/// faster at one shape only.
 pub const WS_HEAD_DIMS: [u64; 1] = [128];
 
 /// Head dims the warp-specialized kernel builds for (codegen's `attention_ws::HEAD_DIMS`): what
@@ -39,8 +41,9 @@ pub const WS_LOADS: KvLoads = KvLoads::Tma;
 pub const WS_GRID: WsGrid = WsGrid::Tiles;
 
 /// Whether the warp-specialized kernel's consumers take turns at the tensor cores unless
-/// `--ws-turns` says otherwise: the ring (pingpong, runs 8-13). `none` (free-running consumers)
-/// is the A/B of docs/GPU_KERNEL.md run 15.
+/// `--ws-turns` says otherwise: the ring (pingpong, runs 8-13). Free-running consumers (`none`)
+/// were 7% slower at D = 128 (3.6296 vs 3.3930 ms at 1x16x32768x128, 2.2313 vs 2.0892 at
+/// 2x16x16384x128, pruned) and 12% slower at D = 64 with 64x64 tiles (docs/GPU_KERNEL.md, run 15).
 pub const WS_TURNS: WsTurns = WsTurns::Ring;
 
 /// Head dims that get 128-key tiles on sm_90a for a forward (64-row query tiles either way).
