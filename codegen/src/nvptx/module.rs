@@ -467,7 +467,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 self.cast(n, name, x, self.buf(x)?, res, node.ty.dtype, None)?;
             }
             Op::Threshold { rule, log_eps, bound, score, scale, bm } => {
-                // q may be `s q'` with s folded away: the kernels read q' and take s (threshold.rs).
+                // q may be `s q'` with s folded away: the kernels read q' and take s (threshold/).
                 let (q, qscale) = self.resolve_q(ops[0]);
                 let k = ops[1];
                 if *bm == 0 {
