@@ -82,6 +82,20 @@ impl VecRows {
     }
 }
 
+/// This lane's part of one row's squared norms of q and of k (its elements in order).
+fn squares<'ctx>(
+    k: &Kb<'_, 'ctx>,
+    qv: &[FloatValue<'ctx>],
+    kv: &[FloatValue<'ctx>],
+) -> (FloatValue<'ctx>, FloatValue<'ctx>) {
+    let (mut sq, mut sk) = (k.f32(0.0), k.f32(0.0));
+    for (a, b) in qv.iter().zip(kv) {
+        sq = k.fma(*a, *a, sq);
+        sk = k.fma(*b, *b, sk);
+    }
+    (sq, sk)
+}
+
 /// Rows of the tile in 16-byte pieces ([`VecRows`]): `slots` rows per lane group and step, all
 /// their loads issued before any arithmetic, each row's sum over its lanes by butterflies
 /// inside the group. A row past the tile repeats the tile's last row.
@@ -121,11 +135,7 @@ fn vector_rows<'ctx>(
             })
             .collect();
         for (qv, kv) in &rows {
-            let (mut sq, mut sk) = (k.f32(0.0), k.f32(0.0));
-            for (a, b) in qv.iter().zip(kv) {
-                sq = k.fma(*a, *a, sq);
-                sk = k.fma(*b, *b, sk);
-            }
+            let (mut sq, mut sk) = squares(k, qv, kv);
             let mut m = v.lanes / 2;
             while m > 0 {
                 sq = k.fadd(sq, k.shfl_xor(sq, m as i64));
@@ -160,11 +170,7 @@ fn scalar_rows<'ctx>(
             })
             .collect();
         for (qv, kv) in &rows {
-            let (mut sq, mut sk) = (k.f32(0.0), k.f32(0.0));
-            for (a, b) in qv.iter().zip(kv) {
-                sq = k.fma(*a, *a, sq);
-                sk = k.fma(*b, *b, sk);
-            }
+            let (sq, sk) = squares(k, qv, kv);
             acc.add(k, k.warp_sum(sq), k.warp_sum(sk));
         }
     });
