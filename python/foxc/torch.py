@@ -29,12 +29,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import _foxc
+from . import _foxc, _workspace
 
 _TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 _NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
-# Device buffers of a plan start at this alignment inside the one workspace allocation.
-_ALIGN = 256
 
 
 def _attention_of(program_id: int):
@@ -80,15 +78,11 @@ def _launch(plan, tensors: Dict, dev) -> List[torch.Tensor]:
     outputs. (Temporaries freed after the launch are safe: torch's allocator reuses memory in
     stream order.)"""
     outs = [torch.empty(shape, dtype=_TORCH_DTYPES[dtype], device=dev) for _, dtype, shape in plan.outputs]
-    # Workspace: "scratch" buffers in one torch.empty, "zeroed" ones (counters the kernels
-    # expect zero and leave zero) in one torch.zeros.
-    offsets, totals = [], {"scratch": 0, "zeroed": 0}
-    for (role, _), size in zip(plan.roles, plan.sizes):
-        offsets.append(totals.get(role, 0))
-        if role in totals:
-            totals[role] += (size + _ALIGN - 1) // _ALIGN * _ALIGN
+    # The workspaces: "scratch" buffers in one torch.empty, "zeroed" ones (counters the
+    # kernels expect zero and leave zero) in one torch.zeros, only when the plan has some
+    # (a zero-byte buffer takes any valid pointer).
+    offsets, totals = _workspace.layout(plan.roles, plan.sizes)
     ws = {"scratch": torch.empty(max(totals["scratch"], 1), dtype=torch.uint8, device=dev)}
-    # (No memset when the plan has no counters: zero-byte buffers take any valid pointer.)
     z = totals["zeroed"]
     ws["zeroed"] = torch.zeros(z, dtype=torch.uint8, device=dev) if z else ws["scratch"]
     ptrs = []

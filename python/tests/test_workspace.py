@@ -1,0 +1,37 @@
+"""The GPU plan's workspace layout (foxc._workspace): pure Python, runs without torch or a GPU."""
+
+import pytest
+
+from foxc import _workspace
+
+
+def test_buffers_take_aligned_places_in_their_own_workspace():
+    roles = [
+        ("input", 0),
+        ("scratch", 0),
+        ("zeroed", 0),
+        ("output", 0),
+        ("scratch", 0),
+        ("zeroed", 0),
+        ("input", 1),
+    ]
+    sizes = [1000, 10, 4, 500, 300, 64, 7]
+    offsets, totals = _workspace.layout(roles, sizes)
+    # The caller's tensors take no workspace; each workspace packs its own buffers, 256-aligned.
+    assert offsets == [0, 0, 0, 0, 256, 256, 0]
+    assert totals == {"scratch": 256 + 512, "zeroed": 256 + 256}
+
+
+def test_a_plan_without_counters_needs_no_zeroed_workspace():
+    _, totals = _workspace.layout([("input", 0), ("scratch", 0), ("output", 0)], [8, 8, 8])
+    assert totals == {"scratch": 256, "zeroed": 0}
+
+
+def test_an_unknown_role_is_an_error():
+    with pytest.raises(ValueError, match="unknown buffer role 'counter'"):
+        _workspace.layout([("input", 0), ("counter", 0)], [8, 8])
+
+
+def test_roles_and_sizes_pair_up():
+    with pytest.raises(ValueError, match="2 buffer roles for 1 sizes"):
+        _workspace.layout([("input", 0), ("scratch", 0)], [8])
