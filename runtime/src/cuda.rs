@@ -87,13 +87,16 @@ pub struct LaunchDesc {
     pub deps: Vec<usize>,
 }
 
+/// The byte poisoned buffers are filled with: 0xFF..FF is a NaN in f32, bf16 and f16.
+const POISON: u8 = 0xFF;
+
 /// How a buffer is filled before a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BufferInit {
     /// Copied from input number `n` of [`Session::upload`].
     Input(usize),
-    /// Filled with 0xFF bytes (NaN in every float dtype), so an element that no kernel writes
-    /// shows up in the output instead of passing as a stale value.
+    /// Filled with [`POISON`] bytes (NaN in every float dtype), so an element that no kernel
+    /// writes shows up in the output instead of passing as a stale value.
     Poison,
     /// Zeroed: counters that the kernels expect zero at their first launch and leave zero.
     Zero,
@@ -573,16 +576,8 @@ impl Session<'_> {
                     unsafe { result::memcpy_htod_sync(b.ptr, src) }
                         .ctx(|| format!("copying input {} to the GPU", d.label))?;
                 }
-                BufferInit::Poison => {
-                    // SAFETY: within the allocation.
-                    unsafe { result::memset_d8_sync(b.ptr, 0xFF, b.bytes) }
-                        .ctx(|| format!("poisoning buffer {i} ({})", d.label))?;
-                }
-                BufferInit::Zero => {
-                    // SAFETY: within the allocation.
-                    unsafe { result::memset_d8_sync(b.ptr, 0, b.bytes) }
-                        .ctx(|| format!("zeroing buffer {i} ({})", d.label))?;
-                }
+                BufferInit::Poison => self.fill(i, POISON)?,
+                BufferInit::Zero => self.fill(i, 0)?,
             }
         }
         Ok(())
@@ -592,14 +587,20 @@ impl Session<'_> {
     /// the counters as the previous run left them: a second run then shows whether the plan
     /// computes everything again from what its kernels leave behind.
     pub fn repoison(&mut self) -> Result<(), CudaError> {
-        for (i, (b, d)) in self.buffers.iter().zip(&self.program.buffers).enumerate() {
-            if d.init == BufferInit::Poison {
-                // SAFETY: within the allocation.
-                unsafe { result::memset_d8_sync(b.ptr, 0xFF, b.bytes) }
-                    .ctx(|| format!("poisoning buffer {i} ({})", d.label))?;
+        for i in 0..self.buffers.len() {
+            if self.program.buffers[i].init == BufferInit::Poison {
+                self.fill(i, POISON)?;
             }
         }
         Ok(())
+    }
+
+    /// Sets every byte of buffer `i` to `byte` (synchronously).
+    fn fill(&self, i: usize, byte: u8) -> Result<(), CudaError> {
+        let (b, d) = (&self.buffers[i], &self.program.buffers[i]);
+        // SAFETY: within the allocation.
+        unsafe { result::memset_d8_sync(b.ptr, byte, b.bytes) }
+            .ctx(|| format!("filling buffer {i} ({}) with {byte:#04x}", d.label))
     }
 
     /// Enqueues the whole plan on the stream (asynchronous): its launches, or one launch of its
