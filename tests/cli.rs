@@ -269,17 +269,23 @@ fn mask_draws_rules_side_by_side() {
     assert_eq!(&std::fs::read(&png).unwrap()[1..4], b"PNG");
 }
 
+/// `foxc compile examples/fox.attn --target sm_90a --shape D=<d> --emit <emit> <extra>`, which
+/// must succeed: its output.
+fn fox_sm90a(d: &str, emit: &str, extra: &[&str]) -> String {
+    let shape = format!("D={d}");
+    let args = ["compile", "examples/fox.attn", "--target", "sm_90a", "--shape", &shape, "--emit", emit];
+    let o = foxc(&[&args[..], extra].concat());
+    assert!(o.status.success(), "{extra:?}: {}", text(&o));
+    text(&o)
+}
+
 /// `--ws-loads tma` reaches the tiles pass: the warp-specialized attribute says so; cp-async
 /// is not printed; without the flag the pass's default (`WS_LOADS`); an unknown value is a
 /// usage error.
 #[test]
 fn ws_loads_flag_reaches_the_kernel_attribute() {
     let args = ["compile", "examples/fox.attn", "--target", "sm_90a", "--shape", "D=128", "--emit", "opt"];
-    let with = |extra: &[&str]| {
-        let o = foxc(&[&args[..], extra].concat());
-        assert!(o.status.success(), "{extra:?}: {}", text(&o));
-        text(&o)
-    };
+    let with = |extra: &[&str]| fox_sm90a("128", "opt", extra);
     let tma = with(&["--ws-loads", "tma"]);
     assert!(tma.contains("kernel = warp_specialized(D = 128, loads = tma)"), "{tma}");
     let cp = with(&["--ws-loads", "cp-async"]);
@@ -297,13 +303,7 @@ fn ws_loads_flag_reaches_the_kernel_attribute() {
 /// a D = 128 one; an unknown value is a usage error.
 #[test]
 fn attn_kernel_flag_overrides_the_pass_choice() {
-    let opt = |d: &str, extra: &[&str]| {
-        let shape = format!("D={d}");
-        let args = ["compile", "examples/fox.attn", "--target", "sm_90a", "--shape", &shape, "--emit", "opt"];
-        let o = foxc(&[&args[..], extra].concat());
-        assert!(o.status.success(), "{extra:?}: {}", text(&o));
-        text(&o)
-    };
+    let opt = |d: &str, extra: &[&str]| fox_sm90a(d, "opt", extra);
     assert!(!opt("64", &[]).contains("warp_specialized"));
     let ws64 = opt("64", &["--attn-kernel", "warp-specialized"]);
     assert!(ws64.contains("kernel = warp_specialized(D = 64 | 128"), "{ws64}");
@@ -318,11 +318,7 @@ fn attn_kernel_flag_overrides_the_pass_choice() {
 #[test]
 fn ws_grid_flag_reaches_the_kernel_attribute() {
     let args = ["compile", "examples/fox.attn", "--target", "sm_90a", "--shape", "D=128", "--emit", "opt"];
-    let with = |extra: &[&str]| {
-        let o = foxc(&[&args[..], extra].concat());
-        assert!(o.status.success(), "{extra:?}: {}", text(&o));
-        text(&o)
-    };
+    let with = |extra: &[&str]| fox_sm90a("128", "opt", extra);
     let persistent = with(&["--ws-grid", "persistent"]);
     assert!(persistent.contains("loads = tma, grid = persistent)"), "{persistent}");
     let tiles = with(&["--ws-grid", "tiles"]);
@@ -345,13 +341,8 @@ fn ws_grid_flag_reaches_the_kernel_attribute() {
 /// tiles pass's default) is not printed and keeps the turns; an unknown value is a usage error.
 #[test]
 fn ws_turns_flag_reaches_the_kernel() {
-    let base = ["compile", "examples/fox.attn", "--target", "sm_90a", "--attn-kernel", "warp-specialized"];
-    let with = |d: &str, emit: &str, extra: &[&str]| {
-        let shape = format!("D={d}");
-        let o = foxc(&[&base[..], &["--shape", &shape, "--emit", emit], extra].concat());
-        assert!(o.status.success(), "{extra:?}: {}", text(&o));
-        text(&o)
-    };
+    let ws = ["--attn-kernel", "warp-specialized"];
+    let with = |d: &str, emit: &str, extra: &[&str]| fox_sm90a(d, emit, &[&ws[..], extra].concat());
     for d in ["64", "128"] {
         let none = with(d, "opt", &["--ws-turns", "none"]);
         assert!(none.contains(", turns = none)"), "{none}");
@@ -375,7 +366,9 @@ fn ws_turns_flag_reaches_the_kernel() {
     let (a, b) = (foxc(&std), foxc(&[&std[..], &["--ws-turns", "none"]].concat()));
     assert!(a.status.success() && b.status.success());
     assert_eq!(text(&a), text(&b));
-    let o = foxc(&[&base[..], &["--shape", "D=128", "--ws-turns", "pingpong"]].concat());
+    let bad =
+        ["compile", "examples/fox.attn", "--target", "sm_90a", "--shape", "D=128", "--ws-turns", "pingpong"];
+    let o = foxc(&[&bad[..], &ws[..]].concat());
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("possible values: ring, none"), "{}", text(&o));
 }
