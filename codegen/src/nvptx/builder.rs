@@ -103,6 +103,15 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
 
     /// Ends the kernel (`ret void` at the current position), verifies it and returns it, or the
     /// first error met while building.
+    /// Launch bounds (`.maxntid`, `.minnctapersm`): the kernel runs blocks of at most
+    /// `max_threads` threads, and ptxas keeps its registers low enough for `min_blocks` of them
+    /// per multiprocessor (`65536 / (max_threads * min_blocks)`, rounded down to its granule).
+    pub fn launch_bounds(&self, max_threads: u32, min_blocks: u32) {
+        for (k, v) in [("nvvm.maxntid", max_threads), ("nvvm.minctasm", min_blocks)] {
+            self.f.add_attribute(AttributeLoc::Function, self.ctx.create_string_attribute(k, &v.to_string()));
+        }
+    }
+
     pub fn finish(self) -> Result<FunctionValue<'ctx>, String> {
         let r = self.b.build_return(None);
         self.keep(r.map(|_| ()), || ());

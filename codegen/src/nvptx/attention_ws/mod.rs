@@ -57,7 +57,6 @@ pub(crate) mod tma;
 use super::attention::score::ScoreMod;
 use super::attention::{AttnKernelConfig, LaunchGeometry};
 use super::builder::KernelBuilder;
-use inkwell::attributes::AttributeLoc;
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::FunctionValue;
@@ -276,14 +275,10 @@ pub(crate) fn build<'ctx>(
     let view = consumer_view(cfg);
     let b = KernelBuilder::kernel(ctx, module, name, &params)?;
     roles::emit(&b, cfg, &view, &lay, score, name);
-    let f = b.finish()?;
     // setmaxnreg needs a register cap at entry: the residency's threads and blocks per SM.
     let r = residency(cfg.head_dim, cfg.bn);
-    for (k, v) in [("nvvm.maxntid", r.threads().to_string()), ("nvvm.minctasm", r.blocks_per_sm.to_string())]
-    {
-        f.add_attribute(AttributeLoc::Function, ctx.create_string_attribute(k, &v));
-    }
-    Ok(f)
+    b.launch_bounds(r.threads(), r.blocks_per_sm);
+    b.finish()
 }
 
 #[cfg(test)]

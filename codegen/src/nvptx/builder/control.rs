@@ -234,10 +234,20 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
 
     // ---- variables -----------------------------------------------------------------------
 
-    /// Declares a variable holding `init` (in the entry block: `mem2reg` promotes it).
+    /// Declares a variable holding `init`. Its slot is allocated at the top of the entry block
+    /// wherever the declaration is (inside a branch or a loop too): `mem2reg` promotes only
+    /// entry-block allocas; one elsewhere stays a stack slot (a loop's would grow the stack).
     pub fn declare_var(&self, init: BasicValueEnum<'ctx>) -> Var<'ctx> {
         let ty = init.get_type();
-        let slot = self.keep(self.b.build_alloca(ty, ""), || self.gptr().const_null());
+        let at_entry = self.ctx.create_builder();
+        match self.f.get_first_basic_block() {
+            Some(entry) => match entry.get_first_instruction() {
+                Some(first) => at_entry.position_before(&first),
+                None => at_entry.position_at_end(entry),
+            },
+            None => self.fail("declare_var before the entry block"),
+        }
+        let slot = self.keep(at_entry.build_alloca(ty, ""), || self.gptr().const_null());
         let v = Var { slot, ty };
         self.def_var(v, init);
         v
