@@ -465,6 +465,21 @@ impl AttnKernel {
     }
 }
 
+/// How a GPU backend launches the producers of a pruned attention's `c` and `delta` (a pass
+/// decision: `fuse-prelude`). The values are the same either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Prelude {
+    /// One launch per producer: the gate scan and the threshold run side by side and the
+    /// attention waits for both (a fork and a join).
+    #[default]
+    Launches,
+    /// One launch computes both: `c` (a `gate_cumsum` of a gate, read by this attention only)
+    /// and `delta` (a `threshold` whose formula reads tile norms only, read by this attention
+    /// only), one kernel whose blocks do either. The plan is then a chain of two launches, as
+    /// the dense attention's. Printed `prelude = joint`.
+    Joint,
+}
+
 /// The attributes of `Op::Attention`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Attention {
@@ -495,6 +510,8 @@ pub struct Attention {
     /// A kernel may skip the key tiles that lie below `E` on every row of its query tile; the
     /// value is unchanged. Printed `keys_from = E`.
     pub keys_from: Option<Region>,
+    /// How the launches of `c` and `delta` are grouped on a GPU ([`Prelude`]).
+    pub prelude: Prelude,
 }
 
 impl Graph {
@@ -528,6 +545,7 @@ impl Attention {
             prune: Prune::Dense,
             kernel: AttnKernel::Standard,
             keys_from: None,
+            prelude: Prelude::Launches,
         }
     }
 
@@ -711,6 +729,9 @@ impl Attention {
             Prune::Dense => {}
             Prune::Start => s.push_str(", pruned"),
             Prune::Boundary => s.push_str(", pruned(fused boundary)"),
+        }
+        if self.prelude == Prelude::Joint {
+            s.push_str(", prelude = joint");
         }
         if let AttnKernel::WarpSpecialized { head_dims, loads, grid, turns } = &self.kernel {
             let dims: Vec<String> = head_dims.iter().map(|d| d.to_string()).collect();

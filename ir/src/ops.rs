@@ -4,7 +4,7 @@
 //! the incoming edge whose weight is `k`. Elementwise ops broadcast by axis *name*.
 
 pub use crate::attention::{
-    Attention, AttnOperands, IndexVar, Mask, Prune, RId, RNode, Region, Scale, ScoreBound,
+    Attention, AttnOperands, IndexVar, Mask, Prelude, Prune, RId, RNode, Region, Scale, ScoreBound,
 };
 use crate::index::IndexExpr;
 use crate::types::{DType, Dim};

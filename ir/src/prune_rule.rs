@@ -322,6 +322,20 @@ impl PruneRule {
     pub fn fits(&self, score: &ScoreBound) -> bool {
         !self.formula.uses(Stat::Sii) || *score == ScoreBound::IDENTITY
     }
+
+    /// Whether `delta` reads per-tile norms of the data: a `data` bound (`NormBound::Data`)
+    /// and a formula that renders a norm statistic under `score`.
+    pub fn reads_norms(&self, score: &ScoreBound, data_bound: bool) -> bool {
+        let reads = self.formula.stats_under(score);
+        data_bound && [Stat::QMax, Stat::KMax, Stat::QTile, Stat::KCausal].iter().any(|s| reads.contains(s))
+    }
+
+    /// Whether `delta` reads the tile norms and nothing of the rows ([`Stat::per_row`]): then
+    /// one pass over q and k gives every statistic, and a GPU backend computes the threshold
+    /// in one kernel whose last block per head evaluates the formula.
+    pub fn norms_only(&self, score: &ScoreBound, data_bound: bool) -> bool {
+        self.reads_norms(score, data_bound) && !self.formula.stats_under(score).iter().any(|s| s.per_row())
+    }
 }
 
 impl fmt::Display for PruneRule {

@@ -5,10 +5,14 @@
 //! - `fuse-boundary` (GPU targets): a pruned attention whose `start` is a `block_boundary` of its
 //!   own `c` reads the threshold `delta` instead and finds `start[m]` itself (a binary search
 //!   over the monotone `c`, the same value: docs/SEMANTICS.md), saving a launch.
+//! - `fuse-prelude` (GPU targets): such an attention whose `c` is the scan of a gate and whose
+//!   `delta` is a threshold of tile norms only, each read by it alone, gets both from one
+//!   launch (`prelude = joint`): the plan becomes a chain of two launches, as the dense
+//!   attention's, instead of a fork into two lanes and a join (docs/GPU_KERNEL.md, run 17).
 
 use crate::acp::add_attention;
 use crate::{PassContext, PassError, PassOptions, Target};
-use foxc_ir::{Attention, Graph, Op, Prune};
+use foxc_ir::{Attention, GateKind, Graph, NormBound, Op, Prelude, Prune};
 
 /// The `fuse-output-cast` pass.
 pub fn output_cast(g: &mut Graph, _opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
@@ -58,6 +62,27 @@ pub fn boundary(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Res
         g.node_mut(f).name = g.node(n).name.clone();
         g.replace_all_uses(n, f);
         g.remove_dead();
+    }
+    Ok(())
+}
+
+/// The `fuse-prelude` pass (GPU targets only).
+pub fn prelude(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
+    if opts.target == Target::Cpu {
+        return Ok(());
+    }
+    for n in g.find(|op| matches!(op, Op::Attention(a) if a.prune == Prune::Boundary)) {
+        let ops = Attention::operands(g, n).map_err(PassError::Internal)?;
+        let (Some(c), Some(delta)) = (ops.decay, ops.delta) else { continue };
+        let scan = matches!(g.op(c), Op::GateCumsum { kind } if *kind != GateKind::Slope);
+        let norms_only = matches!(g.op(delta), Op::Threshold { rule, bound, score, .. }
+            if rule.norms_only(score, *bound == NormBound::Data));
+        let only_here = |v| g.users(v) == [n];
+        if scan && norms_only && only_here(c) && only_here(delta) {
+            if let Op::Attention(a) = &mut g.node_mut(n).op {
+                a.prelude = Prelude::Joint;
+            }
+        }
     }
     Ok(())
 }

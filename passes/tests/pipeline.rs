@@ -5,7 +5,7 @@ mod common;
 
 use common::{all_passes, compile, root, run};
 use foxc_ir::print::print_graph;
-use foxc_ir::{Attention, Graph, NormBound, Op, Prune, ScoreBound};
+use foxc_ir::{Attention, Graph, NormBound, Op, Prelude, Prune, ScoreBound};
 use foxc_passes::rules::{by_name, RULES};
 use foxc_passes::{tiles_for, PassOptions, Target};
 
@@ -195,6 +195,32 @@ fn no_prune_keeps_dense_attention() {
         assert_eq!(count(&o, |op| matches!(op, Op::Threshold { .. } | Op::BlockBoundary(_))), 0);
         assert!(report.explanations.iter().any(|e| e.message.contains("--no-prune")));
     }
+}
+
+/// `fuse-prelude`: one launch for the gate scan and the threshold where the threshold is one
+/// kernel of tile norms (paper, local under a data bound) and the decay is a scanned gate.
+#[test]
+fn gpu_preludes_are_joint_where_scan_and_threshold_fit_one_launch() {
+    let prelude = |ex: &str, target, rule: &str| {
+        let opts = PassOptions { target, rule: by_name(rule).unwrap(), ..PassOptions::default() };
+        let (o, _) = run(&compile(&format!("examples/{ex}.attn")), &opts);
+        let pa = o.find(|op| matches!(op, Op::Attention(_)));
+        let Op::Attention(a) = o.op(pa[0]) else { unreachable!() };
+        a.prelude
+    };
+    let (gpu, cpu) = (Target::Sm90a, Target::Cpu);
+    assert_eq!(prelude("fox", gpu, "paper"), Prelude::Joint);
+    assert_eq!(prelude("fox", Target::Sm80, "local"), Prelude::Joint);
+    assert_eq!(prelude("fox_loggate", gpu, "paper"), Prelude::Joint);
+    assert_eq!(prelude("fox_gqa", gpu, "paper"), Prelude::Joint);
+    assert_eq!(prelude("fox", cpu, "paper"), Prelude::Launches, "the CPU runs kernels in order");
+    assert_eq!(prelude("fox", gpu, "tight"), Prelude::Launches, "row statistics: two kernels");
+    assert_eq!(
+        prelude("fox_softcap", gpu, "paper"),
+        Prelude::Launches,
+        "a static score bound reads no norms"
+    );
+    assert_eq!(prelude("alibi", gpu, "paper"), Prelude::Launches, "slopes are not scanned");
 }
 
 #[test]
