@@ -1,7 +1,8 @@
 //! The GPU plan's launch dependencies (what the runtime may run concurrently) are complete: in
 //! the forward and the gradient program of every example the GPU compiles, two launches that
 //! share a buffer one of them may write (its node's result, or scratch) are ordered through
-//! their dependencies, and FoX's gate scan runs beside the threshold's kernels.
+//! their dependencies; FoX's gate scan runs in the threshold's launch (paper) or beside its
+//! kernels (tight).
 
 use foxc::cli::{PruneArgs, TargetArg};
 use foxc::commands::grad::grad_program;
@@ -112,13 +113,34 @@ fn launches_sharing_a_buffer_are_ordered_by_their_dependencies() {
 }
 
 #[test]
-fn fox_scans_the_gate_beside_the_threshold() {
+fn fox_scans_the_gate_in_the_threshold_launch() {
     let (_, a) = artifacts("fox", false).into_iter().next().expect("fox compiles");
+    // The default (paper) rule: the threshold is one kernel of tile norms, and the fuse-prelude
+    // pass gives it the gate scan too: one launch, then the attention.
+    let names: Vec<&str> = a.kernels.iter().map(|k| k.name.as_str()).collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(names[0].contains("threshold_with_scan") && names[1].contains("attn_fwd"), "{names:?}");
+    assert_eq!(a.kernels[1].deps, [0]);
+}
+
+#[test]
+fn fox_tight_scans_the_gate_beside_the_threshold() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/fox.attn");
+    let c = pipeline::Source::read(&path).unwrap().compile().unwrap();
+    let args =
+        PruneArgs { prune_rule: foxc_passes::rules::by_name("tight").unwrap(), ..PruneArgs::default() };
+    let (opt, _) =
+        pipeline::optimize(&c.graph, &pipeline::pass_options(&args, TargetArg::Sm90a, false)).unwrap();
+    let a = cuda_backend::compile(&opt, &BTreeMap::from([("D".to_string(), 64)]), "sm_90a").unwrap();
     let at = |part: &str| a.kernels.iter().position(|k| k.name.contains(part)).unwrap();
-    // The default (paper) rule: the threshold is one kernel, norms and deltas.
-    let (scan, threshold, attn) = (at("gate_cumsum"), at("threshold_norms_delta"), at("attn_fwd"));
+    // Row statistics: norms, then deltas, beside the scan.
+    let (scan, norms, delta, attn) =
+        (at("gate_cumsum"), at("threshold_norms_n"), at("threshold_delta"), at("attn_fwd"));
     let after = order(&a);
-    assert!(!after[threshold][scan] && !after[scan][threshold], "the scan and the threshold are independent");
-    assert!(after[attn][scan] && after[attn][threshold], "the attention reads the scan and the threshold");
+    assert!(after[delta][norms]);
+    for t in [norms, delta] {
+        assert!(!after[t][scan] && !after[scan][t], "the scan and the threshold are independent");
+    }
+    assert!(after[attn][scan] && after[attn][delta], "the attention reads the scan and the threshold");
     assert_eq!(a.kernels[attn].deps.len(), 2, "{:?}", a.kernels[attn].deps);
 }

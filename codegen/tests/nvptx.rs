@@ -4,8 +4,8 @@
 use foxc_codegen::nvptx::ptxas;
 use foxc_codegen::nvptx::{compile, BufferKind, CodegenError, KernelArg, Launch, NvptxSpec, NvptxTarget};
 use foxc_ir::{
-    Attention, DType, Dim, GateKind, Graph, Mask, NormBound, Op, Prune, PruneRule, Scale, ScoreBound, Span,
-    Tiles, ValueId, ValueType,
+    Attention, DType, Dim, GateKind, Graph, Mask, NormBound, Op, Prelude, Prune, PruneRule, Scale,
+    ScoreBound, Span, Tiles, ValueId, ValueType,
 };
 use std::collections::BTreeMap;
 
@@ -139,6 +139,49 @@ fn fox_plan_has_one_kernel_per_node_and_no_boundary_launch() {
     assert!(matches!(&a.kernels[2].args[5], KernelArg::Buffer(b) if *b == a.outputs[0]));
     assert_eq!(a.buffers[a.outputs[0]].kind, BufferKind::Value(g.output.unwrap().into()));
     assert!(cfg.out_bf16);
+}
+
+/// `prelude = joint`: the gate scan is one more block per head of the one-kernel threshold, and
+/// the plan is that launch, then the attention (no fork into two lanes).
+#[test]
+fn joint_prelude_is_one_launch_before_the_attention() {
+    let mut g = fox_graph(foxc_passes::rules::by_name("paper").unwrap(), NormBound::Data);
+    let attn = g.find(|o| matches!(o, Op::Attention(_)))[0];
+    let Op::Attention(a) = &mut g.node_mut(attn).op else { unreachable!() };
+    a.prelude = Prelude::Joint;
+    let a = compile(&g, &spec(NvptxTarget::Sm90a, 128)).expect("compiles");
+    let names: Vec<&str> = a.kernels.iter().map(|k| k.name.as_str()).collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(names[0].contains("threshold_with_scan"), "{names:?}");
+    let c = g.find(|o| matches!(o, Op::GateCumsum { .. }))[0];
+    let threshold = g.find(|o| matches!(o, Op::Threshold { .. }))[0];
+    assert_eq!((a.kernels[0].node, &a.kernels[0].also[..]), (threshold, &[c][..]));
+    assert_eq!((&a.kernels[0].deps[..], &a.kernels[1].deps[..]), (&[][..], &[0][..]));
+    let buffer = |k: usize, arg: usize| match &a.kernels[k].args[arg] {
+        KernelArg::Buffer(b) => *b,
+        other => panic!("{other:?}"),
+    };
+    // Arguments 7 and 8: the gate and c, which the attention reads as its argument 3.
+    assert!(matches!(a.buffers[buffer(0, 7)].kind, BufferKind::Param { ref name, .. } if name == "fgate"));
+    assert_eq!(a.buffers[buffer(0, 8)].kind, BufferKind::Value(c.into()));
+    assert_eq!(buffer(1, 3), buffer(0, 8));
+    assert_eq!(buffer(1, 4), buffer(0, 3));
+    // One scan block ahead of the ceil(1000 / 128) = 8 tiles of each of the 6 heads.
+    let bind =
+        |s: &str| [("B", 2), ("H", 3), ("T", 1000), ("D", 128)].into_iter().find(|p| p.0 == s).map(|p| p.1);
+    let geo = a.kernels[0].geometry(&bind).unwrap();
+    assert_eq!((geo.grid, geo.block.0), ((9, 6, 1), foxc_codegen::nvptx::threshold::NORM_THREADS));
+    // Both bodies are in the kernel: the scan's stage and the threshold's arrival.
+    let body = a.ptx.split(&format!(".entry {}", names[0])).nth(1).unwrap().split(".entry").next().unwrap();
+    for want in ["_stage", "atom.global.add", "fence.acq_rel.gpu", "bar.red.or"] {
+        assert!(body.contains(want), "the joint kernel lacks {want}");
+    }
+    // A threshold with row statistics is two kernels: it cannot take the scan.
+    let mut g = fox_graph(foxc_passes::rules::by_name("tight").unwrap(), NormBound::Data);
+    let Op::Attention(a) = &mut g.node_mut(attn).op else { unreachable!() };
+    a.prelude = Prelude::Joint;
+    let err = compile(&g, &spec(NvptxTarget::Sm90a, 128)).unwrap_err();
+    assert!(matches!(&err, CodegenError::Internal(m) if m.contains("prelude = joint")), "{err}");
 }
 
 /// A cast to anything but bf16 is not fused: the attention writes f32 and the cast kernel runs.

@@ -105,14 +105,24 @@ fn warp_scan_pair<'ctx>(k: &Kb<'_, 'ctx>, lane: IntValue<'ctx>, mut x: Pair<'ctx
     x
 }
 
+/// How a block scans a row of the gate: `threads` threads owning `elems` consecutive elements
+/// each in a segment of `threads * elems`. Rows longer than a segment take several.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct ScanShape {
+    pub threads: u32,
+    pub elems: u32,
+}
+
+/// The longest chain of dependent compensated adds in a thread's run (longer runs are split
+/// into independent chains).
+const RUN_CHAIN: i64 = 8;
+
+/// The scan kernel's blocks ([`SCAN_THREADS`] x [`SCAN_ELEMS`]).
+pub(super) const SCAN_BLOCK: ScanShape = ScanShape { threads: SCAN_THREADS, elems: SCAN_ELEMS };
+
 /// `gate_cumsum` for `Logits` and `LogGate`: params `(gate: [BH, T], c: f32 [BH, T], T: i32)`.
-/// Grid `(BH)` (the (b, h) index is `ctaid.x`), block [`SCAN_THREADS`]. The row goes through
-/// shared memory in segments of `SCAN_THREADS * SCAN_ELEMS` elements: coalesced loads (each
-/// warp reads consecutive elements, all `SCAN_ELEMS` loads of a thread in flight at once) store
-/// `log f` in the stage; each thread then scans its own `SCAN_ELEMS` consecutive elements, the
-/// block scans the threads' totals, and the running sums go back through the stage to coalesced
-/// stores; a pair carries the row's sum from one segment to the next. Every sum is a compensated
-/// f32 pair ([`Pair`]), so `c` is within rounding of the exact cumsum whatever the grouping.
+/// Grid `(BH)` (the (b, h) index is `ctaid.x`), block [`SCAN_THREADS`]; one [`scan_gate_row`]
+/// per block.
 pub fn build_gate_scan<'ctx>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
@@ -122,21 +132,48 @@ pub fn build_gate_scan<'ctx>(
 ) -> R<FunctionValue<'ctx>> {
     let k =
         Kb::kernel(ctx, module, name, &[("gate", ParamTy::Ptr), ("c", ParamTy::Ptr), ("T", ParamTy::I32)])?;
-    let gate = k.param_ptr(0);
-    let out = k.param_ptr(1);
-    let t_len = k.param_int(2);
+    let row =
+        GateRow { gate: k.param_ptr(0), c: k.param_ptr(1), t_len: k.param_int(2), bh: k.sreg("ctaid.x") };
+    scan_gate_row(&k, name, (kind, in_dt), SCAN_BLOCK, row);
+    k.finish()
+}
+
+/// One (b, h) row of a gate scan: the gate input, the cumsum `c`, their row length and index.
+#[derive(Clone, Copy)]
+pub(super) struct GateRow<'ctx> {
+    pub gate: PointerValue<'ctx>,
+    pub c: PointerValue<'ctx>,
+    pub t_len: IntValue<'ctx>,
+    pub bh: IntValue<'ctx>,
+}
+
+/// The whole block scans row `r.bh` of the gate into `c` (block of `shape.threads` threads; the
+/// shared arrays are named after `name`). The row goes through shared memory in segments of
+/// `threads * elems` elements: coalesced loads (each warp reads consecutive elements, all `elems`
+/// loads of a thread in flight at once) store `log f` in the stage; each thread then scans its
+/// own `elems` consecutive elements, the block scans the threads' totals, and the running sums
+/// go back through the stage to coalesced stores; a pair carries the row's sum from one segment
+/// to the next. Every sum is a compensated f32 pair ([`Pair`]), so `c` is within rounding of the
+/// exact cumsum whatever the grouping.
+pub(super) fn scan_gate_row<'ctx>(
+    k: &Kb<'_, 'ctx>,
+    name: &str,
+    (kind, in_dt): (GateKind, DType),
+    shape: ScanShape,
+    r: GateRow<'ctx>,
+) {
+    let GateRow { gate, c: out, t_len, bh } = r;
     let carry = [k.declare_var(k.f32(0.0).into()), k.declare_var(k.f32(0.0).into())];
     let tid = k.sreg("tid.x");
-    let bh = k.sreg("ctaid.x");
-    let (lane, warp) = lane_warp(&k, tid);
-    let (nthreads, elems) = (SCAN_THREADS as i64, SCAN_ELEMS as i64);
+    let (lane, warp) = lane_warp(k, tid);
+    let (nthreads, elems) = (shape.threads as i64, shape.elems as i64);
     let seg = nthreads * elems;
     // Element e of the segment sits at e + e / 32: one pad word per 32 makes both the
     // coalesced accesses (e = j * threads + tid) and a thread's own run (e = tid * elems + j)
     // free of bank conflicts.
     let stage = k.shared_f32(&format!("{name}_stage"), (seg + seg / 32) as u32);
     let staged = |k: &Kb<'_, 'ctx>, e: IntValue<'ctx>| k.shared_at(stage, k.add(e, k.lshrc(e, 5)));
-    let nwarps = SCAN_THREADS / 32;
+    let nwarps = shape.threads / 32;
     let sh = [
         k.shared_f32(&format!("{name}_warp_totals"), nwarps),
         k.shared_f32(&format!("{name}_warp_totals_lo"), nwarps),
@@ -147,27 +184,61 @@ pub fn build_gate_scan<'ctx>(
     k.for_range(k.i32(0), nseg, k.i32(1), |k, s| {
         let seg0 = k.mulc(s, seg);
         // 1. Coalesced loads of the segment (all in flight), log f into the stage; 0 past T.
-        let mut loaded = Vec::with_capacity(SCAN_ELEMS as usize);
-        for j in 0..elems {
+        // A whole segment's loads are one address plus constant offsets; only the row's last
+        // segment clamps each index (per-element addresses would hold two registers per load
+        // in flight).
+        let element = |j: i64| {
             let e = k.addc(tid, j * nthreads);
-            let t = k.add(seg0, e);
-            let inb = k.icmp(IntPredicate::SLT, t, t_len);
-            let tc = k.smin(t, k.addc(t_len, -1));
-            loaded.push((e, inb, k.load_f(in_dt, gate, k.add(base, k.sext64(tc)))));
-        }
-        for &(e, inb, x) in &loaded {
-            let lf = k.select_f(inb, log_gate(k, kind, x), zero);
-            k.store(staged(k, e), lf);
-        }
+            (e, k.icmp(IntPredicate::SLT, k.add(seg0, e), t_len))
+        };
+        let load_stage = |k: &Kb<'_, 'ctx>, clamp: bool| {
+            let loaded: Vec<_> = (0..elems)
+                .map(|j| {
+                    let (e, inb) = element(j);
+                    let t = k.add(seg0, e);
+                    let t = if clamp { k.smin(t, k.addc(t_len, -1)) } else { t };
+                    (e, inb, k.load_f(in_dt, gate, k.add(base, k.sext64(t))))
+                })
+                .collect();
+            for (e, inb, x) in loaded {
+                let lf = log_gate(k, kind, x);
+                k.store(staged(k, e), if clamp { k.select_f(inb, lf, zero) } else { lf });
+            }
+        };
+        let whole = k.icmp(IntPredicate::SLE, k.addc(seg0, seg), t_len);
+        k.if_else(
+            whole,
+            "stage",
+            |k| {
+                load_stage(k, false);
+                vec![]
+            },
+            |k| {
+                load_stage(k, true);
+                vec![]
+            },
+        );
         k.barrier();
         // 2. This thread's run of consecutive elements: its total, then the block's scan of
-        // the totals.
+        // the totals. The run is summed as `chains` independent chains of at most
+        // RUN_CHAIN elements (a chain of compensated adds is latency-bound, and a block of
+        // few warps has little else to hide it behind). (The run is read from the stage
+        // twice, here and for the running sums, rather than held in registers: a joint
+        // prelude's 32-element runs would otherwise set the register count of the threshold
+        // blocks beside them.)
         let own0 = k.mulc(tid, elems);
-        let own: Vec<FloatValue<'ctx>> = (0..elems).map(|j| k.load_f32(staged(k, k.addc(own0, j)))).collect();
-        let mut total = (zero, zero);
-        for &x in &own {
-            total = pair_add1(k, total, x);
-        }
+        let own = |k: &Kb<'_, 'ctx>, j: i64| k.load_f32(staged(k, k.addc(own0, j)));
+        let chains = (elems + RUN_CHAIN - 1) / RUN_CHAIN;
+        let part: Vec<Pair<'ctx>> = (0..chains)
+            .map(|c| {
+                let mut t = (zero, zero);
+                for j in (c * RUN_CHAIN)..((c + 1) * RUN_CHAIN).min(elems) {
+                    t = pair_add1(k, t, own(k, j));
+                }
+                t
+            })
+            .collect();
+        let total = part[1..].iter().fold(part[0], |t, &p| pair_add(k, t, p));
         let x = warp_scan_pair(k, lane, total);
         let is_last = k.icmpc(IntPredicate::EQ, lane, 31);
         k.if_then(is_last, |k| {
@@ -175,12 +246,23 @@ pub fn build_gate_scan<'ctx>(
             k.store(k.shared_at(sh[1], warp), x.1);
         });
         k.barrier();
+        // Warp 0 scans the warps' totals (lanes past the block's warps hold zeros).
         let is_w0 = k.icmpc(IntPredicate::EQ, warp, 0);
         k.if_then(is_w0, |k| {
+            // Only lanes of a warp read and write its entry: a lane that read another's would
+            // race with that lane's store (no warp barrier orders them).
+            let has = k.icmpc(IntPredicate::SLT, lane, nwarps as i64);
             let p = (k.shared_at(sh[0], lane), k.shared_at(sh[1], lane));
-            let y = warp_scan_pair(k, lane, (k.load_f32(p.0), k.load_f32(p.1)));
-            k.store(p.0, y.0);
-            k.store(p.1, y.1);
+            let t = [k.declare_var(zero.into()), k.declare_var(zero.into())];
+            k.if_then(has, |k| {
+                k.def_var(t[0], k.load_f32(p.0));
+                k.def_var(t[1], k.load_f32(p.1));
+            });
+            let y = warp_scan_pair(k, lane, (k.use_f(t[0]), k.use_f(t[1])));
+            k.if_then(has, |k| {
+                k.store(p.0, y.0);
+                k.store(p.1, y.1);
+            });
         });
         k.barrier();
         // Offset of this run: the carry, the inclusive total of earlier warps and the
@@ -195,10 +277,15 @@ pub fn build_gate_scan<'ctx>(
         let not_first = k.icmpc(IntPredicate::SGT, lane, 0);
         let excl = (k.select_f(not_first, lane_prev.0, zero), k.select_f(not_first, lane_prev.1, zero));
         let c0 = (k.use_f(carry[0]), k.use_f(carry[1]));
-        let mut run = pair_add(k, c0, pair_add(k, warp_off, excl));
-        for (j, &x) in own.iter().enumerate() {
-            run = pair_add1(k, run, x);
-            k.store(staged(k, k.addc(own0, j as i64)), run.0);
+        // Each chain starts from the offset plus the totals of the chains before it.
+        let mut start = pair_add(k, c0, pair_add(k, warp_off, excl));
+        for (c, &p) in part.iter().enumerate() {
+            let mut run = start;
+            for j in (c as i64 * RUN_CHAIN)..((c as i64 + 1) * RUN_CHAIN).min(elems) {
+                run = pair_add1(k, run, own(k, j));
+                k.store(staged(k, k.addc(own0, j)), run.0);
+            }
+            start = pair_add(k, start, p);
         }
         // The row's sum so far: the carry plus the block's total (the last warp's inclusive).
         let last = k.i32(nwarps as i64 - 1);
@@ -209,7 +296,7 @@ pub fn build_gate_scan<'ctx>(
         k.barrier();
         // 3. Coalesced stores of the running sums; the barrier keeps the next segment's
         // stage and warp totals from overwriting what is still read here.
-        for &(e, inb, _) in &loaded {
+        for (e, inb) in (0..elems).map(element) {
             let t = k.add(seg0, e);
             k.if_then(inb, |k| {
                 k.store_f(DType::F32, out, k.add(base, k.sext64(t)), k.load_f32(staged(k, e)));
@@ -217,7 +304,6 @@ pub fn build_gate_scan<'ctx>(
         }
         k.barrier();
     });
-    k.finish()
 }
 
 /// `gate_cumsum` for `Slope`: params `(m: [H], c: f32 [BH, T], T: i32, H: i32)`.

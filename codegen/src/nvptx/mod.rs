@@ -31,6 +31,7 @@ mod generic;
 pub mod kernels;
 pub mod module;
 mod module_bwd;
+mod module_threshold;
 pub mod ptxas;
 pub mod target;
 pub mod threshold;
@@ -144,6 +145,8 @@ pub struct TmaMap {
 pub enum GridDim {
     Const(u32),
     Ceil(Vec<Dim>, u32),
+    /// `ceil(product of dims / n) + extra` (blocks of another kind ahead of the tiles).
+    CeilPlus(Vec<Dim>, u32, u32),
 }
 
 /// How a kernel is launched.
@@ -164,6 +167,9 @@ pub enum Launch {
 pub struct KernelInfo {
     /// The graph node this kernel computes (a part of).
     pub node: ValueId,
+    /// Other nodes whose results this launch computes with `node`'s (the gate scan of a joint
+    /// prelude, `prelude = joint`); empty for most.
+    pub also: Vec<ValueId>,
     /// The PTX entry name.
     pub name: String,
     pub args: Vec<KernelArg>,
@@ -208,6 +214,9 @@ impl GridDim {
         Ok(match self {
             GridDim::Const(c) => *c as u64,
             GridDim::Ceil(dims, n) => eval_product(dims, bind)?.div_ceil(*n as u64),
+            GridDim::CeilPlus(dims, n, extra) => {
+                eval_product(dims, bind)?.div_ceil(*n as u64) + *extra as u64
+            }
         })
     }
 }

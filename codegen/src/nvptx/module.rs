@@ -7,14 +7,11 @@ use super::attention_ws;
 use super::generic;
 use super::kernels::{self, ELEM_THREADS, ROW_THREADS, SCAN_THREADS};
 use super::target;
-use super::threshold;
 use super::{
     BufferInfo, BufferKind, CodegenError, GridDim, KernelArg, KernelInfo, Launch, NvptxArtifact, NvptxSpec,
 };
 use foxc_ir::attention::{KvLoads, WsGrid, WsTurns};
-use foxc_ir::{
-    Attention, BinaryOp, DType, Dim, GateKind, Graph, Mask, NormBound, Op, Prune, Value, ValueId, ValueType,
-};
+use foxc_ir::{Attention, BinaryOp, DType, Dim, GateKind, Graph, Mask, Op, Prune, Value, ValueId, ValueType};
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::FunctionValue;
@@ -49,6 +46,7 @@ pub fn compile(g: &Graph, spec: &NvptxSpec) -> Result<NvptxArtifact, CodegenErro
         scaled: BTreeMap::new(),
         outputs: vec![],
         debug_starts: None,
+        joint_waiting: HashSet::new(),
     };
     let outputs = asm.run()?;
     let (llvm_ir, ptx) = target::finish(&module, &tm).map_err(CodegenError::Internal)?;
@@ -82,6 +80,9 @@ pub(super) struct Assembler<'a, 'ctx> {
     outputs: Vec<Value>,
     /// The debug buffer of in-kernel block starts ([`NvptxSpec::debug_starts`]).
     debug_starts: Option<usize>,
+    /// The half of a joint prelude lowered first, until its partner comes
+    /// ([`Assembler::joint_prelude`]).
+    joint_waiting: HashSet<ValueId>,
 }
 
 fn user(msg: impl Into<String>) -> CodegenError {
@@ -200,7 +201,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
     /// Query heads per key/value head of q `[B, H, T, D]` and k `[B, Hk, T, D]`: 1 when the
     /// head dims are the same dim, else `H / Hk` with both static (the kernels are specialized
     /// on it).
-    fn kv_group(&self, q: ValueId, k: ValueId) -> Result<u32, CodegenError> {
+    pub(super) fn kv_group(&self, q: ValueId, k: ValueId) -> Result<u32, CodegenError> {
         let head = |v: ValueId| self.ty(v).axes.get(1).map(|a| a.dim.clone());
         let (h, hk) = match (head(q), head(k)) {
             (Some(h), Some(hk)) if h == hk => return Ok(1),
@@ -242,8 +243,24 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         launch: Launch,
         zero_first: Vec<usize>,
     ) {
-        let deps = self.deps_of(node);
-        self.kernels.push(KernelInfo { node, name, args, launch, zero_first, deps });
+        self.push_joint(node, vec![], name, args, launch, zero_first);
+    }
+
+    /// [`Assembler::push`] of a launch that also computes the results of the nodes `also`.
+    pub(super) fn push_joint(
+        &mut self,
+        node: ValueId,
+        also: Vec<ValueId>,
+        name: String,
+        args: Vec<KernelArg>,
+        launch: Launch,
+        zero_first: Vec<usize>,
+    ) {
+        let mut deps: Vec<usize> =
+            std::iter::once(node).chain(also.iter().copied()).flat_map(|m| self.deps_of(m)).collect();
+        deps.sort_unstable();
+        deps.dedup();
+        self.kernels.push(KernelInfo { node, also, name, args, launch, zero_first, deps });
     }
 
     /// What a new launch of node `n` must follow, from the data flow alone: the previous launch
@@ -251,7 +268,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
     /// (its launches are chained the same way), looking through nodes that have no launch
     /// (folded scalars and scales) to their operands.
     fn deps_of(&self, n: ValueId) -> Vec<usize> {
-        let last_of = |m: ValueId| self.kernels.iter().rposition(|k| k.node == m);
+        let last_of = |m: ValueId| self.kernels.iter().rposition(|k| k.node == m || k.also.contains(&m));
         let mut deps: Vec<usize> = last_of(n).into_iter().collect();
         let mut seen = HashSet::new();
         let mut stack = self.g.operands(n);
@@ -310,6 +327,18 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
     fn lower(&mut self, n: ValueId) -> Result<(), CodegenError> {
         let g = self.g;
         let node = g.node(n);
+        if let Some((gate, thr)) = self.joint_prelude(n) {
+            // One launch computes both, emitted at the later of the two in the order of
+            // lowering, when the operands of both have their buffers.
+            let partner = if n == gate { thr } else { gate };
+            if !self.joint_waiting.remove(&partner) {
+                self.joint_waiting.insert(n);
+                return Ok(());
+            }
+            let c = self.result_buffers(gate);
+            let delta = self.result_buffers(thr);
+            return self.threshold(thr, delta, Some((gate, c)));
+        }
         let ops = g.operands(n);
         let ie = CodegenError::Internal;
         if !self.is_output(n) && self.scalar(n).is_some() {
@@ -466,95 +495,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 let name = self.name(n, "cast");
                 self.cast(n, name, x, self.buf(x)?, res, node.ty.dtype, None)?;
             }
-            Op::Threshold { rule, log_eps, bound, score, scale, bm } => {
-                // q may be `s q'` with s folded away: the kernels read q' and take s (threshold/).
-                let (q, qscale) = self.resolve_q(ops[0]);
-                let k = ops[1];
-                if *bm == 0 {
-                    return Err(user("threshold bm must be positive"));
-                }
-                let kv_group = self.kv_group(q, k)?;
-                let (bh, t, dd) = self.bhtd(q, "threshold's q")?;
-                let d = self.static_dim(&dd, "the head dimension")?;
-                let (qb, kb) = (self.buf(q)?, self.buf(k)?);
-                let spec = threshold::DeltaSpec {
-                    d,
-                    kv_group,
-                    dts: (self.ty(q).dtype, self.ty(k).dtype),
-                    rule,
-                    score: *score,
-                    log_eps: *log_eps,
-                    scale: self.scale_value(scale)?,
-                    qscale,
-                    bm: *bm,
-                    bound: match bound {
-                        NormBound::Static { q_max, k_max } => {
-                            threshold::BoundSrc::Static { q_max: *q_max, k_max: *k_max }
-                        }
-                        NormBound::Data => threshold::BoundSrc::Norms,
-                    },
-                };
-                let tiles = GridDim::Ceil(vec![t.clone()], *bm);
-                let grid = |block| Launch::Grid { x: tiles.clone(), y: GridDim::Ceil(bh.clone(), 1), block };
-                let mut norms_shape = bh.clone();
-                norms_shape.push(Dim::Tiles(Box::new(t.clone()), *bm));
-                norms_shape.push(Dim::Const(2));
-                let norms_what = format!("per-tile max squared norms of q, k for %{}", n.index());
-                if threshold::fuses_delta(&spec) {
-                    // One launch: the norms, then each head's last block evaluates its deltas.
-                    let nb = self.scratch(DType::F32, norms_shape, norms_what);
-                    let arrived =
-                        self.counters(bh.clone(), format!("blocks of each head done with %{}", n.index()));
-                    let name = self.name(n, "threshold_norms_delta");
-                    threshold::build_threshold_fused(self.ctx, self.module, &name, &spec).map_err(ie)?;
-                    let args = vec![
-                        KernelArg::Buffer(qb),
-                        KernelArg::Buffer(kb),
-                        KernelArg::Buffer(nb),
-                        KernelArg::Buffer(res),
-                        KernelArg::Buffer(arrived),
-                        KernelArg::I32(vec![t.clone()]),
-                        KernelArg::LnF32(vec![t]),
-                    ];
-                    self.push(n, name, args, grid(threshold::NORM_THREADS), vec![]);
-                    return Ok(());
-                }
-                let norms = if threshold::needs_norms(rule, score, spec.bound) {
-                    let nb = self.scratch(DType::F32, norms_shape, norms_what);
-                    let name = self.name(n, "threshold_norms");
-                    threshold::build_threshold_norms(
-                        self.ctx,
-                        self.module,
-                        &name,
-                        d,
-                        kv_group,
-                        spec.dts,
-                        *bm,
-                    )
-                    .map_err(ie)?;
-                    let args = vec![
-                        KernelArg::Buffer(qb),
-                        KernelArg::Buffer(kb),
-                        KernelArg::Buffer(nb),
-                        KernelArg::I32(vec![t.clone()]),
-                    ];
-                    self.push(n, name, args, grid(threshold::NORM_THREADS), vec![]);
-                    nb
-                } else {
-                    res
-                };
-                let name = self.name(n, "threshold_delta");
-                threshold::build_threshold_delta(self.ctx, self.module, &name, &spec).map_err(ie)?;
-                let args = vec![
-                    KernelArg::Buffer(qb),
-                    KernelArg::Buffer(kb),
-                    KernelArg::Buffer(norms),
-                    KernelArg::Buffer(res),
-                    KernelArg::I32(vec![t.clone()]),
-                    KernelArg::LnF32(vec![t]),
-                ];
-                self.push(n, name, args, grid(ROW_THREADS), vec![]);
-            }
+            Op::Threshold { .. } => self.threshold(n, res, None)?,
             Op::Attention(a) => self.attention(n, res, a)?,
             _ => unreachable!("filtered above"),
         }

@@ -25,7 +25,7 @@ mod tile_norms;
 pub use tile_norms::NORM_THREADS;
 
 use super::builder::{KernelBuilder, ParamTy};
-use super::kernels::{lane_warp, load_row, ROW_THREADS};
+use super::kernels::{lane_warp, load_row, scan_gate_row, GateRow, ScanShape, ROW_THREADS};
 use block::{block_reduce, block_scan_max};
 use formula::{constant_stats, set_norm_stats, Llvm};
 use inkwell::context::Context;
@@ -35,7 +35,7 @@ use inkwell::IntPredicate;
 use tile_norms::{store_norms, tile_norms};
 
 use foxc_ir::prune_rule::Stat;
-use foxc_ir::{DType, PruneRule, ScoreBound};
+use foxc_ir::{DType, GateKind, PruneRule, ScoreBound};
 
 type R<T> = Result<T, String>;
 type Kb<'a, 'ctx> = KernelBuilder<'a, 'ctx>;
@@ -107,19 +107,16 @@ pub struct DeltaSpec<'a> {
     pub bound: BoundSrc,
 }
 
-/// Whether the delta kernel reads the norms buffer (a data bound and a norm statistic that the
-/// formula renders under the score bound).
+/// Whether the delta kernel reads the norms buffer ([`PruneRule::reads_norms`]).
 pub fn needs_norms(rule: &PruneRule, score: &ScoreBound, bound: BoundSrc) -> bool {
-    let reads = rule.formula.stats_under(score);
-    bound == BoundSrc::Norms
-        && [Stat::QMax, Stat::KMax, Stat::QTile, Stat::KCausal].iter().any(|s| reads.contains(s))
+    rule.reads_norms(score, bound == BoundSrc::Norms)
 }
 
 /// Whether the threshold is one kernel ([`build_threshold_fused`]): the formula reads the norms
-/// buffer and no row statistic (a row statistic reads the tile's rows, one block per tile).
+/// and no row statistic ([`PruneRule::norms_only`]; a row statistic reads the tile's rows, one
+/// block per tile).
 pub fn fuses_delta(s: &DeltaSpec) -> bool {
-    needs_norms(s.rule, &s.score, s.bound)
-        && !s.rule.formula.stats_under(&s.score).iter().any(|x| x.per_row())
+    s.rule.norms_only(&s.score, s.bound == BoundSrc::Norms)
 }
 
 /// Per-query-tile delta: params `(q, k, norms: f32 [BH, Mt, 2], delta: f32 [BH, Mt], T: i32,
@@ -230,11 +227,7 @@ pub fn build_threshold_delta<'ctx>(
 /// The threshold in one kernel, for [`fuses_delta`] formulas: params `(q, k, norms: f32
 /// [BH, Mt, 2], delta: f32 [BH, Mt], arrived: i32 [BH], T: i32, lnT: f32)`. Grid `(Mt, BH)`,
 /// block [`NORM_THREADS`]. `arrived` must be zero at the first launch; the kernel leaves it zero.
-///
-/// Each block writes its tile's norms (as [`build_threshold_norms`]) and counts itself in at
-/// its head's `arrived`; the block that arrives last, which sees every norm of the head, resets
-/// the counter and evaluates `delta` of all the head's tiles (as [`build_threshold_delta`], the
-/// same maxima: bit-identical deltas).
+/// One [`norms_then_delta`] per block.
 pub fn build_threshold_fused<'ctx>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
@@ -244,32 +237,122 @@ pub fn build_threshold_fused<'ctx>(
     if !fuses_delta(s) {
         return Err(format!("{name}: the formula is not one of norm statistics only"));
     }
-    let params = [
-        ("q", ParamTy::Ptr),
-        ("k", ParamTy::Ptr),
-        ("norms", ParamTy::Ptr),
-        ("delta", ParamTy::Ptr),
-        ("arrived", ParamTy::Ptr),
-        ("T", ParamTy::I32),
-        ("lnT", ParamTy::F32),
-    ];
-    let k = Kb::kernel(ctx, module, name, &params)?;
-    let (q, kk, norms, delta, arrived) =
-        (k.param_ptr(0), k.param_ptr(1), k.param_ptr(2), k.param_ptr(3), k.param_ptr(4));
-    let (t_len, ln_t) = (k.param_int(5), k.param_f32(6));
-    let tid = k.sreg("tid.x");
-    let lw = lane_warp(&k, tid);
+    let k = Kb::kernel(ctx, module, name, &FUSED_PARAMS)?;
+    let io = FusedIo::params(&k);
     let (m, bh, mt) = (k.sreg("ctaid.x"), k.sreg("ctaid.y"), k.sreg("nctaid.x"));
-    let n = tile_norms(&k, name, (q, kk), s.dts, (s.d, s.kv_group, s.bm), (m, bh, t_len), lw);
+    norms_then_delta(&k, name, s, io, (m, bh, mt));
+    k.finish()
+}
+
+/// The gate scan and the one-kernel threshold in one launch (an attention's `prelude =
+/// joint`): params [`build_threshold_fused`]'s, then `(gate: [BH, T], c: f32 [BH, T])`. Grid
+/// `(1 + Mt, BH)`, block [`NORM_THREADS`]: the first BH blocks in linear order each scan a row
+/// of the gate into `c` (segments of 8192 elements, as the scan kernel's), the others are the
+/// threshold's blocks of the tiles in order (`Mt` per head).
+pub fn build_threshold_with_scan<'ctx>(
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    name: &str,
+    s: &DeltaSpec,
+    (kind, gate_dt): (GateKind, DType),
+) -> R<FunctionValue<'ctx>> {
+    if !fuses_delta(s) {
+        return Err(format!("{name}: the formula is not one of norm statistics only"));
+    }
+    let mut params = FUSED_PARAMS.to_vec();
+    params.extend([("gate", ParamTy::Ptr), ("c", ParamTy::Ptr)]);
+    let k = Kb::kernel(ctx, module, name, &params)?;
+    let io = FusedIo::params(&k);
+    k.launch_bounds(NORM_THREADS, JOINT_BLOCKS);
+    // In the order blocks are dispatched (linear, x fastest): the BH scans first, so that all
+    // start in the first wave (a scan is a chain of segments: one dispatched with the last
+    // head's tiles would run on alone after them), then the tiles, head by head.
+    let (nx, nbh) = (k.sreg("nctaid.x"), k.sreg("nctaid.y"));
+    let lin = k.add(k.sreg("ctaid.x"), k.mul(k.sreg("ctaid.y"), nx));
+    k.if_else(
+        k.icmp(IntPredicate::ULT, lin, nbh),
+        "prelude",
+        |k| {
+            let row = GateRow { gate: k.param_ptr(7), c: k.param_ptr(8), t_len: io.t_len, bh: lin };
+            scan_gate_row(k, name, (kind, gate_dt), PRELUDE_SCAN, row);
+            vec![]
+        },
+        |k| {
+            let (j, mt) = (k.sub(lin, nbh), k.addc(nx, -1));
+            let (m, bh) = (k.urem(j, mt), k.udiv(j, mt));
+            norms_then_delta(k, name, s, io, (m, bh, mt));
+            vec![]
+        },
+    );
+    k.finish()
+}
+
+/// The joint kernel's scan: [`NORM_THREADS`] threads owning 32 elements each, the same 8192
+/// elements per segment as the scan kernel's 1024 x 8 (as many segments: their chain is what
+/// the scan's time grows with).
+const JOINT_BLOCKS: u32 = 2;
+const PRELUDE_SCAN: ScanShape = ScanShape { threads: NORM_THREADS, elems: 32 };
+
+/// The parameters of the one-kernel threshold.
+const FUSED_PARAMS: [(&str, ParamTy); 7] = [
+    ("q", ParamTy::Ptr),
+    ("k", ParamTy::Ptr),
+    ("norms", ParamTy::Ptr),
+    ("delta", ParamTy::Ptr),
+    ("arrived", ParamTy::Ptr),
+    ("T", ParamTy::I32),
+    ("lnT", ParamTy::F32),
+];
+
+/// The one-kernel threshold's buffers and sizes ([`FUSED_PARAMS`]).
+#[derive(Clone, Copy)]
+struct FusedIo<'ctx> {
+    q: PointerValue<'ctx>,
+    k: PointerValue<'ctx>,
+    norms: PointerValue<'ctx>,
+    delta: PointerValue<'ctx>,
+    arrived: PointerValue<'ctx>,
+    t_len: IntValue<'ctx>,
+    ln_t: FloatValue<'ctx>,
+}
+
+impl<'ctx> FusedIo<'ctx> {
+    fn params(k: &Kb<'_, 'ctx>) -> FusedIo<'ctx> {
+        FusedIo {
+            q: k.param_ptr(0),
+            k: k.param_ptr(1),
+            norms: k.param_ptr(2),
+            delta: k.param_ptr(3),
+            arrived: k.param_ptr(4),
+            t_len: k.param_int(5),
+            ln_t: k.param_f32(6),
+        }
+    }
+}
+
+/// The block of tile `m` of head `bh` (of `mt` tiles) writes its tile's norms (as
+/// [`build_threshold_norms`]) and counts itself in at its head's `arrived`; the block that
+/// arrives last, which sees every norm of the head, resets the counter and evaluates `delta` of
+/// all the head's tiles (as [`build_threshold_delta`], the same maxima: bit-identical deltas).
+fn norms_then_delta<'ctx>(
+    k: &Kb<'_, 'ctx>,
+    name: &str,
+    s: &DeltaSpec,
+    io: FusedIo<'ctx>,
+    (m, bh, mt): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
+) {
+    let tid = k.sreg("tid.x");
+    let lw = lane_warp(k, tid);
+    let n = tile_norms(k, name, (io.q, io.k), s.dts, (s.d, s.kv_group, s.bm), (m, bh, io.t_len), lw);
 
     // Thread 0 writes the norms, then releases them and counts the block in; the last block's
     // thread 0 acquires every other block's norms and hands them on to its block through the
     // barrier. (The counter is reset by the last block: nothing else touches it in this launch.)
     let last = k.declare_var(k.bool(false).into());
     k.if_then(k.icmpc(IntPredicate::EQ, tid, 0), |k| {
-        store_norms(k, norms, (m, bh, mt), &n);
+        store_norms(k, io.norms, (m, bh, mt), &n);
         k.fence_acq_rel_gpu();
-        let counter = k.gep_dt(DType::I32, arrived, k.sext64(bh));
+        let counter = k.gep_dt(DType::I32, io.arrived, k.sext64(bh));
         let before = k.atomic_add_i32(counter, k.i32(1));
         let is_last = k.icmp(IntPredicate::EQ, before, k.addc(mt, -1));
         k.if_then(is_last, |k| {
@@ -279,8 +362,7 @@ pub fn build_threshold_fused<'ctx>(
         k.def_var(last, is_last);
     });
     let last = k.barrier_any(k.use_var(last).into_int_value());
-    k.if_then(last, |k| head_delta(k, name, s, (norms, delta), (bh, mt, ln_t), (tid, lw)));
-    k.finish()
+    k.if_then(last, |k| head_delta(k, name, s, (io.norms, io.delta), (bh, mt, io.ln_t), (tid, lw)));
 }
 
 /// `delta` of every tile of head `bh` from the head's tile norms (run by one whole block):

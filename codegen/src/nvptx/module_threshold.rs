@@ -1,0 +1,169 @@
+//! Lowering of `threshold` onto the threshold kernels ([`super::threshold`]): one kernel for a
+//! formula of tile norms only, norms then delta otherwise, delta alone for a static bound.
+//! Under an attention with `prelude = joint` (the `fuse-prelude` pass), the one kernel also
+//! scans the attention's gate: one launch computes `delta` and `c`.
+
+use super::module::Assembler;
+use super::{threshold, CodegenError, GridDim, KernelArg, Launch};
+use foxc_ir::{Attention, DType, Dim, GateKind, NormBound, Op, Prelude, ValueId};
+
+fn user(msg: impl Into<String>) -> CodegenError {
+    CodegenError::User(msg.into())
+}
+
+impl<'a, 'ctx> Assembler<'a, 'ctx> {
+    /// `(gate_cumsum, threshold)` when node `n` is either one of the prelude of an attention
+    /// with `prelude = joint`.
+    pub(super) fn joint_prelude(&self, n: ValueId) -> Option<(ValueId, ValueId)> {
+        self.g.users(n).into_iter().find_map(|u| {
+            let Op::Attention(a) = self.g.op(u) else { return None };
+            if a.prelude != Prelude::Joint {
+                return None;
+            }
+            let ops = Attention::operands(self.g, u).ok()?;
+            let pair = (ops.decay?, ops.delta?);
+            (pair.0 == n || pair.1 == n).then_some(pair)
+        })
+    }
+
+    /// The launches of `threshold` node `n` writing `res`; with `joint = (gate_cumsum node, its
+    /// buffer)`, the one launch that also scans the gate.
+    pub(super) fn threshold(
+        &mut self,
+        n: ValueId,
+        res: usize,
+        joint: Option<(ValueId, usize)>,
+    ) -> Result<(), CodegenError> {
+        let ie = CodegenError::Internal;
+        let Op::Threshold { rule, log_eps, bound, score, scale, bm } = self.g.op(n) else {
+            return Err(ie(format!("%{} is not a threshold", n.index())));
+        };
+        let ops = self.g.operands(n);
+        // q may be `s q'` with s folded away: the kernels read q' and take s (threshold/).
+        let (q, qscale) = self.resolve_q(ops[0]);
+        let k = ops[1];
+        if *bm == 0 {
+            return Err(user("threshold bm must be positive"));
+        }
+        let kv_group = self.kv_group(q, k)?;
+        let (bh, t, dd) = self.bhtd(q, "threshold's q")?;
+        let d = self.static_dim(&dd, "the head dimension")?;
+        let (qb, kb) = (self.buf(q)?, self.buf(k)?);
+        let spec = threshold::DeltaSpec {
+            d,
+            kv_group,
+            dts: (self.ty(q).dtype, self.ty(k).dtype),
+            rule,
+            score: *score,
+            log_eps: *log_eps,
+            scale: self.scale_value(scale)?,
+            qscale,
+            bm: *bm,
+            bound: match bound {
+                NormBound::Static { q_max, k_max } => {
+                    threshold::BoundSrc::Static { q_max: *q_max, k_max: *k_max }
+                }
+                NormBound::Data => threshold::BoundSrc::Norms,
+            },
+        };
+        let tiles = GridDim::Ceil(vec![t.clone()], *bm);
+        let grid = |block| Launch::Grid { x: tiles.clone(), y: GridDim::Ceil(bh.clone(), 1), block };
+        let mut norms_shape = bh.clone();
+        norms_shape.push(Dim::Tiles(Box::new(t.clone()), *bm));
+        norms_shape.push(Dim::Const(2));
+        let norms_what = format!("per-tile max squared norms of q, k for %{}", n.index());
+        if threshold::fuses_delta(&spec) {
+            // One launch: the norms, then each head's last block evaluates its deltas.
+            let nb = self.scratch(DType::F32, norms_shape, norms_what);
+            let arrived = self.counters(bh.clone(), format!("blocks of each head done with %{}", n.index()));
+            let mut args = vec![
+                KernelArg::Buffer(qb),
+                KernelArg::Buffer(kb),
+                KernelArg::Buffer(nb),
+                KernelArg::Buffer(res),
+                KernelArg::Buffer(arrived),
+                KernelArg::I32(vec![t.clone()]),
+                KernelArg::LnF32(vec![t.clone()]),
+            ];
+            let Some((gate, c)) = joint else {
+                let name = self.name(n, "threshold_norms_delta");
+                threshold::build_threshold_fused(self.ctx, self.module, &name, &spec).map_err(ie)?;
+                self.push(n, name, args, grid(threshold::NORM_THREADS), vec![]);
+                return Ok(());
+            };
+            // The gate's scan in the same launch: one more block per head, ahead of the tiles.
+            let (kind, x) = self.scanned_gate(gate)?;
+            let name = self.name(n, "threshold_with_scan");
+            threshold::build_threshold_with_scan(
+                self.ctx,
+                self.module,
+                &name,
+                &spec,
+                (kind, self.ty(x).dtype),
+            )
+            .map_err(ie)?;
+            args.extend([KernelArg::Buffer(self.buf(x)?), KernelArg::Buffer(c)]);
+            let launch = Launch::Grid {
+                x: GridDim::CeilPlus(vec![t], *bm, 1),
+                y: GridDim::Ceil(bh, 1),
+                block: threshold::NORM_THREADS,
+            };
+            self.push_joint(n, vec![gate], name, args, launch, vec![]);
+            return Ok(());
+        }
+        if joint.is_some() {
+            return Err(ie(format!(
+                "prelude = joint on a threshold that is not one kernel (%{}: {})",
+                n.index(),
+                rule.name
+            )));
+        }
+        let norms = if threshold::needs_norms(rule, score, spec.bound) {
+            let nb = self.scratch(DType::F32, norms_shape, norms_what);
+            let name = self.name(n, "threshold_norms");
+            threshold::build_threshold_norms(self.ctx, self.module, &name, d, kv_group, spec.dts, *bm)
+                .map_err(ie)?;
+            let args = vec![
+                KernelArg::Buffer(qb),
+                KernelArg::Buffer(kb),
+                KernelArg::Buffer(nb),
+                KernelArg::I32(vec![t.clone()]),
+            ];
+            self.push(n, name, args, grid(threshold::NORM_THREADS), vec![]);
+            nb
+        } else {
+            res
+        };
+        let name = self.name(n, "threshold_delta");
+        threshold::build_threshold_delta(self.ctx, self.module, &name, &spec).map_err(ie)?;
+        let args = vec![
+            KernelArg::Buffer(qb),
+            KernelArg::Buffer(kb),
+            KernelArg::Buffer(norms),
+            KernelArg::Buffer(res),
+            KernelArg::I32(vec![t.clone()]),
+            KernelArg::LnF32(vec![t]),
+        ];
+        self.push(n, name, args, grid(super::kernels::ROW_THREADS), vec![]);
+        Ok(())
+    }
+
+    /// The gate kind and input of a `gate_cumsum` a joint prelude scans.
+    fn scanned_gate(&self, gate: ValueId) -> Result<(GateKind, ValueId), CodegenError> {
+        match self.g.op(gate) {
+            Op::GateCumsum { kind: kind @ (GateKind::Logits | GateKind::LogGate) } => {
+                let x = self.g.operands(gate)[0];
+                let rd = self.ty(gate).dims().count();
+                if rd != 3 {
+                    return Err(user(format!("gate_cumsum result must be [B, H, T], got {}", self.ty(gate))));
+                }
+                Ok((*kind, x))
+            }
+            other => Err(CodegenError::Internal(format!(
+                "prelude = joint needs a gate scan for c, got {} (%{})",
+                other.mnemonic(),
+                gate.index()
+            ))),
+        }
+    }
+}
