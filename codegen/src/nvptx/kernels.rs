@@ -121,7 +121,7 @@ const RUN_CHAIN: i64 = 8;
 pub(super) const SCAN_BLOCK: ScanShape = ScanShape { threads: SCAN_THREADS, elems: SCAN_ELEMS };
 
 /// `gate_cumsum` for `Logits` and `LogGate`: params `(gate: [BH, T], c: f32 [BH, T], T: i32)`.
-/// Grid `(BH)` (the (b, h) index is `ctaid.x`), block [`SCAN_THREADS`]; one [`scan_gate_row`]
+/// Grid `(BH)` (the (b, h) index is `ctaid.x`), block [`SCAN_THREADS`]; one `scan_gate_row`
 /// per block.
 pub fn build_gate_scan<'ctx>(
     ctx: &'ctx Context,

@@ -9,8 +9,11 @@
 //! Kernel per node:
 //! - `gate_cumsum`: a block scan per (b, h) (`Logits`, `LogGate`) or a closed form (`Slope`);
 //! - `rmsnorm` over a static last axis, float-to-float `cast`: row / elementwise kernels;
-//! - `threshold`: for a data bound, a max-norm reduction (atomicMax on f32 bits) then a per-tile
-//!   delta kernel; for a static bound, the delta kernel alone;
+//! - `threshold` (`module_threshold.rs`): for a formula of tile norms only, one kernel (norms,
+//!   then each head's last block evaluates its deltas); with row statistics, a norms kernel then
+//!   a per-tile delta kernel; for a static bound, the delta kernel alone. Under an attention
+//!   with `prelude = joint` (a pass decision), the one kernel also scans that attention's gate:
+//!   one launch for two nodes ([`KernelInfo::also`]);
 //! - `block_boundary`: no launch: the attention kernel finds `start[m]` itself by a search over
 //!   `c` and `delta` (SEMANTICS.md allows this), so the plan passes `delta` to attention;
 //! - `attention`: [`attention::build_attention_kernel`], writing both results (`out`, and the

@@ -1,5 +1,6 @@
-//! Module assembly: walks the graph, builds one kernel per node into a single LLVM module and
-//! records the launch plan (buffers, arguments, geometry) that goes with it.
+//! Module assembly: walks the graph, builds the kernels of each node (one launch for the two
+//! nodes of a joint prelude) into a single LLVM module and records the launch plan (buffers,
+//! arguments, geometry) that goes with it.
 
 use super::attention::region::{CaptureTy, RegionMod, ScoreArg};
 use super::attention::{self, AttnKernelConfig};

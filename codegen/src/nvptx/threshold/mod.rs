@@ -227,7 +227,7 @@ pub fn build_threshold_delta<'ctx>(
 /// The threshold in one kernel, for [`fuses_delta`] formulas: params `(q, k, norms: f32
 /// [BH, Mt, 2], delta: f32 [BH, Mt], arrived: i32 [BH], T: i32, lnT: f32)`. Grid `(Mt, BH)`,
 /// block [`NORM_THREADS`]. `arrived` must be zero at the first launch; the kernel leaves it zero.
-/// One [`norms_then_delta`] per block.
+/// One `norms_then_delta` per block.
 pub fn build_threshold_fused<'ctx>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
