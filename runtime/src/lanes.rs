@@ -1,6 +1,7 @@
 //! Which stream ("lane") each launch of a plan runs on, so that launches that do not depend on
-//! each other (the gate scan and the threshold's kernels of a pruned attention) run at the same
-//! time, while every launch still starts only after all the launches it depends on.
+//! each other (the gate scan and the threshold's kernels of a pruned attention, where a pass has
+//! not made them one launch) run at the same time, while every launch still starts only after
+//! all the launches it depends on.
 //!
 //! Lane 0 is the caller's stream; the others are the runtime's own. The plan is a fork/join:
 //! a lane other than 0 first waits for what the caller enqueued before (the fork), lane 0 waits

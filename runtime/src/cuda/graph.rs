@@ -1,7 +1,8 @@
 //! A plan captured once as a CUDA graph and replayed with one launch per run.
 //!
-//! Why: a plan is several launches (a pruned FoX forward: the threshold's two kernels and the
-//! gate scan on two lanes, then the attention), and the host submits them one by one. A run that
+//! Why: a plan is several launches (a pruned FoX forward with the tight rule: the threshold's
+//! two kernels and the gate scan on two lanes, then the attention), and the host submits them
+//! one by one. A run that
 //! starts on an idle GPU (the CLI's timed runs, a first call) waits for each submission, so a
 //! plan with more launches looks slower than its kernels are (issue 11 item 3: pruned against
 //! `--no-prune` where nothing is pruned). A graph is one submission; its nodes keep the plan's
