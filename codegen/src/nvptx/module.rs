@@ -86,7 +86,7 @@ pub(super) struct Assembler<'a, 'ctx> {
     joint_waiting: HashSet<ValueId>,
 }
 
-fn user(msg: impl Into<String>) -> CodegenError {
+pub(super) fn user(msg: impl Into<String>) -> CodegenError {
     CodegenError::User(msg.into())
 }
 
@@ -225,6 +225,14 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         Ok((vec![d[0].clone(), d[1].clone()], d[2].clone(), d[3].clone()))
     }
 
+    /// `([B, H], T)` of `gate_cumsum` node `c`'s result.
+    pub(super) fn gate_dims(&self, c: ValueId) -> Result<(Vec<Dim>, Dim), CodegenError> {
+        match self.ty(c).dims().cloned().collect::<Vec<Dim>>()[..] {
+            [ref b, ref h, ref t] => Ok((vec![b.clone(), h.clone()], t.clone())),
+            _ => Err(user(format!("gate_cumsum result must be [B, H, T], got {}", self.ty(c)))),
+        }
+    }
+
     /// The PTX entry name of kernel `op` of node `n` (unique per node and op).
     pub(super) fn name(&self, n: ValueId, op: &str) -> String {
         format!(
@@ -328,7 +336,11 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
     fn lower(&mut self, n: ValueId) -> Result<(), CodegenError> {
         let g = self.g;
         let node = g.node(n);
-        if let Some((gate, thr)) = self.joint_prelude(n) {
+        let joint = match node.op {
+            Op::GateCumsum { .. } | Op::Threshold { .. } => self.joint_prelude(n),
+            _ => None,
+        };
+        if let Some((gate, thr)) = joint {
             // One launch computes both, emitted at the later of the two in the order of
             // lowering, when the operands of both have their buffers.
             let partner = if n == gate { thr } else { gate };
@@ -416,12 +428,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             Op::GateCumsum { kind } => {
                 let x = ops[0];
                 let xdt = self.ty(x).dtype;
-                let rd: Vec<Dim> = node.ty.dims().cloned().collect();
-                if rd.len() != 3 {
-                    return Err(user(format!("gate_cumsum result must be [B, H, T], got {}", node.ty)));
-                }
-                let bh = vec![rd[0].clone(), rd[1].clone()];
-                let t = rd[2].clone();
+                let (bh, t) = self.gate_dims(n)?;
                 let name = self.name(n, "gate_cumsum");
                 match kind {
                     GateKind::Logits | GateKind::LogGate => {
@@ -440,7 +447,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                     }
                     GateKind::Slope => {
                         kernels::build_gate_slope(self.ctx, self.module, &name, xdt).map_err(ie)?;
-                        let h = rd[1].clone();
+                        let h = bh[1].clone();
                         let args = vec![
                             KernelArg::Buffer(self.buf(x)?),
                             KernelArg::Buffer(res),

@@ -10,15 +10,11 @@ use super::attention::region::{CaptureTy, RegionMod, ScoreArg};
 use super::attention_bwd::{
     self, BwdConfig, BwdKernel, CaptureRead, Regions, BWD_FIXED_PARAMS, DQ_ROWS, PRE_ROWS,
 };
-use super::module::Assembler;
+use super::module::{user, Assembler};
 use super::{CodegenError, GridDim, KernelArg, Launch};
 use foxc_ir::attention::{AttnOperands, RId, RNode, Region};
 use foxc_ir::index::IndexExpr;
 use foxc_ir::{Attention, DType, Dim, Prune, Value, ValueId};
-
-fn user(msg: impl Into<String>) -> CodegenError {
-    CodegenError::User(msg.into())
-}
 
 impl<'a, 'ctx> Assembler<'a, 'ctx> {
     /// The launches of `attention_backward` node `n` (its result buffers exist already).

@@ -3,13 +3,9 @@
 //! Under an attention with `prelude = joint` (the `fuse-prelude` pass), the one kernel also
 //! scans the attention's gate: one launch computes `delta` and `c`.
 
-use super::module::Assembler;
+use super::module::{user, Assembler};
 use super::{threshold, CodegenError, GridDim, KernelArg, Launch};
 use foxc_ir::{Attention, DType, Dim, GateKind, NormBound, Op, Prelude, ValueId};
-
-fn user(msg: impl Into<String>) -> CodegenError {
-    CodegenError::User(msg.into())
-}
 
 impl<'a, 'ctx> Assembler<'a, 'ctx> {
     /// `(gate_cumsum, threshold)` when node `n` is either one of the prelude of an attention
@@ -152,12 +148,10 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
     fn scanned_gate(&self, gate: ValueId) -> Result<(GateKind, ValueId), CodegenError> {
         match self.g.op(gate) {
             Op::GateCumsum { kind: kind @ (GateKind::Logits | GateKind::LogGate) } => {
-                let x = self.g.operands(gate)[0];
-                let rd = self.ty(gate).dims().count();
-                if rd != 3 {
-                    return Err(user(format!("gate_cumsum result must be [B, H, T], got {}", self.ty(gate))));
-                }
-                Ok((*kind, x))
+                // The kernel scans the rows of the threshold's q; the attention's rule makes
+                // them the gate's [B, H, T].
+                self.gate_dims(gate)?;
+                Ok((*kind, self.g.operands(gate)[0]))
             }
             other => Err(CodegenError::Internal(format!(
                 "prelude = joint needs a gate scan for c, got {} (%{})",

@@ -287,10 +287,12 @@ pub fn build_threshold_with_scan<'ctx>(
     k.finish()
 }
 
+/// Blocks of the joint kernel per multiprocessor that ptxas must allow (128 registers), as many
+/// as the one-kernel threshold's 86 registers allow.
+const JOINT_BLOCKS: u32 = 2;
 /// The joint kernel's scan: [`NORM_THREADS`] threads owning 32 elements each, the same 8192
 /// elements per segment as the scan kernel's 1024 x 8 (as many segments: their chain is what
 /// the scan's time grows with).
-const JOINT_BLOCKS: u32 = 2;
 const PRELUDE_SCAN: ScanShape = ScanShape { threads: NORM_THREADS, elems: 32 };
 
 /// The parameters of the one-kernel threshold.
