@@ -329,11 +329,15 @@ fn ws_grid_flag_reaches_the_kernel_attribute() {
     };
     assert_eq!(&with(&[]), default);
     assert!(!foxc(&[&args[..], &["--ws-grid", "blocks"]].concat()).status.success());
-    // D = 64's three-consumer block was not run with it: a usage error (exit 1) naming the way out.
+    // D = 64's three-consumer block (64-key tiles) was not run with it: a usage error (exit 1)
+    // naming the way out; its two-consumer block (128-key tiles) takes it.
     let d64 = ["compile", "examples/fox.attn", "--target", "sm_90a", "--shape", "D=64", "--emit", "ptx"];
-    let o = foxc(&[&d64[..], &["--attn-kernel", "warp-specialized", "--ws-grid", "persistent"]].concat());
+    let ws = ["--attn-kernel", "warp-specialized", "--ws-grid", "persistent"];
+    let o = foxc(&[&d64[..], &ws[..], &["--tiles", "64x64"]].concat());
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("--ws-grid tiles"), "{}", text(&o));
+    let o = foxc(&[&d64[..], &ws[..], &["--tiles", "64x128"]].concat());
+    assert!(o.status.success() && text(&o).contains("_persist_"), "{}", text(&o));
 }
 
 /// `--ws-turns` reaches the kernel attribute and the kernel: `none` is printed with it and

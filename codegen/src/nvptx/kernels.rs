@@ -6,6 +6,7 @@
 //! Parameter lists are documented on each `build_*` function; the launch geometry that goes
 //! with each kernel lives in [`super::module`].
 
+use super::builder::memory::SharedArray;
 use super::builder::{KernelBuilder, ParamTy};
 use inkwell::context::Context;
 use inkwell::module::Module;
@@ -134,7 +135,8 @@ pub fn build_gate_scan<'ctx>(
         Kb::kernel(ctx, module, name, &[("gate", ParamTy::Ptr), ("c", ParamTy::Ptr), ("T", ParamTy::I32)])?;
     let row =
         GateRow { gate: k.param_ptr(0), c: k.param_ptr(1), t_len: k.param_int(2), bh: k.sreg("ctaid.x") };
-    scan_gate_row(&k, name, (kind, in_dt), SCAN_BLOCK, row);
+    let scratch = ScanScratch::new(&k, name, SCAN_BLOCK);
+    scan_gate_row(&k, scratch, (kind, in_dt), SCAN_BLOCK, row);
     k.finish()
 }
 
@@ -147,8 +149,43 @@ pub(super) struct GateRow<'ctx> {
     pub bh: IntValue<'ctx>,
 }
 
+/// The shared memory of a block's gate scan: the segment's stage and the warps' totals. One
+/// kernel's scans of several shapes share one, sized for the largest.
+#[derive(Clone, Copy)]
+pub(super) struct ScanScratch<'ctx> {
+    stage: SharedArray<'ctx>,
+    warp_totals: [SharedArray<'ctx>; 2],
+}
+
+impl<'ctx> ScanScratch<'ctx> {
+    /// The scratch of scans up to `largest` (arrays named after `name`).
+    pub fn new(k: &Kb<'_, 'ctx>, name: &str, largest: ScanShape) -> Self {
+        let seg = largest.threads * largest.elems;
+        let nwarps = largest.threads / 32;
+        Self {
+            stage: k.shared_f32(&format!("{name}_stage"), stage_words(seg as i64) as u32),
+            warp_totals: [
+                k.shared_f32(&format!("{name}_warp_totals"), nwarps),
+                k.shared_f32(&format!("{name}_warp_totals_lo"), nwarps),
+            ],
+        }
+    }
+
+    fn fits(&self, shape: ScanShape) -> bool {
+        stage_words((shape.threads * shape.elems) as i64) <= self.stage.len() as i64
+            && shape.threads / 32 <= self.warp_totals[0].len()
+    }
+}
+
+/// Words of the stage of a `seg`-element segment: element e sits at e + e / 32 (one pad word per
+/// 32 makes both the coalesced accesses, e = j * threads + tid, and a thread's own run,
+/// e = tid * elems + j, free of bank conflicts).
+fn stage_words(seg: i64) -> i64 {
+    seg + seg / 32
+}
+
 /// The whole block scans row `r.bh` of the gate into `c` (block of `shape.threads` threads; the
-/// shared arrays are named after `name`). The row goes through shared memory in segments of
+/// shared arrays in `scratch`, which must fit `shape`). The row goes through shared memory in segments of
 /// `threads * elems` elements: coalesced loads (each warp reads consecutive elements, all `elems`
 /// loads of a thread in flight at once) store `log f` in the stage; each thread then scans its
 /// own `elems` consecutive elements, the block scans the threads' totals, and the running sums
@@ -157,27 +194,22 @@ pub(super) struct GateRow<'ctx> {
 /// exact cumsum whatever the grouping.
 pub(super) fn scan_gate_row<'ctx>(
     k: &Kb<'_, 'ctx>,
-    name: &str,
+    scratch: ScanScratch<'ctx>,
     (kind, in_dt): (GateKind, DType),
     shape: ScanShape,
     r: GateRow<'ctx>,
 ) {
+    assert!(scratch.fits(shape), "scan scratch smaller than a {shape:?} segment");
     let GateRow { gate, c: out, t_len, bh } = r;
     let carry = [k.declare_var(k.f32(0.0).into()), k.declare_var(k.f32(0.0).into())];
     let tid = k.sreg("tid.x");
     let (lane, warp) = lane_warp(k, tid);
     let (nthreads, elems) = (shape.threads as i64, shape.elems as i64);
     let seg = nthreads * elems;
-    // Element e of the segment sits at e + e / 32: one pad word per 32 makes both the
-    // coalesced accesses (e = j * threads + tid) and a thread's own run (e = tid * elems + j)
-    // free of bank conflicts.
-    let stage = k.shared_f32(&format!("{name}_stage"), (seg + seg / 32) as u32);
+    let stage = scratch.stage;
     let staged = |k: &Kb<'_, 'ctx>, e: IntValue<'ctx>| k.shared_at(stage, k.add(e, k.lshrc(e, 5)));
     let nwarps = shape.threads / 32;
-    let sh = [
-        k.shared_f32(&format!("{name}_warp_totals"), nwarps),
-        k.shared_f32(&format!("{name}_warp_totals_lo"), nwarps),
-    ];
+    let sh = scratch.warp_totals;
     let base = k.mul(k.sext64(bh), k.sext64(t_len));
     let nseg = k.sdivc(k.addc(t_len, seg - 1), seg);
     let zero = k.f32(0.0);

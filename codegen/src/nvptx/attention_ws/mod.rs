@@ -107,17 +107,20 @@ impl Residency {
 }
 
 /// The residency at head dim `d` with `bn`-key tiles:
-/// * D = 128: one block of two consumers per SM, 168 registers at entry, 56 / 224 after
-///   `setmaxnreg` (56 x 128 + 224 x 256 = 64 512; at 40 the producer spilled a register, run 8),
-///   up to 227 KB of shared memory (three slots of 128-key tiles).
-/// * D = 64: one block of three consumers per SM (192 query rows, 512 threads), as
-///   FlashAttention-3 does at D = 64: run 8 measured two consumers per SM 1.4x slower than the
-///   standard kernel's three 64-row blocks, and two blocks of two consumers per SM leave each
-///   consumer 104 registers (a pool of 384 x 80 per block), where ptxas spills and serializes
-///   the wgmmas (run 13). 128 registers at entry; producer 32 (at 24 the `cp.async` producer
-///   spilled 8 bytes), consumers 160 (32 x 128 + 160 x 384 = 65 536, the whole pool).
-pub fn residency(d: u32, _bn: u32) -> Residency {
-    let consumers = if d <= 64 { 3 } else { 2 };
+/// * D = 128, and D = 64 with 128-key tiles: one block of two consumers per SM, 168 registers
+///   at entry, 56 / 224 after `setmaxnreg` (56 x 128 + 224 x 256 = 64 512; at 40 the producer
+///   spilled a register, run 8), up to 227 KB of shared memory (three slots of 128-key tiles at
+///   D = 128). At D = 64 three consumers of 128-key tiles spill at 160 registers (run 15's SASS
+///   addendum: the tile width, not the ring, is what the standard kernel's instruction count
+///   needs), so 128-key tiles take two consumers with 224.
+/// * D = 64 with 64-key tiles: one block of three consumers per SM (192 query rows, 512
+///   threads), as FlashAttention-3 does at D = 64: run 8 measured two consumers per SM 1.4x
+///   slower than the standard kernel's three 64-row blocks, and two blocks of two consumers per
+///   SM leave each consumer 104 registers (a pool of 384 x 80 per block), where ptxas spills and
+///   serializes the wgmmas (run 13). 128 registers at entry; producer 32 (at 24 the `cp.async`
+///   producer spilled 8 bytes), consumers 160 (32 x 128 + 160 x 384 = 65 536, the whole pool).
+pub fn residency(d: u32, bn: u32) -> Residency {
+    let consumers = if d <= 64 && bn <= 64 { 3 } else { 2 };
     let blocks_per_sm = 1;
     let threads = 128 * (1 + consumers);
     let entry_regs = 65_536 / (blocks_per_sm * threads) / 8 * 8;
@@ -196,14 +199,14 @@ pub fn layout(cfg: &AttnKernelConfig) -> Result<WsLayout, String> {
     Ok(WsLayout { q_bytes, kv_bytes, stages, kv0, c0, bar0, xch0, item0, total: item0 + item_bytes })
 }
 
-/// The persistent grid runs blocks of two consumer warpgroups only (D = 128): the three
-/// consumers of D = 64 were not run with it (run 14). A usage error: the grid is asked for.
+/// The persistent grid runs blocks of two consumer warpgroups only: the three consumers of
+/// D = 64 with 64-key tiles were not run with it (run 14). A usage error: the grid is asked for.
 pub fn check_persistent(cfg: &AttnKernelConfig) -> Result<(), String> {
     let consumers = residency(cfg.head_dim, cfg.bn).consumers;
     if cfg.persistent && consumers != 2 {
         return Err(format!(
-            "--ws-grid persistent runs the warp-specialized attention with two consumer warpgroups (D = 128); at head_dim {} it has {consumers}, not run with the persistent grid: use --ws-grid tiles",
-            cfg.head_dim
+            "--ws-grid persistent runs the warp-specialized attention with two consumer warpgroups; at head_dim {} with {}-key tiles it has {consumers}, not run with the persistent grid: use --ws-grid tiles or 128-key tiles",
+            cfg.head_dim, cfg.bn
         ));
     }
     Ok(())

@@ -95,6 +95,9 @@ fn d64_runs_three_consumers() {
     );
     assert_eq!((r.threads(), r.rows()), (512, 192));
     assert!(128 * r.producer_regs + 384 * r.consumer_regs <= r.threads() * r.entry_regs);
+    // 128-key tiles at D = 64: two consumers with D = 128's registers (three spill at 160).
+    let wide = residency(64, 128);
+    assert_eq!((wide.consumers, wide.entry_regs, wide.producer_regs, wide.consumer_regs), (2, 168, 56, 224));
     for bn in [64, 128] {
         let r = residency(128, bn);
         assert_eq!((r.consumers, r.entry_regs, r.producer_regs, r.consumer_regs), (2, 168, 56, 224));
@@ -265,16 +268,19 @@ fn persistent_launch_geometry_and_layout() {
     assert_eq!(launch_geometry(&tuned(), 1000, 6, Some(16)).grid, (8, 6, 1));
 }
 
-/// The persistent grid is refused where the block has three consumers (D = 64, not run with
-/// it), as a usage error naming the way out; D = 128 takes it.
+/// The persistent grid is refused where the block has three consumers (D = 64 with 64-key
+/// tiles, not run with it), as a usage error naming the way out; two consumers take it.
 #[test]
 fn persistent_grid_needs_two_consumers() {
     let mut c = persistent(true);
     assert_eq!(check_persistent(&c), Ok(()));
-    c.head_dim = 64;
+    (c.head_dim, c.bn) = (64, 64);
     let e = check_persistent(&c).unwrap_err();
     assert!(e.contains("--ws-grid tiles") && e.contains("head_dim 64"), "{e}");
     assert!(validate(&c).is_err());
+    c.bn = 128;
+    assert_eq!(check_persistent(&c), Ok(()));
+    c.bn = 64;
     c.persistent = false;
     assert_eq!(check_persistent(&c), Ok(()));
 }

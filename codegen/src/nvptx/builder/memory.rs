@@ -15,6 +15,13 @@ pub(crate) struct SharedArray<'ctx> {
     n: u32,
 }
 
+impl SharedArray<'_> {
+    /// Its length in f32.
+    pub fn len(&self) -> u32 {
+        self.n
+    }
+}
+
 impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
     /// `&p[idx]` for elements of type `elem` (in bounds).
     pub fn gep(

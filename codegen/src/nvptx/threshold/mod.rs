@@ -25,7 +25,7 @@ mod tile_norms;
 pub use tile_norms::NORM_THREADS;
 
 use super::builder::{KernelBuilder, ParamTy};
-use super::kernels::{lane_warp, load_row, scan_gate_row, GateRow, ScanShape, ROW_THREADS};
+use super::kernels::{lane_warp, load_row, scan_gate_row, GateRow, ScanScratch, ScanShape, ROW_THREADS};
 use block::{block_reduce, block_scan_max};
 use formula::{constant_stats, set_norm_stats, Llvm};
 use inkwell::context::Context;
@@ -274,7 +274,23 @@ pub fn build_threshold_with_scan<'ctx>(
         "prelude",
         |k| {
             let row = GateRow { gate: k.param_ptr(7), c: k.param_ptr(8), t_len: io.t_len, bh: lin };
-            scan_gate_row(k, name, (kind, gate_dt), PRELUDE_SCAN, row);
+            // A row of at most SHORT_ROW elements takes 16-element runs (segments of 4096: less
+            // padding to scan), a longer one 32 (fewer segments in its chain).
+            // Both share one scratch (the longer's).
+            let scratch = ScanScratch::new(k, name, PRELUDE_SCAN);
+            let short = k.icmpc(IntPredicate::SLE, io.t_len, SHORT_ROW);
+            k.if_else(
+                short,
+                "scan",
+                |k| {
+                    scan_gate_row(k, scratch, (kind, gate_dt), SHORT_SCAN, row);
+                    vec![]
+                },
+                |k| {
+                    scan_gate_row(k, scratch, (kind, gate_dt), PRELUDE_SCAN, row);
+                    vec![]
+                },
+            );
             vec![]
         },
         |k| {
@@ -294,6 +310,9 @@ const JOINT_BLOCKS: u32 = 2;
 /// elements per segment as the scan kernel's 1024 x 8 (as many segments: their chain is what
 /// the scan's time grows with).
 const PRELUDE_SCAN: ScanShape = ScanShape { threads: NORM_THREADS, elems: 32 };
+/// Rows up to this long are scanned in segments of 4096 ([`SHORT_SCAN`]; run 17's build C).
+const SHORT_ROW: i64 = 4096;
+const SHORT_SCAN: ScanShape = ScanShape { threads: NORM_THREADS, elems: 16 };
 
 /// The parameters of the one-kernel threshold.
 const FUSED_PARAMS: [(&str, ParamTy); 7] = [
