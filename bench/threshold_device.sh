@@ -47,7 +47,7 @@ if [ "${CHECK:-1}" = 1 ]; then
     "fox B=1,H=1,T=16384,D=128" "fox_gqa B=1,H=4,G=2,T=1000,D=128" "fox_alibi B=1,H=2,T=1000,D=64" \
     "fox B=1,H=2,T=1000,D=96" "fox B=1,H=2,T=1000,D=256" "fox B=1,H=1,T=8192,D=128" \
     "fox B=2,H=2,T=8193,D=64" "fox B=1,H=1,T=24577,D=64" "fox_loggate B=1,H=2,T=9000,D=64" \
-    "fox_qknorm B=1,H=2,T=3000,D=64"; do
+    "fox_qknorm B=1,H=2,T=3000,D=64" "fox B=1,H=3,T=4096,D=64" "fox B=2,H=1,T=4097,D=128"; do
     # shellcheck disable=SC2086
     check_cuda "$NEW" run $c --check-starts || fail=1
   done
