@@ -44,11 +44,12 @@ bench_rows() {
 }
 # kernel_durations BIN SHAPE REGEX [FLAGS...]: ncu's gpu__time_duration of every kernel whose
 #   name matches REGEX in one `BIN run examples/fox.attn` at SHAPE (ncu serializes the launches),
-#   a line "kernel unit value" each.
+#   a line "kernel unit value" each; $NCU_FLAGS go to ncu (e.g. "--cache-control none").
 kernel_durations() {
   local bin=$1 shape=$2 re=$3
   shift 3
-  t 120 ncu --clock-control none --metrics gpu__time_duration.sum -k "regex:$re" \
+  # shellcheck disable=SC2086  # a word list
+  t 120 ncu --clock-control none ${NCU_FLAGS:-} --metrics gpu__time_duration.sum -k "regex:$re" \
     "$bin" run examples/fox.attn --backend cuda --shape "$shape" --seed 0 "$@" 2>&1 |
     grep -E "^\s+foxc_|gpu__time_duration" | paste - - | awk '{print $1, $(NF-1), $NF}'
 }
