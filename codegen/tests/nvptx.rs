@@ -176,6 +176,12 @@ fn joint_prelude_is_one_launch_before_the_attention() {
     for want in ["_stage", "atom.global.add", "fence.acq_rel.gpu", "bar.red.or"] {
         assert!(body.contains(want), "the joint kernel lacks {want}");
     }
+    // Its two scan shapes (short and long rows) share one stage, the long one's (8192 + 256
+    // words): two would overrun the 48 KB of static shared memory beside the threshold's.
+    let stages: Vec<&str> =
+        a.ptx.lines().filter(|l| l.contains(".shared") && l.contains("_stage[")).collect();
+    assert_eq!(stages.len(), 1, "{stages:?}");
+    assert!(stages[0].contains(&format!("{}_stage[33792]", names[0])), "{stages:?}");
     // A threshold with row statistics is two kernels: it cannot take the scan.
     let mut g = fox_graph(foxc_passes::rules::by_name("tight").unwrap(), NormBound::Data);
     let Op::Attention(a) = &mut g.node_mut(attn).op else { unreachable!() };
