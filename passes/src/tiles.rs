@@ -11,9 +11,11 @@ use foxc_ir::{Attention, Graph, Mask, Op, Tiles};
 /// kernel: the warp-specialized one with three consumers per block took 1.4492 / 2.3153 ms
 /// (64x64) and 1.4720 / 2.3265 (64x128) against the standard kernel's 1.4282 / 2.2932 (64x128)
 /// at 2x16x16384x64 / 1x16x32768x64 (run 13, call B; two blocks of two consumers per SM were
-/// 1.4-17% slower in call A). Without the turn ring (`--ws-turns none`, run 15) it took 1.4404 /
-/// 2.2976 with 64x128 tiles against the standard kernel's 1.4284 / 2.3134 in the same call:
-/// faster at one shape only.
+/// 1.4-17% slower in call A). Without the turn ring (`--ws-turns none`, run 15) three consumers
+/// took 1.4404 / 2.2976 with 64x128 tiles against the standard kernel's 1.4284 / 2.3134 in the
+/// same call: faster at one shape only. Since run 18, 64x128 tiles at D = 64 run two consumers
+/// (three spilled): 1.5412 / 2.4602 with the tiles grid, 1.4428 / 2.3098 with `--ws-grid
+/// persistent`, against the standard kernel's 1.4186 / 2.3054 in the same call.
 pub const WS_HEAD_DIMS: [u64; 1] = [128];
 
 /// Head dims the warp-specialized kernel builds for (codegen's `attention_ws::HEAD_DIMS`): what

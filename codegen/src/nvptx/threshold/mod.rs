@@ -310,7 +310,11 @@ const JOINT_BLOCKS: u32 = 2;
 /// elements per segment as the scan kernel's 1024 x 8 (as many segments: their chain is what
 /// the scan's time grows with).
 const PRELUDE_SCAN: ScanShape = ScanShape { threads: NORM_THREADS, elems: 32 };
-/// Rows up to this long are scanned in segments of 4096 ([`SHORT_SCAN`]; run 17's build C).
+/// Rows up to this long are scanned in segments of 4096 ([`SHORT_SCAN`]): less padding to
+/// load and scan in the row's one segment. Run 18 (docs/GPU_KERNEL.md): the joint kernel 5.1 us
+/// at 1x1x2048x128 against 6.1 with 8192-element segments (ncu, warm caches); pruned 0.4 to
+/// 1.8 us faster at one head up to T = 4096. Longer rows keep 8192 (run 17's build C took a
+/// segment more at T = 8192: +2.5 us).
 const SHORT_ROW: i64 = 4096;
 const SHORT_SCAN: ScanShape = ScanShape { threads: NORM_THREADS, elems: 16 };
 
