@@ -87,7 +87,7 @@ if [ "${JOINT:-1}" = 1 ]; then
     done >> "$OUT/joint.csv"
   fi
   for r in $(seq "${ROUNDS:-1}"); do table "$OUT/joint.csv" old$r new$r; done
-  for s in B=1,H=1,T=2048,D=128 B=1,H=1,T=4096,D=64 B=1,H=16,T=32768,D=128; do
+  for s in B=1,H=1,T=2048,D=128 B=1,H=1,T=4096,D=64 B=1,H=1,T=16384,D=128 B=1,H=16,T=32768,D=128; do
     for b in old new; do x=$OLD; [ $b = new ] && x=$NEW; echo "# $b $s $(kernel_durations $x $s 'threshold|scan' | tr '\n' ' ')"; done
   done
 fi
