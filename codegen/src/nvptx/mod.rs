@@ -31,6 +31,7 @@ pub mod attention_bwd;
 pub mod attention_ws;
 pub(crate) mod builder;
 mod generic;
+mod heads;
 pub mod kernels;
 pub mod module;
 mod module_bwd;

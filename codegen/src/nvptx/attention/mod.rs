@@ -56,6 +56,7 @@ pub(crate) use tile_io::normalized_pair;
 
 use super::builder::control::{basic, floats};
 use super::builder::{KernelBuilder, ParamTy};
+use crate::nvptx::heads;
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
@@ -422,13 +423,8 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         let i16t = b.i16t().into();
         let f32t = b.f32t().into();
         let qb = b.gep(i16t, q_p, mat_base);
-        // K and V of key/value head h / kv_group: flat index (b H + h) / kv_group (H is a
-        // multiple of kv_group).
-        let kv_base = if cfg.kv_group == 1 {
-            mat_base
-        } else {
-            b.mulc(b.mul(b.sext64(b.udivc(bh, cfg.kv_group as i64)), t64), d)
-        };
+        // K and V of the key/value head (GQA).
+        let kv_base = b.mulc(heads::kv_rows(b, bh, t_len, cfg.kv_group), d);
         let kb = b.gep(i16t, k_p, kv_base);
         let vb = b.gep(i16t, v_p, kv_base);
         // O element type: f32, or bf16 (stored as i16 bit patterns) with the cast fused.

@@ -9,6 +9,7 @@ use crate::nvptx::attention::prune::{search_start, SearchAt};
 use crate::nvptx::attention::score::ScoreMod;
 use crate::nvptx::builder::control::{basic, floats};
 use crate::nvptx::builder::ParamTy;
+use crate::nvptx::heads;
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue};
@@ -70,11 +71,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let t64 = b.sext64(t_len);
         let row_base = b.mul(b.sext64(bh), t64);
         let mat_base = b.mulc(row_base, d);
-        let kv_base = if cfg.kv_group == 1 {
-            mat_base
-        } else {
-            b.mulc(b.mul(b.sext64(b.udivc(bh, cfg.kv_group as i64)), t64), d)
-        };
+        let kv_base = b.mulc(heads::kv_rows(b, bh, t_len, cfg.kv_group), d);
         let (qb, dob) = (b.gep(i16t, q_p, mat_base), b.gep(i16t, do_p, mat_base));
         let (kb, vb) = (b.gep(i16t, k_p, kv_base), b.gep(i16t, v_p, kv_base));
         let dqb = b.gep(f32t, dq_p, mat_base);

@@ -11,6 +11,7 @@ use super::{residency, xch_stride, WsLayout};
 use crate::nvptx::attention::score::ScoreMod;
 use crate::nvptx::attention::{Attn, AttnKernelConfig, Rows, LOG2E};
 use crate::nvptx::builder::KernelBuilder;
+use crate::nvptx::heads;
 use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
 
@@ -131,12 +132,8 @@ pub(super) fn block_at<'ctx>(
     let i16t = b.i16t().into();
     let f32t = b.f32t().into();
     // Key/value head of query head `bh` (GQA: `kv_group` query heads share one).
-    let (kv_head, kv_base) = if cfg.kv_group == 1 {
-        (bh, mat_base)
-    } else {
-        let kv_head = b.udivc(bh, cfg.kv_group as i64);
-        (kv_head, b.mulc(b.mul(b.sext64(kv_head), b.sext64(t_len)), d))
-    };
+    let kv_head = heads::kv_head(b, bh, cfg.kv_group);
+    let kv_base = b.mulc(heads::kv_rows(b, bh, t_len, cfg.kv_group), d);
     let o_elt = if cfg.out_bf16 { i16t } else { f32t };
     Block {
         bh,

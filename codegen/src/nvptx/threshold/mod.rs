@@ -25,6 +25,7 @@ mod tile_norms;
 pub use tile_norms::NORM_THREADS;
 
 use super::builder::{KernelBuilder, ParamTy};
+use super::heads::kv_rows;
 use super::kernels::{lane_warp, load_row, scan_gate_row, GateRow, ScanScratch, ScanShape, ROW_THREADS};
 use block::{block_reduce, block_scan_max};
 use formula::{constant_stats, set_norm_stats, Llvm};
@@ -46,19 +47,6 @@ const NORM_WARPS: u32 = NORM_THREADS / 32;
 
 /// Tiles of the head's norms each thread of the delta kernel loads at once.
 const FOLD_TILES: u32 = 4;
-
-/// First row of the keys that query head `bh` reads, `(bh / kv_group) T` (64-bit): key/value
-/// head `h / kv_group` of batch `b` is flat head `(b H + h) / kv_group` since `kv_group`
-/// divides `H`.
-pub(super) fn kv_rows<'ctx>(
-    k: &Kb<'_, 'ctx>,
-    bh: IntValue<'ctx>,
-    t_len: IntValue<'ctx>,
-    kv_group: u32,
-) -> IntValue<'ctx> {
-    let kvh = if kv_group == 1 { bh } else { k.udivc(bh, kv_group as i64) };
-    k.mul(k.sext64(kvh), k.sext64(t_len))
-}
 
 /// Per-tile maxima of squared norms: params `(q, k, norms: f32 [BH, Mt, 2], T: i32)`.
 /// Grid `(Mt, BH)`, block [`NORM_THREADS`].

@@ -2,8 +2,9 @@
 //! [`NORM_THREADS`]: 16-byte loads where the rows allow, element loads otherwise.
 
 use super::block::block_reduce;
-use super::{kv_rows, Kb};
+use super::Kb;
 use crate::nvptx::builder::control::Var;
+use crate::nvptx::heads::kv_rows;
 use crate::nvptx::kernels::load_row;
 use foxc_ir::DType;
 use inkwell::values::{FloatValue, IntValue, PointerValue};
