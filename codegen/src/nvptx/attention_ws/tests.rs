@@ -82,7 +82,8 @@ fn ptx_has_the_roles_the_ring_and_the_register_split() {
     }
 }
 
-/// D = 64 runs one block of three consumers per SM (issue 11 item 2, run 13): 512 threads,
+/// D = 64 with 64-key tiles runs one block of three consumers per SM (issue 11 item 2, run 13;
+/// with 128-key tiles two since run 18, as D = 128): 512 threads,
 /// 192 rows, `.maxntid 512`, 32 / 160 registers after `setmaxnreg` within the block's pool of
 /// 512 x 128; its turns and exchange use named barriers 4-7 (1-3 are the Q tiles). D = 128 keeps
 /// two consumers with 56 / 224 and the barriers it had.

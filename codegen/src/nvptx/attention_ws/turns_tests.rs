@@ -4,8 +4,8 @@
 use super::tests::{ptx_for, used_registers};
 use super::*;
 
-/// The configurations the A/B runs: D = 64's three consumers (64- and 128-key tiles) and
-/// D = 128's two (128-key tiles), with decay, pruning, TMA loads and bf16 output.
+/// The configurations the A/B runs: D = 64's three consumers (64-key tiles) and two (128-key
+/// tiles, run 18), D = 128's two (128-key tiles), with decay, pruning, TMA loads and bf16 output.
 fn configs() -> Vec<AttnKernelConfig> {
     [(64, 64), (64, 128), (128, 128)]
         .into_iter()
