@@ -182,6 +182,7 @@ fn build(cfg: &Cfg, d: u64) -> Built {
                 score: ScoreBound::IDENTITY,
                 scale: a.scale.clone(),
                 bm: tiles.bm,
+                plan: Default::default(),
             };
             let delta = g.add(th, mt.clone(), &[q, k], sp);
             let st_ty = ValueType { dtype: DType::I32, ..mt };

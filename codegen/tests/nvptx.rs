@@ -41,6 +41,7 @@ fn fox_graph_out(rule: PruneRule, bound: NormBound, out_dtype: DType) -> Graph {
     let f = g.add_param("fgate", ValueType::tensor(DType::F32, bht()), s);
     let c = g.add(Op::GateCumsum { kind: GateKind::Logits }, ValueType::tensor(DType::F32, bht()), &[f], s);
     let scale = Scale::inv_sqrt(1.0, Dim::sym("D"));
+    let plan = foxc_passes::fuse_out::threshold_plan(&rule, &ScoreBound::IDENTITY, bound);
     let th = Op::Threshold {
         rule,
         log_eps: -10.0,
@@ -48,6 +49,7 @@ fn fox_graph_out(rule: PruneRule, bound: NormBound, out_dtype: DType) -> Graph {
         score: ScoreBound::IDENTITY,
         scale: scale.clone(),
         bm: 128,
+        plan,
     };
     let delta = g.add(th, tiles_ty(128), &[q, k], s);
     let mut a = Attention::new(scale, Mask::Causal, true);

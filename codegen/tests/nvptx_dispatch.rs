@@ -33,8 +33,16 @@ fn graph_rule(rule: PruneRule, score: ScoreBound, region: Region, group: u64) ->
     let bht = ValueType::tensor(DType::F32, [s("B"), s("H"), s("T")]);
     let c = g.add(Op::GateCumsum { kind: GateKind::Logits }, bht, &[f], sp);
     let scale = Scale::inv_sqrt(1.0, s("D"));
-    let th =
-        Op::Threshold { rule, log_eps: -10.0, bound: NormBound::Data, score, scale: scale.clone(), bm: 64 };
+    let plan = foxc_passes::fuse_out::threshold_plan(&rule, &score, NormBound::Data);
+    let th = Op::Threshold {
+        rule,
+        log_eps: -10.0,
+        bound: NormBound::Data,
+        score,
+        scale: scale.clone(),
+        bm: 64,
+        plan,
+    };
     let mt = ValueType::tensor(DType::F32, [s("B"), s("H"), Dim::Tiles(Box::new(s("T")), 64)]);
     let delta = g.add(th, mt, &[q, k], sp);
     let mut a = Attention::new(scale, Mask::Causal, true);

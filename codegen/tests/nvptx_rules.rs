@@ -22,7 +22,9 @@ fn threshold_graph(rule: PruneRule, bound: NormBound, score: ScoreBound) -> Grap
         DType::F32,
         [Dim::sym("B"), Dim::sym("H"), Dim::Tiles(Box::new(Dim::sym("T")), 64)],
     );
-    let th = Op::Threshold { rule, log_eps: -10.0, bound, score, scale: Scale::constant(0.125), bm: 64 };
+    let plan = foxc_passes::fuse_out::threshold_plan(&rule, &score, bound);
+    let th =
+        Op::Threshold { rule, log_eps: -10.0, bound, score, scale: Scale::constant(0.125), bm: 64, plan };
     let delta = g.add(th, ty, &[q, k], s);
     g.output = Some(delta);
     foxc_ir::verify::verify(&g).unwrap();

@@ -26,6 +26,7 @@ fn fox(kernel: AttnKernel) -> Graph {
     let c = g.add(Op::GateCumsum { kind: GateKind::Logits }, bht, &[f], sp);
     let scale = Scale::inv_sqrt(1.0, s("D"));
     let rule = foxc_passes::rules::by_name("paper").unwrap();
+    let plan = foxc_passes::fuse_out::threshold_plan(&rule, &ScoreBound::IDENTITY, NormBound::Data);
     let th = Op::Threshold {
         rule,
         log_eps: -10.0,
@@ -33,6 +34,7 @@ fn fox(kernel: AttnKernel) -> Graph {
         score: ScoreBound::IDENTITY,
         scale: scale.clone(),
         bm: 64,
+        plan,
     };
     let mt = ValueType::tensor(DType::F32, [s("B"), s("H"), Dim::Tiles(Box::new(s("T")), 64)]);
     let delta = g.add(th, mt, &[q, k], sp);

@@ -16,7 +16,7 @@
 //!   passes), of the same size as x's axis `axis`; result f32 with x's axes;
 //! - fused ops: as docs/SEMANTICS.md.
 
-use crate::ops::{GateKind, Op};
+use crate::ops::{GateKind, NormBound, Op, ThresholdPlan};
 use crate::types::{Axis, DType, Dim, ValueType};
 
 fn float(t: &ValueType, what: &str) -> Result<(), String> {
@@ -195,7 +195,7 @@ pub fn infer(op: &Op, ops: &[&ValueType]) -> Result<Option<ValueType>, String> {
         Op::Attention(a) => Some(a.result_types(ops)?.remove(0)),
         // dq; [`crate::attention::Attention::backward_result_types`] gives them all.
         Op::AttentionBackward(a) => Some(a.backward_result_types(ops)?.remove(0)),
-        Op::Threshold { rule, bm, log_eps, score, scale, .. } => {
+        Op::Threshold { rule, bm, log_eps, score, scale, bound, plan } => {
             let (q, k) = (ops[0], ops[1]);
             positional_rank(q, 4, "threshold's q")?;
             positional_rank(k, 4, "threshold's k")?;
@@ -215,6 +215,13 @@ pub fn infer(op: &Op, ops: &[&ValueType]) -> Result<Option<ValueType>, String> {
                 return Err(format!(
                     "threshold: the rule `{}` reads s_ii and needs the identity score (its diagonal \
                      logit is q.k)",
+                    rule.name
+                ));
+            }
+            if *plan == ThresholdPlan::OneLaunch && !rule.norms_only(score, *bound == NormBound::Data) {
+                return Err(format!(
+                    "threshold: plan = one_launch needs a formula of tile norms only under a data \
+                     bound; the rule `{}` reads the rows or a static bound",
                     rule.name
                 ));
             }

@@ -112,6 +112,20 @@ pub struct Tiles {
     pub bn: u32,
 }
 
+/// How a GPU backend launches a `threshold` (a pass decision: `fuse-threshold`). The deltas are
+/// the same either way; the interpreter and the CPU backend ignore it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ThresholdPlan {
+    /// The tile norms, then the deltas in a second launch, one block per query tile (which may
+    /// read the tile's rows: any formula).
+    #[default]
+    NormsThenDelta,
+    /// One launch: the tile norms, then each head's last block evaluates the formula from the
+    /// norms alone. Only for formulas of tile norms only ([`crate::PruneRule::norms_only`] under
+    /// a data bound). Printed `plan = one_launch`.
+    OneLaunch,
+}
+
 /// An IR operation.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -208,6 +222,8 @@ pub enum Op {
         score: ScoreBound,
         scale: Scale,
         bm: u32,
+        /// How a GPU backend launches it (a pass decision, [`ThresholdPlan`]).
+        plan: ThresholdPlan,
     },
     /// The first kept key tile of every query tile (the block-sparse mask).
     /// Operands: c `[B, H, T]`, delta `[B, H, T/bm]`. Result: i32 `[B, H, T/bm]`.
@@ -342,7 +358,7 @@ impl fmt::Display for Op {
             Op::Window { i, j, size } => write!(f, " {{i = {i}, j = {j}, size = {size}}}"),
             Op::RmsNorm { axis, eps } => write!(f, " {{axis = {axis}, eps = {eps:e}}}"),
             Op::GateCumsum { kind } | Op::GateCumsumLo { kind } => write!(f, " {{gate = {kind:?}}}"),
-            Op::Threshold { rule, log_eps, bound, score, scale, bm } => {
+            Op::Threshold { rule, log_eps, bound, score, scale, bm, plan } => {
                 let b = match bound {
                     NormBound::Static { q_max, k_max } => {
                         format!("static(q_max = {}, k_max = {})", fmt_f64(*q_max), fmt_f64(*k_max))
@@ -350,9 +366,10 @@ impl fmt::Display for Op {
                     NormBound::Data => "data".to_string(),
                 };
                 let u = if *score == ScoreBound::IDENTITY { String::new() } else { format!(", u = {score}") };
+                let p = if *plan == ThresholdPlan::OneLaunch { ", plan = one_launch" } else { "" };
                 write!(
                     f,
-                    " {{rule = {rule}, log_eps = {}, bound = {b}{u}, scale = {scale}, bm = {bm}}}",
+                    " {{rule = {rule}, log_eps = {}, bound = {b}{u}, scale = {scale}, bm = {bm}{p}}}",
                     fmt_f64(*log_eps)
                 )
             }

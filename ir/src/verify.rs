@@ -282,6 +282,7 @@ mod tests {
                 score: ScoreBound::IDENTITY,
                 scale: Scale::constant(0.125),
                 bm: 64,
+                plan: crate::ops::ThresholdPlan::NormsThenDelta,
             },
             tiles.clone(),
             &[q, k],
@@ -392,6 +393,13 @@ mod tests {
         let mut g = pruned_fox();
         g.output = None;
         fails(&g, "no output");
+        // A one-launch threshold whose formula reads the rows (tight: s_ii).
+        let mut g = pruned_fox();
+        let th = g.find(|o| matches!(o, Op::Threshold { .. }))[0];
+        if let Op::Threshold { plan, .. } = &mut g.node_mut(th).op {
+            *plan = crate::ops::ThresholdPlan::OneLaunch;
+        }
+        fails(&g, "plan = one_launch needs a formula of tile norms only");
         // Wrong result type of a fused op.
         let mut g = pruned_fox();
         let att = g.find(|o| matches!(o, Op::Attention(_)))[0];

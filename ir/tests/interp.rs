@@ -190,6 +190,7 @@ fn fused_fox(scale: f64, prune: Option<(PruneRule, f64, Tiles)>, window: Option<
                 score: ScoreBound::IDENTITY,
                 scale: Scale::constant(scale),
                 bm: tiles.bm,
+                plan: Default::default(),
             };
             let delta = g.add(th, mt.clone(), &[q, k], SP);
             let mut mt_i = mt;
@@ -331,6 +332,7 @@ fn hand_computed_threshold_both_rules() {
             score: ScoreBound::IDENTITY,
             scale: Scale::constant(0.5),
             bm: 2,
+            plan: Default::default(),
         };
         g.output = Some(g.add(op, mt, &[qn, kn], SP));
         g

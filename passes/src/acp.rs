@@ -14,7 +14,7 @@
 use crate::monotone::Verdict;
 use crate::{Explanation, PassContext, PassError, PassOptions};
 use foxc_ir::check::infer;
-use foxc_ir::{Attention, Dim, Graph, NormBound, Op, Prune, ValueId, ValueType};
+use foxc_ir::{Attention, Dim, Graph, NormBound, Op, Prune, ThresholdPlan, ValueId, ValueType};
 
 /// `max|x_i|` without reading data, when `x` is a positional rmsnorm of a weight with a
 /// declared range and a constant feature size.
@@ -136,6 +136,8 @@ pub fn run(g: &mut Graph, opts: &PassOptions, cx: &mut PassContext) -> Result<()
             score,
             scale: attn.scale.clone(),
             bm: tiles.bm,
+            // `fuse-threshold` decides (GPU targets).
+            plan: ThresholdPlan::NormsThenDelta,
         };
         let delta = add(g, th, &[ops.q, ops.k], span)?;
         let start = add(g, Op::BlockBoundary(tiles), &[c, delta], span)?;

@@ -5,14 +5,19 @@
 //! - `fuse-boundary` (GPU targets): a pruned attention whose `start` is a `block_boundary` of its
 //!   own `c` reads the threshold `delta` instead and finds `start[m]` itself (a binary search
 //!   over the monotone `c`, the same value: docs/SEMANTICS.md), saving a launch.
+//! - `fuse-threshold` (GPU targets): a threshold whose formula reads tile norms only is one
+//!   launch (`plan = one_launch`): the norms, then each head's last block evaluates the formula
+//!   (docs/GPU_KERNEL.md, run 16).
 //! - `fuse-prelude` (GPU targets): such an attention whose `c` is the scan of a gate and whose
-//!   `delta` is a threshold of tile norms only, each read by it alone, gets both from one
+//!   `delta` is a one-launch threshold, each read by it alone, gets both from one
 //!   launch (`prelude = joint`): the plan becomes a chain of two launches, as the dense
 //!   attention's, instead of a fork into two lanes and a join (docs/GPU_KERNEL.md, run 17).
 
 use crate::acp::add_attention;
 use crate::{PassContext, PassError, PassOptions, Target};
-use foxc_ir::{Attention, GateKind, Graph, NormBound, Op, Prelude, Prune};
+use foxc_ir::{
+    Attention, GateKind, Graph, NormBound, Op, Prelude, Prune, PruneRule, ScoreBound, ThresholdPlan,
+};
 
 /// The `fuse-output-cast` pass.
 pub fn output_cast(g: &mut Graph, _opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
@@ -66,6 +71,30 @@ pub fn boundary(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Res
     Ok(())
 }
 
+/// How a threshold of `rule` under `score` and `bound` is launched on a GPU: in one launch
+/// where the formula reads the tile norms and nothing of the rows
+/// ([`PruneRule::norms_only`]).
+pub fn threshold_plan(rule: &PruneRule, score: &ScoreBound, bound: NormBound) -> ThresholdPlan {
+    if rule.norms_only(score, bound == NormBound::Data) {
+        ThresholdPlan::OneLaunch
+    } else {
+        ThresholdPlan::NormsThenDelta
+    }
+}
+
+/// The `fuse-threshold` pass (GPU targets only): [`threshold_plan`] on every threshold.
+pub fn threshold(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
+    if opts.target == Target::Cpu {
+        return Ok(());
+    }
+    for n in g.find(|op| matches!(op, Op::Threshold { .. })) {
+        if let Op::Threshold { rule, score, bound, plan, .. } = &mut g.node_mut(n).op {
+            *plan = threshold_plan(rule, score, *bound);
+        }
+    }
+    Ok(())
+}
+
 /// The `fuse-prelude` pass (GPU targets only).
 pub fn prelude(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
     if opts.target == Target::Cpu {
@@ -75,10 +104,9 @@ pub fn prelude(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Resu
         let ops = Attention::operands(g, n).map_err(PassError::Internal)?;
         let (Some(c), Some(delta)) = (ops.decay, ops.delta) else { continue };
         let scan = matches!(g.op(c), Op::GateCumsum { kind } if *kind != GateKind::Slope);
-        let norms_only = matches!(g.op(delta), Op::Threshold { rule, bound, score, .. }
-            if rule.norms_only(score, *bound == NormBound::Data));
+        let one_launch = matches!(g.op(delta), Op::Threshold { plan: ThresholdPlan::OneLaunch, .. });
         let only_here = |v| g.users(v) == [n];
-        if scan && norms_only && only_here(c) && only_here(delta) {
+        if scan && one_launch && only_here(c) && only_here(delta) {
             if let Op::Attention(a) = &mut g.node_mut(n).op {
                 a.prelude = Prelude::Joint;
             }

@@ -13,9 +13,11 @@
 //!    `attention` for every proven dense `attention` whose score region has a bound.
 //! 5. `fuse-output-cast`, `fuse-boundary` ([`fuse_out`]): the output cast becomes the attention's
 //!    `out_dtype`; on GPU targets the kernel derives the block boundary itself.
-//! 6. `fuse-prelude` ([`fuse_out`], GPU targets): the gate scan and a threshold of tile norms
+//! 6. `fuse-threshold` ([`fuse_out`], GPU targets): a threshold of tile norms only is one
+//!    launch.
+//! 7. `fuse-prelude` ([`fuse_out`], GPU targets): the gate scan and a one-launch threshold
 //!    that only feed one attention become one launch.
-//! 7. `compensate-decay` ([`compensate`], CPU target): the decay `c` travels as an f32 pair
+//! 8. `compensate-decay` ([`compensate`], CPU target): the decay `c` travels as an f32 pair
 //!    `(c, c_lo)` so that `c_i - c_j` keeps f64 accuracy when `|c|` is large.
 
 pub mod acp;
@@ -144,6 +146,7 @@ pub const PASSES: &[(&str, PassFn)] = &[
     ("acp", acp::run),
     ("fuse-output-cast", fuse_out::output_cast),
     ("fuse-boundary", fuse_out::boundary),
+    ("fuse-threshold", fuse_out::threshold),
     ("fuse-prelude", fuse_out::prelude),
     ("compensate-decay", compensate::run),
 ];

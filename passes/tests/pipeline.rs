@@ -5,7 +5,7 @@ mod common;
 
 use common::{all_passes, compile, root, run};
 use foxc_ir::print::print_graph;
-use foxc_ir::{Attention, Graph, NormBound, Op, Prelude, Prune, ScoreBound};
+use foxc_ir::{Attention, Graph, NormBound, Op, Prelude, Prune, ScoreBound, ThresholdPlan};
 use foxc_passes::rules::{by_name, RULES};
 use foxc_passes::{tiles_for, PassOptions, Target};
 
@@ -221,6 +221,28 @@ fn gpu_preludes_are_joint_where_scan_and_threshold_fit_one_launch() {
         "a static score bound reads no norms"
     );
     assert_eq!(prelude("alibi", gpu, "paper"), Prelude::Launches, "slopes are not scanned");
+}
+
+/// `fuse-threshold`: on GPU targets a threshold of tile norms only (paper, local under a data
+/// bound) is one launch; row statistics (tight), a static bound (the softcap's region reads no
+/// norms) and the CPU keep the default. The IR prints the decision.
+#[test]
+fn gpu_thresholds_of_norms_only_are_one_launch() {
+    let plan = |ex: &str, target, rule: &str| {
+        let opts = PassOptions { target, rule: by_name(rule).unwrap(), ..PassOptions::default() };
+        let (o, _) = run(&compile(&format!("examples/{ex}.attn")), &opts);
+        let th = o.find(|op| matches!(op, Op::Threshold { .. }));
+        let Op::Threshold { plan, .. } = o.op(th[0]) else { unreachable!() };
+        (*plan, print_graph(&o).contains("plan = one_launch"))
+    };
+    let (gpu, cpu) = (Target::Sm90a, Target::Cpu);
+    let (one, two) = ((ThresholdPlan::OneLaunch, true), (ThresholdPlan::NormsThenDelta, false));
+    assert_eq!(plan("fox", gpu, "paper"), one);
+    assert_eq!(plan("fox", Target::Sm80, "local"), one);
+    assert_eq!(plan("alibi", gpu, "paper"), one, "a slope gate's threshold is one launch too");
+    assert_eq!(plan("fox", gpu, "tight"), two, "row statistics");
+    assert_eq!(plan("fox_softcap", gpu, "paper"), two, "a static score bound reads no norms");
+    assert_eq!(plan("fox", cpu, "paper"), two, "the CPU ignores it");
 }
 
 #[test]

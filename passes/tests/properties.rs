@@ -115,7 +115,7 @@ fn retile(g: &mut Graph, tiles: Tiles) {
     for n in g.topo_order() {
         let op = match g.op(n).clone() {
             Op::Threshold { rule, log_eps, bound, score, scale, .. } => {
-                Op::Threshold { rule, log_eps, bound, score, scale, bm: tiles.bm }
+                Op::Threshold { rule, log_eps, bound, score, scale, bm: tiles.bm, plan: Default::default() }
             }
             Op::BlockBoundary(_) => Op::BlockBoundary(tiles),
             Op::Attention(mut a) => {

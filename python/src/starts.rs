@@ -302,7 +302,7 @@ fn threshold_local<'py>(
     let (_, _, ops) = attention(&g)?;
     let (_, d_node) =
         boundary_operands(&g, &ops).ok_or_else(|| value_error(format!("`{}` is not pruned", g.name)))?;
-    let Op::Threshold { rule, log_eps, bound, score, scale, bm } = g.op(d_node).clone() else {
+    let Op::Threshold { rule, log_eps, bound, score, scale, bm, .. } = g.op(d_node).clone() else {
         return Err(value_error("the block boundary does not read a threshold node"));
     };
     let (qn, kn) = (param_name(&g, ops.q)?, param_name(&g, ops.k)?);

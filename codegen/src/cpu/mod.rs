@@ -421,7 +421,7 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>, outputs: &[Value]) -> Result<Ve
                 let lo = matches!(op, Op::GateCumsumLo { .. });
                 SpecKind::Fused(Kind::GateCumsum { kind: *kind, src: float_in(ops[0])?, b, h, t, lo })
             }
-            Op::Threshold { rule, log_eps, bound, score, scale, bm } => {
+            Op::Threshold { rule, log_eps, bound, score, scale, bm, .. } => {
                 let [b, h, t, d] = rank4(ops[0])?;
                 let ks = sh(ops[1])?;
                 let hk = ks.get(1).copied().unwrap_or(0);

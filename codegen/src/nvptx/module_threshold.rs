@@ -5,7 +5,7 @@
 
 use super::module::{user, Assembler};
 use super::{threshold, CodegenError, GridDim, KernelArg, Launch};
-use foxc_ir::{Attention, DType, Dim, GateKind, NormBound, Op, Prelude, ValueId};
+use foxc_ir::{Attention, DType, Dim, GateKind, NormBound, Op, Prelude, ThresholdPlan, ValueId};
 
 impl<'a, 'ctx> Assembler<'a, 'ctx> {
     /// `(gate_cumsum, threshold)` when node `n` is either one of the prelude of an attention
@@ -31,7 +31,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         joint: Option<(ValueId, usize)>,
     ) -> Result<(), CodegenError> {
         let ie = CodegenError::Internal;
-        let Op::Threshold { rule, log_eps, bound, score, scale, bm } = self.g.op(n) else {
+        let Op::Threshold { rule, log_eps, bound, score, scale, bm, plan } = self.g.op(n) else {
             return Err(ie(format!("%{} is not a threshold", n.index())));
         };
         let ops = self.g.operands(n);
@@ -68,7 +68,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         norms_shape.push(Dim::Tiles(Box::new(t.clone()), *bm));
         norms_shape.push(Dim::Const(2));
         let norms_what = format!("per-tile max squared norms of q, k for %{}", n.index());
-        if threshold::fuses_delta(&spec) {
+        if *plan == ThresholdPlan::OneLaunch {
             // One launch: the norms, then each head's last block evaluates its deltas.
             let nb = self.scratch(DType::F32, norms_shape, norms_what);
             let arrived = self.counters(bh.clone(), format!("blocks of each head done with %{}", n.index()));

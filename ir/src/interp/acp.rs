@@ -14,7 +14,7 @@ impl Evaluator<'_> {
         ops: &[Value],
         shape: &[usize],
     ) -> Result<Vec<f64>, InterpError> {
-        let Op::Threshold { rule, log_eps, bound, score, scale, bm } = self.g.op(id) else {
+        let Op::Threshold { rule, log_eps, bound, score, scale, bm, .. } = self.g.op(id) else {
             return Err(self.err(id, "not a threshold node"));
         };
         let q = self.positional(id, ops[0], 4, "q")?;

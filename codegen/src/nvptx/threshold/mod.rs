@@ -8,8 +8,9 @@
 //! - [`build_threshold_delta`]: one block per (tile m, head); head statistics (`q_max`,
 //!   `k_max`) and `k_causal` (keys of tiles `0..=m`) are block maxima over the norms buffer,
 //!   `q_tile` is tile m's entry, the row statistics (`q_i`, `s_ii`) come from the rows.
-//! - [`build_threshold_fused`], for a formula of norm statistics without row statistics
-//!   ([`fuses_delta`]): the norms kernel, whose last block of each head (a per-head arrival
+//! - [`build_threshold_fused`], for a threshold with `plan = one_launch` (the `fuse-threshold`
+//!   pass's decision, for formulas of norm statistics without row statistics: [`fuses_delta`]
+//!   checks it again): the norms kernel, whose last block of each head (a per-head arrival
 //!   counter) then evaluates `delta` of all the head's tiles. One launch instead of two: the
 //!   threshold is on the way to the attention beside the gate scan, and at small shapes the
 //!   second launch made it the longer of the two (docs/GPU_KERNEL.md, run 16).
