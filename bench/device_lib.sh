@@ -42,6 +42,21 @@ bench_rows() {
   t 60 "$bin" bench examples/fox.attn --backend cuda --shape "$shape" --seed 0 --iters "${ITERS:-50}" "$@" \
     --format csv 2>&1 | grep -v '^program' | sed "s|^|$tag,|"
 }
+# bench_table CSV TAGS...: from bench_rows output, per shape each tag's pruned and dense medians
+#   (ms) and pruned - dense (us).
+bench_table() {
+  python3 - "$@" <<'P'
+import csv, sys
+path, tags = sys.argv[1], sys.argv[2:]
+d = {}
+for r in csv.reader(open(path)):
+    if len(r) > 7: d[(r[4], r[0], r[5])] = float(r[6])
+for s in dict.fromkeys(k[0] for k in d):
+    print(s, '  '.join(f"{t}: {d[(s,t,'pruned')]:.4f} / {d[(s,t,'dense')]:.4f} ({1000*(d[(s,t,'pruned')]-d[(s,t,'dense')]):+.1f}us)"
+                       for t in tags if (s, t, 'pruned') in d))
+P
+}
+
 # kernel_durations BIN SHAPE REGEX [FLAGS...]: ncu's gpu__time_duration of every kernel whose
 #   name matches REGEX in one `BIN run examples/fox.attn` at SHAPE (ncu serializes the launches),
 #   a line "kernel unit value" each; $NCU_FLAGS go to ncu (e.g. "--cache-control none").

@@ -19,25 +19,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/run18.log") 2>&1
-source bench/device_lib.sh
+source bench/device_lib.sh  # unpack, check_cuda, compare_runs, sanitize, bench_rows, bench_table
 NEW=$(unpack "${NEW:?}"); OLD=$(unpack "${OLD:?}")
 WS="--attn-kernel warp-specialized --tiles 64x128"
 fail=0
 stamp() { echo "## $(date -u +%T) (${SECONDS}s) $*"; }
-# table CSV TAGS...: per shape, each tag's pruned median (ms) and pruned - dense (us).
-table() {
-  python3 - "$@" <<'P'
-import csv, sys
-path, tags = sys.argv[1], sys.argv[2:]
-d = {}
-for r in csv.reader(open(path)):
-    if len(r) > 7: d[(r[4], r[0], r[5])] = float(r[6])
-for s in dict.fromkeys(k[0] for k in d):
-    print(s, '  '.join(f"{t}: {d[(s,t,'pruned')]:.4f} / {d[(s,t,'dense')]:.4f} ({1000*(d[(s,t,'pruned')]-d[(s,t,'dense')]):+.1f}us)"
-                       for t in tags if (s, t, 'pruned') in d))
-P
-}
-
 if [ "${D64:-1}" = 1 ]; then
   stamp "item 2: D = 64, 128-key tiles, two consumers: checks"
   for c in B=1,H=2,T=130,D=64 B=1,H=3,T=777,D=64 B=1,H=1,T=8291,D=64; do
@@ -62,7 +48,7 @@ if [ "${D64:-1}" = 1 ]; then
     ITERS=${ITERS:-20} bench_rows ws "$NEW" $s $WS
     ITERS=${ITERS:-20} bench_rows wsp "$NEW" $s $WS --ws-grid persistent
   done > "$OUT/d64.csv"
-  table "$OUT/d64.csv" std ws wsp
+  bench_table "$OUT/d64.csv" std ws wsp
   if [ "${NCU:-0}" = 1 ]; then
     m=launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,sm__inst_issued.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,smsp__inst_executed.sum
     for x in "" "$WS"; do
@@ -86,7 +72,7 @@ if [ "${JOINT:-1}" = 1 ]; then
       for b in old new; do x=$OLD; [ $b = new ] && x=$NEW; ITERS=${ITERS:-20} bench_rows ${b}1 $x $s; done
     done >> "$OUT/joint.csv"
   fi
-  for r in $(seq "${ROUNDS:-1}"); do table "$OUT/joint.csv" old$r new$r; done
+  for r in $(seq "${ROUNDS:-1}"); do bench_table "$OUT/joint.csv" old$r new$r; done
   for s in B=1,H=1,T=2048,D=128 B=1,H=1,T=4096,D=64 B=1,H=1,T=16384,D=128 B=1,H=16,T=32768,D=128; do
     for b in old new; do x=$OLD; [ $b = new ] && x=$NEW; echo "# $b $s $(kernel_durations $x $s 'threshold|scan' | tr '\n' ' ')"; done
   done

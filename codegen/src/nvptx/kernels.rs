@@ -185,9 +185,10 @@ fn stage_words(seg: i64) -> i64 {
 }
 
 /// The whole block scans row `r.bh` of the gate into `c` (block of `shape.threads` threads; the
-/// shared arrays in `scratch`, which must fit `shape`). The row goes through shared memory in segments of
-/// `threads * elems` elements: coalesced loads (each warp reads consecutive elements, all `elems`
-/// loads of a thread in flight at once) store `log f` in the stage; each thread then scans its
+/// shared arrays in `scratch`, which must fit `shape`). The row goes through shared memory in
+/// segments of `threads * elems` elements: coalesced loads (each warp reads consecutive elements,
+/// all `elems` loads of a thread in flight at once) store `log f` in the stage; each thread then
+/// scans its
 /// own `elems` consecutive elements, the block scans the threads' totals, and the running sums
 /// go back through the stage to coalesced stores; a pair carries the row's sum from one segment
 /// to the next. Every sum is a compensated f32 pair ([`Pair`]), so `c` is within rounding of the
