@@ -11,8 +11,9 @@
 #     1x16x32768x64 (registers, occupancy, issue slots, pipes, stalls).
 # The joint prelude's own checks and sanitizers: bench/threshold_device.sh (CHECK/CMP/SAN).
 # Knobs: D64=0 / JOINT=0 skip a part; STD=0 skips item 3's standard shapes; ROUNDS (1) of its
-# one-head shapes; NCU=1 (item 2's ncu); NCU_FLAGS (item 3's ncu durations, e.g.
-# "--cache-control none"); ITERS (100 one-head, 20 standard).
+# one-head shapes; STD_ROUNDS (1) of the standard shapes; NCU=1 (item 2's ncu); NCU_FLAGS (item
+# 3's ncu durations, e.g. "--cache-control none"); DUR_KERNELS (regex, "threshold|scan") and
+# DUR_SHAPES (four shapes; empty: none) for those durations; ITERS (100 one-head, 20 standard).
 # Prints "run18: all checks passed" or "run18: FAILURES" last.
 # Usage (GPU machine, repository root): NEW=... OLD=... OUT=$OUT bash bench/run18_device.sh
 set -uo pipefail
@@ -68,13 +69,17 @@ if [ "${JOINT:-1}" = 1 ]; then
     done
   done > "$OUT/joint.csv"
   if [ "${STD:-1}" = 1 ]; then
-    for s in B=8,H=16,T=4096,D=128 B=4,H=16,T=8192,D=128 B=2,H=16,T=16384,D=128 B=1,H=16,T=32768,D=128; do
-      for b in old new; do x=$OLD; [ $b = new ] && x=$NEW; ITERS=${ITERS:-20} bench_rows ${b}1 $x $s; done
+    for r in $(seq "${STD_ROUNDS:-1}"); do
+      for s in B=8,H=16,T=4096,D=128 B=4,H=16,T=8192,D=128 B=2,H=16,T=16384,D=128 B=1,H=16,T=32768,D=128; do
+        for b in old new; do x=$OLD; [ $b = new ] && x=$NEW; ITERS=${ITERS:-20} bench_rows s$b$r $x $s; done
+      done
     done >> "$OUT/joint.csv"
   fi
   for r in $(seq "${ROUNDS:-1}"); do bench_table "$OUT/joint.csv" old$r new$r; done
-  for s in B=1,H=1,T=2048,D=128 B=1,H=1,T=4096,D=64 B=1,H=1,T=16384,D=128 B=1,H=16,T=32768,D=128; do
-    for b in old new; do x=$OLD; [ $b = new ] && x=$NEW; echo "# $b $s $(kernel_durations $x $s 'threshold|scan' | tr '\n' ' ')"; done
+  for r in $(seq "${STD_ROUNDS:-1}"); do bench_table "$OUT/joint.csv" sold$r snew$r; done
+  DUR_KERNELS=${DUR_KERNELS:-threshold|scan}
+  for s in ${DUR_SHAPES-B=1,H=1,T=2048,D=128 B=1,H=1,T=4096,D=64 B=1,H=1,T=16384,D=128 B=1,H=16,T=32768,D=128}; do
+    for b in old new; do x=$OLD; [ $b = new ] && x=$NEW; echo "# $b $s $(kernel_durations $x $s "$DUR_KERNELS" | tr '\n' ' ')"; done
   done
 fi
 [ $fail = 0 ] && echo "run18: all checks passed" || echo "run18: FAILURES"
