@@ -338,6 +338,11 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
     pub fn fdiv(&self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> FloatValue<'ctx> {
         self.keep(self.b.build_float_div(a, b, ""), || a)
     }
+    /// `a / b` to within 2 ulp over the full range, without the correctly rounded division's
+    /// slow path (`div.full.f32`): no branch, so ptxas can interleave independent divisions.
+    pub fn fdiv_full(&self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> FloatValue<'ctx> {
+        self.call_f("llvm.nvvm.div.full", &[a.into(), b.into()])
+    }
     pub fn fneg(&self, a: FloatValue<'ctx>) -> FloatValue<'ctx> {
         self.keep(self.b.build_float_neg(a, ""), || a)
     }

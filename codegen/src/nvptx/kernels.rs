@@ -48,7 +48,7 @@ fn log_gate<'ctx>(k: &Kb<'_, 'ctx>, kind: GateKind, x: FloatValue<'ctx>) -> Floa
             let w = k.fadd(u, k.f32(1.0));
             let lw = k.fmul(k.lg2(w), k.f32(std::f64::consts::LN_2));
             let wm1 = k.fsub(w, k.f32(1.0));
-            let ratio = k.fdiv(k.fmul(u, lw), wm1);
+            let ratio = k.fdiv_full(k.fmul(u, lw), wm1);
             let is_one = k.fcmp(FloatPredicate::OEQ, w, k.f32(1.0));
             let l1p = k.select_f(is_one, u, ratio);
             let mz = k.fmin(x, k.f32(0.0));
