@@ -11,7 +11,7 @@
 #     1x16x32768x64 (registers, occupancy, issue slots, pipes, stalls).
 # The joint prelude's own checks and sanitizers: bench/threshold_device.sh (CHECK/CMP/SAN).
 # Knobs: D64=0 / JOINT=0 skip a part; STD=0 skips item 3's standard shapes; ROUNDS (1) of its
-# one-head shapes; STD_ROUNDS (1) of the standard shapes; NCU=1 (item 2's ncu); NCU_FLAGS (item
+# one-head shapes (ONE_HEAD: their list, five by default); STD_ROUNDS (1) of the standard shapes; NCU=1 (item 2's ncu); NCU_FLAGS (item
 # 3's ncu durations, e.g. "--cache-control none"); DUR_KERNELS (regex, "threshold|scan") and
 # DUR_SHAPES (four shapes; empty: none) for those durations; ITERS (100 one-head, 20 standard).
 # Prints "run18: all checks passed" or "run18: FAILURES" last.
@@ -64,7 +64,7 @@ fi
 if [ "${JOINT:-1}" = 1 ]; then
   stamp "item 3: pruned and dense, OLD and NEW interleaved"
   for r in $(seq "${ROUNDS:-1}"); do
-    for s in B=1,H=1,T=2048,D=128 B=1,H=1,T=4096,D=64 B=1,H=1,T=4096,D=128 B=1,H=1,T=8192,D=128 B=1,H=1,T=16384,D=128; do
+    for s in ${ONE_HEAD:-B=1,H=1,T=2048,D=128 B=1,H=1,T=4096,D=64 B=1,H=1,T=4096,D=128 B=1,H=1,T=8192,D=128 B=1,H=1,T=16384,D=128}; do
       for b in old new; do x=$OLD; [ $b = new ] && x=$NEW; ITERS=${ITERS:-100} bench_rows $b$r $x $s; done
     done
   done > "$OUT/joint.csv"
