@@ -178,6 +178,10 @@ fn joint_prelude_is_one_launch_before_the_attention() {
     for want in ["_stage", "atom.global.add", "fence.acq_rel.gpu", "bar.red.or"] {
         assert!(body.contains(want), "the joint kernel lacks {want}");
     }
+    // Its log gates divide without the correctly rounded division, whose slow-path branch per
+    // gate kept ptxas from interleaving a thread's gates (docs/GPU_KERNEL.md run 19).
+    assert!(body.contains("div.full.f32"), "the joint kernel's log gates lack div.full");
+    assert!(!body.contains("div.rn.f32"), "the joint kernel divides with div.rn");
     // Its two scan shapes (short and long rows) share one stage, the long one's (8192 + 256
     // words): two would overrun the 48 KB of static shared memory beside the threshold's.
     let stages: Vec<&str> =
