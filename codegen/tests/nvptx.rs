@@ -188,6 +188,29 @@ fn joint_prelude_is_one_launch_before_the_attention() {
         a.ptx.lines().filter(|l| l.contains(".shared") && l.contains("_stage[")).collect();
     assert_eq!(stages.len(), 1, "{stages:?}");
     assert!(stages[0].contains(&format!("{}_stage[33792]", names[0])), "{stages:?}");
+    // Rows split over blocks (`prelude = joint(split rows)`): a block per 8192-element
+    // segment, 3 at T = 20000, ahead of the ceil(20000 / 128) = 157 tiles; whole rows, one.
+    let at_20000 =
+        |s: &str| [("B", 2), ("H", 3), ("T", 20000), ("D", 128)].into_iter().find(|p| p.0 == s).map(|p| p.1);
+    assert_eq!(a.kernels[0].geometry(&at_20000).unwrap().grid, (158, 6, 1));
+    let mut split = g.clone();
+    let Op::Attention(sa) = &mut split.node_mut(attn).op else { unreachable!() };
+    sa.prelude = Prelude::JointSplitRows;
+    let s = compile(&split, &spec(NvptxTarget::Sm90a, 128)).expect("compiles");
+    assert!(s.kernels[0].name.contains("threshold_with_split_scan"), "{}", s.kernels[0].name);
+    assert_eq!(s.kernels[0].geometry(&at_20000).unwrap().grid, (160, 6, 1));
+    assert_eq!(s.kernels[0].geometry(&bind).unwrap().grid, (9, 6, 1), "one segment at T = 1000");
+    // Both joint kernels assemble on both targets (sm_80: 48 KB of static shared memory).
+    if let Some(ptxas) = ptxas::find() {
+        for (g, what) in [(&g, "whole rows"), (&split, "split rows")] {
+            for t in [NvptxTarget::Sm90a, NvptxTarget::Sm80] {
+                let m = compile(g, &spec(t, 128)).expect("compiles");
+                ptxas::assemble(&ptxas, &m.ptx, t.cpu()).unwrap_or_else(|log| {
+                    panic!("ptxas failed on the joint prelude ({what}, {}):\n{log}", t.cpu())
+                });
+            }
+        }
+    }
     // A threshold with row statistics is two kernels: it cannot take the scan.
     let mut g = fox_graph(foxc_passes::rules::by_name("tight").unwrap(), NormBound::Data);
     let Op::Attention(a) = &mut g.node_mut(attn).op else { unreachable!() };

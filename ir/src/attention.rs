@@ -478,6 +478,18 @@ pub enum Prelude {
     /// only), one kernel whose blocks do either. The plan is then a chain of two launches, as
     /// the dense attention's. Printed `prelude = joint`.
     Joint,
+    /// As `Joint`, but a row of the gate longer than one segment of the scan is scanned by a
+    /// block per segment, each first summing the segments before its own: for long rows, whose
+    /// segments one block would otherwise walk one after another. Printed `prelude =
+    /// joint(split rows)`.
+    JointSplitRows,
+}
+
+impl Prelude {
+    /// One launch computes `c` and `delta` (`Joint` or `JointSplitRows`).
+    pub fn is_joint(self) -> bool {
+        matches!(self, Prelude::Joint | Prelude::JointSplitRows)
+    }
 }
 
 /// The attributes of `Op::Attention`.
@@ -730,8 +742,10 @@ impl Attention {
             Prune::Start => s.push_str(", pruned"),
             Prune::Boundary => s.push_str(", pruned(fused boundary)"),
         }
-        if self.prelude == Prelude::Joint {
-            s.push_str(", prelude = joint");
+        match self.prelude {
+            Prelude::Launches => {}
+            Prelude::Joint => s.push_str(", prelude = joint"),
+            Prelude::JointSplitRows => s.push_str(", prelude = joint(split rows)"),
         }
         if let AttnKernel::WarpSpecialized { head_dims, loads, grid, turns } = &self.kernel {
             let dims: Vec<String> = head_dims.iter().map(|d| d.to_string()).collect();

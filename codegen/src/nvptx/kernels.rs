@@ -6,6 +6,7 @@
 //! Parameter lists are documented on each `build_*` function; the launch geometry that goes
 //! with each kernel lives in [`super::module`].
 
+use super::builder::control::Var;
 use super::builder::memory::SharedArray;
 use super::builder::{KernelBuilder, ParamTy};
 use inkwell::context::Context;
@@ -67,7 +68,7 @@ fn log_gate<'ctx>(k: &Kb<'_, 'ctx>, kind: GateKind, x: FloatValue<'ctx>) -> Floa
 /// grows (a plain f32 scan drifted by ~40 ulp(|c|) at T = 32768 with bursty gates, 0.08 absolute,
 /// in an emulation of this kernel; the pair gave round_f32(c) at every position; SEMANTICS.md,
 /// gate_cumsum). f32 adds only: LLVM and ptxas keep them as written (no fast-math, no mul to fuse).
-type Pair<'ctx> = (FloatValue<'ctx>, FloatValue<'ctx>);
+pub(super) type Pair<'ctx> = (FloatValue<'ctx>, FloatValue<'ctx>);
 
 /// `a + b` as `(s, e)` with `s = fl(a + b)` and `e` its exact rounding error (TwoSum).
 fn two_sum<'ctx>(k: &Kb<'_, 'ctx>, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> Pair<'ctx> {
@@ -136,7 +137,7 @@ pub fn build_gate_scan<'ctx>(
     let row =
         GateRow { gate: k.param_ptr(0), c: k.param_ptr(1), t_len: k.param_int(2), bh: k.sreg("ctaid.x") };
     let scratch = ScanScratch::new(&k, name, SCAN_BLOCK);
-    scan_gate_row(&k, scratch, (kind, in_dt), SCAN_BLOCK, row);
+    scan_gate_row(&k, scratch, (kind, in_dt), SCAN_BLOCK, row, None);
     k.finish()
 }
 
@@ -184,11 +185,20 @@ fn stage_words(seg: i64) -> i64 {
     seg + seg / 32
 }
 
+/// The segments of a row one block scans when several blocks share the row: `first..end`
+/// (segments of the block's [`ScanShape`]), and the row's sum before `first` ([`row_prefix`]).
+#[derive(Clone, Copy)]
+pub(super) struct RowPart<'ctx> {
+    pub first: IntValue<'ctx>,
+    pub end: IntValue<'ctx>,
+    pub carry: Pair<'ctx>,
+}
+
 /// The whole block scans row `r.bh` of the gate into `c` (block of `shape.threads` threads; the
-/// shared arrays in `scratch`, which must fit `shape`). The row goes through shared memory in
-/// segments of `threads * elems` elements: coalesced loads (each warp reads consecutive elements,
-/// all `elems` loads of a thread in flight at once) store `log f` in the stage; each thread then
-/// scans its
+/// shared arrays in `scratch`, which must fit `shape`), or only the segments of `part`. The row
+/// goes through shared memory in segments of `threads * elems` elements: coalesced loads (each
+/// warp reads consecutive elements, all `elems` loads of a thread in flight at once) store `log f`
+/// in the stage; each thread then scans its
 /// own `elems` consecutive elements, the block scans the threads' totals, and the running sums
 /// go back through the stage to coalesced stores; a pair carries the row's sum from one segment
 /// to the next. Every sum is a compensated f32 pair ([`Pair`]), so `c` is within rounding of the
@@ -199,10 +209,12 @@ pub(super) fn scan_gate_row<'ctx>(
     (kind, in_dt): (GateKind, DType),
     shape: ScanShape,
     r: GateRow<'ctx>,
+    part: Option<RowPart<'ctx>>,
 ) {
     assert!(scratch.fits(shape), "scan scratch smaller than a {shape:?} segment");
     let GateRow { gate, c: out, t_len, bh } = r;
-    let carry = [k.declare_var(k.f32(0.0).into()), k.declare_var(k.f32(0.0).into())];
+    let carry0 = part.map_or((k.f32(0.0), k.f32(0.0)), |p| p.carry);
+    let carry = [k.declare_var(carry0.0.into()), k.declare_var(carry0.1.into())];
     let tid = k.sreg("tid.x");
     let (lane, warp) = lane_warp(k, tid);
     let (nthreads, elems) = (shape.threads as i64, shape.elems as i64);
@@ -212,9 +224,12 @@ pub(super) fn scan_gate_row<'ctx>(
     let nwarps = shape.threads / 32;
     let sh = scratch.warp_totals;
     let base = k.mul(k.sext64(bh), k.sext64(t_len));
-    let nseg = k.sdivc(k.addc(t_len, seg - 1), seg);
+    let (first, end) = match part {
+        Some(p) => (p.first, p.end),
+        None => (k.i32(0), k.sdivc(k.addc(t_len, seg - 1), seg)),
+    };
     let zero = k.f32(0.0);
-    k.for_range(k.i32(0), nseg, k.i32(1), |k, s| {
+    k.for_range(first, end, k.i32(1), |k, s| {
         let seg0 = k.mulc(s, seg);
         // 1. Coalesced loads of the segment (all in flight), log f into the stage; 0 past T.
         // A whole segment's loads are one address plus constant offsets; only the row's last
@@ -335,6 +350,60 @@ pub(super) fn scan_gate_row<'ctx>(
         }
         k.barrier();
     });
+}
+
+/// The sum of `log f` over the first `nseg` segments of row `r.bh` (`shape`'s segments, all
+/// within the row), for every thread of the block: the carry of a block that scans a later part
+/// of the row ([`RowPart`]). A reduction, not a scan: coalesced loads, `shape.elems` in flight
+/// per thread, summed in chains of [`RUN_CHAIN`] compensated adds, then over the warps through
+/// `scratch`'s warp totals. The sum's grouping differs from the scan's; both are pairs, within
+/// rounding of the exact sum.
+pub(super) fn row_prefix<'ctx>(
+    k: &Kb<'_, 'ctx>,
+    scratch: ScanScratch<'ctx>,
+    (kind, in_dt): (GateKind, DType),
+    shape: ScanShape,
+    r: GateRow<'ctx>,
+    nseg: IntValue<'ctx>,
+) -> Pair<'ctx> {
+    assert!(scratch.fits(shape), "scan scratch smaller than a {shape:?} segment");
+    let tid = k.sreg("tid.x");
+    let (lane, warp) = lane_warp(k, tid);
+    let (nthreads, elems) = (shape.threads as i64, shape.elems as i64);
+    let zero = k.f32(0.0);
+    let chains = (elems + RUN_CHAIN - 1) / RUN_CHAIN;
+    let acc: Vec<[Var<'ctx>; 2]> =
+        (0..chains).map(|_| [k.declare_var(zero.into()), k.declare_var(zero.into())]).collect();
+    let base = k.mul(k.sext64(r.bh), k.sext64(r.t_len));
+    k.for_range(k.i32(0), nseg, k.i32(1), |k, s| {
+        let at = k.add(k.mulc(s, nthreads * elems), tid);
+        let xs: Vec<_> = (0..elems)
+            .map(|j| k.load_f(in_dt, r.gate, k.add(base, k.sext64(k.addc(at, j * nthreads)))))
+            .collect();
+        for (c, a) in acc.iter().enumerate() {
+            let mut t = (k.use_f(a[0]), k.use_f(a[1]));
+            for &x in &xs[c * RUN_CHAIN as usize..((c + 1) * RUN_CHAIN as usize).min(xs.len())] {
+                t = pair_add1(k, t, log_gate(k, kind, x));
+            }
+            k.def_var(a[0], t.0);
+            k.def_var(a[1], t.1);
+        }
+    });
+    let own = acc.iter().map(|a| (k.use_f(a[0]), k.use_f(a[1]))).reduce(|t, p| pair_add(k, t, p)).unwrap();
+    let x = warp_scan_pair(k, lane, own);
+    let sh = scratch.warp_totals;
+    k.if_then(k.icmpc(IntPredicate::EQ, lane, 31), |k| {
+        k.store(k.shared_at(sh[0], warp), x.0);
+        k.store(k.shared_at(sh[1], warp), x.1);
+    });
+    k.barrier();
+    let sum = (0..shape.threads as i64 / 32).fold((zero, zero), |t, w| {
+        let w = k.i32(w);
+        pair_add(k, t, (k.load_f32(k.shared_at(sh[0], w)), k.load_f32(k.shared_at(sh[1], w))))
+    });
+    // The scan that follows writes the warp totals again.
+    k.barrier();
+    sum
 }
 
 /// `gate_cumsum` for `Slope`: params `(m: [H], c: f32 [BH, T], T: i32, H: i32)`.

@@ -149,8 +149,8 @@ pub struct TmaMap {
 pub enum GridDim {
     Const(u32),
     Ceil(Vec<Dim>, u32),
-    /// `ceil(product of dims / n) + extra` (blocks of another kind ahead of the tiles).
-    CeilPlus(Vec<Dim>, u32, u32),
+    /// The sum of extents (blocks of several kinds in one grid).
+    Sum(Vec<GridDim>),
 }
 
 /// How a kernel is launched.
@@ -218,9 +218,7 @@ impl GridDim {
         Ok(match self {
             GridDim::Const(c) => *c as u64,
             GridDim::Ceil(dims, n) => eval_product(dims, bind)?.div_ceil(*n as u64),
-            GridDim::CeilPlus(dims, n, extra) => {
-                eval_product(dims, bind)?.div_ceil(*n as u64) + *extra as u64
-            }
+            GridDim::Sum(parts) => parts.iter().map(|g| g.eval(bind)).sum::<Result<u64, _>>()?,
         })
     }
 }

@@ -340,17 +340,17 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             Op::GateCumsum { .. } | Op::Threshold { .. } => self.joint_prelude(n),
             _ => None,
         };
-        if let Some((gate, thr)) = joint {
+        if let Some(jp) = joint {
             // One launch computes both, emitted at the later of the two in the order of
             // lowering, when the operands of both have their buffers.
-            let partner = if n == gate { thr } else { gate };
+            let partner = if n == jp.gate { jp.threshold } else { jp.gate };
             if !self.joint_waiting.remove(&partner) {
                 self.joint_waiting.insert(n);
                 return Ok(());
             }
-            let c = self.result_buffers(gate);
-            let delta = self.result_buffers(thr);
-            return self.threshold(thr, delta, Some((gate, c)));
+            let c = self.result_buffers(jp.gate);
+            let delta = self.result_buffers(jp.threshold);
+            return self.threshold(jp.threshold, delta, Some((jp, c)));
         }
         let ops = g.operands(n);
         let ie = CodegenError::Internal;

@@ -7,28 +7,37 @@ use super::module::{user, Assembler};
 use super::{threshold, CodegenError, GridDim, KernelArg, Launch};
 use foxc_ir::{Attention, DType, Dim, GateKind, NormBound, Op, Prelude, ThresholdPlan, ValueId};
 
+/// The gate scan and the threshold that an attention's `prelude = joint` computes in one launch.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct JointPrelude {
+    pub gate: ValueId,
+    pub threshold: ValueId,
+    /// `prelude = joint(split rows)`: a scan block per segment of a long row.
+    pub split_rows: bool,
+}
+
 impl<'a, 'ctx> Assembler<'a, 'ctx> {
-    /// `(gate_cumsum, threshold)` when node `n` is either one of the prelude of an attention
-    /// with `prelude = joint`.
-    pub(super) fn joint_prelude(&self, n: ValueId) -> Option<(ValueId, ValueId)> {
+    /// The joint prelude that node `n` is part of (its gate scan or its threshold), if any.
+    pub(super) fn joint_prelude(&self, n: ValueId) -> Option<JointPrelude> {
         self.g.users(n).into_iter().find_map(|u| {
             let Op::Attention(a) = self.g.op(u) else { return None };
-            if a.prelude != Prelude::Joint {
+            if !a.prelude.is_joint() {
                 return None;
             }
             let ops = Attention::operands(self.g, u).ok()?;
-            let pair = (ops.decay?, ops.delta?);
-            (pair.0 == n || pair.1 == n).then_some(pair)
+            let (gate, threshold) = (ops.decay?, ops.delta?);
+            let split_rows = a.prelude == Prelude::JointSplitRows;
+            (gate == n || threshold == n).then_some(JointPrelude { gate, threshold, split_rows })
         })
     }
 
-    /// The launches of `threshold` node `n` writing `res`; with `joint = (gate_cumsum node, its
-    /// buffer)`, the one launch that also scans the gate.
+    /// The launches of `threshold` node `n` writing `res`; with `joint = (its joint prelude, the
+    /// gate scan's buffer)`, the one launch that also scans the gate.
     pub(super) fn threshold(
         &mut self,
         n: ValueId,
         res: usize,
-        joint: Option<(ValueId, usize)>,
+        joint: Option<(JointPrelude, usize)>,
     ) -> Result<(), CodegenError> {
         let ie = CodegenError::Internal;
         let Op::Threshold { rule, log_eps, bound, score, scale, bm, plan } = self.g.op(n) else {
@@ -81,26 +90,33 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 KernelArg::I32(vec![t.clone()]),
                 KernelArg::LnF32(vec![t.clone()]),
             ];
-            let Some((gate, c)) = joint else {
+            let Some((JointPrelude { gate, split_rows, .. }, c)) = joint else {
                 let name = self.name(n, "threshold_norms_delta");
                 threshold::build_threshold_fused(self.ctx, self.module, &name, &spec).map_err(ie)?;
                 self.push(n, name, args, grid(threshold::NORM_THREADS), vec![]);
                 return Ok(());
             };
-            // The gate's scan in the same launch: one more block per head, ahead of the tiles.
+            // The gate's scan in the same launch, ahead of the tiles: a block per row, or per
+            // segment of each row when the rows are split.
             let (kind, x) = self.scanned_gate(gate)?;
-            let name = self.name(n, "threshold_with_scan");
+            let (name, scans) = if split_rows {
+                let segments = GridDim::Ceil(vec![t.clone()], threshold::SPLIT_SEGMENT as u32);
+                (self.name(n, "threshold_with_split_scan"), segments)
+            } else {
+                (self.name(n, "threshold_with_scan"), GridDim::Const(1))
+            };
             threshold::build_threshold_with_scan(
                 self.ctx,
                 self.module,
                 &name,
                 &spec,
                 (kind, self.ty(x).dtype),
+                split_rows,
             )
             .map_err(ie)?;
             args.extend([KernelArg::Buffer(self.buf(x)?), KernelArg::Buffer(c)]);
             let launch = Launch::Grid {
-                x: GridDim::CeilPlus(vec![t], *bm, 1),
+                x: GridDim::Sum(vec![scans, GridDim::Ceil(vec![t], *bm)]),
                 y: GridDim::Ceil(bh, 1),
                 block: threshold::NORM_THREADS,
             };

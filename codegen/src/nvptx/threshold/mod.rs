@@ -27,7 +27,9 @@ pub use tile_norms::NORM_THREADS;
 
 use super::builder::{KernelBuilder, ParamTy};
 use super::heads::kv_rows;
-use super::kernels::{lane_warp, load_row, scan_gate_row, GateRow, ScanScratch, ScanShape, ROW_THREADS};
+use super::kernels::{
+    lane_warp, load_row, row_prefix, scan_gate_row, GateRow, RowPart, ScanScratch, ScanShape, ROW_THREADS,
+};
 use block::{block_reduce, block_scan_max};
 use formula::{constant_stats, set_norm_stats, Llvm};
 use inkwell::context::Context;
@@ -234,16 +236,20 @@ pub fn build_threshold_fused<'ctx>(
 }
 
 /// The gate scan and the one-kernel threshold in one launch (an attention's `prelude =
-/// joint`): params [`build_threshold_fused`]'s, then `(gate: [BH, T], c: f32 [BH, T])`. Grid
-/// `(1 + Mt, BH)`, block [`NORM_THREADS`]: the first BH blocks in linear order each scan a row
-/// of the gate into `c` (segments of 8192 elements, as the scan kernel's), the others are the
-/// threshold's blocks of the tiles in order (`Mt` per head).
+/// joint`): params [`build_threshold_fused`]'s, then `(gate: [BH, T], c: f32 [BH, T])`. Block
+/// [`NORM_THREADS`]; the first blocks in linear order scan the gate into `c`, the others are
+/// the threshold's blocks of the tiles in order (`Mt` per head). Without `split` (grid
+/// `(1 + Mt, BH)`) a block scans a whole row (segments of 8192 elements, as the scan kernel's;
+/// a row of at most 4096 in one segment of 4096). With `split` (`prelude = joint(split rows)`,
+/// grid `(S + Mt, BH)`, `S = ceil(T / SPLIT_SEGMENT)`) a row longer than 4096 takes a block per
+/// 8192-element segment, each summing the segments before its own first.
 pub fn build_threshold_with_scan<'ctx>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
     name: &str,
     s: &DeltaSpec,
     (kind, gate_dt): (GateKind, DType),
+    split: bool,
 ) -> R<FunctionValue<'ctx>> {
     if !fuses_delta(s) {
         return Err(format!("{name}: the formula is not one of norm statistics only"));
@@ -253,6 +259,22 @@ pub fn build_threshold_with_scan<'ctx>(
     let k = Kb::kernel(ctx, module, name, &params)?;
     let io = FusedIo::params(&k);
     k.launch_bounds(NORM_THREADS, JOINT_BLOCKS);
+    if split {
+        segment_scans_then_tiles(&k, name, s, io, (kind, gate_dt));
+    } else {
+        row_scans_then_tiles(&k, name, s, io, (kind, gate_dt));
+    }
+    k.finish()
+}
+
+/// [`build_threshold_with_scan`]'s blocks without `split`: a block per row of the gate.
+fn row_scans_then_tiles<'ctx>(
+    k: &Kb<'_, 'ctx>,
+    name: &str,
+    s: &DeltaSpec,
+    io: FusedIo<'ctx>,
+    (kind, gate_dt): (GateKind, DType),
+) {
     // In the order blocks are dispatched (linear, x fastest): the BH scans first, so that all
     // start in the first wave (a scan is a chain of segments: one dispatched with the last
     // head's tiles would run on alone after them), then the tiles, head by head.
@@ -272,11 +294,11 @@ pub fn build_threshold_with_scan<'ctx>(
                 short,
                 "scan",
                 |k| {
-                    scan_gate_row(k, scratch, (kind, gate_dt), SHORT_SCAN, row);
+                    scan_gate_row(k, scratch, (kind, gate_dt), SHORT_SCAN, row, None);
                     vec![]
                 },
                 |k| {
-                    scan_gate_row(k, scratch, (kind, gate_dt), PRELUDE_SCAN, row);
+                    scan_gate_row(k, scratch, (kind, gate_dt), PRELUDE_SCAN, row, None);
                     vec![]
                 },
             );
@@ -289,7 +311,94 @@ pub fn build_threshold_with_scan<'ctx>(
             vec![]
         },
     );
-    k.finish()
+}
+
+/// [`build_threshold_with_scan`]'s blocks with `split`: a block per segment of a long row.
+fn segment_scans_then_tiles<'ctx>(
+    k: &Kb<'_, 'ctx>,
+    name: &str,
+    s: &DeltaSpec,
+    io: FusedIo<'ctx>,
+    (kind, gate_dt): (GateKind, DType),
+) {
+    // Each block sums the segments before its own (row_prefix) and scans its own, so a long
+    // row's chain of segments runs on as many SMs (the 256-thread block walks a row's segments
+    // one after another, slower than the 1024-thread scan kernel: run 19). In the order blocks
+    // are dispatched (linear, x fastest): the scans first, the last segments (the longest
+    // prefixes) of every row first, so all start in the first wave; then the tiles, head by
+    // head.
+    let (nx, nbh) = (k.sreg("nctaid.x"), k.sreg("nctaid.y"));
+    let lin = k.add(k.sreg("ctaid.x"), k.mul(k.sreg("ctaid.y"), nx));
+    let nseg = k.sdivc(k.addc(io.t_len, SPLIT_SEGMENT - 1), SPLIT_SEGMENT);
+    let nscan = k.mul(nbh, nseg);
+    k.if_else(
+        k.icmp(IntPredicate::ULT, lin, nscan),
+        "prelude",
+        |k| {
+            let (gate, c) = (k.param_ptr(7), k.param_ptr(8));
+            // Both shapes share one scratch (the longer's).
+            let scratch = ScanScratch::new(k, name, PRELUDE_SCAN);
+            // A row of at most SHORT_ROW elements (one segment) takes 16-element runs
+            // (segments of 4096: less padding to scan), a longer one 32.
+            let short = k.icmpc(IntPredicate::SLE, io.t_len, SHORT_ROW);
+            k.if_else(
+                short,
+                "scan",
+                |k| {
+                    let row = GateRow { gate, c, t_len: io.t_len, bh: lin };
+                    scan_gate_row(k, scratch, (kind, gate_dt), SHORT_SCAN, row, None);
+                    vec![]
+                },
+                |k| {
+                    let (bh, seg) = row_segment(k, lin, nbh, nseg);
+                    let row = GateRow { gate, c, t_len: io.t_len, bh };
+                    // The first segment has no prefix: a row of one segment runs the scan
+                    // alone, without the reduction's two barriers.
+                    let zero = k.f32(0.0);
+                    let carry = k.if_then_carry(
+                        k.icmpc(IntPredicate::SGT, seg, 0),
+                        ("prefix", "scan"),
+                        &[("carry_hi", zero.into()), ("carry_lo", zero.into())],
+                        |k| {
+                            let (hi, lo) = row_prefix(k, scratch, (kind, gate_dt), PRELUDE_SCAN, row, seg);
+                            vec![hi.into(), lo.into()]
+                        },
+                    );
+                    let carry = (carry[0].into_float_value(), carry[1].into_float_value());
+                    let part = RowPart { first: seg, end: k.addc(seg, 1), carry };
+                    scan_gate_row(k, scratch, (kind, gate_dt), PRELUDE_SCAN, row, Some(part));
+                    vec![]
+                },
+            );
+            vec![]
+        },
+        |k| {
+            let (j, mt) = (k.sub(lin, nscan), k.sub(nx, nseg));
+            let (m, bh) = (k.urem(j, mt), k.udiv(j, mt));
+            norms_then_delta(k, name, s, io, (m, bh, mt));
+            vec![]
+        },
+    );
+}
+
+/// The row and segment of scan block `lin` (`lin < nbh * nseg`; the last segments of all rows
+/// first): `(lin mod nbh, nseg - 1 - lin / nbh)`. The quotient is at most `nseg - 1`, so it is
+/// counted by subtraction. This was meant to keep the row's index in uniform registers (ptxas
+/// has no uniform divide); the SASS shows it in per-thread registers all the same (run 18c).
+fn row_segment<'ctx>(
+    k: &Kb<'_, 'ctx>,
+    lin: IntValue<'ctx>,
+    nbh: IntValue<'ctx>,
+    nseg: IntValue<'ctx>,
+) -> (IntValue<'ctx>, IntValue<'ctx>) {
+    let out = k.while_loop(
+        ("row_of", "next_row", "row_found"),
+        &[("row", lin.into()), ("from_last", k.i32(0).into())],
+        |k, v| k.icmp(IntPredicate::UGE, v[0].into_int_value(), nbh),
+        |k, v| vec![k.sub(v[0].into_int_value(), nbh).into(), k.addc(v[1].into_int_value(), 1).into()],
+    );
+    let (bh, from_last) = (out[0].into_int_value(), out[1].into_int_value());
+    (bh, k.sub(k.addc(nseg, -1), from_last))
 }
 
 /// Blocks of the joint kernel per multiprocessor that ptxas must allow (128 registers), as many
@@ -306,6 +415,10 @@ const PRELUDE_SCAN: ScanShape = ScanShape { threads: NORM_THREADS, elems: 32 };
 /// segment more at T = 8192: +2.5 us).
 const SHORT_ROW: i64 = 4096;
 const SHORT_SCAN: ScanShape = ScanShape { threads: NORM_THREADS, elems: 16 };
+/// Elements of a row per scan block of the split joint kernel: one [`PRELUDE_SCAN`] segment (a
+/// row of at most [`SHORT_ROW`] is one block too). Its launch's x extent is `ceil(T / bm)` tiles
+/// plus `ceil(T / SPLIT_SEGMENT)` scan blocks per head.
+pub const SPLIT_SEGMENT: i64 = (PRELUDE_SCAN.threads * PRELUDE_SCAN.elems) as i64;
 
 /// The parameters of the one-kernel threshold.
 const FUSED_PARAMS: [(&str, ParamTy); 7] = [
