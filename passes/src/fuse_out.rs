@@ -12,6 +12,8 @@
 //!   `delta` is a one-launch threshold, each read by it alone, gets both from one
 //!   launch (`prelude = joint`): the plan becomes a chain of two launches, as the dense
 //!   attention's, instead of a fork into two lanes and a join (docs/GPU_KERNEL.md, run 17).
+//!   When the rows are known to be longer than [`SPLIT_ROWS_ABOVE`], the launch splits them
+//!   over blocks (`prelude = joint(split rows)`, run 19).
 
 use crate::acp::add_attention;
 use crate::{PassContext, PassError, PassOptions, Target};
@@ -95,6 +97,15 @@ pub fn threshold(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Re
     Ok(())
 }
 
+/// Rows (T) above this length get `prelude = joint(split rows)` when T is bound at compile time.
+/// The joint launch's block walks a row's 8192-element segments one after another; split, each
+/// segment has its own block. Measured on the H200 (docs/GPU_KERNEL.md run 19; one head, nothing
+/// pruned; pruned forward, split against whole rows): 14-19 us faster at T = 65536 (D = 64), 4-5
+/// us at 32768 and 1.3-2.1 us at 16384 (D = 128), but up to 1.7 us slower at T <= 8192, where
+/// a row is one segment and there is nothing to split. With T unknown (the Python op compiles
+/// per head dim only) the rows stay whole.
+pub const SPLIT_ROWS_ABOVE: u64 = 8192;
+
 /// The `fuse-prelude` pass (GPU targets only).
 pub fn prelude(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
     if opts.target == Target::Cpu {
@@ -107,8 +118,10 @@ pub fn prelude(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Resu
         let one_launch = matches!(g.op(delta), Op::Threshold { plan: ThresholdPlan::OneLaunch, .. });
         let only_here = |v| g.users(v) == [n];
         if scan && one_launch && only_here(c) && only_here(delta) {
+            let rows = g.ty(ops.q).axes.get(2).and_then(|ax| ax.dim.eval(&|s| opts.dims.get(s).copied()));
+            let long = rows.is_some_and(|t| t > SPLIT_ROWS_ABOVE);
             if let Op::Attention(a) = &mut g.node_mut(n).op {
-                a.prelude = Prelude::Joint;
+                a.prelude = if long { Prelude::JointSplitRows } else { Prelude::Joint };
             }
         }
     }

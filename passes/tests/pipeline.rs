@@ -223,6 +223,24 @@ fn gpu_preludes_are_joint_where_scan_and_threshold_fit_one_launch() {
     assert_eq!(prelude("alibi", gpu, "paper"), Prelude::Launches, "slopes are not scanned");
 }
 
+/// `fuse-prelude` splits the gate's rows over the joint launch's blocks when T is bound above
+/// one scan segment; with T unbound (the Python op) or at most one segment, the rows stay whole.
+#[test]
+fn joint_prelude_splits_rows_known_to_be_long() {
+    let prelude = |dims: &[(&str, u64)]| {
+        let dims = dims.iter().map(|&(k, v)| (k.to_string(), v)).collect();
+        let opts = PassOptions { target: Target::Sm90a, dims, ..PassOptions::default() };
+        let (o, _) = run(&compile("examples/fox.attn"), &opts);
+        let Op::Attention(a) = o.op(o.find(|op| matches!(op, Op::Attention(_)))[0]) else { unreachable!() };
+        a.prelude
+    };
+    let above = foxc_passes::fuse_out::SPLIT_ROWS_ABOVE;
+    assert_eq!(prelude(&[("D", 128)]), Prelude::Joint, "T unbound");
+    assert_eq!(prelude(&[("D", 128), ("T", above)]), Prelude::Joint);
+    assert_eq!(prelude(&[("D", 128), ("T", above + 1)]), Prelude::JointSplitRows);
+    assert_eq!(prelude(&[("B", 1), ("H", 16), ("T", 32768), ("D", 64)]), Prelude::JointSplitRows);
+}
+
 /// `fuse-threshold`: on GPU targets a threshold of tile norms only (paper, local under a data
 /// bound) is one launch; row statistics (tight), a static bound (the softcap's region reads no
 /// norms) and the CPU keep the default. The IR prints the decision.
