@@ -198,11 +198,11 @@ pub(super) struct RowPart<'ctx> {
 /// shared arrays in `scratch`, which must fit `shape`), or only the segments of `part`. The row
 /// goes through shared memory in segments of `threads * elems` elements: coalesced loads (each
 /// warp reads consecutive elements, all `elems` loads of a thread in flight at once) store `log f`
-/// in the stage; each thread then scans its
-/// own `elems` consecutive elements, the block scans the threads' totals, and the running sums
-/// go back through the stage to coalesced stores; a pair carries the row's sum from one segment
-/// to the next. Every sum is a compensated f32 pair ([`Pair`]), so `c` is within rounding of the
-/// exact cumsum whatever the grouping.
+/// in the stage; each thread then scans its own `elems` consecutive elements, the block scans
+/// the threads' totals, and the running sums go back through the stage to coalesced stores; a
+/// pair carries the row's sum from one segment to the next (from `part`'s carry when given).
+/// Every sum is a compensated f32 pair ([`Pair`]), so `c` is within rounding of the exact cumsum
+/// whatever the grouping.
 pub(super) fn scan_gate_row<'ctx>(
     k: &Kb<'_, 'ctx>,
     scratch: ScanScratch<'ctx>,

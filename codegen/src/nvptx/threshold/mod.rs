@@ -259,99 +259,56 @@ pub fn build_threshold_with_scan<'ctx>(
     let k = Kb::kernel(ctx, module, name, &params)?;
     let io = FusedIo::params(&k);
     k.launch_bounds(NORM_THREADS, JOINT_BLOCKS);
-    if split {
-        segment_scans_then_tiles(&k, name, s, io, (kind, gate_dt));
-    } else {
-        row_scans_then_tiles(&k, name, s, io, (kind, gate_dt));
-    }
+    scans_then_tiles(&k, name, s, io, (kind, gate_dt), split);
     k.finish()
 }
 
-/// [`build_threshold_with_scan`]'s blocks without `split`: a block per row of the gate.
-fn row_scans_then_tiles<'ctx>(
+/// [`build_threshold_with_scan`]'s blocks: the scans (a block per row, or with `split` per
+/// segment of each row), then the tiles.
+fn scans_then_tiles<'ctx>(
     k: &Kb<'_, 'ctx>,
     name: &str,
     s: &DeltaSpec,
     io: FusedIo<'ctx>,
     (kind, gate_dt): (GateKind, DType),
+    split: bool,
 ) {
-    // In the order blocks are dispatched (linear, x fastest): the BH scans first, so that all
+    // In the order blocks are dispatched (linear, x fastest): the scans first, so that all
     // start in the first wave (a scan is a chain of segments: one dispatched with the last
-    // head's tiles would run on alone after them), then the tiles, head by head.
+    // head's tiles would run on alone after them), then the tiles, head by head. Split, a
+    // row's segments run on as many blocks, each first summing the segments before its own
+    // (row_prefix): the 256-thread block walks a whole row's segments one after another, slower
+    // than the 1024-thread scan kernel (run 19); the last segments of all rows (the longest
+    // prefixes) come first.
     let (nx, nbh) = (k.sreg("nctaid.x"), k.sreg("nctaid.y"));
     let lin = k.add(k.sreg("ctaid.x"), k.mul(k.sreg("ctaid.y"), nx));
-    k.if_else(
-        k.icmp(IntPredicate::ULT, lin, nbh),
-        "prelude",
-        |k| {
-            let row = GateRow { gate: k.param_ptr(7), c: k.param_ptr(8), t_len: io.t_len, bh: lin };
-            // A row of at most SHORT_ROW elements takes 16-element runs (segments of 4096: less
-            // padding to scan), a longer one 32 (fewer segments in its chain).
-            // Both share one scratch (the longer's).
-            let scratch = ScanScratch::new(k, name, PRELUDE_SCAN);
-            let short = k.icmpc(IntPredicate::SLE, io.t_len, SHORT_ROW);
-            k.if_else(
-                short,
-                "scan",
-                |k| {
-                    scan_gate_row(k, scratch, (kind, gate_dt), SHORT_SCAN, row, None);
-                    vec![]
-                },
-                |k| {
-                    scan_gate_row(k, scratch, (kind, gate_dt), PRELUDE_SCAN, row, None);
-                    vec![]
-                },
-            );
-            vec![]
-        },
-        |k| {
-            let (j, mt) = (k.sub(lin, nbh), k.addc(nx, -1));
-            let (m, bh) = (k.urem(j, mt), k.udiv(j, mt));
-            norms_then_delta(k, name, s, io, (m, bh, mt));
-            vec![]
-        },
-    );
-}
-
-/// [`build_threshold_with_scan`]'s blocks with `split`: a block per segment of a long row.
-fn segment_scans_then_tiles<'ctx>(
-    k: &Kb<'_, 'ctx>,
-    name: &str,
-    s: &DeltaSpec,
-    io: FusedIo<'ctx>,
-    (kind, gate_dt): (GateKind, DType),
-) {
-    // Each block sums the segments before its own (row_prefix) and scans its own, so a long
-    // row's chain of segments runs on as many SMs (the 256-thread block walks a row's segments
-    // one after another, slower than the 1024-thread scan kernel: run 19). In the order blocks
-    // are dispatched (linear, x fastest): the scans first, the last segments (the longest
-    // prefixes) of every row first, so all start in the first wave; then the tiles, head by
-    // head.
-    let (nx, nbh) = (k.sreg("nctaid.x"), k.sreg("nctaid.y"));
-    let lin = k.add(k.sreg("ctaid.x"), k.mul(k.sreg("ctaid.y"), nx));
-    let nseg = k.sdivc(k.addc(io.t_len, SPLIT_SEGMENT - 1), SPLIT_SEGMENT);
-    let nscan = k.mul(nbh, nseg);
+    let nseg = split.then(|| k.sdivc(k.addc(io.t_len, SPLIT_SEGMENT - 1), SPLIT_SEGMENT));
+    let nscan = nseg.map_or(nbh, |nseg| k.mul(nbh, nseg));
     k.if_else(
         k.icmp(IntPredicate::ULT, lin, nscan),
         "prelude",
         |k| {
             let (gate, c) = (k.param_ptr(7), k.param_ptr(8));
+            let whole_row = GateRow { gate, c, t_len: io.t_len, bh: lin };
             // Both shapes share one scratch (the longer's).
             let scratch = ScanScratch::new(k, name, PRELUDE_SCAN);
             // A row of at most SHORT_ROW elements (one segment) takes 16-element runs
-            // (segments of 4096: less padding to scan), a longer one 32.
+            // (segments of 4096: less padding to scan), a longer one 32 (fewer segments).
             let short = k.icmpc(IntPredicate::SLE, io.t_len, SHORT_ROW);
             k.if_else(
                 short,
                 "scan",
                 |k| {
-                    let row = GateRow { gate, c, t_len: io.t_len, bh: lin };
-                    scan_gate_row(k, scratch, (kind, gate_dt), SHORT_SCAN, row, None);
+                    scan_gate_row(k, scratch, (kind, gate_dt), SHORT_SCAN, whole_row, None);
                     vec![]
                 },
                 |k| {
+                    let Some(nseg) = nseg else {
+                        scan_gate_row(k, scratch, (kind, gate_dt), PRELUDE_SCAN, whole_row, None);
+                        return vec![];
+                    };
                     let (bh, seg) = row_segment(k, lin, nbh, nseg);
-                    let row = GateRow { gate, c, t_len: io.t_len, bh };
+                    let row = GateRow { bh, ..whole_row };
                     // The first segment has no prefix: a row of one segment runs the scan
                     // alone, without the reduction's two barriers.
                     let zero = k.f32(0.0);
@@ -373,7 +330,10 @@ fn segment_scans_then_tiles<'ctx>(
             vec![]
         },
         |k| {
-            let (j, mt) = (k.sub(lin, nscan), k.sub(nx, nseg));
+            let (j, mt) = match nseg {
+                None => (k.sub(lin, nbh), k.addc(nx, -1)),
+                Some(nseg) => (k.sub(lin, nscan), k.sub(nx, nseg)),
+            };
             let (m, bh) = (k.urem(j, mt), k.udiv(j, mt));
             norms_then_delta(k, name, s, io, (m, bh, mt));
             vec![]
