@@ -11,9 +11,10 @@
 #     1x16x32768x64 (registers, occupancy, issue slots, pipes, stalls).
 # The joint prelude's own checks and sanitizers: bench/threshold_device.sh (CHECK/CMP/SAN).
 # Knobs: D64=0 / JOINT=0 skip a part; STD=0 skips item 3's standard shapes; ROUNDS (1) of its
-# one-head shapes (ONE_HEAD: their list, five by default); STD_ROUNDS (1) of the standard shapes; NCU=1 (item 2's ncu); NCU_FLAGS (item
-# 3's ncu durations, e.g. "--cache-control none"); DUR_KERNELS (regex, "threshold|scan") and
-# DUR_SHAPES (four shapes; empty: none) for those durations; ITERS (100 one-head, 20 standard).
+# one-head shapes (ONE_HEAD: their list, five by default); STD_ROUNDS (1) of the standard
+# shapes; NCU=1 (item 2's ncu); NCU_FLAGS (item 3's ncu durations, e.g. "--cache-control none");
+# DUR_KERNELS (regex, "threshold|scan") and DUR_SHAPES (four shapes; empty: none) for those
+# durations; ITERS (100 one-head, 20 standard).
 # Prints "run18: all checks passed" or "run18: FAILURES" last.
 # Usage (GPU machine, repository root): NEW=... OLD=... OUT=$OUT bash bench/run18_device.sh
 set -uo pipefail
