@@ -12,14 +12,16 @@
 //!   `delta` is a one-launch threshold, each read by it alone, gets both from one
 //!   launch (`prelude = joint`): the plan becomes a chain of two launches, as the dense
 //!   attention's, instead of a fork into two lanes and a join (docs/GPU_KERNEL.md, run 17).
-//!   When the rows are known to be longer than [`SPLIT_ROWS_ABOVE`], the launch splits them
-//!   over blocks (`prelude = joint(split rows)`, run 19).
+//!   When the rows are known to be longer than [`SPLIT_ROWS_ABOVE`] (T bound, or a lower bound
+//!   of it in `dims_at_least`), the launch splits them over blocks (`prelude = joint(split
+//!   rows)`, run 19).
 
 use crate::acp::add_attention;
 use crate::{PassContext, PassError, PassOptions, Target};
 use foxc_ir::{
-    Attention, GateKind, Graph, NormBound, Op, Prelude, Prune, PruneRule, ScoreBound, ThresholdPlan,
+    Attention, Dim, GateKind, Graph, NormBound, Op, Prelude, Prune, PruneRule, ScoreBound, ThresholdPlan,
 };
+use std::collections::BTreeMap;
 
 /// The `fuse-output-cast` pass.
 pub fn output_cast(g: &mut Graph, _opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
@@ -102,9 +104,37 @@ pub fn threshold(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Re
 /// segment has its own block. Measured on the H200 (docs/GPU_KERNEL.md run 19; one head, nothing
 /// pruned; pruned forward, split against whole rows): 14-19 us faster at T = 65536 (D = 64), 4-5
 /// us at 32768 and 1.3-2.1 us at 16384 (D = 128), but up to 1.7 us slower at T <= 8192, where
-/// a row is one segment and there is nothing to split. With T unknown (the Python op compiles
-/// per head dim only) the rows stay whole.
+/// a row is one segment and there is nothing to split. With T unknown the rows stay whole,
+/// unless the caller guarantees more (`dims_at_least`: the Python op, see [`split_rows_bounds`]).
 pub const SPLIT_ROWS_ABOVE: u64 = 8192;
+
+/// The rows' length where the caller bound it, else the lower bound it guarantees where the
+/// rows are one plain dim (a quotient's bound says nothing of the quotient).
+fn rows_at_least(rows: &Dim, opts: &PassOptions) -> Option<u64> {
+    rows.eval(&|s| opts.dims.get(s).copied()).or_else(|| match rows {
+        Dim::Sym(t) => opts.dims_at_least.get(t).copied(),
+        _ => None,
+    })
+}
+
+/// The lower bounds under which `fuse-prelude` splits the rows of `g` (a graph optimized
+/// without them) at the lengths `len` gives: `T > SPLIT_ROWS_ABOVE` for each joint prelude whose
+/// rows are a plain dim `T` that `len` puts above it; empty where none is. A caller that
+/// compiles once per class of shapes (the Python op: T unbound) keys its plans on it and passes
+/// it as [`PassOptions::dims_at_least`], so long rows get the split kernel and short ones the
+/// whole-row kernel, each where it was measured faster.
+pub fn split_rows_bounds(g: &Graph, len: &dyn Fn(&str) -> Option<u64>) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for n in g.find(|op| matches!(op, Op::Attention(a) if a.prelude.is_joint())) {
+        let Ok(ops) = Attention::operands(g, n) else { continue };
+        if let Some(Dim::Sym(t)) = g.ty(ops.q).axes.get(2).map(|ax| &ax.dim) {
+            if len(t).is_some_and(|v| v > SPLIT_ROWS_ABOVE) {
+                out.insert(t.clone(), SPLIT_ROWS_ABOVE + 1);
+            }
+        }
+    }
+    out
+}
 
 /// The `fuse-prelude` pass (GPU targets only).
 pub fn prelude(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
@@ -118,7 +148,7 @@ pub fn prelude(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Resu
         let one_launch = matches!(g.op(delta), Op::Threshold { plan: ThresholdPlan::OneLaunch, .. });
         let only_here = |v| g.users(v) == [n];
         if scan && one_launch && only_here(c) && only_here(delta) {
-            let rows = g.ty(ops.q).axes.get(2).and_then(|ax| ax.dim.eval(&|s| opts.dims.get(s).copied()));
+            let rows = g.ty(ops.q).axes.get(2).and_then(|ax| rows_at_least(&ax.dim, opts));
             let long = rows.is_some_and(|t| t > SPLIT_ROWS_ABOVE);
             if let Op::Attention(a) = &mut g.node_mut(n).op {
                 a.prelude = if long { Prelude::JointSplitRows } else { Prelude::Joint };

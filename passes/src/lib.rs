@@ -63,6 +63,11 @@ pub struct PassOptions {
     /// Sizes the caller has already bound (`--shape`, input files), by dim name. Passes may
     /// specialize on them (the tiles pass reads the head dim); empty: everything symbolic.
     pub dims: std::collections::BTreeMap<String, u64>,
+    /// Lower bounds the caller guarantees for dims it leaves unbound, by name: passes may pick
+    /// a faster form by them, never a different result. The Python op compiles one GPU plan for
+    /// rows above [`fuse_out::SPLIT_ROWS_ABOVE`] and one for the rest
+    /// ([`fuse_out::split_rows_bounds`]); empty: nothing known.
+    pub dims_at_least: std::collections::BTreeMap<String, u64>,
     /// The optimized graph will be differentiated (`foxc grad`, `bench --grad`): the tiles
     /// pass picks the tiles the backward kernels run best with.
     pub gradient: bool,
@@ -90,6 +95,7 @@ impl Default for PassOptions {
             print_after_all: false,
             tiles: None,
             dims: Default::default(),
+            dims_at_least: Default::default(),
             gradient: false,
             ws_loads: None,
             ws_grid: None,

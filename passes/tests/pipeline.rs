@@ -8,6 +8,7 @@ use foxc_ir::print::print_graph;
 use foxc_ir::{Attention, Graph, NormBound, Op, Prelude, Prune, ScoreBound, ThresholdPlan};
 use foxc_passes::rules::{by_name, RULES};
 use foxc_passes::{tiles_for, PassOptions, Target};
+use std::collections::BTreeMap;
 
 const EXAMPLES: &[&str] = &[
     "fox",
@@ -239,6 +240,33 @@ fn joint_prelude_splits_rows_known_to_be_long() {
     assert_eq!(prelude(&[("D", 128), ("T", above)]), Prelude::Joint);
     assert_eq!(prelude(&[("D", 128), ("T", above + 1)]), Prelude::JointSplitRows);
     assert_eq!(prelude(&[("B", 1), ("H", 16), ("T", 32768), ("D", 64)]), Prelude::JointSplitRows);
+}
+
+/// With T unbound, a lower bound the caller guarantees (`dims_at_least`) decides the split as a
+/// bound T does; `split_rows_bounds` gives that bound exactly for the row lengths above one
+/// segment, so a caller keyed on it (the Python op) gets one plan per class of T.
+#[test]
+fn joint_prelude_splits_rows_known_to_be_at_least_long() {
+    let above = foxc_passes::fuse_out::SPLIT_ROWS_ABOVE;
+    let opts = |at_least: BTreeMap<String, u64>| PassOptions {
+        target: Target::Sm90a,
+        dims: [("D".to_string(), 64)].into(),
+        dims_at_least: at_least,
+        ..PassOptions::default()
+    };
+    let prelude = |o: &foxc_ir::Graph| {
+        let Op::Attention(a) = o.op(o.find(|op| matches!(op, Op::Attention(_)))[0]) else { unreachable!() };
+        a.prelude
+    };
+    for ex in ["fox", "fox_gqa", "fox_loggate"] {
+        let (whole, _) = run(&compile(&format!("examples/{ex}.attn")), &opts(BTreeMap::new()));
+        assert_eq!(prelude(&whole), Prelude::Joint, "{ex}: T unbound, nothing known");
+        let bounds = |t: u64| foxc_passes::fuse_out::split_rows_bounds(&whole, &|s| (s == "T").then_some(t));
+        assert_eq!(bounds(above), BTreeMap::new(), "{ex}: one segment");
+        assert_eq!(bounds(above + 1), [("T".to_string(), above + 1)].into(), "{ex}");
+        let (split, _) = run(&compile(&format!("examples/{ex}.attn")), &opts(bounds(65536)));
+        assert_eq!(prelude(&split), Prelude::JointSplitRows, "{ex}: T > {above} guaranteed");
+    }
 }
 
 /// `fuse-threshold`: on GPU targets a threshold of tile norms only (paper, local under a data
