@@ -118,6 +118,42 @@ def run_gradients(B, H, T, D):
             check(f"{label}: same bits twice", all(torch.equal(g1[n], g2[n]) for n in g1))
 
 
+def attn_kernel(ptx):
+    """The name of a plan's attention kernel (it names the kernel kind, D and the tiles)."""
+    return next(w for line in ptx.splitlines() if ".entry" in line and "attn_fwd" in line for w in line.split() if "attn_fwd" in w)
+
+
+def run_plan_choices():
+    """What the torch op's plans are compiled for, as the CLI picks with every dim bound: a
+    forward gets the forward's tiles at its head dim (64x128 at D = 64 and 128 on sm_90a, the
+    warp-specialized kernel at 128); the training forward the tiles the backward shares (64x64);
+    rows of more than one gate-scan segment (T > 8192) the joint prelude split over blocks
+    (`threshold_with_split_scan`), rows of one segment the whole-row kernel. Each plan's kernels
+    (from its PTX), its output against the reference, and the training plan's gradients."""
+    attn = foxc.load(EXAMPLES / "fox.attn")
+    dev = torch.cuda.current_device()
+    key = lambda x: tuple(tuple(x[n].shape) for n in attn.params)  # noqa: E731
+    for T, D, split, kernel in ((8192, 64, False, "bn128"), (8193, 64, True, "bn128"), (12000, 128, True, "ws_tma_d128_bm64_bn128")):
+        x = inputs(attn, 1, 2, T, D, seed=5)
+        out = attn(**x)
+        ptx = attn._gpu_plans[(dev, key(x))].ptx
+        err = rel_l2(out, reference("fox", x))
+        chosen, name = "threshold_with_split_scan" in ptx, attn_kernel(ptx)
+        check(f"plan choice: forward T={T} D={D}", chosen == split and kernel in name and err <= 1e-2,
+              split=chosen, kernel=name, rel_l2=f"{err:.2e}")
+    x = inputs(attn, 1, 2, 9000, 128, seed=6)
+    dout = torch.randn(1, 2, 9000, 128, device="cuda", generator=torch.Generator(device="cuda").manual_seed(7))
+    g = foxc_grads(attn, x, dout.to(torch.bfloat16))
+    ptx = attn._gpu_plans[("train", dev, key(x))].ptx
+    xr = {n: t.detach().float().requires_grad_(True) for n, t in x.items()}
+    reference("fox", xr).backward(dout.to(torch.bfloat16).float())
+    errs = {n: rel_l2(g[n], xr[n].grad) for n in g}
+    chosen, name = "threshold_with_split_scan" in ptx, attn_kernel(ptx)
+    check("plan choice: training forward and gradients T=9000 D=128",
+          chosen and "bm64_bn64" in name and all(e <= 1e-2 for e in errs.values()), split=chosen, kernel=name,
+          **{f"rel_l2_{n}": f"{e:.2e}" for n, e in errs.items()})
+
+
 def foxc_grads(attn, x, dout):
     """Gradients of sum(out * dout) w.r.t. every float input, through torch autograd."""
     leaves = {n: t.detach().clone().requires_grad_(True) for n, t in x.items()}
@@ -307,6 +343,7 @@ def main():
     for D in (64, 128):
         run_accuracy(2, 4, 1027, D)
         run_gradients(2, 4, 1027, D)
+    run_plan_choices()
     run_torch_features()
     failed = [r for r in results if "check" in r and not r["ok"]]
     print(f"{len([r for r in results if 'check' in r]) - len(failed)} passed, {len(failed)} failed")

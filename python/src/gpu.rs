@@ -3,11 +3,12 @@
 //! the caller owns (torch tensors, torch's current stream).
 
 use crate::errors::{to_py, value_error};
-use crate::program::{KernelKey, Loaded};
+use crate::program::{KernelKey, Loaded, Specialization};
 use crate::registry::{KERNEL_BUILDS, KERNEL_HITS};
 use foxc::cuda_backend::{self, ExternalKernels};
 use foxc_codegen::nvptx::BufferKind;
 use foxc_ir::{Dim, Graph, Value};
+use foxc_passes::fuse_out::split_rows_bounds;
 use foxc_passes::Target;
 use foxc_runtime::cuda::LaunchDesc;
 use pyo3::exceptions::PyRuntimeError;
@@ -118,18 +119,18 @@ fn static_dims(g: &Graph, bind: &foxc_ir::shapes::DimBindings) -> BTreeMap<Strin
     out
 }
 
-/// Kernels of `g` computing `outputs` for `device`, built once per (device, static dims) in
-/// `cache`.
+/// Kernels of `g` (optimized for `spec`) computing `outputs` for `device`, built once per
+/// (device, static dims, specialization) in `cache`.
 fn kernels_for(
     py: Python<'_>,
     cache: &Mutex<HashMap<KernelKey, Arc<ExternalKernels>>>,
-    g: &Graph,
+    (g, spec): (&Graph, &Specialization),
     outputs: &[Value],
     bind: &foxc_ir::shapes::DimBindings,
     device: usize,
 ) -> PyResult<Arc<ExternalKernels>> {
     let sd = static_dims(g, bind);
-    let key = (device, sd.iter().map(|(k, v)| (k.clone(), *v)).collect::<Vec<_>>());
+    let key = (device, sd.iter().map(|(k, v)| (k.clone(), *v)).collect::<Vec<_>>(), spec.clone());
     if let Some(k) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         KERNEL_HITS.fetch_add(1, Ordering::Relaxed);
         return Ok(k.clone());
@@ -158,7 +159,7 @@ fn target_of(device: usize) -> PyResult<(Target, String)> {
 fn build(
     py: Python<'_>,
     cache: &Mutex<HashMap<KernelKey, Arc<ExternalKernels>>>,
-    g: &Graph,
+    (g, spec): (&Graph, &Specialization),
     outputs: &[(String, Value)],
     metas: &BTreeMap<String, (String, Vec<usize>)>,
     device: usize,
@@ -166,7 +167,7 @@ fn build(
 ) -> PyResult<GpuPlan> {
     let bind = check_metas(g, metas)?;
     let values: Vec<Value> = outputs.iter().map(|(_, v)| *v).collect();
-    let kernels = kernels_for(py, cache, g, &values, &bind, device)?;
+    let kernels = kernels_for(py, cache, (g, spec), &values, &bind, device)?;
     let art = &kernels.artifact;
     if art.outputs.len() != outputs.len() {
         return Err(PyRuntimeError::new_err(format!(
@@ -210,8 +211,19 @@ fn build(
     })
 }
 
+/// What the GPU graph of `loaded` for tensors bound as `bind` is optimized for: the head dims
+/// bound (the tiles the CLI picks at that D), and whether it is differentiated (`gradient`: the
+/// training forward and the backward, whose kernels share the forward's tiles).
+fn specialization(loaded: &Loaded, bind: &foxc_ir::shapes::DimBindings, gradient: bool) -> Specialization {
+    let dims = static_dims(&loaded.graph, bind).into_iter().collect();
+    Specialization { dims, at_least: Vec::new(), gradient }
+}
+
 /// The forward: `out`, and `lse` when the output is a fused attention's (the backward's input);
-/// with `train` also the attention's unrounded `out_f32` (`crate::grad::forward`).
+/// with `train` also the attention's unrounded `out_f32` (`crate::grad::forward`). Optimized for
+/// the head dims, with the training forward's tiles under `train`, and for rows longer than one
+/// gate-scan segment where these are (one plan per class of T: the CLI, which binds T, picks
+/// per shape).
 pub fn plan(
     py: Python<'_>,
     loaded: &Arc<Loaded>,
@@ -219,15 +231,22 @@ pub fn plan(
     device: usize,
     train: bool,
 ) -> PyResult<GpuPlan> {
-    check_metas(&loaded.graph, &metas)?;
+    let bind = check_metas(&loaded.graph, &metas)?;
     let (target, device_name) = target_of(device)?;
-    let f = crate::grad::forward(loaded, target, train)?;
+    let spec = specialization(loaded, &bind, train);
+    let plain = loaded.optimized_for(target, &spec)?;
+    let spec = Specialization {
+        at_least: split_rows_bounds(&plain, &|s| bind.get(s)).into_iter().collect(),
+        ..spec
+    };
+    let f = crate::grad::forward(loaded, target, train, &spec)?;
     let cache = if train { &loaded.train_kernels } else { &loaded.kernels };
-    build(py, cache, &f.0, &f.1, &metas, device, device_name)
+    build(py, cache, (&f.0, &spec), &f.1, &metas, device, device_name)
 }
 
 /// The backward: the saved-forward gradient program (`passes::grad::gradient_from_saved`) of
-/// the GPU graph; `metas` name the forward's tensors plus `dout`, `out` (f32) and `lse`.
+/// the GPU graph optimized as the training forward's (its tiles); `metas` name the forward's
+/// tensors plus `dout`, `out` (f32) and `lse`.
 pub fn grad_plan(
     py: Python<'_>,
     loaded: &Arc<Loaded>,
@@ -235,6 +254,10 @@ pub fn grad_plan(
     device: usize,
 ) -> PyResult<GpuPlan> {
     let (target, device_name) = target_of(device)?;
-    let gp = loaded.saved_gradient(target)?;
-    build(py, &loaded.grad_kernels, &gp.graph, &gp.outputs, &metas, device, device_name)
+    // The gradient program's signature (and so the binding) is the same for every
+    // specialization: bind with the plain one's.
+    let bind = check_metas(&loaded.saved_gradient(target, &Specialization::default())?.graph, &metas)?;
+    let spec = specialization(loaded, &bind, true);
+    let gp = loaded.saved_gradient(target, &spec)?;
+    build(py, &loaded.grad_kernels, (&gp.graph, &spec), &gp.outputs, &metas, device, device_name)
 }

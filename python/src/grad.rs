@@ -4,7 +4,7 @@
 //! CPU backend or, as the reference, by the f64 interpreter on the same program.
 
 use crate::errors::{to_py, value_error};
-use crate::program::Loaded;
+use crate::program::{Loaded, Specialization};
 use crate::tensors::{host_inputs, Wire};
 use foxc::cpu_backend;
 use foxc_ir::interp::{self, Tensor};
@@ -44,20 +44,26 @@ pub fn grad_error(e: GradError) -> PyErr {
     }
 }
 
-/// The gradient program of kind `kind` for `target` (made once per load).
-pub fn program(loaded: &Loaded, target: Target, kind: Kind) -> PyResult<Arc<GradProgram>> {
+/// The gradient program of kind `kind` for `target` and `spec` (made once per load).
+pub fn program(
+    loaded: &Loaded,
+    target: Target,
+    kind: Kind,
+    spec: &Specialization,
+) -> PyResult<Arc<GradProgram>> {
     let mut m = loaded.gradients.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = m.get(&(target, kind)) {
+    let key = (target, kind, spec.clone());
+    if let Some(p) = m.get(&key) {
         return Ok(p.clone());
     }
-    let g = loaded.optimized(target)?;
+    let g = loaded.optimized_for(target, spec)?;
     let p = match kind {
         Kind::Recomputed => foxc_passes::grad::gradient(&g),
         Kind::Saved => foxc_passes::grad::gradient_from_saved(&g),
     }
     .map_err(grad_error)?;
     let p = Arc::new(p);
-    m.insert((target, kind), p.clone());
+    m.insert(key, p.clone());
     Ok(p)
 }
 
@@ -70,13 +76,19 @@ pub type Forward = (Graph, Vec<(String, Value)>);
 
 /// The forward of `target`: `out` and, when the output is a fused attention's, `lse`; with
 /// `train`, `passes::grad::forward_for_saved` (adds the attention's unrounded `out_f32`, what
-/// the saved-forward gradient program reads). Made once per (target, train).
-pub fn forward(loaded: &Loaded, target: Target, train: bool) -> PyResult<Arc<Forward>> {
+/// the saved-forward gradient program reads). Made once per (target, train, specialization).
+pub fn forward(
+    loaded: &Loaded,
+    target: Target,
+    train: bool,
+    spec: &Specialization,
+) -> PyResult<Arc<Forward>> {
     let mut m = loaded.forwards.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(f) = m.get(&(target, train)) {
+    let key = (target, train, spec.clone());
+    if let Some(f) = m.get(&key) {
         return Ok(f.clone());
     }
-    let g = loaded.optimized(target)?;
+    let g = loaded.optimized_for(target, spec)?;
     let f = if train {
         foxc_passes::grad::forward_for_saved(&g).map_err(grad_error)?
     } else {
@@ -88,7 +100,7 @@ pub fn forward(loaded: &Loaded, target: Target, train: bool) -> PyResult<Arc<For
         ((*g).clone(), outputs)
     };
     let f = Arc::new(f);
-    m.insert((target, train), f.clone());
+    m.insert(key, f.clone());
     Ok(f)
 }
 
@@ -99,7 +111,7 @@ pub fn forward_cpu(
     inputs: BTreeMap<String, Wire>,
     train: bool,
 ) -> PyResult<TensorMap> {
-    let f = forward(loaded, Target::Cpu, train)?;
+    let f = forward(loaded, Target::Cpu, train, &Specialization::default())?;
     let (g, outputs) = &*f;
     let inputs = host_inputs(g, inputs)?;
     py.detach(|| cpu_backend::run_outputs(g, outputs, &inputs, threads())).map_err(to_py)
@@ -112,7 +124,7 @@ pub fn grad_cpu(
     inputs: BTreeMap<String, Wire>,
     kind: Kind,
 ) -> PyResult<TensorMap> {
-    let p = program(loaded, Target::Cpu, kind)?;
+    let p = program(loaded, Target::Cpu, kind, &Specialization::default())?;
     let inputs = host_inputs(&p.graph, inputs)?;
     py.detach(|| cpu_backend::run_outputs(&p.graph, &p.outputs, &inputs, threads())).map_err(to_py)
 }
@@ -124,7 +136,7 @@ pub fn grad_reference(
     inputs: BTreeMap<String, Wire>,
     kind: Kind,
 ) -> PyResult<BTreeMap<String, Tensor>> {
-    let p = program(loaded, Target::Cpu, kind)?;
+    let p = program(loaded, Target::Cpu, kind, &Specialization::default())?;
     let inputs = host_inputs(&p.graph, inputs)?;
     foxc::tensors::validate(&p.graph, &inputs).map_err(to_py)?;
     let x = foxc::tensors::to_interp(&inputs);

@@ -16,8 +16,22 @@ use pyo3::types::PyBytes;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-/// GPU kernels are built per (device ordinal, compile-time dims such as `D`).
-pub type KernelKey = (usize, Vec<(String, u64)>);
+/// GPU kernels are built per (device ordinal, compile-time dims such as `D`, the graph's
+/// [`Specialization`]).
+pub type KernelKey = (usize, Vec<(String, u64)>, Specialization);
+
+/// What a GPU graph is optimized for besides its target (`PassOptions`): the head dims its
+/// kernels are compiled for (`dims`: the tiles pass picks by them, as the CLI does with every
+/// dim bound), lower bounds of the dims left unbound (`dims_at_least`, from
+/// `fuse_out::split_rows_bounds`: long rows get the split prelude), and whether it will be
+/// differentiated (`gradient`: the training forward and the backward share their tiles). The
+/// default (nothing known, a forward) is the CPU's and `foxc.Program.ir`'s.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Specialization {
+    pub dims: Vec<(String, u64)>,
+    pub at_least: Vec<(String, u64)>,
+    pub gradient: bool,
+}
 
 /// Everything a load produced (shared by every `Program` handle of the same key).
 pub struct Loaded {
@@ -26,14 +40,14 @@ pub struct Loaded {
     pub source: String,
     pub graph: Graph,
     pub opts: PassOptions,
-    /// The optimized graph of each target, made on first use.
-    pub(crate) optimized: Mutex<HashMap<Target, Arc<Graph>>>,
-    /// GPU kernels by (device ordinal, compile-time dims).
+    /// The optimized graph of each (target, specialization), made on first use.
+    pub(crate) optimized: Mutex<HashMap<(Target, Specialization), Arc<Graph>>>,
+    /// GPU kernels by (device ordinal, compile-time dims, specialization).
     pub kernels: Mutex<HashMap<KernelKey, Arc<foxc::cuda_backend::ExternalKernels>>>,
-    /// The gradient programs per (target, kind), made on first use.
-    pub(crate) gradients: Mutex<HashMap<(Target, GradKind), Arc<GradProgram>>>,
-    /// The forwards per (target, train) (`crate::grad::forward`).
-    pub(crate) forwards: Mutex<HashMap<(Target, bool), Arc<crate::grad::Forward>>>,
+    /// The gradient programs per (target, kind, specialization), made on first use.
+    pub(crate) gradients: Mutex<HashMap<(Target, GradKind, Specialization), Arc<GradProgram>>>,
+    /// The forwards per (target, train, specialization) (`crate::grad::forward`).
+    pub(crate) forwards: Mutex<HashMap<(Target, bool, Specialization), Arc<crate::grad::Forward>>>,
     /// GPU kernels of the training forward (`out_f32` too), as `kernels`.
     pub train_kernels: Mutex<HashMap<KernelKey, Arc<foxc::cuda_backend::ExternalKernels>>>,
     /// GPU kernels of the saved-forward gradient program, as `kernels`.
@@ -45,20 +59,33 @@ pub struct Loaded {
 impl Loaded {
     /// The optimized graph for `target` (the pass options of the load, this target).
     pub fn optimized(&self, target: Target) -> PyResult<Arc<Graph>> {
+        self.optimized_for(target, &Specialization::default())
+    }
+
+    /// The optimized graph for `target` and `spec`.
+    pub fn optimized_for(&self, target: Target, spec: &Specialization) -> PyResult<Arc<Graph>> {
         let mut m = self.optimized.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(g) = m.get(&target) {
+        let key = (target, spec.clone());
+        if let Some(g) = m.get(&key) {
             return Ok(g.clone());
         }
-        let opts = PassOptions { target, ..self.opts.clone() };
+        let opts = PassOptions {
+            target,
+            dims: spec.dims.iter().cloned().collect(),
+            dims_at_least: spec.at_least.iter().cloned().collect(),
+            gradient: spec.gradient,
+            ..self.opts.clone()
+        };
         let (g, _) = pipeline::optimize(&self.graph, &opts).map_err(to_py)?;
         let g = Arc::new(g);
-        m.insert(target, g.clone());
+        m.insert(key, g.clone());
         Ok(g)
     }
 
-    /// The saved-forward gradient program for `target` (the backward of the torch op).
-    pub fn saved_gradient(&self, target: Target) -> PyResult<Arc<GradProgram>> {
-        crate::grad::program(self, target, GradKind::Saved)
+    /// The saved-forward gradient program for `target` and `spec` (the backward of the torch
+    /// op).
+    pub fn saved_gradient(&self, target: Target, spec: &Specialization) -> PyResult<Arc<GradProgram>> {
+        crate::grad::program(self, target, GradKind::Saved, spec)
     }
 }
 
@@ -115,7 +142,7 @@ pub fn load(
             let (cpu, report) = pipeline::optimize(&c.graph, &opts).map_err(to_py)?;
             let explanations = report.explanations.iter().map(|e| e.message.clone()).collect();
             let mut optimized = HashMap::new();
-            optimized.insert(Target::Cpu, Arc::new(cpu));
+            optimized.insert((Target::Cpu, Specialization::default()), Arc::new(cpu));
             Ok(Loaded {
                 id,
                 name: src.name.clone(),
@@ -301,7 +328,7 @@ impl Program {
     /// `[(name, dtype, [dims])]` (the forward's, then `dout`, `out`, `lse`).
     #[pyo3(signature = (target = "cpu"))]
     fn grad_params(&self, target: &str) -> PyResult<Vec<(String, String, Vec<String>)>> {
-        let p = self.inner.saved_gradient(parse_target(target)?)?;
+        let p = self.inner.saved_gradient(parse_target(target)?, &Specialization::default())?;
         Ok(p.graph
             .params
             .iter()
