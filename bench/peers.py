@@ -13,7 +13,9 @@ Reads q, k, v (bf16 [B, H, T, D]) and fgate (f32 gate logits [B, H, T]), and pri
   ACP block mask (paper rule with QK-norm, 128x128 blocks), rel_l2 against an f32 dense FoX
   reference;
 - `flex_fox_dense`: the same without the block mask;
-- `foxc` (only with --foxc-out): foxc's output file compared with the same FoX reference (no time).
+- `foxc` (only with --foxc-out): foxc's output file compared with the same FoX reference (no time);
+- `foxc_torch` (FoX, with --foxc): examples/fox.attn through torch.ops.foxc.attention (the plan
+  compiled for the head dim, T at run time; threshold and block starts inside its timing).
 Variants (the same score_mod foxc compiles from examples/fox_softcap.attn and examples/fox_gqa.attn):
 - `softcap`: score_mod `20 tanh(score / 20) + c[q] - c[kv]`; the ACP block mask uses the static bound U = 20
   (delta = log_eps - 2 U - ln T), as foxc's interval analysis does;
@@ -108,7 +110,7 @@ def main():
     ap.add_argument("--no-dense-flex", action="store_true", help="skip FlexAttention without the block mask")
     ap.add_argument("--no-ref", action="store_true", help="skip the f32 references (no rel_l2)")
     ap.add_argument("--grad", action="store_true", help="forward + backward (FoX): see above")
-    ap.add_argument("--foxc", action="store_true", help="with --grad: also foxc through its torch op")
+    ap.add_argument("--foxc", action="store_true", help="FoX: also foxc through its torch op")
     args = ap.parse_args()
     if args.foxc_out and len(args.inputs) > 1:
         ap.error("--foxc-out takes one input file")
@@ -179,6 +181,12 @@ def run_forward(path, args):
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa),
         f"flex_{args.variant}_acp": lambda: flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa),
     }
+    if args.foxc and args.variant == "fox":
+        import foxc
+        import foxc.torch  # noqa: F401  (registers the op)
+
+        attn = foxc.load(pathlib.Path(__file__).resolve().parents[1] / "examples" / "fox.attn", log_eps=args.log_eps)
+        runs["foxc_torch"] = lambda: attn(q=q, k=k, v=v, fgate=fgate)
     if not args.no_dense_flex:
         dense_mask = causal_block_mask(T, dev, bm)
         runs[f"flex_{args.variant}_dense"] = lambda: flex(
@@ -196,7 +204,7 @@ def run_forward(path, args):
         ms = triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
         ref = ref_causal if name == "sdpa" else ref_fox
         err = rel_l2(out, ref) if ref is not None else float("nan")
-        k_frac = kept if name.endswith("_acp") else 1.0
+        k_frac = kept if name.endswith("_acp") else float("nan") if name == "foxc_torch" else 1.0
         print(f"{name},{shape},{ms:.4f},{k_frac:.4f},{err:.3e}", flush=True)
     if args.foxc_out:
         o = load_file(args.foxc_out, device=dev)["out"]

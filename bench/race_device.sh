@@ -6,7 +6,8 @@
 # - forward + backward: foxc `bench --grad` (the whole gradient program) and FlexAttention + ACP with
 #   and without the gate's gradient (bench/peers.py --grad).
 # Usage (GPU machine): FOXC=/path/to/foxc bench/race_device.sh
-# Knobs: FWD128, FWD64, GRAD128 (lists of T; empty skips), OUT (results folder).
+# Knobs: FWD128, FWD64, GRAD128 (lists of T; empty skips), OUT (results folder), PEERS_FWD (flags of
+# the forward peers.py, e.g. --foxc: foxc's torch op as well, with the wheel on PYTHONPATH).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -25,7 +26,8 @@ fwd() {  # D T...
         --format csv | tail -n +2 | sed "s/^/foxc${np:+-noprune},/" | tee -a "$OUT/fwd.csv"
     done
   done
-  timeout 200 python3 bench/peers.py "${ins[@]}" --no-dense-flex --no-ref 2>&1 | tee -a "$OUT/fwd_peers.csv"
+  # shellcheck disable=SC2086  # PEERS_FWD: a word list
+  timeout 240 python3 bench/peers.py "${ins[@]}" --no-dense-flex --no-ref ${PEERS_FWD:-} 2>&1 | tee -a "$OUT/fwd_peers.csv"
 }
 grad() {  # D T...
   local D=$1; shift; local ins=()

@@ -13,11 +13,14 @@ second output so that the backward can use it; ``attn(**tensors)`` returns only 
 Autograd: ``attn(**tensors)`` with a tensor that requires grad runs ``foxc::attention_train``
 (also returns the attention's unrounded f32 output, ``passes::grad::forward_for_saved``) and
 saves the inputs, that output and ``lse`` (``foxc::attention`` called directly saves its bf16
-``out``: close, but the decay gradients carry its rounding); the backward is a further op,
-``torch.ops.foxc.attention_backward(program_id, inputs, out, lse, dout) -> [grad, ...]`` (one
-gradient per float input, in parameter order; None for the others), which runs the
+``out``: close, but the decay gradients carry its rounding, and its forward may have kept wider
+tiles than the backward does, each skipping only tiles under the eps bound); the backward is a
+further op, ``torch.ops.foxc.attention_backward(program_id, inputs, out, lse, dout) -> [grad,
+...]`` (one gradient per float input, in parameter order; None for the others), which runs the
 saved-forward gradient program (``passes::grad::gradient_from_saved``: the attention is not
-recomputed) on the same device and stream, compiled once per (program, head dims, device). Both
+recomputed) on the same device and stream. Plans are compiled once per (program, device, head
+dims, class of T: rows of one gate-scan segment or longer), for the tiles and prelude the CLI
+picks at that shape; the training forward and the backward share the backward's tiles. Both
 ops have fake implementations, so ``torch.compile(fullgraph=True)`` traces forward and backward
 without graph breaks.
 
