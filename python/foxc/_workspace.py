@@ -1,8 +1,9 @@
 """Where a GPU plan's buffers live (pure Python, no torch): the caller's tensors ("input",
-"output") or a place in one of two workspaces the caller allocates per launch: "scratch" (any
-contents) and "zeroed" (zero when the plan is launched: counters that the kernels leave zero)."""
+"output") or a place in one of two workspaces the caller allocates: "scratch" (any contents, per
+launch) and "zeroed" (zero when the plan is launched: counters that the kernels leave zero; kept
+per plan and stream, `KeptZeroed`)."""
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 # Buffers start at this alignment inside a workspace.
 ALIGN = 256
@@ -26,3 +27,27 @@ def layout(roles: Sequence[Tuple[str, int]], sizes: Sequence[int]) -> Tuple[List
         else:
             raise ValueError(f"foxc: unknown buffer role {role!r}")
     return offsets, totals
+
+
+class KeptZeroed:
+    """The "zeroed" workspace of each (plan, stream), kept for launches outside CUDA graph capture.
+
+    The kernels leave their counters zero, so the first launch of a plan on a stream allocates
+    it zeroed and every later launch of that plan on that stream reuses it: launches on one
+    stream run in order, and two streams never share one. That saves an allocation and a memset
+    per call, the pruned plan's extra host work (docs/GPU_KERNEL.md, run 20). A launch being
+    captured into a CUDA graph must take a fresh one instead: the graph may be replayed on any
+    stream, beside eager launches.
+    """
+
+    def __init__(self):
+        # (id(plan), stream) -> (plan, buffer); the plan is held so that its id stays its own.
+        self._kept: Dict[Tuple[int, int], Tuple[object, object]] = {}
+
+    def get(self, plan, stream: int, nbytes: int, zeros: Callable[[int], object]):
+        """The workspace of ``plan`` on ``stream``: ``zeros(nbytes)`` on first use."""
+        key = (id(plan), stream)
+        held = self._kept.get(key)
+        if held is None:
+            held = self._kept[key] = (plan, zeros(nbytes))
+        return held[1]

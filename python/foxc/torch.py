@@ -36,6 +36,7 @@ from . import _foxc, _workspace
 
 _TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 _NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
+_KEPT_ZEROED = _workspace.KeptZeroed()
 
 
 def _attention_of(program_id: int):
@@ -82,12 +83,20 @@ def _launch(plan, tensors: Dict, dev) -> List[torch.Tensor]:
     stream order.)"""
     outs = [torch.empty(shape, dtype=_TORCH_DTYPES[dtype], device=dev) for _, dtype, shape in plan.outputs]
     # The workspaces: "scratch" buffers in one torch.empty, "zeroed" ones (counters the
-    # kernels expect zero and leave zero) in one torch.zeros, only when the plan has some
-    # (a zero-byte buffer takes any valid pointer).
+    # kernels expect zero and leave zero) in one torch.zeros, kept per stream outside graph
+    # capture (`_workspace.KeptZeroed`), only when the plan has some (a zero-byte buffer takes
+    # any valid pointer).
     offsets, totals = _workspace.layout(plan.roles, plan.sizes)
     ws = {"scratch": torch.empty(max(totals["scratch"], 1), dtype=torch.uint8, device=dev)}
+    stream = torch.cuda.current_stream(dev).cuda_stream
     z = totals["zeroed"]
-    ws["zeroed"] = torch.zeros(z, dtype=torch.uint8, device=dev) if z else ws["scratch"]
+    zeros = lambda n: torch.zeros(n, dtype=torch.uint8, device=dev)  # noqa: E731
+    if not z:
+        ws["zeroed"] = ws["scratch"]
+    elif torch.cuda.is_current_stream_capturing():
+        ws["zeroed"] = zeros(z)
+    else:
+        ws["zeroed"] = _KEPT_ZEROED.get(plan, stream, z, zeros)
     ptrs = []
     for (role, i), off, size in zip(plan.roles, offsets, plan.sizes):
         if role in ws:
@@ -97,7 +106,7 @@ def _launch(plan, tensors: Dict, dev) -> List[torch.Tensor]:
         if t.numel() * t.element_size() < size:
             raise RuntimeError(f"foxc: buffer {role} {i} holds {t.numel() * t.element_size()} bytes, the plan needs {size}")
         ptrs.append(t.data_ptr())
-    plan.launch(ptrs, torch.cuda.current_stream(dev).cuda_stream)
+    plan.launch(ptrs, stream)
     return outs
 
 

@@ -35,3 +35,21 @@ def test_an_unknown_role_is_an_error():
 def test_roles_and_sizes_pair_up():
     with pytest.raises(ValueError, match="2 buffer roles for 1 sizes"):
         _workspace.layout([("input", 0), ("scratch", 0)], [8])
+
+
+def test_a_zeroed_workspace_is_kept_per_plan_and_stream():
+    made = []
+
+    def zeros(n):
+        made.append(n)
+        return bytearray(n)
+
+    kept = _workspace.KeptZeroed()
+    plan_a, plan_b = object(), object()
+    first = kept.get(plan_a, 7, 512, zeros)
+    # Later launches of the same plan on the same stream reuse it (the kernels leave it zero).
+    assert kept.get(plan_a, 7, 512, zeros) is first
+    # Another stream or another plan never shares it.
+    assert kept.get(plan_a, 8, 512, zeros) is not first
+    assert kept.get(plan_b, 7, 256, zeros) is not first
+    assert made == [512, 512, 256]
