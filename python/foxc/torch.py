@@ -5,7 +5,8 @@ its int argument (the process-wide id of ``foxc.load``'s result), so ``torch.com
 opaque op with a fake (shape) implementation and no graph break. It runs the NVPTX kernels on
 the tensors' device and torch's current stream: inputs are used in place, the output, the row
 log-sum-exp ``lse`` and the workspace come from torch's allocator (so CUDA graph capture and
-streams work as for any torch op), and nothing waits for the GPU.
+streams work as for any torch op; the threshold's counters, which the kernels leave zero, are
+kept per plan and stream outside graph capture), and nothing waits for the GPU.
 
 ``lse`` (``[B, H, T]`` float32, the attention rows' log-sum-exp as the kernel writes it) is the
 second output so that the backward can use it; ``attn(**tensors)`` returns only ``out``.
