@@ -219,6 +219,15 @@ fn joint_prelude_is_one_launch_before_the_attention() {
     assert!(matches!(&err, CodegenError::Internal(m) if m.contains("prelude = joint")), "{err}");
 }
 
+/// `fuse-prelude` splits the rows longer than one segment of the joint kernel's scan: the pass
+/// cannot see the backend's segment, so its own constant must stay equal to it (a row of one
+/// segment has nothing to split and runs ~1 us slower split, docs/GPU_KERNEL.md run 19).
+#[test]
+fn the_pass_splits_rows_of_more_than_one_scan_segment() {
+    let segment = foxc_codegen::nvptx::threshold::SPLIT_SEGMENT;
+    assert_eq!(foxc_passes::fuse_out::SPLIT_ROWS_ABOVE, segment as u64);
+}
+
 /// A cast to anything but bf16 is not fused: the attention writes f32 and the cast kernel runs.
 #[test]
 fn cast_to_f16_is_not_fused() {
