@@ -31,6 +31,19 @@ pub fn keys_from_score(score: &Region) -> Option<Region> {
     }
 }
 
+/// The node of the kept score `X` when the score region is `select(j >= E, X, -inf)` (the form
+/// of [`keys_from_score`]). ACP may bound `|X|` instead of the region: an entry whose condition
+/// fails has weight 0 whatever `X` is, and the threshold's denominator argument still holds,
+/// because a causal (or window) row that keeps any key `j <= i` has `i >= j >= E`, so it keeps
+/// its diagonal, whose decay is 0 (docs/RULES.md); a row with no kept key is 0 and prunes nothing.
+pub fn kept_score(score: &Region) -> Option<RId> {
+    keys_from_score(score)?;
+    match *score.nodes.get(score.root as usize)? {
+        RNode::Select(_, x, _) => Some(x),
+        _ => None,
+    }
+}
+
 /// `E` when node `n` of `r` is the comparison `j >= E` (`E <= j`, `j > E`, `E < j`).
 fn lower_bound(r: &Region, n: RId) -> Option<Region> {
     let is_j = |x: RId| matches!(r.nodes.get(x as usize), Some(RNode::Index(IndexVar::J)));

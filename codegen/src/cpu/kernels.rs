@@ -949,8 +949,14 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame, h: &Helpers) {
                 let row = fx.b.ins().iadd(row, r);
                 fx.store_f32(DType::F32, lp, row, x);
             }
+            // A row without kept keys has l = 0 and O = 0: its output is 0 (docs/SEMANTICS.md,
+            // empty rows), not 0 * (1 / 0) = NaN.
             let one = fx.f32c(1.0);
+            let zf = fx.f32c(0.0);
             let inv = fx.b.ins().fdiv(one, l);
+            // (l = 0 exactly: a NaN l keeps its NaN, as the contract wants.)
+            let empty = fx.b.ins().fcmp(FloatCC::Equal, l, zf);
+            let inv = fx.b.ins().select(empty, zf, inv);
             let invv = fx.splat(inv);
             let row = fx.b.ins().iadd(row_base, i0);
             let row = fx.b.ins().iadd(row, r);

@@ -187,7 +187,12 @@ pub fn attention_bound(g: &Graph, n: ValueId) -> Result<ScoreBound, Unbounded> {
             },
         })
         .collect();
-    score_bound(&a.score, &caps)
+    // Under `select(j >= E, X, -inf)` only `X` is ever weighted (crate::key_bound::kept_score);
+    // the node ids stay those of the region, for the explanation's span.
+    let kept = crate::key_bound::kept_score(&a.score)
+        .map(|x| Region { nodes: a.score.nodes.clone(), root: x })
+        .unwrap_or_else(|| a.score.clone());
+    score_bound(&kept, &caps)
 }
 
 #[cfg(test)]

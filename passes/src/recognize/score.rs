@@ -228,6 +228,20 @@ pub(crate) struct Split {
 
 /// Split the extracted score `e` (see the module doc). `batch` are the batch and head indices.
 pub(crate) fn split(eg: &mut AttnGraph, e: &T, i: Symbol, j: Symbol, batch: [Symbol; 2]) -> Split {
+    // `select(cond, A + decay, -inf)` is `select(cond, A, -inf) + decay`: equal where the
+    // condition holds, and `-inf` either way where it fails (the decay is finite or `-inf`;
+    // only a NaN decay, from a NaN gate, now reaches the row, where it belongs). So a padding
+    // or packing mask spelled around the whole score keeps its decay provable.
+    if let (Attn::Select(_), Some(ninf)) = (&e.op, e.kids.get(2).and_then(T::konst)) {
+        if ninf == f64::NEG_INFINITY {
+            let inner = split(eg, &e.kids[1], i, j, batch);
+            if let (false, Some(kept)) = (inner.decay.is_empty(), sum_of(&inner.region)) {
+                let cond = e.kids[0].clone();
+                let region = T::node(Attn::Select([Id::from(0); 3]), vec![cond, kept, T::num(ninf)]);
+                return Split { region: vec![(1.0, region)], decay: inner.decay };
+            }
+        }
+    }
     let mut terms = vec![];
     expand(e, 1.0, &mut terms);
     let side =
