@@ -32,7 +32,7 @@ use crate::graph::{Graph, Value, ValueId};
 use crate::ops::{BinaryOp, GateKind, Op, ReduceKind, UnaryOp, LOG_F_FLOOR};
 use crate::shapes::{bind_dims, bind_dims_partial, concrete_shape, DimBindings, ShapeError};
 use crate::types::DType;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::rc::Rc;
 
 /// Largest intermediate (in elements) the interpreter will allocate: 2^28 f64 = 2 GiB.
@@ -275,6 +275,30 @@ pub fn binary(b: BinaryOp, x: f64, y: f64) -> f64 {
     }
 }
 
+/// `x * n` where `n` is a count (an exact integer computed from indices, dims and integer
+/// constants, such as the distance `i - j`): `n` copies of `x` added, so a zero count gives 0
+/// even for an infinite `x` (ALiBi's `slope * (i - j)` at distance 0 with a slope of `inf`,
+/// declared legal by `in [0, inf]`; the fused kernels, which see it as a gate of `-inf`, agree).
+/// NaN still propagates.
+pub fn mul_by_count(x: f64, n: f64) -> f64 {
+    if n == 0.0 && x.is_infinite() {
+        0.0
+    } else {
+        x * n
+    }
+}
+
+/// A cumsum term of `-inf` (a hard reset: `log f = -inf`) is taken as [`LOG_F_FLOOR`], as
+/// `gate_cumsum` does, so that differences of the sum stay finite: two positions after the same
+/// reset have a finite decay between them, which `-inf - -inf` would turn into NaN.
+fn cumsum_term(x: f64) -> f64 {
+    if x == f64::NEG_INFINITY {
+        LOG_F_FLOOR
+    } else {
+        x
+    }
+}
+
 /// `x` rounded to `dt` as `cast` defines it.
 pub fn cast(dt: DType, x: f64) -> f64 {
     match dt {
@@ -343,6 +367,28 @@ pub fn eval(
     ev.eval_all()
 }
 
+/// The nodes of `order` (operands first) whose values are exact integers made from indices,
+/// dims and integer constants by `+`, `-`, `*`, `min`, `max` and negation.
+fn count_nodes(g: &Graph, order: &[ValueId]) -> HashSet<ValueId> {
+    let mut counts = HashSet::new();
+    for &n in order {
+        let all = |c: &HashSet<ValueId>| g.operands(n).iter().all(|o| c.contains(o));
+        let is_count = match g.op(n) {
+            Op::Iota { .. } | Op::DimSize(_) => true,
+            Op::Const(c) => c.fract() == 0.0 && c.abs() < 9.0e15,
+            Op::Unary(UnaryOp::Neg) => all(&counts),
+            Op::Binary(BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Min | BinaryOp::Max) => {
+                all(&counts)
+            }
+            _ => false,
+        };
+        if is_count {
+            counts.insert(n);
+        }
+    }
+    counts
+}
+
 fn describe(g: &Graph, id: ValueId) -> String {
     let n = g.node(id);
     match &n.name {
@@ -365,6 +411,8 @@ struct Evaluator<'a> {
     uses: HashMap<ValueId, usize>,
     /// `mul` nodes contracted directly by their single `sum` user.
     deferred: BTreeSet<ValueId>,
+    /// Nodes whose values are counts (see [`mul_by_count`]).
+    counts: HashSet<ValueId>,
     vals: HashMap<ValueId, Val>,
     prune: Vec<PruneStats>,
     /// Results beyond the first of the node being evaluated (set by `eval_node`).
@@ -415,9 +463,11 @@ impl<'a> Evaluator<'a> {
                 }
             }
         }
+        let counts = count_nodes(g, &order);
         Ok(Evaluator {
             g,
             inputs,
+            counts,
             dims,
             order,
             targets,
@@ -676,7 +726,13 @@ impl<'a> Evaluator<'a> {
                 let sx = self.bstrides(id, x, &axes, &shape)?;
                 let sy = self.bstrides(id, y, &axes, &shape)?;
                 let (dx, dy) = (&x.data, &y.data);
-                mk(gather(&shape, [&sx, &sy], |[i, j]| binary(*b, dx[i], dy[j])))
+                let (cx, cy) = (self.counts.contains(&ops[0].node), self.counts.contains(&ops[1].node));
+                if *b == BinaryOp::Mul && (cx || cy) {
+                    let f = |x: f64, y: f64| if cy { mul_by_count(x, y) } else { mul_by_count(y, x) };
+                    mk(gather(&shape, [&sx, &sy], |[i, j]| f(dx[i], dy[j])))
+                } else {
+                    mk(gather(&shape, [&sx, &sy], |[i, j]| binary(*b, dx[i], dy[j])))
+                }
             }
             Op::Select => {
                 let (c, x, y) = (self.val(ops[0], id)?, self.val(ops[1], id)?, self.val(ops[2], id)?);
@@ -718,7 +774,7 @@ impl<'a> Evaluator<'a> {
                     .pos(axis)
                     .ok_or_else(|| self.err(id, format!("cumsum axis `{axis}` not in the value")))?;
                 let stride = a.strides()[p];
-                let mut d = a.data.as_ref().clone();
+                let mut d: Vec<f64> = a.data.iter().map(|&x| cumsum_term(x)).collect();
                 // Row-major order visits `l - stride` before `l`, so one pass is a prefix sum.
                 for l in 0..d.len() {
                     if (l / stride) % shape[p] > 0 {

@@ -185,3 +185,22 @@ def test_program_metadata():
     assert attn.output == ("bf16", ["B", "H", "T", "D"])
     assert "block_boundary" in attn.ir("opt")
     assert "block_boundary" not in attn.ir("ir")
+
+
+@pytest.mark.parametrize("example,name,at,value", [
+    ("fox_loggate.attn", "logf", (0, 0, 40), -np.inf),
+    ("alibi.attn", "slope", (1,), np.inf),
+])
+def test_the_reference_is_right_on_legal_infinities(example, name, at, value):
+    """A hard reset (log f = -inf, declared `in [-inf, 0]`) and an ALiBi slope of inf (declared
+    `[0, inf]`): the reference takes the kernels' limits (docs/SEMANTICS.md) instead of NaN
+    from -inf - -inf and inf * 0, so it agrees with the CPU backend."""
+    attn = foxc.load(EXAMPLES / example, no_prune=True)
+    rng = np.random.default_rng()
+    x = random_inputs(attn, rng, T=96)
+    if name == "logf":
+        x[name] = -np.abs(x[name]) * 0.1
+    x[name][at] = value
+    ref = foxc.reference(attn, **x)
+    assert np.isfinite(ref).all()
+    assert_close_bf16(attn(**x), ref)

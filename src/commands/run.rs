@@ -120,7 +120,10 @@ pub fn run(a: &RunArgs) -> Result<(), Error> {
     }
     if a.check {
         let out64 = foxc_ir::interp::Tensor { shape: out.shape.clone(), data: out.to_f64_vec() };
-        let tol = check::tolerance(backend, out.dtype);
+        let tol = match backend {
+            "reference" => check::reference_tolerance(&opt, &interp_inputs, out.dtype)?,
+            _ => check::tolerance(backend, out.dtype),
+        };
         let r =
             check::check(&c.graph, &opt, &interp_inputs, &out64, tol, opts.log_eps, backend_starts.as_ref())?;
         report_check(&r)?;
