@@ -115,7 +115,38 @@ pub fn write_safetensors(path: impl AsRef<Path>, tensors: &TensorMap) -> Result<
     let p = path.as_ref();
     let shown = p.display().to_string();
     let bytes = serialize_safetensors(tensors, &shown)?;
-    std::fs::write(p, bytes).map_err(|e| IoError::Write { path: shown, msg: e.to_string() })
+    write_atomic(p, &bytes)
+}
+
+/// Write `bytes` to `path` so that readers see the old file or the whole new one, never a part:
+/// a temporary file in the same directory (same file system, so the rename is atomic), synced,
+/// then renamed over `path`. On any failure (a full disk, a cut write) the temporary file is
+/// removed and an existing `path` is left as it was.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
+    use std::io::Write;
+    let err = |e: std::io::Error| IoError::Write { path: path.display().to_string(), msg: e.to_string() };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let prefix = format!(".{name}.");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".tmp");
+    // The mode `File::create` would leave: an existing file's, else 0o666 less the umask (the
+    // temporary file's own 0o600 would hide the output from other users).
+    #[cfg(unix)]
+    let mode = match std::fs::metadata(path) {
+        Ok(m) => m.permissions(),
+        Err(_) => std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    };
+    #[cfg(unix)]
+    builder.permissions(mode);
+    let mut tmp = builder.tempfile_in(dir).map_err(err)?;
+    tmp.write_all(bytes).map_err(err)?;
+    tmp.as_file().sync_all().map_err(err)?;
+    tmp.persist(path).map_err(|e| err(e.error))?;
+    Ok(())
 }
 
 #[cfg(test)]

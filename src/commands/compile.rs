@@ -62,8 +62,8 @@ pub fn compile(a: &CompileArgs) -> Result<(), Error> {
         }
     };
     match &a.o {
-        Some(path) => std::fs::write(path, text)
-            .map_err(|e| Error::user(format!("error: cannot write {}: {e}", path.display())))?,
+        Some(path) => foxc_runtime::io::write_atomic(path, text.as_bytes())
+            .map_err(|e| Error::user(format!("error: {e}")))?,
         None => {
             // A closed pipe (`foxc compile ... | head`) is not an error worth a panic.
             use std::io::Write;

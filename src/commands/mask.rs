@@ -122,12 +122,13 @@ pub fn mask(
 }
 
 fn write_png(path: &Path, w: u32, h: u32, rgb: &[u8]) -> Result<(), Error> {
-    let file = std::fs::File::create(path)
-        .map_err(|e| Error::user(format!("error: cannot write {}: {e}", path.display())))?;
-    let mut enc = png::Encoder::new(std::io::BufWriter::new(file), w, h);
-    enc.set_color(png::ColorType::Rgb);
-    enc.set_depth(png::BitDepth::Eight);
-    let mut writer = enc.write_header().map_err(|e| Error::internal(format!("error: png: {e}")))?;
-    writer.write_image_data(rgb).map_err(|e| Error::internal(format!("error: png: {e}")))?;
-    Ok(())
+    let mut bytes = Vec::new();
+    {
+        let mut enc = png::Encoder::new(&mut bytes, w, h);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        let mut writer = enc.write_header().map_err(|e| Error::internal(format!("error: png: {e}")))?;
+        writer.write_image_data(rgb).map_err(|e| Error::internal(format!("error: png: {e}")))?;
+    }
+    foxc_runtime::io::write_atomic(path, &bytes).map_err(|e| Error::user(format!("error: {e}")))
 }
