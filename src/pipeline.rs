@@ -107,14 +107,12 @@ pub fn parse_tiles(s: &str) -> Result<foxc_ir::Tiles, String> {
 
 /// Run the pass pipeline on a copy of `g`.
 pub fn optimize(g: &Graph, opts: &PassOptions) -> Result<(Graph, PassReport), Error> {
-    if !opts.log_eps.is_finite() || opts.log_eps >= 0.0 {
-        return Err(Error::user(format!(
-            "error: --log-eps must be a finite negative number (ln of eps < 1), got {}",
-            opts.log_eps
-        )));
-    }
     let mut opt = g.clone();
-    let report = foxc_passes::optimize(&mut opt, opts).map_err(|e| Error::internal(format!("error: {e}")))?;
+    let report = foxc_passes::optimize(&mut opt, opts).map_err(|e| match e {
+        // An option out of its range (`--log-eps`) is the user's; anything else is foxc's.
+        foxc_passes::PassError::InvalidOption(_) => Error::user(format!("error: {e}")),
+        _ => Error::internal(format!("error: {e}")),
+    })?;
     Ok((opt, report))
 }
 

@@ -147,6 +147,34 @@ fn usage_errors_exit_1_internal_errors_exit_2() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let o = foxc(&["run", "examples/fox.attn", "--log-eps", "0.5", "--shape", "B=1,H=1,T=8,D=8"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    // eps = exp(-800) underflows to 0 (every --check would fail): refused with its range.
+    let o = foxc(&["run", "examples/fox.attn", "--log-eps", "-800", "--shape", "B=1,H=1,T=8,D=8"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("[-708, 0)"), "{}", text(&o));
+    // Inputs larger than the machine: a budget error before allocating, not an abort.
+    let big = tmp("big.safetensors");
+    let o = foxc(&[
+        "inputs",
+        "examples/fox.attn",
+        "--shape",
+        "B=1,H=1,T=33554432,D=64",
+        "-o",
+        big.to_str().unwrap(),
+    ]);
+    if foxc_runtime::memory::available_bytes().is_some_and(|a| a < 30 << 30) {
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        assert!(text(&o).contains("of host memory needed"), "{}", text(&o));
+    } else {
+        println!("SKIPPED the memory budget case: this machine has 30 GiB or more available");
+    }
+    // A constant divisor of 0.
+    let div0 = tmp("div0.attn");
+    let src = std::fs::read_to_string("examples/causal.attn").unwrap().replace("/ sqrt(D)", "/ 0");
+    assert!(src.contains("/ 0"));
+    std::fs::write(&div0, src).unwrap();
+    let o = foxc(&["check", div0.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("division by zero"), "{}", text(&o));
     // --help and --version are not errors.
     assert_eq!(foxc(&["--help"]).status.code(), Some(0));
     assert_eq!(foxc(&["--version"]).status.code(), Some(0));
@@ -295,7 +323,7 @@ fn ws_loads_flag_reaches_the_kernel_attribute() {
         foxc_ir::attention::KvLoads::CpAsync => &cp,
     };
     assert_eq!(&with(&[]), default);
-    assert!(!foxc(&[&args[..], &["--ws-loads", "bulk"]].concat()).status.success());
+    assert_eq!(foxc(&[&args[..], &["--ws-loads", "bulk"]].concat()).status.code(), Some(1));
 }
 
 /// `--attn-kernel` reaches the tiles pass: `warp-specialized` puts the kernel on a D = 64
@@ -310,7 +338,7 @@ fn attn_kernel_flag_overrides_the_pass_choice() {
     assert!(opt("128", &[]).contains("warp_specialized"));
     assert!(!opt("128", &["--attn-kernel", "standard"]).contains("warp_specialized"));
     let bad = ["compile", "examples/fox.attn", "--attn-kernel", "fast"];
-    assert!(!foxc(&bad).status.success());
+    assert_eq!(foxc(&bad).status.code(), Some(1));
 }
 
 /// `--ws-grid` reaches the kernel attribute: `persistent` is printed with it, `tiles` (the
@@ -328,7 +356,7 @@ fn ws_grid_flag_reaches_the_kernel_attribute() {
         foxc_ir::attention::WsGrid::Tiles => &tiles,
     };
     assert_eq!(&with(&[]), default);
-    assert!(!foxc(&[&args[..], &["--ws-grid", "blocks"]].concat()).status.success());
+    assert_eq!(foxc(&[&args[..], &["--ws-grid", "blocks"]].concat()).status.code(), Some(1));
     // D = 64's three-consumer block (64-key tiles) was not run with it: a usage error (exit 1)
     // naming the way out; its two-consumer block (128-key tiles) takes it.
     let d64 = ["compile", "examples/fox.attn", "--target", "sm_90a", "--shape", "D=64", "--emit", "ptx"];

@@ -108,3 +108,22 @@ fn reference_backend_at_large_logits() {
         }
     }
 }
+
+/// Finite inputs whose products overflow f32 (q, k near 1e20): the CPU output is NaN, and the
+/// run says so with exit 1 instead of writing it (issue 26, item 6).
+#[test]
+fn an_overflowing_run_is_an_error_not_a_nan_output() {
+    let src = std::fs::read_to_string("examples/causal.attn").unwrap().replace("bf16", "f32");
+    let program = tmp("inf", "overflow_f32.attn");
+    std::fs::write(&program, src).unwrap();
+    let program = program.to_str().unwrap();
+    let inputs = tmp("inf", "overflow.safetensors");
+    write_inputs(program, "B=1,H=1,T=64,D=16", &inputs);
+    scale_f32(&inputs, "q", 1e20);
+    scale_f32(&inputs, "k", 1e20);
+    let out = tmp("inf", "overflow_out.safetensors");
+    let o = foxc(&["run", program, "--inputs", inputs.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("overflowed"), "{}", text(&o));
+    assert!(!out.exists(), "a NaN output was written");
+}

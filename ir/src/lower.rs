@@ -673,6 +673,11 @@ impl<'a> Lowerer<'a> {
                 let what = format!("`{}`", op.symbol());
                 self.need_float(&ta, a.span, &what)?;
                 self.need_float(&tb, b.span, &what)?;
+                if *op == BinOp::Div && matches!(self.g.op(vb), Op::Const(c) if *c == 0.0) {
+                    return Err(Diagnostic::new("division by zero", b.span, "this divisor is 0").with_hint(
+                        "every entry would be inf or NaN; divide by a non-zero constant or an expression",
+                    ));
+                }
                 let bop = match op {
                     BinOp::Add => BinaryOp::Add,
                     BinOp::Sub => BinaryOp::Sub,

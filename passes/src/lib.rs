@@ -157,11 +157,16 @@ pub const PASSES: &[(&str, PassFn)] = &[
     ("compensate-decay", compensate::run),
 ];
 
+/// The smallest `log_eps` accepted: `exp(-708)` is about 3e-308, just above the smallest normal
+/// f64; below about -745 eps is 0 and every bound that multiplies by it (the check's ACP bound)
+/// would be 0 too.
+pub const MIN_LOG_EPS: f64 = -708.0;
+
 /// Run the pipeline on `g` in place, verifying after every pass.
 pub fn optimize(g: &mut Graph, opts: &PassOptions) -> Result<PassReport, PassError> {
-    if !(opts.log_eps.is_finite() && opts.log_eps < 0.0) {
+    if !(opts.log_eps >= MIN_LOG_EPS && opts.log_eps < 0.0) {
         return Err(PassError::InvalidOption(format!(
-            "log_eps must be a finite negative number (ln of eps < 1), got {}",
+            "log_eps must be in [{MIN_LOG_EPS}, 0) (ln of an eps below 1 that f64 holds as a normal number), got {}",
             opts.log_eps
         )));
     }

@@ -5,6 +5,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod io;
 pub mod lanes;
+pub mod memory;
 pub mod tensor;
 pub mod tensor_map;
 pub mod validate;

@@ -33,6 +33,8 @@ pub enum WorkloadError {
     Shape(#[from] ShapeError),
     #[error("parameter `{tensor}` would have shape {shape:?}, too large for the workload generator; use a smaller shape")]
     TooLarge { tensor: String, shape: Vec<usize> },
+    #[error("the standard inputs at this shape: {0}; use a smaller shape")]
+    OverBudget(#[from] crate::memory::OverBudget),
 }
 
 /// How the standard workload fills a parameter.
@@ -146,14 +148,15 @@ pub fn role(g: &Graph, p: &Param) -> Role {
     }
 }
 
-/// Values of parameter `p` (shape `shape`) in f64.
-fn values(g: &Graph, p: &Param, shape: &[usize], seed: u64) -> Vec<f64> {
+/// Values of parameter `p` (shape `shape`) in f64, their storage reserved fallibly (the budget
+/// check of [`standard_inputs`] cannot see what other processes take meanwhile).
+fn values(g: &Graph, p: &Param, shape: &[usize], seed: u64) -> Result<Vec<f64>, crate::memory::OverBudget> {
     let mut rng = Rng::for_param(seed, &p.name);
     let n: usize = shape.iter().product();
     let mut v: Vec<f64> = match role(g, p) {
-        Role::Normal => (0..n).map(|_| rng.normal()).collect(),
+        Role::Normal => crate::memory::try_collect(n, |_| rng.normal())?,
         Role::QkNormalized => {
-            let mut v: Vec<f64> = (0..n).map(|_| rng.normal()).collect();
+            let mut v = crate::memory::try_collect(n, |_| rng.normal())?;
             let d = shape[3];
             if d > 0 {
                 for row in v.chunks_mut(d) {
@@ -167,39 +170,48 @@ fn values(g: &Graph, p: &Param, shape: &[usize], seed: u64) -> Vec<f64> {
         }
         role @ (Role::GateLogits | Role::LogGate) => {
             let (nh, t) = (shape[1], shape[2]);
-            (0..n)
-                .map(|i| {
-                    let h = (i / t.max(1)) % nh.max(1);
-                    let z = logit_of_decay(head_decay(h, nh)) + rng.normal();
-                    if role == Role::LogGate {
-                        logsigmoid(z)
-                    } else {
-                        z
-                    }
-                })
-                .collect()
+            crate::memory::try_collect(n, |i| {
+                let h = (i / t.max(1)) % nh.max(1);
+                let z = logit_of_decay(head_decay(h, nh)) + rng.normal();
+                if role == Role::LogGate {
+                    logsigmoid(z)
+                } else {
+                    z
+                }
+            })?
         }
-        Role::AlibiSlopes => (0..n).map(|h| 2f64.powf(-8.0 * (h + 1) as f64 / n as f64)).collect(),
-        Role::NormWeights => (0..n).map(|_| 1.0 + 0.1 * rng.normal()).collect(),
+        Role::AlibiSlopes => crate::memory::try_collect(n, |h| 2f64.powf(-8.0 * (h + 1) as f64 / n as f64))?,
+        Role::NormWeights => crate::memory::try_collect(n, |_| 1.0 + 0.1 * rng.normal())?,
     };
     if let Some((lo, hi)) = p.range {
         if lo <= hi {
             v.iter_mut().for_each(|x| *x = x.clamp(lo, hi));
         }
     }
-    v
+    Ok(v)
 }
 
 /// The standard inputs of `g` at `dims`, deterministic in `seed`, each in its declared dtype.
 pub fn standard_inputs(g: &Graph, dims: &DimBindings, seed: u64) -> Result<TensorMap, WorkloadError> {
-    let mut out = TensorMap::new();
+    let mut shapes = vec![];
     for p in &g.params {
         let shape = concrete_shape(&p.ty, dims)?;
         let n = shape.iter().try_fold(1usize, |a, &s| a.checked_mul(s));
-        if n.is_none_or(|n| n > MAX_ELEMENTS) {
-            return Err(WorkloadError::TooLarge { tensor: p.name.clone(), shape });
+        match n {
+            Some(n) if n <= MAX_ELEMENTS => shapes.push((p, shape, n)),
+            _ => return Err(WorkloadError::TooLarge { tensor: p.name.clone(), shape }),
         }
-        let v: Vec<f32> = values(g, p, &shape, seed).into_iter().map(|x| x as f32).collect();
+    }
+    // What is held at the peak: every tensor in its dtype, plus the f64 values and their f32
+    // copy of the largest while it is made.
+    let kept: u64 = shapes.iter().map(|(p, _, n)| *n as u64 * p.ty.dtype.size_bytes() as u64).sum();
+    let largest = shapes.iter().map(|(_, _, n)| *n as u64).max().unwrap_or(0);
+    crate::memory::fits(kept + 12 * largest)?;
+    let mut out = TensorMap::new();
+    for (p, shape, n) in shapes {
+        let v64 = values(g, p, &shape, seed)?;
+        let v = crate::memory::try_collect(n, |i| v64[i] as f32)?;
+        drop(v64);
         out.insert(p.name.clone(), HostTensor::from_f32_as(p.ty.dtype, &shape, &v));
     }
     Ok(out)

@@ -4,7 +4,7 @@ use crate::cli::{BackendArg, RunArgs, TargetArg};
 use crate::pipeline::{self, parse_shape, Source, DEFAULT_SHAPE};
 use crate::{acp_stats, check, cpu_backend, cuda_backend, tensors, Error};
 use foxc_ir::Op;
-use foxc_runtime::TensorMap;
+use foxc_runtime::{HostTensor, TensorMap};
 use std::time::Instant;
 
 pub fn run(a: &RunArgs) -> Result<(), Error> {
@@ -112,6 +112,10 @@ pub fn run(a: &RunArgs) -> Result<(), Error> {
     }
     let (sum, sum_abs) = tensors::checksum(&out);
     println!("  output out {} {:?}: sum {sum:.6e}, sum|x| {sum_abs:.6e}", out.dtype, out.shape);
+    if !a.check {
+        // (--check compares with the f64 reference instead, and names the rows that differ.)
+        non_finite_from_finite(&inputs, &out)?;
+    }
     if let Some(path) = &a.o {
         let mut m = TensorMap::new();
         m.insert("out".to_string(), out.clone());
@@ -129,6 +133,29 @@ pub fn run(a: &RunArgs) -> Result<(), Error> {
         report_check(&r)?;
     }
     Ok(())
+}
+
+/// A NaN or infinity in the output when every input is finite means the arithmetic overflowed
+/// (f32 holds magnitudes up to 3.4e38: q and k near 1e19 overflow their dot product) or a NaN
+/// arose inside; the output is not a result, so the run fails rather than writing it.
+fn non_finite_from_finite(inputs: &TensorMap, out: &HostTensor) -> Result<(), Error> {
+    let bad = out.to_f32_vec().iter().filter(|x| !x.is_finite()).count();
+    if bad == 0 {
+        return Ok(());
+    }
+    let mut largest = 0.0f32;
+    for t in inputs.values() {
+        for x in t.to_f32_vec() {
+            if !x.is_finite() {
+                return Ok(()); // infinities in, infinities out: the reference decides (--check)
+            }
+            largest = largest.max(x.abs());
+        }
+    }
+    Err(Error::user(format!(
+        "error: the output holds {bad} NaN or infinite values of {} although every input is finite (largest |x| = {largest:.3e}): the f32 arithmetic overflowed or a NaN arose inside; scale the inputs down",
+        out.numel()
+    )))
 }
 
 /// Print a check report; a failed check is a user-visible error (exit 1) naming what failed.
