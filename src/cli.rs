@@ -172,8 +172,10 @@ pub struct CompileArgs {
     pub file: PathBuf,
     #[arg(long, value_enum, default_value_t = EmitArg::Opt)]
     pub emit: EmitArg,
-    #[arg(long, value_enum, default_value_t = TargetArg::Cpu)]
-    pub target: TargetArg,
+    /// The target the passes optimize for (default: the CPU, or sm_90a for `--emit llvm|ptx`);
+    /// `--emit clif` needs the CPU, `--emit llvm|ptx` a GPU target.
+    #[arg(long, value_enum)]
+    pub target: Option<TargetArg>,
     #[command(flatten)]
     pub prune: PruneArgs,
     /// Print the IR after every pass (to stderr).

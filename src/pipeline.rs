@@ -49,8 +49,27 @@ impl Source {
     }
 }
 
-pub fn pass_options(prune: &PruneArgs, target: TargetArg, print_after_all: bool) -> PassOptions {
-    PassOptions {
+/// The pass options of the flags, for `target`. The sm_90a forward's flags (`--ws-*`,
+/// `--attn-kernel`) are refused on the CPU, where nothing would read them.
+pub fn pass_options(
+    prune: &PruneArgs,
+    target: TargetArg,
+    print_after_all: bool,
+) -> Result<PassOptions, Error> {
+    if target == TargetArg::Cpu {
+        let gpu_only = [
+            ("--ws-loads", prune.ws_loads.is_some()),
+            ("--ws-grid", prune.ws_grid.is_some()),
+            ("--ws-turns", prune.ws_turns.is_some()),
+            ("--attn-kernel", prune.attn_kernel.is_some()),
+        ];
+        if let Some((flag, _)) = gpu_only.iter().find(|(_, given)| *given) {
+            return Err(Error::user(format!(
+                "error: {flag} chooses how the sm_90a forward kernel runs; this command's target is the CPU (use --backend cuda, or --target sm_90a with compile)"
+            )));
+        }
+    }
+    Ok(PassOptions {
         prune: !prune.no_prune,
         log_eps: prune.log_eps,
         rule: prune.prune_rule.clone(),
@@ -78,7 +97,7 @@ pub fn pass_options(prune: &PruneArgs, target: TargetArg, print_after_all: bool)
             AttnKernelArg::WarpSpecialized => ForwardKernel::WarpSpecialized,
         }),
         ..PassOptions::default()
-    }
+    })
 }
 
 /// The sizes that `inputs` bind in `g`, by dim name: what the passes may specialize on

@@ -105,7 +105,7 @@ mod tests {
             tiles: Some(foxc_ir::Tiles { bm: 16, bn: 16 }),
             ..crate::cli::PruneArgs::default()
         };
-        let opts = crate::pipeline::pass_options(&args, crate::cli::TargetArg::Sm90a, false);
+        let opts = crate::pipeline::pass_options(&args, crate::cli::TargetArg::Sm90a, false).unwrap();
         let (opt, _) = crate::pipeline::optimize(&c.graph, &opts).unwrap();
         let dims = crate::pipeline::parse_shape("B=1,H=4,T=256,D=16").unwrap();
         let x = crate::tensors::generate(&c.graph, &dims, 3).unwrap();

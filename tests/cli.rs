@@ -167,6 +167,22 @@ fn usage_errors_exit_1_internal_errors_exit_2() {
     } else {
         println!("SKIPPED the memory budget case: this machine has 30 GiB or more available");
     }
+    // Flags that nothing on this target would read, and code for another target than named.
+    for args in [
+        &["run", "examples/fox.attn", "--shape", "B=1,H=1,T=64,D=16", "--ws-loads", "tma"][..],
+        &["run", "examples/fox.attn", "--shape", "B=1,H=1,T=64,D=16", "--attn-kernel", "standard"][..],
+        &["compile", "examples/fox.attn", "--emit", "ptx", "--target", "cpu"][..],
+        &["compile", "examples/fox.attn", "--emit", "clif", "--target", "sm_90a"][..],
+    ] {
+        let o = foxc(args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
+    }
+    // `return q`: refused by check as by run.
+    let ret = tmp("return_param.attn");
+    std::fs::write(&ret, "attention r(q: f32[B, H, T, D]) -> f32[B, H, T, D] {\n    return q\n}\n").unwrap();
+    let o = foxc(&["check", ret.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("nothing to compute"), "{}", text(&o));
     // A constant divisor of 0.
     let div0 = tmp("div0.attn");
     let src = std::fs::read_to_string("examples/causal.attn").unwrap().replace("/ sqrt(D)", "/ 0");

@@ -1297,6 +1297,15 @@ impl<'a> Lowerer<'a> {
             )
             .with_hint("turn it into numbers with `select(cond, 1, 0)`"));
         }
+        if matches!(self.g.op(node), Op::Param { .. }) && ent.dtype == prog.ret.dtype {
+            // No backend runs an empty program; say so here, where `check` sees it too.
+            return Err(Diagnostic::new(
+                format!("`return {}` returns a parameter unchanged: there is nothing to compute", r.name),
+                r.span,
+                "a parameter",
+            )
+            .with_hint("return a statement that computes something from the parameters"));
+        }
         let out = if ent.dtype != prog.ret.dtype {
             let ty = ValueType::tensor(prog.ret.dtype, want);
             self.g.add(Op::Cast, ty, &[node], r.span)

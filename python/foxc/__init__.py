@@ -87,12 +87,27 @@ _TORCH = None
 _torch_attention = None
 
 
+def _read_file(path: str) -> str:
+    """The text of a source file; bytes that are not UTF-8 are a CompileError with their position
+    (as the CLI reports them), not a bare UnicodeDecodeError."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise CompileError(
+            f"error: invalid UTF-8 in the source\n --> {path}:{line}:{col}\n"
+            f"  = hint: byte {e.start} starts an invalid UTF-8 sequence; is this a text file?"
+        ) from None
+
+
 def _read_source(path_or_source) -> Tuple[str, str]:
     """(text, name for diagnostics) of a path or of DSL text."""
     if isinstance(path_or_source, os.PathLike):
         path = os.fspath(path_or_source)
-        with open(path, encoding="utf-8") as f:
-            return f.read(), path
+        return _read_file(path), path
     if not isinstance(path_or_source, str):
         raise TypeError(f"foxc.load takes a path or DSL text, got {type(path_or_source).__name__}")
     s = path_or_source
@@ -100,8 +115,7 @@ def _read_source(path_or_source) -> Tuple[str, str]:
     if "{" not in s and "\n" not in s:
         if not os.path.exists(s):
             raise FileNotFoundError(f"foxc.load: no such file: {s}")
-        with open(s, encoding="utf-8") as f:
-            return f.read(), s
+        return _read_file(s), s
     return s, "<string>"
 
 

@@ -73,7 +73,7 @@ pub fn bench(a: &BenchArgs) -> Result<(), Error> {
     for (variant, no_prune) in variants {
         let mut p = a.prune.clone();
         p.no_prune = no_prune;
-        let mut opts = pipeline::pass_options(&p, target, false);
+        let mut opts = pipeline::pass_options(&p, target, false)?;
         opts.dims = dims.clone();
         opts.gradient = a.grad;
         let (opt, _) = pipeline::optimize(&c.graph, &opts)?;

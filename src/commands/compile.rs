@@ -21,11 +21,21 @@ pub fn compile(a: &CompileArgs) -> Result<(), Error> {
         _ => {
             let c = src.compile()?;
             let target = match (a.emit, a.target) {
-                (EmitArg::Llvm | EmitArg::Ptx, TargetArg::Cpu) => TargetArg::Sm90a,
-                (EmitArg::Clif, _) => TargetArg::Cpu,
-                (_, t) => t,
+                (EmitArg::Llvm | EmitArg::Ptx, None) => TargetArg::Sm90a,
+                (EmitArg::Llvm | EmitArg::Ptx, Some(TargetArg::Cpu)) => {
+                    return Err(Error::user(
+                        "error: --emit llvm and --emit ptx generate GPU code: give --target sm_90a or sm_80 (or --emit clif for the CPU)",
+                    ))
+                }
+                (EmitArg::Clif, None | Some(TargetArg::Cpu)) => TargetArg::Cpu,
+                (EmitArg::Clif, Some(_)) => {
+                    return Err(Error::user(
+                        "error: --emit clif generates CPU code: give --target cpu (or --emit ptx for a GPU target)",
+                    ))
+                }
+                (_, t) => t.unwrap_or(TargetArg::Cpu),
             };
-            let mut opts = pipeline::pass_options(&a.prune, target, a.print_after_all);
+            let mut opts = pipeline::pass_options(&a.prune, target, a.print_after_all)?;
             if let Some(shape) = &a.shape {
                 opts.dims = parse_shape(shape)?;
             }

@@ -47,7 +47,7 @@ pub fn grad(a: &GradArgs) -> Result<(), Error> {
     };
     tensors::validate(&c.graph, &inputs)?;
     let target = if a.backend == BackendArg::Cuda { TargetArg::Sm90a } else { TargetArg::Cpu };
-    let mut opts = pipeline::pass_options(&a.prune, target, false);
+    let mut opts = pipeline::pass_options(&a.prune, target, false)?;
     opts.dims = pipeline::bound_dims(&c.graph, &inputs)?;
     opts.gradient = true;
     let (opt, _) = pipeline::optimize(&c.graph, &opts)?;

@@ -54,7 +54,7 @@ pub fn mask(
     for rule in &rules {
         let mut p = prune.clone();
         p.prune_rule = rule.clone();
-        let (opt, _) = pipeline::optimize(&c.graph, &pipeline::pass_options(&p, target, false))?;
+        let (opt, _) = pipeline::optimize(&c.graph, &pipeline::pass_options(&p, target, false)?)?;
         let stats = acp_stats::measure(&opt, &interp_inputs)?.ok_or_else(|| {
             Error::user("error: no decay attention recognized: nothing to draw (see foxc compile --explain)")
         })?;

@@ -37,7 +37,7 @@ pub fn run(a: &RunArgs) -> Result<(), Error> {
         BackendArg::Cuda => "cuda",
     };
     let target = if a.backend == BackendArg::Cuda { TargetArg::Sm90a } else { TargetArg::Cpu };
-    let mut opts = pipeline::pass_options(&a.prune, target, false);
+    let mut opts = pipeline::pass_options(&a.prune, target, false)?;
     opts.dims = pipeline::bound_dims(&c.graph, &inputs)?;
     let (opt, _) = pipeline::optimize(&c.graph, &opts)?;
     let interp_inputs = tensors::to_interp(&inputs);

@@ -32,7 +32,7 @@ pub fn verify(a: &VerifyArgs) -> Result<(), Error> {
         }
     }
     let tol = a.tol.unwrap_or_else(|| default_tol(out.dtype));
-    let opts = pipeline::pass_options(&a.prune, TargetArg::Cpu, false);
+    let opts = pipeline::pass_options(&a.prune, TargetArg::Cpu, false)?;
     let (opt, _) = pipeline::optimize(&c.graph, &opts)?;
     let out64 = foxc_ir::interp::Tensor { shape: out.shape.clone(), data: out.to_f64_vec() };
     println!(
