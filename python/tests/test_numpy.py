@@ -209,7 +209,7 @@ def test_the_reference_is_right_on_legal_infinities(example, name, at, value):
 def test_a_source_that_is_not_utf8_is_a_compile_error_with_its_position(tmp_path):
     p = tmp_path / "bad.attn"
     p.write_bytes(b"attention x(q: f32[B]) -> f32[B] {\n  \xff\xfe return q\n}\n")
-    with pytest.raises(foxc.CompileError, match=r"invalid UTF-8.*bad.attn:2:3"):
+    with pytest.raises(foxc.CompileError, match=r"(?s)invalid UTF-8.*bad.attn:2:3"):
         foxc.load(p)
     with pytest.raises(foxc.CompileError, match="invalid UTF-8"):
         foxc.load(str(p))
