@@ -24,7 +24,7 @@ fn compile(name: &str) -> Graph {
 
 fn optimize(g: &Graph, prune: bool, rule: PruneRule) -> Graph {
     let args = PruneArgs { no_prune: !prune, prune_rule: rule, ..PruneArgs::default() };
-    pipeline::optimize(g, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0
+    pipeline::optimize(g, &pipeline::pass_options(&args, TargetArg::Cpu, false).unwrap()).unwrap().0
 }
 
 fn shape(s: &str) -> BTreeMap<String, u64> {
@@ -180,7 +180,9 @@ fn other_tile_shapes() {
             tiles: Some(foxc_ir::Tiles { bm, bn }),
             ..PruneArgs::default()
         };
-        let opt = pipeline::optimize(&src, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0;
+        let opt = pipeline::optimize(&src, &pipeline::pass_options(&args, TargetArg::Cpu, false).unwrap())
+            .unwrap()
+            .0;
         let inputs = tensors::generate(&src, &shape("B=1,H=4,T=200,D=32"), bm as u64).unwrap();
         let mut att_g = opt.clone();
         let a = attention(&att_g);

@@ -101,7 +101,9 @@ fn check_program(path: &Path, t: u64, seed: u64, passes: bool) {
     }
     for prune in [false, true] {
         let args = PruneArgs { no_prune: !prune, ..PruneArgs::default() };
-        let opt = pipeline::optimize(&src, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0;
+        let opt = pipeline::optimize(&src, &pipeline::pass_options(&args, TargetArg::Cpu, false).unwrap())
+            .unwrap()
+            .0;
         let opt_f32 = before_cast(&opt);
         let got = run_poisoned(&opt_f32, &inputs);
         assert!(got.iter().all(|x| x.is_finite()), "{what} prune={prune}: non-finite output");

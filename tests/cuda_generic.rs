@@ -5,6 +5,8 @@
 //! rejects a NaN left in the output); then several outputs of one program through
 //! `run_outputs`. Without a CUDA driver (this machine, CI without a GPU) it says so and passes.
 
+mod common;
+
 use foxc::{cuda_backend, pipeline, tensors};
 use foxc_ir::interp;
 use foxc_ir::{Op, Value};
@@ -12,11 +14,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 fn gpu() -> bool {
-    if foxc_runtime::cuda::driver_present() && cuda_backend::device_info(0).is_ok() {
-        return true;
-    }
-    eprintln!("note: no CUDA GPU here; the GPU checks of the generic loops are skipped");
-    false
+    common::gpu_or_skip("cuda_generic (the generic loops on the GPU)")
 }
 
 fn programs() -> Vec<PathBuf> {

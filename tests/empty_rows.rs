@@ -11,6 +11,8 @@
 //! Shown failing: with the CPU forward's `1 / l` unguarded (as before), every empty row was NaN
 //! and `cpu_forward_gives_zero_rows_and_minus_inf_lse` failed on both programs.
 
+mod common;
+
 use foxc::cli::{PruneArgs, TargetArg, DEFAULT_LOG_EPS};
 use foxc::commands::grad::{grad_program, seeded_dout};
 use foxc::{cpu_backend, cuda_backend, pipeline, tensors};
@@ -69,7 +71,7 @@ fn optimize(src: &Graph, target: TargetArg, prune: bool) -> Graph {
         tiles: Some(foxc_ir::Tiles { bm: 8, bn: 16 }),
         ..PruneArgs::default()
     };
-    pipeline::optimize(src, &pipeline::pass_options(&args, target, false)).unwrap().0
+    pipeline::optimize(src, &pipeline::pass_options(&args, target, false).unwrap()).unwrap().0
 }
 
 fn pruned(g: &Graph) -> bool {
@@ -180,8 +182,7 @@ fn cpu_backward_gives_zero_gradients_through_empty_rows() {
 /// CUDA driver it prints that it skipped and passes.
 #[test]
 fn gpu_forward_and_backward_give_zero_rows() {
-    if !(foxc_runtime::cuda::driver_present() && cuda_backend::device_info(0).is_ok()) {
-        eprintln!("SKIPPED gpu_forward_and_backward_give_zero_rows: no CUDA GPU here");
+    if !common::gpu_or_skip("empty_rows::gpu_forward_and_backward_give_zero_rows") {
         return;
     }
     let seed = fresh_seed();

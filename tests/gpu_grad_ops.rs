@@ -47,7 +47,8 @@ fn gradient_ops_compile_for_the_gpu() {
         for (target, arch) in [(TargetArg::Sm90a, "sm_90a"), (TargetArg::Sm80, "sm_80")] {
             let prune = PruneArgs::default();
             let (opt, _) =
-                pipeline::optimize(&c.graph, &pipeline::pass_options(&prune, target, false)).unwrap();
+                pipeline::optimize(&c.graph, &pipeline::pass_options(&prune, target, false).unwrap())
+                    .unwrap();
             let mut p = grad_program(&opt).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(cut_backward(&mut p.graph, &mut p.outputs), 1, "{name}: one attention_backward");
             let outs: Vec<Value> = p.outputs.iter().map(|(_, v)| *v).collect();

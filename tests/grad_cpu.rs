@@ -76,7 +76,7 @@ fn optimize(src: &Graph, prune: Option<f64>) -> Graph {
         tiles,
         ..PruneArgs::default()
     };
-    pipeline::optimize(src, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap().0
+    pipeline::optimize(src, &pipeline::pass_options(&args, TargetArg::Cpu, false).unwrap()).unwrap().0
 }
 
 /// The program, its inputs with a random `dout`, and those inputs for the interpreter.

@@ -24,7 +24,7 @@ fn grad_artifact_at(path: &Path, target: TargetArg, d: u64) -> Result<(Graph, Nv
     let src = pipeline::Source::read(path).map_err(|e| e.to_string())?;
     let c = src.compile().map_err(|e| e.to_string())?;
     let prune = PruneArgs::default();
-    let (opt, _) = pipeline::optimize(&c.graph, &pipeline::pass_options(&prune, target, false))
+    let (opt, _) = pipeline::optimize(&c.graph, &pipeline::pass_options(&prune, target, false).unwrap())
         .map_err(|e| e.to_string())?;
     let p = grad_program(&opt).map_err(|e| e.to_string())?;
     let outs: Vec<_> = p.outputs.iter().map(|(_, v)| *v).collect();

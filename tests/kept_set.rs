@@ -56,7 +56,8 @@ fn case(
         tiles: Some(foxc_ir::Tiles { bm, bn }),
         ..PruneArgs::default()
     };
-    let (opt, _) = pipeline::optimize(&src, &pipeline::pass_options(&args, TargetArg::Cpu, false)).unwrap();
+    let (opt, _) =
+        pipeline::optimize(&src, &pipeline::pass_options(&args, TargetArg::Cpu, false).unwrap()).unwrap();
     let dims = pipeline::parse_shape(&format!("B=1,H={h},T={t},D=16")).unwrap();
     let mut inputs = tensors::generate(&src, &dims, seed).unwrap();
     perturb(&mut inputs, kind);

@@ -20,7 +20,7 @@ fn artifacts(example: &str, no_prune: bool) -> Vec<(String, NvptxArtifact)> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(format!("{example}.attn"));
     let src = pipeline::Source::read(&path).unwrap();
     let Ok(c) = src.compile() else { return vec![] };
-    let opts = pipeline::pass_options(&prune(no_prune), TargetArg::Sm90a, false);
+    let opts = pipeline::pass_options(&prune(no_prune), TargetArg::Sm90a, false).unwrap();
     let Ok((opt, _)) = pipeline::optimize(&c.graph, &opts) else { return vec![] };
     let dims = BTreeMap::from([("D".to_string(), 64), ("H".to_string(), 4), ("G".to_string(), 2)]);
     let mut out = vec![];
@@ -130,7 +130,8 @@ fn fox_tight_scans_the_gate_beside_the_threshold() {
     let args =
         PruneArgs { prune_rule: foxc_passes::rules::by_name("tight").unwrap(), ..PruneArgs::default() };
     let (opt, _) =
-        pipeline::optimize(&c.graph, &pipeline::pass_options(&args, TargetArg::Sm90a, false)).unwrap();
+        pipeline::optimize(&c.graph, &pipeline::pass_options(&args, TargetArg::Sm90a, false).unwrap())
+            .unwrap();
     let a = cuda_backend::compile(&opt, &BTreeMap::from([("D".to_string(), 64)]), "sm_90a").unwrap();
     let at = |part: &str| a.kernels.iter().position(|k| k.name.contains(part)).unwrap();
     // Row statistics: norms, then deltas, beside the scan.

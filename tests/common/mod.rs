@@ -30,3 +30,21 @@ pub fn write_inputs(example: &str, shape: &str, path: &std::path::Path) {
     let o = foxc(&["inputs", example, "--shape", shape, "-o", path.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
 }
+
+/// Whether a CUDA GPU is here. Without one, the calling GPU test reports itself skipped: on
+/// stderr, and as a line of `$FOXC_SKIP_LOG` when set (scripts/test.sh counts and prints them,
+/// since cargo hides a passing test's output).
+pub fn gpu_or_skip(test: &str) -> bool {
+    if foxc_runtime::cuda::driver_present() && foxc::cuda_backend::device_info(0).is_ok() {
+        return true;
+    }
+    let line = format!("SKIPPED {test}: no CUDA GPU here");
+    eprintln!("{line}");
+    if let Some(path) = std::env::var_os("FOXC_SKIP_LOG") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+    false
+}
