@@ -21,7 +21,9 @@ struct Rng(u64);
 impl Rng {
     fn fresh() -> Rng {
         let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
-        Rng(t.as_nanos() as u64 | 1)
+        let seed = t.as_nanos() as u64 | 1;
+        eprintln!("cpu_generic: seed {seed}");
+        Rng(seed)
     }
 
     /// Uniform in [-2, 2), never exactly 0.
