@@ -10,6 +10,10 @@ FOXC="$(realpath "${1:-target/debug/foxc}")"
 W="$(mktemp -d)"
 trap 'rm -rf "$W"' EXIT
 fails=0
+open=0
+# Cases that still fail and are tracked in an open issue: printed as OPEN, not counted as
+# failures, so that CI shows them without going red. Empty when none is left.
+KNOWN_OPEN=()
 
 # case NAME EXPECT ARGS...: run `foxc ARGS` under the caps; EXPECT is 0, 1 or `any` (0 or 1).
 case_() {
@@ -25,7 +29,11 @@ case_() {
     local verdict=ok
     if [[ $code -ne 0 && $code -ne 1 ]] || [[ $expect != any && $code -ne $expect ]]; then
         verdict=FAIL
-        fails=$((fails + 1))
+        local k
+        for k in "${KNOWN_OPEN[@]}"; do
+            [[ $k == "$name" ]] && verdict=OPEN
+        done
+        if [[ $verdict == OPEN ]]; then open=$((open + 1)); else fails=$((fails + 1)); fi
     fi
     printf '%-4s %-34s exit %3d  %6.2f s  %s\n' "$verdict" "$name" "$code" "$(echo "$t1 - $t0" | bc)" "$first"
 }
@@ -120,5 +128,5 @@ done
 case_ "inputs of another program" 1 run examples/alibi.attn --inputs "$W/good.safetensors"
 case_ "good inputs (control)" 0 run examples/fox.attn --inputs "$W/good.safetensors" --check
 
-echo "abuse: $fails failing case(s)"
+echo "abuse: $fails failing case(s), $open known open (issue 26)"
 [[ $fails -eq 0 ]]

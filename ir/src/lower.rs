@@ -809,6 +809,14 @@ impl<'a> Lowerer<'a> {
             ExprKind::Num { value, int: true, .. } if *value < 9.0e15 => {
                 IndexExpr { terms: vec![], constant: *value as i64, div: None }
             }
+            ExprKind::Num { text, int: true, .. } => {
+                return Err(Diagnostic::new(
+                    format!("integer constant `{text}` in a subscript is too large"),
+                    e.span,
+                    "at least 9e15",
+                )
+                .with_hint("subscript constants must be below 9e15 (exact in f64); no tensor is that long"))
+            }
             ExprKind::Num { text, .. } => {
                 return Err(Diagnostic::new(
                     format!("non-integer constant `{text}` in a subscript"),
