@@ -159,25 +159,31 @@ fn cpu_backward_gives_zero_gradients_through_empty_rows() {
                 p.outputs.iter().map(|(n, v)| (n.clone(), before_cast(&p.graph, *v))).collect();
             let got = cpu_backend::run_outputs(&p.graph, &outs, &x, ExecOptions { threads: 2, poison: true })
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
-            let vals: Vec<Value> = outs.iter().map(|(_, v)| *v).collect();
-            let want: BTreeMap<Value, Tensor> =
-                interp::eval_values(&p.graph, &tensors::to_interp(&x), &vals).unwrap();
-            for (n, v) in &outs {
-                let a = got[n].to_f64_vec();
-                assert!(a.iter().all(|x| x.is_finite()), "{what}: {n} has a non-finite value");
-                let e = rel_l2(&a, &want[v].data);
-                assert!(e <= 1e-4, "{what}: {n} rel L2 {e:e}");
-            }
-            // dq of an empty row is 0: nothing depends on that query.
-            assert_rows(
-                &format!("{what} grad_q"),
-                &got["grad_q"].to_f64_vec(),
-                &got["grad_q"].shape,
-                first,
-                0.0,
-            );
+            check_backward(&what, &p.graph, &outs, &x, &got, first, 1e-4);
         }
     }
+}
+
+/// Every gradient finite and within `tol` (relative L2) of the interpreter's; `grad_q` of an
+/// empty row is 0 (nothing depends on that query).
+fn check_backward(
+    what: &str,
+    g: &Graph,
+    outs: &[(String, Value)],
+    x: &TensorMap,
+    got: &TensorMap,
+    first: [usize; 2],
+    tol: f64,
+) {
+    let vals: Vec<Value> = outs.iter().map(|(_, v)| *v).collect();
+    let want: BTreeMap<Value, Tensor> = interp::eval_values(g, &tensors::to_interp(x), &vals).unwrap();
+    for (n, v) in outs {
+        let a = got[n].to_f64_vec();
+        assert!(a.iter().all(|x| x.is_finite()), "{what}: {n} has a non-finite value");
+        let e = rel_l2(&a, &want[v].data);
+        assert!(e <= tol, "{what}: {n} rel L2 {e:e}");
+    }
+    assert_rows(&format!("{what} grad_q"), &got["grad_q"].to_f64_vec(), &got["grad_q"].shape, first, 0.0);
 }
 
 /// The GPU's fused kernels, forward and backward (sm_90a or sm_80 as the device is). Without a
@@ -212,19 +218,7 @@ fn gpu_forward_and_backward_give_zero_rows() {
             x.insert(DOUT.into(), seeded_dout(&p, &src, &x, seed ^ 0x5eed).unwrap());
             let got = cuda_backend::run_outputs(&p.graph, &p.outputs, &x, Default::default())
                 .unwrap_or_else(|e| panic!("{what} backward: {e}"));
-            let vals: Vec<Value> = p.outputs.iter().map(|(_, v)| *v).collect();
-            let want = interp::eval_values(&p.graph, &tensors::to_interp(&x), &vals).unwrap();
-            for (n, v) in &p.outputs {
-                let e = rel_l2(&got[n].to_f64_vec(), &want[v].data);
-                assert!(e <= 2e-2, "{what}: {n} rel L2 {e:e}");
-            }
-            assert_rows(
-                &format!("{what} grad_q"),
-                &got["grad_q"].to_f64_vec(),
-                &got["grad_q"].shape,
-                first,
-                0.0,
-            );
+            check_backward(&what, &p.graph, &p.outputs, &x, &got, first, 2e-2);
         }
     }
 }
