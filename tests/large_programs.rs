@@ -135,15 +135,22 @@ fn run(name: &str, src: &str, args: &[&str]) -> Ran {
 
 fn assert_bounded(what: &str, r: &Ran) {
     eprintln!("{what}: exit {:?}, {:.2} s, peak {} KiB", r.code, r.wall.as_secs_f64(), r.peak_kb);
-    assert!(r.wall < WALL, "{what}: took {:?} (bound {WALL:?})", r.wall);
+    // FOXC_TEST_WALL_S lowers the wall bound (to show the bound failing; never raises it).
+    let wall = std::env::var("FOXC_TEST_WALL_S")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map(Duration::from_secs_f64)
+        .map_or(WALL, |w| w.min(WALL));
+    assert!(r.wall < wall, "{what}: took {:?} (bound {wall:?})", r.wall);
     if cfg!(target_os = "linux") {
         assert!(r.peak_kb < PEAK_KB, "{what}: peak RSS {} KiB (bound {PEAK_KB} KiB)", r.peak_kb);
     }
 }
 
+/// Bounds first: a run stopped for its time or memory fails on that bound, not on its exit.
 fn assert_ok(what: &str, r: &Ran) {
-    assert_eq!(r.code, Some(0), "{what}: {}", &r.text[r.text.len().saturating_sub(4000)..]);
     assert_bounded(what, r);
+    assert_eq!(r.code, Some(0), "{what}: {}", &r.text[r.text.len().saturating_sub(4000)..]);
 }
 
 const CPU: [&str; 5] = ["run", "{}", "--backend", "cpu", "--check"];
@@ -165,9 +172,9 @@ fn a_chain_of_7000_statements_compiles_and_runs() {
 }
 
 #[test]
-fn a_chain_of_1000_statements_in_the_scores_compiles_and_runs() {
-    let src = attention(1000, false);
-    assert_ok("attention chain 1000, run --check", &cpu_run("achain.attn", &src, "B=1,H=1,T=8,D=4"));
+fn a_chain_of_7000_statements_in_the_scores_compiles_and_runs() {
+    let src = attention(7000, false);
+    assert_ok("attention chain 7000, run --check", &cpu_run("achain.attn", &src, "B=1,H=1,T=8,D=4"));
 }
 
 #[test]
