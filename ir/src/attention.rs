@@ -211,13 +211,56 @@ impl Region {
     }
 
     /// Readable infix form; `capture(k)` names captured tensor `k` (the printer passes `%N`).
+    ///
+    /// An operation the value uses more than once (a region of `a2 = a1 + a1, a3 = a2 * a2, ...`)
+    /// is printed once, named after its node: `let t1 = x + x, t2 = t1 * t1 in t2 + t2`, so that
+    /// the text is as long as the region, not as its tree.
     pub fn display_with(&self, capture: &dyn Fn(usize) -> String) -> String {
-        self.expr(self.root, capture, 0)
+        let shared = self.shared();
+        let lets: Vec<String> = (0..self.nodes.len())
+            .filter(|&n| shared[n])
+            .map(|n| format!("t{n} = {}", self.expr_of(n as RId, capture, 0, &shared)))
+            .collect();
+        let body = self.expr(self.root, capture, 0, &shared);
+        if lets.is_empty() {
+            body
+        } else {
+            format!("let {} in {body}", lets.join(", "))
+        }
+    }
+
+    /// The operations (not leaves) that the root reaches by more than one path of uses.
+    fn shared(&self) -> Vec<bool> {
+        let len = self.nodes.len();
+        let mut reached = vec![false; len];
+        let mut uses = vec![0u32; len];
+        if let Some(r) = reached.get_mut(self.root as usize) {
+            *r = true;
+        }
+        for n in (0..len).rev() {
+            if reached[n] {
+                for a in Region::args(&self.nodes[n]) {
+                    if let Some(r) = reached.get_mut(a as usize) {
+                        *r = true;
+                        uses[a as usize] += 1;
+                    }
+                }
+            }
+        }
+        (0..len).map(|n| uses[n] > 1 && !Region::args(&self.nodes[n]).is_empty()).collect()
     }
 
     /// Infix rendering of node `id` inside a context of binding power `ctx` (parenthesized
-    /// when the node binds less tightly).
-    fn expr(&self, id: RId, cap: &dyn Fn(usize) -> String, ctx: u8) -> String {
+    /// when the node binds less tightly); a shared node is its name.
+    fn expr(&self, id: RId, cap: &dyn Fn(usize) -> String, ctx: u8, shared: &[bool]) -> String {
+        if shared.get(id as usize).copied().unwrap_or(false) {
+            return format!("t{id}");
+        }
+        self.expr_of(id, cap, ctx, shared)
+    }
+
+    /// [`Region::expr`] of node `id` itself (its operation, even when shared).
+    fn expr_of(&self, id: RId, cap: &dyn Fn(usize) -> String, ctx: u8, shared: &[bool]) -> String {
         let Some(n) = self.nodes.get(id as usize) else { return format!("<bad %{id}>") };
         let (s, power) = match n {
             RNode::Score => ("x".to_string(), 9),
@@ -228,24 +271,40 @@ impl Region {
                 let ix: Vec<String> = index.iter().map(fmt_index).collect();
                 (format!("{}[{}]", cap(*k), ix.join(", ")), 9)
             }
-            RNode::Unary(UnaryOp::Neg, a) => (format!("-{}", self.expr(*a, cap, 6)), 5),
-            RNode::Unary(u, a) => (format!("{}({})", Op::Unary(*u).mnemonic(), self.expr(*a, cap, 0)), 9),
+            RNode::Unary(UnaryOp::Neg, a) => (format!("-{}", self.expr(*a, cap, 6, shared)), 5),
+            RNode::Unary(u, a) => {
+                (format!("{}({})", Op::Unary(*u).mnemonic(), self.expr(*a, cap, 0, shared)), 9)
+            }
             RNode::Binary(b, x, y) => match infix(*b) {
                 Some((sym, p)) => {
                     // Left-associative: the right operand needs one more level.
-                    (format!("{} {sym} {}", self.expr(*x, cap, p), self.expr(*y, cap, p + 1)), p)
+                    (
+                        format!(
+                            "{} {sym} {}",
+                            self.expr(*x, cap, p, shared),
+                            self.expr(*y, cap, p + 1, shared)
+                        ),
+                        p,
+                    )
                 }
                 None => {
                     let name = Op::Binary(*b).mnemonic();
-                    (format!("{name}({}, {})", self.expr(*x, cap, 0), self.expr(*y, cap, 0)), 9)
+                    (
+                        format!(
+                            "{name}({}, {})",
+                            self.expr(*x, cap, 0, shared),
+                            self.expr(*y, cap, 0, shared)
+                        ),
+                        9,
+                    )
                 }
             },
             RNode::Select(c, a, b) => (
                 format!(
                     "select({}, {}, {})",
-                    self.expr(*c, cap, 0),
-                    self.expr(*a, cap, 0),
-                    self.expr(*b, cap, 0)
+                    self.expr(*c, cap, 0, shared),
+                    self.expr(*a, cap, 0, shared),
+                    self.expr(*b, cap, 0, shared)
                 ),
                 9,
             ),

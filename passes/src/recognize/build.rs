@@ -137,29 +137,115 @@ impl<'a> Builder<'a> {
     /// Translate a positional value `n` whose axes are read as `axes` (a leaf or an inlined
     /// statement).
     pub fn positional(&mut self, n: ValueId, axes: &[String], span: Span) -> Result<Id, (String, Span)> {
-        if let Op::Store { axes: saxes } = self.g.op(n) {
-            let saxes = saxes.clone();
-            let map: Vec<(String, String)> = saxes.iter().cloned().zip(axes.iter().cloned()).collect();
-            // The indices a statement binds are named after the statement alone, not after the
-            // use site: two inlinings of one statement are then equal terms up to their free
-            // indices (a hand-written softmax's numerator and denominator). No clash is possible:
-            // a statement's private names occur only inside its own inlinings, which never nest.
-            let ren = Ren { map, scope: Some(n.index()) };
-            let inner = self.g.operands(n)[0];
-            return self.term(inner, &ren);
+        match self.inline(n, axes) {
+            Some((inner, ren)) => self.term(inner, &ren),
+            None => Ok(self.leaf(n, axes, span)),
         }
-        Ok(self.leaf(n, axes, span))
+    }
+
+    /// A statement `n` read as `axes` inlines as its expression under this renaming; `None` for
+    /// a leaf.
+    fn inline(&self, n: ValueId, axes: &[String]) -> Option<(ValueId, Ren)> {
+        let Op::Store { axes: saxes } = self.g.op(n) else { return None };
+        let map: Vec<(String, String)> = saxes.iter().cloned().zip(axes.iter().cloned()).collect();
+        // The indices a statement binds are named after the statement alone, not after the
+        // use site: two inlinings of one statement are then equal terms up to their free
+        // indices (a hand-written softmax's numerator and denominator). No clash is possible:
+        // a statement's private names occur only inside its own inlinings, which never nest.
+        Some((self.g.operands(n)[0], Ren { map, scope: Some(n.index()) }))
     }
 
     /// Translate the named-axis value `n` under renaming `ren`.
+    ///
+    /// Iterative (an explicit stack, not recursion): a chain of thousands of statements inlines
+    /// into a term that deep. The e-graph sees the nodes in the order a recursive walk would add
+    /// them (a node's symbols, then its operands left to right, then the node), so class ids,
+    /// spans and hence extraction are those of the recursive walk.
     pub fn term(&mut self, n: ValueId, ren: &Ren) -> Result<Id, (String, Span)> {
-        if let Some(&id) = self.memo.get(&(n, ren.clone())) {
-            return Ok(id);
+        enum Step {
+            /// Visit: memo hit, or the node's own symbols, then its operands, then `Finish`.
+            Visit(ValueId, Ren),
+            /// Operands done: add the node (its pre-added symbol ids in `pre`).
+            Finish(ValueId, Ren, Vec<Id>),
         }
+        let key = (n, ren.clone());
+        let mut stack = vec![Step::Visit(n, ren.clone())];
+        while let Some(step) = stack.pop() {
+            match step {
+                Step::Visit(n, ren) => {
+                    if self.memo.contains_key(&(n, ren.clone())) {
+                        continue;
+                    }
+                    let (pre, kids) = self.visit(n, &ren)?;
+                    stack.push(Step::Finish(n, ren.clone(), pre));
+                    for k in kids.into_iter().rev() {
+                        stack.push(Step::Visit(k.0, k.1));
+                    }
+                }
+                Step::Finish(n, ren, pre) => {
+                    let id = self.finish(n, &ren, &pre)?;
+                    self.memo.insert((n, ren), id);
+                }
+            }
+        }
+        Ok(self.memo[&key])
+    }
+
+    /// The first half of translating `n`: the symbols added before its operands, and the
+    /// operands to translate (value and renaming), in order.
+    #[allow(clippy::type_complexity)]
+    fn visit(&mut self, n: ValueId, ren: &Ren) -> Result<(Vec<Id>, Vec<(ValueId, Ren)>), (String, Span)> {
         let node = self.g.node(n);
         let span = node.span;
         let ops = self.g.operands(n);
-        let sub = |me: &mut Self, k: usize| me.term(ops[k], ren);
+        let same = |ks: &[usize]| ks.iter().map(|&k| (ops[k], ren.clone())).collect::<Vec<_>>();
+        Ok(match &node.op {
+            Op::Const(_) | Op::DimSize(_) | Op::Iota { .. } | Op::Gather { .. } => (vec![], vec![]),
+            Op::Bind { axes } => {
+                let axes: Vec<String> = axes.iter().map(|a| ren.name(a)).collect();
+                match self.inline(ops[0], &axes) {
+                    Some(k) => (vec![], vec![k]),
+                    None => (vec![], vec![]),
+                }
+            }
+            Op::Unary(_) => (vec![], same(&[0])),
+            Op::Binary(_) => (vec![], same(&[0, 1])),
+            Op::Select => (vec![], same(&[0, 1, 2])),
+            Op::Reduce { axis, .. } | Op::Cumsum { axis } | Op::Softmax { axis } => {
+                (vec![self.sym(&ren.name(axis), span)], same(&[0]))
+            }
+            Op::Causal { i, j } => {
+                let pre = vec![self.sym(&ren.name(i), span), self.sym(&ren.name(j), span)];
+                (pre, same(&[0]))
+            }
+            Op::Window { i, j, size } => {
+                let pre = vec![
+                    self.sym(&ren.name(i), span),
+                    self.sym(&ren.name(j), span),
+                    self.add(Attn::Num(Num::new(*size as f64)), span),
+                ];
+                (pre, same(&[0]))
+            }
+            Op::RmsNorm { axis, eps } => {
+                let pre = vec![self.sym(&ren.name(axis), span), self.add(Attn::Num(Num::new(*eps)), span)];
+                (pre, same(&[0, 1]))
+            }
+            other => {
+                return Err((
+                    format!("`{}` is not supported inside an attention expression", other.mnemonic()),
+                    span,
+                ))
+            }
+        })
+    }
+
+    /// The second half of translating `n`: its class, from its operands' (all translated).
+    fn finish(&mut self, n: ValueId, ren: &Ren, pre: &[Id]) -> Result<Id, (String, Span)> {
+        let node = self.g.node(n);
+        let span = node.span;
+        let ops = self.g.operands(n);
+        let memo = &self.memo;
+        let sub = |k: usize| memo[&(ops[k], ren.clone())];
         let id = match &node.op {
             Op::Const(c) => self.add(Attn::Num(Num::new(*c)), span),
             Op::DimSize(Dim::Const(c)) => self.add(Attn::Num(Num::new(*c as f64)), span),
@@ -178,10 +264,13 @@ impl<'a> Builder<'a> {
             Op::Gather { index, .. } => self.gather(n, ops[0], index, ren, span),
             Op::Bind { axes } => {
                 let axes: Vec<String> = axes.iter().map(|a| ren.name(a)).collect();
-                self.positional(ops[0], &axes, span)?
+                match self.inline(ops[0], &axes) {
+                    Some(k) => self.memo[&k],
+                    None => self.leaf(ops[0], &axes, span),
+                }
             }
             Op::Unary(u) => {
-                let x = sub(self, 0)?;
+                let x = sub(0);
                 let e = match u {
                     UnaryOp::Neg => Attn::Neg(x),
                     UnaryOp::Exp => Attn::Exp(x),
@@ -200,7 +289,7 @@ impl<'a> Builder<'a> {
                 self.add(e, span)
             }
             Op::Binary(b) => {
-                let x = [sub(self, 0)?, sub(self, 1)?];
+                let x = [sub(0), sub(1)];
                 let e = match b {
                     BinaryOp::Add => Attn::Add(x),
                     BinaryOp::Sub => Attn::Sub(x),
@@ -218,43 +307,35 @@ impl<'a> Builder<'a> {
                 self.add(e, span)
             }
             Op::Select => {
-                let x = [sub(self, 0)?, sub(self, 1)?, sub(self, 2)?];
+                let x = [sub(0), sub(1), sub(2)];
                 self.add(Attn::Select(x), span)
             }
-            Op::Reduce { kind, axis } => {
-                let a = self.sym(&ren.name(axis), span);
-                let x = sub(self, 0)?;
+            Op::Reduce { kind, .. } => {
+                let x = sub(0);
                 match kind {
-                    ReduceKind::Sum => self.add(Attn::Sum([a, x]), span),
-                    ReduceKind::Max => self.add(Attn::RMax([a, x]), span),
+                    ReduceKind::Sum => self.add(Attn::Sum([pre[0], x]), span),
+                    ReduceKind::Max => self.add(Attn::RMax([pre[0], x]), span),
                 }
             }
-            Op::Cumsum { axis } | Op::Softmax { axis } => {
-                let a = self.sym(&ren.name(axis), span);
-                let x = sub(self, 0)?;
-                if matches!(node.op, Op::Cumsum { .. }) {
-                    self.add(Attn::Cumsum([a, x]), span)
-                } else {
-                    self.add(Attn::Softmax([a, x]), span)
-                }
+            Op::Cumsum { .. } => {
+                let x = sub(0);
+                self.add(Attn::Cumsum([pre[0], x]), span)
             }
-            Op::Causal { i, j } => {
-                let (i, j) = (self.sym(&ren.name(i), span), self.sym(&ren.name(j), span));
-                let x = sub(self, 0)?;
-                self.add(Attn::Causal([i, j, x]), span)
+            Op::Softmax { .. } => {
+                let x = sub(0);
+                self.add(Attn::Softmax([pre[0], x]), span)
             }
-            Op::Window { i, j, size } => {
-                let (i, j) = (self.sym(&ren.name(i), span), self.sym(&ren.name(j), span));
-                let w = self.add(Attn::Num(Num::new(*size as f64)), span);
-                let x = sub(self, 0)?;
-                self.add(Attn::Window([i, j, w, x]), span)
+            Op::Causal { .. } => {
+                let x = sub(0);
+                self.add(Attn::Causal([pre[0], pre[1], x]), span)
             }
-            Op::RmsNorm { axis, eps } => {
-                let a = self.sym(&ren.name(axis), span);
-                let e = self.add(Attn::Num(Num::new(*eps)), span);
-                let x = sub(self, 0)?;
-                let w = sub(self, 1)?;
-                self.add(Attn::RmsNorm([a, e, x, w]), span)
+            Op::Window { .. } => {
+                let x = sub(0);
+                self.add(Attn::Window([pre[0], pre[1], pre[2], x]), span)
+            }
+            Op::RmsNorm { .. } => {
+                let (x, w) = (sub(0), sub(1));
+                self.add(Attn::RmsNorm([pre[0], pre[1], x, w]), span)
             }
             other => {
                 return Err((
@@ -263,7 +344,6 @@ impl<'a> Builder<'a> {
                 ))
             }
         };
-        self.memo.insert((n, ren.clone()), id);
         Ok(id)
     }
 

@@ -7,6 +7,7 @@ use super::score::T;
 use crate::lang::{Attn, Num};
 use egg::{Id, Symbol};
 use std::collections::BTreeMap;
+use std::rc::Rc;
 
 /// `sum coef * index + constant` of an index expression term (`None` when it is not one:
 /// a tensor read, a non-constant product, a dim).
@@ -42,7 +43,7 @@ fn linear(t: &T) -> Option<(BTreeMap<Symbol, f64>, f64)> {
 /// Whether keeping the entries where `t` holds (where it does not, if `negated`) is exactly the
 /// causal mask `j <= i` for all integer `i`, `j`.
 pub(crate) fn is_causal(t: &T, negated: bool, i: Symbol, j: Symbol) -> bool {
-    let (a, b) = match (t.kids.first().and_then(linear), t.kids.get(1).and_then(linear)) {
+    let (a, b) = match (t.kids.first().and_then(|k| linear(k)), t.kids.get(1).and_then(|k| linear(k))) {
         (Some(a), Some(b)) => (a, b),
         _ => return false,
     };
@@ -105,7 +106,10 @@ pub(crate) fn keep_term(c: T, negated: bool) -> T {
             let zero = Id::from(0usize);
             T {
                 op: Attn::Eq([zero, zero]),
-                kids: vec![c, T { op: Attn::Num(Num::new(0.0)), kids: vec![], class: None }],
+                kids: vec![
+                    Rc::new(c),
+                    Rc::new(T { op: Attn::Num(Num::new(0.0)), kids: vec![], class: None }),
+                ],
                 class: None,
             }
         }
@@ -120,14 +124,18 @@ mod tests {
         T { op, kids: vec![], class: None }
     }
     fn ix(s: &str) -> T {
-        T { op: Attn::Iota(Id::from(0usize)), kids: vec![leaf(Attn::Symbol(Symbol::from(s)))], class: None }
+        T {
+            op: Attn::Iota(Id::from(0usize)),
+            kids: vec![Rc::new(leaf(Attn::Symbol(Symbol::from(s))))],
+            class: None,
+        }
     }
     fn num(c: f64) -> T {
         leaf(Attn::Num(Num::new(c)))
     }
     fn bin(op: fn([Id; 2]) -> Attn, a: T, b: T) -> T {
         let z = Id::from(0usize);
-        T { op: op([z, z]), kids: vec![a, b], class: None }
+        T { op: op([z, z]), kids: vec![Rc::new(a), Rc::new(b)], class: None }
     }
 
     /// Every spelling of `j <= i` (and of its opposite with `-inf` first) is causal; shifted,
@@ -156,7 +164,7 @@ mod tests {
         assert!(!causal(&bin(Attn::Le, ix("j"), ix("h")), false));
         assert!(!causal(&bin(Attn::Le, ix("j"), bin(Attn::Add, ix("i"), ix("h"))), false));
         assert!(!causal(&bin(Attn::Ne, ix("j"), ix("i")), false));
-        let read = T { op: Attn::Recip(Id::from(0usize)), kids: vec![ix("i")], class: None };
+        let read = T { op: Attn::Recip(Id::from(0usize)), kids: vec![Rc::new(ix("i"))], class: None };
         assert!(!causal(&bin(Attn::Le, ix("j"), read), false));
     }
 
@@ -166,7 +174,7 @@ mod tests {
         assert!(matches!(t.op, Attn::Le(_)));
         assert!(matches!(keep_term(bin(Attn::Gt, ix("j"), ix("i")), false).op, Attn::Gt(_)));
         // A condition that may be NaN (a tensor read) is compared with 0 instead.
-        let read = T { op: Attn::Recip(Id::from(0usize)), kids: vec![ix("i")], class: None };
+        let read = T { op: Attn::Recip(Id::from(0usize)), kids: vec![Rc::new(ix("i"))], class: None };
         let t = keep_term(bin(Attn::Gt, read, num(0.0)), true);
         assert!(matches!(t.op, Attn::Eq(_)) && matches!(t.kids[0].op, Attn::Gt(_)));
     }

@@ -14,7 +14,8 @@ use egg::{Id, Searcher, Symbol};
 use foxc_ir::attention::{IndexVar, RId, RNode, Region, Scale};
 use foxc_ir::index::IndexExpr;
 use foxc_ir::{BinaryOp, Dim, UnaryOp, ValueId};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
 
 /// A positional tensor of the given index variables (in `b, h, i, j` order) that computes a
 /// subterm outside the attention.
@@ -33,6 +34,9 @@ pub(crate) struct RegionBuilder<'a> {
     /// The e-class each region node was extracted from (`None` for nodes the score split
     /// built), for the source spans of explanations.
     classes: Vec<Option<Id>>,
+    /// The node built for each shared operand term of this region (a term that uses one
+    /// subterm twice gets one node for it: the region stays as small as the term's DAG).
+    built: HashMap<*const T, RId>,
 }
 
 fn var_index(v: IndexVar) -> IndexExpr {
@@ -53,6 +57,7 @@ impl<'a> RegionBuilder<'a> {
             captures: vec![],
             region: Region::new(),
             classes: vec![],
+            built: HashMap::new(),
         }
     }
 
@@ -95,7 +100,7 @@ impl<'a> RegionBuilder<'a> {
 
     /// Add `t` to the region; returns its node.
     pub fn add(&mut self, eg: &AttnGraph, t: &T, mat: &mut Materialize) -> Result<RId, String> {
-        let kid = |me: &mut Self, mat: &mut Materialize, k: usize| me.add(eg, &t.kids[k], mat);
+        let kid = |me: &mut Self, mat: &mut Materialize, k: usize| me.add_shared(eg, &t.kids[k], mat);
         let node = match &t.op {
             _ if t.is_x() => RNode::Score,
             Attn::Num(n) => RNode::Const(n.get()),
@@ -194,6 +199,20 @@ impl<'a> RegionBuilder<'a> {
         Ok(self.push(node, t.class))
     }
 
+    /// [`RegionBuilder::add`] of an operand term, once per shared term. A leaf (a constant, an
+    /// index, a read) is built at every use, as the tree walk did.
+    fn add_shared(&mut self, eg: &AttnGraph, t: &Rc<T>, mat: &mut Materialize) -> Result<RId, String> {
+        if t.kids.is_empty() || matches!(t.op, Attn::In(_)) {
+            return self.add(eg, t, mat);
+        }
+        if let Some(&n) = self.built.get(&Rc::as_ptr(t)) {
+            return Ok(n);
+        }
+        let n = self.add(eg, t, mat)?;
+        self.built.insert(Rc::as_ptr(t), n);
+        Ok(n)
+    }
+
     /// A subterm computed outside the attention and captured.
     fn materialize(&mut self, eg: &AttnGraph, t: &T, mat: &mut Materialize) -> Result<RId, String> {
         if t.uses_x() {
@@ -227,6 +246,7 @@ impl<'a> RegionBuilder<'a> {
     pub fn take(&mut self, root: RId) -> (Region, Vec<Option<Id>>) {
         let mut r = std::mem::replace(&mut self.region, Region::new());
         r.root = root;
+        self.built.clear();
         (r, std::mem::take(&mut self.classes))
     }
 }

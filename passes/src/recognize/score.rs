@@ -12,18 +12,24 @@
 
 use crate::lang::{rename, Attn, AttnGraph, Num};
 use egg::{Id, Language, RecExpr, Symbol};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::rc::Rc;
 
 /// The name of the leaf that stands for `x = scale * q . k` in an extracted term.
 pub(crate) const X: &str = "$x";
 
 /// An extracted term: an e-graph node with its children, and the class it came from (`None` for
 /// nodes built by [`split`]).
-#[derive(Clone, Debug, PartialEq)]
+///
+/// Children are shared: [`extract`] builds one node per e-class, so a term that uses a class
+/// twice (`a2 = a1 + a1`) holds it once, and a chain of such statements stays as small as the
+/// program. Walks over terms ([`T::uses_x`], [`T::to_expr`], the region builder) visit each
+/// shared node once.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct T {
     /// The node; its child ids are meaningless (the children are `kids`).
     pub op: Attn,
-    pub kids: Vec<T>,
+    pub kids: Vec<Rc<T>>,
     pub class: Option<Id>,
 }
 
@@ -35,13 +41,17 @@ impl T {
         T { op: Attn::Num(Num::new(c)), kids: vec![], class: None }
     }
     fn node(op: Attn, kids: Vec<T>) -> T {
-        T { op, kids, class: None }
+        T { op, kids: kids.into_iter().map(Rc::new).collect(), class: None }
     }
     pub fn is_x(&self) -> bool {
         matches!(&self.op, Attn::Symbol(s) if s.as_str() == X)
     }
     pub fn uses_x(&self) -> bool {
-        self.is_x() || self.kids.iter().any(T::uses_x)
+        // Each shared node once: a node seen before did not use `x` (else the walk had stopped).
+        fn go(t: &T, seen: &mut HashSet<*const T>) -> bool {
+            t.is_x() || t.kids.iter().any(|k| seen.insert(Rc::as_ptr(k)) && go(k, seen))
+        }
+        go(self, &mut HashSet::new())
     }
     pub fn konst(&self) -> Option<f64> {
         match &self.op {
@@ -60,8 +70,20 @@ impl T {
 
     /// The term as a `RecExpr` (for adding it to the e-graph).
     pub fn to_expr(&self) -> RecExpr<Attn> {
-        fn go(t: &T, e: &mut RecExpr<Attn>) -> Id {
-            let ids: Vec<Id> = t.kids.iter().map(|k| go(k, e)).collect();
+        // A shared node is added once (the expression is as large as the term's DAG).
+        fn go(t: &T, e: &mut RecExpr<Attn>, memo: &mut HashMap<*const T, Id>) -> Id {
+            let mut ids = Vec::with_capacity(t.kids.len());
+            for k in &t.kids {
+                let id = match memo.get(&Rc::as_ptr(k)) {
+                    Some(&id) => id,
+                    None => {
+                        let id = go(k, e, memo);
+                        memo.insert(Rc::as_ptr(k), id);
+                        id
+                    }
+                };
+                ids.push(id);
+            }
             let mut op = t.op.clone();
             for (slot, id) in op.children_mut().iter_mut().zip(ids) {
                 *slot = id;
@@ -69,7 +91,7 @@ impl T {
             e.add(op)
         }
         let mut e = RecExpr::default();
-        go(self, &mut e);
+        go(self, &mut e, &mut HashMap::new());
         e
     }
 
@@ -110,66 +132,130 @@ pub(crate) fn extract(eg: &AttnGraph, root: Id, x: Option<Id>, dim_cost: f64) ->
         }
         best.get(&c).map(|b| b.0)
     };
-    // Fixpoint over the classes (the e-graph may have cycles; costs only decrease).
+    // Fixpoint over the classes (the e-graph may have cycles; costs only decrease), in passes
+    // over the classes in the e-graph's order, each class's nodes in order, a node replacing the
+    // best only when strictly cheaper. A pass evaluates only the classes with an operand class
+    // whose cost changed since their last evaluation (all of them in the first pass): any other
+    // would find nothing cheaper, so the result, ties included, is that of evaluating every
+    // class in every pass, at a cost proportional to the changes rather than to passes times
+    // classes (a chain of thousands of statements takes as many passes).
+    let order: Vec<Id> = eg.classes().map(|c| c.id).collect();
+    let pos: HashMap<Id, usize> = order.iter().enumerate().map(|(p, id)| (*id, p)).collect();
+    let mut parents: Vec<Vec<usize>> = vec![vec![]; order.len()];
+    for (p, id) in order.iter().enumerate() {
+        for n in &eg[*id].nodes {
+            for c in n.children() {
+                if let Some(&q) = pos.get(&eg.find(*c)) {
+                    parents[q].push(p);
+                }
+            }
+        }
+    }
+    let mut current: BTreeSet<usize> = (0..order.len()).collect();
+    let mut next: BTreeSet<usize> = BTreeSet::new();
     loop {
-        let mut changed = false;
-        for class in eg.classes() {
-            if Some(class.id) == x {
+        while let Some(r) = current.pop_first() {
+            let id = order[r];
+            if Some(id) == x {
                 continue;
             }
-            for n in &class.nodes {
+            let mut changed = false;
+            for n in &eg[id].nodes {
                 let Some(own) = own_cost(n, dim_cost) else { continue };
                 let kids: Option<f64> = n.children().iter().map(|c| cost_of(&best, *c)).sum();
                 let Some(k) = kids else { continue };
                 let c = own + k;
-                if best.get(&class.id).is_none_or(|b| c < b.0) {
-                    best.insert(class.id, (c, n.clone()));
+                if best.get(&id).is_none_or(|b| c < b.0) {
+                    best.insert(id, (c, n.clone()));
                     changed = true;
                 }
             }
+            if changed {
+                // Later classes see the change in this pass, earlier ones (and this one) in the next.
+                for &q in &parents[r] {
+                    if q > r {
+                        current.insert(q);
+                    } else {
+                        next.insert(q);
+                    }
+                }
+            }
         }
-        if !changed {
+        if next.is_empty() {
             break;
         }
+        std::mem::swap(&mut current, &mut next);
     }
+    // One node per class (memo: the node and its height), so that a class used twice is one
+    // shared child; a term taller than MAX_TERM_HEIGHT is none (as a walk that gave up deeper
+    // than that on any path).
+    type Built = HashMap<Id, Option<(Rc<T>, usize)>>;
     fn build(
         eg: &AttnGraph,
         best: &HashMap<Id, (f64, Attn)>,
         x: Option<Id>,
         c: Id,
-        depth: usize,
-    ) -> Option<T> {
+        memo: &mut Built,
+    ) -> Option<(Rc<T>, usize)> {
         let c = eg.find(c);
         if Some(c) == x {
-            return Some(T::x(c));
+            return Some((Rc::new(T::x(c)), 0));
         }
-        if depth > 200 {
-            return None;
+        if let Some(b) = memo.get(&c) {
+            return b.clone();
         }
+        // Cycles cannot occur (costs grow along the best nodes), but a class under construction
+        // reads as none rather than recursing forever.
+        memo.insert(c, None);
         let n = &best.get(&c)?.1;
-        let kids =
-            n.children().iter().map(|k| build(eg, best, x, *k, depth + 1)).collect::<Option<Vec<_>>>()?;
-        Some(T { op: n.clone(), kids, class: Some(c) })
+        let mut kids = Vec::with_capacity(n.len());
+        let mut height = 0;
+        for k in n.children() {
+            let (t, h) = build(eg, best, x, *k, memo)?;
+            height = height.max(h + 1);
+            kids.push(t);
+        }
+        let b =
+            (height <= MAX_TERM_HEIGHT).then(|| (Rc::new(T { op: n.clone(), kids, class: Some(c) }), height));
+        memo.insert(c, b.clone());
+        b
     }
     let cost = cost_of(&best, root)?;
-    Some((build(eg, &best, x, root, 0)?, cost))
+    let (t, _) = build(eg, &best, x, root, &mut HashMap::new())?;
+    Some((Rc::unwrap_or_clone(t), cost))
 }
+
+/// The tallest term [`extract`] returns (deeper ones are none: the walks over terms recurse).
+const MAX_TERM_HEIGHT: usize = 201;
+
+/// The most terms [`expand`] makes of one term: past it the term stays whole (a doubling
+/// chain `a2 = a1 + a1, a3 = a2 + a2, ...` would expand into exponentially many).
+pub(crate) const MAX_TERMS: usize = 256;
 
 /// `coef * t` terms of a sum.
 pub(crate) type Terms = Vec<(f64, T)>;
 
 /// Expand `t` into a signed sum of terms (`+`, `-`, negation, constant factors, and products of
-/// `x`-free sums are distributed).
+/// `x`-free sums are distributed); a term that would expand into more than [`MAX_TERMS`] terms
+/// stays whole.
 pub(crate) fn expand(t: &T, coef: f64, out: &mut Terms) {
+    let start = out.len();
+    if !expand_within(t, coef, out, start + MAX_TERMS) {
+        out.truncate(start);
+        out.push((coef, t.clone()));
+    }
+}
+
+/// [`expand`] into `out` while it holds at most `limit` terms; false when it would exceed it.
+fn expand_within(t: &T, coef: f64, out: &mut Terms, limit: usize) -> bool {
+    let expand = |t: &T, coef: f64, out: &mut Terms| expand_within(t, coef, out, limit);
+    let push = |out: &mut Terms, term: (f64, T)| {
+        out.push(term);
+        out.len() <= limit
+    };
     match &t.op {
-        Attn::Add(_) => {
-            expand(&t.kids[0], coef, out);
-            expand(&t.kids[1], coef, out);
-        }
-        Attn::Sub(_) => {
-            expand(&t.kids[0], coef, out);
-            expand(&t.kids[1], -coef, out);
-        }
+        Attn::Add(_) => expand(&t.kids[0], coef, out) && expand(&t.kids[1], coef, out),
+        Attn::Sub(_) => expand(&t.kids[0], coef, out) && expand(&t.kids[1], -coef, out),
         Attn::Neg(_) => expand(&t.kids[0], -coef, out),
         Attn::Mul(_) => {
             let (a, b) = (&t.kids[0], &t.kids[1]);
@@ -180,24 +266,27 @@ pub(crate) fn expand(t: &T, coef: f64, out: &mut Terms) {
                 return expand(a, coef * c, out);
             }
             if t.uses_x() {
-                return out.push((coef, t.clone()));
+                return push(out, (coef, t.clone()));
             }
+            // Each factor on its own (within its own limit), then their product within ours.
             let (mut ta, mut tb) = (vec![], vec![]);
-            expand(a, 1.0, &mut ta);
-            expand(b, 1.0, &mut tb);
-            if ta.len() == 1 && tb.len() == 1 && ta[0].1 == *a && tb[0].1 == *b {
-                return out.push((coef * ta[0].0 * tb[0].0, t.clone()));
+            self::expand(a, 1.0, &mut ta);
+            self::expand(b, 1.0, &mut tb);
+            if ta.len() == 1 && tb.len() == 1 && ta[0].1 == **a && tb[0].1 == **b {
+                return push(out, (coef * ta[0].0 * tb[0].0, t.clone()));
             }
             for (ca, xa) in &ta {
                 for (cb, xb) in &tb {
-                    out.push((
-                        coef * ca * cb,
-                        T::node(Attn::Mul([Id::from(0); 2]), vec![xa.clone(), xb.clone()]),
-                    ));
+                    let term =
+                        (coef * ca * cb, T::node(Attn::Mul([Id::from(0); 2]), vec![xa.clone(), xb.clone()]));
+                    if !push(out, term) {
+                        return false;
+                    }
                 }
             }
+            true
         }
-        _ => out.push((coef, t.clone())),
+        _ => push(out, (coef, t.clone())),
     }
 }
 
@@ -232,12 +321,13 @@ pub(crate) fn split(eg: &mut AttnGraph, e: &T, i: Symbol, j: Symbol, batch: [Sym
     // condition holds, and `-inf` either way where it fails (the decay is finite or `-inf`;
     // only a NaN decay, from a NaN gate, now reaches the row, where it belongs). So a padding
     // or packing mask spelled around the whole score keeps its decay provable.
-    if let (Attn::Select(_), Some(ninf)) = (&e.op, e.kids.get(2).and_then(T::konst)) {
+    if let (Attn::Select(_), Some(ninf)) = (&e.op, e.kids.get(2).and_then(|k| k.konst())) {
         if ninf == f64::NEG_INFINITY {
             let inner = split(eg, &e.kids[1], i, j, batch);
             if let (false, Some(kept)) = (inner.decay.is_empty(), sum_of(&inner.region)) {
                 let cond = e.kids[0].clone();
-                let region = T::node(Attn::Select([Id::from(0); 3]), vec![cond, kept, T::num(ninf)]);
+                let region =
+                    T::node(Attn::Select([Id::from(0); 3]), vec![(*cond).clone(), kept, T::num(ninf)]);
                 return Split { region: vec![(1.0, region)], decay: inner.decay };
             }
         }
