@@ -8,7 +8,7 @@
 use super::mask::{is_causal, keep_term};
 use super::names::shown;
 use super::region::{scale_of, RegionBuilder};
-use super::score::{extract, split, sum_of, Terms, T};
+use super::score::{extract, reachable, split, sum_of, Terms, T};
 use super::{matches, sym_of, var, Builder, Emit, FusedCost, Ren};
 use crate::lang::{Attn, AttnGraph, Num};
 use crate::{Explanation, PassError};
@@ -65,21 +65,6 @@ pub(crate) struct Recognized {
     pub decay: Vec<(f64, DecaySrc)>,
     /// The softmax class (for explanations).
     pub softmax: Id,
-}
-
-/// Every class reachable from `root`.
-fn reachable(eg: &AttnGraph, root: Id) -> BTreeSet<Id> {
-    let mut seen = BTreeSet::new();
-    let mut stack = vec![eg.find(root)];
-    while let Some(c) = stack.pop() {
-        if !seen.insert(c) {
-            continue;
-        }
-        for n in &eg[c].nodes {
-            stack.extend(n.children().iter().map(|k| eg.find(*k)));
-        }
-    }
-    seen
 }
 
 /// Batch axes and value feature index when q, k, v are indexed as attention needs.
@@ -215,7 +200,7 @@ pub(crate) fn find(
         let one = eg.add(Attn::Num(Num::new(1.0)));
         eg.rebuild();
         let one = eg.find(one);
-        for c in reachable(eg, s) {
+        for c in reachable(eg, s, None) {
             for m in matches(eg, "(* ?sc (sum ?d (* ?q ?k)))", c) {
                 if let Some(d) = sym_of(eg, &m, "?d") {
                     dots.push((c, m[var("?sc")], d, m[var("?q")], m[var("?k")]));

@@ -139,7 +139,10 @@ pub(crate) fn extract(eg: &AttnGraph, root: Id, x: Option<Id>, dim_cost: f64) ->
     // would find nothing cheaper, so the result, ties included, is that of evaluating every
     // class in every pass, at a cost proportional to the changes rather than to passes times
     // classes (a chain of thousands of statements takes as many passes).
-    let order: Vec<Id> = eg.classes().map(|c| c.id).collect();
+    // Only the classes below `root` (not below `x`, a leaf here) can affect its term: the others
+    // are skipped, which leaves the evaluation order of these, and so the result, unchanged.
+    let below = reachable(eg, root, x);
+    let order: Vec<Id> = eg.classes().map(|c| c.id).filter(|c| below.contains(c)).collect();
     let pos: HashMap<Id, usize> = order.iter().enumerate().map(|(p, id)| (*id, p)).collect();
     let mut parents: Vec<Vec<usize>> = vec![vec![]; order.len()];
     for (p, id) in order.iter().enumerate() {
@@ -223,6 +226,22 @@ pub(crate) fn extract(eg: &AttnGraph, root: Id, x: Option<Id>, dim_cost: f64) ->
     let cost = cost_of(&best, root)?;
     let (t, _) = build(eg, &best, x, root, &mut HashMap::new())?;
     Some((Rc::unwrap_or_clone(t), cost))
+}
+
+/// The classes reachable from `root` through the nodes' children, `stop` (when given) included
+/// but not descended into.
+pub(crate) fn reachable(eg: &AttnGraph, root: Id, stop: Option<Id>) -> BTreeSet<Id> {
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![eg.find(root)];
+    while let Some(c) = stack.pop() {
+        if !seen.insert(c) || Some(c) == stop {
+            continue;
+        }
+        for n in &eg[c].nodes {
+            stack.extend(n.children().iter().map(|k| eg.find(*k)));
+        }
+    }
+    seen
 }
 
 /// The tallest term [`extract`] returns (deeper ones are none: the walks over terms recurse).
