@@ -316,10 +316,13 @@ impl Analysis<Attn> for AttnAnalysis {
     }
 
     fn merge(&mut self, a: &mut Data, b: Data) -> DidMerge {
-        // Equal values: intersect what is known about them.
+        // Equal values: intersect what is known about them. The bounds are f64 arithmetic
+        // without outward rounding, so two derivations of one value can differ in the last bits
+        // and miss each other (`x + x` and `2 * x` of a point interval): an empty intersection
+        // means that, and the hull of the two is what is known.
         let before = a.clone();
-        a.lo = a.lo.max(b.lo);
-        a.hi = a.hi.min(b.hi);
+        let (lo, hi) = (a.lo.max(b.lo), a.hi.min(b.hi));
+        (a.lo, a.hi) = if lo <= hi { (lo, hi) } else { (a.lo.min(b.lo), a.hi.max(b.hi)) };
         if a.konst.is_none() {
             a.konst = b.konst;
         }

@@ -143,3 +143,21 @@ proptest! {
         }
     }
 }
+
+/// Found by `intervals_contain_every_value`: `logsigmoid(x * (x * 0))` is derived along several
+/// paths whose point intervals differ in the last bit; the merge intersected them to the empty
+/// interval `[inf, -inf]`, which then spread to the root (shown failing before the fix).
+#[test]
+fn rounding_apart_derivations_do_not_empty_an_interval() {
+    let e: RecExpr<Attn> = "(* (logsigmoid (* (in x) (* (in x) 0))) (- (+ 1 0) 1))".parse().unwrap();
+    let ranges: BTreeMap<Symbol, (f64, f64)> =
+        LEAVES.iter().filter_map(|(n, r)| r.map(|r| (Symbol::from(*n), r))).collect();
+    let mut eg = AttnGraph::new(AttnAnalysis { ranges });
+    let root = eg.add_expr(&e);
+    let runner = runner(6, 5_000).with_egraph(eg).run(&rules());
+    for c in runner.egraph.classes() {
+        assert!(c.data.lo <= c.data.hi, "class {}: empty interval [{}, {}]", c.id, c.data.lo, c.data.hi);
+    }
+    let d = &runner.egraph[runner.egraph.find(root)].data;
+    assert!(d.lo <= 0.0 && 0.0 <= d.hi, "root [{}, {}]", d.lo, d.hi);
+}

@@ -124,71 +124,7 @@ fn own_cost(n: &Attn, dim_cost: f64) -> Option<f64> {
 /// Returns the term and its cost; `None` if the class has no finite term.
 pub(crate) fn extract(eg: &AttnGraph, root: Id, x: Option<Id>, dim_cost: f64) -> Option<(T, f64)> {
     let x = x.map(|x| eg.find(x));
-    let mut best: HashMap<Id, (f64, Attn)> = HashMap::new();
-    let cost_of = |best: &HashMap<Id, (f64, Attn)>, c: Id| -> Option<f64> {
-        let c = eg.find(c);
-        if Some(c) == x {
-            return Some(0.5);
-        }
-        best.get(&c).map(|b| b.0)
-    };
-    // Fixpoint over the classes (the e-graph may have cycles; costs only decrease), in passes
-    // over the classes in the e-graph's order, each class's nodes in order, a node replacing the
-    // best only when strictly cheaper. A pass evaluates only the classes with an operand class
-    // whose cost changed since their last evaluation (all of them in the first pass): any other
-    // would find nothing cheaper, so the result, ties included, is that of evaluating every
-    // class in every pass, at a cost proportional to the changes rather than to passes times
-    // classes (a chain of thousands of statements takes as many passes).
-    // Only the classes below `root` (not below `x`, a leaf here) can affect its term: the others
-    // are skipped, which leaves the evaluation order of these, and so the result, unchanged.
-    let below = reachable(eg, root, x);
-    let order: Vec<Id> = eg.classes().map(|c| c.id).filter(|c| below.contains(c)).collect();
-    let pos: HashMap<Id, usize> = order.iter().enumerate().map(|(p, id)| (*id, p)).collect();
-    let mut parents: Vec<Vec<usize>> = vec![vec![]; order.len()];
-    for (p, id) in order.iter().enumerate() {
-        for n in &eg[*id].nodes {
-            for c in n.children() {
-                if let Some(&q) = pos.get(&eg.find(*c)) {
-                    parents[q].push(p);
-                }
-            }
-        }
-    }
-    let mut current: BTreeSet<usize> = (0..order.len()).collect();
-    let mut next: BTreeSet<usize> = BTreeSet::new();
-    loop {
-        while let Some(r) = current.pop_first() {
-            let id = order[r];
-            if Some(id) == x {
-                continue;
-            }
-            let mut changed = false;
-            for n in &eg[id].nodes {
-                let Some(own) = own_cost(n, dim_cost) else { continue };
-                let kids: Option<f64> = n.children().iter().map(|c| cost_of(&best, *c)).sum();
-                let Some(k) = kids else { continue };
-                let c = own + k;
-                if best.get(&id).is_none_or(|b| c < b.0) {
-                    best.insert(id, (c, n.clone()));
-                    changed = true;
-                }
-            }
-            if changed {
-                // Later classes see the change in this pass, earlier ones (and this one) in the next.
-                for &q in &parents[r] {
-                    if q > r {
-                        current.insert(q);
-                    } else {
-                        next.insert(q);
-                    }
-                }
-            }
-        }
-        if next.is_empty() {
-            break;
-        }
-        std::mem::swap(&mut current, &mut next);
-    }
+    let best = cheapest_nodes(eg, root, x, dim_cost);
     // One node per class (memo: the node and its height), so that a class used twice is one
     // shared child; a term taller than MAX_TERM_HEIGHT is none (as a walk that gave up deeper
     // than that on any path).
@@ -223,9 +159,99 @@ pub(crate) fn extract(eg: &AttnGraph, root: Id, x: Option<Id>, dim_cost: f64) ->
         memo.insert(c, b.clone());
         b
     }
-    let cost = cost_of(&best, root)?;
+    let root = eg.find(root);
+    let cost = if Some(root) == x { X_COST } else { best.get(&root)?.0 };
     let (t, _) = build(eg, &best, x, root, &mut HashMap::new())?;
     Some((Rc::unwrap_or_clone(t), cost))
+}
+
+/// The cost of the leaf [`X`].
+const X_COST: f64 = 0.5;
+
+/// A node's cost in the queue of [`cheapest_nodes`]: cheapest first, then the class's and the
+/// node's position in the e-graph (a deterministic choice among equal costs).
+#[derive(PartialEq)]
+struct Queued(f64, usize, usize);
+
+impl Eq for Queued {}
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Queued {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        // Reversed: `BinaryHeap` pops the largest.
+        o.0.total_cmp(&self.0).then(o.1.cmp(&self.1)).then(o.2.cmp(&self.2))
+    }
+}
+
+/// The cheapest node of every class below `root` that has a finite term (`x`, when given, is
+/// the leaf [`X`] of cost [`X_COST`]), with its cost: the cost of a term is the sum of its
+/// nodes' own costs.
+///
+/// Knuth's generalization of Dijkstra's algorithm: every own cost is positive, so the cheapest
+/// node whose children all have their final cost is final for its class. Each node is looked at
+/// once per child and once when its children are done: time O(nodes log nodes), however the
+/// e-graph's classes are ordered (a fixpoint over the classes in e-graph order re-evaluated a
+/// long chain once per improvement, quadratically).
+fn cheapest_nodes(eg: &AttnGraph, root: Id, x: Option<Id>, dim_cost: f64) -> HashMap<Id, (f64, Attn)> {
+    let below = reachable(eg, root, x);
+    let order: Vec<Id> = eg.classes().map(|c| c.id).filter(|c| below.contains(c) && Some(*c) != x).collect();
+    let pos: HashMap<Id, usize> = order.iter().enumerate().map(|(p, id)| (*id, p)).collect();
+    // Per class and node: how many children are not final yet; per class: the nodes reading it
+    // (once per occurrence).
+    let mut waiting: Vec<Vec<usize>> = Vec::with_capacity(order.len());
+    let mut readers: Vec<Vec<(usize, usize)>> = vec![vec![]; order.len()];
+    let mut queue = std::collections::BinaryHeap::new();
+    let mut best: HashMap<Id, (f64, Attn)> = HashMap::new();
+    let cost_of = |best: &HashMap<Id, (f64, Attn)>, c: Id| -> Option<f64> {
+        let c = eg.find(c);
+        if Some(c) == x {
+            return Some(X_COST);
+        }
+        best.get(&c).map(|b| b.0)
+    };
+    let node_cost = |best: &HashMap<Id, (f64, Attn)>, n: &Attn| -> Option<f64> {
+        let own = own_cost(n, dim_cost)?;
+        let kids: Option<f64> = n.children().iter().map(|c| cost_of(best, *c)).sum();
+        Some(own + kids?)
+    };
+    for (p, id) in order.iter().enumerate() {
+        let mut w = Vec::with_capacity(eg[*id].nodes.len());
+        for (k, n) in eg[*id].nodes.iter().enumerate() {
+            let mut pending = 0;
+            for c in n.children() {
+                if let Some(&q) = pos.get(&eg.find(*c)) {
+                    readers[q].push((p, k));
+                    pending += 1;
+                }
+            }
+            if pending == 0 {
+                if let Some(c) = node_cost(&best, n) {
+                    queue.push(Queued(c, p, k));
+                }
+            }
+            w.push(pending);
+        }
+        waiting.push(w);
+    }
+    while let Some(Queued(c, p, k)) = queue.pop() {
+        let id = order[p];
+        if best.contains_key(&id) {
+            continue;
+        }
+        best.insert(id, (c, eg[id].nodes[k].clone()));
+        for &(r, rk) in &readers[p] {
+            waiting[r][rk] -= 1;
+            if waiting[r][rk] == 0 && !best.contains_key(&order[r]) {
+                if let Some(c) = node_cost(&best, &eg[order[r]].nodes[rk]) {
+                    queue.push(Queued(c, r, rk));
+                }
+            }
+        }
+    }
+    best
 }
 
 /// The classes reachable from `root` through the nodes' children, `stop` (when given) included
