@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # Issue 13 on one GPU, and the GPU expression masks it needs (issue 8's leftover), in one call.
 #
-# Build here (not on the device: no Rust there), from the repository root:
-#   cp -r target/release /work/tgt/<X>-rel/       # once, to seed the release target dir
-#   CARGO_TARGET_DIR=/work/tgt/<X>-rel cargo build --release -p foxc
-#   mkdir -p .devbin/cp && strip -o .devbin/cp/foxc /work/tgt/<X>-rel/release/foxc && gzip -f .devbin/cp/foxc
-#   CARGO_TARGET_DIR=/work/tgt/<X>-rel .tools/py/bin/maturin build --release -m python/Cargo.toml -o .devbin/cp
+# Build where Rust is, from the repository root, into BIN (git-ignored):
+#   cargo build --release -p foxc && mkdir -p .devbin/cp
+#   strip -o .devbin/cp/foxc target/release/foxc && gzip -f .devbin/cp/foxc
+#   .tools/py/bin/maturin build --release -m python/Cargo.toml -o .devbin/cp
 #   (a dev-profile wheel works too, --profile dev, but its host-side plan steps are slower)
-# There:  OUT=$OUT bash bench/cp_sim_device.sh          (carry: .devbin/cp)
+# On the GPU machine:  OUT=... bash bench/cp_sim_device.sh
 # Knobs: BIN (default .devbin/cp: foxc.gz and the foxc wheel), CP_T (default "131072 262144"),
 # CP_P (default "2 4"), REPS (default 3), MASKS=0 / SIM=0 / GLOO=0 skip a step.
 #

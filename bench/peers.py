@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Time the peers of foxc on the inputs `foxc inputs` wrote (shared/bench/WORKLOAD.md).
+"""Time the peers of foxc on the inputs `foxc inputs` wrote (the standard workload, BENCHMARKS.md).
 
     python3 bench/peers.py in.safetensors [--variant fox|softcap|gqa] [--foxc-out out.safetensors]
                            [--log-eps -10] [--block 128]
@@ -32,7 +32,7 @@ of q, k, v and, where said, of the gate logits, CSV rows `peer,shape,ms,kept,agr
 - `flex_fox_dense_gate`: dense causal block mask, with the gate's gradient;
 - `foxc` (with --foxc): examples/fox.attn through torch.ops.foxc.attention and its autograd
   (every gradient, the gate's included; threshold and block starts computed inside, timed);
-- `published_fox_acp`: the published FoX kernel + ACP, quoted from shared/bench/WORKLOAD.md
+- `published_fox_acp`: the published FoX kernel + ACP, quoted from the standard workload's reference figures
   (D = 128 at the standard T; not runnable here).
 `agree` is the largest relative L2 distance of the peer's gradients from flex_fox_dense_gate's
 (q, k, v, and fgate where both have it); `rerun_maxdiff` the largest |difference| between the
@@ -61,7 +61,7 @@ from flex_acp import (  # noqa: E402  (bench/flex_acp.py: one definition of the 
 )
 
 # The published FoX kernel + ACP, forward + backward, median ms at 1x16xTx128 workloads
-# (shared/bench/WORKLOAD.md, H200, 2026-11-29): quoted, not runnable here.
+# (the standard workload's reference figures, H200, 2026-11-29): quoted, not runnable here.
 PUBLISHED_FOX_ACP_FWD_BWD = {4096: 4.93, 8192: 7.77, 16384: 12.74, 32768: 20.99}
 
 

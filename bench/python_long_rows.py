@@ -26,7 +26,7 @@ CALLS = 20
 
 
 def inputs(B, H, T, D):
-    """The standard workload's inputs at one head (../shared/bench/WORKLOAD.md): q, k with
+    """The standard workload's inputs at one head (BENCHMARKS.md): q, k with
     |x| = sqrt(D); gate logits logit(exp(-1e-4)) + N(0, 1), head 0's mean decay of 1e-4 per
     token, under which little is pruned: the case item 3 is about."""
     g = torch.Generator(device="cuda").manual_seed(0)

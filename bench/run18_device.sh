@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run 18 (docs/GPU_KERNEL.md; issue 11 items 2 and 3), one call, two binaries (NEW, OLD):
+# Two binaries (NEW, OLD; the same one for a single build) in one call (issue 11 items 2 and 3;
+# first used for run 18 of docs/history/GPU_KERNEL-runs-2026-12.md):
 #   item 3: the joint prelude's scan sized by T (segments of 4096 up to T = 4096, 8192 above)
 #     against OLD (run 17: 8192 always), `foxc bench` pruned and dense rows at one head and the
 #     standard shapes, and ncu durations of the threshold kernels;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 11 item 3 (docs/GPU_KERNEL.md runs 16, 17): the threshold as one kernel (norms, then each
+# Issue 11 item 3 (docs/history/GPU_KERNEL-runs-2026-12.md runs 16, 17): the threshold as one kernel (norms, then each
 # head's last block evaluates its deltas; per-head arrival counters left zero) for formulas
 # without row statistics, and norms kernels that cover a tile in one step, against the build
 # before (OLD: two kernels, norms then delta). Pruned against --no-prune where little or nothing

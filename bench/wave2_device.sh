@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The variants wave's device call (issue 8): correctness of every example on the GPU, FoX's speed
-# against the previous release binary in the same run (interleaved A/B), and softcapped and
-# grouped-query FoX against FlexAttention + ACP with the same score_mod (bench/peers.py --variant).
-# Usage on the GPU machine: bench/wave2_device.sh     needs .devbin/foxc and .devbin/foxc-base (carried)
+# Every example on the GPU (`--check`), FoX's speed against a previous binary in the same run
+# (interleaved A/B; only with FOXC_BASE, AB=0 skips it), and softcapped and grouped-query FoX
+# against FlexAttention + ACP with the same score_mod (bench/peers.py --variant; VARIANTS=0 skips it).
+# Usage (GPU machine): FOXC=target/release/foxc [FOXC_BASE=old/foxc] bench/wave2_device.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-NEW=${FOXC:-.devbin/foxc}
-BASE=${FOXC_BASE:-.devbin/foxc-base}
+NEW=${FOXC:-target/release/foxc}
+BASE=${FOXC_BASE:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 
@@ -28,7 +28,7 @@ done
 echo "correctness: $([ $fail -eq 0 ] && echo all passed || echo FAILURES)"
 
 echo "## FoX speed, new vs previous binary (interleaved), D = 128 (AB=0 skips it)"
-[ "${AB:-1}" = 1 ] && for shape in B=1,H=16,T=32768,D=128 B=2,H=16,T=16384,D=128; do
+[ "${AB:-1}" = 1 ] && [ -n "$BASE" ] && for shape in B=1,H=16,T=32768,D=128 B=2,H=16,T=16384,D=128; do
   for rep in 1 2; do
     for bin in "$BASE" "$NEW"; do
       "$bin" bench examples/fox.attn --backend cuda --shape "$shape" --seed 0 --iters 50 --format csv 2>&1 |

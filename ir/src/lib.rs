@@ -3,6 +3,10 @@
 //! Pipeline owned here: source text --[`lexer`]--> tokens --[`parser`]--> [`ast`] --[`check`]-->
 //! typed AST --[`lower`]--> [`graph::Graph`] --[`verify`]. The [`interp`] module executes any
 //! verified graph in f64 and is the oracle of every test.
+//!
+//! Diagnostics are rendered by [`diag`], not ariadne: ariadne's layout (`Error:`, `╭─[file:line:col]`)
+//! differs from the `error:` / `--> file:line:col` text that tests, the CLI and Python's
+//! `CompileError` rely on.
 
 pub mod ast;
 pub mod ast_print;

@@ -130,22 +130,7 @@ pub fn line_col(src: &str, off: u32) -> (usize, usize) {
 
 /// Edit distance where swapping two adjacent characters counts as one edit (`tahn` -> `tanh`).
 fn edit_distance(a: &str, b: &str) -> usize {
-    let a: Vec<char> = a.chars().collect();
-    let b: Vec<char> = b.chars().collect();
-    let mut before: Vec<usize> = vec![0; b.len() + 1];
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for i in 1..=a.len() {
-        let mut cur = vec![i; b.len() + 1];
-        for j in 1..=b.len() {
-            let sub = prev[j - 1] + usize::from(a[i - 1] != b[j - 1]);
-            cur[j] = sub.min(prev[j] + 1).min(cur[j - 1] + 1);
-            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
-                cur[j] = cur[j].min(before[j - 2] + 1);
-            }
-        }
-        before = std::mem::replace(&mut prev, cur);
-    }
-    prev[b.len()]
+    strsim::osa_distance(a, b)
 }
 
 /// The closest candidate within a small edit distance (a third of the name's length, at least 1

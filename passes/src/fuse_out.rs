@@ -7,14 +7,14 @@
 //!   over the monotone `c`, the same value: docs/SEMANTICS.md), saving a launch.
 //! - `fuse-threshold` (GPU targets): a threshold whose formula reads tile norms only is one
 //!   launch (`plan = one_launch`): the norms, then each head's last block evaluates the formula
-//!   (docs/GPU_KERNEL.md, run 16).
+//!   (docs/GPU_KERNEL.md).
 //! - `fuse-prelude` (GPU targets): such an attention whose `c` is the scan of a gate and whose
 //!   `delta` is a one-launch threshold, each read by it alone, gets both from one
 //!   launch (`prelude = joint`): the plan becomes a chain of two launches, as the dense
-//!   attention's, instead of a fork into two lanes and a join (docs/GPU_KERNEL.md, run 17).
+//!   attention's, instead of a fork into two lanes and a join (docs/GPU_KERNEL.md).
 //!   When the rows are known to be longer than [`SPLIT_ROWS_ABOVE`] (T bound, or a lower bound
 //!   of it in `dims_at_least`), the launch splits them over blocks (`prelude = joint(split
-//!   rows)`, run 19).
+//!   rows)`).
 
 use crate::acp::add_attention;
 use crate::{PassContext, PassError, PassOptions, Target};
@@ -101,10 +101,8 @@ pub fn threshold(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Re
 
 /// Rows (T) above this length get `prelude = joint(split rows)` when T is bound at compile time.
 /// The joint launch's block walks a row's 8192-element segments one after another; split, each
-/// segment has its own block. Measured on the H200 (docs/GPU_KERNEL.md run 19; one head, nothing
-/// pruned; pruned forward, split against whole rows): 14-19 us faster at T = 65536 (D = 64), 4-5
-/// us at 32768 and 1.3-2.1 us at 16384 (D = 128), but up to 1.7 us slower at T <= 8192, where
-/// a row is one segment and there is nothing to split. With T unknown the rows stay whole,
+/// segment has its own block. Measured faster on the H200 above 8192 and slower at T <= 8192,
+/// where a row is one segment and there is nothing to split. With T unknown the rows stay whole,
 /// unless the caller guarantees more (`dims_at_least`: the Python op, see [`split_rows_bounds`]).
 pub const SPLIT_ROWS_ABOVE: u64 = 8192;
 

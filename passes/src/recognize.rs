@@ -1,5 +1,5 @@
 //! Recognition of attention with egg: any `sum(j, softmax(j, MASK(E)) * v)` becomes one
-//! `attention` node (ATTENTION_OP.md, docs/SEMANTICS.md).
+//! `attention` node (docs/SEMANTICS.md, section `attention`).
 //!
 //! 1. [`build`]: the statement that produces the graph output is inlined into one egg term over
 //!    named index variables: statement results read as `c[b, h, i]` are replaced by their

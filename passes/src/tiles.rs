@@ -6,16 +6,10 @@ use crate::{PassContext, PassError, PassOptions, Target};
 use foxc_ir::attention::{AttnKernel, KvLoads, WsGrid, WsTurns};
 use foxc_ir::{Attention, Graph, Mask, Op, Tiles};
 
-/// Head dims the warp-specialized kernel is chosen for: measured 0.75x the standard kernel's
-/// time at D = 128 (with 128-key tiles; docs/GPU_KERNEL.md, run 8). D = 64 keeps the standard
-/// kernel: the warp-specialized one with three consumers per block took 1.4492 / 2.3153 ms
-/// (64x64) and 1.4720 / 2.3265 (64x128) against the standard kernel's 1.4282 / 2.2932 (64x128)
-/// at 2x16x16384x64 / 1x16x32768x64 (run 13, call B; two blocks of two consumers per SM were
-/// 1.4-17% slower in call A). Without the turn ring (`--ws-turns none`, run 15) three consumers
-/// took 1.4404 / 2.2976 with 64x128 tiles against the standard kernel's 1.4284 / 2.3134 in the
-/// same call: faster at one shape only. Since run 18, 64x128 tiles at D = 64 run two consumers
-/// (three spilled): 1.5412 / 2.4602 with the tiles grid, 1.4428 / 2.3098 with `--ws-grid
-/// persistent`, against the standard kernel's 1.4186 / 2.3054 in the same call.
+/// Head dims the warp-specialized kernel is chosen for: at D = 128 (with 128-key tiles) it is
+/// faster than the standard kernel on the H200; at D = 64 the standard kernel with 64x128 tiles
+/// stays faster than every warp-specialized layout tried (three consumers, two consumers, free
+/// running, persistent grid; BENCHMARKS.md and docs/GPU_KERNEL.md).
 pub const WS_HEAD_DIMS: [u64; 1] = [128];
 
 /// Head dims the warp-specialized kernel builds for (codegen's `attention_ws::HEAD_DIMS`): what
@@ -32,45 +26,34 @@ pub enum ForwardKernel {
 }
 
 /// How the warp-specialized kernel fills its K/V ring unless `--ws-loads` says otherwise: TMA
-/// (`loads = tma`), measured correct (outputs bitwise equal to `cp.async`'s) and faster on the
-/// H200: 1.316 vs 1.381 ms at 4x16x8192x128, 3.373 vs 3.550 at 1x16x32768x128 (docs/GPU_KERNEL.md,
-/// run 11).
+/// (`loads = tma`): outputs bitwise equal to `cp.async`'s, and faster on the H200 (one thread
+/// issues the copies, the producer's address math leaves the other threads).
 pub const WS_LOADS: KvLoads = KvLoads::Tma;
 
 /// The warp-specialized kernel's grid unless `--ws-grid` says otherwise: one block per query
-/// tile and head. The persistent grid (docs/GPU_KERNEL.md, run 14) stays opt-in until the
-/// device shows it faster at every standard shape.
+/// tile and head. The persistent grid stays opt-in until the device shows it faster at every
+/// standard shape (level at D = 128 so far).
 pub const WS_GRID: WsGrid = WsGrid::Tiles;
 
 /// Whether the warp-specialized kernel's consumers take turns at the tensor cores unless
-/// `--ws-turns` says otherwise: the ring (pingpong, runs 8-13). Free-running consumers (`none`)
-/// were 7% slower at D = 128 (3.6296 vs 3.3930 ms at 1x16x32768x128, 2.2313 vs 2.0892 at
-/// 2x16x16384x128, pruned) and 12% slower at D = 64 with 64x64 tiles (docs/GPU_KERNEL.md, run 15).
+/// `--ws-turns` says otherwise: the ring (pingpong). Free-running consumers (`none`) collide on
+/// the tensor cores and were slower at D = 128 and D = 64.
 pub const WS_TURNS: WsTurns = WsTurns::Ring;
 
-/// Head dims that get 128-key tiles on sm_90a for a forward (64-row query tiles either way).
-/// D = 128: the warp-specialized kernel ran 1x16x32768x128 in 3.34 ms with them against 4.02 ms
-/// with 64 (the standard kernel: 4.43), keeping 40.2% of the tiles instead of 40.0% (run 8).
-/// D = 64 (the standard kernel): median ms pruned, 64x128 against 64x64, one call (H200,
-/// docs/GPU_KERNEL.md run 13): 1.4553 vs 1.4788 at 2x16x16384x64, 2.3394 vs 2.4133 at
-/// 1x16x32768x64, 0.2150 vs 0.2499 at 1x2x16384x64, 0.5818 vs 0.5874 at 8x16x4096x64 (dense:
-/// 2.97 vs 3.09, 5.77 vs 5.96, 0.244 vs 0.291, 0.823 vs 0.851); kept 45.9 / 38.5 / 51.2 / 62.1%
-/// of the work instead of 45.5 / 38.3 / 50.8 / 60.8%.
+/// Head dims that get 128-key tiles on sm_90a for a forward (64-row query tiles either way):
+/// faster at D = 128 (warp-specialized kernel: a larger GEMM per turn hides more of the other
+/// consumer's softmax) and at D = 64 (standard kernel), for about 0.2-1 point more kept work.
 pub const WIDE_KEY_HEAD_DIMS: [u64; 2] = [64, 128];
 
 /// The `bm x bn` tiles for `target`. `head_dim` is `D` when the signature or the caller's
 /// bound sizes fix it; `gradient` says the graph will be differentiated.
 ///
-/// GPUs: 64-row query tiles (measured 7% (D = 128) to 30% (D = 64) faster than 128-row ones on
-/// the H200 with the standard kernel, and fewer kept tiles; docs/GPU_KERNEL.md, run 3), 64-key
-/// tiles; on sm_90a with D = 64 or 128 known, for a forward, 128-key tiles
-/// ([`WIDE_KEY_HEAD_DIMS`]: measured faster with the warp-specialized kernel at D = 128 and the
-/// standard one at D = 64). Not when the head dim is unknown (D = 256 runs the standard kernel,
-/// whose 128-key tiles do not fit in shared memory), and not for a graph that is
-/// differentiated: the backward kernels share the forward's tiles, and forward + backward at
-/// 1x16x32768x128 took 19.41 / 19.44 ms with 128-key tiles against 18.73-19.09 with 64
-/// (8x16x4096x128: 5.34 against 4.96), with the sm_90a wgmma backward (docs/GPU_KERNEL.md, "The
-/// sm_90a wgmma backward"; with the earlier mma.sync backward: 30.17 against 25.78).
+/// GPUs: 64-row query tiles (faster than 128-row ones on the H200 with the standard kernel, and
+/// fewer kept tiles), 64-key tiles; on sm_90a with D = 64 or 128 known, for a forward, 128-key
+/// tiles ([`WIDE_KEY_HEAD_DIMS`]). Not when the head dim is unknown (D = 256 runs the standard
+/// kernel, whose 128-key tiles do not fit in shared memory), and not for a graph that is
+/// differentiated: the backward kernels share the forward's tiles, and forward + backward ran
+/// 2-8% slower with 128-key tiles.
 pub fn tiles_for(target: Target, head_dim: Option<u64>, gradient: bool) -> Tiles {
     match target {
         Target::Sm90a if !gradient && head_dim.is_some_and(|d| WIDE_KEY_HEAD_DIMS.contains(&d)) => {

@@ -328,7 +328,7 @@ fn options_reach_the_attributes() {
     }
     let t64 = foxc_ir::Tiles { bm: 64, bn: 64 };
     assert_eq!(tiles_for(Target::Cpu, Some(64), false), t64);
-    // sm_90a, D = 128: the warp-specialized kernel's 128-key tiles (docs/GPU_KERNEL.md run 8),
+    // sm_90a, D = 128: the warp-specialized kernel's 128-key tiles (docs/history run 8),
     // for a forward only (the backward runs faster with 64-key tiles), and only when D is known
     // (D = 256's standard kernel cannot hold 128-key tiles in shared memory).
     assert_eq!(tiles_for(Target::Sm90a, Some(128), false), foxc_ir::Tiles { bm: 64, bn: 128 });

@@ -35,7 +35,7 @@ class KeptZeroed:
     The kernels leave their counters zero, so the first launch of a plan on a stream allocates
     it zeroed and every later launch of that plan on that stream reuses it: launches on one
     stream run in order, and two streams never share one. That saves an allocation and a memset
-    per call, the pruned plan's extra host work (docs/GPU_KERNEL.md, run 20). A launch being
+    per call, the pruned plan's extra host work (docs/history, run 20). A launch being
     captured into a CUDA graph must take a fresh one instead: the graph may be replayed on any
     stream, beside eager launches.
     """

@@ -1,4 +1,4 @@
-//! The standard synthetic workload (../shared/bench/WORKLOAD.md), deterministic by seed.
+//! The standard synthetic workload (BENCHMARKS.md, "How to reproduce"), deterministic by seed.
 //!
 //! The generator is our own (splitmix64 seeding a xoshiro256** stream, Box–Muller normals) so the
 //! tensors never change with a crate version. Each parameter draws from its own stream, seeded by

@@ -1,5 +1,5 @@
-//! The bound `U >= max |R(x, ...)|` of a score region, for ACP's threshold (ATTENTION_OP.md,
-//! "Threshold / ACP with a region"), from the interval analysis of [`crate::lang`]:
+//! The bound `U >= max |R(x, ...)|` of a score region, for ACP's threshold (docs/SEMANTICS.md,
+//! `threshold`), from the interval analysis of [`crate::lang`]:
 //!
 //! - `Static(U)` when the region is bounded whatever `x` is (softcapping `a tanh(x / a)`: `U = a`);
 //! - otherwise `Data { gain, extra }` (`U = gain X + extra` with `X = |scale| Qmax Kmax >= |x|`)

@@ -1,5 +1,5 @@
 //! Recognition of any attention variant `sum(j, softmax(j, MASK(E)) * v)` into `Op::Attention`
-//! (ATTENTION_OP.md): the mask becomes an attribute, `E` is split into the region `R` and the
+//! (docs/SEMANTICS.md): the mask becomes an attribute, `E` is split into the region `R` and the
 //! decay `c_i - c_j` ([`super::score`]), and the decay terms become one `gate_cumsum`.
 //!
 //! [`find`] searches the saturated e-graph and returns a [`Recognized`] (e-classes and extracted

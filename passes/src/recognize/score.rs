@@ -1,5 +1,5 @@
 //! The score `E` of a recognized attention, split into the region `R` (an expression of the
-//! scaled product `x`) and the decay terms `c_i - c_j` (contract: ATTENTION_OP.md).
+//! scaled product `x`) and the decay terms `c_i - c_j` (contract: docs/SEMANTICS.md).
 //!
 //! 1. [`extract`] reads one term out of the saturated score class with the class of
 //!    `scale * q . k` replaced by the leaf `x` (cheapest spelling, dims costed high so that a

@@ -24,10 +24,9 @@ pub enum Submission {
 
 impl Submission {
     /// [`Submission::Graph`], or launch by launch with `FOXC_CUDA_GRAPH=0` (for A/B timings).
-    /// Graph by default since it was measured (H200, bench/graph_device.sh, docs/GPU_KERNEL.md
-    /// run 12b): outputs bitwise equal; pruned level with `--no-prune` where nothing is pruned
-    /// (1x1x16384x128: 0.2439 / 0.2440 ms against 0.2443 / 0.2437; by launches 0.2532 / 0.2552
-    /// against 0.2476 / 0.2472), the standard shapes unchanged within 0.3%.
+    /// Graph by default: the same kernels and outputs, without the host's per-launch submission
+    /// in the time of each run, which made the pruned plan (more launches) slower than
+    /// `--no-prune` where nothing is pruned.
     pub fn from_env() -> Submission {
         match std::env::var("FOXC_CUDA_GRAPH").as_deref() {
             Ok("0") => Submission::Launches,

@@ -19,7 +19,7 @@
 //! would race: the last consumer's last hand-over of one item and its first of the next could
 //! complete the barrier without consumer 0; run 9).
 //!
-//! Free-running consumers (`turns = none`, `cfg.free_running`; docs/GPU_KERNEL.md run 15) take
+//! Free-running consumers (`turns = none`, `cfg.free_running`; docs/history run 15) take
 //! no turns: no turn barrier is emitted, and each consumer issues a tile's GEMMs as soon as the
 //! slot is full (and its previous softmax done), as independent blocks of the standard kernel
 //! do; the warp schedulers interleave the consumers. The turns order the GEMMs only: every

@@ -3,7 +3,7 @@
 //! Selected per attention by the tiles pass (`kernel = warp_specialized(D = 128)`: the head dims
 //! the choice holds for, `AttnKernel::runs_warp_specialized`; D = 64 builds, with three
 //! consumers per block ([`residency`]), and runs under `--attn-kernel warp-specialized`); every
-//! other attention keeps the kernel of [`super::attention`]. Measured in docs/GPU_KERNEL.md, runs
+//! other attention keeps the kernel of [`super::attention`]. Measured in docs/history, runs
 //! 8-13. It computes the same function with the same pieces (the wgmma steps, the score hook and
 //! masks, the online softmax, the in-kernel start search, the epilogue), arranged differently
 //! (the figures below are D = 128's; [`residency`] has them per head dim):

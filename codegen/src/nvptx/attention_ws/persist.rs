@@ -1,5 +1,5 @@
 //! The persistent grid of the warp-specialized kernel (`grid = persistent`, issue 11 item 1;
-//! docs/GPU_KERNEL.md, run 14): one block per multiprocessor loops over work items, one item
+//! docs/history, run 14): one block per multiprocessor loops over work items, one item
 //! being a 128-row query tile of one head, the work the tiles grid gives a block.
 //!
 //! **Order.** Item `w` is query tile `nt - 1 - w % nt` of flat head `w / nt` (`nt = ceil(T /

@@ -1,4 +1,4 @@
-//! Free-running consumers (`turns = none`, `cfg.free_running`; docs/GPU_KERNEL.md run 15): the
+//! Free-running consumers (`turns = none`, `cfg.free_running`; docs/history run 15): the
 //! kernel without the consumers' ring of turns, everything else as with it.
 
 use super::tests::{ptx_for, used_registers};

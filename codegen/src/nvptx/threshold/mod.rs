@@ -13,7 +13,7 @@
 //!   checks it again): the norms kernel, whose last block of each head (a per-head arrival
 //!   counter) then evaluates `delta` of all the head's tiles. One launch instead of two: the
 //!   threshold is on the way to the attention beside the gate scan, and at small shapes the
-//!   second launch made it the longer of the two (docs/GPU_KERNEL.md, run 16).
+//!   second launch made it the longer of the two (docs/history, run 16).
 //!
 //! The attention's q may be `s q'` with `s` folded away (`module.rs`, `resolve_q`): the kernels
 //! read q', so data statistics of q are multiplied by `|s|` and `s_ii` by `s` here; a static
@@ -278,8 +278,8 @@ fn scans_then_tiles<'ctx>(
     // head's tiles would run on alone after them), then the tiles, head by head. Split, a
     // row's segments run on as many blocks, each first summing the segments before its own
     // (row_prefix): the 256-thread block walks a whole row's segments one after another, slower
-    // than the 1024-thread scan kernel (run 19); the last segments of all rows (the longest
-    // prefixes) come first.
+    // than the 1024-thread scan kernel; the last segments of all rows (the longest prefixes)
+    // come first.
     let (nx, nbh) = (k.sreg("nctaid.x"), k.sreg("nctaid.y"));
     let lin = k.add(k.sreg("ctaid.x"), k.mul(k.sreg("ctaid.y"), nx));
     let nseg = split.then(|| k.sdivc(k.addc(io.t_len, SPLIT_SEGMENT - 1), SPLIT_SEGMENT));
@@ -343,8 +343,8 @@ fn scans_then_tiles<'ctx>(
 
 /// The row and segment of scan block `lin` (`lin < nbh * nseg`; the last segments of all rows
 /// first): `(lin mod nbh, nseg - 1 - lin / nbh)`. The quotient is at most `nseg - 1`, so it is
-/// counted by subtraction. This was meant to keep the row's index in uniform registers (ptxas
-/// has no uniform divide); the SASS shows it in per-thread registers all the same (run 18c).
+/// counted by subtraction (ptxas has no uniform divide; the SASS keeps the row's index in
+/// per-thread registers all the same).
 fn row_segment<'ctx>(
     k: &Kb<'_, 'ctx>,
     lin: IntValue<'ctx>,
@@ -369,10 +369,8 @@ const JOINT_BLOCKS: u32 = 2;
 /// the scan's time grows with).
 const PRELUDE_SCAN: ScanShape = ScanShape { threads: NORM_THREADS, elems: 32 };
 /// Rows up to this long are scanned in segments of 4096 ([`SHORT_SCAN`]): less padding to
-/// load and scan in the row's one segment. Run 18 (docs/GPU_KERNEL.md): the joint kernel 5.1 us
-/// at 1x1x2048x128 against 6.1 with 8192-element segments (ncu, warm caches); pruned 0.4 to
-/// 1.8 us faster at one head up to T = 4096. Longer rows keep 8192 (run 17's build C took a
-/// segment more at T = 8192: +2.5 us).
+/// load and scan in the row's one segment (measured faster at one head up to T = 4096). Longer
+/// rows keep 8192: a shorter segment adds a link to the chain the scan's time grows with.
 const SHORT_ROW: i64 = 4096;
 const SHORT_SCAN: ScanShape = ScanShape { threads: NORM_THREADS, elems: 16 };
 /// Elements of a row per scan block of the split joint kernel: one [`PRELUDE_SCAN`] segment (a
