@@ -6,11 +6,11 @@
 use crate::errors::{to_py, value_error};
 use crate::program::{Loaded, Specialization};
 use crate::tensors::{host_inputs, Wire};
-use foxc::cpu_backend;
+use foxc_driver::cpu_backend;
 use foxc_ir::interp::{self, Tensor};
 use foxc_ir::{Attention, Graph, Op, Value};
 use foxc_passes::grad::{GradError, GradProgram};
-use foxc_passes::Target;
+use foxc_driver::Target;
 use foxc_runtime::cpu::{default_threads, ExecOptions};
 use foxc_runtime::TensorMap;
 use pyo3::exceptions::PyRuntimeError;
@@ -138,8 +138,8 @@ pub fn grad_reference(
 ) -> PyResult<BTreeMap<String, Tensor>> {
     let p = program(loaded, Target::Cpu, kind, &Specialization::default())?;
     let inputs = host_inputs(&p.graph, inputs)?;
-    foxc::tensors::validate(&p.graph, &inputs).map_err(to_py)?;
-    let x = foxc::tensors::to_interp(&inputs);
+    foxc_driver::tensors::validate(&p.graph, &inputs).map_err(to_py)?;
+    let x = foxc_driver::tensors::to_interp(&inputs);
     let values: Vec<Value> = p.outputs.iter().map(|(_, v)| *v).collect();
     let r = py
         .detach(|| interp::eval_values(&p.graph, &x, &values))

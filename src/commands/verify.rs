@@ -1,6 +1,6 @@
 //! `foxc verify FILE --inputs in.safetensors --output out.safetensors [--tol X]`: check any
 //! implementation's output (foxc's, FlexAttention's, ...) against the f64 reference with the
-//! criterion of `--check` (src/check.rs). Exit 1 beyond tolerance.
+//! criterion of `--check` (driver/src/check.rs). Exit 1 beyond tolerance.
 
 use crate::cli::VerifyArgs;
 use foxc_driver::pipeline::{self, Source};
