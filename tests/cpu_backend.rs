@@ -180,9 +180,8 @@ fn other_tile_shapes() {
             tiles: Some(foxc_ir::Tiles { bm, bn }),
             ..PruneOptions::default()
         };
-        let opt = pipeline::optimize(&src, &pipeline::pass_options(&args, Target::Cpu, false).unwrap())
-            .unwrap()
-            .0;
+        let opt =
+            pipeline::optimize(&src, &pipeline::pass_options(&args, Target::Cpu, false).unwrap()).unwrap().0;
         let inputs = tensors::generate(&src, &shape("B=1,H=4,T=200,D=32"), bm as u64).unwrap();
         let mut att_g = opt.clone();
         let a = attention(&att_g);

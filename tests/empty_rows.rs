@@ -13,9 +13,9 @@
 
 mod common;
 
-use foxc_driver::{PruneOptions, Target, DEFAULT_LOG_EPS};
 use foxc_driver::grad::{grad_program, seeded_dout};
 use foxc_driver::{cpu_backend, cuda_backend, pipeline, tensors};
+use foxc_driver::{PruneOptions, Target, DEFAULT_LOG_EPS};
 use foxc_ir::interp::{self, Tensor};
 use foxc_ir::{Graph, Op, Value};
 use foxc_passes::grad::DOUT;

@@ -4,10 +4,10 @@
 //! its PTX assembles with ptxas (when found). What remains is the reverse cumsum of the gate,
 //! rmsnorm and slope gradients, broadcasts and reductions over b, h, t, casts.
 
-use foxc_driver::{PruneOptions, Target};
+use foxc_codegen::nvptx::ptxas;
 use foxc_driver::grad::grad_program;
 use foxc_driver::{cuda_backend, pipeline};
-use foxc_codegen::nvptx::ptxas;
+use foxc_driver::{PruneOptions, Target};
 use foxc_ir::{Graph, Op, Span, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -15,9 +15,9 @@
 //! threshold kernel picks another first tile than the f64 reference (a near tie), the case
 //! only gets 2e-3 (ln eps = -10) and is counted; most cases must have the same starts.
 
-use foxc_driver::{PruneOptions, Target, DEFAULT_LOG_EPS};
 use foxc_driver::grad::grad_program;
 use foxc_driver::{cpu_backend, pipeline, tensors};
+use foxc_driver::{PruneOptions, Target, DEFAULT_LOG_EPS};
 use foxc_ir::interp::{self, Tensor};
 use foxc_ir::{Graph, Op, Value};
 use foxc_passes::grad::{GradProgram, DOUT};

@@ -3,10 +3,10 @@
 //! kernels and the ordinary ops of the gradient. Examples the GPU backend cannot run yet are
 //! named with the reason the compiler gives (no silent skips).
 
-use foxc_driver::{PruneOptions, Target};
+use foxc_codegen::nvptx::{ptxas, BufferKind, GridDim, KernelArg, Launch, NvptxArtifact};
 use foxc_driver::grad::grad_program;
 use foxc_driver::{cuda_backend, pipeline};
-use foxc_codegen::nvptx::{ptxas, BufferKind, GridDim, KernelArg, Launch, NvptxArtifact};
+use foxc_driver::{PruneOptions, Target};
 use foxc_ir::{Dim, Graph};
 use std::collections::BTreeMap;
 use std::path::Path;

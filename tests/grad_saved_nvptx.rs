@@ -4,8 +4,8 @@
 //! not (its results are inputs), and the PTX assembles with ptxas (when found). So does the
 //! training forward (`forward_for_saved`: out, lse and the unrounded out_f32).
 
-use foxc_driver::{cuda_backend, pipeline};
 use foxc_codegen::nvptx::ptxas;
+use foxc_driver::{cuda_backend, pipeline};
 use foxc_passes::grad::{forward_for_saved, gradient_from_saved};
 use foxc_passes::{PassOptions, Target};
 use std::collections::BTreeMap;

@@ -4,8 +4,8 @@
 //! `bench` report from the CPU's starts (`cpu_backend::block_starts`), so this is what makes
 //! their kept fraction and pruned mass the reference's too.
 
-use foxc_driver::{PruneOptions, Target};
 use foxc_driver::{acp_stats, cpu_backend, pipeline, tensors};
+use foxc_driver::{PruneOptions, Target};
 use foxc_passes::rules::RULES;
 use foxc_runtime::{HostTensor, TensorMap};
 use proptest::prelude::*;

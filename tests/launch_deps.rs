@@ -4,10 +4,10 @@
 //! their dependencies; FoX's gate scan runs in the threshold's launch (paper) or beside its
 //! kernels (tight).
 
-use foxc_driver::{PruneOptions, Target};
+use foxc_codegen::nvptx::{BufferKind, KernelArg, NvptxArtifact};
 use foxc_driver::grad::grad_program;
 use foxc_driver::{cuda_backend, pipeline};
-use foxc_codegen::nvptx::{BufferKind, KernelArg, NvptxArtifact};
+use foxc_driver::{PruneOptions, Target};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -130,8 +130,7 @@ fn fox_tight_scans_the_gate_beside_the_threshold() {
     let args =
         PruneOptions { prune_rule: foxc_passes::rules::by_name("tight").unwrap(), ..PruneOptions::default() };
     let (opt, _) =
-        pipeline::optimize(&c.graph, &pipeline::pass_options(&args, Target::Sm90a, false).unwrap())
-            .unwrap();
+        pipeline::optimize(&c.graph, &pipeline::pass_options(&args, Target::Sm90a, false).unwrap()).unwrap();
     let a = cuda_backend::compile(&opt, &BTreeMap::from([("D".to_string(), 64)]), Target::Sm90a).unwrap();
     let at = |part: &str| a.kernels.iter().position(|k| k.name.contains(part)).unwrap();
     // Row statistics: norms, then deltas, beside the scan.

@@ -65,7 +65,11 @@ impl PruneOptions {
 
 /// The pass options of `prune` for `target`. The sm_90a forward's choices are refused on the
 /// CPU, where nothing would read them.
-pub fn pass_options(prune: &PruneOptions, target: Target, print_after_all: bool) -> Result<PassOptions, Error> {
+pub fn pass_options(
+    prune: &PruneOptions,
+    target: Target,
+    print_after_all: bool,
+) -> Result<PassOptions, Error> {
     if target == Target::Cpu {
         if let Some(flag) = prune.gpu_only_given() {
             return Err(Error::user(format!(

@@ -50,10 +50,7 @@ impl Source {
 
 /// The sizes that `inputs` bind in `g`, by dim name: what the passes may specialize on
 /// ([`PassOptions::dims`], e.g. the head dim that picks the GPU tiles).
-pub fn bound_dims(
-    g: &Graph,
-    inputs: &foxc_runtime::TensorMap,
-) -> Result<BTreeMap<String, u64>, Error> {
+pub fn bound_dims(g: &Graph, inputs: &foxc_runtime::TensorMap) -> Result<BTreeMap<String, u64>, Error> {
     let shapes: Vec<(String, Vec<usize>)> =
         inputs.iter().map(|(k, t)| (k.clone(), t.shape.clone())).collect();
     let dims = foxc_ir::shapes::bind_dims(g, &shapes).map_err(|e| Error::user(format!("error: {e}")))?;

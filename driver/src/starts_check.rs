@@ -110,7 +110,6 @@ pub fn gpu_starts(
     Ok((got, r))
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,11 +5,11 @@
 use crate::errors::{to_py, value_error};
 use crate::program::{KernelKey, Loaded, Specialization};
 use crate::registry::{KERNEL_BUILDS, KERNEL_HITS};
-use foxc_driver::cuda_backend::{self, ExternalKernels};
 use foxc_codegen::nvptx::BufferKind;
+use foxc_driver::cuda_backend::{self, ExternalKernels};
+use foxc_driver::Target;
 use foxc_ir::{Dim, Graph, Value};
 use foxc_passes::fuse_out::split_rows_bounds;
-use foxc_driver::Target;
 use foxc_runtime::cuda::LaunchDesc;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;

@@ -24,7 +24,12 @@ pub fn emit_text(p: &GradProgram) -> String {
 }
 
 /// The upstream gradient of `--dout`, shaped like the output, or seeded N(0, 1).
-fn upstream(a: &GradArgs, program: &GradProgram, fwd: &foxc_ir::Graph, inputs: &TensorMap) -> Result<HostTensor, Error> {
+fn upstream(
+    a: &GradArgs,
+    program: &GradProgram,
+    fwd: &foxc_ir::Graph,
+    inputs: &TensorMap,
+) -> Result<HostTensor, Error> {
     let Some(path) = &a.dout else { return seeded_dout(program, fwd, inputs, a.seed) };
     let (_, out_shape) = dout_type(program, fwd, inputs)?;
     let m = tensors::read(path)?;
@@ -32,7 +37,10 @@ fn upstream(a: &GradArgs, program: &GradProgram, fwd: &foxc_ir::Graph, inputs: &
         .get(DOUT)
         .ok_or_else(|| Error::user(format!("error: {} has no tensor named `{DOUT}`", path.display())))?;
     if t.shape != out_shape {
-        return Err(Error::user(format!("error: `{DOUT}` has shape {:?}, the output is {out_shape:?}", t.shape)));
+        return Err(Error::user(format!(
+            "error: `{DOUT}` has shape {:?}, the output is {out_shape:?}",
+            t.shape
+        )));
     }
     Ok(t.clone())
 }
@@ -88,7 +96,12 @@ pub fn grad(a: &GradArgs) -> Result<(), Error> {
 }
 
 /// `--check`: every output against the same gradient program through the f64 interpreter.
-fn check_grads(kind: BackendKind, program: &GradProgram, inputs: &TensorMap, m: &TensorMap) -> Result<(), Error> {
+fn check_grads(
+    kind: BackendKind,
+    program: &GradProgram,
+    inputs: &TensorMap,
+    m: &TensorMap,
+) -> Result<(), Error> {
     let reference = foxc_driver::backend(BackendKind::Reference);
     let reference = reference.run(&program.graph, &program.outputs, inputs, RunOptions::default())?.outputs;
     let mut failed = vec![];

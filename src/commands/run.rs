@@ -79,7 +79,8 @@ pub fn run(a: &RunArgs) -> Result<(), Error> {
 
     // Under --check every CPU buffer starts as NaN, so an element no kernel writes shows up.
     let r = backend.run(&opt, &[], &inputs, RunOptions { poison: a.check, allow_nan: false })?;
-    let out = r.outputs.get("out").ok_or_else(|| Error::internal("internal error: the run lost its output"))?;
+    let out =
+        r.outputs.get("out").ok_or_else(|| Error::internal("internal error: the run lost its output"))?;
     print_time(r.ms, r.timing, stats.as_ref().map(|s| s.kept_flops).unwrap_or(0.0));
     let (sum, sum_abs) = tensors::checksum(out);
     println!("  output out {} {:?}: sum {sum:.6e}, sum|x| {sum_abs:.6e}", out.dtype, out.shape);
