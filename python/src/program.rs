@@ -6,11 +6,12 @@ use crate::grad::Kind as GradKind;
 use crate::registry::{self, Key};
 use crate::tensors::{f32_bytes, f64_bytes, host_inputs, Wire};
 use foxc_driver::pipeline::{self, Source};
-use foxc_driver::{cpu_backend, tensors as ftensors, PruneOptions, Target};
+use foxc_driver::{tensors as ftensors, BackendKind, PruneOptions, RunOptions, Target};
 use foxc_ir::{Graph, PruneRule, Tiles};
 use foxc_passes::grad::GradProgram;
 use foxc_passes::PassOptions;
 use foxc_runtime::TensorMap;
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::collections::{BTreeMap, HashMap};
@@ -245,9 +246,13 @@ impl Program {
     ) -> PyResult<(Vec<usize>, Bound<'py, PyBytes>)> {
         let g = self.inner.optimized(Target::Cpu)?;
         let host = host_inputs(&g, inputs)?;
-        let run = py.detach(|| cpu_backend::run(&g, &host)).map_err(to_py)?;
-        let bytes = f32_bytes(&run.out.to_f32_vec());
-        Ok((run.out.shape, PyBytes::new(py, &bytes)))
+        let cpu = || foxc_driver::backend(BackendKind::Cpu).run(&g, &[], &host, RunOptions::default());
+        let mut run = py.detach(cpu).map_err(to_py)?;
+        let out = run
+            .outputs
+            .remove("out")
+            .ok_or_else(|| PyRuntimeError::new_err("foxc: the CPU run lost its output"))?;
+        Ok((out.shape.clone(), PyBytes::new(py, &f32_bytes(&out.to_f32_vec()))))
     }
 
     /// The f64 reference interpreter on the same inputs (rounded to the declared dtypes as the
