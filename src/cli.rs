@@ -1,6 +1,9 @@
 //! The command line (DESIGN.md section 4 is the contract).
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use foxc_driver::{BackendKind, PruneOptions, Target};
+use foxc_ir::attention::{KvLoads, WsGrid, WsTurns};
+use foxc_passes::tiles::ForwardKernel;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -94,13 +97,13 @@ pub struct PruneArgs {
     #[arg(long)]
     pub no_prune: bool,
     /// ln(eps): the pruned attention mass per row stays below eps.
-    #[arg(long, default_value_t = DEFAULT_LOG_EPS, allow_hyphen_values = true)]
+    #[arg(long, default_value_t = foxc_driver::DEFAULT_LOG_EPS, allow_hyphen_values = true)]
     pub log_eps: f64,
     /// The safe threshold rule: a name from `foxc rules` (the table in passes/src/rules.rs).
-    #[arg(long, value_parser = parse_rule, default_value = foxc_passes::rules::RULES[0].name)]
+    #[arg(long, value_parser = parse_rule, default_value = foxc_driver::DEFAULT_PRUNE_RULE)]
     pub prune_rule: foxc_ir::PruneRule,
     /// ACP tile shape BMxBN (default: the target's choice: 64x64; 64x128 on sm_90a for a forward with D = 64 or 128).
-    #[arg(long, value_parser = crate::pipeline::parse_tiles)]
+    #[arg(long, value_parser = foxc_driver::options::parse_tiles)]
     pub tiles: Option<foxc_ir::Tiles>,
     /// How the sm_90a warp-specialized forward loads K and V: `tma` (one thread issues tensor
     /// memory accelerator copies) or `cp-async` (128 threads). Default: the tiles pass's choice.
@@ -123,22 +126,30 @@ pub struct PruneArgs {
     pub attn_kernel: Option<AttnKernelArg>,
 }
 
-/// ln(eps) of the pruning unless `--log-eps` says otherwise.
-pub const DEFAULT_LOG_EPS: f64 = -10.0;
-
-/// What the command line gives when no pruning flag is passed (for callers that build the
-/// options in code: tests, the starts check).
-impl Default for PruneArgs {
-    fn default() -> PruneArgs {
-        PruneArgs {
-            no_prune: false,
-            log_eps: DEFAULT_LOG_EPS,
-            prune_rule: foxc_passes::rules::default_rule(),
-            tiles: None,
-            ws_loads: None,
-            ws_grid: None,
-            ws_turns: None,
-            attn_kernel: None,
+impl PruneArgs {
+    /// The driver's options of these flags (the defaults are the driver's).
+    pub fn options(&self) -> PruneOptions {
+        PruneOptions {
+            no_prune: self.no_prune,
+            log_eps: self.log_eps,
+            prune_rule: self.prune_rule.clone(),
+            tiles: self.tiles,
+            ws_loads: self.ws_loads.map(|l| match l {
+                WsLoadsArg::Tma => KvLoads::Tma,
+                WsLoadsArg::CpAsync => KvLoads::CpAsync,
+            }),
+            ws_grid: self.ws_grid.map(|g| match g {
+                WsGridArg::Tiles => WsGrid::Tiles,
+                WsGridArg::Persistent => WsGrid::Persistent,
+            }),
+            ws_turns: self.ws_turns.map(|t| match t {
+                WsTurnsArg::Ring => WsTurns::Ring,
+                WsTurnsArg::None => WsTurns::None,
+            }),
+            attn_kernel: self.attn_kernel.map(|k| match k {
+                AttnKernelArg::Standard => ForwardKernel::Standard,
+                AttnKernelArg::WarpSpecialized => ForwardKernel::WarpSpecialized,
+            }),
         }
     }
 }
@@ -300,11 +311,31 @@ pub enum TargetArg {
     Sm80,
 }
 
+impl From<TargetArg> for Target {
+    fn from(t: TargetArg) -> Target {
+        match t {
+            TargetArg::Cpu => Target::Cpu,
+            TargetArg::Sm90a => Target::Sm90a,
+            TargetArg::Sm80 => Target::Sm80,
+        }
+    }
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendArg {
     Reference,
     Cpu,
     Cuda,
+}
+
+impl From<BackendArg> for BackendKind {
+    fn from(b: BackendArg) -> BackendKind {
+        match b {
+            BackendArg::Reference => BackendKind::Reference,
+            BackendArg::Cpu => BackendKind::Cpu,
+            BackendArg::Cuda => BackendKind::Cuda,
+        }
+    }
 }
 
 /// `--prune-rule NAME`: an entry of the rule table; a usage error lists the names otherwise.

@@ -1,21 +1,12 @@
 //! foxc: a compiler for decay-gated softmax attention with Adaptive Computation Pruning.
 //!
-//! This crate is the public facade and the CLI. The stages live in their own crates:
-//! [`foxc_ir`] (front end, graph IR, reference interpreter), [`foxc_passes`] (recognition and
-//! ACP insertion), [`foxc_codegen`] (Cranelift and NVPTX backends) and [`foxc_runtime`]
-//! (tensors, CPU executor, CUDA runtime). The backend glue modules below connect a backend's
-//! compiled artifact to the runtime that runs it (the runtime never links LLVM).
+//! This crate is the command line: clap parsing ([`cli`]), the flags mapped onto the driver's
+//! options, one function per command ([`commands`]) and the printing. Everything a command
+//! does besides parsing and printing is [`foxc_driver`]'s (pipeline, backends, `--check`); the
+//! stages below it are [`foxc_ir`], [`foxc_passes`], [`foxc_codegen`] and [`foxc_runtime`].
 
-pub mod acp_stats;
-pub mod check;
 pub mod cli;
 pub mod commands;
-pub mod cpu_backend;
-pub mod cuda_backend;
-pub mod error;
-pub mod pipeline;
-pub mod starts_check;
-pub mod tensors;
-pub mod timing;
 
-pub use error::{Error, ErrorKind};
+pub use foxc_driver as driver;
+pub use foxc_driver::{Error, ErrorKind};

@@ -240,11 +240,11 @@ fn verify_passes_a_good_output_and_fails_a_corrupted_one() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(text(&o).contains("check: ok") && text(&o).contains("tol 1.0e-2"), "{}", text(&o));
     // The example: 0.0176 off everywhere used to pass the old OR criterion.
-    let mut m = foxc::tensors::read(&out).unwrap();
+    let mut m = foxc_driver::tensors::read(&out).unwrap();
     let t = m["out"].clone();
     let shifted: Vec<f32> = t.to_f32_vec().iter().map(|x| x + 0.0176).collect();
     m.insert("out".into(), foxc_runtime::HostTensor::from_f32_as_bf16(&t.shape, &shifted));
-    foxc::tensors::write(&bad, &m).unwrap();
+    foxc_driver::tensors::write(&bad, &m).unwrap();
     let o = verify(&bad, &[]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("relative L2 error"), "{}", text(&o));
@@ -252,7 +252,7 @@ fn verify_passes_a_good_output_and_fails_a_corrupted_one() {
     let mut one = t.to_f32_vec();
     one[77] += 0.05;
     m.insert("out".into(), foxc_runtime::HostTensor::from_f32_as_bf16(&t.shape, &one));
-    foxc::tensors::write(&bad, &m).unwrap();
+    foxc_driver::tensors::write(&bad, &m).unwrap();
     assert_eq!(verify(&bad, &[]).status.code(), Some(1));
     // A bad --tol is a usage error.
     assert_eq!(verify(&out, &["--tol", "-1"]).status.code(), Some(1));

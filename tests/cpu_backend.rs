@@ -1,14 +1,14 @@
 //! The CPU backend end to end: every example through the passes and the Cranelift kernels,
 //! against the f64 reference interpreter; input errors; determinism; unfused graphs.
 
-use foxc::cli::{PruneArgs, TargetArg};
+use foxc_driver::{PruneOptions, Target};
 use foxc_ir::PruneRule;
 
 /// The rule of the table named `n`.
 fn rule(n: &str) -> PruneRule {
     foxc_passes::rules::by_name(n).unwrap()
 }
-use foxc::{check, cpu_backend, pipeline, tensors, ErrorKind};
+use foxc_driver::{check, cpu_backend, pipeline, tensors, ErrorKind};
 use foxc_ir::interp::{self, Tensor};
 use foxc_ir::{DType, Graph, Op};
 use foxc_runtime::{HostTensor, TensorMap};
@@ -23,8 +23,8 @@ fn compile(name: &str) -> Graph {
 }
 
 fn optimize(g: &Graph, prune: bool, rule: PruneRule) -> Graph {
-    let args = PruneArgs { no_prune: !prune, prune_rule: rule, ..PruneArgs::default() };
-    pipeline::optimize(g, &pipeline::pass_options(&args, TargetArg::Cpu, false).unwrap()).unwrap().0
+    let args = PruneOptions { no_prune: !prune, prune_rule: rule, ..PruneOptions::default() };
+    pipeline::optimize(g, &pipeline::pass_options(&args, Target::Cpu, false).unwrap()).unwrap().0
 }
 
 fn shape(s: &str) -> BTreeMap<String, u64> {
@@ -113,13 +113,13 @@ fn pruning_skips_work_and_same_bits_every_run() {
     let a = cpu_backend::run(&opt, &inputs).unwrap();
     let b = cpu_backend::run(&opt, &inputs).unwrap();
     assert_eq!(a.out, b.out, "CPU runs differ");
-    let stats = foxc::acp_stats::measure(&opt, &tensors::to_interp(&inputs)).unwrap();
+    let stats = foxc_driver::acp_stats::measure(&opt, &tensors::to_interp(&inputs)).unwrap();
     if let Some(s) = stats {
         assert!(s.kept_tile_fraction < 0.9, "standard workload barely pruned: {}", s.kept_tile_fraction);
     }
 }
 
-fn err(g: &Graph, inputs: &TensorMap) -> foxc::Error {
+fn err(g: &Graph, inputs: &TensorMap) -> foxc_driver::Error {
     cpu_backend::run(g, inputs).expect_err("expected an error")
 }
 
@@ -175,14 +175,13 @@ fn unfused_graphs_run_on_generic_loops() {
 fn other_tile_shapes() {
     let src = compile("fox");
     for (bm, bn) in [(32, 16), (16, 64), (48, 32)] {
-        let args = PruneArgs {
+        let args = PruneOptions {
             prune_rule: rule("tight"),
             tiles: Some(foxc_ir::Tiles { bm, bn }),
-            ..PruneArgs::default()
+            ..PruneOptions::default()
         };
-        let opt = pipeline::optimize(&src, &pipeline::pass_options(&args, TargetArg::Cpu, false).unwrap())
-            .unwrap()
-            .0;
+        let opt =
+            pipeline::optimize(&src, &pipeline::pass_options(&args, Target::Cpu, false).unwrap()).unwrap().0;
         let inputs = tensors::generate(&src, &shape("B=1,H=4,T=200,D=32"), bm as u64).unwrap();
         let mut att_g = opt.clone();
         let a = attention(&att_g);

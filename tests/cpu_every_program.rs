@@ -8,8 +8,8 @@
 //! Pruned: within 1e-3 (ACP drops at most eps = e^-10 of each row's mass). The bf16 output itself
 //! matches to bf16 rounding either way.
 
-use foxc::cli::{PruneArgs, TargetArg};
-use foxc::{cpu_backend, pipeline, tensors};
+use foxc_driver::{cpu_backend, pipeline, tensors};
+use foxc_driver::{PruneOptions, Target};
 use foxc_ir::interp;
 use foxc_ir::{Graph, Op};
 use foxc_runtime::cpu::{default_threads, ExecOptions};
@@ -100,10 +100,9 @@ fn check_program(path: &Path, t: u64, seed: u64, passes: bool) {
         return;
     }
     for prune in [false, true] {
-        let args = PruneArgs { no_prune: !prune, ..PruneArgs::default() };
-        let opt = pipeline::optimize(&src, &pipeline::pass_options(&args, TargetArg::Cpu, false).unwrap())
-            .unwrap()
-            .0;
+        let args = PruneOptions { no_prune: !prune, ..PruneOptions::default() };
+        let opt =
+            pipeline::optimize(&src, &pipeline::pass_options(&args, Target::Cpu, false).unwrap()).unwrap().0;
         let opt_f32 = before_cast(&opt);
         let got = run_poisoned(&opt_f32, &inputs);
         assert!(got.iter().all(|x| x.is_finite()), "{what} prune={prune}: non-finite output");

@@ -5,7 +5,7 @@
 //! interpreter's own block starts, which must equal the kernels' exactly, within 1e-5, and within
 //! ACP's eps bound of the dense result; shapes off the tile grid, T = 1, several D, f32 and bf16.
 
-use foxc::cpu_backend;
+use foxc_driver::cpu_backend;
 use foxc_ir::attention::{Attention, Mask, Prune, RNode, Region, Scale};
 use foxc_ir::index::IndexExpr;
 use foxc_ir::interp;

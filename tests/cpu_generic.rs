@@ -4,8 +4,8 @@
 //! softmax of fully masked rows, `select` with broadcast, index arithmetic, rmsnorm on a middle
 //! axis, a contraction, casts.
 
-use foxc::cpu_backend;
 use foxc_codegen::cpu::{self, CpuOptions};
+use foxc_driver::cpu_backend;
 use foxc_ir::interp::{self, Tensor};
 use foxc_ir::Graph;
 use foxc_runtime::cpu::ExecOptions;

@@ -7,7 +7,7 @@
 
 mod common;
 
-use foxc::{cuda_backend, pipeline, tensors};
+use foxc_driver::{cuda_backend, pipeline, tensors};
 use foxc_ir::interp;
 use foxc_ir::{Op, Value};
 use std::collections::BTreeMap;

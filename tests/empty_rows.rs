@@ -13,9 +13,9 @@
 
 mod common;
 
-use foxc::cli::{PruneArgs, TargetArg, DEFAULT_LOG_EPS};
-use foxc::commands::grad::{grad_program, seeded_dout};
-use foxc::{cpu_backend, cuda_backend, pipeline, tensors};
+use foxc_driver::grad::{grad_program, seeded_dout};
+use foxc_driver::{cpu_backend, cuda_backend, pipeline, tensors};
+use foxc_driver::{PruneOptions, Target, DEFAULT_LOG_EPS};
 use foxc_ir::interp::{self, Tensor};
 use foxc_ir::{Graph, Op, Value};
 use foxc_passes::grad::DOUT;
@@ -66,12 +66,12 @@ fn inputs(g: &Graph, seed: u64, d: u64) -> TensorMap {
 }
 
 /// Small tiles on the CPU (so T = 70 has many); the GPU's own (its kernels fix them).
-fn optimize(src: &Graph, target: TargetArg, prune: bool) -> Graph {
-    let args = PruneArgs {
+fn optimize(src: &Graph, target: Target, prune: bool) -> Graph {
+    let args = PruneOptions {
         no_prune: !prune,
         log_eps: DEFAULT_LOG_EPS,
-        tiles: (target == TargetArg::Cpu).then_some(foxc_ir::Tiles { bm: 8, bn: 16 }),
-        ..PruneArgs::default()
+        tiles: (target == Target::Cpu).then_some(foxc_ir::Tiles { bm: 8, bn: 16 }),
+        ..PruneOptions::default()
     };
     pipeline::optimize(src, &pipeline::pass_options(&args, target, false).unwrap()).unwrap().0
 }
@@ -132,7 +132,7 @@ fn cpu_forward_gives_zero_rows_and_minus_inf_lse() {
     let seed = fresh_seed();
     for (name, src, first) in programs() {
         for prune in [false, true] {
-            let opt = optimize(&src, TargetArg::Cpu, prune);
+            let opt = optimize(&src, Target::Cpu, prune);
             // The left-padded program is pruned; the lag mask never is (its diagonal is masked).
             assert_eq!(pruned(&opt), prune && name == "fox_leftpad", "{name} prune={prune}: pruned?");
             let x = inputs(&src, seed, 16);
@@ -151,7 +151,7 @@ fn cpu_backward_gives_zero_gradients_through_empty_rows() {
     for (name, src, first) in programs() {
         for prune in [false, true] {
             let what = format!("cpu grad {name} prune={prune} seed {seed}");
-            let opt = optimize(&src, TargetArg::Cpu, prune);
+            let opt = optimize(&src, Target::Cpu, prune);
             let p = grad_program(&opt).unwrap();
             let mut x = inputs(&src, seed, 16);
             x.insert(DOUT.into(), seeded_dout(&p, &src, &x, seed ^ 0x5eed).unwrap());
@@ -195,8 +195,7 @@ fn gpu_forward_and_backward_give_zero_rows() {
     }
     let seed = fresh_seed();
     let info = cuda_backend::device_info(0).unwrap();
-    let target =
-        if cuda_backend::target_for(&info).unwrap() == "sm_90a" { TargetArg::Sm90a } else { TargetArg::Sm80 };
+    let target = cuda_backend::target_for(&info).unwrap();
     for (name, src, first) in programs() {
         for prune in [false, true] {
             let what = format!("gpu {name} prune={prune} seed {seed}");

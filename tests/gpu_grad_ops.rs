@@ -4,10 +4,10 @@
 //! its PTX assembles with ptxas (when found). What remains is the reverse cumsum of the gate,
 //! rmsnorm and slope gradients, broadcasts and reductions over b, h, t, casts.
 
-use foxc::cli::{PruneArgs, TargetArg};
-use foxc::commands::grad::grad_program;
-use foxc::{cuda_backend, pipeline};
 use foxc_codegen::nvptx::ptxas;
+use foxc_driver::grad::grad_program;
+use foxc_driver::{cuda_backend, pipeline};
+use foxc_driver::{PruneOptions, Target};
 use foxc_ir::{Graph, Op, Span, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -44,8 +44,8 @@ fn gradient_ops_compile_for_the_gpu() {
             continue;
         }
         let c = pipeline::Source::read(&f).unwrap().compile().unwrap();
-        for (target, arch) in [(TargetArg::Sm90a, "sm_90a"), (TargetArg::Sm80, "sm_80")] {
-            let prune = PruneArgs::default();
+        for (target, arch) in [(Target::Sm90a, "sm_90a"), (Target::Sm80, "sm_80")] {
+            let prune = PruneOptions::default();
             let (opt, _) =
                 pipeline::optimize(&c.graph, &pipeline::pass_options(&prune, target, false).unwrap())
                     .unwrap();
@@ -53,7 +53,7 @@ fn gradient_ops_compile_for_the_gpu() {
             assert_eq!(cut_backward(&mut p.graph, &mut p.outputs), 1, "{name}: one attention_backward");
             let outs: Vec<Value> = p.outputs.iter().map(|(_, v)| *v).collect();
             let dims = BTreeMap::from([("D".to_string(), 64), ("H".to_string(), 4), ("G".to_string(), 2)]);
-            let a = cuda_backend::compile_outputs(&p.graph, &outs, &dims, arch)
+            let a = cuda_backend::compile_outputs(&p.graph, &outs, &dims, target)
                 .unwrap_or_else(|e| panic!("{name} {arch}: {e}"));
             assert_eq!(a.outputs.len(), p.outputs.len());
             // The gate's gradient is a reverse cumsum: total - cumsum + x, a scan and a sum.

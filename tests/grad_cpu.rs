@@ -15,9 +15,9 @@
 //! threshold kernel picks another first tile than the f64 reference (a near tie), the case
 //! only gets 2e-3 (ln eps = -10) and is counted; most cases must have the same starts.
 
-use foxc::cli::{PruneArgs, TargetArg, DEFAULT_LOG_EPS};
-use foxc::commands::grad::grad_program;
-use foxc::{cpu_backend, pipeline, tensors};
+use foxc_driver::grad::grad_program;
+use foxc_driver::{cpu_backend, pipeline, tensors};
+use foxc_driver::{PruneOptions, Target, DEFAULT_LOG_EPS};
 use foxc_ir::interp::{self, Tensor};
 use foxc_ir::{Graph, Op, Value};
 use foxc_passes::grad::{GradProgram, DOUT};
@@ -70,13 +70,13 @@ fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
 /// and pruning skips some.
 fn optimize(src: &Graph, prune: Option<f64>) -> Graph {
     let tiles = Some(foxc_ir::Tiles { bm: 8, bn: 16 });
-    let args = PruneArgs {
+    let args = PruneOptions {
         no_prune: prune.is_none(),
         log_eps: prune.unwrap_or(DEFAULT_LOG_EPS),
         tiles,
-        ..PruneArgs::default()
+        ..PruneOptions::default()
     };
-    pipeline::optimize(src, &pipeline::pass_options(&args, TargetArg::Cpu, false).unwrap()).unwrap().0
+    pipeline::optimize(src, &pipeline::pass_options(&args, Target::Cpu, false).unwrap()).unwrap().0
 }
 
 /// The program, its inputs with a random `dout`, and those inputs for the interpreter.
@@ -108,7 +108,7 @@ fn case(path: &Path, t: u64, seed: u64, prune: Option<f64>) -> Option<Case> {
     }
     let starts = cpu_backend::block_starts(&opt, &inputs).unwrap();
     let skipped_tiles = starts.as_ref().map_or(0.0, |s| s.data.iter().map(|x| x.max(0.0)).sum());
-    let same_starts = match (&starts, foxc::acp_stats::attention_node(&opt)) {
+    let same_starts = match (&starts, foxc_driver::acp_stats::attention_node(&opt)) {
         (Some(s), Some(n)) => {
             let start = foxc_ir::Attention::operands(&opt, n).unwrap().start.unwrap();
             let r = interp::eval(&opt, &tensors::to_interp(&inputs), &[start]).unwrap();
@@ -116,7 +116,7 @@ fn case(path: &Path, t: u64, seed: u64, prune: Option<f64>) -> Option<Case> {
         }
         _ => true,
     };
-    let dout = foxc::commands::grad::seeded_dout(&program, &src, &inputs, seed ^ 0x5eed).unwrap();
+    let dout = foxc_driver::grad::seeded_dout(&program, &src, &inputs, seed ^ 0x5eed).unwrap();
     inputs.insert(DOUT.to_string(), dout);
     let iin = tensors::to_interp(&inputs);
     let what = format!("{} {dims:?} seed {seed} prune={prune:?}", path.display());

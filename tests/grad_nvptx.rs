@@ -3,34 +3,33 @@
 //! kernels and the ordinary ops of the gradient. Examples the GPU backend cannot run yet are
 //! named with the reason the compiler gives (no silent skips).
 
-use foxc::cli::{PruneArgs, TargetArg};
-use foxc::commands::grad::grad_program;
-use foxc::{cuda_backend, pipeline};
 use foxc_codegen::nvptx::{ptxas, BufferKind, GridDim, KernelArg, Launch, NvptxArtifact};
+use foxc_driver::grad::grad_program;
+use foxc_driver::{cuda_backend, pipeline};
+use foxc_driver::{PruneOptions, Target};
 use foxc_ir::{Dim, Graph};
 use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The gradient program of `example` and its GPU artifact for `target` with `D = d`, or the
 /// compiler's error.
-fn grad_artifact(example: &str, target: TargetArg, d: u64) -> Result<(Graph, NvptxArtifact), String> {
+fn grad_artifact(example: &str, target: Target, d: u64) -> Result<(Graph, NvptxArtifact), String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(format!("{example}.attn"));
     grad_artifact_at(&path, target, d)
 }
 
 /// [`grad_artifact`] of the program at `path`.
-fn grad_artifact_at(path: &Path, target: TargetArg, d: u64) -> Result<(Graph, NvptxArtifact), String> {
+fn grad_artifact_at(path: &Path, target: Target, d: u64) -> Result<(Graph, NvptxArtifact), String> {
     let example = path.display();
     let src = pipeline::Source::read(path).map_err(|e| e.to_string())?;
     let c = src.compile().map_err(|e| e.to_string())?;
-    let prune = PruneArgs::default();
+    let prune = PruneOptions::default();
     let (opt, _) = pipeline::optimize(&c.graph, &pipeline::pass_options(&prune, target, false).unwrap())
         .map_err(|e| e.to_string())?;
     let p = grad_program(&opt).map_err(|e| e.to_string())?;
     let outs: Vec<_> = p.outputs.iter().map(|(_, v)| *v).collect();
     let dims = BTreeMap::from([("D".to_string(), d), ("H".to_string(), 4), ("G".to_string(), 2)]);
-    let name = if target == TargetArg::Sm80 { "sm_80" } else { "sm_90a" };
-    let a = cuda_backend::compile_outputs(&p.graph, &outs, &dims, name).map_err(|e| e.to_string())?;
+    let a = cuda_backend::compile_outputs(&p.graph, &outs, &dims, target).map_err(|e| e.to_string())?;
     if !a.ptx.contains(".entry foxc_attn_bwd_dq") || !a.ptx.contains(".entry foxc_attn_bwd_dkv") {
         return Err(format!("{example}: the gradient program has no backward kernels"));
     }
@@ -39,7 +38,7 @@ fn grad_artifact_at(path: &Path, target: TargetArg, d: u64) -> Result<(Graph, Nv
 
 /// The PTX of the gradient program of `example` for `target` with `D = d`, or the compiler's
 /// error.
-fn grad_ptx(example: &str, target: TargetArg, d: u64) -> Result<String, String> {
+fn grad_ptx(example: &str, target: Target, d: u64) -> Result<String, String> {
     grad_artifact(example, target, d).map(|(_, a)| a.ptx)
 }
 
@@ -49,7 +48,7 @@ fn grad_ptx(example: &str, target: TargetArg, d: u64) -> Result<String, String> 
 #[test]
 fn ordinary_kernels_read_the_results_their_nodes_read() {
     for ex in ["fox", "fox_gqa", "fox_alibi"] {
-        let (g, a) = grad_artifact(ex, TargetArg::Sm90a, 64).unwrap_or_else(|e| panic!("{ex}: {e}"));
+        let (g, a) = grad_artifact(ex, Target::Sm90a, 64).unwrap_or_else(|e| panic!("{ex}: {e}"));
         let mut later = 0;
         for k in &a.kernels {
             if !foxc_codegen::loop_plan::handles(g.op(k.node)) {
@@ -94,11 +93,11 @@ fn gradient_programs_assemble_for_the_gpu() {
         "fox_keybias",
     ];
     for ex in runs {
-        for target in [TargetArg::Sm90a, TargetArg::Sm80] {
+        for target in [Target::Sm90a, Target::Sm80] {
             for d in [64, 128] {
                 let ptx = grad_ptx(ex, target, d).unwrap_or_else(|e| panic!("{ex} D={d}: {e}"));
                 let Some(ptxas) = &ptxas else { continue };
-                let arch = if target == TargetArg::Sm80 { "sm_80" } else { "sm_90a" };
+                let arch = if target == Target::Sm80 { "sm_80" } else { "sm_90a" };
                 ptxas::assemble(ptxas, &ptx, arch)
                     .unwrap_or_else(|log| panic!("ptxas failed on {ex}_{arch}_d{d}:\n{log}"));
             }
@@ -113,7 +112,7 @@ fn gradient_programs_assemble_for_the_gpu() {
 fn head_dim_256_backward_launches_a_block_per_half() {
     let ptxas = ptxas::find();
     for ex in ["fox", "fox_gqa", "window", "causal"] {
-        for target in [TargetArg::Sm90a, TargetArg::Sm80] {
+        for target in [Target::Sm90a, Target::Sm80] {
             for d in [128, 256] {
                 let (_, a) = grad_artifact(ex, target, d).unwrap_or_else(|e| panic!("{ex} D={d}: {e}"));
                 let bwd: Vec<_> = a
@@ -132,7 +131,7 @@ fn head_dim_256_backward_launches_a_block_per_half() {
                     assert_eq!(halves, d == 256, "{ex} D={d}: {} grid y {dims:?}", k.name);
                 }
                 let Some(ptxas) = &ptxas else { continue };
-                let arch = if target == TargetArg::Sm80 { "sm_80" } else { "sm_90a" };
+                let arch = if target == Target::Sm80 { "sm_80" } else { "sm_90a" };
                 ptxas::assemble(ptxas, &a.ptx, arch)
                     .unwrap_or_else(|log| panic!("ptxas failed on {ex}_{arch}_d{d}:\n{log}"));
             }
@@ -146,7 +145,7 @@ fn head_dim_256_backward_launches_a_block_per_half() {
 #[test]
 fn other_captured_tensor_gradients_are_refused_in_the_backward() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("codegen/tests/programs/time_window.attn");
-    let e = grad_artifact_at(&path, TargetArg::Sm90a, 64).map(|_| ()).unwrap_err();
+    let e = grad_artifact_at(&path, Target::Sm90a, 64).map(|_| ()).unwrap_err();
     assert!(e.contains("captured tensor") && e.contains("[B, H, T]"), "{e}");
 }
 
@@ -162,12 +161,12 @@ fn key_capture_gradient_is_written_by_dq_and_summed_by_dkv() {
     let programs =
         [root.join("examples/fox_keybias.attn"), root.join("codegen/tests/programs/query_temp.attn")];
     for (path, target, d) in programs.iter().flat_map(|p| {
-        [TargetArg::Sm90a, TargetArg::Sm80].into_iter().flat_map(move |t| [64, 128, 256].map(|d| (p, t, d)))
+        [Target::Sm90a, Target::Sm80].into_iter().flat_map(move |t| [64, 128, 256].map(|d| (p, t, d)))
     }) {
         {
             let (g, a) = grad_artifact_at(path, target, d).unwrap_or_else(|e| panic!("D={d}: {e}"));
             if let Some(ptxas) = &ptxas {
-                let arch = if target == TargetArg::Sm80 { "sm_80" } else { "sm_90a" };
+                let arch = if target == Target::Sm80 { "sm_80" } else { "sm_90a" };
                 ptxas::assemble(ptxas, &a.ptx, arch)
                     .unwrap_or_else(|log| panic!("ptxas failed on {}_{arch}_d{d}:\n{log}", path.display()));
             }

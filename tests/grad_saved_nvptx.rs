@@ -4,8 +4,8 @@
 //! not (its results are inputs), and the PTX assembles with ptxas (when found). So does the
 //! training forward (`forward_for_saved`: out, lse and the unrounded out_f32).
 
-use foxc::{cuda_backend, pipeline};
 use foxc_codegen::nvptx::ptxas;
+use foxc_driver::{cuda_backend, pipeline};
 use foxc_passes::grad::{forward_for_saved, gradient_from_saved};
 use foxc_passes::{PassOptions, Target};
 use std::collections::BTreeMap;
@@ -24,8 +24,8 @@ fn train_forward_ptx(example: &str, target: Target, d: u64) -> String {
     let outs: Vec<_> = outputs.iter().map(|(_, v)| *v).collect();
     assert_eq!(outs.len(), 3, "{example}: out, lse, out_f32");
     let dims = BTreeMap::from([("D".to_string(), d)]);
-    let name = if target == Target::Sm80 { "sm_80" } else { "sm_90a" };
-    let a = cuda_backend::compile_outputs(&g, &outs, &dims, name)
+    let name = foxc_driver::target::name(target);
+    let a = cuda_backend::compile_outputs(&g, &outs, &dims, target)
         .unwrap_or_else(|e| panic!("{example} {name} D={d}: {}", e.message));
     let mut bufs = a.outputs.clone();
     bufs.sort();
@@ -40,8 +40,8 @@ fn saved_grad_ptx(example: &str, target: Target, d: u64) -> String {
     let p = gradient_from_saved(&opt).unwrap_or_else(|e| panic!("{example}: {e}"));
     let outs: Vec<_> = p.outputs.iter().map(|(_, v)| *v).collect();
     let dims = BTreeMap::from([("D".to_string(), d)]);
-    let name = if target == Target::Sm80 { "sm_80" } else { "sm_90a" };
-    let a = cuda_backend::compile_outputs(&p.graph, &outs, &dims, name)
+    let name = foxc_driver::target::name(target);
+    let a = cuda_backend::compile_outputs(&p.graph, &outs, &dims, target)
         .unwrap_or_else(|e| panic!("{example} {name} D={d}: {}", e.message));
     assert_eq!(a.outputs.len(), outs.len(), "{example}: one buffer per gradient");
     assert!(a.ptx.contains(".entry foxc_attn_bwd_dq"), "{example}: no dq kernel");

@@ -4,8 +4,8 @@
 //! `bench` report from the CPU's starts (`cpu_backend::block_starts`), so this is what makes
 //! their kept fraction and pruned mass the reference's too.
 
-use foxc::cli::{PruneArgs, TargetArg};
-use foxc::{acp_stats, cpu_backend, pipeline, tensors};
+use foxc_driver::{acp_stats, cpu_backend, pipeline, tensors};
+use foxc_driver::{PruneOptions, Target};
 use foxc_passes::rules::RULES;
 use foxc_runtime::{HostTensor, TensorMap};
 use proptest::prelude::*;
@@ -50,14 +50,14 @@ fn case(
     kind: u32,
 ) -> Vec<f64> {
     let src = compile(name);
-    let args = PruneArgs {
+    let args = PruneOptions {
         log_eps: -6.0,
         prune_rule: rule.clone(),
         tiles: Some(foxc_ir::Tiles { bm, bn }),
-        ..PruneArgs::default()
+        ..PruneOptions::default()
     };
     let (opt, _) =
-        pipeline::optimize(&src, &pipeline::pass_options(&args, TargetArg::Cpu, false).unwrap()).unwrap();
+        pipeline::optimize(&src, &pipeline::pass_options(&args, Target::Cpu, false).unwrap()).unwrap();
     let dims = pipeline::parse_shape(&format!("B=1,H={h},T={t},D=16")).unwrap();
     let mut inputs = tensors::generate(&src, &dims, seed).unwrap();
     perturb(&mut inputs, kind);

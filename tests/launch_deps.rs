@@ -4,15 +4,15 @@
 //! their dependencies; FoX's gate scan runs in the threshold's launch (paper) or beside its
 //! kernels (tight).
 
-use foxc::cli::{PruneArgs, TargetArg};
-use foxc::commands::grad::grad_program;
-use foxc::{cuda_backend, pipeline};
 use foxc_codegen::nvptx::{BufferKind, KernelArg, NvptxArtifact};
+use foxc_driver::grad::grad_program;
+use foxc_driver::{cuda_backend, pipeline};
+use foxc_driver::{PruneOptions, Target};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-fn prune(no_prune: bool) -> PruneArgs {
-    PruneArgs { no_prune, ..PruneArgs::default() }
+fn prune(no_prune: bool) -> PruneOptions {
+    PruneOptions { no_prune, ..PruneOptions::default() }
 }
 
 /// The forward and (when it compiles) gradient artifacts of `example` on sm_90a at D = 64.
@@ -20,16 +20,16 @@ fn artifacts(example: &str, no_prune: bool) -> Vec<(String, NvptxArtifact)> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(format!("{example}.attn"));
     let src = pipeline::Source::read(&path).unwrap();
     let Ok(c) = src.compile() else { return vec![] };
-    let opts = pipeline::pass_options(&prune(no_prune), TargetArg::Sm90a, false).unwrap();
+    let opts = pipeline::pass_options(&prune(no_prune), Target::Sm90a, false).unwrap();
     let Ok((opt, _)) = pipeline::optimize(&c.graph, &opts) else { return vec![] };
     let dims = BTreeMap::from([("D".to_string(), 64), ("H".to_string(), 4), ("G".to_string(), 2)]);
     let mut out = vec![];
-    if let Ok(a) = cuda_backend::compile(&opt, &dims, "sm_90a") {
+    if let Ok(a) = cuda_backend::compile(&opt, &dims, Target::Sm90a) {
         out.push((format!("{example} forward"), a));
     }
     if let Ok(p) = grad_program(&opt) {
         let outs: Vec<_> = p.outputs.iter().map(|(_, v)| *v).collect();
-        if let Ok(a) = cuda_backend::compile_outputs(&p.graph, &outs, &dims, "sm_90a") {
+        if let Ok(a) = cuda_backend::compile_outputs(&p.graph, &outs, &dims, Target::Sm90a) {
             out.push((format!("{example} gradient"), a));
         }
     }
@@ -128,11 +128,10 @@ fn fox_tight_scans_the_gate_beside_the_threshold() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/fox.attn");
     let c = pipeline::Source::read(&path).unwrap().compile().unwrap();
     let args =
-        PruneArgs { prune_rule: foxc_passes::rules::by_name("tight").unwrap(), ..PruneArgs::default() };
+        PruneOptions { prune_rule: foxc_passes::rules::by_name("tight").unwrap(), ..PruneOptions::default() };
     let (opt, _) =
-        pipeline::optimize(&c.graph, &pipeline::pass_options(&args, TargetArg::Sm90a, false).unwrap())
-            .unwrap();
-    let a = cuda_backend::compile(&opt, &BTreeMap::from([("D".to_string(), 64)]), "sm_90a").unwrap();
+        pipeline::optimize(&c.graph, &pipeline::pass_options(&args, Target::Sm90a, false).unwrap()).unwrap();
+    let a = cuda_backend::compile(&opt, &BTreeMap::from([("D".to_string(), 64)]), Target::Sm90a).unwrap();
     let at = |part: &str| a.kernels.iter().position(|k| k.name.contains(part)).unwrap();
     // Row statistics: norms, then deltas, beside the scan.
     let (scan, norms, delta, attn) =

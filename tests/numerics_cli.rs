@@ -6,7 +6,7 @@
 mod common;
 
 use common::{foxc, text, tmp};
-use foxc::cpu_backend;
+use foxc_driver::cpu_backend;
 use foxc_ir::{Op, Value};
 use foxc_passes::{optimize, PassOptions};
 use foxc_runtime::cpu::ExecOptions;

@@ -86,7 +86,7 @@ fn scale_f32(path: &std::path::Path, name: &str, factor: f32) {
 /// reference backend's own tolerance applies, not bf16 rounding): the reference backend (the
 /// pipeline's graph on the interpreter) against the program as written. Both are f64, but a
 /// logit of size L carries an absolute rounding of about L 2^-53, which the softmax turns into
-/// a relative error of the weights: the tolerance follows that (src/check.rs).
+/// a relative error of the weights: the tolerance follows that (driver/src/check.rs).
 #[test]
 fn reference_backend_at_large_logits() {
     for example in ["fox", "causal"] {

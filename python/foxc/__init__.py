@@ -121,8 +121,8 @@ def _read_source(path_or_source) -> Tuple[str, str]:
 
 def load(
     path_or_source,
-    prune_rule: str = "paper",
-    log_eps: float = -10.0,
+    prune_rule: str = _foxc.DEFAULT_PRUNE_RULE,
+    log_eps: float = _foxc.DEFAULT_LOG_EPS,
     no_prune: bool = False,
     tiles: Optional[Tuple[int, int]] = None,
 ) -> Attention:

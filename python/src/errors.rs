@@ -2,7 +2,7 @@
 //! `ValueError`) carrying the rendered diagnostic; other user errors are `ValueError`; foxc's own
 //! failures are `RuntimeError`.
 
-use foxc::{Error, ErrorKind};
+use foxc_driver::{Error, ErrorKind};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::PyErr;
 

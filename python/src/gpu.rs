@@ -5,11 +5,11 @@
 use crate::errors::{to_py, value_error};
 use crate::program::{KernelKey, Loaded, Specialization};
 use crate::registry::{KERNEL_BUILDS, KERNEL_HITS};
-use foxc::cuda_backend::{self, ExternalKernels};
 use foxc_codegen::nvptx::BufferKind;
+use foxc_driver::cuda_backend::{self, ExternalKernels};
+use foxc_driver::Target;
 use foxc_ir::{Dim, Graph, Value};
 use foxc_passes::fuse_out::split_rows_bounds;
-use foxc_passes::Target;
 use foxc_runtime::cuda::LaunchDesc;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -148,11 +148,7 @@ fn kernels_for(
 /// The GPU target of `device`.
 fn target_of(device: usize) -> PyResult<(Target, String)> {
     let info = cuda_backend::device_info(device).map_err(to_py)?;
-    let target = match cuda_backend::target_for(&info).map_err(to_py)? {
-        "sm_80" => Target::Sm80,
-        _ => Target::Sm90a,
-    };
-    Ok((target, info.name))
+    Ok((cuda_backend::target_for(&info).map_err(to_py)?, info.name))
 }
 
 /// The plan of `g` computing the named `outputs`, tensors of `metas` on `device`.

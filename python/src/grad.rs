@@ -6,12 +6,10 @@
 use crate::errors::{to_py, value_error};
 use crate::program::{Loaded, Specialization};
 use crate::tensors::{host_inputs, Wire};
-use foxc::cpu_backend;
+use foxc_driver::{BackendKind, RunOptions, Target};
 use foxc_ir::interp::{self, Tensor};
 use foxc_ir::{Attention, Graph, Op, Value};
 use foxc_passes::grad::{GradError, GradProgram};
-use foxc_passes::Target;
-use foxc_runtime::cpu::{default_threads, ExecOptions};
 use foxc_runtime::TensorMap;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -67,8 +65,14 @@ pub fn program(
     Ok(p)
 }
 
-fn threads() -> ExecOptions {
-    ExecOptions { threads: default_threads(), poison: false }
+/// The named `outputs` of `g` on the CPU backend (all cores, buffers not poisoned).
+fn run_cpu(
+    g: &Graph,
+    outputs: &[(String, Value)],
+    inputs: &TensorMap,
+) -> Result<TensorMap, foxc_driver::Error> {
+    let cpu = foxc_driver::backend(BackendKind::Cpu);
+    Ok(cpu.run(g, outputs, inputs, RunOptions::default())?.outputs)
 }
 
 /// A forward graph and the named values a run computes.
@@ -114,7 +118,7 @@ pub fn forward_cpu(
     let f = forward(loaded, Target::Cpu, train, &Specialization::default())?;
     let (g, outputs) = &*f;
     let inputs = host_inputs(g, inputs)?;
-    py.detach(|| cpu_backend::run_outputs(g, outputs, &inputs, threads())).map_err(to_py)
+    py.detach(|| run_cpu(g, outputs, &inputs)).map_err(to_py)
 }
 
 /// Every output of the gradient program of kind `kind` on the CPU backend.
@@ -126,7 +130,7 @@ pub fn grad_cpu(
 ) -> PyResult<TensorMap> {
     let p = program(loaded, Target::Cpu, kind, &Specialization::default())?;
     let inputs = host_inputs(&p.graph, inputs)?;
-    py.detach(|| cpu_backend::run_outputs(&p.graph, &p.outputs, &inputs, threads())).map_err(to_py)
+    py.detach(|| run_cpu(&p.graph, &p.outputs, &inputs)).map_err(to_py)
 }
 
 /// The same gradient program through the f64 interpreter (THE reference).
@@ -138,8 +142,8 @@ pub fn grad_reference(
 ) -> PyResult<BTreeMap<String, Tensor>> {
     let p = program(loaded, Target::Cpu, kind, &Specialization::default())?;
     let inputs = host_inputs(&p.graph, inputs)?;
-    foxc::tensors::validate(&p.graph, &inputs).map_err(to_py)?;
-    let x = foxc::tensors::to_interp(&inputs);
+    foxc_driver::tensors::validate(&p.graph, &inputs).map_err(to_py)?;
+    let x = foxc_driver::tensors::to_interp(&inputs);
     let values: Vec<Value> = p.outputs.iter().map(|(_, v)| *v).collect();
     let r = py
         .detach(|| interp::eval_values(&p.graph, &x, &values))

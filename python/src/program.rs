@@ -5,12 +5,13 @@ use crate::errors::{compile_error, to_py, value_error};
 use crate::grad::Kind as GradKind;
 use crate::registry::{self, Key};
 use crate::tensors::{f32_bytes, f64_bytes, host_inputs, Wire};
-use foxc::pipeline::{self, Source};
-use foxc::{cpu_backend, tensors as ftensors};
+use foxc_driver::pipeline::{self, Source};
+use foxc_driver::{tensors as ftensors, BackendKind, PruneOptions, RunOptions, Target};
 use foxc_ir::{Graph, PruneRule, Tiles};
 use foxc_passes::grad::GradProgram;
-use foxc_passes::{PassOptions, Target};
+use foxc_passes::PassOptions;
 use foxc_runtime::TensorMap;
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::collections::{BTreeMap, HashMap};
@@ -43,15 +44,15 @@ pub struct Loaded {
     /// The optimized graph of each (target, specialization), made on first use.
     pub(crate) optimized: Mutex<HashMap<(Target, Specialization), Arc<Graph>>>,
     /// GPU kernels by (device ordinal, compile-time dims, specialization).
-    pub kernels: Mutex<HashMap<KernelKey, Arc<foxc::cuda_backend::ExternalKernels>>>,
+    pub kernels: Mutex<HashMap<KernelKey, Arc<foxc_driver::cuda_backend::ExternalKernels>>>,
     /// The gradient programs per (target, kind, specialization), made on first use.
     pub(crate) gradients: Mutex<HashMap<(Target, GradKind, Specialization), Arc<GradProgram>>>,
     /// The forwards per (target, train, specialization) (`crate::grad::forward`).
     pub(crate) forwards: Mutex<HashMap<(Target, bool, Specialization), Arc<crate::grad::Forward>>>,
     /// GPU kernels of the training forward (`out_f32` too), as `kernels`.
-    pub train_kernels: Mutex<HashMap<KernelKey, Arc<foxc::cuda_backend::ExternalKernels>>>,
+    pub train_kernels: Mutex<HashMap<KernelKey, Arc<foxc_driver::cuda_backend::ExternalKernels>>>,
     /// GPU kernels of the saved-forward gradient program, as `kernels`.
-    pub grad_kernels: Mutex<HashMap<KernelKey, Arc<foxc::cuda_backend::ExternalKernels>>>,
+    pub grad_kernels: Mutex<HashMap<KernelKey, Arc<foxc_driver::cuda_backend::ExternalKernels>>>,
     /// Explanations of the CPU pipeline (why attention was or was not pruned).
     pub(crate) explanations: Vec<String>,
 }
@@ -102,7 +103,7 @@ fn parse_rule(rule: &str) -> PyResult<PruneRule> {
 
 /// Compile `source` (DSL text; `name` is what diagnostics call it) once per (text, options).
 #[pyfunction]
-#[pyo3(signature = (source, name, prune_rule = "paper", log_eps = -10.0, no_prune = false, tiles = None))]
+#[pyo3(signature = (source, name, prune_rule = foxc_driver::DEFAULT_PRUNE_RULE, log_eps = foxc_driver::DEFAULT_LOG_EPS, no_prune = false, tiles = None))]
 pub fn load(
     py: Python<'_>,
     source: &str,
@@ -113,19 +114,10 @@ pub fn load(
     tiles: Option<(u32, u32)>,
 ) -> PyResult<Program> {
     let rule = parse_rule(prune_rule)?;
-    let tiles = match tiles {
-        Some((m, n)) => Some(pipeline::parse_tiles(&format!("{m}x{n}")).map_err(value_error)?),
-        None => None,
-    };
-    let opts = PassOptions {
-        prune: !no_prune,
-        log_eps,
-        rule,
-        target: Target::Cpu,
-        print_after_all: false,
-        tiles,
-        ..PassOptions::default()
-    };
+    let tiles = tiles.map(|(m, n)| foxc_driver::options::tiles(m, n)).transpose().map_err(value_error)?;
+    let prune = PruneOptions { no_prune, log_eps, prune_rule: rule, tiles, ..PruneOptions::default() };
+    // The CPU's options: the GPU graphs take them with their target and specialization.
+    let opts = pipeline::pass_options(&prune, Target::Cpu, false).map_err(to_py)?;
     let key = Key {
         name: name.to_string(),
         source: source.as_bytes().to_vec(),
@@ -172,12 +164,8 @@ fn f32_outs(py: Python<'_>, r: TensorMap) -> NamedBytes<'_> {
 }
 
 fn parse_target(target: &str) -> PyResult<Target> {
-    match target {
-        "cpu" => Ok(Target::Cpu),
-        "sm_90a" => Ok(Target::Sm90a),
-        "sm_80" => Ok(Target::Sm80),
-        t => Err(value_error(format!("target must be cpu, sm_90a or sm_80, got {t:?}"))),
-    }
+    foxc_driver::target::parse(target)
+        .ok_or_else(|| value_error(format!("target must be cpu, sm_90a or sm_80, got {target:?}")))
 }
 
 fn dims_text(ty: &foxc_ir::ValueType) -> Vec<String> {
@@ -258,9 +246,13 @@ impl Program {
     ) -> PyResult<(Vec<usize>, Bound<'py, PyBytes>)> {
         let g = self.inner.optimized(Target::Cpu)?;
         let host = host_inputs(&g, inputs)?;
-        let run = py.detach(|| cpu_backend::run(&g, &host)).map_err(to_py)?;
-        let bytes = f32_bytes(&run.out.to_f32_vec());
-        Ok((run.out.shape, PyBytes::new(py, &bytes)))
+        let cpu = || foxc_driver::backend(BackendKind::Cpu).run(&g, &[], &host, RunOptions::default());
+        let mut run = py.detach(cpu).map_err(to_py)?;
+        let out = run
+            .outputs
+            .remove("out")
+            .ok_or_else(|| PyRuntimeError::new_err("foxc: the CPU run lost its output"))?;
+        Ok((out.shape.clone(), PyBytes::new(py, &f32_bytes(&out.to_f32_vec()))))
     }
 
     /// The f64 reference interpreter on the same inputs (rounded to the declared dtypes as the

@@ -10,11 +10,11 @@
 use crate::errors::{to_py, value_error};
 use crate::program::Program;
 use crate::tensors::{f64_bytes, host_inputs, Wire};
-use foxc::cpu_backend;
+use foxc_driver::cpu_backend;
+use foxc_driver::Target;
 use foxc_ir::interp::{self, Tensor};
 use foxc_ir::prune_rule::Stat;
 use foxc_ir::{Attention, DType, Graph, Op, Value, ValueId};
-use foxc_passes::Target;
 use foxc_runtime::HostTensor;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -28,7 +28,7 @@ type Starts<'py> = (Vec<usize>, Bound<'py, PyBytes>, (usize, usize));
 
 /// The attention node of the CPU graph and its named operands.
 fn attention(g: &Graph) -> PyResult<(ValueId, Attention, foxc_ir::AttnOperands)> {
-    let n = foxc::acp_stats::attention_node(g)
+    let n = foxc_driver::acp_stats::attention_node(g)
         .ok_or_else(|| value_error(format!("`{}` has no attention op", g.name)))?;
     let Op::Attention(a) = g.op(n) else { unreachable!("attention_node returns attention ops") };
     let ops = Attention::operands(g, n).map_err(|e| value_error(format!("attention operands: {e}")))?;
@@ -217,8 +217,8 @@ fn reference_with_lse<'py>(
         return Err(value_error(format!("`{}`: the output is not the attention's own result", g.name)));
     }
     let host = host_inputs(&g, inputs)?;
-    foxc::tensors::validate(&g, &host).map_err(to_py)?;
-    let inputs = foxc::tensors::to_interp(&host);
+    foxc_driver::tensors::validate(&g, &host).map_err(to_py)?;
+    let inputs = foxc_driver::tensors::to_interp(&host);
     let (o, l) = (Value { node: n, result: 0 }, Value { node: n, result: 1 });
     let vals = py
         .detach(|| interp::eval_values(&g, &inputs, &[o, l]))

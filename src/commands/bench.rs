@@ -2,9 +2,9 @@
 //! standard workload, in one process, with the kept fraction and the rate on kept work.
 //! `--grad` times the gradient program instead (forward + backward, every gradient).
 
-use crate::cli::{BackendArg, BenchArgs, FormatArg, TargetArg};
-use crate::pipeline::{self, parse_shape, Source};
-use crate::{acp_stats, cpu_backend, cuda_backend, tensors, Error};
+use crate::cli::{BenchArgs, FormatArg};
+use foxc_driver::pipeline::{self, parse_shape, Source};
+use foxc_driver::{acp_stats, tensors, Backend, BackendKind, Error};
 use foxc_ir::Graph;
 use foxc_runtime::TensorMap;
 
@@ -21,40 +21,19 @@ const BACKWARD_FLOPS: f64 = 2.5;
 
 /// Median and minimum time of the gradient program of `opt` (seeded `dout`).
 fn time_grad(
-    backend: BackendArg,
+    backend: &dyn Backend,
     fwd: &Graph,
     opt: &Graph,
     inputs: &TensorMap,
     seed: u64,
     iters: usize,
 ) -> Result<(f64, f64), Error> {
-    let program = super::grad::grad_program(opt)?;
+    let program = foxc_driver::grad::grad_program(opt)?;
     let mut inputs = inputs.clone();
-    let dout = super::grad::seeded_dout(&program, fwd, &inputs, seed)?;
+    let dout = foxc_driver::grad::seeded_dout(&program, fwd, &inputs, seed)?;
     inputs.insert(foxc_passes::grad::DOUT.to_string(), dout);
-    let (g, outs) = (&program.graph, &program.outputs);
-    match backend {
-        BackendArg::Cpu => {
-            cpu_backend::bench_outputs(g, outs, &inputs, iters).map(|s| (s.median_ms, s.min_ms))
-        }
-        BackendArg::Cuda => {
-            cuda_backend::bench_outputs(g, outs, &inputs, cuda_backend::RunOptions::default(), 10, iters)
-                .map(|s| (s.median_ms, s.min_ms))
-        }
-        BackendArg::Reference => {
-            Err(Error::user("error: foxc bench times compiled code: use --backend cpu or cuda"))
-        }
-    }
-}
-
-fn time(backend: BackendArg, g: &Graph, inputs: &TensorMap, iters: usize) -> Result<(f64, f64), Error> {
-    match backend {
-        BackendArg::Cpu => cpu_backend::bench(g, inputs, iters).map(|s| (s.median_ms, s.min_ms)),
-        BackendArg::Cuda => cuda_backend::bench(g, inputs, 10, iters).map(|s| (s.median_ms, s.min_ms)),
-        BackendArg::Reference => {
-            Err(Error::user("error: foxc bench times compiled code: use --backend cpu or cuda"))
-        }
-    }
+    let s = backend.bench(&program.graph, &program.outputs, &inputs, iters)?;
+    Ok((s.median_ms, s.min_ms))
 }
 
 pub fn bench(a: &BenchArgs) -> Result<(), Error> {
@@ -63,7 +42,8 @@ pub fn bench(a: &BenchArgs) -> Result<(), Error> {
     let dims = parse_shape(&a.shape)?;
     let inputs = tensors::generate(&c.graph, &dims, a.seed)?;
     tensors::validate(&c.graph, &inputs)?;
-    let target = if a.backend == BackendArg::Cuda { TargetArg::Sm90a } else { TargetArg::Cpu };
+    let kind = BackendKind::from(a.backend);
+    let backend = foxc_driver::backend(kind);
     let interp_inputs = tensors::to_interp(&inputs);
     let mut rows = Vec::new();
     let mut variants = vec![("dense", true)];
@@ -71,23 +51,20 @@ pub fn bench(a: &BenchArgs) -> Result<(), Error> {
         variants.insert(0, ("pruned", false));
     }
     for (variant, no_prune) in variants {
-        let mut p = a.prune.clone();
-        p.no_prune = no_prune;
-        let mut opts = pipeline::pass_options(&p, target, false)?;
+        let p = foxc_driver::PruneOptions { no_prune, ..a.prune.options() };
+        let mut opts = pipeline::pass_options(&p, backend.target(), false)?;
         opts.dims = dims.clone();
         opts.gradient = a.grad;
         let (opt, _) = pipeline::optimize(&c.graph, &opts)?;
         // The kept set the backend used: the CPU kernels' own block starts; the GPU kernel does
         // not report its own, so the reference's stand in there.
-        let starts = match a.backend {
-            BackendArg::Cpu => cpu_backend::block_starts(&opt, &inputs)?,
-            _ => None,
-        };
+        let starts = backend.block_starts(&opt, &inputs)?;
         let stats = acp_stats::measure_with(&opt, &interp_inputs, starts.as_ref())?;
         let (median_ms, min_ms) = if a.grad {
-            time_grad(a.backend, &c.graph, &opt, &inputs, a.seed, a.iters.max(1))?
+            time_grad(&*backend, &c.graph, &opt, &inputs, a.seed, a.iters.max(1))?
         } else {
-            time(a.backend, &opt, &inputs, a.iters.max(1))?
+            let s = backend.bench(&opt, &[], &inputs, a.iters.max(1))?;
+            (s.median_ms, s.min_ms)
         };
         let (kept_tiles, kept_flops) = match (&stats, no_prune) {
             (Some(s), false) => (s.kept_tile_fraction, s.kept_flops),
@@ -98,7 +75,7 @@ pub fn bench(a: &BenchArgs) -> Result<(), Error> {
         let kept_flops = if a.grad { kept_flops * (1.0 + BACKWARD_FLOPS) } else { kept_flops };
         rows.push(Row { variant, median_ms, min_ms, kept_tiles, kept_flops });
     }
-    let backend = format!("{:?}", a.backend).to_lowercase();
+    let backend = kind.name();
     let pass = if a.grad { "forward+backward" } else { "forward" };
     match a.format {
         FormatArg::Table => {

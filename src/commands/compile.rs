@@ -1,10 +1,9 @@
 //! `foxc compile FILE --emit ast|ir|opt|clif|llvm|ptx`
 
 use crate::cli::{CompileArgs, EmitArg, TargetArg};
-use crate::pipeline::{self, parse_shape, Source};
-use crate::{cpu_backend, cuda_backend, Error};
+use foxc_driver::pipeline::{self, parse_shape, Source};
+use foxc_driver::{cpu_backend, cuda_backend, target, Error, Target};
 use foxc_ir::print::{print_graph, to_dot};
-use std::collections::BTreeMap;
 
 pub fn compile(a: &CompileArgs) -> Result<(), Error> {
     let src = Source::read(&a.file)?;
@@ -20,22 +19,22 @@ pub fn compile(a: &CompileArgs) -> Result<(), Error> {
         }
         _ => {
             let c = src.compile()?;
-            let target = match (a.emit, a.target) {
-                (EmitArg::Llvm | EmitArg::Ptx, None) => TargetArg::Sm90a,
+            let target: Target = match (a.emit, a.target) {
+                (EmitArg::Llvm | EmitArg::Ptx, None) => target::DEFAULT_GPU,
                 (EmitArg::Llvm | EmitArg::Ptx, Some(TargetArg::Cpu)) => {
                     return Err(Error::user(
                         "error: --emit llvm and --emit ptx generate GPU code: give --target sm_90a or sm_80 (or --emit clif for the CPU)",
                     ))
                 }
-                (EmitArg::Clif, None | Some(TargetArg::Cpu)) => TargetArg::Cpu,
+                (EmitArg::Clif, None | Some(TargetArg::Cpu)) => Target::Cpu,
                 (EmitArg::Clif, Some(_)) => {
                     return Err(Error::user(
                         "error: --emit clif generates CPU code: give --target cpu (or --emit ptx for a GPU target)",
                     ))
                 }
-                (_, t) => t.unwrap_or(TargetArg::Cpu),
+                (_, t) => t.map_or(Target::Cpu, Target::from),
             };
-            let mut opts = pipeline::pass_options(&a.prune, target, a.print_after_all)?;
+            let mut opts = pipeline::pass_options(&a.prune.options(), target, a.print_after_all)?;
             if let Some(shape) = &a.shape {
                 opts.dims = parse_shape(shape)?;
             }
@@ -55,18 +54,14 @@ pub fn compile(a: &CompileArgs) -> Result<(), Error> {
                     eprintln!("note: nothing to explain");
                 }
             }
-            let dims = codegen_dims(a.shape.as_deref())?;
+            let dims = pipeline::codegen_dims(a.shape.as_deref().map(parse_shape).transpose()?);
             match a.emit {
                 EmitArg::Opt if a.dot => to_dot(&opt),
                 EmitArg::Opt => print_graph(&opt),
-                EmitArg::Grad => super::grad::emit_text(&super::grad::grad_program(&opt)?),
+                EmitArg::Grad => super::grad::emit_text(&foxc_driver::grad::grad_program(&opt)?),
                 EmitArg::Clif => cpu_backend::emit_clif(&opt, &dims)?,
-                EmitArg::Llvm => {
-                    cuda_backend::emit(&opt, &dims, target_name(target), cuda_backend::Emit::Llvm)?
-                }
-                EmitArg::Ptx => {
-                    cuda_backend::emit(&opt, &dims, target_name(target), cuda_backend::Emit::Ptx)?
-                }
+                EmitArg::Llvm => cuda_backend::emit(&opt, &dims, target, cuda_backend::Emit::Llvm)?,
+                EmitArg::Ptx => cuda_backend::emit(&opt, &dims, target, cuda_backend::Emit::Ptx)?,
                 EmitArg::Ast | EmitArg::Ir => unreachable!("handled above"),
             }
         }
@@ -86,23 +81,6 @@ pub fn compile(a: &CompileArgs) -> Result<(), Error> {
         }
     }
     Ok(())
-}
-
-fn target_name(t: TargetArg) -> &'static str {
-    match t {
-        TargetArg::Sm80 => "sm_80",
-        _ => "sm_90a",
-    }
-}
-
-/// Dims that code generation specializes on; D defaults to 64.
-fn codegen_dims(shape: Option<&str>) -> Result<BTreeMap<String, u64>, Error> {
-    let mut dims = match shape {
-        Some(s) => parse_shape(s)?,
-        None => BTreeMap::new(),
-    };
-    dims.entry("D".to_string()).or_insert(64);
-    Ok(dims)
 }
 
 /// One `--explain` entry, positioned like a diagnostic.

@@ -4,8 +4,8 @@
 //! down the rows), each reported with its kept fraction and its largest pruned mass.
 
 use crate::cli::{PruneArgs, TargetArg};
-use crate::pipeline::{self, Source};
-use crate::{acp_stats, tensors, Error};
+use foxc_driver::pipeline::{self, Source};
+use foxc_driver::{acp_stats, tensors, Error};
 use foxc_ir::interp::{self, Tensor};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -52,9 +52,8 @@ pub fn mask(
         if rules.is_empty() { vec![prune.prune_rule.clone()] } else { rules.to_vec() };
     let mut maps = vec![];
     for rule in &rules {
-        let mut p = prune.clone();
-        p.prune_rule = rule.clone();
-        let (opt, _) = pipeline::optimize(&c.graph, &pipeline::pass_options(&p, target, false)?)?;
+        let p = foxc_driver::PruneOptions { prune_rule: rule.clone(), ..prune.options() };
+        let (opt, _) = pipeline::optimize(&c.graph, &pipeline::pass_options(&p, target.into(), false)?)?;
         let stats = acp_stats::measure(&opt, &interp_inputs)?.ok_or_else(|| {
             Error::user("error: no decay attention recognized: nothing to draw (see foxc compile --explain)")
         })?;

@@ -16,8 +16,8 @@ pub use rules::rules;
 pub use run::run;
 pub use verify::verify;
 
-use crate::pipeline::{parse_shape, Source};
-use crate::{tensors, Error};
+use foxc_driver::pipeline::{parse_shape, Source};
+use foxc_driver::{tensors, Error};
 use std::path::Path;
 
 /// `foxc check FILE`

@@ -1,7 +1,7 @@
 //! `foxc rules`: the pruning rule table (passes/src/rules.rs), with each formula and why it is
 //! safe, and the statistics formulas may read.
 
-use crate::Error;
+use foxc_driver::Error;
 use foxc_ir::prune_rule::Stat;
 use foxc_passes::rules::RULES;
 

@@ -1,10 +1,10 @@
 //! `foxc verify FILE --inputs in.safetensors --output out.safetensors [--tol X]`: check any
 //! implementation's output (foxc's, FlexAttention's, ...) against the f64 reference with the
-//! criterion of `--check` (src/check.rs). Exit 1 beyond tolerance.
+//! criterion of `--check` (driver/src/check.rs). Exit 1 beyond tolerance.
 
-use crate::cli::{TargetArg, VerifyArgs};
-use crate::pipeline::{self, Source};
-use crate::{check, tensors, Error};
+use crate::cli::VerifyArgs;
+use foxc_driver::pipeline::{self, Source};
+use foxc_driver::{check, tensors, Error, Target};
 use foxc_ir::DType;
 
 /// Default relative L2 tolerance for an output of `dtype` from an unknown implementation: f32
@@ -32,7 +32,7 @@ pub fn verify(a: &VerifyArgs) -> Result<(), Error> {
         }
     }
     let tol = a.tol.unwrap_or_else(|| default_tol(out.dtype));
-    let opts = pipeline::pass_options(&a.prune, TargetArg::Cpu, false)?;
+    let opts = pipeline::pass_options(&a.prune.options(), Target::Cpu, false)?;
     let (opt, _) = pipeline::optimize(&c.graph, &opts)?;
     let out64 = foxc_ir::interp::Tensor { shape: out.shape.clone(), data: out.to_f64_vec() };
     println!(

@@ -35,7 +35,7 @@ pub fn write_inputs(example: &str, shape: &str, path: &std::path::Path) {
 /// stderr, and as a line of `$FOXC_SKIP_LOG` when set (scripts/test.sh counts and prints them,
 /// since cargo hides a passing test's output).
 pub fn gpu_or_skip(test: &str) -> bool {
-    if foxc_runtime::cuda::driver_present() && foxc::cuda_backend::device_info(0).is_ok() {
+    if foxc_runtime::cuda::driver_present() && foxc_driver::cuda_backend::device_info(0).is_ok() {
         return true;
     }
     let line = format!("SKIPPED {test}: no CUDA GPU here");

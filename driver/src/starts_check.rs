@@ -94,6 +94,22 @@ pub fn compare(g: &Graph, inputs: &BTreeMap<String, Tensor>, got: &Tensor) -> Re
     Ok(r)
 }
 
+/// The block starts the GPU attention kernel of `opt` finds in-kernel on `inputs` (a debug
+/// build, one more run), and their comparison with the reference's.
+pub fn gpu_starts(
+    opt: &Graph,
+    inputs: &foxc_runtime::TensorMap,
+    interp_inputs: &BTreeMap<String, Tensor>,
+) -> Result<(Tensor, StartsReport), Error> {
+    let out = opt.output.ok_or_else(|| Error::user("error: the program has no output"))?;
+    let outs = [("out".to_string(), foxc_ir::Value::of(out))];
+    let mut m = crate::cuda_backend::run_debug_starts(opt, &outs, inputs, Default::default())?;
+    let t = m.remove("debug_starts").ok_or_else(|| Error::internal("internal error: no debug starts"))?;
+    let got = Tensor { shape: t.shape.clone(), data: t.to_f64_vec() };
+    let r = compare(opt, interp_inputs, &got)?;
+    Ok((got, r))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,11 +117,11 @@ mod tests {
     fn pruned_fox() -> (Graph, BTreeMap<String, Tensor>) {
         let src = crate::pipeline::Source::embedded_default();
         let c = src.compile().unwrap();
-        let args = crate::cli::PruneArgs {
+        let args = crate::PruneOptions {
             tiles: Some(foxc_ir::Tiles { bm: 16, bn: 16 }),
-            ..crate::cli::PruneArgs::default()
+            ..crate::PruneOptions::default()
         };
-        let opts = crate::pipeline::pass_options(&args, crate::cli::TargetArg::Sm90a, false).unwrap();
+        let opts = crate::pipeline::pass_options(&args, crate::Target::Sm90a, false).unwrap();
         let (opt, _) = crate::pipeline::optimize(&c.graph, &opts).unwrap();
         let dims = crate::pipeline::parse_shape("B=1,H=4,T=256,D=16").unwrap();
         let x = crate::tensors::generate(&c.graph, &dims, 3).unwrap();

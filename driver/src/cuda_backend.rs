@@ -2,7 +2,7 @@
 //! turn its launch plan into the runtime's concrete launches once the input shapes bind the
 //! dimensions, and run it with the CUDA runtime (`foxc_runtime::cuda`), which never links LLVM.
 
-use crate::Error;
+use crate::{target, Error, Target};
 use foxc_codegen::nvptx::{self as cg, CodegenError, KernelArg, NvptxArtifact, NvptxSpec, NvptxTarget};
 use foxc_ir::shapes::DimBindings;
 use foxc_ir::{Graph, Value};
@@ -63,14 +63,15 @@ fn cuda_err(e: CudaError) -> Error {
     }
 }
 
-fn parse_target(target: &str) -> Result<NvptxTarget, Error> {
-    NvptxTarget::parse(target).ok_or_else(|| {
-        Error::user(format!("error: unknown GPU target `{target}` (expected sm_90a or sm_80)"))
+/// The NVPTX architecture of `t`; the CPU is not one (a user error).
+fn nvptx_target(t: Target) -> Result<NvptxTarget, Error> {
+    target::nvptx(t).ok_or_else(|| {
+        Error::user(format!("error: unknown GPU target `{}` (expected sm_90a or sm_80)", target::name(t)))
     })
 }
 
-/// Compiles `g` for `target` ("sm_90a" | "sm_80") with the compile-time `dims` (at least `D`).
-pub fn compile(g: &Graph, dims: &BTreeMap<String, u64>, target: &str) -> Result<NvptxArtifact, Error> {
+/// Compiles `g` for the GPU `target` with the compile-time `dims` (at least `D`).
+pub fn compile(g: &Graph, dims: &BTreeMap<String, u64>, target: Target) -> Result<NvptxArtifact, Error> {
     compile_outputs(g, &[], dims, target)
 }
 
@@ -79,7 +80,7 @@ pub fn compile_outputs(
     g: &Graph,
     outputs: &[Value],
     dims: &BTreeMap<String, u64>,
-    target: &str,
+    target: Target,
 ) -> Result<NvptxArtifact, Error> {
     compile_spec(g, outputs, dims, target, false, None)
 }
@@ -90,12 +91,12 @@ fn compile_spec(
     g: &Graph,
     outputs: &[Value],
     dims: &BTreeMap<String, u64>,
-    target: &str,
+    target: Target,
     debug_starts: bool,
     sms: Option<u32>,
 ) -> Result<NvptxArtifact, Error> {
     let spec = NvptxSpec {
-        target: parse_target(target)?,
+        target: nvptx_target(target)?,
         dims: dims.clone(),
         outputs: outputs.to_vec(),
         debug_starts,
@@ -105,7 +106,7 @@ fn compile_spec(
 }
 
 /// The LLVM IR or PTX of the whole program.
-pub fn emit(g: &Graph, dims: &BTreeMap<String, u64>, target: &str, what: Emit) -> Result<String, Error> {
+pub fn emit(g: &Graph, dims: &BTreeMap<String, u64>, target: Target, what: Emit) -> Result<String, Error> {
     let a = compile(g, dims, target)?;
     Ok(match what {
         Emit::Llvm => a.llvm_ir,
@@ -207,15 +208,21 @@ fn sm_count(info: &DeviceInfo) -> Option<u32> {
 }
 
 /// The NVPTX target of a device: sm_90a on compute capability 9.x, sm_80 on 8.x.
-pub fn target_for(info: &DeviceInfo) -> Result<&'static str, Error> {
+pub fn target_for(info: &DeviceInfo) -> Result<Target, Error> {
     match info.compute_capability {
-        (9, _) => Ok("sm_90a"),
-        (8, _) => Ok("sm_80"),
+        (9, _) => Ok(Target::Sm90a),
+        (8, _) => Ok(Target::Sm80),
         (ma, mi) => Err(Error::user(format!(
             "error: the GPU {} has compute capability {ma}.{mi}; foxc's kernels need 8.x (sm_80) or 9.x (sm_90a)",
             info.name
         ))),
     }
+}
+
+/// The target of the GPU a run would use (device 0); [`target::DEFAULT_GPU`] when no device
+/// answers or foxc has no kernels for it (the run itself then reports why it cannot start).
+pub fn device_target() -> Target {
+    device_info(0).and_then(|info| target_for(&info)).unwrap_or(target::DEFAULT_GPU)
 }
 
 /// Validated inputs, the program and its runtime, ready to upload.
@@ -333,6 +340,25 @@ pub fn run_outputs(
     opts: RunOptions,
 ) -> Result<TensorMap, Error> {
     Ok(run_prepared(prepare(g, outputs, inputs)?, opts)?.0)
+}
+
+/// [`run_outputs`] with the kernel time (CUDA events); empty `outputs`: the graph's output as
+/// `out`.
+pub fn run_timed(
+    g: &Graph,
+    outputs: &[(String, Value)],
+    inputs: &TensorMap,
+    opts: RunOptions,
+) -> Result<(TensorMap, f64), Error> {
+    let single;
+    let outputs = if outputs.is_empty() {
+        single = single_output(g)?;
+        &single[..]
+    } else {
+        outputs
+    };
+    let (m, kernel_ms, _) = run_prepared(prepare(g, outputs, inputs)?, opts)?;
+    Ok((m, kernel_ms))
 }
 
 /// [`run_outputs`] plus the block starts the pruned attention kernel found in-kernel, as the
@@ -463,11 +489,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn unknown_target_is_a_user_error() {
+    fn the_cpu_is_not_a_gpu_target() {
         let g = Graph::new("empty");
-        let e = emit(&g, &BTreeMap::new(), "sm_75", Emit::Ptx).unwrap_err();
+        let e = emit(&g, &BTreeMap::new(), Target::Cpu, Emit::Ptx).unwrap_err();
         assert_eq!(e.kind, crate::ErrorKind::User);
-        assert!(e.message.contains("sm_75"));
+        assert!(e.message.contains("`cpu`"));
     }
 
     /// `--ws-loads tma`: the warp-specialized attention takes tensor maps of its K and V buffers
@@ -477,7 +503,7 @@ mod tests {
     fn tma_attention_gets_tensor_maps_of_k_and_v() {
         let src = crate::pipeline::Source {
             name: "fox_gqa.attn".into(),
-            bytes: include_bytes!("../examples/fox_gqa.attn").to_vec(),
+            bytes: include_bytes!("../../examples/fox_gqa.attn").to_vec(),
         };
         let g = src.compile().unwrap().graph;
         let sizes = [("B", 2), ("H", 4), ("G", 2), ("T", 1000), ("D", 128)];
@@ -490,7 +516,7 @@ mod tests {
                 ..Default::default()
             };
             let (opt, _) = crate::pipeline::optimize(&g, &opts).unwrap();
-            let a = compile(&opt, &dims, "sm_90a").unwrap();
+            let a = compile(&opt, &dims, Target::Sm90a).unwrap();
             let (_, launches) = plan(&a, &foxc_ir::shapes::DimBindings(dims.clone())).unwrap();
             let l = launches.into_iter().find(|l| l.kernel.starts_with("foxc_attn_fwd_ws")).unwrap();
             (l.kernel, l.args)

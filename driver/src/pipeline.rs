@@ -1,16 +1,15 @@
 //! The front half of the pipeline: source file -> verified graph -> optimized graph.
 
-use crate::cli::{AttnKernelArg, PruneArgs, TargetArg, WsGridArg, WsLoadsArg, WsTurnsArg};
+pub use crate::options::pass_options;
 use crate::Error;
-use foxc_ir::attention::{KvLoads, WsGrid, WsTurns};
 use foxc_ir::frontend::{self, Compiled};
 use foxc_ir::Graph;
-use foxc_passes::tiles::ForwardKernel;
-use foxc_passes::{PassOptions, PassReport, Target};
+use foxc_passes::{PassOptions, PassReport};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The FoX program embedded in the binary: what `foxc run` runs without a file.
-pub const DEFAULT_PROGRAM: (&str, &str) = ("examples/fox.attn", include_str!("../examples/fox.attn"));
+pub const DEFAULT_PROGRAM: (&str, &str) = ("examples/fox.attn", include_str!("../../examples/fox.attn"));
 /// The shape of the embedded default run (small standard workload, CPU-sized).
 pub const DEFAULT_SHAPE: &str = "B=1,H=8,T=4096,D=64";
 
@@ -49,79 +48,13 @@ impl Source {
     }
 }
 
-/// The pass options of the flags, for `target`. The sm_90a forward's flags (`--ws-*`,
-/// `--attn-kernel`) are refused on the CPU, where nothing would read them.
-pub fn pass_options(
-    prune: &PruneArgs,
-    target: TargetArg,
-    print_after_all: bool,
-) -> Result<PassOptions, Error> {
-    if target == TargetArg::Cpu {
-        let gpu_only = [
-            ("--ws-loads", prune.ws_loads.is_some()),
-            ("--ws-grid", prune.ws_grid.is_some()),
-            ("--ws-turns", prune.ws_turns.is_some()),
-            ("--attn-kernel", prune.attn_kernel.is_some()),
-        ];
-        if let Some((flag, _)) = gpu_only.iter().find(|(_, given)| *given) {
-            return Err(Error::user(format!(
-                "error: {flag} chooses how the sm_90a forward kernel runs; this command's target is the CPU (use --backend cuda, or --target sm_90a with compile)"
-            )));
-        }
-    }
-    Ok(PassOptions {
-        prune: !prune.no_prune,
-        log_eps: prune.log_eps,
-        rule: prune.prune_rule.clone(),
-        target: match target {
-            TargetArg::Cpu => Target::Cpu,
-            TargetArg::Sm90a => Target::Sm90a,
-            TargetArg::Sm80 => Target::Sm80,
-        },
-        print_after_all,
-        tiles: prune.tiles,
-        ws_loads: prune.ws_loads.map(|l| match l {
-            WsLoadsArg::Tma => KvLoads::Tma,
-            WsLoadsArg::CpAsync => KvLoads::CpAsync,
-        }),
-        ws_grid: prune.ws_grid.map(|g| match g {
-            WsGridArg::Tiles => WsGrid::Tiles,
-            WsGridArg::Persistent => WsGrid::Persistent,
-        }),
-        ws_turns: prune.ws_turns.map(|t| match t {
-            WsTurnsArg::Ring => WsTurns::Ring,
-            WsTurnsArg::None => WsTurns::None,
-        }),
-        attn_kernel: prune.attn_kernel.map(|k| match k {
-            AttnKernelArg::Standard => ForwardKernel::Standard,
-            AttnKernelArg::WarpSpecialized => ForwardKernel::WarpSpecialized,
-        }),
-        ..PassOptions::default()
-    })
-}
-
 /// The sizes that `inputs` bind in `g`, by dim name: what the passes may specialize on
 /// ([`PassOptions::dims`], e.g. the head dim that picks the GPU tiles).
-pub fn bound_dims(
-    g: &Graph,
-    inputs: &foxc_runtime::TensorMap,
-) -> Result<std::collections::BTreeMap<String, u64>, Error> {
+pub fn bound_dims(g: &Graph, inputs: &foxc_runtime::TensorMap) -> Result<BTreeMap<String, u64>, Error> {
     let shapes: Vec<(String, Vec<usize>)> =
         inputs.iter().map(|(k, t)| (k.clone(), t.shape.clone())).collect();
     let dims = foxc_ir::shapes::bind_dims(g, &shapes).map_err(|e| Error::user(format!("error: {e}")))?;
     Ok(dims.0)
-}
-
-/// Parse `--tiles 128x64`.
-pub fn parse_tiles(s: &str) -> Result<foxc_ir::Tiles, String> {
-    let (m, n) = s.split_once(['x', 'X']).ok_or_else(|| format!("expected BMxBN (e.g. 64x64), got `{s}`"))?;
-    let parse = |v: &str| -> Result<u32, String> {
-        match v.trim().parse::<u32>() {
-            Ok(x) if x.is_power_of_two() && (8..=256).contains(&x) => Ok(x),
-            _ => Err(format!("tile sizes must be powers of two from 8 to 256, got `{v}`")),
-        }
-    };
-    Ok(foxc_ir::Tiles { bm: parse(m)?, bn: parse(n)? })
 }
 
 /// Run the pass pipeline on a copy of `g`.
@@ -135,9 +68,20 @@ pub fn optimize(g: &Graph, opts: &PassOptions) -> Result<(Graph, PassReport), Er
     Ok((opt, report))
 }
 
+/// The head dim code generation specializes on when the user gives none.
+pub const DEFAULT_CODEGEN_D: u64 = 64;
+
+/// Dims that code generation specializes on: `shape`, with D defaulted to
+/// [`DEFAULT_CODEGEN_D`].
+pub fn codegen_dims(shape: Option<BTreeMap<String, u64>>) -> BTreeMap<String, u64> {
+    let mut dims = shape.unwrap_or_default();
+    dims.entry("D".to_string()).or_insert(DEFAULT_CODEGEN_D);
+    dims
+}
+
 /// Parse `B=2,H=4,T=1024,D=64` into dim bindings.
-pub fn parse_shape(s: &str) -> Result<std::collections::BTreeMap<String, u64>, Error> {
-    let mut out = std::collections::BTreeMap::new();
+pub fn parse_shape(s: &str) -> Result<BTreeMap<String, u64>, Error> {
+    let mut out = BTreeMap::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (k, v) = part
             .split_once('=')

@@ -95,6 +95,14 @@ fn execute_outputs(
     Ok(outputs.iter().map(|(n, _)| n.clone()).zip(ts).collect())
 }
 
+/// The named results of one CPU run.
+#[derive(Clone, Debug)]
+pub struct CpuRuns {
+    pub outputs: TensorMap,
+    pub compile_ms: f64,
+    pub run_ms: f64,
+}
+
 /// Compile the kernels that the named `outputs` need (and only those) for the shapes of
 /// `inputs`, run them, and return every output by name.
 pub fn run_outputs(
@@ -103,10 +111,22 @@ pub fn run_outputs(
     inputs: &TensorMap,
     opts: rt::ExecOptions,
 ) -> Result<TensorMap, Error> {
+    Ok(run_outputs_timed(g, outputs, inputs, opts)?.outputs)
+}
+
+/// [`run_outputs`] with the compile and run times.
+pub fn run_outputs_timed(
+    g: &Graph,
+    outputs: &[(String, Value)],
+    inputs: &TensorMap,
+    opts: rt::ExecOptions,
+) -> Result<CpuRuns, Error> {
     let dims = bind(g, inputs)?;
     let vals: Vec<Value> = outputs.iter().map(|(_, v)| *v).collect();
-    let (p, _) = compile_outputs(g, &dims, &vals)?;
-    execute_outputs(g, &p, inputs, outputs, opts)
+    let (p, compile_ms) = compile_outputs(g, &dims, &vals)?;
+    let t0 = Instant::now();
+    let outputs = execute_outputs(g, &p, inputs, outputs, opts)?;
+    Ok(CpuRuns { outputs, compile_ms, run_ms: t0.elapsed().as_secs_f64() * 1e3 })
 }
 
 /// [`run_outputs`] timed: compile once, run once to warm up, then time `iters` runs of the

@@ -1,0 +1,30 @@
+//! foxc-driver: the one library both front ends (the `foxc` CLI and the Python extension) call.
+//!
+//! It owns the pipeline above the compiler crates: source -> checked graph ([`pipeline`]) ->
+//! optimized graph (pass options from [`options`], one [`Target`]) -> a [`Backend`] (CPU,
+//! CUDA, the f64 reference) that compiles, plans and runs it -> the comparison with the
+//! reference ([`check`]). Option types are plain Rust: the CLI maps its flags onto them, the
+//! Python extension its keyword arguments, and every default is defined here once.
+//!
+//! Layering: this crate sits above `foxc-ir`, `foxc-passes`, `foxc-codegen` and `foxc-runtime`;
+//! none of them depends on it. The backend glue modules connect a backend's compiled artifact
+//! to the runtime that runs it (the runtime never links LLVM).
+
+pub mod acp_stats;
+pub mod backend;
+pub mod check;
+pub mod cpu_backend;
+pub mod cuda_backend;
+pub mod error;
+pub mod grad;
+pub mod options;
+pub mod pipeline;
+pub mod starts_check;
+pub mod target;
+pub mod tensors;
+pub mod timing;
+
+pub use backend::{backend, Backend, BackendKind, RunOptions, RunResult, Timing};
+pub use error::{Error, ErrorKind};
+pub use options::{PruneOptions, DEFAULT_LOG_EPS, DEFAULT_PRUNE_RULE};
+pub use target::Target;

@@ -1,0 +1,118 @@
+//! What the user chooses about pruning and the sm_90a forward kernel, as plain values, and the
+//! defaults of every front end (the CLI's flags and Python's keyword arguments read these).
+
+use crate::{Error, Target};
+use foxc_ir::attention::{KvLoads, WsGrid, WsTurns};
+use foxc_ir::{PruneRule, Tiles};
+use foxc_passes::tiles::ForwardKernel;
+use foxc_passes::PassOptions;
+
+/// ln(eps) of the pruning unless the user says otherwise (the paper's value).
+pub const DEFAULT_LOG_EPS: f64 = -10.0;
+
+/// The safe threshold rule unless the user says otherwise: the first of the table.
+pub const DEFAULT_PRUNE_RULE: &str = foxc_passes::rules::RULES[0].name;
+
+/// The pruning choices of one compilation. `None`: the tiles pass's choice for the target.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PruneOptions {
+    /// Keep dense attention (no ACP).
+    pub no_prune: bool,
+    /// ln(eps): the pruned attention mass per row stays below eps.
+    pub log_eps: f64,
+    /// The safe threshold rule (an entry of `foxc_passes::rules::RULES`).
+    pub prune_rule: PruneRule,
+    /// ACP tile shape.
+    pub tiles: Option<Tiles>,
+    /// How the sm_90a warp-specialized forward loads K and V.
+    pub ws_loads: Option<KvLoads>,
+    /// The sm_90a warp-specialized forward's grid.
+    pub ws_grid: Option<WsGrid>,
+    /// Whether its consumer warpgroups take turns at the tensor cores.
+    pub ws_turns: Option<WsTurns>,
+    /// The sm_90a forward kernel.
+    pub attn_kernel: Option<ForwardKernel>,
+}
+
+impl Default for PruneOptions {
+    fn default() -> PruneOptions {
+        PruneOptions {
+            no_prune: false,
+            log_eps: DEFAULT_LOG_EPS,
+            prune_rule: foxc_passes::rules::default_rule(),
+            tiles: None,
+            ws_loads: None,
+            ws_grid: None,
+            ws_turns: None,
+            attn_kernel: None,
+        }
+    }
+}
+
+impl PruneOptions {
+    /// The sm_90a forward's choices that are set, by the CLI flag that sets them (for the
+    /// refusal on the CPU, where nothing would read them).
+    fn gpu_only_given(&self) -> Option<&'static str> {
+        let given = [
+            ("--ws-loads", self.ws_loads.is_some()),
+            ("--ws-grid", self.ws_grid.is_some()),
+            ("--ws-turns", self.ws_turns.is_some()),
+            ("--attn-kernel", self.attn_kernel.is_some()),
+        ];
+        given.iter().find(|(_, g)| *g).map(|(flag, _)| *flag)
+    }
+}
+
+/// The pass options of `prune` for `target`. The sm_90a forward's choices are refused on the
+/// CPU, where nothing would read them.
+pub fn pass_options(
+    prune: &PruneOptions,
+    target: Target,
+    print_after_all: bool,
+) -> Result<PassOptions, Error> {
+    if target == Target::Cpu {
+        if let Some(flag) = prune.gpu_only_given() {
+            return Err(Error::user(format!(
+                "error: {flag} chooses how the sm_90a forward kernel runs; this command's target is the CPU (use --backend cuda, or --target sm_90a with compile)"
+            )));
+        }
+    }
+    Ok(PassOptions {
+        prune: !prune.no_prune,
+        log_eps: prune.log_eps,
+        rule: prune.prune_rule.clone(),
+        target,
+        print_after_all,
+        tiles: prune.tiles,
+        ws_loads: prune.ws_loads,
+        ws_grid: prune.ws_grid,
+        ws_turns: prune.ws_turns,
+        attn_kernel: prune.attn_kernel,
+        ..PassOptions::default()
+    })
+}
+
+/// A tile size foxc's kernels take: a power of two from 8 to 256.
+fn valid_tile(x: u32) -> bool {
+    x.is_power_of_two() && (8..=256).contains(&x)
+}
+
+fn bad_tile(v: impl std::fmt::Display) -> String {
+    format!("tile sizes must be powers of two from 8 to 256, got `{v}`")
+}
+
+/// A tile shape BM x BN (Python's `tiles=(bm, bn)`).
+pub fn tiles(bm: u32, bn: u32) -> Result<Tiles, String> {
+    let check = |x: u32| if valid_tile(x) { Ok(x) } else { Err(bad_tile(x)) };
+    Ok(Tiles { bm: check(bm)?, bn: check(bn)? })
+}
+
+/// Parse `128x64` (the CLI's `--tiles`); the message quotes a bad size as written.
+pub fn parse_tiles(s: &str) -> Result<Tiles, String> {
+    let (m, n) = s.split_once(['x', 'X']).ok_or_else(|| format!("expected BMxBN (e.g. 64x64), got `{s}`"))?;
+    let parse = |v: &str| match v.trim().parse::<u32>() {
+        Ok(x) if valid_tile(x) => Ok(x),
+        _ => Err(bad_tile(v)),
+    };
+    Ok(Tiles { bm: parse(m)?, bn: parse(n)? })
+}
