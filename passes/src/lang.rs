@@ -319,10 +319,13 @@ impl Analysis<Attn> for AttnAnalysis {
         // Equal values: intersect what is known about them. The bounds are f64 arithmetic
         // without outward rounding, so two derivations of one value can differ in the last bits
         // and miss each other (`x + x` and `2 * x` of a point interval): an empty intersection
-        // means that, and the hull of the two is what is known.
+        // means that, and the class keeps its interval (either is right to rounding). Not the
+        // hull: an interval that could grow again would make the analysis oscillate on cycles.
         let before = a.clone();
         let (lo, hi) = (a.lo.max(b.lo), a.hi.min(b.hi));
-        (a.lo, a.hi) = if lo <= hi { (lo, hi) } else { (a.lo.min(b.lo), a.hi.max(b.hi)) };
+        if lo <= hi {
+            (a.lo, a.hi) = (lo, hi);
+        }
         if a.konst.is_none() {
             a.konst = b.konst;
         }
