@@ -63,7 +63,13 @@ fn term() -> impl Strategy<Value = String> {
                 prop::sample::select(vec!["+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!="]),
                 inner.clone()
             )
-                .prop_map(|(a, op, b)| format!("({a} {op} {b})")),
+                // A divisor that cannot be zero: the rewrites are real-number algebra and do not
+                // keep the sign of a zero (`-(i - j)` may become `j - i`), so `1 / -(i - j)` at
+                // i = j is an infinity of either sign (docs/SEMANTICS.md, "Signed zeros").
+                .prop_map(|(a, op, b)| match op {
+                    "/" => format!("({a} / (1 + abs({b})))"),
+                    _ => format!("({a} {op} {b})"),
+                }),
             inner.clone().prop_map(|a| format!("-{a}")),
             (
                 prop::sample::select(vec!["exp", "tanh", "logsigmoid", "sqrt", "abs", "log", "softplus"]),
