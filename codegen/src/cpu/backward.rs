@@ -21,7 +21,7 @@
 //! and the dk/dv accumulators live in per-thread scratch as f32 rows padded with zeros to a
 //! multiple of 4 elements (and keys to a multiple of 4 rows), so the inner loops have no tails.
 
-use super::emit::{Fx, F32, F32X4, I64};
+use super::emit::{is_cpu_float, Fx, F32, F32X4, I64};
 use super::kernels::{copy_row, zero_fill, AttnKernel, Frame};
 use super::region::{self, CaptureCode, Lanes, RegionCode};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
@@ -77,8 +77,8 @@ pub fn plan(
         if shape(v).as_ref() != Some(&want) {
             return Err(invalid(format!("{what} has shape {:?}, expected {want:?}", shape(v))));
         }
-        if !matches!(g.value_ty(v).dtype, DType::F32 | DType::BF16) {
-            return Err(invalid(format!("{what} must be f32 or bf16")));
+        if !is_cpu_float(g.value_ty(v).dtype) {
+            return Err(invalid(format!("{what} must be f32, bf16 or f16")));
         }
     }
     let grad = attn.score.grad();
@@ -86,9 +86,8 @@ pub fn plan(
         Some(foxc_ir::attention::RNode::Const(c)) if *c == 1.0 => None,
         _ => Some(RegionCode::new(&grad.dx, dim).map_err(invalid)?),
     };
-    let float_caps: Vec<usize> = (0..fwd.captures.len())
-        .filter(|&k| matches!(fwd.captures[k].dtype, DType::F32 | DType::BF16))
-        .collect();
+    let float_caps: Vec<usize> =
+        (0..fwd.captures.len()).filter(|&k| is_cpu_float(fwd.captures[k].dtype)).collect();
     let score_code = fwd.score.as_ref();
     let mut cap_grads = vec![];
     for (id, r) in &grad.captures {

@@ -11,6 +11,13 @@ pub const I32: Type = types::I32;
 pub const F32: Type = types::F32;
 pub const F64: Type = types::F64;
 pub const F32X4: Type = types::F32X4;
+pub const I32X4: Type = types::I32X4;
+
+/// The element types the fused CPU kernels read and write as floats (widened to f32 on load,
+/// rounded to nearest even on store).
+pub fn is_cpu_float(dt: DType) -> bool {
+    matches!(dt, DType::F32 | DType::BF16 | DType::F16)
+}
 
 /// Memory flags of every access: addresses are computed in bounds, so accesses never trap.
 /// Alignment is not claimed (inputs come straight from safetensors bytes).
@@ -76,12 +83,17 @@ impl<'a> Fx<'a> {
                 let w = self.b.ins().ishl_imm_s(h, 16);
                 self.b.ins().bitcast(F32, MemFlagsData::new(), w)
             }
+            DType::F16 => {
+                let a = self.addr(base, idx, 2);
+                let h = self.b.ins().uload16(I32, mem(), a, 0);
+                self.f16_bits_to_f32(h, I32)
+            }
             DType::I32 => {
                 let a = self.addr(base, idx, 4);
                 let x = self.load(I32, a, 0);
                 self.b.ins().fcvt_from_sint(F32, x)
             }
-            // The planner admits only f32, bf16 and i32 operands.
+            // The planner admits only f32, bf16, f16 and i32 operands.
             _ => {
                 let a = self.addr(base, idx, 4);
                 self.load(F32, a, 0)
@@ -89,7 +101,7 @@ impl<'a> Fx<'a> {
         }
     }
 
-    /// Load 4 consecutive elements starting at `idx` as an f32x4 (f32 or bf16 buffers).
+    /// Load 4 consecutive elements starting at `idx` as an f32x4 (f32, bf16 or f16 buffers).
     pub fn load4_f32(&mut self, dt: DType, base: Value, idx: Value) -> Value {
         match dt {
             DType::BF16 => {
@@ -97,6 +109,11 @@ impl<'a> Fx<'a> {
                 let h = self.b.ins().uload16x4(mem(), a, 0);
                 let w = self.b.ins().ishl_imm_s(h, 16);
                 self.b.ins().bitcast(F32X4, MemFlagsData::new(), w)
+            }
+            DType::F16 => {
+                let a = self.addr(base, idx, 2);
+                let h = self.b.ins().uload16x4(mem(), a, 0);
+                self.f16_bits_to_f32(h, I32X4)
             }
             _ => {
                 let a = self.addr(base, idx, 4);
@@ -110,11 +127,12 @@ impl<'a> Fx<'a> {
         self.b.ins().fpromote(F64, x)
     }
 
-    /// Store f32 `v` as element `idx` of a buffer of `dt` (f32, or bf16 rounded to nearest even).
+    /// Store f32 `v` as element `idx` of a buffer of `dt` (f32, or bf16/f16 rounded to nearest
+    /// even).
     pub fn store_f32(&mut self, dt: DType, base: Value, idx: Value, v: Value) {
         match dt {
-            DType::BF16 => {
-                let h = self.f32_to_bf16_bits(v);
+            DType::BF16 | DType::F16 => {
+                let h = if dt == DType::BF16 { self.f32_to_bf16_bits(v) } else { self.f32_to_f16_bits(v) };
                 let a = self.addr(base, idx, 2);
                 self.b.ins().istore16(mem(), h, a, 0);
             }
@@ -137,6 +155,81 @@ impl<'a> Fx<'a> {
         let qnan = self.b.ins().bor_imm_s(q, 0x40);
         let isnan = self.b.ins().fcmp(FloatCC::Unordered, v, v);
         self.b.ins().select(isnan, qnan, r)
+    }
+
+    /// An i32 constant of type `ty` (I32, or I32X4 with every lane `v`).
+    fn i32c(&mut self, ty: Type, v: u32) -> Value {
+        let c = self.b.ins().iconst(I32, v as i32 as i64);
+        if ty == I32 {
+            c
+        } else {
+            self.b.ins().splat(ty, c)
+        }
+    }
+
+    /// f16 bits (zero-extended into i32 or i32x4 lanes) -> f32, exactly. Exponent and mantissa
+    /// shifted into f32 position read as `x * 2^-112` (the biases differ by 127 - 15), so one
+    /// multiplication by 2^112 rebiases normals and normalizes subnormals; infinities and NaNs
+    /// (f16 exponent 31) get the f32 exponent 255 instead.
+    fn f16_bits_to_f32(&mut self, h: Value, ity: Type) -> Value {
+        let fty = if ity == I32 { F32 } else { F32X4 };
+        let bits = MemFlagsData::new();
+        let mag_mask = self.i32c(ity, 0x7fff);
+        let mag = self.b.ins().band(h, mag_mask);
+        let shifted = self.b.ins().ishl_imm_s(mag, 13);
+        let f = self.b.ins().bitcast(fty, bits, shifted);
+        let rebias = if ity == I32 { self.f32c(2f32.powi(112)) } else { self.splat_c(2f32.powi(112)) };
+        let f = self.b.ins().fmul(f, rebias);
+        let finite = self.b.ins().bitcast(ity, bits, f);
+        let exp_ones = self.i32c(ity, 0x7c00);
+        let inf_nan = self.b.ins().icmp(IntCC::UnsignedGreaterThanOrEqual, mag, exp_ones);
+        let f32_exp = self.i32c(ity, 0x7f80_0000);
+        let special = self.b.ins().bor(shifted, f32_exp);
+        let v = if ity == I32 {
+            self.b.ins().select(inf_nan, special, finite)
+        } else {
+            self.b.ins().bitselect(inf_nan, special, finite)
+        };
+        let sign_mask = self.i32c(ity, 0x8000);
+        let sign = self.b.ins().band(h, sign_mask);
+        let sign = self.b.ins().ishl_imm_s(sign, 16);
+        let v = self.b.ins().bor(v, sign);
+        self.b.ins().bitcast(fty, bits, v)
+    }
+
+    /// f32 -> f16 bits (in the low 16 bits of an i32), round to nearest even; overflow is inf, a
+    /// NaN a quiet NaN. Three ranges of |v|: at least 2^16 (inf or NaN; 65520 up to 2^16 rounds
+    /// to inf in the normal path), below 2^-14 (f16 subnormals: adding 0.5 rounds |v| to a
+    /// multiple of 2^-24 in the FPU's round-to-nearest-even, and the low bits are the result),
+    /// and normals (rebias, round half to even on the 13 dropped bits).
+    fn f32_to_f16_bits(&mut self, v: Value) -> Value {
+        let flags = MemFlagsData::new();
+        let bits = self.b.ins().bitcast(I32, flags, v);
+        let sign = self.b.ins().band_imm_s(bits, 0x8000_0000u32 as i32 as i64);
+        let x = self.b.ins().bxor(bits, sign);
+        // |v| >= 2^16: inf, or a quiet NaN.
+        let is_nan = self.b.ins().icmp_imm_s(IntCC::UnsignedGreaterThan, x, 0x7f80_0000);
+        let (qnan, inf) = (self.b.ins().iconst(I32, 0x7e00), self.b.ins().iconst(I32, 0x7c00));
+        let big = self.b.ins().select(is_nan, qnan, inf);
+        // |v| < 2^-14: subnormal or zero.
+        const HALF_BITS: i64 = 0x3f00_0000;
+        let xf = self.b.ins().bitcast(F32, flags, x);
+        let half = self.f32c(0.5);
+        let sum = self.b.ins().fadd(xf, half);
+        let sum = self.b.ins().bitcast(I32, flags, sum);
+        let small = self.b.ins().iadd_imm_s(sum, -HALF_BITS);
+        // Normal: rebias by (15 - 127) << 23 and round to nearest even at bit 13.
+        let odd = self.b.ins().ushr_imm_s(x, 13);
+        let odd = self.b.ins().band_imm_s(odd, 1);
+        let r = self.b.ins().iadd_imm_s(x, -(112 << 23) + 0xfff);
+        let r = self.b.ins().iadd(r, odd);
+        let normal = self.b.ins().ushr_imm_s(r, 13);
+        let is_small = self.b.ins().icmp_imm_s(IntCC::UnsignedLessThan, x, 113 << 23);
+        let o = self.b.ins().select(is_small, small, normal);
+        let is_big = self.b.ins().icmp_imm_s(IntCC::UnsignedGreaterThanOrEqual, x, 143 << 23);
+        let o = self.b.ins().select(is_big, big, o);
+        let sign = self.b.ins().ushr_imm_s(sign, 16);
+        self.b.ins().bor(o, sign)
     }
 
     pub fn fmadd(&mut self, a: Value, b: Value, c: Value) -> Value {

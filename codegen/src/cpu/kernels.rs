@@ -963,13 +963,13 @@ fn emit_attention(fx: &mut Fx, a: &AttnKernel, f: &Frame, h: &Helpers) {
             let dst = fx.b.ins().imul_imm_s(row, (d * 4) as i64);
             let dst = fx.b.ins().iadd(out, dst);
             let src = fx.addr(ob, r, (dp * 4) as i64);
-            if a.out == DType::BF16 {
+            if a.out != DType::F32 {
                 let base = fx.b.ins().imul_imm_s(row, d as i64);
                 for j in 0..d {
                     let x = fx.load(F32, src, (j * 4) as i32);
                     let y = fx.b.ins().fmul(x, inv);
                     let idx = fx.b.ins().iadd_imm_s(base, j as i64);
-                    fx.store_f32(DType::BF16, out, idx, y);
+                    fx.store_f32(a.out, out, idx, y);
                 }
             } else if d.is_multiple_of(4) {
                 for j in (0..d).step_by(4) {

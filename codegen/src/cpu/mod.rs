@@ -306,9 +306,9 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>, outputs: &[Value]) -> Result<Ve
         let dt = |id: ValueId| g.ty(id).dtype;
         let float_in = |id: ValueId| -> Result<DType, CpuError> {
             match dt(id) {
-                d @ (DType::F32 | DType::BF16) => Ok(d),
+                d if emit::is_cpu_float(d) => Ok(d),
                 d => Err(invalid(format!(
-                    "operand %{} has dtype {d}; the CPU kernels read f32 or bf16",
+                    "operand %{} has dtype {d}; the CPU kernels read f32, bf16 or f16",
                     num[&id]
                 ))),
             }
@@ -359,8 +359,8 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>, outputs: &[Value]) -> Result<Ve
                     && sh(t)? == out_shape
                     && g.ty(n).is_positional()
                     && g.ty(t).is_positional()
-                    && matches!(dst, DType::F32 | DType::BF16)
-                    && matches!(dt(t), DType::F32 | DType::BF16);
+                    && emit::is_cpu_float(dst)
+                    && emit::is_cpu_float(dt(t));
                 if !fast {
                     generic(&consts)?
                 } else {
@@ -376,8 +376,8 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>, outputs: &[Value]) -> Result<Ve
             }
             Op::Cast => {
                 let (src, dst) = (dt(ops[0]), g.ty(n).dtype);
-                let fast = matches!(src, DType::F32 | DType::BF16 | DType::I32)
-                    && matches!(dst, DType::F32 | DType::BF16)
+                let fast = (emit::is_cpu_float(src) || src == DType::I32)
+                    && emit::is_cpu_float(dst)
                     && g.ty(n).is_positional()
                     && g.ty(ops[0]).is_positional();
                 if !fast {
@@ -393,9 +393,9 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>, outputs: &[Value]) -> Result<Ve
                     && *axis == (xs.len() - 1).to_string()
                     && g.ty(n).is_positional()
                     && sh(ops[1])? == xs[xs.len() - 1..]
-                    && matches!(out, DType::F32 | DType::BF16)
-                    && matches!(dt(ops[0]), DType::F32 | DType::BF16)
-                    && matches!(dt(ops[1]), DType::F32 | DType::BF16);
+                    && emit::is_cpu_float(out)
+                    && emit::is_cpu_float(dt(ops[0]))
+                    && emit::is_cpu_float(dt(ops[1]));
                 if !fast {
                     generic(&consts)?
                 } else {
@@ -518,9 +518,9 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>, outputs: &[Value]) -> Result<Ve
                 if tiles.bm == 0 || tiles.bn == 0 {
                     return Err(invalid("zero tile size".into()));
                 }
-                if !matches!(attn.out_dtype, DType::F32 | DType::BF16) {
+                if !emit::is_cpu_float(attn.out_dtype) {
                     return Err(invalid(format!(
-                        "the CPU attention writes f32 or bf16, not {}",
+                        "the CPU attention writes f32, bf16 or f16, not {}",
                         attn.out_dtype
                     )));
                 }
@@ -544,9 +544,9 @@ fn plan(g: &Graph, dims: &BTreeMap<String, u64>, outputs: &[Value]) -> Result<Ve
                 let mut captures = vec![];
                 for &cv in &ao.captures {
                     let cd = dt(cv);
-                    if !matches!(cd, DType::F32 | DType::BF16 | DType::I32) {
+                    if !(emit::is_cpu_float(cd) || cd == DType::I32) {
                         return Err(invalid(format!(
-                            "captured tensor %{} has dtype {cd}; the CPU kernel reads f32, bf16 or i32",
+                            "captured tensor %{} has dtype {cd}; the CPU kernel reads f32, bf16, f16 or i32",
                             num[&cv]
                         )));
                     }
