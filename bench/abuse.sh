@@ -13,11 +13,7 @@ fails=0
 open=0
 # Cases that still fail and are tracked in an open issue: printed as OPEN, not counted as
 # failures, so that CI shows them without going red. Empty when none is left.
-KNOWN_OPEN=(
-    # A score built of a 2000-statement chain: no longer a stack overflow, but compile time grows
-    # faster than linearly (debug build: 500 statements 6.1 s, 2000 statements 35 s).
-    "score_chain2000 compile --emit opt" "score_chain2000 run (cpu)"
-)
+KNOWN_OPEN=()
 
 # case NAME EXPECT ARGS...: run `foxc ARGS` under the caps; EXPECT is 0, 1 or `any` (0 or 1).
 case_() {
