@@ -67,6 +67,9 @@ pub enum BinOp {
     Ge,
     Eq,
     Ne,
+    /// `and` / `or` of two conditions (only in the condition of a `select`).
+    And,
+    Or,
 }
 
 impl BinOp {
@@ -82,6 +85,8 @@ impl BinOp {
             BinOp::Ge => ">=",
             BinOp::Eq => "==",
             BinOp::Ne => "!=",
+            BinOp::And => "and",
+            BinOp::Or => "or",
         }
     }
 

@@ -8,6 +8,9 @@ use std::fmt;
 #[derive(Clone, Debug, PartialEq)]
 pub enum Tok {
     Ident(String),
+    /// The keywords `and` and `or`, which combine the conditions of a `select`.
+    And,
+    Or,
     /// A numeric literal: its value, whether it was written as an integer, and its text.
     Num {
         value: f64,
@@ -42,6 +45,8 @@ impl fmt::Display for Tok {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = match self {
             Tok::Ident(s) => return write!(f, "`{s}`"),
+            Tok::And => "`and`",
+            Tok::Or => "`or`",
             Tok::Num { text, .. } => return write!(f, "number `{text}`"),
             Tok::LParen => "`(`",
             Tok::RParen => "`)`",
@@ -109,7 +114,12 @@ pub fn lex(src: &str) -> Result<Vec<Token>, Diagnostic> {
                 )
                 .with_hint("use a shorter name"));
             }
-            toks.push(Token { tok: Tok::Ident(src[start..i].to_string()), span: Span::new(start, i) });
+            let tok = match &src[start..i] {
+                "and" => Tok::And,
+                "or" => Tok::Or,
+                word => Tok::Ident(word.to_string()),
+            };
+            toks.push(Token { tok, span: Span::new(start, i) });
             continue;
         }
         if c.is_ascii_digit() || (c == b'.' && b.get(i + 1).is_some_and(|d| d.is_ascii_digit())) {

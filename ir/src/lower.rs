@@ -652,6 +652,12 @@ impl<'a> Lowerer<'a> {
                 self.need_float(&t, a.span, "`-`")?;
                 self.add(Op::Unary(UnaryOp::Neg), &[v], e.span)
             }
+            ExprKind::Binary(op @ (BinOp::And | BinOp::Or), ..) => Err(Diagnostic::new(
+                format!("`{}` outside the condition of a `select`", op.symbol()),
+                e.span,
+                "conditions combined here",
+            )
+            .with_hint("`and` and `or` combine the conditions of a select: `select(j >= start[b] and j <= i, s[b, h, i, j], -inf)`")),
             ExprKind::Binary(op, a, b) => {
                 let (va, ta) = self.expr(a, cx)?;
                 let (vb, tb) = self.expr(b, cx)?;
@@ -674,10 +680,48 @@ impl<'a> Lowerer<'a> {
                     BinOp::Ge => BinaryOp::Ge,
                     BinOp::Eq => BinaryOp::Eq,
                     BinOp::Ne => BinaryOp::Ne,
+                    BinOp::And | BinOp::Or => unreachable!("matched above"),
                 };
                 self.add(Op::Binary(bop), &[va, vb], e.span)
             }
             ExprKind::Call { func, args } => self.call(e, func, args, cx),
+        }
+    }
+
+    /// `select(cond, a, b)` with `a` and `b` lowered. `and` / `or` in the condition become nested
+    /// selects over the same two values, `select(c and d, a, b) = select(c, select(d, a, b), b)`
+    /// and `select(c or d, a, b) = select(c, a, select(d, a, b))`, so that every select has one
+    /// comparison: the masks recognition knows (`j <= i`, `j >= start[b]`) stay visible in it.
+    fn select(
+        &mut self,
+        cond: &Expr,
+        (a, b): (ValueId, ValueId),
+        span: Span,
+        cx: &StmtCtx,
+    ) -> LResult<(ValueId, ValueType)> {
+        match &cond.kind {
+            ExprKind::Binary(BinOp::And, c, d) => {
+                let (inner, _) = self.select(d, (a, b), span, cx)?;
+                self.select(c, (inner, b), span, cx)
+            }
+            ExprKind::Binary(BinOp::Or, c, d) => {
+                let (inner, _) = self.select(d, (a, b), span, cx)?;
+                self.select(c, (a, inner), span, cx)
+            }
+            _ => {
+                let (vc, tc) = self.expr(cond, cx)?;
+                if tc.dtype != DType::Bool {
+                    return Err(Diagnostic::new(
+                        "the condition of `select` must be a comparison",
+                        cond.span,
+                        format!("this is {}, not bool", tc.dtype),
+                    )
+                    .with_hint(
+                        "write a comparison such as `x[i] > 0` as the first argument, or comparisons joined by `and` / `or`",
+                    ));
+                }
+                self.add(Op::Select, &[vc, a, b], span)
+            }
         }
     }
 
@@ -872,6 +916,9 @@ impl<'a> Lowerer<'a> {
                 let x = self.index_expr(a)?;
                 whole(&x, a.span)?;
                 IndexExpr { div: Some(self.divisor(b)?), ..x }
+            }
+            ExprKind::Binary(op @ (BinOp::And | BinOp::Or), ..) => {
+                return Err(not_index(&format!("condition `{}`", op.symbol())))
             }
             ExprKind::Binary(op, ..) => return Err(not_index(&format!("comparison `{}`", op.symbol()))),
             ExprKind::Access { name, .. } => {
@@ -1094,20 +1141,11 @@ impl<'a> Lowerer<'a> {
             }
             "select" => {
                 self.arity(e, f, args, 3)?;
-                let (vc, tc) = self.expr(&args[0], cx)?;
-                if tc.dtype != DType::Bool {
-                    return Err(Diagnostic::new(
-                        "the condition of `select` must be a comparison",
-                        args[0].span,
-                        format!("this is {}, not bool", tc.dtype),
-                    )
-                    .with_hint("write a comparison such as `x[i] > 0` as the first argument"));
-                }
                 let (va, ta) = self.expr(&args[1], cx)?;
                 let (vb, tb) = self.expr(&args[2], cx)?;
                 self.need_float(&ta, args[1].span, "`select`")?;
                 self.need_float(&tb, args[2].span, "`select`")?;
-                self.add(Op::Select, &[vc, va, vb], e.span)
+                self.select(&args[0], (va, vb), e.span, cx)
             }
             "sum" | "cumsum" | "softmax" => self.reduce_like(e, f, args, cx),
             "causal" | "window" => {

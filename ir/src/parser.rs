@@ -32,7 +32,9 @@ pub const MAX_NESTING: u32 = 100;
 pub const MAX_HEIGHT: u32 = 128;
 
 /// Binary operators by precedence, loosest first; operators of one level associate to the left.
-const BINARY_LEVELS: [&[(Tok, BinOp)]; 3] = [
+const BINARY_LEVELS: [&[(Tok, BinOp)]; 5] = [
+    &[(Tok::Or, BinOp::Or)],
+    &[(Tok::And, BinOp::And)],
     &[
         (Tok::Lt, BinOp::Lt),
         (Tok::Le, BinOp::Le),
@@ -47,7 +49,7 @@ const BINARY_LEVELS: [&[(Tok, BinOp)]; 3] = [
 
 /// The level of `+` and `-` in [`BINARY_LEVELS`]: an index subscript is a sum, never a
 /// comparison.
-const SUM_LEVEL: usize = 1;
+const SUM_LEVEL: usize = 3;
 
 type PResult<T> = Result<T, Diagnostic>;
 

@@ -401,6 +401,9 @@ pub fn rules() -> Vec<Rewrite<Attn, AttnAnalysis>> {
         rewrite!("select-ge-causal"; "(select (>= (iota ?i) (iota ?j)) ?s -inf)" => "(causal ?i ?j ?s)"),
         rewrite!("select-gt-causal"; "(select (> (iota ?j) (iota ?i)) -inf ?s)" => "(causal ?i ?j ?s)"),
         rewrite!("select-lt-causal"; "(select (< (iota ?i) (iota ?j)) -inf ?s)" => "(causal ?i ?j ?s)"),
+        // A mask around the causal mask, as `select(c and j <= i, s, -inf)` lowers: the two masks
+        // commute (both keep s where both hold), and the causal one outside is what fuses.
+        rewrite!("mask-into-causal"; "(select ?c (causal ?i ?j ?s) -inf)" => "(causal ?i ?j (select ?c ?s -inf))"),
     ];
     // A hand-written softmax: exp(a) / sum(l, exp(a with j renamed to l)) is softmax(j, a), and
     // subtracting a row maximum (free of j) does not change a softmax over j.

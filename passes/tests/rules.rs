@@ -20,18 +20,34 @@ test_fn! { select_le_causal, rules(), runner = runner(12, 20_000),
 test_fn! { select_gt_causal, rules(), runner = runner(12, 20_000),
 "(select (> (iota j) (iota i)) -inf (in s i j))" => "(causal i j (in s i j))" }
 
+// A mask around the causal mask (`select(c and j <= i, s, -inf)`) moves inside it.
+test_fn! { mask_into_causal, rules(), runner = runner(12, 20_000),
+"(select (>= (iota j) (in start b)) (select (<= (iota j) (iota i)) (in s i j) -inf) -inf)"
+=> "(causal i j (select (>= (iota j) (in start b)) (in s i j) -inf))" }
+
 // ALiBi spellings: m (j - i) = -(m i) - -(m j) after distribution.
 test_fn! { alibi_distributes, rules(), runner = runner(12, 20_000),
 "(* (in m h) (- (iota j) (iota i)))" => "(- (* (in m h) (iota j)) (* (in m h) (iota i)))" }
 
-/// `start` and `other` are not proven equal by the rules.
+/// `start` and `other` are not proven equal by the rules: the e-graph of both saturates (every
+/// rule applied until nothing changes; a run stopped by a limit would prove nothing) with them
+/// in different classes.
 fn not_equal(start: &str, other: &str) {
     let s: RecExpr<Attn> = start.parse().unwrap();
     let o: RecExpr<Attn> = other.parse().unwrap();
-    let r = runner(12, 20_000).with_expr(&s).with_expr(&o).run(&rules());
+    let r = runner(SATURATION_ITERS, SATURATION_NODES).with_expr(&s).with_expr(&o).run(&rules());
+    assert!(
+        matches!(r.stop_reason, Some(egg::StopReason::Saturated)),
+        "{start} / {other}: stopped by {:?} before saturation",
+        r.stop_reason
+    );
     let (a, b) = (r.egraph.find(r.roots[0]), r.egraph.find(r.roots[1]));
     assert_ne!(a, b, "{start} was rewritten to {other}");
 }
+
+/// Limits generous enough for the look-alikes below to saturate.
+const SATURATION_ITERS: usize = 100;
+const SATURATION_NODES: usize = 200_000;
 
 #[test]
 fn look_alikes_stay_apart() {
