@@ -182,7 +182,8 @@ fn normalize(x: IndexExpr) -> IndexExpr {
 
 /// `is 1 - T at i = 0, j = T - 1`.
 fn describe_outside(ie: &IndexExpr, size: &Dim, out: &index_range::OutOfRange) -> String {
-    let at = out.corner();
+    // A constant subscript has no corner to name.
+    let at = if ie.vars().is_empty() { "every entry".to_string() } else { out.corner() };
     let num = match &ie.div {
         None => out.value.to_string(),
         Some(d) => format!(
@@ -569,11 +570,9 @@ impl<'a> Lowerer<'a> {
                 }
                 for (n, sub) in indices.iter().enumerate() {
                     let ExprKind::Name(ix) = &sub.kind else {
-                        // An index expression: its variables are sized by plain uses.
-                        if self.index_expr(sub)?.vars().is_empty() {
-                            return Err(Diagnostic::new("constant index", sub.span, "no index variable")
-                                .with_hint("index with variables (`x[b, h, i]`, `x[b, h, i - j]`); constant indices are not supported"));
-                        }
+                        // An index expression (a constant too): its variables are sized by plain
+                        // uses; checked here for what it is.
+                        self.index_expr(sub)?;
                         continue;
                     };
                     self.check_index_name(ix)?;

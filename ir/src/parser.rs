@@ -378,14 +378,6 @@ impl<'t> Parser<'t> {
                     return Err(Diagnostic::new("empty index list", self.span(), "no indices")
                         .with_hint("a scalar is written without brackets"))
                 }
-                Tok::Num { .. }
-                    if matches!(self.toks.get(self.pos + 1).map(|t| &t.tok), Some(Tok::Comma | Tok::RBracket)) =>
-                {
-                    return Err(Diagnostic::new("constant index", self.span(), "indices are variables")
-                        .with_hint(
-                            "index with variables (`x[b, h, i]`, `x[b, h, i - j]`); constant indices are not supported",
-                        ))
-                }
                 _ => {}
             }
             self.enter()?;
