@@ -204,6 +204,13 @@ fn describe_outside(ie: &IndexExpr, size: &Dim, out: &index_range::OutOfRange) -
     }
 }
 
+/// The condition of a `select`: lowered comparisons joined by `and` / `or`.
+enum Condition {
+    Compare(ValueId),
+    And(Box<Condition>, Box<Condition>),
+    Or(Box<Condition>, Box<Condition>),
+}
+
 struct Lowerer<'a> {
     src: &'a str,
     g: Graph,
@@ -687,25 +694,13 @@ impl<'a> Lowerer<'a> {
         }
     }
 
-    /// `select(cond, a, b)` with `a` and `b` lowered. `and` / `or` in the condition become nested
-    /// selects over the same two values, `select(c and d, a, b) = select(c, select(d, a, b), b)`
-    /// and `select(c or d, a, b) = select(c, a, select(d, a, b))`, so that every select has one
-    /// comparison: the masks recognition knows (`j <= i`, `j >= start[b]`) stay visible in it.
-    fn select(
-        &mut self,
-        cond: &Expr,
-        (a, b): (ValueId, ValueId),
-        span: Span,
-        cx: &StmtCtx,
-    ) -> LResult<(ValueId, ValueType)> {
+    /// The comparisons of a select's condition, lowered left to right, and how `and` / `or`
+    /// join them.
+    fn condition(&mut self, cond: &Expr, cx: &StmtCtx) -> LResult<Condition> {
         match &cond.kind {
-            ExprKind::Binary(BinOp::And, c, d) => {
-                let (inner, _) = self.select(d, (a, b), span, cx)?;
-                self.select(c, (inner, b), span, cx)
-            }
-            ExprKind::Binary(BinOp::Or, c, d) => {
-                let (inner, _) = self.select(d, (a, b), span, cx)?;
-                self.select(c, (a, inner), span, cx)
+            ExprKind::Binary(op @ (BinOp::And | BinOp::Or), c, d) => {
+                let (c, d) = (Box::new(self.condition(c, cx)?), Box::new(self.condition(d, cx)?));
+                Ok(if *op == BinOp::And { Condition::And(c, d) } else { Condition::Or(c, d) })
             }
             _ => {
                 let (vc, tc) = self.expr(cond, cx)?;
@@ -719,7 +714,30 @@ impl<'a> Lowerer<'a> {
                         "write a comparison such as `x[i] > 0` as the first argument, or comparisons joined by `and` / `or`",
                     ));
                 }
-                self.add(Op::Select, &[vc, a, b], span)
+                Ok(Condition::Compare(vc))
+            }
+        }
+    }
+
+    /// `select(cond, a, b)`: `and` / `or` become nested selects over the same two values,
+    /// `select(c and d, a, b) = select(c, select(d, a, b), b)` and `select(c or d, a, b) =
+    /// select(c, a, select(d, a, b))`, so that every select has one comparison: the masks
+    /// recognition knows (`j <= i`, `j >= start[b]`) stay visible in it.
+    fn select(
+        &mut self,
+        cond: &Condition,
+        (a, b): (ValueId, ValueId),
+        span: Span,
+    ) -> LResult<(ValueId, ValueType)> {
+        match cond {
+            Condition::Compare(c) => self.add(Op::Select, &[*c, a, b], span),
+            Condition::And(c, d) => {
+                let (inner, _) = self.select(d, (a, b), span)?;
+                self.select(c, (inner, b), span)
+            }
+            Condition::Or(c, d) => {
+                let (inner, _) = self.select(d, (a, b), span)?;
+                self.select(c, (a, inner), span)
             }
         }
     }
@@ -1140,11 +1158,13 @@ impl<'a> Lowerer<'a> {
             }
             "select" => {
                 self.arity(e, f, args, 3)?;
+                // The condition first: the values keep the order of the source.
+                let cond = self.condition(&args[0], cx)?;
                 let (va, ta) = self.expr(&args[1], cx)?;
                 let (vb, tb) = self.expr(&args[2], cx)?;
                 self.need_float(&ta, args[1].span, "`select`")?;
                 self.need_float(&tb, args[2].span, "`select`")?;
-                self.select(&args[0], (va, vb), e.span, cx)
+                self.select(&cond, (va, vb), e.span)
             }
             "sum" | "cumsum" | "softmax" => self.reduce_like(e, f, args, cx),
             "causal" | "window" => {
