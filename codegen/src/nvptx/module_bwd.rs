@@ -267,9 +267,9 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 return Err(Self::not_yet(
                     n,
                     &format!(
-                        "the gradient of captured tensor %{} shaped {:?} (the GPU backward computes those shaped [B, H, T] only, read as x[b, h, i] or x[b, h, j])",
+                        "the gradient of captured tensor %{} shaped [{}] (the GPU backward computes those shaped [B, H, T] only, read as x[b, h, i] or x[b, h, j])",
                         captures[k].index(),
-                        dims
+                        dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
                     ),
                 ));
             }
