@@ -1,13 +1,15 @@
 //! f16 on the CPU backend (issue 25, item 8): the fused kernels read f16 q/k/v and write an f16
-//! output, forward and backward, dense and pruned, against the f64 interpreter (`--check`), and
-//! the two conversions they use are exact: every one of the 65536 f16 bit patterns widens to
-//! the f32 the `half` crate gives, and f32 values around every f16 rounding boundary narrow to
-//! the f16 `half` rounds them to (nearest even, overflow to inf). NaN is not tested: inputs are
-//! validated, so none reaches these kernels as an input.
+//! output, forward and backward, dense and pruned, against the f64 interpreter (`--check`);
+//! every one of the 63488 non-NaN f16 bit patterns widens to the f32 the `half` crate gives (a
+//! program that reads an f16 parameter elementwise: the generic loops' conversion), and f32
+//! values around every f16 rounding boundary narrow to the f16 `half` rounds them to (nearest
+//! even, overflow to inf: the fused cast that stores the f16 output). NaN is not tested: inputs
+//! are validated, so none reaches these kernels as an input.
 //!
-//! Shown failing: with the normal path rounding half up (`+ 0x1000` for `+ 0xfff + odd`), the
-//! narrowing test failed at f32 6.106496e-5 (f16 0x0401, want 0x0400); before f16 was admitted,
-//! every run here failed with "the CPU kernels read f32 or bf16".
+//! Shown failing: with the fused kernels' f16 widening rebiasing by 2^111 instead of 2^112, the
+//! fused FoX check failed (rel L2 0.58); with the fused narrowing rounding half up (`+ 0x1000` for
+//! `+ 0xfff + odd`), the narrowing test failed at f32 6.106496e-5 (f16 0x0401, want 0x0400);
+//! before f16 was admitted, every fused run here failed with "the CPU kernels read f32 or bf16".
 
 mod common;
 

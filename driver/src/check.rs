@@ -76,7 +76,8 @@ impl CheckReport {
     }
 }
 
-/// Relative L2 tolerance of each backend (DESIGN.md section 5); bf16 outputs add their rounding.
+/// Relative L2 tolerance of each backend (DESIGN.md section 5); bf16, f16 and (for the f64
+/// reference) f32 outputs add their rounding.
 pub fn tolerance(backend: &str, out_dtype: DType) -> f64 {
     let base = match backend {
         "reference" => 1e-12,
@@ -94,8 +95,8 @@ pub fn tolerance(backend: &str, out_dtype: DType) -> f64 {
     }
 }
 
-/// The reference backend's tolerance on `optimized`'s attention with these inputs: 1e-12, or
-/// more where the logits are large. Both sides are f64, but the pipeline computes each logit
+/// The reference backend's tolerance on `optimized`'s attention with these inputs: its base
+/// ([`tolerance`]: 1e-12, or the output dtype's rounding), or more where the logits are large. Both sides are f64, but the pipeline computes each logit
 /// `x = scale (q . k)` in another order than the program as written (fused and contracted),
 /// which moves it by up to `D u |scale| |q| |k|` (`u = 2^-53`); the softmax turns an absolute
 /// change of the logits into a relative change of the output of at most twice as much. At

@@ -59,16 +59,6 @@ fn allowed(range: &Option<(f64, f64)>) -> String {
     }
 }
 
-/// `x` rounded to the nearest value of `dtype` (a float dtype; others keep `x`).
-fn rounded(dtype: foxc_ir::DType, x: f64) -> f64 {
-    match dtype {
-        foxc_ir::DType::F32 => x as f32 as f64,
-        foxc_ir::DType::BF16 => half::bf16::from_f64(x).to_f64(),
-        foxc_ir::DType::F16 => half::f16::from_f64(x).to_f64(),
-        _ => x,
-    }
-}
-
 fn unravel(mut l: usize, shape: &[usize]) -> Vec<usize> {
     let mut idx = vec![0; shape.len()];
     for (i, &n) in shape.iter().enumerate().rev() {
@@ -122,7 +112,9 @@ pub fn check_inputs(g: &Graph, inputs: &TensorMap) -> Result<DimBindings, InputE
         }
         // The declared bounds as the tensor's dtype holds them: `in [0, 0.05]` admits the f32
         // nearest 0.05 (0.0500000007), as a user writing 0.05 in f32 means.
-        let range = p.range.map(|(lo, hi)| (rounded(t.dtype, lo), rounded(t.dtype, hi)));
+        // (Integer tensors compare with the bounds as written: truncating them would widen.)
+        let rounded = |x: f64| if t.dtype.is_float() { foxc_ir::interp::cast(t.dtype, x) } else { x };
+        let range = p.range.map(|(lo, hi)| (rounded(lo), rounded(hi)));
         for (l, v) in t.to_f64_vec().into_iter().enumerate() {
             let in_range = range.is_some_and(|(lo, hi)| v >= lo && v <= hi);
             if v.is_nan() || (v.is_infinite() && !in_range) {

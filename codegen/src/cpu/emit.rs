@@ -131,16 +131,25 @@ impl<'a> Fx<'a> {
     /// even).
     pub fn store_f32(&mut self, dt: DType, base: Value, idx: Value, v: Value) {
         match dt {
-            DType::BF16 | DType::F16 => {
-                let h = if dt == DType::BF16 { self.f32_to_bf16_bits(v) } else { self.f32_to_f16_bits(v) };
-                let a = self.addr(base, idx, 2);
-                self.b.ins().istore16(mem(), h, a, 0);
+            DType::BF16 => {
+                let h = self.f32_to_bf16_bits(v);
+                self.store16(h, base, idx);
+            }
+            DType::F16 => {
+                let h = self.f32_to_f16_bits(v);
+                self.store16(h, base, idx);
             }
             _ => {
                 let a = self.addr(base, idx, 4);
                 self.store(v, a, 0);
             }
         }
+    }
+
+    /// The low 16 bits of `h` as element `idx` of a 2-byte buffer.
+    fn store16(&mut self, h: Value, base: Value, idx: Value) {
+        let a = self.addr(base, idx, 2);
+        self.b.ins().istore16(mem(), h, a, 0);
     }
 
     /// f32 -> bf16 bits (in the low 16 bits of an i32), round to nearest even, NaN stays NaN.
