@@ -1,6 +1,7 @@
 //! Small DSL and contract edges (issues 25 and 26), through the CLI:
-//! - a constant subscript (`r[a, 0]`, `slope[h, 0]`) reads that entry; one not provably in range
-//!   (`r[a, 7]` of a symbolic axis) is a positioned diagnostic;
+//! - a constant subscript (`r[a, 0]`, `slope[h, 0]`) reads that entry; one in range only for
+//!   some sizes (`r[a, 7]` of a symbolic axis) is checked when the dims are bound, one out of
+//!   range at every size (`r[a, -1]`) is a positioned diagnostic;
 //! - the reference backend's `--check` of an f32 output passes (it failed every one: both sides
 //!   round f64 values to f32, and two that straddle a rounding boundary differ by one ulp, far
 //!   above the 1e-12 it demanded);
@@ -41,9 +42,22 @@ fn constant_subscripts_read_that_entry() {
         "const7.attn",
         "attention g(q: f32[A, C], r: f32[A, C]) -> f32[A, C] {\n    y[a, c] = q[a, c] + r[a, 7]\n    return y\n}\n",
     );
+    // In range when C > 7: accepted, and checked once C is bound.
+    let (code, t) = run(&["check", &p]);
+    assert_eq!(code, Some(0), "{t}");
+    let (code, t) = run(&["run", &p, "--backend", "cpu", "--check", "--shape", "A=3,C=9", "--seed", "7"]);
+    assert_eq!(code, Some(0), "{t}");
+    let (code, t) = run(&["run", &p, "--backend", "cpu", "--shape", "A=3,C=5"]);
+    assert_eq!(code, Some(1), "{t}");
+    assert!(t.contains("subscript `7` of `r` takes values 7..=7") && t.contains("axis 1 of size 5"), "{t}");
+    // Out of range at every size: a positioned diagnostic.
+    let p = write(
+        "constneg.attn",
+        "attention g(q: f32[A, C], r: f32[A, C]) -> f32[A, C] {\n    y[a, c] = q[a, c] + r[a, -1]\n    return y\n}\n",
+    );
     let (code, t) = run(&["check", &p]);
     assert_eq!(code, Some(1), "{t}");
-    assert!(t.contains("subscript `7` of `r` can be out of range") && t.contains("const7.attn:2:"), "{t}");
+    assert!(t.contains("subscript `-1` of `r` can be out of range") && t.contains("constneg.attn:2:"), "{t}");
 }
 
 #[test]

@@ -76,6 +76,8 @@ pub enum Src {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sub {
     pub terms: Vec<(usize, i64)>,
+    /// `(scalar, k)`: `k` times a dim (`i + M - N`), added to the constant.
+    pub dims: Vec<(usize, i64)>,
     pub constant: i64,
     pub div: Option<usize>,
 }
@@ -224,7 +226,9 @@ impl Inputs<'_> {
                 .filter_map(|(name, c)| self.axes.iter().position(|a| a == name).map(|p| (p, *c)))
                 .collect();
             let div = e.div.as_ref().map(|d| self.scalars.get(std::slice::from_ref(d)));
-            subs.push(Sub { terms, constant: e.constant, div });
+            let dims =
+                e.dim_terms.iter().map(|(d, k)| (self.scalars.get(std::slice::from_ref(d)), *k)).collect();
+            subs.push(Sub { terms, dims, constant: e.constant, div });
         }
         let sizes = dims.iter().map(|d| self.scalars.get(std::slice::from_ref(d))).collect();
         let strides = (0..dims.len()).map(|p| self.scalars.get(&dims[p + 1..])).collect();

@@ -343,7 +343,12 @@ fn infix(b: BinaryOp) -> Option<(&'static str, u8)> {
 /// `h / (H/G)`, `i - j + 3`, `0`.
 pub fn fmt_index(e: &IndexExpr) -> String {
     let mut s = String::new();
-    for (v, c) in &e.terms {
+    let dims = e.dim_terms.iter().map(|(d, c)| {
+        let name = if matches!(d, Dim::Div(..)) { format!("({d})") } else { d.to_string() };
+        (name, *c)
+    });
+    let terms: Vec<(String, i64)> = e.terms.iter().cloned().chain(dims).collect();
+    for (v, c) in &terms {
         let (sign, mag) = if *c < 0 { ("-", -c) } else { ("+", *c) };
         if s.is_empty() {
             if sign == "-" {
@@ -368,13 +373,13 @@ pub fn fmt_index(e: &IndexExpr) -> String {
         }
     }
     match &e.div {
-        Some(d) if e.terms.len() + (e.constant != 0) as usize > 1 => format!("({s}) / ({d})"),
+        Some(d) if terms.len() + (e.constant != 0) as usize > 1 => format!("({s}) / ({d})"),
         Some(d) => format!("{s} / ({d})"),
         None => s,
     }
 }
 
-/// The value of an index expression: `floor((sum c*v + constant) / div)`. `var` gives the
+/// The value of an index expression: `floor((sum c*v + sum k*dim + constant) / div)`. `var` gives the
 /// variables, `dim` the dims; `None` when one is unknown or the divisor is 0.
 pub fn eval_index(
     e: &IndexExpr,
@@ -384,6 +389,9 @@ pub fn eval_index(
     let mut s = e.constant;
     for (v, c) in &e.terms {
         s = s.checked_add(c.checked_mul(var(v)?)?)?;
+    }
+    for (d, c) in &e.dim_terms {
+        s = s.checked_add(c.checked_mul(i64::try_from(dim(d)?).ok()?)?)?;
     }
     match &e.div {
         None => Some(s),
@@ -828,7 +836,12 @@ mod tests {
         let d = r.push(RNode::Binary(BinaryOp::Div, x, a));
         let t = r.push(RNode::Unary(UnaryOp::Sigmoid, d));
         let m = r.push(RNode::Binary(BinaryOp::Mul, a, t));
-        let iv = |v: &str| IndexExpr { terms: vec![(v.to_string(), 1)], constant: 0, div: None };
+        let iv = |v: &str| IndexExpr {
+            terms: vec![(v.to_string(), 1)],
+            dim_terms: vec![],
+            constant: 0,
+            div: None,
+        };
         let kb = r.push(RNode::Capture { k: 0, index: vec![iv("b"), iv("h"), iv("j")] });
         r.push(RNode::Binary(BinaryOp::Add, m, kb));
         r
@@ -863,7 +876,12 @@ mod tests {
         let r = Region {
             nodes: vec![RNode::Capture {
                 k: 0,
-                index: vec![IndexExpr { terms: vec![("d".into(), 1)], constant: 0, div: None }],
+                index: vec![IndexExpr {
+                    terms: vec![("d".into(), 1)],
+                    dim_terms: vec![],
+                    constant: 0,
+                    div: None,
+                }],
             }],
             root: 0,
         };
@@ -874,17 +892,32 @@ mod tests {
 
     #[test]
     fn index_expressions_evaluate_and_print() {
-        let gqa = IndexExpr { terms: vec![("h".into(), 1)], constant: 0, div: Some(Dim::sym("G")) };
+        let gqa = IndexExpr {
+            terms: vec![("h".into(), 1)],
+            dim_terms: vec![],
+            constant: 0,
+            div: Some(Dim::sym("G")),
+        };
         let var = |v: &str| Some(if v == "h" { 7 } else { 0 });
         assert_eq!(eval_index(&gqa, &var, &|_| Some(4)), Some(1));
         assert_eq!(eval_index(&gqa, &var, &|_| Some(0)), None);
         assert_eq!(fmt_index(&gqa), "h / (G)");
-        let rel = IndexExpr { terms: vec![("i".into(), 1), ("j".into(), -1)], constant: 3, div: None };
+        let rel = IndexExpr {
+            terms: vec![("i".into(), 1), ("j".into(), -1)],
+            dim_terms: vec![],
+            constant: 3,
+            div: None,
+        };
         assert_eq!(fmt_index(&rel), "i - j + 3");
         let v2 = |v: &str| Some(if v == "i" { 2 } else { 9 });
         assert_eq!(eval_index(&rel, &v2, &|_| None), Some(-4));
         // Floor division rounds toward -inf.
-        let neg = IndexExpr { terms: vec![("i".into(), -1)], constant: 0, div: Some(Dim::Const(2)) };
+        let neg = IndexExpr {
+            terms: vec![("i".into(), -1)],
+            dim_terms: vec![],
+            constant: 0,
+            div: Some(Dim::Const(2)),
+        };
         assert_eq!(eval_index(&neg, &|_| Some(1), &|d| d.eval(&|_| None)), Some(-1));
     }
 

@@ -9,8 +9,9 @@
 //! meant, its result 0 (`ty`, `add`, `operands`, `users`). Results above 0 go through
 //! [`Value`] and the `*_results` / `result_*` functions.
 
+use crate::index::IndexExpr;
 use crate::ops::Op;
-use crate::types::{Span, ValueType};
+use crate::types::{Dim, Span, ValueType};
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 use petgraph::Direction;
@@ -68,6 +69,46 @@ pub struct Param {
     pub range: Option<(f64, f64)>,
 }
 
+/// A subscript that stays in its axis for some sizes of the dims but could not be proven to for
+/// all (`c[b, h, i + M - N]` needs `M >= N`; `r[a, 7]` needs `A > 7`): the front end records it
+/// and the inputs are checked against it once the dims are bound (`runtime::validate`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SubscriptBound {
+    /// The tensor read, as the source names it.
+    pub tensor: String,
+    /// Its axis the subscript indexes, and that axis' size.
+    pub axis: usize,
+    pub size: Dim,
+    pub index: IndexExpr,
+    /// The size of each index variable of `index`.
+    pub vars: Vec<(String, Dim)>,
+    pub span: Span,
+}
+
+impl SubscriptBound {
+    /// `Ok` when the subscript stays in `[0, size)` for every value of its variables under the
+    /// bindings `dims`; else the range it takes and the axis size (`None` when some dim is
+    /// unbound or the arithmetic overflows: the caller reports it as out of range).
+    pub fn holds(&self, dims: &dyn Fn(&str) -> Option<u64>) -> Result<(), Option<(i64, i64, u64)>> {
+        let mut ranges = Vec::with_capacity(self.vars.len());
+        for (v, d) in &self.vars {
+            match d.eval(dims) {
+                Some(0) => return Ok(()), // no entry reads it
+                Some(n) => ranges.push((v.as_str(), (0, i64::try_from(n - 1).map_err(|_| None)?))),
+                None => return Err(None),
+            }
+        }
+        let range = |v: &str| ranges.iter().find(|(w, _)| *w == v).map_or((0, 0), |(_, r)| *r);
+        let size = self.size.eval(dims).ok_or(None)?;
+        let (lo, hi) = self.index.range(&range, dims).ok_or(None)?;
+        if lo >= 0 && u64::try_from(hi).is_ok_and(|h| h < size) {
+            Ok(())
+        } else {
+            Err(Some((lo, hi, size)))
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Graph {
     pub name: String,
@@ -76,11 +117,20 @@ pub struct Graph {
     pub output: Option<ValueId>,
     /// Symbolic dimension names in order of first appearance in the signature.
     pub dims: Vec<String>,
+    /// Subscripts to check when the dims are bound ([`SubscriptBound`]).
+    pub bind_checks: Vec<SubscriptBound>,
 }
 
 impl Graph {
     pub fn new(name: &str) -> Graph {
-        Graph { name: name.to_string(), g: StableDiGraph::new(), params: vec![], output: None, dims: vec![] }
+        Graph {
+            name: name.to_string(),
+            g: StableDiGraph::new(),
+            params: vec![],
+            output: None,
+            dims: vec![],
+            bind_checks: vec![],
+        }
     }
 
     /// Add a value computed by `op` from `operands` (result 0 of each).

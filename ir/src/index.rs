@@ -1,7 +1,9 @@
 //! Subscripts that are index expressions: `i - j`, `t + 1`, `h / (H / G)`.
 //!
-//! A subscript is an affine form of index variables with integer coefficients and constant,
-//! optionally floor-divided by a positive dim: `floor((sum c*v + constant) / div)`. A plain
+//! A subscript is an affine form of index variables and dims with integer coefficients and a
+//! constant, optionally floor-divided by a positive dim:
+//! `floor((sum c*v + sum k*dim + constant) / div)`. Dim terms (`i + M - N`, `d + D / 2`) are
+//! numbers once the dims are bound; a dim term may be an exact quotient (`D / 2`). A plain
 //! subscript (`i`) is the form `1*i + 0` without a divisor; the front end lowers those to `bind`
 //! and every other one to `gather` (ops.rs). The same type describes the subscripts of captured
 //! tensors in the fused attention's score region.
@@ -13,6 +15,8 @@ use std::fmt;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct IndexExpr {
     pub terms: Vec<(String, i64)>,
+    /// `sum k * dim`: terms in the symbolic dims (`+ M - N`), in order of appearance.
+    pub dim_terms: Vec<(Dim, i64)>,
     pub constant: i64,
     pub div: Option<Dim>,
 }
@@ -20,13 +24,34 @@ pub struct IndexExpr {
 impl IndexExpr {
     /// The plain subscript `name`.
     pub fn var(name: &str) -> IndexExpr {
-        IndexExpr { terms: vec![(name.to_string(), 1)], constant: 0, div: None }
+        IndexExpr { terms: vec![(name.to_string(), 1)], dim_terms: vec![], constant: 0, div: None }
+    }
+
+    /// The constant subscript `c`.
+    pub fn constant(c: i64) -> IndexExpr {
+        IndexExpr { terms: vec![], dim_terms: vec![], constant: c, div: None }
+    }
+
+    /// The part of the numerator that does not depend on the index variables, `constant + sum
+    /// k * dim`, under the dim bindings `dims`; `None` on overflow or an unbound dim.
+    pub fn offset(&self, dims: &dyn Fn(&str) -> Option<u64>) -> Option<i64> {
+        let mut s = self.constant;
+        for (d, k) in &self.dim_terms {
+            let v = i64::try_from(d.eval(dims)?).ok()?;
+            s = s.checked_add(k.checked_mul(v)?)?;
+        }
+        Some(s)
+    }
+
+    /// Whether the subscript mentions no index variable and no dim (a plain number).
+    pub fn is_constant(&self) -> bool {
+        self.vars().is_empty() && self.dim_terms.iter().all(|(_, k)| *k == 0)
     }
 
     /// The variable of a plain subscript (`i`, not `i + 0 * j` or `2 * i`).
     pub fn is_plain_var(&self) -> Option<&str> {
-        match (self.terms.as_slice(), self.constant, &self.div) {
-            ([(v, 1)], 0, None) => Some(v),
+        match (self.terms.as_slice(), self.dim_terms.is_empty(), self.constant, &self.div) {
+            ([(v, 1)], true, 0, None) => Some(v),
             _ => None,
         }
     }
@@ -45,7 +70,7 @@ impl IndexExpr {
     /// The value of the subscript: `var` gives the index variables, `dims` the symbolic dims.
     /// `None` on overflow, an unbound dim, or a divisor that is not a positive exact quotient.
     pub fn eval(&self, var: &dyn Fn(&str) -> i64, dims: &dyn Fn(&str) -> Option<u64>) -> Option<i64> {
-        let mut s = self.constant;
+        let mut s = self.offset(dims)?;
         for (v, c) in &self.terms {
             s = s.checked_add(c.checked_mul(var(v))?)?;
         }
@@ -67,7 +92,8 @@ impl IndexExpr {
         range: &dyn Fn(&str) -> (i64, i64),
         dims: &dyn Fn(&str) -> Option<u64>,
     ) -> Option<(i64, i64)> {
-        let (mut lo, mut hi) = (self.constant, self.constant);
+        let c = self.offset(dims)?;
+        let (mut lo, mut hi) = (c, c);
         for (v, c) in &self.terms {
             let (a, b) = range(v);
             let (x, y) = (c.checked_mul(a)?, c.checked_mul(b)?);
@@ -103,7 +129,27 @@ impl fmt::Display for IndexExpr {
             }
             s.push_str(v);
         }
-        let n_terms = self.terms.iter().filter(|(_, c)| *c != 0).count();
+        for (d, c) in self.dim_terms.iter().filter(|(_, c)| *c != 0) {
+            let mag = c.unsigned_abs();
+            if s.is_empty() {
+                if *c < 0 {
+                    s.push('-');
+                }
+            } else {
+                s.push_str(if *c < 0 { " - " } else { " + " });
+            }
+            if mag != 1 {
+                s.push_str(&format!("{mag} * "));
+            }
+            match d {
+                Dim::Sym(_) | Dim::Const(_) => s.push_str(&d.to_string()),
+                // `D / 2` binds tighter than `+`, but not after `2 *`.
+                _ if mag == 1 => s.push_str(&d.to_string()),
+                _ => s.push_str(&format!("({d})")),
+            }
+        }
+        let n_terms = self.terms.iter().filter(|(_, c)| *c != 0).count()
+            + self.dim_terms.iter().filter(|(_, c)| *c != 0).count();
         if s.is_empty() {
             s = self.constant.to_string();
         } else if self.constant != 0 {
@@ -113,8 +159,10 @@ impl fmt::Display for IndexExpr {
         match &self.div {
             None => f.write_str(&s),
             Some(d) => {
-                let simple_num =
-                    n_terms + (self.constant != 0) as usize <= 1 && !s.starts_with('-') && !s.contains(" * ");
+                let simple_num = n_terms + (self.constant != 0) as usize <= 1
+                    && !s.starts_with('-')
+                    && !s.contains(" * ")
+                    && !s.contains(" / ");
                 let num = if simple_num { s } else { format!("({s})") };
                 match d {
                     Dim::Sym(_) | Dim::Const(_) => write!(f, "{num} / {d}"),
@@ -130,7 +178,12 @@ mod tests {
     use super::*;
 
     fn e(terms: &[(&str, i64)], constant: i64, div: Option<Dim>) -> IndexExpr {
-        IndexExpr { terms: terms.iter().map(|(v, c)| (v.to_string(), *c)).collect(), constant, div }
+        IndexExpr {
+            terms: terms.iter().map(|(v, c)| (v.to_string(), *c)).collect(),
+            dim_terms: vec![],
+            constant,
+            div,
+        }
     }
 
     #[test]
@@ -143,6 +196,35 @@ mod tests {
         assert_eq!(gqa.to_string(), "h / (H / G)");
         assert_eq!(e(&[("i", 1), ("j", 1)], 0, Some(Dim::Const(2))).to_string(), "(i + j) / 2");
         assert_eq!(IndexExpr::var("b").to_string(), "b");
+        let mut aligned = e(&[("i", 1)], 0, None);
+        aligned.dim_terms = vec![(Dim::sym("M"), 1), (Dim::sym("N"), -1)];
+        assert_eq!(aligned.to_string(), "i + M - N");
+        let mut half = e(&[("d", 1)], 0, None);
+        half.dim_terms = vec![(Dim::quotient(Dim::sym("D"), Dim::Const(2)), -1)];
+        assert_eq!(half.to_string(), "d - D / 2");
+        half.dim_terms[0].1 = 2;
+        assert_eq!(half.to_string(), "d + 2 * (D / 2)");
+        let mut alone = IndexExpr::constant(0);
+        alone.dim_terms = vec![(Dim::quotient(Dim::sym("D"), Dim::Const(2)), 1)];
+        alone.div = Some(Dim::Const(2));
+        assert_eq!(alone.to_string(), "(D / 2) / 2");
+    }
+
+    #[test]
+    fn dim_terms_are_numbers_once_bound() {
+        let mut aligned = e(&[("i", 1)], 0, None);
+        aligned.dim_terms = vec![(Dim::sym("M"), 1), (Dim::sym("N"), -1)];
+        let dims = |s: &str| match s {
+            "M" => Some(10),
+            "N" => Some(3),
+            _ => None,
+        };
+        assert_eq!(aligned.offset(&dims), Some(7));
+        assert_eq!(aligned.eval(&|_| 2, &dims), Some(9));
+        assert_eq!(aligned.range(&|_| (0, 2), &dims), Some((7, 9)));
+        assert_eq!(aligned.eval(&|_| 2, &|_| None), None);
+        assert!(!aligned.is_constant());
+        assert!(IndexExpr::constant(3).is_constant());
     }
 
     #[test]

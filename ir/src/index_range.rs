@@ -57,7 +57,18 @@ impl Lin {
 
     /// `self >= 0` for every assignment of the dims to positive integers.
     pub fn provably_nonneg(&self) -> bool {
-        self.coef.values().all(|&c| c >= 0) && self.coef.values().sum::<i64>() + self.c >= 0
+        self.nonneg_from(1)
+    }
+
+    /// `self >= 0` for every assignment of the dims to integers `>= least`.
+    fn nonneg_from(&self, least: i64) -> bool {
+        self.coef.values().all(|&c| c >= 0) && self.coef.values().sum::<i64>() * least + self.c >= 0
+    }
+
+    /// `self >= 0` once every dim is large enough: no dim pulls it down, and it is either
+    /// constant and `>= 0` or grows with some dim.
+    fn eventually_nonneg(&self) -> bool {
+        self.coef.values().all(|&c| c >= 0) && (self.c >= 0 || self.coef.values().any(|&c| c > 0))
     }
 }
 
@@ -95,6 +106,11 @@ pub struct OutOfRange {
     /// The divisor times the axis size is not an affine form of the dims (`G * G`): no upper
     /// bound can be proven at all.
     pub unprovable: bool,
+    /// Out of range at this corner once the dims are large enough (the subscript is wrong but
+    /// for small sizes: `i - j` unmasked, `t + 1`, `1 - i`). When false the subscript is in
+    /// range for all large sizes of some dims (`i + M - N` needs `M >= N`, `r[a, 7]` needs
+    /// `A > 7`), so it can be checked once the dims are bound.
+    pub certain: bool,
 }
 
 impl OutOfRange {
@@ -163,27 +179,38 @@ pub fn check(
         None => Some(Lin::dim(size).minus(&Lin::konst(1))),
         Some(d) => product(d, size).map(|p| p.minus(&Lin::konst(1))),
     };
-    // Report a corner that is out of range for every value of the dims when there is one.
+    // Report a corner that is out of range for every value of the dims when there is one, else
+    // one out of range for every value from 2 up, else the first.
     let mut first: Option<OutOfRange> = None;
     for at in corners {
         let mut value = Lin::konst(e.constant);
+        for (d, k) in &e.dim_terms {
+            value.add_scaled(&Lin::dim(d), *k);
+        }
         for (v, x) in &at {
             value.add_scaled(x, coef(v));
         }
-        let (fail, definite) = if !value.provably_nonneg() {
-            (true, value.scaled(-1).minus(&Lin::konst(1)).provably_nonneg())
+        // `escape` is how far past the bound the value goes (>= 0 when it leaves).
+        let escape = if !value.provably_nonneg() {
+            Some(value.scaled(-1).minus(&Lin::konst(1)))
         } else {
             match &limit {
                 Some(l) if l.minus(&value).provably_nonneg() => continue,
-                Some(l) => (false, value.minus(l).minus(&Lin::konst(1)).provably_nonneg()),
-                None => (false, false),
+                Some(l) => Some(value.minus(l).minus(&Lin::konst(1))),
+                None => None,
             }
         };
-        let out = OutOfRange { at, value, below: fail, unprovable: !fail && limit.is_none() };
+        let fail = !value.provably_nonneg();
+        let definite = escape.as_ref().is_some_and(|x| x.provably_nonneg());
+        let certain = escape.as_ref().is_some_and(|x| x.eventually_nonneg());
+        let out = OutOfRange { at, value, below: fail, unprovable: !fail && limit.is_none(), certain };
         if definite {
             return Err(out);
         }
-        first.get_or_insert(out);
+        // A corner wrong at every size from 2 up outranks one wrong only at some sizes.
+        if first.as_ref().is_none_or(|f| certain && !f.certain) {
+            first = Some(out);
+        }
     }
     first.map_or(Ok(()), Err)
 }
@@ -193,7 +220,12 @@ mod tests {
     use super::*;
 
     fn e(terms: &[(&str, i64)], constant: i64, div: Option<Dim>) -> IndexExpr {
-        IndexExpr { terms: terms.iter().map(|(v, c)| (v.to_string(), *c)).collect(), constant, div }
+        IndexExpr {
+            terms: terms.iter().map(|(v, c)| (v.to_string(), *c)).collect(),
+            dim_terms: vec![],
+            constant,
+            div,
+        }
     }
     fn t(_: &str) -> Dim {
         Dim::sym("T")
@@ -206,6 +238,10 @@ mod tests {
         assert!(err.below);
         assert_eq!(err.corner(), "i = 0, j = T - 1");
         assert_eq!(err.value.to_string(), "-T + 1");
+        assert!(err.certain, "wrong whenever T >= 2");
+        // `1 - i` fits only T <= 2: wrong, not a size to check at bind time.
+        let err = check(&e(&[("i", -1)], 1, None), &Dim::sym("T"), &t, None).unwrap_err();
+        assert!(err.certain);
         assert_eq!(check(&rel, &Dim::sym("T"), &t, Some(("i", "j"))), Ok(()));
         // The mask the other way round does not help.
         assert!(check(&rel, &Dim::sym("T"), &t, Some(("j", "i"))).is_err());
@@ -217,6 +253,24 @@ mod tests {
         assert!(!err.below);
         assert_eq!(err.value.to_string(), "T");
         assert_eq!(check(&e(&[("t", 1)], 0, None), &Dim::sym("T"), &t, None), Ok(()));
+    }
+
+    #[test]
+    fn queries_aligned_to_the_end_of_longer_keys() {
+        // `c[i + M - N]`, i over N, into an axis of size M: in range exactly when M >= N.
+        let mut aligned = e(&[("i", 1)], 0, None);
+        aligned.dim_terms = vec![(Dim::sym("M"), 1), (Dim::sym("N"), -1)];
+        let n = |_: &str| Dim::sym("N");
+        let err = check(&aligned, &Dim::sym("M"), &n, None).unwrap_err();
+        assert!(err.below && !err.certain);
+        assert_eq!(err.value.to_string(), "M - N");
+        // A constant into a symbolic axis is in range for long enough axes.
+        let err = check(&e(&[], 7, None), &Dim::sym("A"), &n, None).unwrap_err();
+        assert!(!err.below && !err.certain);
+        // `t + N` into an axis of size N never fits.
+        let mut past = e(&[("t", 1)], 0, None);
+        past.dim_terms = vec![(Dim::sym("N"), 1)];
+        assert!(check(&past, &Dim::sym("N"), &n, None).unwrap_err().certain);
     }
 
     #[test]

@@ -48,7 +48,7 @@
 use crate::ast::{self, BinOp, Expr, ExprKind, Ident, Program, UnOp};
 use crate::check::infer;
 use crate::diag::{Diagnostic, Diagnostics};
-use crate::graph::{Graph, ValueId};
+use crate::graph::{Graph, SubscriptBound, ValueId};
 use crate::index::IndexExpr;
 use crate::index_range;
 use crate::mask_flow::check_masked;
@@ -164,10 +164,11 @@ fn reserved_name(id: &Ident) -> LResult<()> {
 /// `k * x` of an undivided index expression.
 fn scale(x: IndexExpr, k: i64) -> IndexExpr {
     let terms = x.terms.into_iter().map(|(v, c)| (v, c * k)).collect();
-    normalize(IndexExpr { terms, constant: x.constant * k, div: None })
+    let dim_terms = x.dim_terms.into_iter().map(|(d, c)| (d, c * k)).collect();
+    normalize(IndexExpr { terms, dim_terms, constant: x.constant * k, div: None })
 }
 
-/// One term per variable (first-appearance order), zero coefficients dropped.
+/// One term per variable and per dim (first-appearance order), zero coefficients dropped.
 fn normalize(x: IndexExpr) -> IndexExpr {
     let mut terms: Vec<(String, i64)> = Vec::new();
     for (v, c) in x.terms {
@@ -177,7 +178,15 @@ fn normalize(x: IndexExpr) -> IndexExpr {
         }
     }
     terms.retain(|(_, c)| *c != 0);
-    IndexExpr { terms, ..x }
+    let mut dim_terms: Vec<(Dim, i64)> = Vec::new();
+    for (d, c) in x.dim_terms {
+        match dim_terms.iter_mut().find(|(e, _)| *e == d) {
+            Some(t) => t.1 += c,
+            None => dim_terms.push((d, c)),
+        }
+    }
+    dim_terms.retain(|(_, c)| *c != 0);
+    IndexExpr { terms, dim_terms, ..x }
 }
 
 /// `is 1 - T at i = 0, j = T - 1`.
@@ -793,6 +802,17 @@ impl<'a> Lowerer<'a> {
             let outside = describe_outside(ie, size, &out);
             match pair {
                 Some((i, j)) => needs.push((i.to_string(), j.to_string(), ie.to_string(), sub.span, outside)),
+                // In range for some sizes of the dims: checked when they are bound. (A division
+                // whose bound is not a sum of dims stays an error: `h / G` into an axis of G is
+                // in range only by accident of the sizes, and means `h / (H / G)`.)
+                None if !out.certain && !out.unprovable => self.g.bind_checks.push(SubscriptBound {
+                    tensor: name.name.clone(),
+                    axis: p,
+                    size: size.clone(),
+                    index: ie.clone(),
+                    vars: vars.iter().map(|v| (v.to_string(), size_of(v))).collect(),
+                    span: sub.span,
+                }),
                 None => {
                     return Err(Diagnostic::new(
                         format!("subscript `{ie}` of `{}` can be out of range", name.name),
@@ -836,8 +856,9 @@ impl<'a> Lowerer<'a> {
     fn index_expr(&self, e: &Expr) -> LResult<IndexExpr> {
         let not_index = |what: &str| {
             Diagnostic::new(format!("{what} in a subscript"), e.span, "not an index expression").with_hint(
-                "a subscript is an index variable, or an index expression: integer constants and index \
-                 variables combined with + - *, optionally divided by a dimension (`i - j`, `t + 1`, `h / (H / G)`)",
+                "a subscript is an index variable, or an index expression: integer constants, index \
+                 variables and dims combined with + - *, optionally divided by a dimension \
+                 (`i - j`, `t + 1`, `i + M - N`, `h / (H / G)`)",
             )
         };
         let whole = |x: &IndexExpr, span: Span| -> LResult<()> {
@@ -852,9 +873,7 @@ impl<'a> Lowerer<'a> {
             }
         };
         Ok(match &e.kind {
-            ExprKind::Num { value, int: true, .. } if *value < 9.0e15 => {
-                IndexExpr { terms: vec![], constant: *value as i64, div: None }
-            }
+            ExprKind::Num { value, int: true, .. } if *value < 9.0e15 => IndexExpr::constant(*value as i64),
             ExprKind::Num { text, int: true, .. } => {
                 return Err(Diagnostic::new(
                     format!("integer constant `{text}` in a subscript is too large"),
@@ -874,15 +893,11 @@ impl<'a> Lowerer<'a> {
             ExprKind::Name(id) => {
                 if let Some(ent) = self.names.get(&id.name) {
                     if ent.kind == Kind::Dim {
-                        return Err(Diagnostic::new(
-                            format!("dimension `{}` used as an index in a subscript", id.name),
-                            id.span,
-                            "a dimension",
-                        )
-                        .with_hint(format!(
-                            "in a subscript a dimension can only divide, as in `h / (H / G)`; index with an index variable such as `{}`",
-                            id.name.to_lowercase()
-                        )));
+                        // A dim is a number in a subscript: `i + M - N`, `d + D / 2`.
+                        return Ok(IndexExpr {
+                            dim_terms: vec![(Dim::Sym(id.name.clone()), 1)],
+                            ..IndexExpr::constant(0)
+                        });
                     }
                     self.check_index_name(id)?;
                 }
@@ -900,7 +915,9 @@ impl<'a> Lowerer<'a> {
                 let y = if *op == BinOp::Sub { scale(y, -1) } else { y };
                 let mut terms = x.terms;
                 terms.extend(y.terms);
-                normalize(IndexExpr { terms, constant: x.constant + y.constant, div: None })
+                let mut dim_terms = x.dim_terms;
+                dim_terms.extend(y.dim_terms);
+                normalize(IndexExpr { terms, dim_terms, constant: x.constant + y.constant, div: None })
             }
             ExprKind::Binary(BinOp::Mul, a, b) => {
                 for side in [a, b] {
@@ -916,23 +933,32 @@ impl<'a> Lowerer<'a> {
                 let (x, y) = (self.index_expr(a)?, self.index_expr(b)?);
                 whole(&x, a.span)?;
                 whole(&y, b.span)?;
-                match (x.terms.is_empty(), y.terms.is_empty()) {
+                match (x.is_constant(), y.is_constant()) {
                     (true, _) => scale(y, x.constant),
                     (_, true) => scale(x, y.constant),
                     _ => return Err(Diagnostic::new(
-                        "product of index variables in a subscript",
+                        "product of index variables or dims in a subscript",
                         e.span,
                         "not affine",
                     )
                     .with_hint(
-                        "a subscript is affine: integer constants times index variables, e.g. `2 * t + 1`",
+                        "a subscript is affine: integer constants times index variables and dims, e.g. `2 * t + 1` or `i + M - N`",
                     )),
                 }
             }
             ExprKind::Binary(BinOp::Div, a, b) => {
                 let x = self.index_expr(a)?;
                 whole(&x, a.span)?;
-                IndexExpr { div: Some(self.divisor(b)?), ..x }
+                let d = self.divisor(b)?;
+                match (x.terms.is_empty(), x.constant, x.dim_terms.as_slice()) {
+                    // A dim divided, `D / 2`: an exact quotient, itself a dim term (checked to
+                    // divide when the dims are bound), so that `d + D / 2` stays affine.
+                    (true, 0, [(n, 1)]) => IndexExpr {
+                        dim_terms: vec![(Dim::quotient(n.clone(), d), 1)],
+                        ..IndexExpr::constant(0)
+                    },
+                    _ => IndexExpr { div: Some(d), ..x },
+                }
             }
             ExprKind::Binary(op @ (BinOp::And | BinOp::Or), ..) => {
                 return Err(not_index(&format!("condition `{}`", op.symbol())))

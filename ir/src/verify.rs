@@ -333,8 +333,12 @@ mod tests {
         let mut r = Region::new();
         let x = r.push(RNode::Score);
         let th = r.push(RNode::Unary(crate::ops::UnaryOp::Tanh, x));
-        let iv =
-            |v: &str| crate::index::IndexExpr { terms: vec![(v.to_string(), 1)], constant: 0, div: None };
+        let iv = |v: &str| crate::index::IndexExpr {
+            terms: vec![(v.to_string(), 1)],
+            dim_terms: vec![],
+            constant: 0,
+            div: None,
+        };
         let cap = r.push(RNode::Capture { k: 0, index: vec![iv("b"), iv("h"), iv("j")] });
         r.push(RNode::Binary(crate::ops::BinaryOp::Add, th, cap));
         let mut a = Attention::new(Scale::constant(0.125), Mask::None, true);

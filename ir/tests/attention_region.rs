@@ -17,7 +17,7 @@ fn s(x: &str) -> Dim {
 }
 
 fn iv(v: &str) -> IndexExpr {
-    IndexExpr { terms: vec![(v.to_string(), 1)], constant: 0, div: None }
+    IndexExpr { terms: vec![(v.to_string(), 1)], dim_terms: vec![], constant: 0, div: None }
 }
 
 fn random(rng: &mut StdRng, shape: &[usize]) -> Tensor {
@@ -200,7 +200,12 @@ fn out_dtype_rounds_and_an_out_of_range_capture_is_nan() {
     // rel[i - j + 1] with rel of length 3: out of range for i - j >= 2, so rows i >= 2 are NaN.
     let mut r = Region::new();
     let x = r.push(RNode::Score);
-    let e = IndexExpr { terms: vec![("i".into(), 1), ("j".into(), -1)], constant: 1, div: None };
+    let e = IndexExpr {
+        terms: vec![("i".into(), 1), ("j".into(), -1)],
+        dim_terms: vec![],
+        constant: 1,
+        div: None,
+    };
     let c = r.push(RNode::Capture { k: 0, index: vec![e] });
     r.push(RNode::Binary(BinaryOp::Add, x, c));
     let mut a = Attention::new(Scale::constant(1.0), Mask::Causal, false);

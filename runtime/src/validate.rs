@@ -38,6 +38,18 @@ pub enum InputError {
         subscript: String,
         tensor: String,
     },
+    #[error(
+        "subscript `{subscript}` of `{tensor}` takes values {lo}..={hi} at these sizes ({dims}), outside axis {axis} of size {size}"
+    )]
+    SubscriptOutOfRange {
+        subscript: String,
+        tensor: String,
+        axis: usize,
+        lo: i64,
+        hi: i64,
+        size: u64,
+        dims: String,
+    },
 }
 
 fn plural(v: &[String]) -> &'static str {
@@ -96,6 +108,7 @@ pub fn check_inputs(g: &Graph, inputs: &TensorMap) -> Result<DimBindings, InputE
         g.params.iter().map(|p| (p.name.clone(), inputs[&p.name].shape.clone())).collect();
     let dims = bind_dims(g, &shapes)?;
     check_divisions(g, &dims)?;
+    check_subscripts(g, &dims)?;
     for p in &g.params {
         let t = &inputs[&p.name];
         let expected = t.numel() * t.dtype.size_bytes();
@@ -141,13 +154,36 @@ pub fn check_inputs(g: &Graph, inputs: &TensorMap) -> Result<DimBindings, InputE
     Ok(dims)
 }
 
+/// The subscripts the front end could prove in range only for some sizes of the dims
+/// (`Graph::bind_checks`, e.g. `c[b, h, i + M - N]` needs `M >= N`) must be in range at these.
+fn check_subscripts(g: &Graph, dims: &DimBindings) -> Result<(), InputError> {
+    let bind = |s: &str| dims.get(s);
+    for c in &g.bind_checks {
+        let Err(range) = c.holds(&bind) else { continue };
+        let (lo, hi, size) = range.unwrap_or((i64::MIN, i64::MAX, c.size.eval(&bind).unwrap_or(0)));
+        let mut named: Vec<String> = c.vars.iter().map(|(v, d)| format!("{v} < {d}")).collect();
+        named.extend(dims.0.iter().map(|(k, v)| format!("{k} = {v}")));
+        return Err(InputError::SubscriptOutOfRange {
+            subscript: c.index.to_string(),
+            tensor: c.tensor.clone(),
+            axis: c.axis,
+            lo,
+            hi,
+            size,
+            dims: named.join(", "),
+        });
+    }
+    Ok(())
+}
+
 /// Every exact quotient of dims that a subscript divides by must divide under `dims`: those of
 /// `gather` nodes, of captured tensors in a fused attention's score region, and its kv group.
 fn check_divisions(g: &Graph, dims: &DimBindings) -> Result<(), InputError> {
     let bind = |s: &str| dims.get(s);
     let check = |e: &IndexExpr, tensor: &str| -> Result<(), InputError> {
-        let Some(d) = &e.div else { return Ok(()) };
-        match d.failed_division(&bind) {
+        // The divisor, and the quotients among the dim terms (`d + D / 2`).
+        let mut quotients = e.div.iter().chain(e.dim_terms.iter().map(|(d, _)| d));
+        match quotients.find_map(|d| d.failed_division(&bind)) {
             Some((a, av, b, bv)) => Err(InputError::Indivisible {
                 num: a.to_string(),
                 num_value: av,

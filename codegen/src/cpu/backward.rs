@@ -36,7 +36,7 @@ pub struct CapGrad {
     /// The capture's number (operand `captures[k]`).
     pub k: usize,
     pub index: Vec<IndexExpr>,
-    pub divs: Vec<Option<i64>>,
+    pub subs: Vec<region::SubConsts>,
     pub local: RegionCode,
 }
 
@@ -97,11 +97,11 @@ pub fn plan(
         if !float_caps.contains(k) {
             continue;
         }
-        let divs = score_code.map(|sc| sc.divs[*id as usize].clone()).unwrap_or_default();
+        let subs = score_code.map(|sc| sc.subs[*id as usize].clone()).unwrap_or_default();
         cap_grads.push(CapGrad {
             k: *k,
             index: index.clone(),
-            divs,
+            subs,
             local: RegionCode::new(r, dim).map_err(invalid)?,
         });
     }
@@ -711,7 +711,7 @@ fn row_body(fx: &mut Fx, a: &BwdKernel, sc: &Scratch, r: RowCtx, bf: &Bufs, (mt,
                 let contrib = fx.b.ins().fmul(ds, local);
                 let shape = fw.captures[cg.k].shape.clone();
                 for l in 0..4u8 {
-                    let (inr, off) = region::capture_offset(fx, &shape, &cg.index, &cg.divs, &at, l);
+                    let (inr, off) = region::capture_offset(fx, &shape, &cg.index, &cg.subs, &at, l);
                     let okl = fx.b.ins().extractlane(ok, l);
                     let okl = fx.b.ins().icmp_imm_s(IntCC::NotEqual, okl, 0);
                     let both = fx.b.ins().band(inr, okl);

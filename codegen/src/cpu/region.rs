@@ -10,14 +10,16 @@ use foxc_ir::attention::{IndexVar, RNode, Region};
 use foxc_ir::index::IndexExpr;
 use foxc_ir::{BinaryOp, DType, UnaryOp};
 
+pub use crate::capture_index::SubConsts;
+
 /// A region prepared for one compiled program: dims resolved to numbers.
 #[derive(Clone, Debug)]
 pub struct RegionCode {
     pub region: Region,
-    /// The value of each `RNode::Dim` (by node position), and of each index divisor, by node
-    /// position then axis (`None` when the axis does not divide).
+    /// The value of each `RNode::Dim` (by node position), and the dim-dependent parts of each
+    /// capture subscript, by node position then axis.
     pub dims: Vec<f32>,
-    pub divs: Vec<Vec<Option<i64>>>,
+    pub subs: Vec<Vec<SubConsts>>,
 }
 
 /// A captured tensor as the kernel reads it.
@@ -31,28 +33,19 @@ impl RegionCode {
     /// Resolve the dims of `r`; `Err` names what the CPU kernel cannot evaluate.
     pub fn new(r: &Region, dim: &dyn Fn(&foxc_ir::Dim) -> Option<u64>) -> Result<RegionCode, String> {
         let mut dims = vec![0.0; r.nodes.len()];
-        let mut divs = vec![vec![]; r.nodes.len()];
+        let mut subs = vec![vec![]; r.nodes.len()];
         for (n, node) in r.nodes.iter().enumerate() {
             match node {
                 RNode::Dim(d) => dims[n] = dim(d).ok_or_else(|| format!("dim {d} is not bound"))? as f32,
                 RNode::Capture { index, .. } => {
                     for e in index {
-                        divs[n].push(match &e.div {
-                            Some(d) => {
-                                let v = dim(d).ok_or_else(|| format!("dim {d} is not bound"))?;
-                                if v == 0 {
-                                    return Err(format!("an index divides by {d} = 0"));
-                                }
-                                Some(v as i64)
-                            }
-                            None => None,
-                        });
+                        subs[n].push(SubConsts::resolve(e, dim)?);
                     }
                 }
                 _ => {}
             }
         }
-        Ok(RegionCode { region: r.clone(), dims, divs })
+        Ok(RegionCode { region: r.clone(), dims, subs })
     }
 }
 
@@ -88,7 +81,7 @@ pub fn emit(fx: &mut Fx, rc: &RegionCode, caps: &[(Value, CaptureCode)], at: &La
             }
             RNode::Dim(_) => fx.splat_c(rc.dims[n]),
             RNode::Const(c) => fx.splat_c(*c as f32),
-            RNode::Capture { k, index } => capture(fx, &caps[*k], index, &rc.divs[n], at),
+            RNode::Capture { k, index } => capture(fx, &caps[*k], index, &rc.subs[n], at),
             RNode::Unary(u, a) => unary(fx, *u, v(*a)),
             RNode::Binary(op, a, b) => binary(fx, *op, v(*a), v(*b)),
             RNode::Select(c, a, b) => {
@@ -197,13 +190,13 @@ fn capture(
     fx: &mut Fx,
     cap: &(Value, CaptureCode),
     index: &[IndexExpr],
-    divs: &[Option<i64>],
+    subs: &[SubConsts],
     at: &Lanes,
 ) -> Value {
     let (ptr, cc) = cap;
     let mut out = fx.splat_c(f32::NAN);
     for lane in 0..4u8 {
-        let (ok, off) = capture_offset(fx, &cc.shape, index, divs, at, lane);
+        let (ok, off) = capture_offset(fx, &cc.shape, index, subs, at, lane);
         let zero = fx.ic(0);
         let safe = fx.b.ins().select(ok, off, zero);
         let x = fx.load_f32(cc.dtype, *ptr, safe);
@@ -221,15 +214,15 @@ pub fn capture_offset(
     fx: &mut Fx,
     shape: &[u64],
     index: &[IndexExpr],
-    divs: &[Option<i64>],
+    subs: &[SubConsts],
     at: &Lanes,
     lane: u8,
 ) -> (Value, Value) {
     let j = fx.b.ins().iadd_imm_s(at.j0, lane as i64);
     let mut off = fx.ic(0);
     let mut ok = fx.b.ins().iconst(cranelift_codegen::ir::types::I8, 1);
-    for ((e, &n), div) in index.iter().zip(shape).zip(divs) {
-        let mut p = fx.ic(e.constant);
+    for ((e, &n), sc) in index.iter().zip(shape).zip(subs) {
+        let mut p = fx.ic(sc.offset);
         for (var, coef) in &e.terms {
             let x = match IndexVar::from_name(var) {
                 Some(IndexVar::B) => at.b,
@@ -240,7 +233,7 @@ pub fn capture_offset(
             let t = fx.b.ins().imul_imm_s(x, *coef);
             p = fx.b.ins().iadd(p, t);
         }
-        if let Some(d) = *div {
+        if let Some(d) = sc.div {
             // Floor division: shift negative numerators down by d - 1 first.
             let neg = fx.b.ins().icmp_imm_s(IntCC::SignedLessThan, p, 0);
             let adj = fx.b.ins().iadd_imm_s(p, -(d - 1));

@@ -202,7 +202,12 @@ mod tests {
     use foxc_ir::index::IndexExpr;
 
     fn kb() -> RNode {
-        let v = |n: &str| IndexExpr { terms: vec![(n.to_string(), 1)], constant: 0, div: None };
+        let v = |n: &str| IndexExpr {
+            terms: vec![(n.to_string(), 1)],
+            dim_terms: vec![],
+            constant: 0,
+            div: None,
+        };
         RNode::Capture { k: 0, index: vec![v("b"), v("h"), v("j")] }
     }
     fn cap(range: Option<(f64, f64)>) -> Vec<CaptureInfo> {

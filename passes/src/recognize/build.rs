@@ -107,6 +107,7 @@ impl<'a> Builder<'a> {
                     .filter(|(_, c)| *c != 0)
                     .map(|(v, c)| (format!("${}", pos(v)), *c))
                     .collect(),
+                dim_terms: e.dim_terms.clone(),
                 constant: e.constant,
                 div: e.div.clone(),
             };
@@ -365,5 +366,5 @@ pub(crate) fn instantiate(template: &IndexExpr, vars: &[String]) -> Option<Index
                 .map(|n| (n.clone(), *c))
         })
         .collect::<Option<Vec<_>>>()?;
-    Some(IndexExpr { terms, constant: template.constant, div: template.div.clone() })
+    Some(IndexExpr { terms, ..template.clone() })
 }

@@ -440,8 +440,13 @@ fn grouped(b: &Builder, c: Id, order: [Symbol; 4]) -> Option<(ValueId, Dim)> {
         let ix = eg[ch[2]].nodes.iter().find(|m| matches!(m, Attn::Ix(_)))?;
         let ixc = ix.children();
         let template = b.subscripts.get(&eg[ixc[0]].data.sym?)?;
-        let group = match (template.terms.as_slice(), template.constant, &template.div) {
-            ([(v, 1)], 0, Some(g)) if v == "$0" => g.clone(),
+        let group = match (
+            template.terms.as_slice(),
+            template.dim_terms.is_empty(),
+            template.constant,
+            &template.div,
+        ) {
+            ([(v, 1)], true, 0, Some(g)) if v == "$0" => g.clone(),
             _ => return None,
         };
         if ixc.len() != 2 || eg[ixc[1]].data.sym != Some(order[1]) {

@@ -40,7 +40,7 @@ pub(crate) struct RegionBuilder<'a> {
 }
 
 fn var_index(v: IndexVar) -> IndexExpr {
-    IndexExpr { terms: vec![(v.name().to_string(), 1)], constant: 0, div: None }
+    IndexExpr { terms: vec![(v.name().to_string(), 1)], dim_terms: vec![], constant: 0, div: None }
 }
 
 impl<'a> RegionBuilder<'a> {

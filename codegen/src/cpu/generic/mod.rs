@@ -146,7 +146,17 @@ pub fn plan(cx: &Ctx, n: ValueId, contracted: &HashSet<ValueId>) -> Result<Plann
                             return Err(bad("a gather subscript's divisor is not a positive size".into()))
                         }
                     };
-                    out.push(Sub { terms: s.terms, constant: s.constant, div });
+                    // Every size is a compile-time constant here, so the dim terms fold in.
+                    let mut constant = s.constant;
+                    for (k, c) in s.dims {
+                        let d = i64::try_from(scalars[k])
+                            .map_err(|_| bad("a gather subscript's dim does not fit in i64".into()))?;
+                        constant = d
+                            .checked_mul(c)
+                            .and_then(|x| x.checked_add(constant))
+                            .ok_or_else(|| bad("a gather subscript overflows i64".into()))?;
+                    }
+                    out.push(Sub { terms: s.terms, constant, div });
                 }
                 arg += 1;
                 Src::Gather {

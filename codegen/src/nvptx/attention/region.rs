@@ -10,6 +10,7 @@
 //! touching memory (the front end proves that only entries the mask drops do that).
 
 use super::score::{ScoreMod, ScorePos, FIRST_PARAM};
+use crate::capture_index::SubConsts;
 use crate::nvptx::builder::{KernelBuilder, ParamTy};
 use foxc_ir::attention::{IndexVar, RNode, Region};
 use foxc_ir::index::IndexExpr;
@@ -45,8 +46,8 @@ struct Resolved {
     region: Region,
     /// The value of each `RNode::Dim`, by node position (0 elsewhere).
     dims: Vec<f64>,
-    /// Per capture node (by node position), the value of each subscript's divisor.
-    divs: Vec<Vec<Option<i64>>>,
+    /// Per capture node (by node position), each subscript's offset and divisor.
+    subs: Vec<Vec<SubConsts>>,
 }
 
 /// A score region (and the attention's expression mask, if any) with its dims resolved and its
@@ -180,7 +181,7 @@ impl RegionMod {
         (bi, h)
     }
 
-    /// Captured tensor `k` at `index` (the divisors `divs`): the element, widened to f32, or
+    /// Captured tensor `k` at `index` (its resolved numbers `subs`): the element, widened to f32, or
     /// NaN when a subscript is outside its axis (no memory is read then: the index is clamped
     /// to 0 and the value replaced).
     fn capture<'ctx>(
@@ -188,7 +189,7 @@ impl RegionMod {
         b: &KernelBuilder<'_, 'ctx>,
         k: usize,
         index: &[IndexExpr],
-        divs: &[Option<i64>],
+        subs: &[SubConsts],
         at: ScorePos<'ctx>,
     ) -> FloatValue<'ctx> {
         let Some(ty) = self.caps.get(k).copied().flatten() else {
@@ -208,12 +209,12 @@ impl RegionMod {
         };
         let mut ok = b.bool(true);
         let mut off = b.i64(0);
-        for (a, (e, div)) in index.iter().zip(divs).enumerate() {
-            let mut p = b.i32(e.constant);
+        for (a, (e, sc)) in index.iter().zip(subs).enumerate() {
+            let mut p = b.i32(sc.offset);
             for (v, c) in &e.terms {
                 p = b.add(p, b.mulc(var(v), *c));
             }
-            if let Some(d) = div {
+            if let Some(d) = &sc.div {
                 // Floor division (the subscript may be negative): round toward -inf first.
                 let neg = b.icmpc(IntPredicate::SLT, p, 0);
                 p = b.sdivc(b.select_i(neg, b.addc(p, 1 - d), p), *d);
@@ -258,7 +259,7 @@ fn resolve(
         return Err(m);
     }
     let mut dims = vec![0.0; r.nodes.len()];
-    let mut divs = vec![vec![]; r.nodes.len()];
+    let mut subs = vec![vec![]; r.nodes.len()];
     for (n, node) in r.nodes.iter().enumerate() {
         match node {
             RNode::Dim(d) => {
@@ -281,24 +282,14 @@ fn resolve(
                 }
                 for e in index {
                     *reads_bh |= e.vars().iter().any(|v| *v == "b" || *v == "h");
-                    divs[n].push(match &e.div {
-                        None => None,
-                        Some(d) => {
-                            let v = dim(d).ok_or_else(|| {
-                                format!("the divisor {d} of a captured tensor's subscript is not static")
-                            })?;
-                            Some(i64::try_from(v).ok().filter(|v| *v > 0).ok_or_else(|| {
-                                format!("a captured tensor's subscript divides by {d} = {v}")
-                            })?)
-                        }
-                    });
+                    subs[n].push(SubConsts::resolve(e, dim)?);
                 }
                 read[*k] = Some(ty);
             }
             _ => {}
         }
     }
-    Ok(Resolved { region: r.clone(), dims, divs })
+    Ok(Resolved { region: r.clone(), dims, subs })
 }
 
 impl Resolved {
@@ -343,7 +334,7 @@ impl RegionMod {
                 }
                 RNode::Dim(_) => b.f32(rs.dims[n]),
                 RNode::Const(c) => b.f32(*c),
-                RNode::Capture { k, index } => self.capture(b, *k, index, &rs.divs[n], at),
+                RNode::Capture { k, index } => self.capture(b, *k, index, &rs.subs[n], at),
                 RNode::Unary(u, a) => unary(b, *u, v(*a)),
                 // Division by a constant (softcap's x / U): a product with the reciprocal,
                 // within 1.5 ulp of the quotient, no division in the score loop.
@@ -685,7 +676,12 @@ mod tests {
         let e =
             RegionMod::with_captures(&read(vec![IndexExpr::var("j")]), &|_| None, None, &i32_1).unwrap_err();
         assert!(e.contains("float tensors only"), "{e}");
-        let div = IndexExpr { terms: vec![("j".into(), 1)], constant: 0, div: Some(Dim::sym("W")) };
+        let div = IndexExpr {
+            terms: vec![("j".into(), 1)],
+            dim_terms: vec![],
+            constant: 0,
+            div: Some(Dim::sym("W")),
+        };
         let e = RegionMod::with_captures(&read(vec![div]), &|_| None, None, &f32_1).unwrap_err();
         assert!(e.contains("divisor W"), "{e}");
     }
@@ -703,6 +699,7 @@ mod tests {
         let s = r.push(RNode::Binary(BinaryOp::Add, x, kb));
         let rel = IndexExpr {
             terms: vec![("i".into(), 1), ("j".into(), -1)],
+            dim_terms: vec![],
             constant: 1,
             div: Some(Dim::Const(2)),
         };

@@ -417,6 +417,9 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
                     for &(a, c) in &sub.terms {
                         s = b.add(s, b.mul(coord[a], b.i64(c)));
                     }
+                    for &(d, c) in &sub.dims {
+                        s = b.add(s, b.mul(self.scalars[d], b.i64(c)));
+                    }
                     if let Some(d) = sub.div {
                         let d = self.scalars[d];
                         // floor(s / d) for d > 0 (a non-positive divisor reads NaN).
