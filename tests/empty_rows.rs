@@ -60,7 +60,8 @@ fn inputs(g: &Graph, seed: u64, d: u64) -> TensorMap {
         [("B", 2), ("H", 2), ("T", T), ("D", d)].iter().map(|(k, v)| (k.to_string(), *v)).collect();
     let mut x = tensors::generate(g, &dims, seed).unwrap();
     if x.contains_key("start") {
-        x.insert("start".into(), HostTensor::from_f32_as(foxc_ir::DType::F32, &[2], &STARTS));
+        let dtype = g.param("start").map_or(foxc_ir::DType::F32, |p| p.ty.dtype);
+        x.insert("start".into(), HostTensor::from_f32_as(dtype, &[2], &STARTS));
     }
     x
 }

@@ -20,6 +20,7 @@ pub mod grad;
 pub mod options;
 pub mod pipeline;
 pub mod starts_check;
+pub mod support;
 pub mod target;
 pub mod tensors;
 pub mod timing;

@@ -27,6 +27,14 @@ fn float(t: &ValueType, what: &str) -> Result<(), String> {
     }
 }
 
+fn number(t: &ValueType, what: &str) -> Result<(), String> {
+    if t.dtype.is_float() || t.dtype == DType::I32 {
+        Ok(())
+    } else {
+        Err(format!("{what} must be a number, found {t}"))
+    }
+}
+
 /// Union of the axes of `ts` by name, in order of first appearance.
 pub fn broadcast_axes(ts: &[&ValueType]) -> Result<Vec<Axis>, String> {
     let mut axes: Vec<Axis> = Vec::new();
@@ -123,8 +131,10 @@ pub fn infer(op: &Op, ops: &[&ValueType]) -> Result<Option<ValueType>, String> {
             f32_with(ops[0].axes.clone())
         }
         Op::Binary(b) => {
-            float(ops[0], "left operand")?;
-            float(ops[1], "right operand")?;
+            // Comparisons take integers too (by value); arithmetic is floating point only.
+            let operand = if b.is_comparison() { number } else { float };
+            operand(ops[0], "left operand")?;
+            operand(ops[1], "right operand")?;
             let axes = broadcast_axes(ops)?;
             let dtype = if b.is_comparison() { DType::Bool } else { DType::F32 };
             Some(ValueType { dtype, axes })

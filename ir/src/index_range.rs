@@ -39,8 +39,41 @@ impl Lin {
         for (d, c) in &o.coef {
             *self.coef.entry(d.clone()).or_insert(0) += c * k;
         }
-        self.coef.retain(|_, c| *c != 0);
         self.c += o.c * k;
+        self.normalize();
+    }
+
+    /// Zero coefficients dropped, and a multiple of an exact quotient by a constant folded into
+    /// its dividend: `2 * (D / 2) = D` (the quotient is exact, checked when the dims are bound).
+    fn normalize(&mut self) {
+        loop {
+            let fold = self.coef.iter().find_map(|(d, &k)| match d {
+                Dim::Div(a, b) => match **b {
+                    Dim::Const(c) if c > 0 && k != 0 && k % c as i64 == 0 => {
+                        Some((d.clone(), (**a).clone(), k / c as i64))
+                    }
+                    _ => None,
+                },
+                _ => None,
+            });
+            let Some((q, a, k)) = fold else { break };
+            self.coef.remove(&q);
+            let a = Lin::dim(&a);
+            for (d, c) in &a.coef {
+                *self.coef.entry(d.clone()).or_insert(0) += c * k;
+            }
+            self.c += a.c * k;
+        }
+        self.coef.retain(|_, c| *c != 0);
+    }
+
+    /// A form over the dims: `dim_terms` and `constant` of a subscript (its variables ignored).
+    pub fn of_dims(dim_terms: &[(Dim, i64)], constant: i64) -> Lin {
+        let mut l = Lin::konst(constant);
+        for (d, k) in dim_terms {
+            l.add_scaled(&Lin::dim(d), *k);
+        }
+        l
     }
 
     pub fn scaled(&self, k: i64) -> Lin {
@@ -140,18 +173,40 @@ pub fn check(
     var_size: &dyn Fn(&str) -> Dim,
     mask: Option<(&str, &str)>,
 ) -> Result<(), OutOfRange> {
+    let top = |v: &str| Lin::dim(&var_size(v)).minus(&Lin::konst(1));
+    check_within(e, size, &|v| (Lin::konst(0), top(v)), var_size, mask)
+}
+
+/// [`check`] with each variable `v` in `bounds(v) = (lo, hi)` (inclusive, forms of the dims)
+/// rather than in `[0, size - 1]`: a read guarded by `select(t >= 1, x[t - 1], 0)` has `t` in
+/// `[1, T - 1]` (the caller gives bounds that every admitted value satisfies). A masked pair
+/// keeps its triangle of the full sizes.
+pub fn check_within(
+    e: &IndexExpr,
+    size: &Dim,
+    bounds: &dyn Fn(&str) -> (Lin, Lin),
+    var_size: &dyn Fn(&str) -> Dim,
+    mask: Option<(&str, &str)>,
+) -> Result<(), OutOfRange> {
     let vars = e.vars();
     let coef = |v: &str| e.terms.iter().filter(|(n, _)| n == v).map(|(_, c)| c).sum::<i64>();
-    // Corners: each variable at 0 or at its size - 1; a masked pair at the triangle's corners.
+    // Where some variable has no value (`hi < lo`: `t >= 1` at T = 1) nothing is read, so a
+    // form may be proven `>= 0` under `hi - lo >= 0` of any one variable: x >= 0 when
+    // x - (hi - lo) is.
+    let widths: Vec<Lin> = vars.iter().map(|v| bounds(v)).map(|(lo, hi)| hi.minus(&lo)).collect();
+    let nonneg = |x: &Lin| x.provably_nonneg() || widths.iter().any(|w| x.minus(w).provably_nonneg());
+    // Corners: each variable at its least or greatest value; a masked pair at the triangle's
+    // corners.
     let top = |v: &str| Lin::dim(&var_size(v)).minus(&Lin::konst(1));
     let mut corners: Vec<Vec<(String, Lin)>> = vec![vec![]];
     let paired =
         |v: &str| mask.is_some_and(|(i, j)| (v == i || v == j) && vars.contains(&i) && vars.contains(&j));
     for v in vars.iter().filter(|v| !paired(v)) {
+        let (lo, hi) = bounds(v);
         corners = corners
             .into_iter()
             .flat_map(|c| {
-                [Lin::konst(0), top(v)].into_iter().map(move |x| {
+                [lo.clone(), hi.clone()].into_iter().map(move |x| {
                     let mut c = c.clone();
                     c.push((v.to_string(), x));
                     c
@@ -183,24 +238,21 @@ pub fn check(
     // one out of range for every value from 2 up, else the first.
     let mut first: Option<OutOfRange> = None;
     for at in corners {
-        let mut value = Lin::konst(e.constant);
-        for (d, k) in &e.dim_terms {
-            value.add_scaled(&Lin::dim(d), *k);
-        }
+        let mut value = Lin::of_dims(&e.dim_terms, e.constant);
         for (v, x) in &at {
             value.add_scaled(x, coef(v));
         }
         // `escape` is how far past the bound the value goes (>= 0 when it leaves).
-        let escape = if !value.provably_nonneg() {
+        let fail = !nonneg(&value);
+        let escape = if fail {
             Some(value.scaled(-1).minus(&Lin::konst(1)))
         } else {
             match &limit {
-                Some(l) if l.minus(&value).provably_nonneg() => continue,
+                Some(l) if nonneg(&l.minus(&value)) => continue,
                 Some(l) => Some(value.minus(l).minus(&Lin::konst(1))),
                 None => None,
             }
         };
-        let fail = !value.provably_nonneg();
         let definite = escape.as_ref().is_some_and(|x| x.provably_nonneg());
         let certain = escape.as_ref().is_some_and(|x| x.eventually_nonneg());
         let out = OutOfRange { at, value, below: fail, unprovable: !fail && limit.is_none(), certain };
@@ -271,6 +323,24 @@ mod tests {
         let mut past = e(&[("t", 1)], 0, None);
         past.dim_terms = vec![(Dim::sym("N"), 1)];
         assert!(check(&past, &Dim::sym("N"), &n, None).unwrap_err().certain);
+    }
+
+    #[test]
+    fn guarded_bounds_and_half_dims() {
+        let d = |_: &str| Dim::sym("D");
+        let half = Dim::quotient(Dim::sym("D"), Dim::Const(2));
+        // `x[d + D / 2]` with d < D / 2 (a rotate-half read): in range, by 2 * (D / 2) = D.
+        let mut up = e(&[("d", 1)], 0, None);
+        up.dim_terms = vec![(half.clone(), 1)];
+        let below_half = |_: &str| (Lin::konst(0), Lin::dim(&half).minus(&Lin::konst(1)));
+        assert_eq!(check_within(&up, &Dim::sym("D"), &below_half, &d, None), Ok(()));
+        assert!(check(&up, &Dim::sym("D"), &d, None).is_err(), "unguarded it leaves the axis");
+        // `x[t - 1]` with t >= 1 (a token shift).
+        let t = |_: &str| Dim::sym("T");
+        let shifted = e(&[("t", 1)], -1, None);
+        let from_one = |_: &str| (Lin::konst(1), Lin::dim(&Dim::sym("T")).minus(&Lin::konst(1)));
+        assert_eq!(check_within(&shifted, &Dim::sym("T"), &from_one, &t, None), Ok(()));
+        assert!(check(&shifted, &Dim::sym("T"), &t, None).unwrap_err().certain);
     }
 
     #[test]

@@ -75,7 +75,7 @@ const UNARY_FUNCS: [(&str, UnaryOp); 12] = [
 ];
 
 /// Every function name of the DSL ("did you mean" hints; the fuzz tests' vocabulary).
-pub const FUNCTIONS: [&str; 21] = [
+pub const FUNCTIONS: [&str; 22] = [
     "exp",
     "log",
     "tanh",
@@ -97,6 +97,7 @@ pub const FUNCTIONS: [&str; 21] = [
     "causal",
     "window",
     "rmsnorm",
+    "float",
 ];
 
 type LResult<T> = Result<T, Diagnostic>;
@@ -230,6 +231,20 @@ struct Lowerer<'a> {
     poisoned: HashSet<String>,
     /// Gathers that are in range only under a mask, checked once the program is lowered.
     masked: Vec<NeedsMask>,
+    /// What the enclosing select branches know about index variables (innermost last): see
+    /// [`Guard`].
+    guards: Vec<Guard>,
+}
+
+/// A bound on an index variable that holds wherever a select branch is taken: in
+/// `select(t >= 1, x[t - 1], 0)` the read `x[t - 1]` is evaluated only where `t >= 1`, so its
+/// subscript need be in range only there (a "guarded read"). Bounds are inclusive forms of the
+/// dims; the branch's value elsewhere is not taken, so reading NaN there changes nothing.
+#[derive(Clone, Debug)]
+struct Guard {
+    var: String,
+    lo: Option<index_range::Lin>,
+    hi: Option<index_range::Lin>,
 }
 
 /// A `gather` whose subscript is in range only where `j <= i`.
@@ -272,6 +287,7 @@ pub fn lower(prog: &Program, src: &str) -> Result<Graph, Diagnostics> {
         order: vec![],
         poisoned: HashSet::new(),
         masked: vec![],
+        guards: vec![],
     };
     l.params(prog)?;
     let mut diags = Diagnostics::new();
@@ -482,6 +498,14 @@ impl<'a> Lowerer<'a> {
                 )));
             }
         }
+        if self.g.ty(v).dtype == DType::I32 {
+            return Err(Diagnostic::new(
+                format!("statement `{}` holds integers", s.name.name),
+                s.value.span,
+                "an i32 value",
+            )
+            .with_hint("statements hold floating-point values: compare the integers (`j >= start[b]`) or convert them with `float(x)`"));
+        }
         let axes: Vec<String> = s.indices.iter().map(|i| i.name.clone()).collect();
         let (node, sty) = self.add(Op::Store { axes }, &[v], s.span)?;
         self.g.node_mut(node).name = Some(s.name.name.clone());
@@ -677,8 +701,14 @@ impl<'a> Lowerer<'a> {
                 let (va, ta) = self.expr(a, cx)?;
                 let (vb, tb) = self.expr(b, cx)?;
                 let what = format!("`{}`", op.symbol());
-                self.need_float(&ta, a.span, &what)?;
-                self.need_float(&tb, b.span, &what)?;
+                if op.is_comparison() {
+                    // Integers compare with numbers as their values; they never enter float math.
+                    self.need_number(&ta, a.span, &what)?;
+                    self.need_number(&tb, b.span, &what)?;
+                } else {
+                    self.need_float(&ta, a.span, &what)?;
+                    self.need_float(&tb, b.span, &what)?;
+                }
                 if *op == BinOp::Div && matches!(self.g.op(vb), Op::Const(c) if *c == 0.0) {
                     return Err(Diagnostic::new("division by zero", b.span, "this divisor is 0").with_hint(
                         "every entry would be inf or NaN; divide by a non-zero constant or an expression",
@@ -725,6 +755,60 @@ impl<'a> Lowerer<'a> {
                 }
                 Ok(Condition::Compare(vc))
             }
+        }
+    }
+
+    /// Run `f` with the bounds that `cond` gives its index variables where it is `holds`
+    /// pushed as guards ([`Guard`]).
+    fn guarded<R>(&mut self, cond: &Expr, holds: bool, f: impl FnOnce(&mut Self) -> R) -> R {
+        let facts = self.facts(cond, holds);
+        let n = facts.len();
+        self.guards.extend(facts);
+        let r = f(self);
+        self.guards.truncate(self.guards.len() - n);
+        r
+    }
+
+    /// The bounds on index variables that hold where `cond` is `holds`: from comparisons of an
+    /// index variable with a subscript of dims and constants (`t >= 1`, `d < D / 2`), joined by
+    /// `and` (where it holds) or `or` (where it fails); nothing from anything else.
+    fn facts(&self, cond: &Expr, holds: bool) -> Vec<Guard> {
+        use index_range::Lin;
+        match &cond.kind {
+            ExprKind::Binary(BinOp::And, c, d) if holds => {
+                [self.facts(c, true), self.facts(d, true)].concat()
+            }
+            ExprKind::Binary(BinOp::Or, c, d) if !holds => {
+                [self.facts(c, false), self.facts(d, false)].concat()
+            }
+            ExprKind::Binary(op, a, b) if op.is_comparison() => {
+                let var = |e: &Expr| match &e.kind {
+                    ExprKind::Name(id) if !self.names.contains_key(&id.name) => Some(id.name.clone()),
+                    _ => None,
+                };
+                let bound = |e: &Expr| {
+                    let x = self.index_expr(e).ok()?;
+                    (x.terms.is_empty() && x.div.is_none()).then(|| Lin::of_dims(&x.dim_terms, x.constant))
+                };
+                // `v op x`, or `x op v` turned around; then negated where it fails.
+                let (v, op, x) = match (var(a), bound(b), var(b), bound(a)) {
+                    (Some(v), Some(x), _, _) => (v, *op, x),
+                    (_, _, Some(v), Some(x)) => (v, op.flipped(), x),
+                    _ => return vec![],
+                };
+                let op = if holds { Some(op) } else { op.negated() };
+                let one = Lin::konst(1);
+                let (lo, hi) = match op {
+                    Some(BinOp::Ge) => (Some(x), None),
+                    Some(BinOp::Gt) => (Some(x.minus(&one.scaled(-1))), None), // x + 1
+                    Some(BinOp::Le) => (None, Some(x)),
+                    Some(BinOp::Lt) => (None, Some(x.minus(&one))),
+                    Some(BinOp::Eq) => (Some(x.clone()), Some(x)),
+                    _ => return vec![],
+                };
+                vec![Guard { var: v, lo, hi }]
+            }
+            _ => vec![],
         }
     }
 
@@ -793,6 +877,9 @@ impl<'a> Lowerer<'a> {
             }
             let size = &ent.dims[p];
             let Err(out) = index_range::check(ie, size, &size_of, None) else { continue };
+            if self.in_range_where_guarded(ie, size, &size_of) {
+                continue;
+            }
             let vars = ie.vars();
             let pair = vars.iter().flat_map(|a| vars.iter().map(move |b| (*a, *b))).find(|(a, b)| {
                 a != b
@@ -834,6 +921,59 @@ impl<'a> Lowerer<'a> {
             self.masked.push(NeedsMask { node: v, i, j, text, tensor: name.name.clone(), span, outside });
         }
         Ok((v, ty))
+    }
+
+    /// Whether `ie` stays in `[0, size)` wherever the enclosing select branches are taken: each
+    /// variable between its axis and the guards' bounds (any one bound per side may be the
+    /// one that proves it).
+    fn in_range_where_guarded(&self, ie: &IndexExpr, size: &Dim, size_of: &dyn Fn(&str) -> Dim) -> bool {
+        use index_range::Lin;
+        let vars: Vec<&str> = ie.vars();
+        let guarded: Vec<&str> =
+            vars.iter().copied().filter(|v| self.guards.iter().any(|g| g.var == *v)).collect();
+        if guarded.is_empty() {
+            return false;
+        }
+        // Candidate bounds per guarded variable: the axis' own, then every guard's.
+        let choices = |v: &str| {
+            let top = Lin::dim(&size_of(v)).minus(&Lin::konst(1));
+            let mut los = vec![Lin::konst(0)];
+            let mut his = vec![top];
+            for g in self.guards.iter().filter(|g| g.var == v) {
+                los.extend(g.lo.clone());
+                his.extend(g.hi.clone());
+            }
+            let mut out = vec![];
+            for lo in &los {
+                for hi in &his {
+                    out.push((lo.clone(), hi.clone()));
+                }
+            }
+            out
+        };
+        let mut picks: Vec<Vec<(String, (Lin, Lin))>> = vec![vec![]];
+        for v in &guarded {
+            picks = picks
+                .into_iter()
+                .flat_map(|p| {
+                    choices(v).into_iter().map(move |c| {
+                        let mut p = p.clone();
+                        p.push((v.to_string(), c));
+                        p
+                    })
+                })
+                .collect();
+            if picks.len() > 256 {
+                return false; // too many guards to try: say not proven
+            }
+        }
+        picks.iter().any(|p| {
+            let bounds = |v: &str| match p.iter().find(|(w, _)| w == v) {
+                Some((_, b)) => b.clone(),
+                None => (Lin::konst(0), Lin::dim(&size_of(v)).minus(&Lin::konst(1))),
+            };
+            index_range::check_within(ie, size, &bounds, size_of, None).is_ok()
+        })
     }
 
     /// The diagnostic of a masked-only subscript whose value escapes the mask.
@@ -1015,6 +1155,19 @@ impl<'a> Lowerer<'a> {
     }
 
     fn need_float(&self, t: &ValueType, span: Span, what: &str) -> LResult<()> {
+        if t.dtype == DType::I32 {
+            return Err(Diagnostic::new(
+                format!("{what} needs a floating-point number, found an integer (i32)"),
+                span,
+                "this is an i32",
+            )
+            .with_hint("integers compare (`j >= start[b]`); for arithmetic convert them explicitly: `float(start[b])`"));
+        }
+        self.need_number(t, span, what)
+    }
+
+    /// A number of any dtype (a float or an integer), not a comparison result.
+    fn need_number(&self, t: &ValueType, span: Span, what: &str) -> LResult<()> {
         if t.dtype == DType::Bool {
             return Err(Diagnostic::new(
                 format!("{what} needs a number, found a comparison result (bool)"),
@@ -1110,6 +1263,7 @@ impl<'a> Lowerer<'a> {
             "rmsnorm" => "rmsnorm(q[b, h, i, d], wq[d])",
             "select" => "select(x[i] > 0, x[i], 0)",
             "min" => "min(x[i], 0)",
+            "float" => "float(start[b])",
             _ => return format!("{f}(x[i])"),
         }
         .to_string()
@@ -1167,6 +1321,13 @@ impl<'a> Lowerer<'a> {
             return self.add(Op::Unary(*u), &[v], e.span);
         }
         match name {
+            "float" => {
+                self.arity(e, f, args, 1)?;
+                let (v, t) = self.expr(&args[0], cx)?;
+                self.need_number(&t, args[0].span, "`float`")?;
+                let ty = ValueType { dtype: DType::F32, axes: t.axes.clone() };
+                Ok((self.g.add(Op::Cast, ty.clone(), &[v], e.span), ty))
+            }
             "min" | "max" => {
                 self.arity(e, f, args, 2)?;
                 let reduction = name == "max"
@@ -1186,8 +1347,8 @@ impl<'a> Lowerer<'a> {
                 self.arity(e, f, args, 3)?;
                 // The condition first: the values keep the order of the source.
                 let cond = self.condition(&args[0], cx)?;
-                let (va, ta) = self.expr(&args[1], cx)?;
-                let (vb, tb) = self.expr(&args[2], cx)?;
+                let (va, ta) = self.guarded(&args[0], true, |me| me.expr(&args[1], cx))?;
+                let (vb, tb) = self.guarded(&args[0], false, |me| me.expr(&args[2], cx))?;
                 self.need_float(&ta, args[1].span, "`select`")?;
                 self.need_float(&tb, args[2].span, "`select`")?;
                 self.select(&cond, (va, vb), e.span)
@@ -1315,6 +1476,16 @@ impl<'a> Lowerer<'a> {
 
     fn ret(&mut self, prog: &Program) -> LResult<()> {
         let r = &prog.result;
+        if !prog.ret.dtype.is_float() {
+            return Err(Diagnostic::new(
+                format!("the result cannot be {}", prog.ret.dtype),
+                prog.ret.span,
+                "not a floating-point dtype",
+            )
+            .with_hint(
+                "results are bf16, f16 or f32; integers (i32) are for parameters: starts, lengths, positions",
+            ));
+        }
         if self.poisoned.contains(&r.name) {
             return Err(Diagnostic::new(POISONED, r.span, ""));
         }

@@ -35,7 +35,7 @@ import torch
 
 from . import _foxc, _workspace
 
-_TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+_TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "i32": torch.int32}
 _NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
 _KEPT_ZEROED = _workspace.KeptZeroed()
 
@@ -284,8 +284,8 @@ def _wires(names, tensors) -> Dict:
     out = {}
     for n, t in zip(names, tensors):
         name = _NAMES.get(t.dtype)
-        if name not in ("f32", "bf16"):
-            raise ValueError(f"input `{n}` has dtype {t.dtype}: foxc takes float32 or bfloat16 tensors")
+        if name not in ("f32", "bf16", "i32"):
+            raise ValueError(f"input `{n}` has dtype {t.dtype}: foxc takes float32, bfloat16 or int32 tensors")
         t = t.detach().contiguous()
         out[n] = (name, list(t.shape), t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return out

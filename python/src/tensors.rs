@@ -1,5 +1,6 @@
 //! Host tensors from Python: `{name: (dtype, shape, bytes)}`, converted to the dtype each
-//! parameter declares (float32 or bfloat16 arrays are accepted for any float parameter).
+//! parameter declares (float32 or bfloat16 arrays are accepted for any float parameter, int32
+//! for an i32 one).
 
 use crate::errors::value_error;
 use foxc_ir::{DType, Graph};
@@ -14,8 +15,9 @@ fn dtype_of(name: &str, tensor: &str) -> PyResult<DType> {
     match name {
         "f32" => Ok(DType::F32),
         "bf16" => Ok(DType::BF16),
+        "i32" => Ok(DType::I32),
         other => Err(value_error(format!(
-            "input `{tensor}` has dtype {other}: foxc takes float32 or bfloat16 arrays"
+            "input `{tensor}` has dtype {other}: foxc takes float32 or bfloat16 arrays (int32 for i32 parameters)"
         ))),
     }
 }
@@ -52,14 +54,16 @@ pub fn host_inputs(g: &Graph, inputs: BTreeMap<String, Wire>) -> PyResult<Tensor
         }
         let declared = g.param(&name).map(|p| p.ty.dtype).unwrap_or(given);
         let t = HostTensor { dtype: given, shape, data: bytes };
+        // Floats convert between float dtypes; integers are never converted to or from floats.
         let t = if declared == given {
             t
-        } else if matches!(declared, DType::F32 | DType::BF16 | DType::F16) {
+        } else if declared.is_float() && given.is_float() {
             HostTensor::from_f32_as(declared, &t.shape, &t.to_f32_vec())
         } else {
             return Err(value_error(format!(
-                "input `{name}` is declared {} but foxc got a float array",
-                declared.name()
+                "input `{name}` is declared {} but foxc got a {} array (int32 for i32 parameters, float32 or bfloat16 for float ones)",
+                declared.name(),
+                given.name()
             )));
         };
         out.insert(name, t);

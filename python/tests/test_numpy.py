@@ -213,3 +213,19 @@ def test_a_source_that_is_not_utf8_is_a_compile_error_with_its_position(tmp_path
         foxc.load(p)
     with pytest.raises(foxc.CompileError, match="invalid UTF-8"):
         foxc.load(str(p))
+
+
+def test_an_int32_start_is_taken_and_compared():
+    """`start: i32[B]` (examples/fox_leftpad.attn) takes an int32 array; the pruned CPU run
+    matches the interpreter, rows before each start are 0, and a float array for it is refused."""
+    attn = foxc.load(EXAMPLES / "fox_leftpad.attn")
+    rng = np.random.default_rng()
+    x = random_inputs(attn, rng, B=2, T=200)
+    x["start"] = np.array([rng.integers(1, 60), rng.integers(60, 190)], dtype=np.int32)
+    out = attn(**x)
+    assert_close_bf16(out, foxc.reference(attn, pruned=True, **x))
+    for b, s in enumerate(x["start"]):
+        assert (out[b, :, :s] == 0).all() and np.abs(out[b, :, s:]).max() > 0
+    x["start"] = x["start"].astype(np.float32)
+    with pytest.raises(ValueError, match="`start` is declared i32"):
+        attn(**x)

@@ -14,6 +14,7 @@
 //! | any other rank 3 (`fgate`) | [`Role::GateLogits`] | `logit(exp(-a_h)) + N(0,1)`, `a_h = 10^(-4 + 4h/(H-1))` |
 //! | rank 1 over the head dim, range lo >= 0 | [`Role::AlibiSlopes`] | `2^(-8(h+1)/H)` |
 //! | rank 1 over the feature dim D | [`Role::NormWeights`] | `1 + 0.1 N(0,1)` |
+//! | dtype i32 (`start`, `len`) | [`Role::Integers`] | uniform integers in the declared range (`[0, 8]` without one) |
 //! | anything else | [`Role::Normal`] | N(0,1) |
 //!
 //! The head dim is axis 1 and the feature dim axis 3 of the first rank-4 parameter (`H`, `D`
@@ -46,7 +47,11 @@ pub enum Role {
     LogGate,
     AlibiSlopes,
     NormWeights,
+    Integers,
 }
+
+/// The values of an integer parameter without a declared range.
+const DEFAULT_INTEGERS: (f64, f64) = (0.0, 8.0);
 
 /// The deterministic generator: xoshiro256** seeded through splitmix64.
 #[derive(Clone, Debug)]
@@ -136,6 +141,9 @@ fn head_and_feature_dims(g: &Graph) -> (Dim, Dim) {
 /// The role of parameter `p` of `g` in the standard workload.
 pub fn role(g: &Graph, p: &Param) -> Role {
     let (head, feat) = head_and_feature_dims(g);
+    if p.ty.dtype == foxc_ir::DType::I32 {
+        return Role::Integers;
+    }
     match p.ty.rank() {
         4 if p.name == "q" || p.name == "k" => Role::QkNormalized,
         3 => match p.range {
@@ -182,6 +190,13 @@ fn values(g: &Graph, p: &Param, shape: &[usize], seed: u64) -> Result<Vec<f64>, 
         }
         Role::AlibiSlopes => crate::memory::try_collect(n, |h| 2f64.powf(-8.0 * (h + 1) as f64 / n as f64))?,
         Role::NormWeights => crate::memory::try_collect(n, |_| 1.0 + 0.1 * rng.normal())?,
+        Role::Integers => {
+            let (lo, hi) = p.range.unwrap_or(DEFAULT_INTEGERS);
+            let lo = lo.ceil().clamp(i32::MIN as f64, i32::MAX as f64);
+            let hi = hi.floor().clamp(i32::MIN as f64, i32::MAX as f64);
+            let span = (hi - lo).max(0.0) + 1.0;
+            crate::memory::try_collect(n, |_| (lo + (rng.uniform() * span).floor()).min(hi.max(lo)))?
+        }
     };
     if let Some((lo, hi)) = p.range {
         if lo <= hi {

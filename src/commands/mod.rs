@@ -25,6 +25,23 @@ pub fn check(file: &Path) -> Result<(), Error> {
     let src = Source::read(file)?;
     let c = src.compile()?;
     println!("{}: ok (attention @{}, {} parameters)", src.name, c.graph.name, c.graph.params.len());
+    // Every backend runs what the front end accepts, except where the GPU says otherwise.
+    let gpu = foxc_driver::target::DEFAULT_GPU;
+    for u in foxc_driver::support::gpu_unsupported(&c.graph, gpu) {
+        if u.gpu_only {
+            println!(
+                "note: the CUDA backend ({}) cannot run the {} of this program: {}; the CPU backend and the reference can",
+                foxc_driver::target::name(gpu),
+                u.path,
+                u.reason
+            );
+        } else {
+            println!(
+                "note: no backend can run the {} of this program (foxc grad, training): {}",
+                u.path, u.reason
+            );
+        }
+    }
     Ok(())
 }
 

@@ -271,9 +271,9 @@ fn resolve(
                 let ty = *caps.get(*k).ok_or_else(|| {
                     format!("the score region reads capture {k}, which the attention does not have")
                 })?;
-                if !matches!(ty.dtype, DType::F32 | DType::BF16 | DType::F16) {
+                if !matches!(ty.dtype, DType::F32 | DType::BF16 | DType::F16 | DType::I32) {
                     return Err(format!(
-                        "a captured tensor of dtype {} in the score region (float tensors only)",
+                        "a captured tensor of dtype {} in the score region (float or i32 tensors only)",
                         ty.dtype
                     ));
                 }
@@ -672,10 +672,13 @@ mod tests {
         assert!(e.contains("does not have"), "{e}");
         let e = RegionMod::with_captures(&read(vec![]), &|_| None, None, &f32_1).unwrap_err();
         assert!(e.contains("rank 1 but 0 subscripts"), "{e}");
-        let i32_1 = [CaptureTy { dtype: DType::I32, rank: 1 }];
+        let bool_1 = [CaptureTy { dtype: DType::Bool, rank: 1 }];
         let e =
-            RegionMod::with_captures(&read(vec![IndexExpr::var("j")]), &|_| None, None, &i32_1).unwrap_err();
-        assert!(e.contains("float tensors only"), "{e}");
+            RegionMod::with_captures(&read(vec![IndexExpr::var("j")]), &|_| None, None, &bool_1).unwrap_err();
+        assert!(e.contains("float or i32 tensors only"), "{e}");
+        // An i32 capture (a start, a length) is read as its value.
+        let i32_1 = [CaptureTy { dtype: DType::I32, rank: 1 }];
+        RegionMod::with_captures(&read(vec![IndexExpr::var("j")]), &|_| None, None, &i32_1).unwrap();
         let div = IndexExpr {
             terms: vec![("j".into(), 1)],
             dim_terms: vec![],

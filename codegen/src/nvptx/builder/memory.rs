@@ -108,8 +108,10 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
         match (dt, v) {
             (DType::F32, BasicValueEnum::FloatValue(v)) => v,
             (DType::BF16 | DType::F16, BasicValueEnum::FloatValue(v)) => self.fpext(v),
+            // An integer (a start, a length) as the number it is (exact below 2^24).
+            (DType::I32, BasicValueEnum::IntValue(v)) => self.sitofp(v),
             _ => {
-                self.fail(format!("expected a float tensor, got {dt}"));
+                self.fail(format!("expected a float or i32 tensor, got {dt}"));
                 self.f32(0.0)
             }
         }

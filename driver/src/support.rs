@@ -1,0 +1,51 @@
+//! What `foxc check` says beyond the diagnostics: whether the GPU backend can compile the
+//! program (forward, and the backward that training runs) with its dims unbound, the same way
+//! `run --backend cuda` and `grad --backend cuda` would. The CPU backend and the reference run
+//! every program the front end accepts; the GPU refuses some (an f16 attention, gradients of
+//! captured tensors of other shapes than `[B, H, T]`), and the user should learn that at check
+//! time, not at the first GPU run.
+
+use crate::grad::grad_program;
+use crate::{cuda_backend, pipeline, Error, PruneOptions, Target};
+use foxc_ir::Graph;
+
+/// One path that cannot run the program, and why (the error that path gives).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Unsupported {
+    /// `"forward"` or `"backward"`.
+    pub path: &'static str,
+    /// Only the GPU backend refuses (else: no backend can, e.g. a gradient with no rule).
+    pub gpu_only: bool,
+    pub reason: String,
+}
+
+/// The paths (forward, backward) that cannot compile `g` for the GPU `target`; empty when
+/// both can. Sizes stay symbolic except the head dim, which the GPU kernels specialize on
+/// ([`pipeline::DEFAULT_CODEGEN_D`] unless the program fixes it): a path refused only at
+/// some sizes (a head dim the kernels do not take) is refused when it runs, with that said.
+pub fn gpu_unsupported(g: &Graph, target: Target) -> Vec<Unsupported> {
+    let reason = |e: Error| e.to_string().trim_start_matches("error: ").to_string();
+    let dims = pipeline::codegen_dims(None);
+    let optimized = |gradient: bool| -> Result<Graph, Error> {
+        let mut opts = pipeline::pass_options(&PruneOptions::default(), target, false)?;
+        opts.gradient = gradient;
+        Ok(pipeline::optimize(g, &opts)?.0)
+    };
+    let mut out = vec![];
+    if let Err(e) = optimized(false).and_then(|opt| cuda_backend::compile(&opt, &dims, target)) {
+        out.push(Unsupported { path: "forward", gpu_only: true, reason: reason(e) });
+        return out;
+    }
+    let program = match optimized(true).and_then(|opt| grad_program(&opt)) {
+        Ok(p) => p,
+        Err(e) => {
+            out.push(Unsupported { path: "backward", gpu_only: false, reason: reason(e) });
+            return out;
+        }
+    };
+    let outputs: Vec<_> = program.outputs.iter().map(|(_, v)| *v).collect();
+    if let Err(e) = cuda_backend::compile_outputs(&program.graph, &outputs, &dims, target) {
+        out.push(Unsupported { path: "backward", gpu_only: true, reason: reason(e) });
+    }
+    out
+}

@@ -1,0 +1,48 @@
+//! `foxc check` says at check time which backend cannot run an accepted program (issue 25,
+//! item 1): it compiles the GPU forward and backward with the dims unbound and prints a note
+//! per refusal, with the reason; a program every backend runs gets no note.
+
+mod common;
+
+use common::{foxc, text, tmp};
+
+fn check(name: &str, src: &str) -> (Option<i32>, String) {
+    let p = tmp("checkbk", name);
+    std::fs::write(&p, src).unwrap();
+    let o = foxc(&["check", p.to_str().unwrap()]);
+    (o.status.code(), text(&o))
+}
+
+const FOX: &str = "attention fox(q: bf16[B, H, T, D], k: bf16[B, H, T, D], v: bf16[B, H, T, D], fgate: f32[B, H, T]) -> bf16[B, H, T, D] {
+    c[b, h, t]      = cumsum(t, logsigmoid(fgate[b, h, t]))
+    s[b, h, i, j]   = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D) + c[b, h, i] - c[b, h, j]
+    p[b, h, i, j]   = softmax(j, causal(i, j, s[b, h, i, j]))
+    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
+    return out
+}
+";
+
+#[test]
+fn every_backend_runs_fox() {
+    let (code, t) = check("fox.attn", FOX);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(!t.contains("note:"), "{t}");
+}
+
+#[test]
+fn an_f16_attention_is_a_gpu_note() {
+    let (code, t) = check("fox16.attn", &FOX.replace("bf16", "f16"));
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("note: the CUDA backend (sm_90a) cannot run the forward") && t.contains("f16"), "{t}");
+    assert!(t.contains("the CPU backend and the reference can"), "{t}");
+}
+
+#[test]
+fn a_gradient_no_backend_has_is_said_once() {
+    // A gather of a float tensor has no gradient rule on any backend.
+    let src = FOX.replace("+ c[b, h, i] - c[b, h, j]", "+ c[b, h, T - 1 - i] - c[b, h, j]");
+    let (code, t) = check("rev.attn", &src);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("note: no backend can run the backward") && t.contains("gather"), "{t}");
+    assert_eq!(t.matches("note:").count(), 1, "{t}");
+}
