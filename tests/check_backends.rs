@@ -38,10 +38,28 @@ fn an_f16_attention_is_a_gpu_note() {
 }
 
 #[test]
-fn a_gradient_no_backend_has_is_said_once() {
-    // A gather of a float tensor has no gradient rule on any backend.
+fn a_gpu_backward_refusal_is_a_note() {
+    // A reversed decay read `c[b, h, T - 1 - i]` runs forward on the GPU (the dim term is a
+    // kernel argument); its capture gradient is computed on the CPU only.
     let src = FOX.replace("+ c[b, h, i] - c[b, h, j]", "+ c[b, h, T - 1 - i] - c[b, h, j]");
     let (code, t) = check("rev.attn", &src);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(
+        t.contains("note: the CUDA backend (sm_90a) cannot run the backward") && t.contains("-i + T - 1"),
+        "{t}"
+    );
+    assert_eq!(t.matches("note:").count(), 1, "{t}");
+}
+
+#[test]
+fn a_gradient_no_backend_has_is_said_once() {
+    // A gather outside any attention has no gradient rule on any backend.
+    let src = "attention rope(q: f32[B, H, T, D], sn: f32[T, D]) -> f32[B, H, T, D] {
+    r[b, h, t, d] = q[b, h, t, d] + select(d < D / 2, q[b, h, t, d + D / 2], 0) * sn[t, d]
+    return r
+}
+";
+    let (code, t) = check("rope.attn", src);
     assert_eq!(code, Some(0), "{t}");
     assert!(t.contains("note: no backend can run the backward") && t.contains("gather"), "{t}");
     assert_eq!(t.matches("note:").count(), 1, "{t}");

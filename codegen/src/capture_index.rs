@@ -15,9 +15,34 @@ pub struct SubConsts {
 impl SubConsts {
     /// Resolve `e` under `dim` (the size of a dim, `None` when unbound); `Err` says why not.
     pub fn resolve(e: &IndexExpr, dim: &dyn Fn(&Dim) -> Option<u64>) -> Result<SubConsts, String> {
-        let offset = e.offset(&|s| dim(&Dim::sym(s))).ok_or_else(|| {
-            format!("the subscript `{e}` of a captured tensor has an unbound dim or overflows")
-        })?;
+        match SubConsts::resolve_partly(e, dim)? {
+            (sc, rest) if rest.is_empty() => Ok(sc),
+            (_, rest) => Err(format!(
+                "the subscript `{e}` of a captured tensor needs the dim {} bound at compile time",
+                rest[0].0
+            )),
+        }
+    }
+
+    /// [`SubConsts::resolve`] leaving the dim terms whose dim is unbound, `(dim, coefficient)`,
+    /// to be added at run time (the GPU passes them as kernel arguments); the divisor must be
+    /// bound.
+    pub fn resolve_partly(
+        e: &IndexExpr,
+        dim: &dyn Fn(&Dim) -> Option<u64>,
+    ) -> Result<(SubConsts, Vec<(Dim, i64)>), String> {
+        let overflow = || format!("the subscript `{e}` of a captured tensor overflows");
+        let mut offset = e.constant;
+        let mut rest = vec![];
+        for (d, k) in &e.dim_terms {
+            match dim(d) {
+                Some(v) => {
+                    let v = i64::try_from(v).map_err(|_| overflow())?;
+                    offset = v.checked_mul(*k).and_then(|x| x.checked_add(offset)).ok_or_else(overflow)?;
+                }
+                None => rest.push((d.clone(), *k)),
+            }
+        }
         let div = match &e.div {
             None => None,
             Some(d) => {
@@ -32,6 +57,6 @@ impl SubConsts {
                 )
             }
         };
-        Ok(SubConsts { offset, div })
+        Ok((SubConsts { offset, div }, rest))
     }
 }

@@ -709,6 +709,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 ScoreArg::CaptureDim(k, ax) => {
                     KernelArg::I32(self.ty(o.captures[k]).dims().nth(ax).cloned().into_iter().collect())
                 }
+                ScoreArg::Dim(n) => KernelArg::I32(score.dim_arg(n).cloned().into_iter().collect()),
             });
         }
         if cfg.tma {

@@ -31,6 +31,9 @@ pub(crate) enum ScoreArg {
     Capture(usize),
     /// The size of axis `a` of captured tensor `k` (i32).
     CaptureDim(usize, usize),
+    /// Dim number `n` of [`RegionMod::dims`] (i32), one that is not static: a region's
+    /// `RNode::Dim` or a dim term of a capture subscript (`T - 1 - i`), bound at launch.
+    Dim(usize),
 }
 
 /// A captured tensor as the kernel reads it: element type and rank.
@@ -44,10 +47,20 @@ pub(crate) struct CaptureTy {
 #[derive(Clone, Debug)]
 struct Resolved {
     region: Region,
-    /// The value of each `RNode::Dim`, by node position (0 elsewhere).
-    dims: Vec<f64>,
-    /// Per capture node (by node position), each subscript's offset and divisor.
-    subs: Vec<Vec<SubConsts>>,
+    /// The value of each `RNode::Dim`, by node position (0 elsewhere): a number when static,
+    /// else a kernel argument.
+    dims: Vec<DimValue>,
+    /// Per capture node (by node position), each subscript's static offset and divisor, and
+    /// its dim terms that are kernel arguments (`(n of ScoreArg::Dim(n), coefficient)`).
+    subs: Vec<Vec<(SubConsts, Vec<(usize, i64)>)>>,
+}
+
+/// A dim of a region as the kernel has it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum DimValue {
+    Static(f64),
+    /// `ScoreArg::Dim(n)`.
+    Arg(usize),
 }
 
 /// A score region (and the attention's expression mask, if any) with its dims resolved and its
@@ -66,6 +79,8 @@ pub(crate) struct RegionMod {
     args: Vec<ScoreArg>,
     /// The captured tensors the region reads, by capture number.
     caps: Vec<Option<CaptureTy>>,
+    /// The dims the regions read that are not static, in [`ScoreArg::Dim`] order.
+    dims: Vec<Dim>,
     /// The kernel parameter of the first argument ([`FIRST_PARAM`] in the forward kernel;
     /// the backward kernels' own count there, [`RegionMod::with_first_param`]).
     first_param: u32,
@@ -109,19 +124,29 @@ impl RegionMod {
         let heads = heads.filter(|h| *h > 0);
         let mut read = vec![None; caps.len()];
         let mut reads_bh = false;
-        let region = resolve(r, dim, caps, &mut read, &mut reads_bh)?;
+        let mut dyn_dims = vec![];
+        let region = resolve(r, dim, caps, &mut read, &mut reads_bh, &mut dyn_dims)?;
         let mask = match mask {
             Some(m) if m.uses_score() => return Err("an expression mask that reads the score".into()),
-            Some(m) => Some(resolve(m, dim, caps, &mut read, &mut reads_bh)?),
+            Some(m) => Some(resolve(m, dim, caps, &mut read, &mut reads_bh, &mut dyn_dims)?),
             None => None,
         };
         let keys_from = match keys_from {
             Some(e) if e.uses_score() => return Err("a keys_from bound that reads the score".into()),
-            Some(e) => Some(resolve(e, dim, caps, &mut read, &mut reads_bh)?),
+            Some(e) => Some(resolve(e, dim, caps, &mut read, &mut reads_bh, &mut dyn_dims)?),
             None => None,
         };
-        let args = layout(&read, reads_bh && heads.is_none());
-        Ok(RegionMod { region, mask, keys_from, heads, args, caps: read, first_param: FIRST_PARAM })
+        let args = layout(&read, reads_bh && heads.is_none(), dyn_dims.len());
+        Ok(RegionMod {
+            region,
+            mask,
+            keys_from,
+            heads,
+            args,
+            caps: read,
+            dims: dyn_dims,
+            first_param: FIRST_PARAM,
+        })
     }
 
     /// The same region with its arguments from kernel parameter `first` on.
@@ -141,13 +166,17 @@ impl RegionMod {
     ) -> Result<RegionMod, String> {
         let mut read = vec![None; caps.len()];
         let mut reads_bh = false;
-        let region = resolve(r, dim, caps, &mut read, &mut reads_bh)?;
+        // The derivative's dims must be among the base's (it reads through the base's
+        // parameters): start from the base's list and see whether it grew.
+        let mut dyn_dims = base.dims.clone();
+        let region = resolve(r, dim, caps, &mut read, &mut reads_bh, &mut dyn_dims)?;
+        let missing_dim = dyn_dims.len() > base.dims.len();
         let missing_cap = read
             .iter()
             .enumerate()
             .any(|(k, t)| t.is_some() && base.caps.get(k).copied().flatten().is_none());
         let missing_heads = reads_bh && base.heads.is_none() && !base.args.contains(&ScoreArg::Heads);
-        if missing_cap || missing_heads {
+        if missing_cap || missing_heads || missing_dim {
             return Err("a derivative region reads what its score region does not".into());
         }
         Ok(RegionMod { region, mask: None, keys_from: None, ..base.clone() })
@@ -156,6 +185,11 @@ impl RegionMod {
     /// The kernel arguments the region adds after the attention kernel's own, in order.
     pub(crate) fn args(&self) -> &[ScoreArg] {
         &self.args
+    }
+
+    /// The dim of argument [`ScoreArg::Dim`]`(n)`.
+    pub(crate) fn dim_arg(&self, n: usize) -> Option<&Dim> {
+        self.dims.get(n)
     }
 
     /// The parameter number of argument `a`.
@@ -189,7 +223,7 @@ impl RegionMod {
         b: &KernelBuilder<'_, 'ctx>,
         k: usize,
         index: &[IndexExpr],
-        subs: &[SubConsts],
+        subs: &[(SubConsts, Vec<(usize, i64)>)],
         at: ScorePos<'ctx>,
     ) -> FloatValue<'ctx> {
         let Some(ty) = self.caps.get(k).copied().flatten() else {
@@ -209,10 +243,13 @@ impl RegionMod {
         };
         let mut ok = b.bool(true);
         let mut off = b.i64(0);
-        for (a, (e, sc)) in index.iter().zip(subs).enumerate() {
+        for (a, (e, (sc, dyn_terms))) in index.iter().zip(subs).enumerate() {
             let mut p = b.i32(sc.offset);
             for (v, c) in &e.terms {
                 p = b.add(p, b.mulc(var(v), *c));
+            }
+            for &(n, c) in dyn_terms {
+                p = b.add(p, b.mulc(b.param_int(self.param(ScoreArg::Dim(n))), c));
             }
             if let Some(d) = &sc.div {
                 // Floor division (the subscript may be negative): round toward -inf first.
@@ -232,11 +269,12 @@ impl RegionMod {
 
 /// The kernel arguments for the captures `read` (in capture order, each with its axis sizes),
 /// after the head count when `heads` (it is not static and a region reads `b` or `h`).
-fn layout(read: &[Option<CaptureTy>], heads: bool) -> Vec<ScoreArg> {
+fn layout(read: &[Option<CaptureTy>], heads: bool, dims: usize) -> Vec<ScoreArg> {
     let mut args = vec![];
     if heads {
         args.push(ScoreArg::Heads);
     }
+    args.extend((0..dims).map(ScoreArg::Dim));
     for (k, ty) in read.iter().enumerate() {
         if let Some(ty) = ty {
             args.push(ScoreArg::Capture(k));
@@ -254,17 +292,27 @@ fn resolve(
     caps: &[CaptureTy],
     read: &mut [Option<CaptureTy>],
     reads_bh: &mut bool,
+    dyn_dims: &mut Vec<Dim>,
 ) -> Result<Resolved, String> {
     if let Some(m) = r.malformed() {
         return Err(m);
     }
-    let mut dims = vec![0.0; r.nodes.len()];
+    let mut arg_of = |d: &Dim| match dyn_dims.iter().position(|x| x == d) {
+        Some(n) => n,
+        None => {
+            dyn_dims.push(d.clone());
+            dyn_dims.len() - 1
+        }
+    };
+    let mut dims = vec![DimValue::Static(0.0); r.nodes.len()];
     let mut subs = vec![vec![]; r.nodes.len()];
     for (n, node) in r.nodes.iter().enumerate() {
         match node {
             RNode::Dim(d) => {
-                dims[n] =
-                    dim(d).ok_or_else(|| format!("the dim {d} of the score region is not static"))? as f64
+                dims[n] = match dim(d) {
+                    Some(v) => DimValue::Static(v as f64),
+                    None => DimValue::Arg(arg_of(d)),
+                }
             }
             RNode::Index(IndexVar::B | IndexVar::H) => *reads_bh = true,
             RNode::Capture { k, index } => {
@@ -282,7 +330,8 @@ fn resolve(
                 }
                 for e in index {
                     *reads_bh |= e.vars().iter().any(|v| *v == "b" || *v == "h");
-                    subs[n].push(SubConsts::resolve(e, dim)?);
+                    let (sc, rest) = SubConsts::resolve_partly(e, dim)?;
+                    subs[n].push((sc, rest.iter().map(|(d, k)| (arg_of(d), *k)).collect()));
                 }
                 read[*k] = Some(ty);
             }
@@ -297,7 +346,10 @@ impl Resolved {
     fn constant(&self, n: u32) -> Option<f64> {
         match self.region.nodes.get(n as usize)? {
             RNode::Const(c) => Some(*c),
-            RNode::Dim(_) => Some(self.dims[n as usize]),
+            RNode::Dim(_) => match self.dims[n as usize] {
+                DimValue::Static(v) => Some(v),
+                DimValue::Arg(_) => None,
+            },
             _ => None,
         }
     }
@@ -332,7 +384,10 @@ impl RegionMod {
                     };
                     b.sitofp(ix)
                 }
-                RNode::Dim(_) => b.f32(rs.dims[n]),
+                RNode::Dim(_) => match rs.dims[n] {
+                    DimValue::Static(v) => b.f32(v),
+                    DimValue::Arg(k) => b.sitofp(b.param_int(self.param(ScoreArg::Dim(k)))),
+                },
                 RNode::Const(c) => b.f32(*c),
                 RNode::Capture { k, index } => self.capture(b, *k, index, &rs.subs[n], at),
                 RNode::Unary(u, a) => unary(b, *u, v(*a)),
@@ -386,6 +441,7 @@ impl ScoreMod for RegionMod {
                 ScoreArg::Heads => ("H".to_string(), ParamTy::I32),
                 ScoreArg::Capture(k) => (format!("capture{k}"), ParamTy::Ptr),
                 ScoreArg::CaptureDim(k, ax) => (format!("capture{k}_n{ax}"), ParamTy::I32),
+                ScoreArg::Dim(n) => (format!("dim{n}"), ParamTy::I32),
             })
             .collect()
     }
@@ -656,12 +712,34 @@ mod tests {
         }
     }
 
+    /// A dim that is not static is a kernel argument, in a region (`W`) and in a capture's
+    /// subscript (`T - 1 - j`), each once.
     #[test]
-    fn unresolved_dims_and_bad_captures_are_refused() {
+    fn dims_that_are_not_static_are_arguments() {
         let mut r = Region::new();
-        r.push(RNode::Dim(Dim::sym("W")));
-        let e = RegionMod::new(&r, &|_| None, None).unwrap_err();
-        assert!(e.contains("dim W"), "{e}");
+        let w = r.push(RNode::Dim(Dim::sym("W")));
+        let mut rev = IndexExpr::var("j");
+        rev.terms[0].1 = -1;
+        rev.constant = -1;
+        rev.dim_terms = vec![(Dim::sym("T"), 1)];
+        let x = r.push(RNode::Capture { k: 0, index: vec![rev] });
+        let w2 = r.push(RNode::Dim(Dim::sym("W")));
+        let s = r.push(RNode::Binary(BinaryOp::Add, w, x));
+        r.push(RNode::Binary(BinaryOp::Mul, s, w2));
+        let f32_1 = [CaptureTy { dtype: DType::F32, rank: 1 }];
+        let m = RegionMod::with_captures(&r, &|_| None, None, &f32_1).unwrap();
+        assert_eq!(
+            m.args(),
+            [ScoreArg::Dim(0), ScoreArg::Dim(1), ScoreArg::Capture(0), ScoreArg::CaptureDim(0, 0)]
+        );
+        assert_eq!((m.dim_arg(0), m.dim_arg(1)), (Some(&Dim::sym("W")), Some(&Dim::sym("T"))));
+        // Static, they fold into the code: no argument.
+        let m = RegionMod::with_captures(&r, &|_| Some(8), None, &f32_1).unwrap();
+        assert_eq!(m.args(), [ScoreArg::Capture(0), ScoreArg::CaptureDim(0, 0)]);
+    }
+
+    #[test]
+    fn unresolved_divisors_and_bad_captures_are_refused() {
         let read = |index: Vec<IndexExpr>| {
             let mut r = Region::new();
             r.push(RNode::Capture { k: 0, index });
@@ -719,7 +797,7 @@ mod tests {
     #[test]
     fn captures_become_kernel_parameters_in_order() {
         let rm = key_bias_rel_mod();
-        use ScoreArg::*;
+        use ScoreArg::{Capture, CaptureDim, Heads};
         assert_eq!(
             rm.args(),
             [
@@ -804,7 +882,7 @@ mod tests {
         score.push(RNode::Binary(BinaryOp::Add, x, kb));
         let dim = |d: &Dim| d.eval(&|_| None);
         let rm = RegionMod::with_mask(&score, Some(&lo_mask()), None, &dim, Some(4), &caps).unwrap();
-        use ScoreArg::*;
+        use ScoreArg::{Capture, CaptureDim, Heads};
         assert_eq!(
             rm.args(),
             [
