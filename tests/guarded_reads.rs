@@ -93,3 +93,28 @@ fn rope_rotate_half_reads_the_other_half() {
     assert_eq!(code, Some(1), "{t}");
     assert!(t.contains("subscript `d + D / 2` of `q` can be out of range"), "{t}");
 }
+
+/// Token shift and RoPE train: their gathers have a gradient (each element read once; the rule
+/// is checked against finite differences in passes/tests/grad_fd.rs), and the CPU backend's
+/// gradients equal the interpreter's.
+#[test]
+fn token_shift_and_rope_have_gradients() {
+    let s = seed();
+    let shift = write("shift_grad.attn", &SHIFT.replace("GUARDED", "select(t >= 1, k[b, h, t - 1, d], 0)"));
+    let (code, t) =
+        run(&["grad", &shift, "--backend", "cpu", "--check", "--shape", "B=1,H=2,T=150,D=16", "--seed", &s]);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("check grad_k") && t.contains("check: ok"), "{t}");
+    let rope = write(
+        "rope_grad.attn",
+        "attention rope(q: f32[B, H, T, D], cs: f32[T, D], sn: f32[T, D]) -> f32[B, H, T, D] {
+    r[b, h, t, d] = q[b, h, t, d] * cs[t, d] + select(d < D / 2, -q[b, h, t, d + D / 2], q[b, h, t, d - D / 2]) * sn[t, d]
+    return r
+}
+",
+    );
+    let (code, t) =
+        run(&["grad", &rope, "--backend", "cpu", "--check", "--shape", "B=2,H=2,T=9,D=16", "--seed", &s]);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("check grad_q") && t.contains("check: ok"), "{t}");
+}

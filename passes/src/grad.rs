@@ -13,6 +13,7 @@
 //! reads the unrounded output.
 
 use foxc_ir::check::infer;
+use foxc_ir::index::IndexExpr;
 use foxc_ir::{
     Attention, Axis, BinaryOp, DType, GateKind, Graph, Op, ReduceKind, Span, UnaryOp, Use, Value, ValueId,
     ValueType, LOG_F_FLOOR,
@@ -351,6 +352,120 @@ impl Builder {
         self.broadcast_to(v, ty)
     }
 
+    /// The adjoint of `x` from a gather `y = x[e_0(v), ..]` whose subscripts read every element
+    /// at most once: each subscript is `+-v + offset` in its own variable `v` (`t - 1`,
+    /// `d + D / 2`, `T - 1 - i`) or a number (`slope[h, 0]`). Then `dx[p] = dy[v(p)]` where
+    /// `v(p) = +-(p - offset)` lies in `v`'s axis (and `p = offset` on a number's axis), 0
+    /// elsewhere: a gather of `dy` under explicit range conditions (not the gather's NaN, which
+    /// would hide a NaN gradient). Subscripts that read an element many times (`i - j`,
+    /// `h / (H / G)`, a variable in two subscripts) need a scatter-add and are refused.
+    fn gather_grad(
+        &mut self,
+        x: Value,
+        index: &[IndexExpr],
+        y: Value,
+        dy: Value,
+    ) -> Result<Value, GradError> {
+        let refuse = |why: &str| {
+            Err(GradError::Unsupported(format!(
+                "no gradient rule for `gather` with subscripts [{}]: {why}",
+                index.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(", ")
+            )))
+        };
+        let xt = self.g.value_ty(x).clone();
+        let yt = self.g.value_ty(y).clone();
+        // Per axis of x: `Some((v, c))` for `c * v + offset`, `None` for a number.
+        let mut inverse: Vec<Option<(String, i64)>> = vec![];
+        for e in index {
+            if e.div.is_some() {
+                return refuse("a divided subscript reads an element many times");
+            }
+            match (e.vars().as_slice(), e.terms.iter().map(|(_, c)| *c).sum::<i64>()) {
+                ([], _) => inverse.push(None),
+                ([v], c @ (1 | -1)) => {
+                    if inverse.iter().flatten().any(|(w, _)| w == v) {
+                        return refuse("a variable in two subscripts");
+                    }
+                    inverse.push(Some((v.to_string(), c)));
+                }
+                _ => return refuse("a subscript of several variables (or a coefficient other than 1 or -1) reads an element many times"),
+            }
+        }
+        let p = |k: usize| format!("__grad_p{k}");
+        // dy positional, read back at v(p).
+        let order: Vec<String> = yt.axes.iter().map(|a| a.name.clone()).collect();
+        let dyp = self.op(Op::Store { axes: order.clone() }, &[dy])?;
+        let mut back = vec![];
+        for name in &order {
+            let (k, (e, (_, c))) = index
+                .iter()
+                .zip(&inverse)
+                .enumerate()
+                .find_map(|(k, (e, inv))| inv.as_ref().filter(|(v, _)| v == name).map(|i| (k, (e, i))))
+                .ok_or_else(|| Self::internal(format!("gather result axis `{name}` is in no subscript")))?;
+            // v = c * (p - offset) = c * p - c * offset.
+            back.push(IndexExpr {
+                terms: vec![(p(k), *c)],
+                dim_terms: e.dim_terms.iter().map(|(d, x)| (d.clone(), -c * x)).collect(),
+                constant: -c * e.constant,
+                div: None,
+            });
+        }
+        let mut axes: Vec<Axis> = vec![];
+        for (k, inv) in inverse.iter().enumerate() {
+            if inv.is_some() {
+                axes.push(Axis::new(&p(k), xt.axes[k].dim.clone()));
+            }
+        }
+        let names: Vec<String> = axes.iter().map(|a| a.name.clone()).collect();
+        let gty = ValueType { dtype: DType::F32, axes };
+        let mut d = Value::of(self.g.add_multi(
+            Op::Gather { index: back, axes: names },
+            vec![gty],
+            &[dyp],
+            Span::default(),
+        ));
+        let zero = self.cnst(0.0);
+        for (k, (e, inv)) in index.iter().zip(&inverse).enumerate() {
+            let axis = Axis::new(&p(k), xt.axes[k].dim.clone());
+            let ity = ValueType { dtype: DType::F32, axes: vec![axis] };
+            let at = Value::of(self.g.add(Op::Iota { axis: p(k) }, ity, &[], Span::default()));
+            let offset = self.dim_form(e)?;
+            let conds = match inv {
+                None => vec![self.bin(BinaryOp::Eq, at, offset)?],
+                Some((v, c)) => {
+                    // v(p) in [0, size(v)).
+                    let rel = self.bin(BinaryOp::Sub, at, offset)?;
+                    let cv = self.cnst(*c as f64);
+                    let vp = self.bin(BinaryOp::Mul, cv, rel)?;
+                    let size = yt
+                        .axis(v)
+                        .map(|(_, a)| a.dim.clone())
+                        .ok_or_else(|| Self::internal(format!("no axis `{v}`")))?;
+                    let n = self.op(Op::DimSize(size), &[])?;
+                    vec![self.bin(BinaryOp::Ge, vp, zero)?, self.bin(BinaryOp::Lt, vp, n)?]
+                }
+            };
+            for cond in conds {
+                d = self.select(cond, d, zero)?;
+            }
+        }
+        let out: Vec<String> = (0..index.len()).map(p).collect();
+        self.op(Op::Store { axes: out }, &[d])
+    }
+
+    /// `constant + sum k * dim` of a subscript, as an f32 scalar value.
+    fn dim_form(&mut self, e: &IndexExpr) -> Result<Value, GradError> {
+        let mut acc = self.cnst(e.constant as f64);
+        for (d, k) in &e.dim_terms {
+            let dv = self.op(Op::DimSize(d.clone()), &[])?;
+            let kv = self.cnst(*k as f64);
+            let t = self.bin(BinaryOp::Mul, kv, dv)?;
+            acc = self.bin(BinaryOp::Add, acc, t)?;
+        }
+        Ok(acc)
+    }
+
     /// Add `contribution` (laid out as `target`'s type after `sum_to`) to `target`'s adjoint.
     fn accumulate(&mut self, target: Value, contribution: Value) -> Result<(), GradError> {
         let ty = self.g.value_ty(target).clone();
@@ -467,6 +582,12 @@ impl Builder {
             Op::Store { axes } => {
                 if wants(0) {
                     let d = self.op(Op::Bind { axes }, &[dy])?;
+                    self.accumulate(ops[0], d)?;
+                }
+            }
+            Op::Gather { index, .. } => {
+                if wants(0) {
+                    let d = self.gather_grad(ops[0], &index, y, dy)?;
                     self.accumulate(ops[0], d)?;
                 }
             }

@@ -107,3 +107,58 @@ fn pruned_examples_match_finite_differences_with_the_kept_set_fixed() {
     }
     assert!(pruned >= 4, "pruned examples: {pruned}");
 }
+
+/// The gather gradient (passes/src/grad.rs, `gather_grad`) against finite differences, through
+/// programs that read shifted, reversed, half-dim and constant subscripts: a token shift on k
+/// (a guarded `t - 1`), RoPE's rotate-half (`d +- D / 2` under `d < D / 2`), a reversed read
+/// `x[T - 1 - t]` and a constant one `slope[h, 0]`. Shown failing with the inverse subscript's
+/// offset sign flipped ("token_shift: grad_k[0] = NaN, finite differences give -0.0200").
+#[test]
+fn gathers_match_finite_differences() {
+    let dims = BTreeMap::from([("B", 1), ("H", 2), ("T", 7), ("D", 4), ("S", 3)]);
+    let sources = [
+        (
+            "token_shift",
+            "attention ts(q: f32[B, H, T, D], k: f32[B, H, T, D], v: f32[B, H, T, D]) -> f32[B, H, T, D] {
+    ks[b, h, t, d]  = 0.5 * k[b, h, t, d] + 0.7 * select(t >= 1, k[b, h, t - 1, d], 0)
+    s[b, h, i, j]   = sum(d, q[b, h, i, d] * ks[b, h, j, d])
+    p[b, h, i, j]   = softmax(j, causal(i, j, s[b, h, i, j]))
+    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
+    return out
+}",
+        ),
+        (
+            "rope",
+            "attention rope(q: f32[B, H, T, D], cs: f32[T, D], sn: f32[T, D]) -> f32[B, H, T, D] {
+    r[b, h, t, d] = q[b, h, t, d] * cs[t, d] + select(d < D / 2, -q[b, h, t, d + D / 2], q[b, h, t, d - D / 2]) * sn[t, d]
+    return r
+}",
+        ),
+        (
+            "reversed_and_constant",
+            "attention rc(x: f32[B, H, T], slope: f32[H, S]) -> f32[B, H, T] {
+    y[b, h, t] = x[b, h, t] * x[b, h, T - 1 - t] + slope[h, 0] * x[b, h, t] + tanh(slope[h, S - 1])
+    return y
+}",
+        ),
+    ];
+    for (name, src) in sources {
+        let g = foxc_ir::frontend::compile(name, src.as_bytes())
+            .unwrap_or_else(|d| panic!("{name}: {}", d.render_bytes(name, src.as_bytes())))
+            .graph;
+        assert!(!g.find(|op| matches!(op, Op::Gather { .. })).is_empty(), "{name} has a gather");
+        let mut opt = g.clone();
+        optimize(&mut opt, &PassOptions { prune: false, ..PassOptions::default() }).unwrap();
+        for seed in 0..2 {
+            let (checked, _) = check_fd(name, &smooth(&opt), &dims, seed, 0.0, None);
+            assert!(checked > 0, "{name}: nothing checked");
+        }
+    }
+    // A subscript that reads an element many times is refused, with the reason.
+    let src = "attention r(x: f32[T], rel: f32[U]) -> f32[T] {\n o[a] = sum(b, x[a] * x[b] * rel[a + b])\n return o\n}";
+    let g = foxc_ir::frontend::compile("rel", src.as_bytes()).unwrap().graph;
+    let mut opt = g.clone();
+    optimize(&mut opt, &PassOptions { prune: false, ..PassOptions::default() }).unwrap();
+    let e = gradient(&opt).unwrap_err().to_string();
+    assert!(e.contains("[a + b]") && e.contains("several variables"), "{e}");
+}
