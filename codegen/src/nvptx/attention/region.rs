@@ -50,9 +50,16 @@ struct Resolved {
     /// The value of each `RNode::Dim`, by node position (0 elsewhere): a number when static,
     /// else a kernel argument.
     dims: Vec<DimValue>,
-    /// Per capture node (by node position), each subscript's static offset and divisor, and
-    /// its dim terms that are kernel arguments (`(n of ScoreArg::Dim(n), coefficient)`).
-    subs: Vec<Vec<(SubConsts, Vec<(usize, i64)>)>>,
+    /// Per capture node (by node position), each subscript as the kernel computes it.
+    subs: Vec<Vec<KernelSub>>,
+}
+
+/// A capture subscript: its static offset and divisor, plus its dim terms that are kernel
+/// arguments (`(n of ScoreArg::Dim(n), coefficient)`).
+#[derive(Clone, Debug)]
+struct KernelSub {
+    consts: SubConsts,
+    args: Vec<(usize, i64)>,
 }
 
 /// A dim of a region as the kernel has it.
@@ -223,7 +230,7 @@ impl RegionMod {
         b: &KernelBuilder<'_, 'ctx>,
         k: usize,
         index: &[IndexExpr],
-        subs: &[(SubConsts, Vec<(usize, i64)>)],
+        subs: &[KernelSub],
         at: ScorePos<'ctx>,
     ) -> FloatValue<'ctx> {
         let Some(ty) = self.caps.get(k).copied().flatten() else {
@@ -243,7 +250,7 @@ impl RegionMod {
         };
         let mut ok = b.bool(true);
         let mut off = b.i64(0);
-        for (a, (e, (sc, dyn_terms))) in index.iter().zip(subs).enumerate() {
+        for (a, (e, KernelSub { consts: sc, args: dyn_terms })) in index.iter().zip(subs).enumerate() {
             let mut p = b.i32(sc.offset);
             for (v, c) in &e.terms {
                 p = b.add(p, b.mulc(var(v), *c));
@@ -331,7 +338,10 @@ fn resolve(
                 for e in index {
                     *reads_bh |= e.vars().iter().any(|v| *v == "b" || *v == "h");
                     let (sc, rest) = SubConsts::resolve_partly(e, dim)?;
-                    subs[n].push((sc, rest.iter().map(|(d, k)| (arg_of(d), *k)).collect()));
+                    subs[n].push(KernelSub {
+                        consts: sc,
+                        args: rest.iter().map(|(d, k)| (arg_of(d), *k)).collect(),
+                    });
                 }
                 read[*k] = Some(ty);
             }
@@ -882,7 +892,7 @@ mod tests {
         score.push(RNode::Binary(BinaryOp::Add, x, kb));
         let dim = |d: &Dim| d.eval(&|_| None);
         let rm = RegionMod::with_mask(&score, Some(&lo_mask()), None, &dim, Some(4), &caps).unwrap();
-        use ScoreArg::{Capture, CaptureDim, Heads};
+        use ScoreArg::{Capture, CaptureDim};
         assert_eq!(
             rm.args(),
             [
