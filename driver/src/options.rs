@@ -7,8 +7,8 @@ use foxc_ir::{PruneRule, Tiles};
 use foxc_passes::tiles::ForwardKernel;
 use foxc_passes::PassOptions;
 
-/// ln(eps) of the pruning unless the user says otherwise (the paper's value).
-pub const DEFAULT_LOG_EPS: f64 = -10.0;
+/// ln(eps) of the pruning unless the user says otherwise (defined once, by the passes).
+pub use foxc_passes::DEFAULT_LOG_EPS;
 
 /// The safe threshold rule unless the user says otherwise: the first of the table.
 pub const DEFAULT_PRUNE_RULE: &str = foxc_passes::rules::RULES[0].name;

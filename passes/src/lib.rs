@@ -85,11 +85,15 @@ pub struct PassOptions {
     pub attn_kernel: Option<tiles::ForwardKernel>,
 }
 
+/// ln(eps) of the pruning unless the user says otherwise (the paper's value). The one
+/// definition: the driver, the CLI and the Python extension use this constant.
+pub const DEFAULT_LOG_EPS: f64 = -10.0;
+
 impl Default for PassOptions {
     fn default() -> Self {
         PassOptions {
             prune: true,
-            log_eps: -10.0,
+            log_eps: DEFAULT_LOG_EPS,
             rule: rules::default_rule(),
             target: Target::Cpu,
             print_after_all: false,
