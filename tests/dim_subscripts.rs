@@ -103,3 +103,63 @@ fn always_out_of_range_is_a_diagnostic() {
     assert_eq!(code, Some(1), "{t}");
     assert!(t.contains("product of index variables or dims"), "{t}");
 }
+
+/// `min` / `max` in subscripts (clipped relative positions, as T5's bias; clamped shifts): the
+/// clamp applies last, both sides of the range are proven by the clamps or the subscript, and
+/// what only the sizes decide is checked when they are bound.
+#[test]
+fn clamped_subscripts() {
+    let s = seed();
+    let rel = write(
+        "t5.attn",
+        "attention t5(q: bf16[B, H, T, D], k: bf16[B, H, T, D], v: bf16[B, H, T, D], rel: f32[H, 65]) -> bf16[B, H, T, D] {
+    s[b, h, i, j]   = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D) + rel[h, min(i - j, 64)]
+    p[b, h, i, j]   = softmax(j, causal(i, j, s[b, h, i, j]))
+    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
+    return out
+}
+",
+    );
+    for backend in ["cpu", "reference"] {
+        let (code, t) = run(&[
+            "run",
+            &rel,
+            "--backend",
+            backend,
+            "--check",
+            "--shape",
+            "B=1,H=2,T=150,D=16",
+            "--seed",
+            &s,
+        ]);
+        assert_eq!(code, Some(0), "{backend}: {t}");
+    }
+    let (code, t) =
+        run(&["grad", &rel, "--backend", "cpu", "--check", "--shape", "B=1,H=2,T=100,D=16", "--seed", &s]);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("check grad_rel"), "{t}");
+    let p = write(
+        "clamp.attn",
+        "attention cg(x: f32[T], w: f32[S]) -> f32[T] {\n    y[t] = x[t] * w[min(max(t - 3, 0), S - 1)] + x[max(t - 1, 0)] * w[min(t, 100)]\n    return y\n}\n",
+    );
+    for backend in ["cpu", "reference"] {
+        let (code, t) =
+            run(&["run", &p, "--backend", backend, "--check", "--shape", "T=20,S=101", "--seed", &s]);
+        assert_eq!(code, Some(0), "{backend}: {t}");
+    }
+    // `w[min(t, 100)]` needs S > 100 or T <= S: decided by the sizes.
+    let (code, t) = run(&["run", &p, "--backend", "cpu", "--shape", "T=60,S=50"]);
+    assert_eq!(code, Some(1), "{t}");
+    assert!(t.contains("subscript `min(t, 100)` of `w` takes values 0..=59"), "{t}");
+    for (bad, says) in
+        [("x[min(t, t)]", "of two index expressions"), ("x[min(t, 5) + 1]", "inside a subscript")]
+    {
+        let p = write(
+            "bad.attn",
+            &format!("attention b(x: f32[T]) -> f32[T] {{\n    y[t] = x[t] + {bad}\n    return y\n}}\n"),
+        );
+        let (code, t) = run(&["check", &p]);
+        assert_eq!(code, Some(1), "{bad}: {t}");
+        assert!(t.contains(says), "{bad}: {t}");
+    }
+}

@@ -2,14 +2,16 @@
 //! `floor((sum c*v + offset) / div)` from these, with `offset` the constant plus the dim terms
 //! (`i + M - N`) and `div` the divisor.
 
-use foxc_ir::index::IndexExpr;
+use foxc_ir::index::{ClampKind, IndexExpr};
 use foxc_ir::Dim;
 
-/// One resolved subscript (see the module doc); `div` is `None` when it does not divide.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// One resolved subscript (see the module doc); `div` is `None` when it does not divide;
+/// `clamps` follow the division, in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SubConsts {
     pub offset: i64,
     pub div: Option<i64>,
+    pub clamps: Vec<(ClampKind, i64)>,
 }
 
 impl SubConsts {
@@ -57,6 +59,13 @@ impl SubConsts {
                 )
             }
         };
-        Ok((SubConsts { offset, div }, rest))
+        let mut clamps = vec![];
+        for c in &e.clamps {
+            let b = c.bound(&|s| dim(&Dim::sym(s))).ok_or_else(|| {
+                format!("the clamp of the subscript `{e}` of a captured tensor needs its dims bound at compile time")
+            })?;
+            clamps.push((c.kind, b));
+        }
+        Ok((SubConsts { offset, div, clamps }, rest))
     }
 }

@@ -80,6 +80,16 @@ pub struct Sub {
     pub dims: Vec<(usize, i64)>,
     pub constant: i64,
     pub div: Option<usize>,
+    /// After the division, in order.
+    pub clamps: Vec<SubClamp>,
+}
+
+/// `min` / `max` of a subscript with `constant + sum k * scalar`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SubClamp {
+    pub kind: foxc_ir::index::ClampKind,
+    pub dims: Vec<(usize, i64)>,
+    pub constant: i64,
 }
 
 /// The loop nest of one node.
@@ -228,7 +238,15 @@ impl Inputs<'_> {
             let div = e.div.as_ref().map(|d| self.scalars.get(std::slice::from_ref(d)));
             let dims =
                 e.dim_terms.iter().map(|(d, k)| (self.scalars.get(std::slice::from_ref(d)), *k)).collect();
-            subs.push(Sub { terms, dims, constant: e.constant, div });
+            let clamps = e
+                .clamps
+                .iter()
+                .map(|c| {
+                    let ds = c.dim_terms.iter().map(|(d, k)| (self.scalars.get(std::slice::from_ref(d)), *k));
+                    SubClamp { kind: c.kind, dims: ds.collect(), constant: c.constant }
+                })
+                .collect();
+            subs.push(Sub { terms, dims, constant: e.constant, div, clamps });
         }
         let sizes = dims.iter().map(|d| self.scalars.get(std::slice::from_ref(d))).collect();
         let strides = (0..dims.len()).map(|p| self.scalars.get(&dims[p + 1..])).collect();

@@ -342,6 +342,12 @@ fn infix(b: BinaryOp) -> Option<(&'static str, u8)> {
 
 /// `h / (H/G)`, `i - j + 3`, `0`.
 pub fn fmt_index(e: &IndexExpr) -> String {
+    if let Some((last, inner)) = e.clamps.split_last() {
+        let inner = IndexExpr { clamps: inner.to_vec(), ..e.clone() };
+        let bound = IndexExpr { dim_terms: last.dim_terms.clone(), ..IndexExpr::constant(last.constant) };
+        let name = if last.kind == crate::index::ClampKind::Min { "min" } else { "max" };
+        return format!("{name}({}, {})", fmt_index(&inner), fmt_index(&bound));
+    }
     let mut s = String::new();
     let dims = e.dim_terms.iter().map(|(d, c)| {
         let name = if matches!(d, Dim::Div(..)) { format!("({d})") } else { d.to_string() };
@@ -393,13 +399,20 @@ pub fn eval_index(
     for (d, c) in &e.dim_terms {
         s = s.checked_add(c.checked_mul(i64::try_from(dim(d)?).ok()?)?)?;
     }
-    match &e.div {
-        None => Some(s),
+    let mut x = match &e.div {
+        None => s,
         Some(d) => {
             let d = i64::try_from(dim(d)?).ok()?;
-            (d != 0).then(|| s.div_euclid(d))
+            if d == 0 {
+                return None;
+            }
+            s.div_euclid(d)
         }
+    };
+    for c in &e.clamps {
+        x = c.apply(x, c.bound(&|n| dim(&Dim::sym(n)))?);
     }
+    Some(x)
 }
 
 /// Which entries `(i, j)` take part, before pruning.
@@ -841,6 +854,7 @@ mod tests {
             dim_terms: vec![],
             constant: 0,
             div: None,
+            clamps: vec![],
         };
         let kb = r.push(RNode::Capture { k: 0, index: vec![iv("b"), iv("h"), iv("j")] });
         r.push(RNode::Binary(BinaryOp::Add, m, kb));
@@ -881,6 +895,7 @@ mod tests {
                     dim_terms: vec![],
                     constant: 0,
                     div: None,
+                    clamps: vec![],
                 }],
             }],
             root: 0,
@@ -897,6 +912,7 @@ mod tests {
             dim_terms: vec![],
             constant: 0,
             div: Some(Dim::sym("G")),
+            clamps: vec![],
         };
         let var = |v: &str| Some(if v == "h" { 7 } else { 0 });
         assert_eq!(eval_index(&gqa, &var, &|_| Some(4)), Some(1));
@@ -907,6 +923,7 @@ mod tests {
             dim_terms: vec![],
             constant: 3,
             div: None,
+            clamps: vec![],
         };
         assert_eq!(fmt_index(&rel), "i - j + 3");
         let v2 = |v: &str| Some(if v == "i" { 2 } else { 9 });
@@ -917,6 +934,7 @@ mod tests {
             dim_terms: vec![],
             constant: 0,
             div: Some(Dim::Const(2)),
+            clamps: vec![],
         };
         assert_eq!(eval_index(&neg, &|_| Some(1), &|d| d.eval(&|_| None)), Some(-1));
     }

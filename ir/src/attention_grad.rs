@@ -324,7 +324,13 @@ mod tests {
         let unaries = UnaryOp::ALL;
         let binaries =
             [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Min, BinaryOp::Max];
-        let iv = IndexExpr { terms: vec![("j".into(), 1)], dim_terms: vec![], constant: 0, div: None };
+        let iv = IndexExpr {
+            terms: vec![("j".into(), 1)],
+            dim_terms: vec![],
+            constant: 0,
+            div: None,
+            clamps: vec![],
+        };
         for &u in &unaries {
             for &bo in &binaries {
                 // u(x * cap) (op) (x + cap): x and the capture reach the root along two paths.
@@ -353,7 +359,13 @@ mod tests {
         let sc = r.push(RNode::Binary(BinaryOp::Mul, a, t));
         let one = r.push(RNode::Const(1.0));
         let cond = r.push(RNode::Binary(BinaryOp::Gt, x, one));
-        let iv = IndexExpr { terms: vec![("i".into(), 1)], dim_terms: vec![], constant: 0, div: None };
+        let iv = IndexExpr {
+            terms: vec![("i".into(), 1)],
+            dim_terms: vec![],
+            constant: 0,
+            div: None,
+            clamps: vec![],
+        };
         let c = r.push(RNode::Capture { k: 0, index: vec![iv] });
         let cx = r.push(RNode::Binary(BinaryOp::Mul, c, x));
         r.push(RNode::Select(cond, sc, cx));

@@ -11,7 +11,8 @@
 use crate::types::Dim;
 use std::fmt;
 
-/// One subscript: `sum(coef * var) + constant`, then optionally floor-divided by a positive dim.
+/// One subscript: `sum(coef * var) + constant`, then optionally floor-divided by a positive dim,
+/// then clamped (`min` / `max` with bounds of dims and constants), in order.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct IndexExpr {
     pub terms: Vec<(String, i64)>,
@@ -19,17 +20,56 @@ pub struct IndexExpr {
     pub dim_terms: Vec<(Dim, i64)>,
     pub constant: i64,
     pub div: Option<Dim>,
+    /// `min(x, b)` / `max(x, b)` applied after the division, innermost first
+    /// (`rel[h, min(i - j, 128)]`, `x[max(t - 1, 0)]`).
+    pub clamps: Vec<Clamp>,
+}
+
+/// Whether a clamp caps a subscript from above (`min`) or below (`max`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ClampKind {
+    Min,
+    Max,
+}
+
+/// `min(x, bound)` or `max(x, bound)`, the bound `sum k * dim + constant` (no index variable).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Clamp {
+    pub kind: ClampKind,
+    pub dim_terms: Vec<(Dim, i64)>,
+    pub constant: i64,
+}
+
+impl Clamp {
+    /// The bound under the dim bindings `dims`; `None` on overflow or an unbound dim.
+    pub fn bound(&self, dims: &dyn Fn(&str) -> Option<u64>) -> Option<i64> {
+        IndexExpr { dim_terms: self.dim_terms.clone(), ..IndexExpr::constant(self.constant) }.offset(dims)
+    }
+
+    /// `x` clamped.
+    pub fn apply(&self, x: i64, bound: i64) -> i64 {
+        match self.kind {
+            ClampKind::Min => x.min(bound),
+            ClampKind::Max => x.max(bound),
+        }
+    }
 }
 
 impl IndexExpr {
     /// The plain subscript `name`.
     pub fn var(name: &str) -> IndexExpr {
-        IndexExpr { terms: vec![(name.to_string(), 1)], dim_terms: vec![], constant: 0, div: None }
+        IndexExpr {
+            terms: vec![(name.to_string(), 1)],
+            dim_terms: vec![],
+            constant: 0,
+            div: None,
+            clamps: vec![],
+        }
     }
 
     /// The constant subscript `c`.
     pub fn constant(c: i64) -> IndexExpr {
-        IndexExpr { terms: vec![], dim_terms: vec![], constant: c, div: None }
+        IndexExpr { terms: vec![], dim_terms: vec![], constant: c, div: None, clamps: vec![] }
     }
 
     /// The part of the numerator that does not depend on the index variables, `constant + sum
@@ -45,12 +85,17 @@ impl IndexExpr {
 
     /// Whether the subscript mentions no index variable and no dim (a plain number).
     pub fn is_constant(&self) -> bool {
-        self.vars().is_empty() && self.dim_terms.iter().all(|(_, k)| *k == 0)
+        self.vars().is_empty() && self.dim_terms.iter().all(|(_, k)| *k == 0) && self.clamps.is_empty()
     }
 
     /// The variable of a plain subscript (`i`, not `i + 0 * j` or `2 * i`).
     pub fn is_plain_var(&self) -> Option<&str> {
-        match (self.terms.as_slice(), self.dim_terms.is_empty(), self.constant, &self.div) {
+        match (
+            self.terms.as_slice(),
+            self.dim_terms.is_empty() && self.clamps.is_empty(),
+            self.constant,
+            &self.div,
+        ) {
             ([(v, 1)], true, 0, None) => Some(v),
             _ => None,
         }
@@ -74,13 +119,20 @@ impl IndexExpr {
         for (v, c) in &self.terms {
             s = s.checked_add(c.checked_mul(var(v))?)?;
         }
-        match &self.div {
-            None => Some(s),
+        let mut x = match &self.div {
+            None => s,
             Some(d) => {
                 let d = i64::try_from(d.eval(dims)?).ok()?;
-                (d > 0).then(|| s.div_euclid(d))
+                if d <= 0 {
+                    return None;
+                }
+                s.div_euclid(d)
             }
+        };
+        for c in &self.clamps {
+            x = c.apply(x, c.bound(dims)?);
         }
+        Some(x)
     }
 
     /// The smallest and largest value of the subscript when each variable `v` ranges over
@@ -100,20 +152,35 @@ impl IndexExpr {
             lo = lo.checked_add(x.min(y))?;
             hi = hi.checked_add(x.max(y))?;
         }
-        match &self.div {
-            None => Some((lo, hi)),
+        let (mut lo, mut hi) = match &self.div {
+            None => (lo, hi),
             Some(d) => {
                 let d = i64::try_from(d.eval(dims)?).ok()?;
-                (d > 0).then(|| (lo.div_euclid(d), hi.div_euclid(d)))
+                if d <= 0 {
+                    return None;
+                }
+                (lo.div_euclid(d), hi.div_euclid(d))
             }
+        };
+        // Clamps are monotone: the extremes clamp to the extremes.
+        for c in &self.clamps {
+            let b = c.bound(dims)?;
+            (lo, hi) = (c.apply(lo, b), c.apply(hi, b));
         }
+        Some((lo, hi))
     }
 }
 
 impl fmt::Display for IndexExpr {
     /// DSL syntax that parses back to the same subscript: `i - j`, `t + 1`, `2 * i`,
-    /// `h / (H / G)`, `(i + j) / 2`.
+    /// `h / (H / G)`, `(i + j) / 2`, `min(i - j, 128)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some((last, inner)) = self.clamps.split_last() {
+            let inner = IndexExpr { clamps: inner.to_vec(), ..self.clone() };
+            let bound = IndexExpr { dim_terms: last.dim_terms.clone(), ..IndexExpr::constant(last.constant) };
+            let name = if last.kind == ClampKind::Min { "min" } else { "max" };
+            return write!(f, "{name}({inner}, {bound})");
+        }
         let mut s = String::new();
         for (v, c) in self.terms.iter().filter(|(_, c)| *c != 0) {
             let mag = c.unsigned_abs();
@@ -183,6 +250,7 @@ mod tests {
             dim_terms: vec![],
             constant,
             div,
+            clamps: vec![],
         }
     }
 
@@ -208,6 +276,21 @@ mod tests {
         alone.dim_terms = vec![(Dim::quotient(Dim::sym("D"), Dim::Const(2)), 1)];
         alone.div = Some(Dim::Const(2));
         assert_eq!(alone.to_string(), "(D / 2) / 2");
+    }
+
+    #[test]
+    fn clamps_apply_after_the_division_in_order() {
+        let mut rel = e(&[("i", 1), ("j", -1)], 0, Some(Dim::Const(2)));
+        rel.clamps = vec![
+            Clamp { kind: ClampKind::Max, dim_terms: vec![], constant: 0 },
+            Clamp { kind: ClampKind::Min, dim_terms: vec![(Dim::sym("S"), 1)], constant: -1 },
+        ];
+        assert_eq!(rel.to_string(), "min(max((i - j) / 2, 0), S - 1)");
+        let dims = |s: &str| (s == "S").then_some(5);
+        let at = |i: i64, j: i64| rel.eval(&|v| if v == "i" { i } else { j }, &dims);
+        assert_eq!((at(20, 0), at(3, 0), at(0, 7)), (Some(4), Some(1), Some(0)));
+        assert_eq!(rel.range(&|_| (0, 20), &dims), Some((0, 4)));
+        assert!(rel.is_plain_var().is_none() && !rel.is_constant());
     }
 
     #[test]

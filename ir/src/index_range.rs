@@ -10,7 +10,7 @@
 //! Under a causal mask over `(i, j)` (`j <= i`, both of one size S) the pair ranges over the
 //! triangle with corners `(0, 0)`, `(S-1, 0)`, `(S-1, S-1)` instead of the square.
 
-use crate::index::IndexExpr;
+use crate::index::{ClampKind, IndexExpr};
 use crate::types::Dim;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -188,6 +188,30 @@ pub fn check_within(
     var_size: &dyn Fn(&str) -> Dim,
     mask: Option<(&str, &str)>,
 ) -> Result<(), OutOfRange> {
+    if !e.clamps.is_empty() {
+        return check_clamped(e, size, bounds, var_size, mask);
+    }
+    sides(e, size, bounds, var_size, mask).err.map_or(Ok(()), Err)
+}
+
+/// Which sides of `[0, size)` an (unclamped) subscript provably keeps, and where it leaves.
+struct Sides {
+    /// `>= 0` at every corner.
+    lower: bool,
+    /// `< size` at every corner.
+    upper: bool,
+    /// A corner where it leaves: one out of range for every value of the dims when there is
+    /// one, else one out of range once the dims are large, else the first.
+    err: Option<OutOfRange>,
+}
+
+fn sides(
+    e: &IndexExpr,
+    size: &Dim,
+    bounds: &dyn Fn(&str) -> (Lin, Lin),
+    var_size: &dyn Fn(&str) -> Dim,
+    mask: Option<(&str, &str)>,
+) -> Sides {
     let vars = e.vars();
     let coef = |v: &str| e.terms.iter().filter(|(n, _)| n == v).map(|(_, c)| c).sum::<i64>();
     // Where some variable has no value (`hi < lo`: `t >= 1` at T = 1) nothing is read, so a
@@ -234,37 +258,76 @@ pub fn check_within(
         None => Some(Lin::dim(size).minus(&Lin::konst(1))),
         Some(d) => product(d, size).map(|p| p.minus(&Lin::konst(1))),
     };
-    // Report a corner that is out of range for every value of the dims when there is one, else
-    // one out of range for every value from 2 up, else the first.
-    let mut first: Option<OutOfRange> = None;
+    let (mut lower, mut upper) = (true, true);
+    let (mut definite_err, mut first): (Option<OutOfRange>, Option<OutOfRange>) = (None, None);
     for at in corners {
         let mut value = Lin::of_dims(&e.dim_terms, e.constant);
         for (v, x) in &at {
             value.add_scaled(x, coef(v));
         }
+        let low_ok = nonneg(&value);
+        let high_ok = limit.as_ref().is_some_and(|l| nonneg(&l.minus(&value)));
+        lower &= low_ok;
+        upper &= high_ok;
+        if low_ok && high_ok {
+            continue;
+        }
         // `escape` is how far past the bound the value goes (>= 0 when it leaves).
-        let fail = !nonneg(&value);
-        let escape = if fail {
+        let escape = if !low_ok {
             Some(value.scaled(-1).minus(&Lin::konst(1)))
         } else {
-            match &limit {
-                Some(l) if nonneg(&l.minus(&value)) => continue,
-                Some(l) => Some(value.minus(l).minus(&Lin::konst(1))),
-                None => None,
-            }
+            limit.as_ref().map(|l| value.minus(l).minus(&Lin::konst(1)))
         };
         let definite = escape.as_ref().is_some_and(|x| x.provably_nonneg());
         let certain = escape.as_ref().is_some_and(|x| x.eventually_nonneg());
-        let out = OutOfRange { at, value, below: fail, unprovable: !fail && limit.is_none(), certain };
+        let out = OutOfRange { at, value, below: !low_ok, unprovable: low_ok && limit.is_none(), certain };
         if definite {
-            return Err(out);
-        }
-        // A corner wrong at every size from 2 up outranks one wrong only at some sizes.
-        if first.as_ref().is_none_or(|f| certain && !f.certain) {
+            definite_err.get_or_insert(out);
+        } else if first.as_ref().is_none_or(|f| certain && !f.certain) {
+            // A corner wrong once the dims are large outranks one wrong only at some sizes.
             first = Some(out);
         }
     }
-    first.map_or(Ok(()), Err)
+    Sides { lower, upper, err: definite_err.or(first) }
+}
+
+/// [`check_within`] of a clamped subscript. Each side of `[0, size)` is proven by the
+/// unclamped subscript or by the clamps: going through them in order, `max(x, b)` makes the
+/// value `>= 0` when `b >= 0` and keeps it below the axis only when `b` is below it too;
+/// `min(x, b)` the other way round. What cannot be proven is never certain (the bind-time
+/// check decides it exactly).
+fn check_clamped(
+    e: &IndexExpr,
+    size: &Dim,
+    bounds: &dyn Fn(&str) -> (Lin, Lin),
+    var_size: &dyn Fn(&str) -> Dim,
+    mask: Option<(&str, &str)>,
+) -> Result<(), OutOfRange> {
+    let base = IndexExpr { clamps: vec![], ..e.clone() };
+    let s = sides(&base, size, bounds, var_size, mask);
+    let limit = Lin::dim(size).minus(&Lin::konst(1));
+    let (mut lower, mut upper) = (s.lower, s.upper);
+    for c in &e.clamps {
+        let b = Lin::of_dims(&c.dim_terms, c.constant);
+        let (b_low, b_high) = (b.provably_nonneg(), limit.minus(&b).provably_nonneg());
+        match c.kind {
+            ClampKind::Max => (lower, upper) = (lower || b_low, upper && b_high),
+            ClampKind::Min => (lower, upper) = (lower && b_low, upper || b_high),
+        }
+    }
+    if lower && upper {
+        return Ok(());
+    }
+    let mut out = s.err.unwrap_or(OutOfRange {
+        at: vec![],
+        value: Lin::konst(0),
+        below: !lower,
+        unprovable: false,
+        certain: false,
+    });
+    out.below = !lower;
+    out.certain = false;
+    Err(out)
 }
 
 #[cfg(test)]
@@ -277,6 +340,7 @@ mod tests {
             dim_terms: vec![],
             constant,
             div,
+            clamps: vec![],
         }
     }
     fn t(_: &str) -> Dim {

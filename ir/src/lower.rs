@@ -49,7 +49,7 @@ use crate::ast::{self, BinOp, Expr, ExprKind, Ident, Program, UnOp};
 use crate::check::infer;
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::graph::{Graph, SubscriptBound, ValueId};
-use crate::index::IndexExpr;
+use crate::index::{Clamp, ClampKind, IndexExpr};
 use crate::index_range;
 use crate::mask_flow::check_masked;
 use crate::ops::{BinaryOp, Op, ReduceKind, UnaryOp};
@@ -166,7 +166,7 @@ fn reserved_name(id: &Ident) -> LResult<()> {
 fn scale(x: IndexExpr, k: i64) -> IndexExpr {
     let terms = x.terms.into_iter().map(|(v, c)| (v, c * k)).collect();
     let dim_terms = x.dim_terms.into_iter().map(|(d, c)| (d, c * k)).collect();
-    normalize(IndexExpr { terms, dim_terms, constant: x.constant * k, div: None })
+    normalize(IndexExpr { terms, dim_terms, constant: x.constant * k, div: None, clamps: vec![] })
 }
 
 /// One term per variable and per dim (first-appearance order), zero coefficients dropped.
@@ -1002,6 +1002,11 @@ impl<'a> Lowerer<'a> {
             )
         };
         let whole = |x: &IndexExpr, span: Span| -> LResult<()> {
+            if !x.clamps.is_empty() {
+                return Err(Diagnostic::new("`min` / `max` inside a subscript", span, "clamped here").with_hint(
+                    "a clamp must be the outermost operation of a subscript: write `min(i - j + 1, 128)`, not `min(i - j, 127) + 1`",
+                ));
+            }
             match &x.div {
                 Some(_) => Err(Diagnostic::new(
                     "floor division inside a subscript",
@@ -1057,7 +1062,13 @@ impl<'a> Lowerer<'a> {
                 terms.extend(y.terms);
                 let mut dim_terms = x.dim_terms;
                 dim_terms.extend(y.dim_terms);
-                normalize(IndexExpr { terms, dim_terms, constant: x.constant + y.constant, div: None })
+                normalize(IndexExpr {
+                    terms,
+                    dim_terms,
+                    constant: x.constant + y.constant,
+                    div: None,
+                    clamps: vec![],
+                })
             }
             ExprKind::Binary(BinOp::Mul, a, b) => {
                 for side in [a, b] {
@@ -1090,6 +1101,7 @@ impl<'a> Lowerer<'a> {
                 let x = self.index_expr(a)?;
                 whole(&x, a.span)?;
                 let d = self.divisor(b)?;
+                // (`whole` refused a clamp inside; `min(x, c) / 2` would need one here.)
                 match (x.terms.is_empty(), x.constant, x.dim_terms.as_slice()) {
                     // A dim divided, `D / 2`: an exact quotient, itself a dim term (checked to
                     // divide when the dims are bound), so that `d + D / 2` stays affine.
@@ -1107,6 +1119,29 @@ impl<'a> Lowerer<'a> {
             ExprKind::Access { name, .. } => {
                 return Err(not_index(&format!("access `{}[...]`", name.name))
                     .with_hint("subscripts are computed from index variables, not read from tensors"))
+            }
+            ExprKind::Call { func, args }
+                if (func.name == "min" || func.name == "max") && args.len() == 2 =>
+            {
+                // `min(x, bound)` / `max(x, bound)` (either order): the bound is dims and
+                // constants, the other argument any subscript; the clamp applies last.
+                let (a, b) = (self.index_expr(&args[0])?, self.index_expr(&args[1])?);
+                let is_bound = |x: &IndexExpr| x.terms.is_empty() && x.div.is_none() && x.clamps.is_empty();
+                let (mut x, bound) = match (is_bound(&a), is_bound(&b)) {
+                    (_, true) => (a, b),
+                    (true, false) => (b, a),
+                    (false, false) => {
+                        return Err(Diagnostic::new(
+                            format!("`{}` of two index expressions in a subscript", func.name),
+                            e.span,
+                            "neither argument is a bound",
+                        )
+                        .with_hint("clamp a subscript with a number or a sum of dims: `min(i - j, 128)`, `max(t - 1, 0)`, `min(i, M - 1)`"))
+                    }
+                };
+                let kind = if func.name == "min" { ClampKind::Min } else { ClampKind::Max };
+                x.clamps.push(Clamp { kind, dim_terms: bound.dim_terms, constant: bound.constant });
+                x
             }
             ExprKind::Call { func, .. } => return Err(not_index(&format!("call of `{}`", func.name))),
         })

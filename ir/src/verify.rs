@@ -338,6 +338,7 @@ mod tests {
             dim_terms: vec![],
             constant: 0,
             div: None,
+            clamps: vec![],
         };
         let cap = r.push(RNode::Capture { k: 0, index: vec![iv("b"), iv("h"), iv("j")] });
         r.push(RNode::Binary(crate::ops::BinaryOp::Add, th, cap));

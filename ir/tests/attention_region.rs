@@ -17,7 +17,7 @@ fn s(x: &str) -> Dim {
 }
 
 fn iv(v: &str) -> IndexExpr {
-    IndexExpr { terms: vec![(v.to_string(), 1)], dim_terms: vec![], constant: 0, div: None }
+    IndexExpr { terms: vec![(v.to_string(), 1)], dim_terms: vec![], constant: 0, div: None, clamps: vec![] }
 }
 
 fn random(rng: &mut StdRng, shape: &[usize]) -> Tensor {
@@ -205,6 +205,7 @@ fn out_dtype_rounds_and_an_out_of_range_capture_is_nan() {
         dim_terms: vec![],
         constant: 1,
         div: None,
+        clamps: vec![],
     };
     let c = r.push(RNode::Capture { k: 0, index: vec![e] });
     r.push(RNode::Binary(BinaryOp::Add, x, c));

@@ -123,8 +123,13 @@ fn out_of_range_reads_are_nan() {
     let sp = Span::default();
     let mut g = Graph::new("shift");
     let x = g.add_param("x", ValueType::tensor(DType::F32, [Dim::sym("T")]), sp);
-    let ix =
-        foxc_ir::index::IndexExpr { terms: vec![("t".into(), 1)], dim_terms: vec![], constant: 1, div: None };
+    let ix = foxc_ir::index::IndexExpr {
+        terms: vec![("t".into(), 1)],
+        dim_terms: vec![],
+        constant: 1,
+        div: None,
+        clamps: vec![],
+    };
     let ty = ValueType { dtype: DType::F32, axes: vec![foxc_ir::Axis::new("t", Dim::sym("T"))] };
     let gth = g.add(Op::Gather { index: vec![ix], axes: vec!["t".into()] }, ty, &[x], sp);
     g.output = Some(g.add(

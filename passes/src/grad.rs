@@ -380,6 +380,9 @@ impl Builder {
             if e.div.is_some() {
                 return refuse("a divided subscript reads an element many times");
             }
+            if !e.clamps.is_empty() {
+                return refuse("a clamped subscript (`min` / `max`) reads its bound element many times");
+            }
             match (e.vars().as_slice(), e.terms.iter().map(|(_, c)| *c).sum::<i64>()) {
                 ([], _) => inverse.push(None),
                 ([v], c @ (1 | -1)) => {
@@ -409,6 +412,7 @@ impl Builder {
                 dim_terms: e.dim_terms.iter().map(|(d, x)| (d.clone(), -c * x)).collect(),
                 constant: -c * e.constant,
                 div: None,
+                clamps: vec![],
             });
         }
         let mut axes: Vec<Axis> = vec![];

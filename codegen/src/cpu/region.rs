@@ -240,6 +240,13 @@ pub fn capture_offset(
             let p2 = fx.b.ins().select(neg, adj, p);
             p = fx.b.ins().sdiv_imm_s(p2, d);
         }
+        for &(kind, b) in &sc.clamps {
+            let b = fx.ic(b);
+            p = match kind {
+                foxc_ir::index::ClampKind::Min => fx.imin(p, b),
+                foxc_ir::index::ClampKind::Max => fx.imax(p, b),
+            };
+        }
         let ge0 = fx.b.ins().icmp_imm_s(IntCC::SignedGreaterThanOrEqual, p, 0);
         let lt = fx.b.ins().icmp_imm_s(IntCC::SignedLessThan, p, n as i64);
         let in_range = fx.b.ins().band(ge0, lt);

@@ -207,6 +207,7 @@ mod tests {
             dim_terms: vec![],
             constant: 0,
             div: None,
+            clamps: vec![],
         };
         RNode::Capture { k: 0, index: vec![v("b"), v("h"), v("j")] }
     }

@@ -110,6 +110,7 @@ impl<'a> Builder<'a> {
                 dim_terms: e.dim_terms.clone(),
                 constant: e.constant,
                 div: e.div.clone(),
+                clamps: e.clamps.clone(),
             };
             let text = template.to_string();
             self.subscripts.insert(Symbol::from(text.as_str()), template);

@@ -40,7 +40,13 @@ pub(crate) struct RegionBuilder<'a> {
 }
 
 fn var_index(v: IndexVar) -> IndexExpr {
-    IndexExpr { terms: vec![(v.name().to_string(), 1)], dim_terms: vec![], constant: 0, div: None }
+    IndexExpr {
+        terms: vec![(v.name().to_string(), 1)],
+        dim_terms: vec![],
+        constant: 0,
+        div: None,
+        clamps: vec![],
+    }
 }
 
 impl<'a> RegionBuilder<'a> {

@@ -339,6 +339,13 @@ impl Line<'_> {
                 let one = fx.b.ins().uextend(I64, neg);
                 x = fx.b.ins().isub(q, one);
             }
+            for &(kind, b) in &sub.clamps {
+                let b = fx.ic(b);
+                x = match kind {
+                    foxc_ir::index::ClampKind::Min => fx.imin(x, b),
+                    foxc_ir::index::ClampKind::Max => fx.imax(x, b),
+                };
+            }
             // Unsigned `x < size` also rejects negative subscripts.
             let inside = fx.b.ins().icmp_imm_u(IntCC::UnsignedLessThan, x, size as i64);
             valid = fx.b.ins().band(valid, inside);

@@ -44,6 +44,8 @@ pub struct Sub {
     pub terms: Vec<(usize, i64)>,
     pub constant: i64,
     pub div: Option<i64>,
+    /// After the division, in order.
+    pub clamps: Vec<(foxc_ir::index::ClampKind, i64)>,
 }
 
 /// One generic kernel, every size a compile-time constant.
@@ -156,7 +158,20 @@ pub fn plan(cx: &Ctx, n: ValueId, contracted: &HashSet<ValueId>) -> Result<Plann
                             .and_then(|x| x.checked_add(constant))
                             .ok_or_else(|| bad("a gather subscript overflows i64".into()))?;
                     }
-                    out.push(Sub { terms: s.terms, constant, div });
+                    let mut clamps = vec![];
+                    for c in s.clamps {
+                        let (kind, mut b) = (c.kind, c.constant);
+                        for (k, x) in c.dims {
+                            let d = i64::try_from(scalars[k])
+                                .map_err(|_| bad("a gather subscript's clamp does not fit in i64".into()))?;
+                            b = d
+                                .checked_mul(x)
+                                .and_then(|v| v.checked_add(b))
+                                .ok_or_else(|| bad("a gather subscript's clamp overflows i64".into()))?;
+                        }
+                        clamps.push((kind, b));
+                    }
+                    out.push(Sub { terms: s.terms, constant, div, clamps });
                 }
                 arg += 1;
                 Src::Gather {

@@ -263,6 +263,12 @@ impl RegionMod {
                 let neg = b.icmpc(IntPredicate::SLT, p, 0);
                 p = b.sdivc(b.select_i(neg, b.addc(p, 1 - d), p), *d);
             }
+            for &(kind, c) in &sc.clamps {
+                p = match kind {
+                    foxc_ir::index::ClampKind::Min => b.smin(p, b.i32(c)),
+                    foxc_ir::index::ClampKind::Max => b.smax(p, b.i32(c)),
+                };
+            }
             let n = b.param_int(self.param(ScoreArg::CaptureDim(k, a)));
             let inside = b.and(b.icmpc(IntPredicate::SGE, p, 0), b.icmp(IntPredicate::SLT, p, n));
             ok = b.and(ok, inside);
@@ -772,6 +778,7 @@ mod tests {
             dim_terms: vec![],
             constant: 0,
             div: Some(Dim::sym("W")),
+            clamps: vec![],
         };
         let e = RegionMod::with_captures(&read(vec![div]), &|_| None, None, &f32_1).unwrap_err();
         assert!(e.contains("divisor W"), "{e}");
@@ -793,6 +800,7 @@ mod tests {
             dim_terms: vec![],
             constant: 1,
             div: Some(Dim::Const(2)),
+            clamps: vec![],
         };
         let rb = r.push(RNode::Capture { k: 1, index: vec![IndexExpr::var("h"), rel] });
         r.push(RNode::Binary(BinaryOp::Add, s, rb));

@@ -431,6 +431,16 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
                         let down = b.and(b.icmpc(IntPredicate::NE, r, 0), b.icmpc(IntPredicate::SLT, s, 0));
                         s = b.select_i(down, b.addc(q, -1), q);
                     }
+                    for c in &sub.clamps {
+                        let mut bound = b.i64(c.constant);
+                        for &(d, k) in &c.dims {
+                            bound = b.add(bound, b.mul(self.scalars[d], b.i64(k)));
+                        }
+                        s = match c.kind {
+                            foxc_ir::index::ClampKind::Min => b.smin(s, bound),
+                            foxc_ir::index::ClampKind::Max => b.smax(s, bound),
+                        };
+                    }
                     let inside = b.and(
                         b.icmpc(IntPredicate::SGE, s, 0),
                         b.icmp(IntPredicate::SLT, s, self.scalars[sizes[k]]),
