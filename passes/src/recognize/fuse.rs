@@ -592,6 +592,11 @@ pub(crate) fn run(
     let (leaves, subscripts) = (b.leaves.clone(), b.subscripts.clone());
     let rec = match find(&mut b.eg, root, &out_syms, &leaves, &subscripts) {
         Ok(r) => r,
+        Err(_) if !inner_attentions(&mut b, root, &out_syms).is_empty() => {
+            // The output is a function of attentions (an output gate, a difference of two):
+            // fuse each, and compute the rest from their outputs.
+            return epilogue(g, g_ro, &mut b, store, root, &out_axes, ex);
+        }
         Err((why, at)) => {
             b.eg.rebuild();
             let span = b.span_of(at).unwrap_or(store_span);
@@ -642,6 +647,94 @@ pub(crate) fn run(
     g.replace_all_uses(store, node);
     g.remove_dead();
     Ok(Some((node, spans)))
+}
+
+/// The attentions inside the output expression `root` (not the root itself): every reachable
+/// class that is `sum(j, softmax(j, ..) * v)` over the output's axes and that recognition
+/// accepts, outermost first, none inside another.
+fn inner_attentions(b: &mut Builder, root: Id, out: &[Symbol]) -> Vec<(Id, Recognized)> {
+    let axes: BTreeSet<Symbol> = out.iter().copied().collect();
+    let (leaves, subscripts) = (b.leaves.clone(), b.subscripts.clone());
+    let cands: Vec<Id> = reachable(&b.eg, root, None)
+        .into_iter()
+        .filter(|&c| c != b.eg.find(root) && b.eg[c].data.axes == axes)
+        .filter(|&c| !matches(&b.eg, "(sum ?j (* (softmax ?j ?x) ?v))", c).is_empty())
+        .collect();
+    let mut found: Vec<(Id, Recognized)> = vec![];
+    for c in cands {
+        let c = b.eg.find(c);
+        if found.iter().any(|(f, _)| reachable(&b.eg, *f, None).contains(&c)) {
+            continue;
+        }
+        if let Ok(r) = find(&mut b.eg, c, out, &leaves, &subscripts) {
+            b.eg.rebuild();
+            found.retain(|(f, _)| !reachable(&b.eg, c, None).contains(f));
+            found.push((c, r));
+        }
+    }
+    found
+}
+
+/// Fuse the attentions inside the output expression and emit the expression around them: each
+/// attention's class reads the attention's output (bound to the output's axes), the rest is
+/// emitted as ordinary ops. Returns the attentions and their region spans.
+fn epilogue(
+    g: &mut Graph,
+    g_ro: &Graph,
+    b: &mut Builder,
+    store: ValueId,
+    root: Id,
+    out_axes: &[String],
+    ex: &mut Vec<Explanation>,
+) -> Result<Option<(ValueId, Vec<Span>)>, PassError> {
+    let out_syms: Vec<Symbol> = out_axes.iter().map(|a| Symbol::from(a.as_str())).collect();
+    let found = inner_attentions(b, root, &out_syms);
+    b.eg.rebuild();
+    let store_span = g_ro.node(store).span;
+    let store_name = g_ro.node(store).name.clone();
+    let extractor = egg::Extractor::new(&b.eg, FusedCost);
+    let mut em = Emit { g, b, ex: extractor, span: store_span, memo: HashMap::new() };
+    let mut first: Option<(ValueId, Vec<Span>)> = None;
+    for (class, rec) in &found {
+        let span = b.span_of(*class).unwrap_or(store_span);
+        let (node, spans) = match emit(&mut em, rec, span) {
+            Ok(x) => x,
+            Err(EmitFail::Unfusable(why)) => {
+                em.g.remove_dead();
+                ex.push(Explanation { message: format!("not fused: {why}"), span, hint: None });
+                return Ok(None);
+            }
+            Err(EmitFail::Internal(e)) => {
+                return Err(PassError::Internal(format!("emitting a fused attention: {e}")));
+            }
+        };
+        let ty = em.g.ty(node).clone();
+        let named = ValueType {
+            dtype: ty.dtype,
+            axes: out_axes.iter().zip(ty.dims()).map(|(a, d)| foxc_ir::Axis::new(a, d.clone())).collect(),
+        };
+        let bound = em.g.add(Op::Bind { axes: out_axes.to_vec() }, named, &[node], span);
+        em.memo.insert(b.eg.find(*class), bound);
+        first.get_or_insert((node, spans));
+    }
+    let value = em.emit(root).map_err(|e| PassError::Internal(format!("emitting the epilogue: {e}")))?;
+    let out = em
+        .node(Op::Store { axes: out_axes.to_vec() }, &[value], store_span)
+        .map_err(|e| PassError::Internal(format!("storing the epilogue: {e}")))?;
+    g.node_mut(out).name = store_name;
+    g.replace_all_uses(store, out);
+    g.remove_dead();
+    ex.push(Explanation {
+        message: format!(
+            "fused {} attention{} inside the output expression; the rest of it runs as separate ops on {} output",
+            found.len(),
+            if found.len() == 1 { "" } else { "s" },
+            if found.len() == 1 { "its" } else { "their" }
+        ),
+        span: store_span,
+        hint: None,
+    });
+    Ok(first)
 }
 
 /// The term of statement `store`'s expression, saturated with the spelling rules: the builder
