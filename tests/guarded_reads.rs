@@ -8,24 +8,10 @@
 
 mod common;
 
-use common::{foxc, text, tmp};
+use common::{fresh_seed as seed, run_cli as run};
 
 fn write(name: &str, src: &str) -> String {
-    let p = tmp("guarded", name);
-    std::fs::write(&p, src).unwrap();
-    p.to_str().unwrap().to_string()
-}
-
-fn run(args: &[&str]) -> (Option<i32>, String) {
-    let o = foxc(args);
-    (o.status.code(), text(&o))
-}
-
-fn seed() -> String {
-    let s =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() % 100_000;
-    println!("seed {s}");
-    s.to_string()
+    common::write_program("guarded", name, src)
 }
 
 const SHIFT: &str = "attention fox_shift(q: bf16[B, H, T, D], k: bf16[B, H, T, D], v: bf16[B, H, T, D], fgate: f32[B, H, T]) -> bf16[B, H, T, D] {

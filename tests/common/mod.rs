@@ -48,3 +48,24 @@ pub fn gpu_or_skip(test: &str) -> bool {
     }
     false
 }
+
+/// Write program `src` to a fresh temporary file (under `tag`) and return its path.
+pub fn write_program(tag: &str, name: &str, src: &str) -> String {
+    let p = tmp(tag, name);
+    std::fs::write(&p, src).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+/// Run the CLI: its exit code and its stdout and stderr together.
+pub fn run_cli(args: &[&str]) -> (Option<i32>, String) {
+    let o = foxc(args);
+    (o.status.code(), text(&o))
+}
+
+/// A fresh input seed (printed, so that a failure can be replayed), as a CLI argument.
+pub fn fresh_seed() -> String {
+    let s =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() % 100_000;
+    println!("seed {s}");
+    s.to_string()
+}
