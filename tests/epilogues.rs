@@ -1,4 +1,4 @@
-//! Fused epilogues (issue 25, item 6): an output that is a function of attentions (an output
+//! Fused epilogues and multi-query keys (issue 25, item 6): an output that is a function of attentions (an output
 //! gate `attn * sigmoid(g)`, differential attention `attn1 - 0.5 * attn2`) fuses every
 //! attention inside it, pruned where the decay is provable; the rest of the expression runs as
 //! separate ops on their outputs. Checked against the f64 interpreter (f32 outputs, so that a
@@ -78,4 +78,33 @@ fn differential_attention_fuses_both() {
         run(&["grad", &p, "--backend", "cpu", "--check", "--shape", "B=1,H=2,T=150,D=16", "--seed", &s]);
     assert_eq!(code, Some(0), "{t}");
     assert!(t.contains("check grad_q2") && t.contains("check: ok"), "{t}");
+}
+
+/// Multi-query attention: keys and values without a head axis (`k[b, j, d]`) are one kv head
+/// shared by every query head (kv_group = H), fused and pruned, forward and backward.
+#[test]
+fn multi_query_keys_are_one_shared_head() {
+    let p = write(
+        "mqa.attn",
+        "attention fox_mqa(q: bf16[B, H, T, D], k: bf16[B, T, D], v: bf16[B, T, D], fgate: f32[B, H, T]) -> bf16[B, H, T, D] {
+    c[b, h, t]      = cumsum(t, logsigmoid(fgate[b, h, t]))
+    s[b, h, i, j]   = sum(d, q[b, h, i, d] * k[b, j, d]) / sqrt(D) + c[b, h, i] - c[b, h, j]
+    p[b, h, i, j]   = softmax(j, causal(i, j, s[b, h, i, j]))
+    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, j, d])
+    return out
+}
+",
+    );
+    let (code, t) = run(&["compile", &p, "--emit", "opt"]);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("kv_group = H") && t.contains(", pruned}"), "{t}");
+    let s = seed();
+    let (code, t) =
+        run(&["run", &p, "--backend", "cpu", "--check", "--shape", "B=2,H=4,T=300,D=16", "--seed", &s]);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("pruning: paper rule") && t.contains("check: ok"), "{t}");
+    let (code, t) =
+        run(&["grad", &p, "--backend", "cpu", "--check", "--shape", "B=2,H=4,T=200,D=16", "--seed", &s]);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("check grad_k") && t.contains("check: ok"), "{t}");
 }

@@ -8,7 +8,8 @@
 //!
 //! | parameter | role | values |
 //! |---|---|---|
-//! | rank 4 `[B,H,T,D]` named `q` or `k` | [`Role::QkNormalized`] | N(0,1), then RMS-normalized over D (|x| = sqrt(D)) |
+//! | rank 4 `[B,H,T,D]` (or 3, `[B,T,D]`: multi-query) named `q` or `k` | [`Role::QkNormalized`] | N(0,1), then RMS-normalized over D (|x| = sqrt(D)) |
+//! | rank 3 named `v` (multi-query) | [`Role::Normal`] | N(0,1) |
 //! | any other rank 4 (`v`, ...) | [`Role::Normal`] | N(0,1) |
 //! | rank 3 `[B,H,T]`, range with hi <= 0 (`logf`) | [`Role::LogGate`] | logsigmoid of the gate logits below |
 //! | any other rank 3 (`fgate`) | [`Role::GateLogits`] | `logit(exp(-a_h)) + N(0,1)`, `a_h = 10^(-4 + 4h/(H-1))` |
@@ -146,6 +147,9 @@ pub fn role(g: &Graph, p: &Param) -> Role {
     }
     match p.ty.rank() {
         4 if p.name == "q" || p.name == "k" => Role::QkNormalized,
+        // Multi-query keys and values `[B, T, D]` (no head axis).
+        3 if p.name == "q" || p.name == "k" => Role::QkNormalized,
+        3 if p.name == "v" => Role::Normal,
         3 => match p.range {
             Some((_, hi)) if hi <= 0.0 => Role::LogGate,
             _ => Role::GateLogits,
@@ -165,7 +169,7 @@ fn values(g: &Graph, p: &Param, shape: &[usize], seed: u64) -> Result<Vec<f64>, 
         Role::Normal => crate::memory::try_collect(n, |_| rng.normal())?,
         Role::QkNormalized => {
             let mut v = crate::memory::try_collect(n, |_| rng.normal())?;
-            let d = shape[3];
+            let d = shape.last().copied().unwrap_or(0);
             if d > 0 {
                 for row in v.chunks_mut(d) {
                     let rms = (row.iter().map(|x| x * x).sum::<f64>() / d as f64).sqrt();

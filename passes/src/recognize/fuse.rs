@@ -55,6 +55,9 @@ pub(crate) struct Recognized {
     /// The batch and head indices, and the value feature index.
     pub batch: [Symbol; 2],
     pub e: Symbol,
+    /// Multi-query attention: k and v have no head axis (`k[b, j, d]`), one key/value head
+    /// shared by every query head.
+    pub mqa: bool,
     pub sc: Id,
     pub q: Id,
     pub k: Id,
@@ -67,13 +70,14 @@ pub(crate) struct Recognized {
     pub softmax: Id,
 }
 
-/// Batch axes and value feature index when q, k, v are indexed as attention needs.
+/// Batch axes, value feature index and whether k and v lack the head axis (multi-query) when
+/// q, k, v are indexed as attention needs.
 fn check_qkv(
     eg: &AttnGraph,
     out_axes: &[Symbol],
     (i, j, d): (Symbol, Symbol, Symbol),
     (q, k, v): (Id, Id, Id),
-) -> Result<([Symbol; 2], Symbol), String> {
+) -> Result<([Symbol; 2], Symbol, bool), String> {
     let (qa, ka, va) = (&eg[q].data.axes, &eg[k].data.axes, &eg[v].data.axes);
     let (si, sj, sd) = (shown(i), shown(j), shown(d));
     if !(qa.contains(&i) && qa.contains(&d) && !qa.contains(&j)) {
@@ -84,8 +88,10 @@ fn check_qkv(
     }
     let qb: Vec<Symbol> = qa.iter().filter(|a| **a != i && **a != d).cloned().collect();
     let kb: Vec<Symbol> = ka.iter().filter(|a| **a != j && **a != d).cloned().collect();
-    if qb != kb || qb.len() != 2 {
-        return Err("q and k must share exactly two batch axes (batch and head)".into());
+    // Multi-query: k has q's batch axis but no head axis.
+    let mqa = qb.len() == 2 && kb.len() == 1 && out_axes.first() == Some(&kb[0]);
+    if (qb != kb || qb.len() != 2) && !mqa {
+        return Err("q and k must share exactly two batch axes (batch and head), or k have only the batch axis (multi-query)".into());
     }
     if out_axes.len() != 4 {
         return Err("the output must have four axes [batch, head, query, feature]".into());
@@ -98,14 +104,19 @@ fn check_qkv(
         return Err("the output's first two axes must be the batch axes of q and k".into());
     }
     let e = out_axes[3];
-    let want_v: BTreeSet<Symbol> = [batch[0], batch[1], j, e].into_iter().collect();
+    let want_v: BTreeSet<Symbol> = if mqa {
+        [batch[0], j, e].into_iter().collect()
+    } else {
+        [batch[0], batch[1], j, e].into_iter().collect()
+    };
     if *va != want_v {
         return Err(format!(
-            "the value operand must be indexed by exactly the batch axes, `{sj}` and `{}`",
+            "the value operand must be indexed by exactly the batch axes{}, `{sj}` and `{}`",
+            if mqa { " of k (multi-query: no head axis)" } else { "" },
             shown(e)
         ));
     }
-    Ok((batch, e))
+    Ok((batch, e, mqa))
 }
 
 /// The source of one decay term `c_i` (class `ci`).
@@ -216,7 +227,7 @@ pub(crate) fn find(
             note(0, "the scores contain no dot product `sum(d, q * k)`".into(), s);
         }
         for (x, sc, d, q, k) in dots {
-            let (batch, e) = match check_qkv(eg, out_axes, (i, j, d), (q, k, v)) {
+            let (batch, e, mqa) = match check_qkv(eg, out_axes, (i, j, d), (q, k, v)) {
                 Ok(b) => b,
                 Err(w) => {
                     note(1, w, s);
@@ -268,8 +279,23 @@ pub(crate) fn find(
             eg.rebuild();
             let decay =
                 classes.into_iter().map(|(c, ci)| (c, decay_src(eg, eg.find(ci), i, batch[1]))).collect();
-            let rec =
-                Recognized { mask, mask_term, i, j, d, batch, e, sc, q, k, v, region, decay, softmax: sm };
+            let rec = Recognized {
+                mask,
+                mask_term,
+                i,
+                j,
+                d,
+                batch,
+                e,
+                mqa,
+                sc,
+                q,
+                k,
+                v,
+                region,
+                decay,
+                softmax: sm,
+            };
             best = Some((key, rec));
         }
     }
@@ -299,6 +325,20 @@ impl Emit<'_, '_> {
         }
         let axes = order.iter().map(|s| s.to_string()).collect();
         self.node(Op::Store { axes }, &[v], span)
+    }
+
+    /// Class `c` (read in `order = [b, j, d]`, no head axis) as a positional `[B, 1, T, D]`
+    /// tensor: one key/value head (a copy with a unit head axis).
+    fn one_head(&mut self, c: Id, order: [Symbol; 3], span: Span) -> Result<ValueId, String> {
+        const HEAD: &str = "__kv_head";
+        let x = self.emit(c)?;
+        let ty = ValueType { dtype: DType::F32, axes: vec![foxc_ir::Axis::new(HEAD, Dim::Const(1))] };
+        let io = self.g.add(Op::Iota { axis: HEAD.to_string() }, ty, &[], span);
+        let zero = self.node(Op::Const(0.0), &[], span)?;
+        let z = self.node(Op::Binary(BinaryOp::Mul), &[zero, io], span)?;
+        let x = self.node(Op::Binary(BinaryOp::Add), &[x, z], span)?;
+        let axes = vec![order[0].to_string(), HEAD.to_string(), order[1].to_string(), order[2].to_string()];
+        self.node(Op::Store { axes }, &[x], span)
     }
 
     /// `coef * v` as a named value.
@@ -488,6 +528,11 @@ pub(crate) fn emit(em: &mut Emit, r: &Recognized, span: Span) -> Result<(ValueId
     let gk = grouped(em.b, r.k, [bb, hh, r.j, r.d]);
     let gv = grouped(em.b, r.v, [bb, hh, r.j, r.e]);
     let (k, v, kv_group) = match (gk, gv) {
+        // Multi-query: k and v as one kv head (`[B, 1, T, D]`), shared by all H query heads.
+        _ if r.mqa => {
+            let heads = em.b.dims.get(&hh).cloned().ok_or("unknown size of the head axis")?;
+            (em.one_head(r.k, [bb, r.j, r.d], span)?, em.one_head(r.v, [bb, r.j, r.e], span)?, heads)
+        }
         (Some((k, g1)), Some((v, g2))) if g1 == g2 => (k, v, g1),
         _ => (
             em.positional(r.k, &[bb, hh, r.j, r.d], span)?,
