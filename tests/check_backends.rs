@@ -70,3 +70,16 @@ fn a_gradient_no_backend_has_is_said_once() {
     assert_eq!(code, Some(0), "{t}");
     assert!(!t.contains("note:"), "{t}");
 }
+
+#[test]
+fn a_large_program_is_not_compiled_at_check_time() {
+    // 300 statements: over the node limit, so check answers at once and says what it skipped.
+    let mut body = String::from("    x1[t] = q[t] * 0.5\n");
+    for k in 2..=300 {
+        body.push_str(&format!("    x{k}[t] = x{}[t] * 0.5 + x{}[t] * 0.25\n", k - 1, k - 1));
+    }
+    let src = format!("attention big(q: f32[T]) -> f32[T] {{\n{body}    return x300\n}}\n");
+    let (code, t) = check("big.attn", &src);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("note: not compiled for the GPU at check time"), "{t}");
+}

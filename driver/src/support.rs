@@ -19,10 +19,33 @@ pub struct Unsupported {
     pub reason: String,
 }
 
+/// The largest program (IR nodes) that `foxc check` compiles for the GPU: code generation is
+/// linear in the program but not free (a 200-statement DAG takes seconds in a debug build, a
+/// 7000-statement chain a minute), and a check should answer at once.
+pub const GPU_CHECK_MAX_NODES: usize = 400;
+
+/// What [`gpu_unsupported`] found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GpuSupport {
+    /// The refusals, empty when both paths compile.
+    Checked(Vec<Unsupported>),
+    /// Not compiled: the program has this many IR nodes (over [`GPU_CHECK_MAX_NODES`]).
+    TooLarge(usize),
+}
+
 /// The paths (forward, backward) that cannot compile `g` for the GPU `target`; empty when
 /// both can. Sizes stay symbolic except the head dim, which the GPU kernels specialize on
 /// ([`pipeline::DEFAULT_CODEGEN_D`] unless the program fixes it): a path refused only at
 /// some sizes (a head dim the kernels do not take) is refused when it runs, with that said.
+pub fn gpu_support(g: &Graph, target: Target) -> GpuSupport {
+    let nodes = g.g.node_count();
+    if nodes > GPU_CHECK_MAX_NODES {
+        return GpuSupport::TooLarge(nodes);
+    }
+    GpuSupport::Checked(gpu_unsupported(g, target))
+}
+
+/// The refusals of [`gpu_support`], whatever the program's size.
 pub fn gpu_unsupported(g: &Graph, target: Target) -> Vec<Unsupported> {
     let reason = |e: Error| e.to_string().trim_start_matches("error: ").to_string();
     let dims = pipeline::codegen_dims(None);

@@ -27,7 +27,17 @@ pub fn check(file: &Path) -> Result<(), Error> {
     println!("{}: ok (attention @{}, {} parameters)", src.name, c.graph.name, c.graph.params.len());
     // Every backend runs what the front end accepts, except where the GPU says otherwise.
     let gpu = foxc_driver::target::DEFAULT_GPU;
-    for u in foxc_driver::support::gpu_unsupported(&c.graph, gpu) {
+    use foxc_driver::support::{gpu_support, GpuSupport, GPU_CHECK_MAX_NODES};
+    let found = match gpu_support(&c.graph, gpu) {
+        GpuSupport::Checked(found) => found,
+        GpuSupport::TooLarge(n) => {
+            println!(
+                "note: not compiled for the GPU at check time: {n} IR nodes, over {GPU_CHECK_MAX_NODES} (`foxc compile FILE --emit ptx` compiles it)"
+            );
+            vec![]
+        }
+    };
+    for u in found {
         if u.gpu_only {
             println!(
                 "note: the CUDA backend ({}) cannot run the {} of this program: {}; the CPU backend and the reference can",
