@@ -108,3 +108,36 @@ fn multi_query_keys_are_one_shared_head() {
     assert_eq!(code, Some(0), "{t}");
     assert!(t.contains("check grad_k") && t.contains("check: ok"), "{t}");
 }
+
+/// A sequence-first layout (`q: [B, T, H, D]`, the layout of most PyTorch models) is recognized:
+/// the operands are laid out head-first for the fused attention (a copy each) and the output is
+/// stored back in the program's order.
+#[test]
+fn a_sequence_first_layout_is_fused() {
+    let p = write(
+        "bthd.attn",
+        "attention fox_bthd(q: bf16[B, T, H, D], k: bf16[B, T, H, D], v: bf16[B, T, H, D], fgate: f32[B, T, H]) -> bf16[B, T, H, D] {
+    c[b, t, h]      = cumsum(t, logsigmoid(fgate[b, t, h]))
+    s[b, h, i, j]   = sum(d, q[b, i, h, d] * k[b, j, h, d]) / sqrt(D) + c[b, i, h] - c[b, j, h]
+    p[b, h, i, j]   = softmax(j, causal(i, j, s[b, h, i, j]))
+    out[b, i, h, d] = sum(j, p[b, h, i, j] * v[b, j, h, d])
+    return out
+}
+",
+    );
+    let (code, t) = run(&["compile", &p, "--emit", "opt"]);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(
+        t.contains("= attention {") && t.contains(", pruned}") && t.contains("store [b, i, h, d]"),
+        "{t}"
+    );
+    let s = seed();
+    let (code, t) =
+        run(&["run", &p, "--backend", "cpu", "--check", "--shape", "B=2,H=3,T=200,D=16", "--seed", &s]);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("check: ok"), "{t}");
+    let (code, t) =
+        run(&["grad", &p, "--backend", "cpu", "--check", "--shape", "B=1,H=2,T=150,D=16", "--seed", &s]);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("check grad_q") && t.contains("check: ok"), "{t}");
+}

@@ -14,6 +14,7 @@ use crate::lang::{Attn, AttnGraph, Num};
 use crate::{Explanation, PassError};
 use egg::{Id, Language, Symbol};
 use foxc_ir::attention::{Attention, Mask, Region, Scale};
+use foxc_ir::check::infer;
 use foxc_ir::index::IndexExpr;
 use foxc_ir::{BinaryOp, DType, Dim, GateKind, Graph, Op, Span, UnaryOp, ValueId, ValueType};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -89,21 +90,29 @@ fn check_qkv(
     let qb: Vec<Symbol> = qa.iter().filter(|a| **a != i && **a != d).cloned().collect();
     let kb: Vec<Symbol> = ka.iter().filter(|a| **a != j && **a != d).cloned().collect();
     // Multi-query: k has q's batch axis but no head axis.
-    let mqa = qb.len() == 2 && kb.len() == 1 && out_axes.first() == Some(&kb[0]);
+    let mqa = qb.len() == 2 && kb.len() == 1 && qb.contains(&kb[0]);
     if (qb != kb || qb.len() != 2) && !mqa {
         return Err("q and k must share exactly two batch axes (batch and head), or k have only the batch axis (multi-query)".into());
     }
     if out_axes.len() != 4 {
-        return Err("the output must have four axes [batch, head, query, feature]".into());
+        return Err("the output must have four axes: batch, head, query, feature (in any order)".into());
     }
-    if out_axes[2] != i {
-        return Err(format!("the output's third axis must be the query index `{si}`"));
+    if !out_axes.contains(&i) {
+        return Err(format!("the output is not indexed by the query index `{si}`"));
     }
-    let batch = [out_axes[0], out_axes[1]];
-    if !(qb.contains(&batch[0]) && qb.contains(&batch[1])) {
-        return Err("the output's first two axes must be the batch axes of q and k".into());
+    // The batch axes in the output's order (any layout: [B, H, T, D], [B, T, H, D], ...); with
+    // multi-query keys, the one k keeps first.
+    let mut batch: Vec<Symbol> = out_axes.iter().copied().filter(|a| qb.contains(a)).collect();
+    if batch.len() != 2 {
+        return Err("the output must be indexed by both batch axes of q (batch and head)".into());
     }
-    let e = out_axes[3];
+    if mqa && batch[0] != kb[0] {
+        batch.swap(0, 1);
+    }
+    let batch = [batch[0], batch[1]];
+    let Some(&e) = out_axes.iter().find(|a| **a != i && !batch.contains(a)) else {
+        return Err("the output has no feature axis".into());
+    };
     let want_v: BTreeSet<Symbol> = if mqa {
         [batch[0], j, e].into_iter().collect()
     } else {
@@ -688,10 +697,43 @@ pub(crate) fn run(
             return Err(PassError::Internal(format!("emitting the fused attention: {e}")));
         }
     };
-    g.node_mut(node).name = store_name;
-    g.replace_all_uses(store, node);
+    let canonical: Vec<Symbol> = vec![rec.batch[0], rec.batch[1], rec.i, rec.e];
+    let out = if canonical == out_syms {
+        node
+    } else {
+        // Another layout ([B, T, H, D]): the attention's [B, H, T, Dv] output, transposed.
+        relayout(g, node, &canonical, &out_axes, store_span)
+            .map_err(|e| PassError::Internal(format!("laying out the attention's output: {e}")))?
+    };
+    g.node_mut(out).name = store_name;
+    g.replace_all_uses(store, out);
     g.remove_dead();
     Ok(Some((node, spans)))
+}
+
+/// Attention output `node` (positional `[B, H, T, Dv]`, read as `canonical`) stored in the axis
+/// order `out_axes`.
+fn relayout(
+    g: &mut Graph,
+    node: ValueId,
+    canonical: &[Symbol],
+    out_axes: &[String],
+    span: Span,
+) -> Result<ValueId, String> {
+    let named = bind_as(g, node, canonical, span);
+    let ty = infer(&Op::Store { axes: out_axes.to_vec() }, &[g.ty(named)])?.ok_or("cannot type the store")?;
+    Ok(g.add(Op::Store { axes: out_axes.to_vec() }, ty, &[named], span))
+}
+
+/// Positional `node` with its axes named `names`, in order.
+fn bind_as(g: &mut Graph, node: ValueId, names: &[Symbol], span: Span) -> ValueId {
+    let ty = g.ty(node).clone();
+    let axes: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    let named = ValueType {
+        dtype: ty.dtype,
+        axes: axes.iter().zip(ty.dims()).map(|(a, d)| foxc_ir::Axis::new(a, d.clone())).collect(),
+    };
+    g.add(Op::Bind { axes }, named, &[node], span)
 }
 
 /// The attentions inside the output expression `root` (not the root itself): every reachable
@@ -753,12 +795,7 @@ fn epilogue(
                 return Err(PassError::Internal(format!("emitting a fused attention: {e}")));
             }
         };
-        let ty = em.g.ty(node).clone();
-        let named = ValueType {
-            dtype: ty.dtype,
-            axes: out_axes.iter().zip(ty.dims()).map(|(a, d)| foxc_ir::Axis::new(a, d.clone())).collect(),
-        };
-        let bound = em.g.add(Op::Bind { axes: out_axes.to_vec() }, named, &[node], span);
+        let bound = bind_as(em.g, node, &[rec.batch[0], rec.batch[1], rec.i, rec.e], span);
         em.memo.insert(b.eg.find(*class), bound);
         first.get_or_insert((node, spans));
     }
