@@ -181,39 +181,32 @@ impl fmt::Display for IndexExpr {
             let name = if last.kind == ClampKind::Min { "min" } else { "max" };
             return write!(f, "{name}({inner}, {bound})");
         }
+        // `c * name` after what is written so far: ` + 2 * t`, ` - M`, `-i` first.
+        let push = |s: &mut String, c: i64, name: &str| {
+            if s.is_empty() {
+                if c < 0 {
+                    s.push('-');
+                }
+            } else {
+                s.push_str(if c < 0 { " - " } else { " + " });
+            }
+            if c.unsigned_abs() != 1 {
+                s.push_str(&format!("{} * ", c.unsigned_abs()));
+            }
+            s.push_str(name);
+        };
         let mut s = String::new();
         for (v, c) in self.terms.iter().filter(|(_, c)| *c != 0) {
-            let mag = c.unsigned_abs();
-            if s.is_empty() {
-                if *c < 0 {
-                    s.push('-');
-                }
-            } else {
-                s.push_str(if *c < 0 { " - " } else { " + " });
-            }
-            if mag != 1 {
-                s.push_str(&format!("{mag} * "));
-            }
-            s.push_str(v);
+            push(&mut s, *c, v);
         }
         for (d, c) in self.dim_terms.iter().filter(|(_, c)| *c != 0) {
-            let mag = c.unsigned_abs();
-            if s.is_empty() {
-                if *c < 0 {
-                    s.push('-');
-                }
-            } else {
-                s.push_str(if *c < 0 { " - " } else { " + " });
-            }
-            if mag != 1 {
-                s.push_str(&format!("{mag} * "));
-            }
-            match d {
-                Dim::Sym(_) | Dim::Const(_) => s.push_str(&d.to_string()),
+            let name = match d {
+                Dim::Sym(_) | Dim::Const(_) => d.to_string(),
                 // `D / 2` binds tighter than `+`, but not after `2 *`.
-                _ if mag == 1 => s.push_str(&d.to_string()),
-                _ => s.push_str(&format!("({d})")),
-            }
+                _ if c.unsigned_abs() == 1 => d.to_string(),
+                _ => format!("({d})"),
+            };
+            push(&mut s, *c, &name);
         }
         let n_terms = self.terms.iter().filter(|(_, c)| *c != 0).count()
             + self.dim_terms.iter().filter(|(_, c)| *c != 0).count();
