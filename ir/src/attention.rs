@@ -385,34 +385,16 @@ pub fn fmt_index(e: &IndexExpr) -> String {
     }
 }
 
-/// The value of an index expression: `floor((sum c*v + sum k*dim + constant) / div)`. `var` gives the
-/// variables, `dim` the dims; `None` when one is unknown or the divisor is 0.
+/// The value of an index expression ([`IndexExpr::eval`], the one definition): `var` gives the
+/// variables, `dim` the dims; `None` when a variable or dim is unknown or the divisor is 0.
 pub fn eval_index(
     e: &IndexExpr,
     var: &dyn Fn(&str) -> Option<i64>,
     dim: &dyn Fn(&Dim) -> Option<u64>,
 ) -> Option<i64> {
-    let mut s = e.constant;
-    for (v, c) in &e.terms {
-        s = s.checked_add(c.checked_mul(var(v)?)?)?;
-    }
-    for (d, c) in &e.dim_terms {
-        s = s.checked_add(c.checked_mul(i64::try_from(dim(d)?).ok()?)?)?;
-    }
-    let mut x = match &e.div {
-        None => s,
-        Some(d) => {
-            let d = i64::try_from(dim(d)?).ok()?;
-            if d == 0 {
-                return None;
-            }
-            s.div_euclid(d)
-        }
-    };
-    for c in &e.clamps {
-        x = c.apply(x, c.bound(&|n| dim(&Dim::sym(n)))?);
-    }
-    Some(x)
+    let vals = e.vars().into_iter().map(|v| Some((v, var(v)?))).collect::<Option<Vec<_>>>()?;
+    let value = |v: &str| vals.iter().find(|(w, _)| *w == v).map_or(0, |(_, x)| *x);
+    e.eval(&value, &|s| dim(&Dim::sym(s)))
 }
 
 /// Which entries `(i, j)` take part, before pruning.

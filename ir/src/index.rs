@@ -40,10 +40,17 @@ pub struct Clamp {
     pub constant: i64,
 }
 
+/// `constant + sum k * dim` under `dims`; `None` on overflow or an unbound dim.
+fn dim_sum(constant: i64, terms: &[(Dim, i64)], dims: &dyn Fn(&str) -> Option<u64>) -> Option<i64> {
+    terms
+        .iter()
+        .try_fold(constant, |s, (d, k)| s.checked_add(k.checked_mul(i64::try_from(d.eval(dims)?).ok()?)?))
+}
+
 impl Clamp {
     /// The bound under the dim bindings `dims`; `None` on overflow or an unbound dim.
     pub fn bound(&self, dims: &dyn Fn(&str) -> Option<u64>) -> Option<i64> {
-        IndexExpr { dim_terms: self.dim_terms.clone(), ..IndexExpr::constant(self.constant) }.offset(dims)
+        dim_sum(self.constant, &self.dim_terms, dims)
     }
 
     /// `x` clamped.
@@ -75,12 +82,7 @@ impl IndexExpr {
     /// The part of the numerator that does not depend on the index variables, `constant + sum
     /// k * dim`, under the dim bindings `dims`; `None` on overflow or an unbound dim.
     pub fn offset(&self, dims: &dyn Fn(&str) -> Option<u64>) -> Option<i64> {
-        let mut s = self.constant;
-        for (d, k) in &self.dim_terms {
-            let v = i64::try_from(d.eval(dims)?).ok()?;
-            s = s.checked_add(k.checked_mul(v)?)?;
-        }
-        Some(s)
+        dim_sum(self.constant, &self.dim_terms, dims)
     }
 
     /// Whether the subscript mentions no index variable and no dim (a plain number).

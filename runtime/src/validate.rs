@@ -181,8 +181,9 @@ fn check_subscripts(g: &Graph, dims: &DimBindings) -> Result<(), InputError> {
 fn check_divisions(g: &Graph, dims: &DimBindings) -> Result<(), InputError> {
     let bind = |s: &str| dims.get(s);
     let check = |e: &IndexExpr, tensor: &str| -> Result<(), InputError> {
-        // The divisor, and the quotients among the dim terms (`d + D / 2`).
-        let mut quotients = e.div.iter().chain(e.dim_terms.iter().map(|(d, _)| d));
+        // The divisor, and the quotients among the dim terms (`d + D / 2`) and clamp bounds.
+        let clamp_dims = e.clamps.iter().flat_map(|c| c.dim_terms.iter().map(|(d, _)| d));
+        let mut quotients = e.div.iter().chain(e.dim_terms.iter().map(|(d, _)| d)).chain(clamp_dims);
         match quotients.find_map(|d| d.failed_division(&bind)) {
             Some((a, av, b, bv)) => Err(InputError::Indivisible {
                 num: a.to_string(),

@@ -148,29 +148,20 @@ pub fn plan(cx: &Ctx, n: ValueId, contracted: &HashSet<ValueId>) -> Result<Plann
                             return Err(bad("a gather subscript's divisor is not a positive size".into()))
                         }
                     };
-                    // Every size is a compile-time constant here, so the dim terms fold in.
-                    let mut constant = s.constant;
-                    for (k, c) in s.dims {
-                        let d = i64::try_from(scalars[k])
-                            .map_err(|_| bad("a gather subscript's dim does not fit in i64".into()))?;
-                        constant = d
-                            .checked_mul(c)
-                            .and_then(|x| x.checked_add(constant))
-                            .ok_or_else(|| bad("a gather subscript overflows i64".into()))?;
-                    }
-                    let mut clamps = vec![];
-                    for c in s.clamps {
-                        let (kind, mut b) = (c.kind, c.constant);
-                        for (k, x) in c.dims {
-                            let d = i64::try_from(scalars[k])
-                                .map_err(|_| bad("a gather subscript's clamp does not fit in i64".into()))?;
-                            b = d
-                                .checked_mul(x)
-                                .and_then(|v| v.checked_add(b))
-                                .ok_or_else(|| bad("a gather subscript's clamp overflows i64".into()))?;
-                        }
-                        clamps.push((kind, b));
-                    }
+                    // Every size is a compile-time constant here: `constant + sum k * scalar` folds,
+                    // for the offset and for each clamp's bound.
+                    let fold = |constant: i64, terms: &[(usize, i64)]| {
+                        terms.iter().try_fold(constant, |acc, &(k, c)| {
+                            i64::try_from(scalars[k]).ok()?.checked_mul(c)?.checked_add(acc)
+                        })
+                    };
+                    let overflow = || bad("a gather subscript overflows i64".into());
+                    let constant = fold(s.constant, &s.dims).ok_or_else(overflow)?;
+                    let clamps = s
+                        .clamps
+                        .iter()
+                        .map(|c| fold(c.constant, &c.dims).map(|b| (c.kind, b)).ok_or_else(overflow))
+                        .collect::<Result<Vec<_>, _>>()?;
                     out.push(Sub { terms: s.terms, constant, div, clamps });
                 }
                 arg += 1;
