@@ -13,7 +13,7 @@
 //! CPU evaluates them with the bound dims and compiles them in as constants.
 
 use foxc_ir::index::IndexExpr;
-use foxc_ir::{BinaryOp, DType, Dim, Graph, Op, ReduceKind, UnaryOp, Value, ValueId};
+use foxc_ir::{BinaryOp, DType, Dim, Graph, Op, ReduceKind, UnaryOp, Value, ValueId, ValueType};
 use std::collections::HashSet;
 
 /// The per-element value of a loop.
@@ -260,6 +260,25 @@ fn invalid(what: String) -> PlanError {
     PlanError::Invalid(what)
 }
 
+/// The result's axis names, each once: a store names its positional result by the statement's
+/// indices.
+fn result_names(op: &Op, ty: &ValueType, rank: usize) -> Result<Vec<String>, PlanError> {
+    let rnames: Vec<String> = match op {
+        Op::Store { axes } => {
+            if axes.len() != rank {
+                return Err(invalid("store axes do not match the result rank".into()));
+            }
+            axes.clone()
+        }
+        _ => ty.axes.iter().map(|a| a.name.clone()).collect(),
+    };
+    let mut seen = HashSet::new();
+    if !rnames.iter().all(|a| seen.insert(a)) {
+        return Err(invalid(format!("repeated result axis in {rnames:?}")));
+    }
+    Ok(rnames)
+}
+
 /// The loop nest of node `n` (an op [`handles`] accepts). `folded(v)` is the compile-time value
 /// of an operand without a buffer (a folded scalar); a `sum` over a mul in `contracted` (see
 /// [`contracted_muls`]) reads the mul's operands.
@@ -281,20 +300,7 @@ pub fn plan(
     }
     let ty = g.ty(n);
     let rdims: Vec<Dim> = ty.dims().cloned().collect();
-    // The result's axis names: a store names its positional result by the statement's indices.
-    let rnames: Vec<String> = match op {
-        Op::Store { axes } => {
-            if axes.len() != rdims.len() {
-                return Err(invalid("store axes do not match the result rank".into()));
-            }
-            axes.clone()
-        }
-        _ => ty.axes.iter().map(|a| a.name.clone()).collect(),
-    };
-    let mut seen = HashSet::new();
-    if !rnames.iter().all(|a| seen.insert(a)) {
-        return Err(invalid(format!("repeated result axis in {rnames:?}")));
-    }
+    let rnames = result_names(op, ty, rdims.len())?;
     // Iteration order: result axes, the op's axis moved last (or appended when reduced).
     let mut order: Vec<usize> = (0..rdims.len()).collect();
     let mut extra: Option<(String, Dim)> = None;

@@ -357,9 +357,8 @@ pub fn emit(fx: &mut Fx, a: &BwdKernel, f: &Frame) {
     let fw = &a.fwd;
     let sc = a.scratch();
     let (tp, dp) = (sc.tp, sc.dp);
-    let (t, d, h, hk, bm, bn) = (fw.t, fw.d, fw.h, fw.hk, fw.bm, fw.bn);
+    let (t, d, hk) = (fw.t, fw.d, fw.hk);
     let g = a.group();
-    let mt = fw.mt();
     let sl = a.slots();
     let q = arg(fx, f.args, 0);
     let k = arg(fx, f.args, 1);
@@ -431,89 +430,32 @@ pub fn emit(fx: &mut Fx, a: &BwdKernel, f: &Frame) {
             p
         });
 
-        fx.for_n(0, g as i64, 1, |fx, gi| {
-            // Query head hq = kh * G + gi of batch bi; its rows start at bh * T.
-            let hq = fx.b.ins().imul_imm_s(kh, g as i64);
-            let hq = fx.b.ins().iadd(hq, gi);
-            let bh = fx.b.ins().imul_imm_s(bi, h as i64);
-            let bh = fx.b.ins().iadd(bh, hq);
-            let row0 = fx.b.ins().imul_imm_s(bh, t as i64);
-            zero_fill(fx, cs, tp);
-            if let Some(lb) = los {
-                zero_fill(fx, lb, tp);
-            }
-            zero_fill(fx, rows_s, tp);
-            zero_fill(fx, cols_s, tp);
-            if let (Some(cp), Some(ct)) = (c, fw.c) {
-                let z0 = fx.ic(0);
-                let tv = fx.ic(t as i64);
-                fx.for_range(z0, tv, 1, |fx, j| {
-                    let idx = fx.b.ins().iadd(row0, j);
-                    let x = fx.load_f32(ct, cp, idx);
-                    let a = fx.addr(cs, j, 4);
-                    fx.store(x, a, 0);
-                    if let (Some(lp), Some(lb)) = (c_lo, los) {
-                        let l = fx.load_f32(DType::F32, lp, idx);
-                        let a = fx.addr(lb, j, 4);
-                        fx.store(l, a, 0);
-                    }
-                });
-            }
-            let z0 = fx.ic(0);
-            let tv = fx.ic(t as i64);
-            fx.for_range(z0, tv, 1, |fx, i| {
-                let row = fx.b.ins().iadd(row0, i);
-                zero_fill(fx, dqs, dp);
-                let lse = fx.load_f32(a.lse, lsep, row);
-                let ninf = fx.f32c(f32::NEG_INFINITY);
-                let live = fx.b.ins().fcmp(FloatCC::NotEqual, lse, ninf);
-                // A row without kept keys (lse = -inf) has P = 0: no gradient, dq_i = 0.
-                fx.if_then(live, |fx| {
-                    row_body(
-                        fx,
-                        a,
-                        &sc,
-                        RowCtx { bi, hq, bh, i, row, lse },
-                        &Bufs {
-                            q,
-                            outp,
-                            doutp,
-                            start,
-                            caps: &caps,
-                            tslice,
-                            cap_base: &cap_base,
-                            ks,
-                            vs,
-                            dks,
-                            dvs,
-                            qss,
-                            douts,
-                            dqs,
-                            cs,
-                            los,
-                            rows_s,
-                            cols_s,
-                        },
-                        (mt, bm, bn),
-                    );
-                });
-                write_row(fx, dqs, dqp, row, d, Some(fw.scale as f32));
-            });
-            // dc_i = (sum_j ds_ij) - (sum_j ds_ji) over this head's rows and columns.
-            if let Some(dcp) = dcp {
-                let z0 = fx.ic(0);
-                let tv = fx.ic(t as i64);
-                fx.for_range(z0, tv, 1, |fx, i| {
-                    let ra = fx.addr(rows_s, i, 4);
-                    let r = fx.load(F32, ra, 0);
-                    let ca = fx.addr(cols_s, i, 4);
-                    let cc = fx.load(F32, ca, 0);
-                    let x = fx.b.ins().fsub(r, cc);
-                    let idx = fx.b.ins().iadd(row0, i);
-                    fx.store_f32(DType::F32, dcp, idx, x);
-                });
-            }
-        });
+        let bf = Bufs {
+            q,
+            c,
+            c_lo,
+            lsep,
+            dqp,
+            dcp,
+            outp,
+            doutp,
+            start,
+            caps: &caps,
+            tslice,
+            cap_base: &cap_base,
+            ks,
+            vs,
+            dks,
+            dvs,
+            qss,
+            douts,
+            dqs,
+            cs,
+            los,
+            rows_s,
+            cols_s,
+        };
+        fx.for_n(0, g as i64, 1, |fx, gi| head_rows(fx, a, &sc, &bf, (bi, kh, gi)));
         // dK, dV of the kv head into the results.
         let z0 = fx.ic(0);
         let tv = fx.ic(t as i64);
@@ -527,6 +469,72 @@ pub fn emit(fx: &mut Fx, a: &BwdKernel, f: &Frame) {
     });
 }
 
+/// The rows of query head `hq = kh * G + gi` of batch `bi` (the task is kv head `kh`): stage its
+/// `c` (and `lo`), then per row its gradient terms (rows without kept keys have none: dq_i = 0),
+/// then `dc`.
+fn head_rows(fx: &mut Fx, a: &BwdKernel, sc: &Scratch, bf: &Bufs, (bi, kh, gi): (Value, Value, Value)) {
+    let fw = &a.fwd;
+    let (tp, dp) = (sc.tp, sc.dp);
+    let (t, d, h, bm, bn) = (fw.t, fw.d, fw.h, fw.bm, fw.bn);
+    let g = a.group();
+    let mt = fw.mt();
+    // Query head hq = kh * G + gi of batch bi; its rows start at bh * T.
+    let hq = fx.b.ins().imul_imm_s(kh, g as i64);
+    let hq = fx.b.ins().iadd(hq, gi);
+    let bh = fx.b.ins().imul_imm_s(bi, h as i64);
+    let bh = fx.b.ins().iadd(bh, hq);
+    let row0 = fx.b.ins().imul_imm_s(bh, t as i64);
+    zero_fill(fx, bf.cs, tp);
+    if let Some(lb) = bf.los {
+        zero_fill(fx, lb, tp);
+    }
+    zero_fill(fx, bf.rows_s, tp);
+    zero_fill(fx, bf.cols_s, tp);
+    if let (Some(cp), Some(ct)) = (bf.c, fw.c) {
+        let z0 = fx.ic(0);
+        let tv = fx.ic(t as i64);
+        fx.for_range(z0, tv, 1, |fx, j| {
+            let idx = fx.b.ins().iadd(row0, j);
+            let x = fx.load_f32(ct, cp, idx);
+            let a = fx.addr(bf.cs, j, 4);
+            fx.store(x, a, 0);
+            if let (Some(lp), Some(lb)) = (bf.c_lo, bf.los) {
+                let l = fx.load_f32(DType::F32, lp, idx);
+                let a = fx.addr(lb, j, 4);
+                fx.store(l, a, 0);
+            }
+        });
+    }
+    let z0 = fx.ic(0);
+    let tv = fx.ic(t as i64);
+    fx.for_range(z0, tv, 1, |fx, i| {
+        let row = fx.b.ins().iadd(row0, i);
+        zero_fill(fx, bf.dqs, dp);
+        let lse = fx.load_f32(a.lse, bf.lsep, row);
+        let ninf = fx.f32c(f32::NEG_INFINITY);
+        let live = fx.b.ins().fcmp(FloatCC::NotEqual, lse, ninf);
+        // A row without kept keys (lse = -inf) has P = 0: no gradient, dq_i = 0.
+        fx.if_then(live, |fx| {
+            row_body(fx, a, sc, RowCtx { bi, hq, bh, i, row, lse }, bf, (mt, bm, bn));
+        });
+        write_row(fx, bf.dqs, bf.dqp, row, d, Some(fw.scale as f32));
+    });
+    // dc_i = (sum_j ds_ij) - (sum_j ds_ji) over this head's rows and columns.
+    if let Some(dcp) = bf.dcp {
+        let z0 = fx.ic(0);
+        let tv = fx.ic(t as i64);
+        fx.for_range(z0, tv, 1, |fx, i| {
+            let ra = fx.addr(bf.rows_s, i, 4);
+            let r = fx.load(F32, ra, 0);
+            let ca = fx.addr(bf.cols_s, i, 4);
+            let cc = fx.load(F32, ca, 0);
+            let x = fx.b.ins().fsub(r, cc);
+            let idx = fx.b.ins().iadd(row0, i);
+            fx.store_f32(DType::F32, dcp, idx, x);
+        });
+    }
+}
+
 /// Where one query row is.
 struct RowCtx {
     bi: Value,
@@ -538,9 +546,16 @@ struct RowCtx {
     lse: Value,
 }
 
-/// Buffer and scratch addresses a row reads and writes.
+/// Buffer and scratch addresses the kernel reads and writes.
+#[derive(Clone, Copy)]
 struct Bufs<'a> {
     q: Value,
+    /// The decay operands, lse and the dq, dc results (read and written per query head).
+    c: Option<Value>,
+    c_lo: Option<Value>,
+    lsep: Value,
+    dqp: Value,
+    dcp: Option<Value>,
     outp: Value,
     doutp: Value,
     start: Option<Value>,
@@ -562,7 +577,7 @@ struct Bufs<'a> {
 
 fn row_body(fx: &mut Fx, a: &BwdKernel, sc: &Scratch, r: RowCtx, bf: &Bufs, (mt, bm, bn): (u64, u64, u64)) {
     let fw = &a.fwd;
-    let (t, d, dp) = (fw.t, fw.d, sc.dp);
+    let (d, dp) = (fw.d, sc.dp);
     let row_bytes = (dp * 4) as i64;
     stage_row(fx, fw.q, bf.q, r.row, d, dp, bf.qss, Some(fw.scale as f32));
     stage_row(fx, a.dout, bf.doutp, r.row, d, dp, bf.douts, None);
@@ -577,40 +592,7 @@ fn row_body(fx: &mut Fx, a: &BwdKernel, sc: &Scratch, r: RowCtx, bf: &Bufs, (mt,
     }
     let delta_v = fx.splat(delta);
     let lse_v = fx.splat(r.lse);
-    // The row's key range [jlo, jhi): the mask's, then pruning's first kept tile, exactly as
-    // the forward kernel keeps tiles.
-    let i1 = fx.b.ins().iadd_imm_s(r.i, 1);
-    let jhi = if fw.causal { i1 } else { fx.ic(t as i64) };
-    let mut jlo = fx.ic(0);
-    if let Some(w) = fw.window {
-        let w = w.min(i64::MAX as u64 / 4) as i64;
-        let lo = fx.b.ins().iadd_imm_s(i1, -w);
-        let zero = fx.ic(0);
-        jlo = fx.imax(lo, zero);
-    }
-    if let Some(sp) = bf.start {
-        let m = fx.b.ins().udiv_imm_s(r.i, bm as i64);
-        let idx = fx.b.ins().imul_imm_s(r.bh, mt as i64);
-        let idx = fx.b.ins().iadd(idx, m);
-        let sa = fx.addr(sp, idx, 4);
-        let s32 = fx.load(cranelift_codegen::ir::types::I32, sa, 0);
-        let s = fx.b.ins().sextend(I64, s32);
-        let zero = fx.ic(0);
-        let s = fx.imax(s, zero);
-        // The forward's last key tile of this query tile.
-        let diag = if fw.causal {
-            let i0 = fx.b.ins().imul_imm_s(m, bm as i64);
-            let last = fx.b.ins().iadd_imm_s(i0, bm as i64 - 1);
-            let tl = fx.ic(t as i64 - 1);
-            let last = fx.imin(last, tl);
-            fx.b.ins().udiv_imm_s(last, bn as i64)
-        } else {
-            fx.ic(((t - 1) / bn) as i64)
-        };
-        let s = fx.imin(s, diag);
-        let s = fx.b.ins().imul_imm_s(s, bn as i64);
-        jlo = fx.imax(jlo, s);
-    }
+    let (jlo, jhi) = key_range(fx, fw, &r, bf.start, (mt, bm, bn));
     let jlo_v = {
         let x = fx.b.ins().fcvt_from_sint(F32, jlo);
         fx.splat(x)
@@ -703,34 +685,92 @@ fn row_body(fx: &mut Fx, a: &BwdKernel, sc: &Scratch, r: RowCtx, bf: &Bufs, (mt,
         let dkr = fx.addr(bf.dks, j0, row_bytes);
         axpy4(fx, dx, bf.qss, dkr, row_bytes, dp);
         gemv4(fx, dx, kr, row_bytes, bf.dqs, dp);
-        // Capture gradients: ds * dR/d(read), added where the read is in range.
         if let Some(ts) = bf.tslice {
-            for cg in &a.cap_grads {
-                let Some(base) = bf.cap_base[cg.k] else { continue };
-                let local = region::emit(fx, &cg.local, bf.caps, &at, x);
-                let contrib = fx.b.ins().fmul(ds, local);
-                let shape = fw.captures[cg.k].shape.clone();
-                for l in 0..4u8 {
-                    let (inr, off) = region::capture_offset(fx, &shape, &cg.index, &cg.subs, &at, l);
-                    let okl = fx.b.ins().extractlane(ok, l);
-                    let okl = fx.b.ins().icmp_imm_s(IntCC::NotEqual, okl, 0);
-                    let both = fx.b.ins().band(inr, okl);
-                    fx.if_then(both, |fx| {
-                        let cl = fx.b.ins().extractlane(contrib, l);
-                        let off = fx.b.ins().iadd_imm_s(off, base as i64);
-                        let pa = fx.addr(ts, off, 4);
-                        let old = fx.load(F32, pa, 0);
-                        let new = fx.b.ins().fadd(old, cl);
-                        fx.store(new, pa, 0);
-                    });
-                }
-            }
+            capture_grads(fx, a, bf, ts, &at, (x, ds, ok));
         }
     });
     let rs = fx.b.use_var(rowsum);
     let rs = fx.hsum(rs);
     let ra = fx.addr(bf.rows_s, r.i, 4);
     fx.store(rs, ra, 0);
+}
+
+/// Row `r`'s key range `[jlo, jhi)`: the mask's, raised to pruning's first kept tile, exactly
+/// as the forward kernel keeps tiles.
+fn key_range(
+    fx: &mut Fx,
+    fw: &AttnKernel,
+    r: &RowCtx,
+    start: Option<Value>,
+    (mt, bm, bn): (u64, u64, u64),
+) -> (Value, Value) {
+    let t = fw.t;
+    let i1 = fx.b.ins().iadd_imm_s(r.i, 1);
+    let jhi = if fw.causal { i1 } else { fx.ic(t as i64) };
+    let mut jlo = fx.ic(0);
+    if let Some(w) = fw.window {
+        let w = w.min(i64::MAX as u64 / 4) as i64;
+        let lo = fx.b.ins().iadd_imm_s(i1, -w);
+        let zero = fx.ic(0);
+        jlo = fx.imax(lo, zero);
+    }
+    if let Some(sp) = start {
+        let m = fx.b.ins().udiv_imm_s(r.i, bm as i64);
+        let idx = fx.b.ins().imul_imm_s(r.bh, mt as i64);
+        let idx = fx.b.ins().iadd(idx, m);
+        let sa = fx.addr(sp, idx, 4);
+        let s32 = fx.load(cranelift_codegen::ir::types::I32, sa, 0);
+        let s = fx.b.ins().sextend(I64, s32);
+        let zero = fx.ic(0);
+        let s = fx.imax(s, zero);
+        // The forward's last key tile of this query tile.
+        let diag = if fw.causal {
+            let i0 = fx.b.ins().imul_imm_s(m, bm as i64);
+            let last = fx.b.ins().iadd_imm_s(i0, bm as i64 - 1);
+            let tl = fx.ic(t as i64 - 1);
+            let last = fx.imin(last, tl);
+            fx.b.ins().udiv_imm_s(last, bn as i64)
+        } else {
+            fx.ic(((t - 1) / bn) as i64)
+        };
+        let s = fx.imin(s, diag);
+        let s = fx.b.ins().imul_imm_s(s, bn as i64);
+        jlo = fx.imax(jlo, s);
+    }
+    (jlo, jhi)
+}
+
+/// The captured tensors' gradients of the four lanes at `at`: `ds * dR/d(read)` added to this
+/// task's partial sums `ts` where the read is in range and the lane kept (`ok`).
+fn capture_grads(
+    fx: &mut Fx,
+    a: &BwdKernel,
+    bf: &Bufs,
+    ts: Value,
+    at: &Lanes,
+    (x, ds, ok): (Value, Value, Value),
+) {
+    let fw = &a.fwd;
+    for cg in &a.cap_grads {
+        let Some(base) = bf.cap_base[cg.k] else { continue };
+        let local = region::emit(fx, &cg.local, bf.caps, at, x);
+        let contrib = fx.b.ins().fmul(ds, local);
+        let shape = fw.captures[cg.k].shape.clone();
+        for l in 0..4u8 {
+            let (inr, off) = region::capture_offset(fx, &shape, &cg.index, &cg.subs, at, l);
+            let okl = fx.b.ins().extractlane(ok, l);
+            let okl = fx.b.ins().icmp_imm_s(IntCC::NotEqual, okl, 0);
+            let both = fx.b.ins().band(inr, okl);
+            fx.if_then(both, |fx| {
+                let cl = fx.b.ins().extractlane(contrib, l);
+                let off = fx.b.ins().iadd_imm_s(off, base as i64);
+                let pa = fx.addr(ts, off, 4);
+                let old = fx.load(F32, pa, 0);
+                let new = fx.b.ins().fadd(old, cl);
+                fx.store(new, pa, 0);
+            });
+        }
+    }
 }
 
 /// Add the tasks' partial capture gradients in task order into the capture results.

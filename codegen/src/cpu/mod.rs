@@ -13,10 +13,12 @@
 //! plain loops from [`generic`]; nothing falls back to the interpreter.
 
 pub mod abi;
+mod attention;
 mod backward;
 mod emit;
 pub mod generic;
 mod kernels;
+mod plan;
 mod region;
 mod region_math;
 mod threshold;
@@ -26,9 +28,9 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::FunctionBuilderContext;
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, FuncId, Linkage, Module};
-use foxc_ir::{BinaryOp, DType, Dim, Graph, Op, Value, ValueId};
-use kernels::{AttnKernel, Kind};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use foxc_ir::{Dim, Graph, Value, ValueId};
+use kernels::Kind;
+use std::collections::{BTreeMap, HashMap};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CpuError {
@@ -140,7 +142,7 @@ pub fn compile_outputs(
     outputs: &[Value],
     opts: CpuOptions,
 ) -> Result<CpuProgram, CpuError> {
-    let specs = plan(g, dims, outputs)?;
+    let specs = plan::plan(g, dims, outputs)?;
     let (mut module, built, clif) = build(&specs, opts)?;
     module.finalize_definitions().map_err(|e| CpuError::Cranelift(e.to_string()))?;
     let kernels = specs
@@ -179,7 +181,7 @@ pub fn clif_text_outputs(
     outputs: &[Value],
     opts: CpuOptions,
 ) -> Result<String, CpuError> {
-    let specs = plan(g, dims, outputs)?;
+    let specs = plan::plan(g, dims, outputs)?;
     let (module, _, clif) = build(&specs, opts)?;
     // SAFETY: nothing was finalized, so no code from this module is reachable.
     unsafe { module.free_memory() };
@@ -244,361 +246,6 @@ fn unbound_sym(d: &Dim) -> Option<String> {
         Dim::Tiles(b, _) => unbound_sym(b),
         Dim::Div(a, b) => unbound_sym(a).or_else(|| unbound_sym(b)),
     }
-}
-
-fn plan(g: &Graph, dims: &BTreeMap<String, u64>, outputs: &[Value]) -> Result<Vec<Spec>, CpuError> {
-    let order = g.topo_order();
-    let num: HashMap<ValueId, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
-    let outputs: Vec<Value> = if outputs.is_empty() {
-        let Some(output) = g.output else {
-            return Err(CpuError::Invalid("the graph has no output".into()));
-        };
-        if matches!(g.op(output), Op::Param { .. }) {
-            return Err(CpuError::Invalid(
-                "the graph's output is a parameter: there is nothing to compute".into(),
-            ));
-        }
-        vec![Value::of(output)]
-    } else {
-        outputs.to_vec()
-    };
-    for o in &outputs {
-        if !num.contains_key(&o.node) || g.result_ty(o.node, o.result).is_none() {
-            return Err(CpuError::Invalid(format!(
-                "output {}#{} is not a value of the graph",
-                o.node.index(),
-                o.result
-            )));
-        }
-    }
-    let out_nodes: HashSet<ValueId> = outputs.iter().map(|o| o.node).collect();
-    // Only values the outputs depend on get kernels (passes may leave dead values behind);
-    // `used` holds every result that an output is or a live node reads.
-    let mut live = HashSet::new();
-    let mut used: HashSet<Value> = outputs.iter().copied().collect();
-    let mut stack: Vec<ValueId> = outputs.iter().map(|o| o.node).collect();
-    while let Some(x) = stack.pop() {
-        if live.insert(x) {
-            let ov = g.operand_values(x);
-            stack.extend(ov.iter().map(|v| v.node));
-            used.extend(ov);
-        }
-    }
-    // Scalar subgraphs (`rsqrt(dim D)`) fold to constants at compile time: dims are concrete.
-    let mut consts: HashMap<ValueId, f64> = HashMap::new();
-    let contracted = crate::loop_plan::contracted_muls(g, &live, &out_nodes);
-    let mut specs = vec![];
-    for &n in &order {
-        if !live.contains(&n) || contracted.contains(&n) {
-            continue;
-        }
-        let op = g.op(n);
-        if g.ty(n).rank() == 0 && !out_nodes.contains(&n) {
-            if let Some(c) = foxc_ir::fold::scalar_value(g, n, dims) {
-                consts.insert(n, c);
-                continue;
-            }
-        }
-        let v = num[&n];
-        let ops = g.operands(n);
-        let invalid = |msg: String| CpuError::Invalid(format!("value %{v} ({}): {msg}", op.mnemonic()));
-        let sh = |id: ValueId| shape(g, id, dims, &num);
-        let dt = |id: ValueId| g.ty(id).dtype;
-        let float_in = |id: ValueId| -> Result<DType, CpuError> {
-            match dt(id) {
-                d if emit::is_cpu_float(d) => Ok(d),
-                d => Err(invalid(format!(
-                    "operand %{} has dtype {d}; the CPU kernels read f32, bf16 or f16",
-                    num[&id]
-                ))),
-            }
-        };
-        let out_shape = sh(n)?;
-        let rank4 = |id: ValueId| -> Result<[u64; 4], CpuError> {
-            let s = sh(id)?;
-            <[u64; 4]>::try_from(s.as_slice())
-                .map_err(|_| invalid(format!("operand %{} must be [B, H, T, D]", num[&id])))
-        };
-        let expect = |id: ValueId, want: &[u64], what: &str| -> Result<(), CpuError> {
-            let s = sh(id)?;
-            if s != want {
-                return Err(invalid(format!(
-                    "operand %{} ({what}) has shape {s:?}, expected {want:?}",
-                    num[&id]
-                )));
-            }
-            Ok(())
-        };
-        // Plain loops for every op without a fused kernel or outside a fast path's conditions.
-        let generic = |consts: &HashMap<ValueId, f64>| -> Result<SpecKind, CpuError> {
-            let cx = generic::Ctx { g, dims, consts, num: &num };
-            Ok(SpecKind::Generic(generic::plan(&cx, n, &contracted)?))
-        };
-        // The fast kernels check their operands' types by node (result 0); a node reading a
-        // later result of another (a backward's dk) takes the generic loop, which reads any.
-        let later = g.operand_values(n).iter().any(|v| v.result != 0);
-        let kind = match op {
-            Op::Param { .. } => continue,
-            Op::Binary(_) | Op::Cast | Op::RmsNorm { .. } if later => generic(&consts)?,
-            Op::Binary(bop)
-                if ops.len() == 2 && (consts.contains_key(&ops[0]) ^ consts.contains_key(&ops[1])) =>
-            {
-                let tensor_first = consts.contains_key(&ops[1]);
-                let (t, c) = if tensor_first { (ops[0], ops[1]) } else { (ops[1], ops[0]) };
-                let arith = matches!(
-                    bop,
-                    BinaryOp::Add
-                        | BinaryOp::Sub
-                        | BinaryOp::Mul
-                        | BinaryOp::Div
-                        | BinaryOp::Min
-                        | BinaryOp::Max
-                );
-                let dst = g.ty(n).dtype;
-                let fast = arith
-                    && sh(t)? == out_shape
-                    && g.ty(n).is_positional()
-                    && g.ty(t).is_positional()
-                    && emit::is_cpu_float(dst)
-                    && emit::is_cpu_float(dt(t));
-                if !fast {
-                    generic(&consts)?
-                } else {
-                    SpecKind::Fused(Kind::ScalarOp {
-                        src: float_in(t)?,
-                        dst,
-                        op: *bop,
-                        c: consts[&c],
-                        tensor_first,
-                        n: out_shape.iter().product(),
-                    })
-                }
-            }
-            Op::Cast => {
-                let (src, dst) = (dt(ops[0]), g.ty(n).dtype);
-                let fast = (emit::is_cpu_float(src) || src == DType::I32)
-                    && emit::is_cpu_float(dst)
-                    && g.ty(n).is_positional()
-                    && g.ty(ops[0]).is_positional();
-                if !fast {
-                    generic(&consts)?
-                } else {
-                    SpecKind::Fused(Kind::Cast { src, dst, n: out_shape.iter().product() })
-                }
-            }
-            Op::RmsNorm { axis, eps } => {
-                let xs = sh(ops[0])?;
-                let out = g.ty(n).dtype;
-                let fast = !xs.is_empty()
-                    && *axis == (xs.len() - 1).to_string()
-                    && g.ty(n).is_positional()
-                    && sh(ops[1])? == xs[xs.len() - 1..]
-                    && emit::is_cpu_float(out)
-                    && emit::is_cpu_float(dt(ops[0]))
-                    && emit::is_cpu_float(dt(ops[1]));
-                if !fast {
-                    generic(&consts)?
-                } else {
-                    let d = xs[xs.len() - 1];
-                    SpecKind::Fused(Kind::RmsNorm {
-                        x: float_in(ops[0])?,
-                        w: float_in(ops[1])?,
-                        out,
-                        rows: xs.iter().product::<u64>() / d.max(1),
-                        d,
-                        eps: *eps,
-                    })
-                }
-            }
-            Op::GateCumsum { kind } | Op::GateCumsumLo { kind } => {
-                let [b, h, t] = <[u64; 3]>::try_from(out_shape.as_slice())
-                    .map_err(|_| invalid("result must be [B, H, T]".into()))?;
-                if *kind == foxc_ir::GateKind::Slope {
-                    expect(ops[0], &[h], "slopes [H]")?;
-                } else {
-                    expect(ops[0], &[b, h, t], "gates [B, H, T]")?;
-                }
-                let lo = matches!(op, Op::GateCumsumLo { .. });
-                SpecKind::Fused(Kind::GateCumsum { kind: *kind, src: float_in(ops[0])?, b, h, t, lo })
-            }
-            Op::Threshold { rule, log_eps, bound, score, scale, bm, .. } => {
-                let [b, h, t, d] = rank4(ops[0])?;
-                let ks = sh(ops[1])?;
-                let hk = ks.get(1).copied().unwrap_or(0);
-                expect(ops[1], &[b, hk, t, d], "k")?;
-                if hk == 0 || h % hk != 0 {
-                    return Err(invalid(format!("k has {hk} heads, which do not divide q's {h}")));
-                }
-                if *bm == 0 {
-                    return Err(invalid("bm = 0".into()));
-                }
-                let scale = scale
-                    .value(&|x| dims.get(x).copied())
-                    .ok_or_else(|| invalid("the scale's dim is not bound".into()))?;
-                SpecKind::Fused(Kind::Threshold {
-                    q: float_in(ops[0])?,
-                    k: float_in(ops[1])?,
-                    bh: b * h,
-                    t,
-                    d,
-                    h,
-                    hk,
-                    rule: rule.clone(),
-                    log_eps: *log_eps,
-                    bound: *bound,
-                    score: *score,
-                    scale,
-                    bm: *bm as u64,
-                })
-            }
-            Op::BlockBoundary(tiles) => {
-                let cs = sh(ops[0])?;
-                let [b, h, t] =
-                    <[u64; 3]>::try_from(cs.as_slice()).map_err(|_| invalid("c must be [B, H, T]".into()))?;
-                if tiles.bm == 0 || tiles.bn == 0 {
-                    return Err(invalid("zero tile size".into()));
-                }
-                let mt = t.div_ceil(tiles.bm as u64);
-                expect(ops[1], &[b, h, mt], "delta")?;
-                SpecKind::Fused(Kind::BlockBoundary {
-                    c: float_in(ops[0])?,
-                    delta: float_in(ops[1])?,
-                    bh: b * h,
-                    t,
-                    bm: tiles.bm as u64,
-                    bn: tiles.bn as u64,
-                })
-            }
-            Op::Attention(attn) | Op::AttentionBackward(attn) => {
-                let backward = matches!(op, Op::AttentionBackward(_));
-                // The backward's operands are the forward's, then out, lse, dout.
-                let fwd_ops = &ops[..ops.len() - if backward { 3.min(ops.len()) } else { 0 }];
-                let ao = foxc_ir::AttnOperands::from_positional(attn, fwd_ops).map_err(invalid)?;
-                let tiles = attn
-                    .tiles
-                    .ok_or_else(|| invalid("the attention has no tiles (run the tiles pass)".into()))?;
-                let pruned = match attn.prune {
-                    foxc_ir::Prune::Dense => false,
-                    foxc_ir::Prune::Start => true,
-                    foxc_ir::Prune::Boundary => {
-                        return Err(invalid(
-                            "the attention derives its block boundary in-kernel (a GPU pass); compile for the CPU target".into(),
-                        ))
-                    }
-                };
-                let [b, h, t, d] = rank4(ao.q)?;
-                let ks = sh(ao.k)?;
-                let hk = ks.get(1).copied().unwrap_or(0);
-                let group = attn
-                    .kv_group
-                    .eval(&|x| dims.get(x).copied())
-                    .ok_or_else(|| invalid("kv_group's dim is not bound".into()))?;
-                if hk == 0 || hk * group != h {
-                    return Err(invalid(format!("k has {hk} heads: not {h} query heads / kv_group {group}")));
-                }
-                expect(ao.k, &[b, hk, t, d], "k")?;
-                expect(ao.v, &[b, hk, t, d], "v")?;
-                let mut c = None;
-                if let Some(cv) = ao.decay {
-                    expect(cv, &[b, h, t], "c")?;
-                    c = Some(float_in(cv)?);
-                }
-                if let Some(lv) = ao.decay_lo {
-                    expect(lv, &[b, h, t], "c_lo")?;
-                    if dt(lv) != DType::F32 {
-                        return Err(invalid(format!("c_lo operand %{} must be f32", num[&lv])));
-                    }
-                }
-                if let Some(s) = ao.start {
-                    if dt(s) != DType::I32 {
-                        return Err(invalid(format!("start operand %{} must be i32", num[&s])));
-                    }
-                    expect(s, &[b, h, t.div_ceil(tiles.bm.max(1) as u64)], "start")?;
-                }
-                if tiles.bm == 0 || tiles.bn == 0 {
-                    return Err(invalid("zero tile size".into()));
-                }
-                if !emit::is_cpu_float(attn.out_dtype) {
-                    return Err(invalid(format!(
-                        "the CPU attention writes f32, bf16 or f16, not {}",
-                        attn.out_dtype
-                    )));
-                }
-                if t == 0 || d == 0 {
-                    return Err(invalid("T and D must be at least 1".into()));
-                }
-                let dim = |x: &Dim| x.eval(&|s| dims.get(s).copied());
-                let score = if attn.score.is_identity() {
-                    None
-                } else {
-                    Some(region::RegionCode::new(&attn.score, &dim).map_err(invalid)?)
-                };
-                let (causal, window, mask) = match &attn.mask {
-                    foxc_ir::Mask::None => (false, None, None),
-                    foxc_ir::Mask::Causal => (true, None, None),
-                    foxc_ir::Mask::Window(w) => (true, Some(*w), None),
-                    foxc_ir::Mask::Expr(r) => {
-                        (false, None, Some(region::RegionCode::new(r, &dim).map_err(invalid)?))
-                    }
-                };
-                let mut captures = vec![];
-                for &cv in &ao.captures {
-                    let cd = dt(cv);
-                    if !(emit::is_cpu_float(cd) || cd == DType::I32) {
-                        return Err(invalid(format!(
-                            "captured tensor %{} has dtype {cd}; the CPU kernel reads f32, bf16, f16 or i32",
-                            num[&cv]
-                        )));
-                    }
-                    captures.push(region::CaptureCode { dtype: cd, shape: sh(cv)? });
-                }
-                let scale = attn
-                    .scale
-                    .value(&|x| dims.get(x).copied())
-                    .ok_or_else(|| invalid("the scale's dim is not bound".into()))?;
-                let kernel = AttnKernel {
-                    q: float_in(ao.q)?,
-                    k: float_in(ao.k)?,
-                    v: float_in(ao.v)?,
-                    c,
-                    c_lo: ao.decay_lo.is_some(),
-                    pruned,
-                    bh: b * h,
-                    h,
-                    hk,
-                    t,
-                    d,
-                    bm: tiles.bm as u64,
-                    bn: tiles.bn as u64,
-                    scale,
-                    causal,
-                    window,
-                    score,
-                    mask,
-                    captures,
-                    out: attn.out_dtype,
-                    lse: !backward && used.contains(&Value { node: n, result: 1 }),
-                };
-                if backward {
-                    let bwd = backward::plan(g, n, attn, kernel, &dim, &invalid)?;
-                    SpecKind::Fused(Kind::AttentionBackward(Box::new(bwd)))
-                } else {
-                    SpecKind::Fused(Kind::Attention(kernel))
-                }
-            }
-            _ => generic(&consts)?,
-        };
-        let operands = match &kind {
-            SpecKind::Generic(p) => p.operands.clone(),
-            SpecKind::Fused(_) => g.operand_values(n),
-        };
-        let results = match &kind {
-            SpecKind::Fused(k) => k.results(),
-            SpecKind::Generic(_) => vec![0],
-        };
-        specs.push(Spec { node: n, operands, results, name: format!("k{v}_{}", op.mnemonic()), kind });
-    }
-    Ok(specs)
 }
 
 extern "C" fn foxc_log1p_exp_neg_abs(z: f64) -> f64 {

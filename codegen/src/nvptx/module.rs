@@ -425,79 +425,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             return Err(ie(format!("{} has {} operands", node.op.mnemonic(), ops.len())));
         }
         match &node.op {
-            Op::GateCumsum { kind } => {
-                let x = ops[0];
-                let xdt = self.ty(x).dtype;
-                let (bh, t) = self.gate_dims(n)?;
-                let name = self.name(n, "gate_cumsum");
-                match kind {
-                    GateKind::Logits | GateKind::LogGate => {
-                        kernels::build_gate_scan(self.ctx, self.module, &name, *kind, xdt).map_err(ie)?;
-                        let args = vec![
-                            KernelArg::Buffer(self.buf(x)?),
-                            KernelArg::Buffer(res),
-                            KernelArg::I32(vec![t]),
-                        ];
-                        let launch = Launch::Grid {
-                            x: GridDim::Ceil(bh, 1),
-                            y: GridDim::Const(1),
-                            block: SCAN_THREADS,
-                        };
-                        self.push(n, name, args, launch, vec![]);
-                    }
-                    GateKind::Slope => {
-                        kernels::build_gate_slope(self.ctx, self.module, &name, xdt).map_err(ie)?;
-                        let h = bh[1].clone();
-                        let args = vec![
-                            KernelArg::Buffer(self.buf(x)?),
-                            KernelArg::Buffer(res),
-                            KernelArg::I32(vec![t.clone()]),
-                            KernelArg::I32(vec![h]),
-                        ];
-                        let launch = Launch::Grid {
-                            x: GridDim::Ceil(vec![t], ELEM_THREADS),
-                            y: GridDim::Ceil(bh, 1),
-                            block: ELEM_THREADS,
-                        };
-                        self.push(n, name, args, launch, vec![]);
-                    }
-                }
-            }
-            Op::RmsNorm { axis, eps } => {
-                let (x, w) = (ops[0], ops[1]);
-                let xd: Vec<Dim> = self.ty(x).dims().cloned().collect();
-                if xd.is_empty() || (axis != "3" && *axis != (xd.len() - 1).to_string()) {
-                    return Err(CodegenError::Unsupported {
-                        op: format!("rmsnorm over axis {axis} (only the last axis)"),
-                        node: n.index(),
-                    });
-                }
-                let d =
-                    self.static_dim(xd.last().ok_or_else(|| ie("rank 0".into()))?, "the normalized axis")?;
-                let rows = xd[..xd.len() - 1].to_vec();
-                let name = self.name(n, "rmsnorm");
-                kernels::build_rmsnorm(
-                    self.ctx,
-                    self.module,
-                    &name,
-                    d,
-                    *eps,
-                    (self.ty(x).dtype, self.ty(w).dtype, node.ty.dtype),
-                )
-                .map_err(ie)?;
-                let args = vec![
-                    KernelArg::Buffer(self.buf(x)?),
-                    KernelArg::Buffer(self.buf(w)?),
-                    KernelArg::Buffer(res),
-                    KernelArg::I32(rows.clone()),
-                ];
-                let launch = Launch::Grid {
-                    x: GridDim::Ceil(rows, ROW_THREADS / 32),
-                    y: GridDim::Const(1),
-                    block: ROW_THREADS,
-                };
-                self.push(n, name, args, launch, vec![]);
-            }
+            Op::GateCumsum { kind } => self.gate_cumsum(n, *kind, ops[0], res)?,
+            Op::RmsNorm { axis, eps } => self.rmsnorm(n, axis, *eps, (ops[0], ops[1]), res)?,
             Op::Cast => {
                 let x = g.operand_values(n)[0];
                 let name = self.name(n, "cast");
@@ -507,6 +436,92 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             Op::Attention(a) => self.attention(n, res, a)?,
             _ => unreachable!("filtered above"),
         }
+        Ok(())
+    }
+
+    /// The `gate_cumsum` launch: one block per row scans it (gate logits or log gates), or one
+    /// thread per element of an ALiBi slope row.
+    fn gate_cumsum(
+        &mut self,
+        n: ValueId,
+        kind: GateKind,
+        x: ValueId,
+        res: usize,
+    ) -> Result<(), CodegenError> {
+        let ie = CodegenError::Internal;
+        let xdt = self.ty(x).dtype;
+        let (bh, t) = self.gate_dims(n)?;
+        let name = self.name(n, "gate_cumsum");
+        match kind {
+            GateKind::Logits | GateKind::LogGate => {
+                kernels::build_gate_scan(self.ctx, self.module, &name, kind, xdt).map_err(ie)?;
+                let args =
+                    vec![KernelArg::Buffer(self.buf(x)?), KernelArg::Buffer(res), KernelArg::I32(vec![t])];
+                let launch =
+                    Launch::Grid { x: GridDim::Ceil(bh, 1), y: GridDim::Const(1), block: SCAN_THREADS };
+                self.push(n, name, args, launch, vec![]);
+            }
+            GateKind::Slope => {
+                kernels::build_gate_slope(self.ctx, self.module, &name, xdt).map_err(ie)?;
+                let h = bh[1].clone();
+                let args = vec![
+                    KernelArg::Buffer(self.buf(x)?),
+                    KernelArg::Buffer(res),
+                    KernelArg::I32(vec![t.clone()]),
+                    KernelArg::I32(vec![h]),
+                ];
+                let launch = Launch::Grid {
+                    x: GridDim::Ceil(vec![t], ELEM_THREADS),
+                    y: GridDim::Ceil(bh, 1),
+                    block: ELEM_THREADS,
+                };
+                self.push(n, name, args, launch, vec![]);
+            }
+        }
+        Ok(())
+    }
+
+    /// The `rmsnorm` row kernel over the last axis (of a static size).
+    fn rmsnorm(
+        &mut self,
+        n: ValueId,
+        axis: &str,
+        eps: f64,
+        (x, w): (ValueId, ValueId),
+        res: usize,
+    ) -> Result<(), CodegenError> {
+        let ie = CodegenError::Internal;
+        let xd: Vec<Dim> = self.ty(x).dims().cloned().collect();
+        if xd.is_empty() || (axis != "3" && *axis != (xd.len() - 1).to_string()) {
+            return Err(CodegenError::Unsupported {
+                op: format!("rmsnorm over axis {axis} (only the last axis)"),
+                node: n.index(),
+            });
+        }
+        let d = self.static_dim(xd.last().ok_or_else(|| ie("rank 0".into()))?, "the normalized axis")?;
+        let rows = xd[..xd.len() - 1].to_vec();
+        let name = self.name(n, "rmsnorm");
+        kernels::build_rmsnorm(
+            self.ctx,
+            self.module,
+            &name,
+            d,
+            eps,
+            (self.ty(x).dtype, self.ty(w).dtype, self.ty(n).dtype),
+        )
+        .map_err(ie)?;
+        let args = vec![
+            KernelArg::Buffer(self.buf(x)?),
+            KernelArg::Buffer(self.buf(w)?),
+            KernelArg::Buffer(res),
+            KernelArg::I32(rows.clone()),
+        ];
+        let launch = Launch::Grid {
+            x: GridDim::Ceil(rows, ROW_THREADS / 32),
+            y: GridDim::Const(1),
+            block: ROW_THREADS,
+        };
+        self.push(n, name, args, launch, vec![]);
         Ok(())
     }
 

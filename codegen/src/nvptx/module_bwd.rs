@@ -16,6 +16,27 @@ use foxc_ir::attention::{AttnOperands, RId, RNode, Region};
 use foxc_ir::index::IndexExpr;
 use foxc_ir::{Attention, DType, Dim, Prune, Value, ValueId};
 
+/// The buffers (assembler buffer numbers) the backward's kernels read and write.
+#[derive(Clone, Debug)]
+struct BwdBuffers {
+    q: usize,
+    k: usize,
+    v: usize,
+    c: usize,
+    delta: usize,
+    dout: usize,
+    out: usize,
+    lse: usize,
+    dq: usize,
+    dk: usize,
+    dv: usize,
+    dc: usize,
+    dd: usize,
+    start: usize,
+    /// The captured tensors' gradients.
+    caps: Vec<usize>,
+}
+
 impl<'a, 'ctx> Assembler<'a, 'ctx> {
     /// The launches of `attention_backward` node `n` (its result buffers exist already).
     pub(super) fn attention_backward(&mut self, n: ValueId, a: &Attention) -> Result<(), CodegenError> {
@@ -90,7 +111,47 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             .collect();
         let regions = Regions::new(&score, dx.as_ref(), reads, grad_caps.len());
 
-        // q, k, v, dout in bf16 and out in f32 (copies of other dtypes first).
+        let bufs =
+            self.bwd_buffers(n, a, &o, [out, lse, dout], (&bh, &t), grad_caps.len(), cfg.prune, cfg.bm)?;
+        let build = |kind: BwdKernel| -> Result<String, CodegenError> {
+            let f = attention_bwd::build_bwd_kernel(self.ctx, self.module, &cfg, kind, &regions)
+                .map_err(CodegenError::Internal)?;
+            Ok(f.get_name().to_string_lossy().into_owned())
+        };
+        let names = [build(BwdKernel::Pre)?, build(BwdKernel::Dq)?, build(BwdKernel::Dkv)?];
+        // After T: the regions' arguments (head count, captures and their sizes), then the
+        // captured tensors' gradients (results after dc).
+        let mut extra = vec![];
+        for arg in score.args() {
+            extra.push(match *arg {
+                ScoreArg::Heads => KernelArg::I32(vec![bh[1].clone()]),
+                ScoreArg::Capture(k) => KernelArg::Buffer(self.buf(Value::of(o.captures[k]))?),
+                ScoreArg::CaptureDim(k, ax) => {
+                    KernelArg::I32(self.ty(o.captures[k]).dims().nth(ax).cloned().into_iter().collect())
+                }
+                ScoreArg::Dim(n) => KernelArg::I32(score.dim_arg(n).cloned().into_iter().collect()),
+            });
+        }
+        extra.extend(bufs.caps.iter().copied().map(KernelArg::Buffer));
+        self.push_bwd_launches(n, &cfg, names, &bufs, extra, [bh, bhk], t);
+        Ok(())
+    }
+
+    /// The backward's buffers: q, k, v, dout in bf16 and out in f32 (cast copies of other
+    /// dtypes first), lse, c and delta (or a stand-in that is not read), the results, and the
+    /// scratch of `rowsum(dout * out)` and of the pruned start per query tile.
+    #[allow(clippy::too_many_arguments)]
+    fn bwd_buffers(
+        &mut self,
+        n: ValueId,
+        a: &Attention,
+        o: &AttnOperands,
+        [out, lse, dout]: [Value; 3],
+        (bh, t): (&[Dim], &Dim),
+        grad_caps: usize,
+        prune: bool,
+        bm: u32,
+    ) -> Result<BwdBuffers, CodegenError> {
         let mut conv = |v: Value, to: DType, what: &str| -> Result<usize, CodegenError> {
             let b = self.buf(v)?;
             let ty = self.g.result_ty(v.node, v.result).ok_or_else(|| {
@@ -130,17 +191,51 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                                                      // The captured tensors' gradients: the results after dc.
         let first_grad = 3 + u32::from(a.decay);
         let cap_bufs: Vec<usize> =
-            (0..grad_caps.len() as u32).map(|s| res(first_grad + s)).collect::<Result<_, _>>()?;
+            (0..grad_caps as u32).map(|s| res(first_grad + s)).collect::<Result<_, _>>()?;
 
         let bht: Vec<Dim> = bh.iter().cloned().chain([t.clone()]).collect();
         let dd_buf = self.scratch(DType::F32, bht.clone(), format!("rowsum(dout * out) of %{}", n.index()));
-        let start = if cfg.prune {
-            let shape = bh.iter().cloned().chain([Dim::Tiles(Box::new(t.clone()), cfg.bm)]).collect();
+        let start = if prune {
+            let shape = bh.iter().cloned().chain([Dim::Tiles(Box::new(t.clone()), bm)]).collect();
             self.scratch(DType::I32, shape, format!("start of each query tile of %{}", n.index()))
         } else {
             dd_buf // not read
         };
 
+        Ok(BwdBuffers {
+            q,
+            k,
+            v,
+            c,
+            delta,
+            dout,
+            out,
+            lse,
+            dq,
+            dk,
+            dv,
+            dc,
+            dd: dd_buf,
+            start,
+            caps: cap_bufs,
+        })
+    }
+
+    /// The three launches: the row sums `D = rowsum(dout * out)`, then the dq kernel (query
+    /// tiles), then the dkv kernel (key tiles), each with the regions' arguments `extra` after T.
+    #[allow(clippy::too_many_arguments)]
+    fn push_bwd_launches(
+        &mut self,
+        n: ValueId,
+        cfg: &BwdConfig,
+        [pre, dqk, dkvk]: [String; 3],
+        bufs: &BwdBuffers,
+        extra: Vec<KernelArg>,
+        [bh, bhk]: [Vec<Dim>; 2],
+        t: Dim,
+    ) {
+        let BwdBuffers { q, k, v, c, delta, dout, out, lse, dq, dk, dv, dc, dd: dd_buf, start, .. } = *bufs;
+        let bht: Vec<Dim> = bh.iter().cloned().chain([t.clone()]).collect();
         // Grid y: the heads, times the head-dim parts when the head dim is split.
         let parts = cfg.d_parts();
         let with_parts = |heads: Vec<Dim>| -> Vec<Dim> {
@@ -150,26 +245,6 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 heads.into_iter().chain([Dim::Const(parts as u64)]).collect()
             }
         };
-        let build = |kind: BwdKernel| -> Result<String, CodegenError> {
-            let f = attention_bwd::build_bwd_kernel(self.ctx, self.module, &cfg, kind, &regions)
-                .map_err(CodegenError::Internal)?;
-            Ok(f.get_name().to_string_lossy().into_owned())
-        };
-        let (pre, dqk, dkvk) = (build(BwdKernel::Pre)?, build(BwdKernel::Dq)?, build(BwdKernel::Dkv)?);
-        // After T: the regions' arguments (head count, captures and their sizes), then the
-        // captured tensors' gradients (results after dc).
-        let mut extra = vec![];
-        for arg in score.args() {
-            extra.push(match *arg {
-                ScoreArg::Heads => KernelArg::I32(vec![bh[1].clone()]),
-                ScoreArg::Capture(k) => KernelArg::Buffer(self.buf(Value::of(o.captures[k]))?),
-                ScoreArg::CaptureDim(k, ax) => {
-                    KernelArg::I32(self.ty(o.captures[k]).dims().nth(ax).cloned().into_iter().collect())
-                }
-                ScoreArg::Dim(n) => KernelArg::I32(score.dim_arg(n).cloned().into_iter().collect()),
-            });
-        }
-        extra.extend(cap_bufs.into_iter().map(KernelArg::Buffer));
         let buf = KernelArg::Buffer;
         let t_arg = KernelArg::I32(vec![t.clone()]);
         self.push(
@@ -235,7 +310,6 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             },
             vec![],
         );
-        Ok(())
     }
 
     /// The captured tensors' reads whose gradients the kernels sum, from the region's

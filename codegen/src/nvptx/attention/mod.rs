@@ -381,6 +381,21 @@ pub(crate) struct Frags<'ctx> {
     v: Vec<Vec<IntValue<'ctx>>>,
 }
 
+/// The loop invariants of the walk over the kept key tiles.
+struct TileWalk<'w, 'ctx> {
+    /// The first kept tile (the walk goes down from the diagonal to it).
+    n_start: IntValue<'ctx>,
+    lay: &'w Layout<'ctx>,
+    /// K, V and c of the head (pointers at its row 0).
+    kb: PointerValue<'ctx>,
+    vb: PointerValue<'ctx>,
+    cb: PointerValue<'ctx>,
+    c_ref: Option<FloatValue<'ctx>>,
+    frag: Option<&'w Frags<'ctx>>,
+    rows: &'w Rows<'ctx>,
+    bh: IntValue<'ctx>,
+}
+
 /// What this thread owns of its warp's 16 query rows (the mma C-fragment rows `g` and `g + 8`).
 pub(crate) struct Rows<'ctx> {
     /// First query row of the warp.
@@ -496,66 +511,8 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         let mut carried: Vec<(&str, BasicValueEnum)> = vec![("n", n_end.into()), ("parity", b.i32(0).into())];
         carried.extend((0..dt * 4).map(|_| ("o", zero.into())));
         carried.extend([("m", ninf.into()), ("m", ninf.into()), ("l", zero.into()), ("l", zero.into())]);
-        let last = b.do_while(("tile", "epilogue"), &carried, |b, vals| {
-            let n = vals[0].into_int_value();
-            let par = vals[1].into_int_value();
-            let o_in = floats(&vals[2..2 + dt * 4]);
-            let m_old = [vals[2 + dt * 4].into_float_value(), vals[3 + dt * 4].into_float_value()];
-            let l_old = [vals[4 + dt * 4].into_float_value(), vals[5 + dt * 4].into_float_value()];
-            b.cp_async_wait(0);
-            if self.wg {
-                // cp.async wrote K through the generic proxy; wgmma reads it through the async proxy.
-                b.asm_stmt("fence.proxy.async.shared::cta;");
-            }
-            b.barrier();
-            // Prefetch tile n-1 into the other buffer (read last in the previous iteration, which
-            // every thread has finished: the barrier above).
-            let more = b.icmp(IntPredicate::SGT, n, n_start);
-            b.if_then_named(more, ("prefetch", "compute"), |b| {
-                let is0 = b.icmpc(IntPredicate::EQ, par, 0);
-                let ko = b.select_i(is0, lay.k[1], lay.k[0]);
-                let vo = b.select_i(is0, lay.v[1], lay.v[0]);
-                let jn = b.mulc(b.addc(n, -1), bn);
-                self.load_tile(kb, jn, cfg.bn, ko);
-                self.load_tile(vb, jn, cfg.bn, vo);
-            });
-            b.cp_async_commit();
-            let is0 = b.icmpc(IntPredicate::EQ, par, 0);
-            let kcur = b.select_i(is0, lay.k[0], lay.k[1]);
-            let vcur = b.select_i(is0, lay.v[0], lay.v[1]);
-            let j0 = b.mulc(n, bn);
-            // Column of this thread's first score element: keys j0 + 8*jt + 2t + {0,1}.
-            let col0 = b.add(j0, b.mulc(tq, 2));
-            // Column bias of this thread's columns, and c of tile n-1 (written to the other
-            // bias buffer at the end of this iteration).
-            let (c_col, c_next) = if cfg.has_decay {
-                let cbuf = b.select_i(is0, lay.colb[0], lay.colb[1]);
-                let c_col = self.load_colb(cbuf, tq);
-                let nprev = b.smax(b.addc(n, -1), b.i32(0));
-                (c_col, Some(self.load_col_c(cb, nprev)))
-            } else {
-                (vec![], None)
-            };
-            let s_acc = self.qk(kcur, frag.as_ref());
-            let s2 = self.scores(&s_acc, &c_col, &rows, j0, col0, bh);
-            let st = self.online_softmax(&s2, m_old, l_old);
-            let o = self.rescale(&o_in, st.alpha);
-            let o = self.pv(o, &st.p, vcur, frag.as_ref());
-            if let (Some(cr), Some(cn)) = (c_ref, c_next) {
-                // The other bias buffer was last read in the previous iteration (before this
-                // iteration's barrier); the next iteration reads it after its own barrier.
-                let other = b.select_i(is0, lay.colb[1], lay.colb[0]);
-                self.store_colb(cr, cn, other);
-            }
-            let n_next = b.addc(n, -1);
-            let par_next = b.xorc(par, 1);
-            let again = b.icmp(IntPredicate::SGE, n_next, n_start);
-            let mut next = vec![n_next.into(), par_next.into()];
-            next.extend(basic(&o));
-            next.extend(basic(&st.m_new));
-            next.extend(basic(&st.l_new));
-            (again, next)
-        });
+        let walk = TileWalk { n_start, lay: &lay, kb, vb, cb, c_ref, frag: frag.as_ref(), rows: &rows, bh };
+        let last = b.do_while(("tile", "epilogue"), &carried, |_, vals| self.tile_step(&walk, vals));
 
         // ---- epilogue: O / l and LSE ----
         let o: Vec<FloatValue> = floats(&last[2..2 + dt * 4]);
@@ -563,6 +520,77 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         let l_new = [last[4 + dt * 4].into_float_value(), last[5 + dt * 4].into_float_value()];
         let (inv, lse) = self.finalize(m_new, l_new, cir);
         self.store_output(&o, inv, lse, &rows, ob, o_elt, lb);
+    }
+
+    /// One kept key tile `n` (carried: `n, parity, o..., m x2, l x2`): prefetch tile `n - 1`,
+    /// `S = Q K^T`, the scores (region, decay, masks), the online softmax, `O = alpha O + P V`;
+    /// the carried values of the next iteration, and whether there is one.
+    fn tile_step(
+        &self,
+        w: &TileWalk<'_, 'ctx>,
+        vals: &[BasicValueEnum<'ctx>],
+    ) -> (IntValue<'ctx>, Vec<BasicValueEnum<'ctx>>) {
+        let (b, cfg) = (self.b, self.cfg);
+        let bn = cfg.bn as i64;
+        let dt = (cfg.head_dim / 8) as usize;
+        let n = vals[0].into_int_value();
+        let par = vals[1].into_int_value();
+        let o_in = floats(&vals[2..2 + dt * 4]);
+        let m_old = [vals[2 + dt * 4].into_float_value(), vals[3 + dt * 4].into_float_value()];
+        let l_old = [vals[4 + dt * 4].into_float_value(), vals[5 + dt * 4].into_float_value()];
+        b.cp_async_wait(0);
+        if self.wg {
+            // cp.async wrote K through the generic proxy; wgmma reads it through the async proxy.
+            b.asm_stmt("fence.proxy.async.shared::cta;");
+        }
+        b.barrier();
+        // Prefetch tile n-1 into the other buffer (read last in the previous iteration, which
+        // every thread has finished: the barrier above).
+        let more = b.icmp(IntPredicate::SGT, n, w.n_start);
+        b.if_then_named(more, ("prefetch", "compute"), |b| {
+            let is0 = b.icmpc(IntPredicate::EQ, par, 0);
+            let ko = b.select_i(is0, w.lay.k[1], w.lay.k[0]);
+            let vo = b.select_i(is0, w.lay.v[1], w.lay.v[0]);
+            let jn = b.mulc(b.addc(n, -1), bn);
+            self.load_tile(w.kb, jn, cfg.bn, ko);
+            self.load_tile(w.vb, jn, cfg.bn, vo);
+        });
+        b.cp_async_commit();
+        let is0 = b.icmpc(IntPredicate::EQ, par, 0);
+        let kcur = b.select_i(is0, w.lay.k[0], w.lay.k[1]);
+        let vcur = b.select_i(is0, w.lay.v[0], w.lay.v[1]);
+        let j0 = b.mulc(n, bn);
+        // Column of this thread's first score element: keys j0 + 8*jt + 2t + {0,1}.
+        let col0 = b.add(j0, b.mulc(w.rows.tq, 2));
+        // Column bias of this thread's columns, and c of tile n-1 (written to the other
+        // bias buffer at the end of this iteration).
+        let (c_col, c_next) = if cfg.has_decay {
+            let cbuf = b.select_i(is0, w.lay.colb[0], w.lay.colb[1]);
+            let c_col = self.load_colb(cbuf, w.rows.tq);
+            let nprev = b.smax(b.addc(n, -1), b.i32(0));
+            (c_col, Some(self.load_col_c(w.cb, nprev)))
+        } else {
+            (vec![], None)
+        };
+        let s_acc = self.qk(kcur, w.frag);
+        let s2 = self.scores(&s_acc, &c_col, w.rows, j0, col0, w.bh);
+        let st = self.online_softmax(&s2, m_old, l_old);
+        let o = self.rescale(&o_in, st.alpha);
+        let o = self.pv(o, &st.p, vcur, w.frag);
+        if let (Some(cr), Some(cn)) = (w.c_ref, c_next) {
+            // The other bias buffer was last read in the previous iteration (before this
+            // iteration's barrier); the next iteration reads it after its own barrier.
+            let other = b.select_i(is0, w.lay.colb[1], w.lay.colb[0]);
+            self.store_colb(cr, cn, other);
+        }
+        let n_next = b.addc(n, -1);
+        let par_next = b.xorc(par, 1);
+        let again = b.icmp(IntPredicate::SGE, n_next, w.n_start);
+        let mut next = vec![n_next.into(), par_next.into()];
+        next.extend(basic(&o));
+        next.extend(basic(&st.m_new));
+        next.extend(basic(&st.l_new));
+        (again, next)
     }
 }
 

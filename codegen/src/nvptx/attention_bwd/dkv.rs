@@ -287,23 +287,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             let docur = b.select_i(is0, sm.dout[0], sm.dout[1]);
             let rcur = b.select_i(is0, sm.rows[0], sm.rows[1]);
             let i0c = b.mulc(cur, bq);
-            // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys (wgmma: its warpgroup's 64).
-            let (st, dpt) = if self.wg {
-                let a_row = b.mulc(b.andc(wrow0, !(WG_ROWS as i64 - 1)), 128);
-                let (ka, va) = ((b.add(sm.k, a_row), cfg.bn), (b.add(sm.v, a_row), cfg.bn));
-                let mut r = self.wg_abt_batch(&[(ka, (qcur, cfg.bq())), (va, (docur, cfg.bq()))]);
-                let dpt = r.pop().unwrap_or_default();
-                (r.pop().unwrap_or_default(), dpt)
-            } else if part.is_some() {
-                // A split head dim: the K and V fragments per k-step (64 registers each).
-                let st = self.mma_abt_smem((sm.k, wrow0), qcur, cfg.bq());
-                (st, self.mma_abt_smem((sm.v, wrow0), docur, cfg.bq()))
-            } else {
-                let kf = self.a_frags(sm.k, wrow0);
-                let st = self.mma_abt(&kf, qcur, cfg.bq());
-                let vf = self.a_frags(sm.v, wrow0);
-                (st, self.mma_abt(&vf, docur, cfg.bq()))
-            };
+            let (st, dpt) = self.dkv_products(sm, wrow0, part, (qcur, docur));
             let rterm = self.load_pairs(rcur, tq, cfg.bq());
             let dterm = self.load_pairs(b.addc(rcur, bq * 4), tq, cfg.bq());
             let col0 = b.add(i0c, b.mulc(tq, 2));
@@ -316,17 +300,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                     None => r,
                 }
             };
-            let ilast = b.addc(i0c, bq - 1);
-            let mut need = if cfg.causal {
-                b.icmp(IntPredicate::SGT, b.addc(jw0, 15), i0c)
-            } else {
-                // An expression mask: the condition on every element (no mask: rows past T).
-                b.bool(self.regions.score.has_mask())
-            };
-            need = b.or(need, b.icmp(IntPredicate::SGE, ilast, self.t_len));
-            if let Some(w) = cfg.window {
-                need = b.or(need, b.icmpc(IntPredicate::SGE, b.sub(ilast, jw0), w as i64));
-            }
+            let need = self.dkv_needs_mask(jw0, i0c);
             let (p, xs) = self.probs(&st, term, pos, need, h.bh);
             let (dk_in, dv_in) = acc.split_at(dt * 4);
             // wgmma: dV += P^T dO runs on the tensor cores while dS is computed.
@@ -373,17 +347,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             });
             // The chunk after `nxt`: `nxt + 1` when it keeps tile n (the usual case: the kept
             // chunks of a key tile are contiguous), else the scan from there.
-            let nxt2 = match st_after {
-                None => after,
-                Some(st) => {
-                    let kept = b.or(b.icmp(IntPredicate::SGE, after, hi), b.icmp(IntPredicate::SLE, st, n));
-                    let skip = b.and(more, b.not(kept));
-                    let r = b.if_then_carry(skip, ("scan", "scanned"), &[("n2", after.into())], |_| {
-                        vec![self.next_chunk(h, after, hi, n).into()]
-                    });
-                    r[0].into_int_value()
-                }
-            };
+            let nxt2 = self.chunk_after(h, (after, hi, n), more, st_after);
             let mut next = vec![nxt.into(), nxt2.into(), b.xorc(par, 1).into()];
             next.extend(basic(&dk));
             next.extend(basic(&dv));
@@ -394,6 +358,79 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let acc = floats(&last[a0..a0 + 2 * dt * 4]);
         let cs = [last[a0 + 2 * dt * 4].into_float_value(), last[a0 + 1 + 2 * dt * 4].into_float_value()];
         (acc[..dt * 4].to_vec(), acc[dt * 4..].to_vec(), cs, floats(&last[c0..c0 + ncap]))
+    }
+
+    /// `S^T = K Q^T` and `dP^T = V dO^T` for this warp's 16 keys (wgmma: its warpgroup's 64),
+    /// against the chunk's Q and dO at `qcur`, `docur`.
+    #[allow(clippy::type_complexity)]
+    fn dkv_products(
+        &self,
+        sm: &Smem<'ctx>,
+        wrow0: IntValue<'ctx>,
+        part: Option<IntValue<'ctx>>,
+        (qcur, docur): (IntValue<'ctx>, IntValue<'ctx>),
+    ) -> (Vec<[FloatValue<'ctx>; 4]>, Vec<[FloatValue<'ctx>; 4]>) {
+        let (b, cfg) = (self.b, self.cfg);
+        // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys (wgmma: its warpgroup's 64).
+        if self.wg {
+            let a_row = b.mulc(b.andc(wrow0, !(WG_ROWS as i64 - 1)), 128);
+            let (ka, va) = ((b.add(sm.k, a_row), cfg.bn), (b.add(sm.v, a_row), cfg.bn));
+            let mut r = self.wg_abt_batch(&[(ka, (qcur, cfg.bq())), (va, (docur, cfg.bq()))]);
+            let dpt = r.pop().unwrap_or_default();
+            (r.pop().unwrap_or_default(), dpt)
+        } else if part.is_some() {
+            // A split head dim: the K and V fragments per k-step (64 registers each).
+            let st = self.mma_abt_smem((sm.k, wrow0), qcur, cfg.bq());
+            (st, self.mma_abt_smem((sm.v, wrow0), docur, cfg.bq()))
+        } else {
+            let kf = self.a_frags(sm.k, wrow0);
+            let st = self.mma_abt(&kf, qcur, cfg.bq());
+            let vf = self.a_frags(sm.v, wrow0);
+            (st, self.mma_abt(&vf, docur, cfg.bq()))
+        }
+    }
+
+    /// Whether the chunk at query `i0c` needs the element mask for the warp's keys from `jw0`:
+    /// it crosses the diagonal (causal) or the score region has a mask, it runs past T, or part
+    /// of it lies outside the window.
+    fn dkv_needs_mask(&self, jw0: IntValue<'ctx>, i0c: IntValue<'ctx>) -> IntValue<'ctx> {
+        let (b, cfg) = (self.b, self.cfg);
+        let bq = cfg.bq() as i64;
+        let ilast = b.addc(i0c, bq - 1);
+        let mut need = if cfg.causal {
+            b.icmp(IntPredicate::SGT, b.addc(jw0, 15), i0c)
+        } else {
+            // An expression mask: the condition on every element (no mask: rows past T).
+            b.bool(self.regions.score.has_mask())
+        };
+        need = b.or(need, b.icmp(IntPredicate::SGE, ilast, self.t_len));
+        if let Some(w) = cfg.window {
+            need = b.or(need, b.icmpc(IntPredicate::SGE, b.sub(ilast, jw0), w as i64));
+        }
+        need
+    }
+
+    /// The chunk after `after - 1`: `after` when it keeps key tile `n` (the usual case: the kept
+    /// chunks of a key tile are contiguous) or is past `hi`, else the scan from there.
+    fn chunk_after(
+        &self,
+        h: &Head<'ctx>,
+        (after, hi, n): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
+        more: IntValue<'ctx>,
+        st_after: Option<IntValue<'ctx>>,
+    ) -> IntValue<'ctx> {
+        let b = self.b;
+        match st_after {
+            None => after,
+            Some(st) => {
+                let kept = b.or(b.icmp(IntPredicate::SGE, after, hi), b.icmp(IntPredicate::SLE, st, n));
+                let skip = b.and(more, b.not(kept));
+                let r = b.if_then_carry(skip, ("scan", "scanned"), &[("n2", after.into())], |_| {
+                    vec![self.next_chunk(h, after, hi, n).into()]
+                });
+                r[0].into_int_value()
+            }
+        }
     }
 
     /// The first chunk after `cur` (below `hi`) that keeps key tile `n`: its IR tile's

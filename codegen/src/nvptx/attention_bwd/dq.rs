@@ -12,7 +12,7 @@ use crate::nvptx::builder::ParamTy;
 use crate::nvptx::heads;
 use inkwell::context::Context;
 use inkwell::module::Module;
-use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue};
+use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
 use inkwell::{FloatPredicate, IntPredicate};
 
 pub(super) fn build<'ctx>(
@@ -40,14 +40,66 @@ pub(super) fn build<'ctx>(
     Bwd::build(ctx, module, (name, &params), (cfg, regions), cfg.dq_threads(), |k| k.emit_dq())
 }
 
+/// The dq kernel's loop invariants: the block's rows and head, its buffers (pointers at the
+/// head's row 0) and shared-memory offsets, the first and last key tiles, and the thread's rows
+/// with their terms.
+struct DqBlock<'ctx> {
+    bh: IntValue<'ctx>,
+    /// The head-dim part of a split block, and whether it is part 0.
+    part: Option<IntValue<'ctx>>,
+    first_part: Option<IntValue<'ctx>>,
+    n_end: IntValue<'ctx>,
+    n_start: IntValue<'ctx>,
+    /// Row index of the head's row 0 (i64).
+    row_base: IntValue<'ctx>,
+    kb: PointerValue<'ctx>,
+    vb: PointerValue<'ctx>,
+    cb: PointerValue<'ctx>,
+    dqb: PointerValue<'ctx>,
+    dcb: PointerValue<'ctx>,
+    q_off: IntValue<'ctx>,
+    do_off: IntValue<'ctx>,
+    k_off: [IntValue<'ctx>; 2],
+    v_off: [IntValue<'ctx>; 2],
+    colb: [IntValue<'ctx>; 2],
+    c_ref: Option<FloatValue<'ctx>>,
+    /// Lane within its row's quad, the warp's first row (in the block), and absolute.
+    tq: IntValue<'ctx>,
+    wrow0: IntValue<'ctx>,
+    iw0: IntValue<'ctx>,
+    ri: [IntValue<'ctx>; 2],
+    rt: [FloatValue<'ctx>; 2],
+    ddr: [FloatValue<'ctx>; 2],
+    #[allow(clippy::type_complexity)]
+    qdo: Option<(Vec<[IntValue<'ctx>; 4]>, Vec<[IntValue<'ctx>; 4]>)>,
+    /// 8-column tiles of the dQ this block accumulates (its head-dim part).
+    dq_tiles: usize,
+}
+
 impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
     fn emit_dq(&self) {
+        let b = self.b;
+        let blk = self.dq_block();
+        let dt = blk.dq_tiles;
+        let zero = b.f32(0.0);
+        let mut carried: Vec<(&str, BasicValueEnum)> =
+            vec![("n", blk.n_end.into()), ("parity", b.i32(0).into())];
+        carried.extend((0..dt * 4).map(|_| ("dq", zero.into())));
+        carried.extend([("rowsum", zero.into()), ("rowsum", zero.into())]);
+        // Row sums of the captured tensors' terms, two per query-read gradient slot.
+        carried.extend((0..2 * self.regions.slots(false).len()).map(|_| ("caprow", zero.into())));
+        let last = b.do_while(("tile", "epilogue"), &carried, |_, vals| self.dq_tile(&blk, vals));
+        self.dq_epilogue(&blk, &last);
+    }
+
+    /// The block's rows, buffers and shared-memory layout; the first loads issued (Q and dO,
+    /// then the diagonal's K and V), the first key tile found (window, pruning search), and
+    /// once Q and dO have landed, the thread's fragments and per-row terms.
+    fn dq_block(&self) -> DqBlock<'ctx> {
         let (b, cfg) = (self.b, self.cfg);
         let d = cfg.head_dim as i64;
         let rows = DQ_ROWS as i64;
         let bn = cfg.bn as i64;
-        // 8-column tiles of the dQ this block accumulates (its head-dim part).
-        let dt = (cfg.part_dim() / 8) as usize;
         let t_len = self.t_len;
         let pp = |i| b.param_ptr(i);
         let (q_p, k_p, v_p, c_p, delta_p, do_p) = (pp(0), pp(1), pp(2), pp(3), pp(4), pp(5));
@@ -99,15 +151,69 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         self.load_tile(vb, j_end0, cfg.bn, v_off[0]);
         b.cp_async_commit();
 
-        let l2e = b.f32(LOG2E);
         let c_ref = cfg.has_decay.then(|| {
             let cr = b.load_f32(b.gep(f32t, cb, b.sext64(i0)));
             self.store_colb(cr, self.col_c(cb, n_end), colb[0]);
             cr
         });
+        let n_start = self.dq_first_tile(cb, (delta_p, st_p), bh, i0, first_part);
 
-        // First key tile: the window's, raised by the forward's pruning search; the search's
-        // own result is written for the dkv kernel by the block holding the IR tile's first row.
+        // Q and dO landed (the diagonal's K and V may still be in flight).
+        b.cp_async_wait(1);
+        self.fence_proxy();
+        b.barrier();
+        let g = b.lshrc(self.lane, 2);
+        let tq = b.andc(self.lane, 3);
+        let wrow0 = b.mulc(warp, 16);
+        // mma.sync: the Q and dO fragments stay in registers (wgmma reads the tiles; a split
+        // head dim reads them per k-step, see `mma_abt_smem`).
+        let qdo =
+            (!self.wg && part.is_none()).then(|| (self.a_frags(q_off, wrow0), self.a_frags(do_off, wrow0)));
+        let iw0 = b.add(i0, wrow0);
+        let ri = [b.add(iw0, g), b.addc(b.add(iw0, g), 8)];
+        let (rt, ddr) = self.dq_row_terms(ri, (cb, lb, ddb), c_ref);
+        DqBlock {
+            bh,
+            part,
+            first_part,
+            n_end,
+            n_start,
+            row_base,
+            kb,
+            vb,
+            cb,
+            dqb,
+            dcb,
+            q_off,
+            do_off,
+            k_off,
+            v_off,
+            colb,
+            c_ref,
+            tq,
+            wrow0,
+            iw0,
+            ri,
+            rt,
+            ddr,
+            qdo,
+            dq_tiles: (cfg.part_dim() / 8) as usize,
+        }
+    }
+
+    /// The first key tile of the block: the window's, raised by the forward's pruning search;
+    /// the search's own result is written for the dkv kernel by the block holding the IR tile's
+    /// first row.
+    fn dq_first_tile(
+        &self,
+        cb: PointerValue<'ctx>,
+        (delta_p, st_p): (PointerValue<'ctx>, PointerValue<'ctx>),
+        bh: IntValue<'ctx>,
+        i0: IntValue<'ctx>,
+        first_part: Option<IntValue<'ctx>>,
+    ) -> IntValue<'ctx> {
+        let (b, cfg) = (self.b, self.cfg);
+        let (bn, t_len) = (cfg.bn as i64, self.t_len);
         let mut n_start = b.i32(0);
         if let Some(w) = cfg.window {
             n_start = b.sdivc(b.smax(b.addc(i0, 1 - w as i64), b.i32(0)), bn);
@@ -130,20 +236,21 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             });
             n_start = b.smax(n_start, ps);
         }
+        n_start
+    }
 
-        b.cp_async_wait(1);
-        self.fence_proxy();
-        b.barrier();
-        let g = b.lshrc(self.lane, 2);
-        let tq = b.andc(self.lane, 3);
-        let wrow0 = b.mulc(warp, 16);
-        // mma.sync: the Q and dO fragments stay in registers (wgmma reads the tiles; a split
-        // head dim reads them per k-step, see `mma_abt_smem`).
-        let qdo =
-            (!self.wg && part.is_none()).then(|| (self.a_frags(q_off, wrow0), self.a_frags(do_off, wrow0)));
-        let iw0 = b.add(i0, wrow0);
-        let ri = [b.add(iw0, g), b.addc(b.add(iw0, g), 8)];
-        // Row terms: (c_i - c_ref - lse_i) log2 e (-inf for an empty row), and D_i.
+    /// Per row `ri[r]` of the thread: `(c_i - c_ref - lse_i) log2 e` (`-inf` for an empty row)
+    /// and `D_i`.
+    fn dq_row_terms(
+        &self,
+        ri: [IntValue<'ctx>; 2],
+        (cb, lb, ddb): (PointerValue<'ctx>, PointerValue<'ctx>, PointerValue<'ctx>),
+        c_ref: Option<FloatValue<'ctx>>,
+    ) -> ([FloatValue<'ctx>; 2], [FloatValue<'ctx>; 2]) {
+        let b = self.b;
+        let f32t = b.f32t().into();
+        let tmax = b.addc(self.t_len, -1);
+        let l2e = b.f32(LOG2E);
         let ninf = b.f32(f64::NEG_INFINITY);
         let mut rt = [ninf; 2];
         let mut ddr = [ninf; 2];
@@ -158,122 +265,147 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             rt[r] = b.select_f(empty, ninf, b.fmul(b.fsub(cterm, li), l2e));
             ddr[r] = b.load_f32(b.gep(f32t, ddb, ic));
         }
+        (rt, ddr)
+    }
 
-        let zero = b.f32(0.0);
-        let mut carried: Vec<(&str, BasicValueEnum)> = vec![("n", n_end.into()), ("parity", b.i32(0).into())];
-        carried.extend((0..dt * 4).map(|_| ("dq", zero.into())));
-        carried.extend([("rowsum", zero.into()), ("rowsum", zero.into())]);
-        // Row sums of the captured tensors' terms, two per query-read gradient slot.
+    /// One key tile `n` (carried: `n, parity, dq..., rowsum x2, caprow...`): prefetch the next
+    /// tile, S and dP, probabilities and dS, the row sums, dQ += dS K; the carried values of
+    /// the next iteration, and whether there is one.
+    fn dq_tile(
+        &self,
+        blk: &DqBlock<'ctx>,
+        vals: &[BasicValueEnum<'ctx>],
+    ) -> (IntValue<'ctx>, Vec<BasicValueEnum<'ctx>>) {
+        let (b, cfg) = (self.b, self.cfg);
+        let bn = cfg.bn as i64;
+        let dt = blk.dq_tiles;
         let cap_slots = self.regions.slots(false);
         let c0 = 4 + dt * 4;
-        carried.extend((0..2 * cap_slots.len()).map(|_| ("caprow", zero.into())));
-        let last = b.do_while(("tile", "epilogue"), &carried, |b, vals| {
-            let n = vals[0].into_int_value();
-            let par = vals[1].into_int_value();
-            let dq_in = floats(&vals[2..2 + dt * 4]);
-            let rs_in = [vals[2 + dt * 4].into_float_value(), vals[3 + dt * 4].into_float_value()];
-            b.cp_async_wait(0);
-            self.fence_proxy();
+        let (k_off, v_off) = (blk.k_off, blk.v_off);
+        let n = vals[0].into_int_value();
+        let par = vals[1].into_int_value();
+        let dq_in = floats(&vals[2..2 + dt * 4]);
+        let rs_in = [vals[2 + dt * 4].into_float_value(), vals[3 + dt * 4].into_float_value()];
+        b.cp_async_wait(0);
+        self.fence_proxy();
+        b.barrier();
+        let is0 = b.icmpc(IntPredicate::EQ, par, 0);
+        let more = b.icmp(IntPredicate::SGT, n, blk.n_start);
+        // The next key tile into the other buffer (with one buffer: after the products).
+        let prefetch = |b: &crate::nvptx::builder::KernelBuilder<'a, 'ctx>| {
+            b.if_then(more, |b| {
+                let jn = b.mulc(b.addc(n, -1), bn);
+                self.load_tile(blk.kb, jn, cfg.bn, b.select_i(is0, k_off[1], k_off[0]));
+                self.load_tile(blk.vb, jn, cfg.bn, b.select_i(is0, v_off[1], v_off[0]));
+            });
+            b.cp_async_commit();
+        };
+        let bufs = cfg.dq_kv_buffers();
+        if bufs == 2 {
+            prefetch(b);
+        }
+        let kcur = b.select_i(is0, k_off[0], k_off[1]);
+        let vcur = b.select_i(is0, v_off[0], v_off[1]);
+        let j0 = b.mulc(n, bn);
+        let col0 = b.add(j0, b.mulc(blk.tq, 2));
+        let (c_col, c_next) = if cfg.has_decay {
+            let c_col = self.load_colb(b.select_i(is0, blk.colb[0], blk.colb[1]), blk.tq);
+            (c_col, Some(self.col_c(blk.cb, b.smax(b.addc(n, -1), b.i32(0)))))
+        } else {
+            (vec![], None)
+        };
+        let (q_off, do_off) = (blk.q_off, blk.do_off);
+        let (s, dp) = match &blk.qdo {
+            Some((qf, dof)) => (self.mma_abt(qf, kcur, cfg.bn), self.mma_abt(dof, vcur, cfg.bn)),
+            None if !self.wg => (
+                self.mma_abt_smem((q_off, blk.wrow0), kcur, cfg.bn),
+                self.mma_abt_smem((do_off, blk.wrow0), vcur, cfg.bn),
+            ),
+            None => {
+                let mut r = self
+                    .wg_abt_batch(&[((q_off, DQ_ROWS), (kcur, cfg.bn)), ((do_off, DQ_ROWS), (vcur, cfg.bn))]);
+                let dp = r.pop().unwrap_or_default();
+                (r.pop().unwrap_or_default(), dp)
+            }
+        };
+        let (ri, rt, ddr) = (blk.ri, blk.rt, blk.ddr);
+        // Element e of n-tile jt: row ri[e / 2], key col0 + 8 jt + (e & 1).
+        let pos: PosFn = &|jt, e| (ri[e / 2], b.addc(col0, (8 * jt + (e & 1)) as i64));
+        let term: ElemFn = &|jt, e| match c_col.get(jt * 2 + (e & 1)) {
+            Some(&cc) => b.fadd(cc, rt[e / 2]),
+            None => rt[e / 2],
+        };
+        let need = self.dq_needs_mask(j0, blk.iw0);
+        let (p, xs) = self.probs(&s, term, pos, need, blk.bh);
+        let ddf: ElemFn = &|_, e| ddr[e / 2];
+        let (ds, dx) = self.dscores(&p, &dp, ddf, &xs, pos, blk.bh);
+        let mut rs = rs_in;
+        for (k, v) in ds.iter().enumerate() {
+            let r = (k % 4) / 2;
+            rs[r] = b.fadd(rs[r], *v);
+        }
+        let mut caprs = floats(&vals[c0..c0 + 2 * cap_slots.len()]);
+        for (s, terms) in self.capture_terms(&p, &ds, &xs, pos, blk.bh, false).iter().enumerate() {
+            for (k, v) in terms.iter().enumerate() {
+                let r = 2 * s + (k % 4) / 2;
+                caprs[r] = b.fadd(caprs[r], *v);
+            }
+        }
+        let dq = if self.wg {
+            self.wg_acc_now(dq_in, &dx, kcur, cfg.bn)
+        } else {
+            // The block's part: 16-byte chunks from part * part_dim / 8.
+            let ch0 = blk.part.map(|p| b.mulc(p, (cfg.part_dim() / 8) as i64));
+            self.mma_acc(dq_in, &dx, (kcur, ch0), cfg.bn)
+        };
+        if let (Some(cr), Some(cn)) = (blk.c_ref, c_next) {
+            // The other bias buffer was last read before this iteration's barrier.
+            self.store_colb(cr, cn, b.select_i(is0, blk.colb[1], blk.colb[0]));
+        }
+        if bufs == 1 {
+            // Every warp is done reading K and V before the next tile overwrites them.
             b.barrier();
-            let is0 = b.icmpc(IntPredicate::EQ, par, 0);
-            let more = b.icmp(IntPredicate::SGT, n, n_start);
-            // The next key tile into the other buffer (with one buffer: after the products).
-            let prefetch = |b: &crate::nvptx::builder::KernelBuilder<'a, 'ctx>| {
-                b.if_then(more, |b| {
-                    let jn = b.mulc(b.addc(n, -1), bn);
-                    self.load_tile(kb, jn, cfg.bn, b.select_i(is0, k_off[1], k_off[0]));
-                    self.load_tile(vb, jn, cfg.bn, b.select_i(is0, v_off[1], v_off[0]));
-                });
-                b.cp_async_commit();
-            };
-            if bufs == 2 {
-                prefetch(b);
-            }
-            let kcur = b.select_i(is0, k_off[0], k_off[1]);
-            let vcur = b.select_i(is0, v_off[0], v_off[1]);
-            let j0 = b.mulc(n, bn);
-            let col0 = b.add(j0, b.mulc(tq, 2));
-            let (c_col, c_next) = if cfg.has_decay {
-                let c_col = self.load_colb(b.select_i(is0, colb[0], colb[1]), tq);
-                (c_col, Some(self.col_c(cb, b.smax(b.addc(n, -1), b.i32(0)))))
-            } else {
-                (vec![], None)
-            };
-            let (s, dp) = match &qdo {
-                Some((qf, dof)) => (self.mma_abt(qf, kcur, cfg.bn), self.mma_abt(dof, vcur, cfg.bn)),
-                None if !self.wg => (
-                    self.mma_abt_smem((q_off, wrow0), kcur, cfg.bn),
-                    self.mma_abt_smem((do_off, wrow0), vcur, cfg.bn),
-                ),
-                None => {
-                    let mut r = self.wg_abt_batch(&[
-                        ((q_off, DQ_ROWS), (kcur, cfg.bn)),
-                        ((do_off, DQ_ROWS), (vcur, cfg.bn)),
-                    ]);
-                    let dp = r.pop().unwrap_or_default();
-                    (r.pop().unwrap_or_default(), dp)
-                }
-            };
-            // Element e of n-tile jt: row ri[e / 2], key col0 + 8 jt + (e & 1).
-            let pos: PosFn = &|jt, e| (ri[e / 2], b.addc(col0, (8 * jt + (e & 1)) as i64));
-            let term: ElemFn = &|jt, e| match c_col.get(jt * 2 + (e & 1)) {
-                Some(&cc) => b.fadd(cc, rt[e / 2]),
-                None => rt[e / 2],
-            };
-            let mut need = if cfg.causal {
-                b.icmp(IntPredicate::SGT, b.addc(j0, bn - 1), iw0)
-            } else if self.regions.score.has_mask() {
-                // The condition on every element, as the forward's softmax.
-                b.bool(true)
-            } else {
-                // Keys past T.
-                b.icmp(IntPredicate::SGE, b.addc(j0, bn - 1), t_len)
-            };
-            if let Some(w) = cfg.window {
-                let wl = b.sub(b.addc(iw0, 15), j0);
-                need = b.or(need, b.icmpc(IntPredicate::SGE, wl, w as i64));
-            }
-            let (p, xs) = self.probs(&s, term, pos, need, bh);
-            let ddf: ElemFn = &|_, e| ddr[e / 2];
-            let (ds, dx) = self.dscores(&p, &dp, ddf, &xs, pos, bh);
-            let mut rs = rs_in;
-            for (k, v) in ds.iter().enumerate() {
-                let r = (k % 4) / 2;
-                rs[r] = b.fadd(rs[r], *v);
-            }
-            let mut caprs = floats(&vals[c0..c0 + 2 * cap_slots.len()]);
-            for (s, terms) in self.capture_terms(&p, &ds, &xs, pos, bh, false).iter().enumerate() {
-                for (k, v) in terms.iter().enumerate() {
-                    let r = 2 * s + (k % 4) / 2;
-                    caprs[r] = b.fadd(caprs[r], *v);
-                }
-            }
-            let dq = if self.wg {
-                self.wg_acc_now(dq_in, &dx, kcur, cfg.bn)
-            } else {
-                // The block's part: 16-byte chunks from part * part_dim / 8.
-                let ch0 = part.map(|p| b.mulc(p, (cfg.part_dim() / 8) as i64));
-                self.mma_acc(dq_in, &dx, (kcur, ch0), cfg.bn)
-            };
-            if let (Some(cr), Some(cn)) = (c_ref, c_next) {
-                // The other bias buffer was last read before this iteration's barrier.
-                self.store_colb(cr, cn, b.select_i(is0, colb[1], colb[0]));
-            }
-            if bufs == 1 {
-                // Every warp is done reading K and V before the next tile overwrites them.
-                b.barrier();
-                prefetch(b);
-            }
-            let n_next = b.addc(n, -1);
-            let again = b.icmp(IntPredicate::SGE, n_next, n_start);
-            let mut next = vec![n_next.into(), b.xorc(par, 1).into()];
-            next.extend(basic(&dq));
-            next.extend(basic(&rs));
-            next.extend(basic(&caprs));
-            (again, next)
-        });
+            prefetch(b);
+        }
+        let n_next = b.addc(n, -1);
+        let again = b.icmp(IntPredicate::SGE, n_next, blk.n_start);
+        let mut next = vec![n_next.into(), b.xorc(par, 1).into()];
+        next.extend(basic(&dq));
+        next.extend(basic(&rs));
+        next.extend(basic(&caprs));
+        (again, next)
+    }
 
-        // Epilogue: dq = scale * acc (f32 pairs), the row sums of dS into dc.
+    /// Whether the tile at key `j0` needs the element mask for the warp's rows from `iw0`: it
+    /// crosses the diagonal (causal), the score region has a mask (every element, as the
+    /// forward's softmax), it runs past T, or part of it lies outside the window.
+    fn dq_needs_mask(&self, j0: IntValue<'ctx>, iw0: IntValue<'ctx>) -> IntValue<'ctx> {
+        let (b, cfg) = (self.b, self.cfg);
+        let bn = cfg.bn as i64;
+        let mut need = if cfg.causal {
+            b.icmp(IntPredicate::SGT, b.addc(j0, bn - 1), iw0)
+        } else if self.regions.score.has_mask() {
+            b.bool(true)
+        } else {
+            b.icmp(IntPredicate::SGE, b.addc(j0, bn - 1), self.t_len)
+        };
+        if let Some(w) = cfg.window {
+            let wl = b.sub(b.addc(iw0, 15), j0);
+            need = b.or(need, b.icmpc(IntPredicate::SGE, wl, w as i64));
+        }
+        need
+    }
+
+    /// Epilogue: dq = scale * acc (f32 pairs), the row sums of dS into dc, the captured
+    /// tensors' row sums into their gradients.
+    fn dq_epilogue(&self, blk: &DqBlock<'ctx>, last: &[BasicValueEnum<'ctx>]) {
+        let (b, cfg) = (self.b, self.cfg);
+        let d = cfg.head_dim as i64;
+        let f32t = b.f32t().into();
+        let dt = blk.dq_tiles;
+        let cap_slots = self.regions.slots(false);
+        let c0 = 4 + dt * 4;
+        let (tq, ri, t_len) = (blk.tq, blk.ri, self.t_len);
         let dq = floats(&last[2..2 + dt * 4]);
         let rs = [last[2 + dt * 4].into_float_value(), last[3 + dt * 4].into_float_value()];
         // The captured tensors' row sums over the row's 4 lanes (every lane shuffles: outside
@@ -291,7 +423,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             .collect();
         let sc = b.f32(cfg.scale as f64);
         let mut t2 = b.mulc(tq, 2);
-        if let Some(p) = part {
+        if let Some(p) = blk.part {
             t2 = b.add(t2, b.mulc(p, cfg.part_dim() as i64));
         }
         for r in 0..2 {
@@ -305,26 +437,26 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                     let x0 = b.fmul(dq[dtile * 4 + 2 * r], sc);
                     let x1 = b.fmul(dq[dtile * 4 + 2 * r + 1], sc);
                     let idx = b.add(rowoff, b.addc(t2, 8 * dtile as i64));
-                    b.store_aligned(b.gep(f32t, dqb, b.sext64(idx)), b.vec2_f32(x0, x1), 8);
+                    b.store_aligned(b.gep(f32t, blk.dqb, b.sext64(idx)), b.vec2_f32(x0, x1), 8);
                 }
                 // Every gradient of a captured tensor: its row sums (0 without a query read);
                 // the dkv kernel adds the column sums.
                 for (slot, sums) in capsum.iter().enumerate() {
                     let v = sums[r];
                     let mut w = b.icmpc(IntPredicate::EQ, tq, 0);
-                    if let Some(f) = first_part {
+                    if let Some(f) = blk.first_part {
                         w = b.and(w, f);
                     }
-                    let gp = b.gep(f32t, b.param_ptr(self.regions.grad_param(slot)), row_base);
+                    let gp = b.gep(f32t, b.param_ptr(self.regions.grad_param(slot)), blk.row_base);
                     b.if_then(w, |b| b.store(b.gep(f32t, gp, b.sext64(ri[r])), v));
                 }
                 if cfg.has_decay {
                     let mut w = b.icmpc(IntPredicate::EQ, tq, 0);
-                    if let Some(f) = first_part {
+                    if let Some(f) = blk.first_part {
                         w = b.and(w, f);
                     }
                     b.if_then(w, |b| {
-                        b.store(b.gep(f32t, dcb, b.sext64(ri[r])), sum);
+                        b.store(b.gep(f32t, blk.dcb, b.sext64(ri[r])), sum);
                     });
                 }
             });
