@@ -45,8 +45,7 @@ fn rt_err(e: ExecError) -> Error {
 
 /// Validate the inputs (names, dtypes, shapes, NaN) and bind the graph's dims.
 fn bind(g: &Graph, inputs: &TensorMap) -> Result<BTreeMap<String, u64>, Error> {
-    let dims =
-        foxc_runtime::validate::check_inputs(g, inputs).map_err(|e| Error::user(format!("error: {e}")))?;
+    let dims = crate::validate::check_inputs(g, inputs).map_err(|e| Error::user(format!("error: {e}")))?;
     Ok(dims.0)
 }
 

@@ -253,8 +253,7 @@ fn prepare_with(
     debug_starts: bool,
 ) -> Result<Prepared, Error> {
     // Shapes, dtypes and values are checked before anything touches the GPU.
-    let bind =
-        foxc_runtime::validate::check_inputs(g, inputs).map_err(|e| Error::user(format!("error: {e}")))?;
+    let bind = crate::validate::check_inputs(g, inputs).map_err(|e| Error::user(format!("error: {e}")))?;
     check_sizes(g, &bind)?;
     if outputs.is_empty() {
         return Err(Error::user("error: no outputs requested"));

@@ -56,7 +56,7 @@ pub fn seeded_dout(
     seed: u64,
 ) -> Result<HostTensor, Error> {
     let (dtype, shape) = dout_type(program, fwd, inputs)?;
-    let mut rng = foxc_runtime::workload::Rng::for_param(seed, DOUT);
+    let mut rng = crate::workload::Rng::for_param(seed, DOUT);
     let n: usize = shape.iter().product();
     let v: Vec<f32> = (0..n).map(|_| rng.normal() as f32).collect();
     Ok(HostTensor::from_f32_as(dtype, &shape, &v))

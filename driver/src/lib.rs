@@ -24,6 +24,8 @@ pub mod support;
 pub mod target;
 pub mod tensors;
 pub mod timing;
+pub mod validate;
+pub mod workload;
 
 pub use backend::{backend, Backend, BackendKind, RunOptions, RunResult, Timing};
 pub use error::{Error, ErrorKind};

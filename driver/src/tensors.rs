@@ -27,7 +27,7 @@ pub fn generate(g: &Graph, dims: &BTreeMap<String, u64>, seed: u64) -> Result<Te
             g.dims.join(", ")
         )));
     }
-    foxc_runtime::workload::standard_inputs(g, &DimBindings(dims.clone()), seed)
+    crate::workload::standard_inputs(g, &DimBindings(dims.clone()), seed)
         .map_err(|e| Error::user(format!("error: {e}")))
 }
 
@@ -41,7 +41,7 @@ pub fn write(path: &Path, tensors: &TensorMap) -> Result<(), Error> {
 
 /// Check the inputs against the program's parameters before any work.
 pub fn validate(g: &Graph, inputs: &TensorMap) -> Result<DimBindings, Error> {
-    foxc_runtime::validate::check_inputs(g, inputs).map_err(|e| Error::user(format!("error: {e}")))
+    crate::validate::check_inputs(g, inputs).map_err(|e| Error::user(format!("error: {e}")))
 }
 
 pub fn to_interp(inputs: &TensorMap) -> BTreeMap<String, Tensor> {

@@ -268,7 +268,7 @@ impl Region {
             RNode::Dim(d) => (format!("dim({d})"), 9),
             RNode::Const(c) => (fmt_num(*c), if *c < 0.0 { 5 } else { 9 }),
             RNode::Capture { k, index } => {
-                let ix: Vec<String> = index.iter().map(fmt_index).collect();
+                let ix: Vec<String> = index.iter().map(IndexExpr::to_string).collect();
                 (format!("{}[{}]", cap(*k), ix.join(", ")), 9)
             }
             RNode::Unary(UnaryOp::Neg, a) => (format!("-{}", self.expr(*a, cap, 6, shared)), 5),
@@ -338,51 +338,6 @@ fn infix(b: BinaryOp) -> Option<(&'static str, u8)> {
         BinaryOp::Div => ("/", 3),
         BinaryOp::Min | BinaryOp::Max => return None,
     })
-}
-
-/// `h / (H/G)`, `i - j + 3`, `0`.
-pub fn fmt_index(e: &IndexExpr) -> String {
-    if let Some((last, inner)) = e.clamps.split_last() {
-        let inner = IndexExpr { clamps: inner.to_vec(), ..e.clone() };
-        let bound = IndexExpr { dim_terms: last.dim_terms.clone(), ..IndexExpr::constant(last.constant) };
-        let name = if last.kind == crate::index::ClampKind::Min { "min" } else { "max" };
-        return format!("{name}({}, {})", fmt_index(&inner), fmt_index(&bound));
-    }
-    let mut s = String::new();
-    let dims = e.dim_terms.iter().map(|(d, c)| {
-        let name = if matches!(d, Dim::Div(..)) { format!("({d})") } else { d.to_string() };
-        (name, *c)
-    });
-    let terms: Vec<(String, i64)> = e.terms.iter().cloned().chain(dims).collect();
-    for (v, c) in &terms {
-        let (sign, mag) = if *c < 0 { ("-", -c) } else { ("+", *c) };
-        if s.is_empty() {
-            if sign == "-" {
-                s.push('-');
-            }
-        } else {
-            s.push_str(&format!(" {sign} "));
-        }
-        if mag == 1 {
-            s.push_str(v);
-        } else {
-            s.push_str(&format!("{mag}*{v}"));
-        }
-    }
-    if e.constant != 0 || s.is_empty() {
-        if s.is_empty() {
-            s = e.constant.to_string();
-        } else if e.constant < 0 {
-            s.push_str(&format!(" - {}", -e.constant));
-        } else {
-            s.push_str(&format!(" + {}", e.constant));
-        }
-    }
-    match &e.div {
-        Some(d) if terms.len() + (e.constant != 0) as usize > 1 => format!("({s}) / ({d})"),
-        Some(d) => format!("{s} / ({d})"),
-        None => s,
-    }
 }
 
 /// The value of an index expression ([`IndexExpr::eval`], the one definition): `var` gives the
@@ -899,7 +854,7 @@ mod tests {
         let var = |v: &str| Some(if v == "h" { 7 } else { 0 });
         assert_eq!(eval_index(&gqa, &var, &|_| Some(4)), Some(1));
         assert_eq!(eval_index(&gqa, &var, &|_| Some(0)), None);
-        assert_eq!(fmt_index(&gqa), "h / (G)");
+        assert_eq!(gqa.to_string(), "h / G");
         let rel = IndexExpr {
             terms: vec![("i".into(), 1), ("j".into(), -1)],
             dim_terms: vec![],
@@ -907,7 +862,7 @@ mod tests {
             div: None,
             clamps: vec![],
         };
-        assert_eq!(fmt_index(&rel), "i - j + 3");
+        assert_eq!(rel.to_string(), "i - j + 3");
         let v2 = |v: &str| Some(if v == "i" { 2 } else { 9 });
         assert_eq!(eval_index(&rel, &v2, &|_| None), Some(-4));
         // Floor division rounds toward -inf.

@@ -71,7 +71,7 @@ pub struct Param {
 
 /// A subscript that stays in its axis for some sizes of the dims but could not be proven to for
 /// all (`c[b, h, i + M - N]` needs `M >= N`; `r[a, 7]` needs `A > 7`): the front end records it
-/// and the inputs are checked against it once the dims are bound (`runtime::validate`).
+/// and the inputs are checked against it once the dims are bound (`foxc_driver::validate`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SubscriptBound {
     /// The tensor read, as the source names it.

@@ -8,7 +8,5 @@ pub mod lanes;
 pub mod memory;
 pub mod tensor;
 pub mod tensor_map;
-pub mod validate;
-pub mod workload;
 
 pub use tensor::{HostTensor, TensorMap};

@@ -22,9 +22,9 @@
 //! when there is none). With a single head, `a_0 = 1e-4`. Every value is finally clamped to the
 //! parameter's declared range, if any, and written in the declared dtype.
 
-use crate::tensor::{HostTensor, TensorMap};
 use foxc_ir::shapes::{concrete_shape, DimBindings, ShapeError};
 use foxc_ir::{Dim, Graph, Param};
+use foxc_runtime::{HostTensor, TensorMap};
 
 /// Largest tensor the generator makes (elements): 2^32, i.e. 16 GiB of f32.
 const MAX_ELEMENTS: usize = 1 << 32;
@@ -36,7 +36,7 @@ pub enum WorkloadError {
     #[error("parameter `{tensor}` would have shape {shape:?}, too large for the workload generator; use a smaller shape")]
     TooLarge { tensor: String, shape: Vec<usize> },
     #[error("the standard inputs at this shape: {0}; use a smaller shape")]
-    OverBudget(#[from] crate::memory::OverBudget),
+    OverBudget(#[from] foxc_runtime::memory::OverBudget),
 }
 
 /// How the standard workload fills a parameter.
@@ -162,13 +162,18 @@ pub fn role(g: &Graph, p: &Param) -> Role {
 
 /// Values of parameter `p` (shape `shape`) in f64, their storage reserved fallibly (the budget
 /// check of [`standard_inputs`] cannot see what other processes take meanwhile).
-fn values(g: &Graph, p: &Param, shape: &[usize], seed: u64) -> Result<Vec<f64>, crate::memory::OverBudget> {
+fn values(
+    g: &Graph,
+    p: &Param,
+    shape: &[usize],
+    seed: u64,
+) -> Result<Vec<f64>, foxc_runtime::memory::OverBudget> {
     let mut rng = Rng::for_param(seed, &p.name);
     let n: usize = shape.iter().product();
     let mut v: Vec<f64> = match role(g, p) {
-        Role::Normal => crate::memory::try_collect(n, |_| rng.normal())?,
+        Role::Normal => foxc_runtime::memory::try_collect(n, |_| rng.normal())?,
         Role::QkNormalized => {
-            let mut v = crate::memory::try_collect(n, |_| rng.normal())?;
+            let mut v = foxc_runtime::memory::try_collect(n, |_| rng.normal())?;
             let d = shape.last().copied().unwrap_or(0);
             if d > 0 {
                 for row in v.chunks_mut(d) {
@@ -182,7 +187,7 @@ fn values(g: &Graph, p: &Param, shape: &[usize], seed: u64) -> Result<Vec<f64>, 
         }
         role @ (Role::GateLogits | Role::LogGate) => {
             let (nh, t) = (shape[1], shape[2]);
-            crate::memory::try_collect(n, |i| {
+            foxc_runtime::memory::try_collect(n, |i| {
                 let h = (i / t.max(1)) % nh.max(1);
                 let z = logit_of_decay(head_decay(h, nh)) + rng.normal();
                 if role == Role::LogGate {
@@ -192,14 +197,16 @@ fn values(g: &Graph, p: &Param, shape: &[usize], seed: u64) -> Result<Vec<f64>, 
                 }
             })?
         }
-        Role::AlibiSlopes => crate::memory::try_collect(n, |h| 2f64.powf(-8.0 * (h + 1) as f64 / n as f64))?,
-        Role::NormWeights => crate::memory::try_collect(n, |_| 1.0 + 0.1 * rng.normal())?,
+        Role::AlibiSlopes => {
+            foxc_runtime::memory::try_collect(n, |h| 2f64.powf(-8.0 * (h + 1) as f64 / n as f64))?
+        }
+        Role::NormWeights => foxc_runtime::memory::try_collect(n, |_| 1.0 + 0.1 * rng.normal())?,
         Role::Integers => {
             let (lo, hi) = p.range.unwrap_or(DEFAULT_INTEGERS);
             let lo = lo.ceil().clamp(i32::MIN as f64, i32::MAX as f64);
             let hi = hi.floor().clamp(i32::MIN as f64, i32::MAX as f64);
             let span = (hi - lo).max(0.0) + 1.0;
-            crate::memory::try_collect(n, |_| (lo + (rng.uniform() * span).floor()).min(hi.max(lo)))?
+            foxc_runtime::memory::try_collect(n, |_| (lo + (rng.uniform() * span).floor()).min(hi.max(lo)))?
         }
     };
     if let Some((lo, hi)) = p.range {
@@ -225,11 +232,11 @@ pub fn standard_inputs(g: &Graph, dims: &DimBindings, seed: u64) -> Result<Tenso
     // copy of the largest while it is made.
     let kept: u64 = shapes.iter().map(|(p, _, n)| *n as u64 * p.ty.dtype.size_bytes() as u64).sum();
     let largest = shapes.iter().map(|(_, _, n)| *n as u64).max().unwrap_or(0);
-    crate::memory::fits(kept + 12 * largest)?;
+    foxc_runtime::memory::fits(kept + 12 * largest)?;
     let mut out = TensorMap::new();
     for (p, shape, n) in shapes {
         let v64 = values(g, p, &shape, seed)?;
-        let v = crate::memory::try_collect(n, |i| v64[i] as f32)?;
+        let v = foxc_runtime::memory::try_collect(n, |i| v64[i] as f32)?;
         drop(v64);
         out.insert(p.name.clone(), HostTensor::from_f32_as(p.ty.dtype, &shape, &v));
     }

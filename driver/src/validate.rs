@@ -6,10 +6,10 @@
 //! parameter declared `in [-inf, 0]`), values outside a declared range, and dims that break an
 //! exact division a subscript needs (`h / (H / G)` with G not dividing H).
 
-use crate::tensor::TensorMap;
 use foxc_ir::index::IndexExpr;
 use foxc_ir::shapes::{bind_dims, DimBindings, ShapeError};
 use foxc_ir::{Graph, Op, RNode, ValueId};
+use foxc_runtime::TensorMap;
 
 #[derive(Debug, PartialEq, thiserror::Error)]
 pub enum InputError {
@@ -229,8 +229,8 @@ fn check_divisions(g: &Graph, dims: &DimBindings) -> Result<(), InputError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::HostTensor;
     use foxc_ir::{DType, Dim, Span, ValueType};
+    use foxc_runtime::HostTensor;
 
     fn pos(dt: DType, dims: &[&str]) -> ValueType {
         ValueType::tensor(dt, dims.iter().map(|d| Dim::sym(d)))
