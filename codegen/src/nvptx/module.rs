@@ -2,6 +2,7 @@
 //! nodes of a joint prelude) into a single LLVM module and records the launch plan (buffers,
 //! arguments, geometry) that goes with it.
 
+use super::attention::params::FwdParams;
 use super::attention::region::{CaptureTy, RegionMod, ScoreArg};
 use super::attention::{self, AttnKernelConfig};
 use super::attention_ws;
@@ -706,16 +707,18 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             Some(c) => self.buf(c)?,
             None => qkv[0],
         };
-        let mut args = vec![
-            KernelArg::Buffer(qkv[0]),
-            KernelArg::Buffer(qkv[1]),
-            KernelArg::Buffer(qkv[2]),
-            KernelArg::Buffer(c_buf),
-            KernelArg::Buffer(delta.unwrap_or(c_buf)),
-            KernelArg::Buffer(res),
-            KernelArg::Buffer(lse),
-            KernelArg::I32(vec![t.clone()]),
-        ];
+        let buf = KernelArg::Buffer;
+        let mut args = FwdParams {
+            q: buf(qkv[0]),
+            k: buf(qkv[1]),
+            v: buf(qkv[2]),
+            c: buf(c_buf),
+            delta: buf(delta.unwrap_or(c_buf)),
+            out: buf(res),
+            lse: buf(lse),
+            t: KernelArg::I32(vec![t.clone()]),
+        }
+        .into_vec();
         // The score hook's parameters (region.rs, ScoreArg): head count, captures and their sizes.
         for arg in score.args() {
             args.push(match *arg {

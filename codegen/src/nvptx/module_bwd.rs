@@ -6,6 +6,7 @@
 //! yet, nor their gradients), a separate `block_boundary`, a decay pair. A head dim above
 //! [`attention_bwd::BWD_PART_DIM`] runs `d_parts` blocks per tile and head (grid y).
 
+use super::attention::params::{DkvParams, DqParams};
 use super::attention::region::{CaptureTy, RegionMod, ScoreArg};
 use super::attention_bwd::{
     self, BwdConfig, BwdKernel, CaptureRead, Regions, BWD_FIXED_PARAMS, DQ_ROWS, PRE_ROWS,
@@ -257,20 +258,21 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         self.push(
             n,
             dqk,
-            vec![
-                buf(q),
-                buf(k),
-                buf(v),
-                buf(c),
-                buf(delta),
-                buf(dout),
-                buf(lse),
-                buf(dd_buf),
-                buf(dq),
-                buf(dc),
-                buf(start),
-                t_arg.clone(),
-            ]
+            DqParams {
+                q: buf(q),
+                k: buf(k),
+                v: buf(v),
+                c: buf(c),
+                delta: buf(delta),
+                dout: buf(dout),
+                lse: buf(lse),
+                dd: buf(dd_buf),
+                dq: buf(dq),
+                dc: buf(dc),
+                start: buf(start),
+                t: t_arg.clone(),
+            }
+            .into_vec()
             .into_iter()
             .chain(extra.iter().cloned())
             .collect(),
@@ -285,20 +287,21 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         self.push(
             n,
             dkvk,
-            vec![
-                buf(q),
-                buf(k),
-                buf(v),
-                buf(c),
-                buf(dout),
-                buf(lse),
-                buf(dd_buf),
-                buf(start),
-                buf(dk),
-                buf(dv),
-                buf(dc),
-                t_arg,
-            ]
+            DkvParams {
+                q: buf(q),
+                k: buf(k),
+                v: buf(v),
+                c: buf(c),
+                dout: buf(dout),
+                lse: buf(lse),
+                dd: buf(dd_buf),
+                start: buf(start),
+                dk: buf(dk),
+                dv: buf(dv),
+                dc: buf(dc),
+                t: t_arg,
+            }
+            .into_vec()
             .into_iter()
             .chain(extra)
             .collect(),

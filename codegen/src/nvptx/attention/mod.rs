@@ -47,6 +47,7 @@
 
 mod key_bound;
 pub(crate) mod mma;
+pub(crate) mod params;
 pub(crate) mod prune;
 pub(crate) mod region;
 pub(crate) mod score;
@@ -288,18 +289,7 @@ pub fn launch_geometry(cfg: &AttnKernelConfig, t: u64, bh: u64, sms: Option<u32>
 /// The forward kernels' fixed parameters (the standard and the warp-specialized kernel alike), in
 /// order; the score region's own follow from [`score::FIRST_PARAM`] on.
 pub(crate) fn fixed_params() -> Vec<(&'static str, ParamTy)> {
-    let params = vec![
-        ("q", ParamTy::Ptr),
-        ("k", ParamTy::Ptr),
-        ("v", ParamTy::Ptr),
-        ("c", ParamTy::Ptr),
-        ("delta", ParamTy::Ptr),
-        ("out", ParamTy::Ptr),
-        ("lse", ParamTy::Ptr),
-        ("T", ParamTy::I32),
-    ];
-    debug_assert_eq!(params.len(), score::FIRST_PARAM as usize);
-    params
+    params::fwd_signature()
 }
 
 /// Adds the kernel for `cfg` to `module` (named [`AttnKernelConfig::kernel_name`]) and returns it.
@@ -341,7 +331,8 @@ pub(crate) fn build_attention_kernel_with<'ctx>(
     let smem = b.dyn_shared(&format!("{name}_smem"), 1024);
     let tid = b.sreg("tid.x");
     let lane = b.named(b.andc(tid, 31), "lane");
-    let a = Attn { b: &b, cfg, smem, tid, lane, t_len: b.param_int(7), wg: cfg.uses_wgmma(), score };
+    let a =
+        Attn { b: &b, cfg, smem, tid, lane, t_len: b.param_int(params::FWD.t), wg: cfg.uses_wgmma(), score };
     a.emit();
     b.finish()
 }
@@ -414,8 +405,9 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         let bn = cfg.bn as i64;
         let dt = (cfg.head_dim / 8) as usize; // n-tiles of 8 dims in O
         let t_len = self.t_len;
-        let (q_p, k_p, v_p, c_p) = (b.param_ptr(0), b.param_ptr(1), b.param_ptr(2), b.param_ptr(3));
-        let (delta_p, out_p, lse_p) = (b.param_ptr(4), b.param_ptr(5), b.param_ptr(6));
+        let p = params::FWD;
+        let (q_p, k_p, v_p, c_p) = (b.param_ptr(p.q), b.param_ptr(p.k), b.param_ptr(p.v), b.param_ptr(p.c));
+        let (delta_p, out_p, lse_p) = (b.param_ptr(p.delta), b.param_ptr(p.out), b.param_ptr(p.lse));
 
         let warp = b.named(b.lshrc(self.tid, 5), "warp");
         let bx = b.sreg("ctaid.x");

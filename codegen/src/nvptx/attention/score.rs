@@ -12,8 +12,8 @@ use crate::nvptx::builder::{KernelBuilder, ParamTy};
 use inkwell::values::{FloatValue, IntValue};
 
 /// Index of the first kernel parameter a score modification adds ([`ScoreMod::params`]): they
-/// follow the attention kernel's own eight (`q, k, v, c, delta, out, lse, T`).
-pub(crate) const FIRST_PARAM: u32 = 8;
+/// follow the attention kernel's own ([`super::params::FwdParams`]).
+pub(crate) const FIRST_PARAM: u32 = super::params::FIRST_FWD_PARAM;
 
 /// Where one score element sits: query row `i`, key column `j` (both `< T` except in tail
 /// tiles, whose elements the mask drops afterwards) and the flat batch-head index `bh`.

@@ -10,6 +10,7 @@
 use super::probs::{ElemFn, PosFn};
 use super::wg::WG_ROWS;
 use super::{Bwd, BwdConfig, Regions, LOG2E};
+use crate::nvptx::attention::params::{DkvParams, DKV};
 use crate::nvptx::attention::score::ScoreMod;
 use crate::nvptx::builder::control::{basic, floats};
 use crate::nvptx::builder::{KernelBuilder, ParamTy};
@@ -26,20 +27,21 @@ pub(super) fn build<'ctx>(
     regions: &Regions,
 ) -> Result<FunctionValue<'ctx>, String> {
     let p = ParamTy::Ptr;
-    let params = [
-        ("q", p),
-        ("k", p),
-        ("v", p),
-        ("c", p),
-        ("dout", p),
-        ("lse", p),
-        ("dd", p),
-        ("start", p),
-        ("dk", p),
-        ("dv", p),
-        ("dc", p),
-        ("T", ParamTy::I32),
-    ];
+    let params = DkvParams {
+        q: ("q", p),
+        k: ("k", p),
+        v: ("v", p),
+        c: ("c", p),
+        dout: ("dout", p),
+        lse: ("lse", p),
+        dd: ("dd", p),
+        start: ("start", p),
+        dk: ("dk", p),
+        dv: ("dv", p),
+        dc: ("dc", p),
+        t: ("T", ParamTy::I32),
+    }
+    .into_vec();
     Bwd::build(ctx, module, (name, &params), (cfg, regions), cfg.dkv_threads(), |k| k.emit_dkv())
 }
 
@@ -77,8 +79,9 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let grp = cfg.kv_group as i64;
         let t_len = self.t_len;
         let pp = |i| b.param_ptr(i);
-        let (q_p, k_p, v_p, c_p, do_p, lse_p) = (pp(0), pp(1), pp(2), pp(3), pp(4), pp(5));
-        let (dd_p, st_p, dk_p, dv_p, dc_p) = (pp(6), pp(7), pp(8), pp(9), pp(10));
+        let (q_p, k_p, v_p, c_p, do_p, lse_p) =
+            (pp(DKV.q), pp(DKV.k), pp(DKV.v), pp(DKV.c), pp(DKV.dout), pp(DKV.lse));
+        let (dd_p, st_p, dk_p, dv_p, dc_p) = (pp(DKV.dd), pp(DKV.start), pp(DKV.dk), pp(DKV.dv), pp(DKV.dc));
         let i16t = b.i16t().into();
         let f32t = b.f32t().into();
         let warp = b.lshrc(self.tid, 5);

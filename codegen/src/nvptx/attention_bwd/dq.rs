@@ -5,6 +5,7 @@
 
 use super::probs::{ElemFn, PosFn};
 use super::{Bwd, BwdConfig, Regions, DQ_ROWS, LOG2E};
+use crate::nvptx::attention::params::{DqParams, DQ};
 use crate::nvptx::attention::prune::{search_start, SearchAt};
 use crate::nvptx::attention::score::ScoreMod;
 use crate::nvptx::builder::control::{basic, floats};
@@ -23,20 +24,21 @@ pub(super) fn build<'ctx>(
     regions: &Regions,
 ) -> Result<FunctionValue<'ctx>, String> {
     let p = ParamTy::Ptr;
-    let params = [
-        ("q", p),
-        ("k", p),
-        ("v", p),
-        ("c", p),
-        ("delta", p),
-        ("dout", p),
-        ("lse", p),
-        ("dd", p),
-        ("dq", p),
-        ("dc", p),
-        ("start", p),
-        ("T", ParamTy::I32),
-    ];
+    let params = DqParams {
+        q: ("q", p),
+        k: ("k", p),
+        v: ("v", p),
+        c: ("c", p),
+        delta: ("delta", p),
+        dout: ("dout", p),
+        lse: ("lse", p),
+        dd: ("dd", p),
+        dq: ("dq", p),
+        dc: ("dc", p),
+        start: ("start", p),
+        t: ("T", ParamTy::I32),
+    }
+    .into_vec();
     Bwd::build(ctx, module, (name, &params), (cfg, regions), cfg.dq_threads(), |k| k.emit_dq())
 }
 
@@ -102,8 +104,9 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let bn = cfg.bn as i64;
         let t_len = self.t_len;
         let pp = |i| b.param_ptr(i);
-        let (q_p, k_p, v_p, c_p, delta_p, do_p) = (pp(0), pp(1), pp(2), pp(3), pp(4), pp(5));
-        let (lse_p, dd_p, dq_p, dc_p, st_p) = (pp(6), pp(7), pp(8), pp(9), pp(10));
+        let (q_p, k_p, v_p, c_p, delta_p, do_p) =
+            (pp(DQ.q), pp(DQ.k), pp(DQ.v), pp(DQ.c), pp(DQ.delta), pp(DQ.dout));
+        let (lse_p, dd_p, dq_p, dc_p, st_p) = (pp(DQ.lse), pp(DQ.dd), pp(DQ.dq), pp(DQ.dc), pp(DQ.start));
         let i16t = b.i16t().into();
         let f32t = b.f32t().into();
 

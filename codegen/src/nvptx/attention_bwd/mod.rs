@@ -234,8 +234,9 @@ impl BwdConfig {
     }
 }
 
-/// Parameters of the dq and dkv kernels before the regions' own (`T` is the last of them).
-pub(crate) const BWD_FIXED_PARAMS: u32 = 12;
+/// Parameters of the dq and dkv kernels before the regions' own ([`super::attention::params`]:
+/// `DqParams`, `DkvParams`; `T` is the last of them).
+pub(crate) const BWD_FIXED_PARAMS: u32 = super::attention::params::DQ.t + 1;
 
 /// A read of a captured tensor in the score region whose gradient the kernels sum
 /// (`d cap = sum dS dR/d(read)` over the entries reading it): by query row (`kb[b, h, i]`: the
@@ -368,7 +369,8 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let smem = b.dyn_shared(&format!("{name}_smem"), if wg { 1024 } else { 128 });
         let tid = b.sreg("tid.x");
         let lane = b.andc(tid, 31);
-        let t_len = b.param_int(BWD_FIXED_PARAMS - 1);
+        // The dq and dkv kernels both take T last of their fixed parameters.
+        let t_len = b.param_int(crate::nvptx::attention::params::DQ.t);
         body(&Bwd { b: &b, cfg, regions, smem, tid, lane, t_len, threads, wg });
         b.finish()
     }

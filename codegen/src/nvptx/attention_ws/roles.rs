@@ -8,6 +8,7 @@ use super::sync::{
 };
 use super::{persist, tma};
 use super::{residency, xch_stride, WsLayout};
+use crate::nvptx::attention::params::FWD;
 use crate::nvptx::attention::score::ScoreMod;
 use crate::nvptx::attention::{Attn, AttnKernelConfig, Rows, LOG2E};
 use crate::nvptx::builder::KernelBuilder;
@@ -58,7 +59,7 @@ pub(super) fn emit<'ctx>(
     let lane = b.named(b.andc(tid, 31), "lane");
     let wg = b.named(b.lshrc(tid, 7), "wg");
     let wtid = b.named(b.andc(tid, 127), "wtid");
-    let t_len = b.param_int(7);
+    let t_len = b.param_int(FWD.t);
     // The tiles grid's block (the persistent kernel derives one per work item instead).
     let blk = (!cfg.persistent).then(|| block(b, cfg, t_len));
     let res = residency(cfg.head_dim, cfg.bn);
@@ -140,12 +141,12 @@ pub(super) fn block_at<'ctx>(
         kv_head,
         i0,
         tmax,
-        qb: b.gep(i16t, b.param_ptr(0), mat_base),
-        kb: b.gep(i16t, b.param_ptr(1), kv_base),
-        vb: b.gep(i16t, b.param_ptr(2), kv_base),
-        cb: b.gep(f32t, b.param_ptr(3), row_base),
-        ob: b.gep(o_elt, b.param_ptr(5), mat_base),
-        lb: b.gep(f32t, b.param_ptr(6), row_base),
+        qb: b.gep(i16t, b.param_ptr(FWD.q), mat_base),
+        kb: b.gep(i16t, b.param_ptr(FWD.k), kv_base),
+        vb: b.gep(i16t, b.param_ptr(FWD.v), kv_base),
+        cb: b.gep(f32t, b.param_ptr(FWD.c), row_base),
+        ob: b.gep(o_elt, b.param_ptr(FWD.out), mat_base),
+        lb: b.gep(f32t, b.param_ptr(FWD.lse), row_base),
     }
 }
 
@@ -227,7 +228,7 @@ fn starts<'ctx>(
         return (0..consumers(cfg))
             .map(|w| {
                 let (_, i0c, _) = consumer_rows(b, cfg, blk, b.i32(w));
-                a.start_tile(blk.cb, b.param_ptr(4), blk.bh, i0c)
+                a.start_tile(blk.cb, b.param_ptr(FWD.delta), blk.bh, i0c)
             })
             .collect();
     }
@@ -253,7 +254,7 @@ fn post_start<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, blk: &Block<
     let ah = Attn { tid: b.andc(a.tid, 63), ..*a };
     let search = |w: IntValue<'ctx>| {
         let (_, i0c, _) = consumer_rows(b, cfg, blk, w);
-        let st = ah.start_tile(blk.cb, b.param_ptr(4), blk.bh, i0c);
+        let st = ah.start_tile(blk.cb, b.param_ptr(FWD.delta), blk.bh, i0c);
         let first = b.icmpc(IntPredicate::EQ, ah.tid, 0);
         b.if_then_named(first, ("post_start", "post_start_done"), |b| {
             b.store(b.smem_at(a.smem, b.add(xch, b.mulc(w, 4))), st);
@@ -436,10 +437,10 @@ fn out_ptrs<'ctx>(
     if !afresh {
         return (blk.ob, blk.lb);
     }
-    let row_base = b.mul(b.zext64(blk.bh), b.zext64(b.param_int(7)));
+    let row_base = b.mul(b.zext64(blk.bh), b.zext64(b.param_int(FWD.t)));
     let o_elt = if cfg.out_bf16 { b.i16t().into() } else { b.f32t().into() };
-    let ob = b.gep(o_elt, b.param_ptr(5), b.mulc(row_base, cfg.head_dim as i64));
-    (ob, b.gep(b.f32t().into(), b.param_ptr(6), row_base))
+    let ob = b.gep(o_elt, b.param_ptr(FWD.out), b.mulc(row_base, cfg.head_dim as i64));
+    (ob, b.gep(b.f32t().into(), b.param_ptr(FWD.lse), row_base))
 }
 
 /// Consumer `cw` (0 to `consumers - 1`): its 64 rows as one block of the old kernel, reading
