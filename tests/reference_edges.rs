@@ -127,3 +127,26 @@ fn an_overflowing_run_is_an_error_not_a_nan_output() {
     assert!(text(&o).contains("overflowed"), "{}", text(&o));
     assert!(!out.exists(), "a NaN output was written");
 }
+
+/// A count times an infinity inside a fused score region (found by the fuzzer,
+/// passes/tests/fuzz_programs.rs): `-inf * i` is 0 on row 0 and `-inf` below it, so row 0 keeps
+/// its keys and every other row has none (output 0). The region evaluators (the interpreter's,
+/// the CPU's and the GPU's) used to compute `-inf * 0 = NaN` there while the reference of the
+/// source gave the limit: the fused run's `--check` failed with "rel L2 inf".
+#[test]
+fn count_times_infinity_in_a_fused_region() {
+    let src = "attention inf_count(q: f32[B, H, T, D], k: f32[B, H, T, D], v: f32[B, H, T, D], fgate: f32[B, H, T]) -> f32[B, H, T, D] {
+    c[b, h, t] = cumsum(t, logsigmoid(fgate[b, h, t]))
+    s[b, h, i, j] = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D) + c[b, h, i] - c[b, h, j] + 0.01 * (-inf * i)
+    p[b, h, i, j] = softmax(j, causal(i, j, s[b, h, i, j]))
+    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
+    return out
+}
+";
+    let file = common::write_program("inf", "inf_count.attn", src);
+    let o = foxc(&["compile", &file, "--emit", "opt"]);
+    assert!(text(&o).contains("score = x + -inf * i"), "the term is not in the fused region:\n{}", text(&o));
+    let inputs = tmp("inf", "inf_count.safetensors");
+    write_inputs(&file, "B=1,H=2,T=70,D=8", &inputs);
+    check_everywhere(&file, &inputs, "inf_count");
+}

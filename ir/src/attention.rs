@@ -169,6 +169,49 @@ impl Region {
         ks
     }
 
+    /// Which nodes are counts: exact integers made from indices, dims and integer constants by
+    /// `+ - * min max neg` (as the interpreter's graph rule; docs/SEMANTICS.md, "The reference
+    /// at infinities"). `x * n` with a count `n` is 0 where `n = 0`, even for an infinite `x`.
+    pub fn counts(&self) -> Vec<bool> {
+        let mut c = vec![false; self.nodes.len()];
+        for (n, node) in self.nodes.iter().enumerate() {
+            let of = |k: &RId| c.get(*k as usize).copied().unwrap_or(false);
+            c[n] = match node {
+                RNode::Index(_) | RNode::Dim(_) => true,
+                RNode::Const(x) => x.fract() == 0.0 && x.abs() < 9.0e15,
+                RNode::Unary(UnaryOp::Neg, a) => of(a),
+                RNode::Binary(
+                    BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Min | BinaryOp::Max,
+                    a,
+                    b,
+                ) => of(a) && of(b),
+                _ => false,
+            };
+        }
+        c
+    }
+
+    /// For a `Mul` node with a count operand ([`Region::counts`]) that may be 0: `(x, n)`, the
+    /// other operand and the count (the right one when both are). A non-zero constant or a dim
+    /// (a size, at least 1 wherever the region is evaluated) never is, so `20 * tanh(x / 20)`
+    /// is a plain product.
+    pub fn count_product(&self, node: &RNode, counts: &[bool]) -> Option<(RId, RId)> {
+        let RNode::Binary(BinaryOp::Mul, a, b) = node else { return None };
+        let nonzero = |k: &RId| match self.nodes.get(*k as usize) {
+            Some(RNode::Const(c)) => *c != 0.0,
+            Some(RNode::Dim(_)) => true,
+            _ => false,
+        };
+        let is = |k: &RId| counts.get(*k as usize).copied().unwrap_or(false) && !nonzero(k);
+        if is(b) {
+            Some((*a, *b))
+        } else if is(a) {
+            Some((*b, *a))
+        } else {
+            None
+        }
+    }
+
     /// Operand ids of node `n`.
     pub fn args(n: &RNode) -> Vec<RId> {
         match n {

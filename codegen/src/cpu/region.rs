@@ -60,8 +60,10 @@ pub struct Lanes {
 /// The region's value on the four lanes, with `x` (f32x4) the scaled products.
 pub fn emit(fx: &mut Fx, rc: &RegionCode, caps: &[(Value, CaptureCode)], at: &Lanes, x: Value) -> Value {
     let mut vals: Vec<Value> = Vec::with_capacity(rc.region.nodes.len());
+    let counts = rc.region.counts();
     for (n, node) in rc.region.nodes.iter().enumerate() {
         let v = |k: u32| vals[k as usize];
+        let count_product = rc.region.count_product(node, &counts);
         let val = match node {
             RNode::Score => x,
             RNode::Index(IndexVar::J) => {
@@ -83,6 +85,20 @@ pub fn emit(fx: &mut Fx, rc: &RegionCode, caps: &[(Value, CaptureCode)], at: &La
             RNode::Const(c) => fx.splat_c(*c as f32),
             RNode::Capture { k, index } => capture(fx, &caps[*k], index, &rc.subs[n], at),
             RNode::Unary(u, a) => unary(fx, *u, v(*a)),
+            // `x * n` with a count n: 0 where n = 0 even for an infinite x (the interpreter's
+            // rule, docs/SEMANTICS.md).
+            RNode::Binary(..) if count_product.is_some() => {
+                let (xk, nk) = count_product.unwrap_or_default();
+                let (xv, nv) = (v(xk), v(nk));
+                let p = fx.b.ins().fmul(xv, nv);
+                let z = fx.splat_c(0.0);
+                let inf = fx.splat_c(f32::INFINITY);
+                let ax = fx.b.ins().fabs(xv);
+                let is_inf = fx.b.ins().fcmp(FloatCC::Equal, ax, inf);
+                let n0 = fx.b.ins().fcmp(FloatCC::Equal, nv, z);
+                let m = fx.b.ins().band(is_inf, n0);
+                fx.vsel(m, z, p)
+            }
             RNode::Binary(op, a, b) => binary(fx, *op, v(*a), v(*b)),
             RNode::Select(c, a, b) => {
                 let z = fx.splat_c(0.0);

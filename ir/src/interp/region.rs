@@ -8,7 +8,7 @@
 //!   check time unless the mask makes them unreachable, and masked entries are never evaluated,
 //!   so a NaN here means the program broke that rule (the run's NaN check reports it).
 
-use super::{binary, unary};
+use super::{binary, mul_by_count, unary};
 use crate::attention::{eval_index, IndexVar, RNode, Region};
 use crate::types::Dim;
 
@@ -27,6 +27,8 @@ pub struct RegionEval<'a> {
     dims: Vec<f64>,
     /// The dims an index expression divides by, resolved (`None`: unbound).
     dim: &'a dyn Fn(&Dim) -> Option<u64>,
+    /// `(x, n)` of each product by a count ([`Region::count_product`]), by node position.
+    count_products: Vec<Option<(u32, u32)>>,
     buf: Vec<f64>,
 }
 
@@ -57,7 +59,9 @@ impl<'a> RegionEval<'a> {
                 _ => {}
             }
         }
-        Ok(RegionEval { region, captures, dims, dim, buf: vec![0.0; region.nodes.len()] })
+        let counts = region.counts();
+        let count_products = region.nodes.iter().map(|n| region.count_product(n, &counts)).collect();
+        Ok(RegionEval { region, captures, dims, dim, count_products, buf: vec![0.0; region.nodes.len()] })
     }
 
     /// The region's value at entry `[b, h, i, j]` with score `x`.
@@ -72,7 +76,10 @@ impl<'a> RegionEval<'a> {
                 RNode::Const(c) => *c,
                 RNode::Capture { k, index } => self.read(*k, index, &var),
                 RNode::Unary(u, a) => unary(*u, b[*a as usize]),
-                RNode::Binary(op, a, c) => binary(*op, b[*a as usize], b[*c as usize]),
+                RNode::Binary(op, a, c) => match self.count_products[n] {
+                    Some((x, k)) => mul_by_count(b[x as usize], b[k as usize]),
+                    None => binary(*op, b[*a as usize], b[*c as usize]),
+                },
                 RNode::Select(c, a, e) => {
                     if b[*c as usize] != 0.0 {
                         b[*a as usize]

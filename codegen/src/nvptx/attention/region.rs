@@ -387,8 +387,10 @@ impl RegionMod {
         at: ScorePos<'ctx>,
     ) -> FloatValue<'ctx> {
         let mut vals: Vec<FloatValue<'ctx>> = Vec::with_capacity(rs.region.nodes.len());
+        let counts = rs.region.counts();
         for (n, node) in rs.region.nodes.iter().enumerate() {
             let v = |k: u32| vals[k as usize];
+            let count_product = rs.region.count_product(node, &counts);
             let val = match node {
                 RNode::Score => x,
                 RNode::Index(var) => {
@@ -411,6 +413,17 @@ impl RegionMod {
                 // within 1.5 ulp of the quotient, no division in the score loop.
                 RNode::Binary(BinaryOp::Div, a, c) if rs.constant(*c).is_some_and(|k| k != 0.0) => {
                     b.fmul(v(*a), b.f32(1.0 / rs.constant(*c).unwrap_or(1.0)))
+                }
+                // `x * n` with a count n: 0 where n = 0 even for an infinite x (the interpreter's
+                // rule, docs/SEMANTICS.md).
+                RNode::Binary(..) if count_product.is_some() => {
+                    let (xk, nk) = count_product.unwrap_or_default();
+                    let (xv, nv) = (v(xk), v(nk));
+                    let inf0 = b.and(
+                        b.fcmp(FloatPredicate::OEQ, b.fabs(xv), b.f32(f64::INFINITY)),
+                        b.fcmp(FloatPredicate::OEQ, nv, b.f32(0.0)),
+                    );
+                    b.select_f(inf0, b.f32(0.0), b.fmul(xv, nv))
                 }
                 RNode::Binary(op, a, c) => binary(b, *op, v(*a), v(*c)),
                 RNode::Select(c, a, e) => {
