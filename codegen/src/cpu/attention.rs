@@ -169,28 +169,38 @@ impl QueryTile {
     }
 }
 
+/// What every phase reads: the kernel, its scratch layout, its buffers and scratch addresses.
+struct Cx<'k> {
+    a: &'k AttnKernel,
+    sc: AttnScratch,
+    args: Args,
+    bufs: Bufs,
+}
+
 /// The fused forward attention kernel.
 pub(super) fn emit(fx: &mut Fx, a: &AttnKernel, f: &Frame, h: &Helpers) {
     let sc = a.scratch();
     let args = Args::load(fx, a, f);
     let bufs = Bufs::at(fx, &sc, f.scratch, args.c_lo.is_some());
+    let cx = Cx { a, sc, args, bufs };
     fx.for_range(f.begin, f.end, 1, |fx, task| {
-        let tile = QueryTile::at(fx, a, &args, task);
-        init_tile(fx, a, &sc, &bufs);
-        stage_queries(fx, a, &args, &bufs, &tile);
+        let tile = QueryTile::at(fx, a, &cx.args, task);
+        init_tile(fx, &cx);
+        stage_queries(fx, &cx, &tile);
         let diag1 = fx.b.ins().iadd_imm_s(tile.diag, 1);
         fx.for_range(tile.n_lo, diag1, 1, |fx, n| {
-            let (j0, cols) = stage_keys(fx, a, &sc, &args, &bufs, &tile, n);
-            score_block(fx, a, &sc, &bufs);
-            softmax_rows(fx, a, &sc, &args, &bufs, &tile, j0, cols);
-            accumulate_pv(fx, &sc, &bufs);
+            let (j0, cols) = stage_keys(fx, &cx, &tile, n);
+            score_block(fx, &cx);
+            softmax_rows(fx, &cx, &tile, j0, cols);
+            accumulate_pv(fx, &cx);
         });
-        finish_rows(fx, a, &sc, &args, &bufs, &tile, h);
+        finish_rows(fx, &cx, &tile, h);
     });
 }
 
 /// Per-task init: zero the Q, O, V and `c_i` areas; running max `-inf` and sum 0 per row.
-fn init_tile(fx: &mut Fx, a: &AttnKernel, sc: &AttnScratch, bufs: &Bufs) {
+fn init_tile(fx: &mut Fx, cx: &Cx) {
+    let (a, sc, bufs) = (cx.a, &cx.sc, &cx.bufs);
     zero_fill(fx, bufs.qs, sc.bmp * a.d * 4);
     zero_fill(fx, bufs.o, sc.bmp * sc.dp);
     zero_fill(fx, bufs.vp, sc.bnp * sc.dp);
@@ -209,7 +219,8 @@ fn init_tile(fx: &mut Fx, a: &AttnKernel, sc: &AttnScratch, bufs: &Bufs) {
 /// The tile's rows of `scale * q` into scratch, each element splatted to an f32x4 (the QK block
 /// then loads a ready operand instead of a scalar load and a broadcast per row and column),
 /// and their `c_i` (and `lo_i`).
-fn stage_queries(fx: &mut Fx, a: &AttnKernel, args: &Args, bufs: &Bufs, tile: &QueryTile) {
+fn stage_queries(fx: &mut Fx, cx: &Cx, tile: &QueryTile) {
+    let (a, args, bufs) = (cx.a, &cx.args, &cx.bufs);
     let d = a.d;
     let scale_v = fx.splat_c(a.scale as f32);
     let z0 = fx.ic(0);
@@ -250,15 +261,8 @@ fn stage_queries(fx: &mut Fx, a: &AttnKernel, args: &Args, bufs: &Bufs, tile: &Q
 /// Key tile `n` into scratch: K transposed (`[d][bnp]`) and V (`[bnp][dp]`) as f32, and `c_j`
 /// (and `lo_j`); a short last tile's padding columns zeroed so that they stay finite. Returns
 /// the tile's first key and its column count.
-fn stage_keys(
-    fx: &mut Fx,
-    a: &AttnKernel,
-    sc: &AttnScratch,
-    args: &Args,
-    bufs: &Bufs,
-    tile: &QueryTile,
-    n: Value,
-) -> (Value, Value) {
+fn stage_keys(fx: &mut Fx, cx: &Cx, tile: &QueryTile, n: Value) -> (Value, Value) {
+    let (a, sc, args, bufs) = (cx.a, &cx.sc, &cx.args, &cx.bufs);
     let (t, d, bn, bnp, dp) = (a.t, a.d, a.bn, sc.bnp, sc.dp);
     let j0 = fx.b.ins().imul_imm_s(n, bn as i64);
     let tv = fx.ic(t as i64);
@@ -321,7 +325,8 @@ fn stage_keys(
 }
 
 /// `S = (scale Q) K^T` into scratch, register blocks of 4 rows x 8 columns.
-fn score_block(fx: &mut Fx, a: &AttnKernel, sc: &AttnScratch, bufs: &Bufs) {
+fn score_block(fx: &mut Fx, cx: &Cx) {
+    let (a, sc, bufs) = (cx.a, &cx.sc, &cx.bufs);
     let (d, bmp, bnp) = (a.d, sc.bmp, sc.bnp);
     fx.for_n(0, bmp as i64, 4, |fx, rb| {
         let qrow = fx.addr(bufs.qs, rb, (d * 16) as i64);
@@ -350,17 +355,8 @@ fn score_block(fx: &mut Fx, a: &AttnKernel, sc: &AttnScratch, bufs: &Bufs) {
 /// Per row of the tile: the region, the decay bias and the masks applied to its scores, then
 /// one step of the online softmax (new running max, `P = exp(S - m)`, running sum, and the
 /// factor `alpha` that rescales the row's accumulated output).
-#[allow(clippy::too_many_arguments)]
-fn softmax_rows(
-    fx: &mut Fx,
-    a: &AttnKernel,
-    sc: &AttnScratch,
-    args: &Args,
-    bufs: &Bufs,
-    tile: &QueryTile,
-    j0: Value,
-    cols: Value,
-) {
+fn softmax_rows(fx: &mut Fx, cx: &Cx, tile: &QueryTile, j0: Value, cols: Value) {
+    let (a, sc, args, bufs) = (cx.a, &cx.sc, &cx.args, &cx.bufs);
     let bnp = sc.bnp;
     fx.for_n(0, sc.bmp as i64, 1, |fx, r| {
         let i = fx.b.ins().iadd(tile.i0, r);
@@ -469,7 +465,8 @@ fn online_softmax_step(fx: &mut Fx, bufs: &Bufs, r: Value, srow: Value, bnp: u64
 }
 
 /// `O = alpha O + P V`, register blocks of 4 rows x 8 head dims.
-fn accumulate_pv(fx: &mut Fx, sc: &AttnScratch, bufs: &Bufs) {
+fn accumulate_pv(fx: &mut Fx, cx: &Cx) {
+    let (sc, bufs) = (&cx.sc, &cx.bufs);
     let (bmp, bnp, dp) = (sc.bmp, sc.bnp, sc.dp);
     fx.for_n(0, bmp as i64, 4, |fx, rb| {
         let prow = fx.addr(bufs.s, rb, (bnp * 4) as i64);
@@ -511,15 +508,8 @@ fn accumulate_pv(fx: &mut Fx, sc: &AttnScratch, bufs: &Bufs) {
 
 /// `out_i = O_i / l_i` and `lse_i = m_i + ln l_i` (m_i as the exponents used it: 0 for a row
 /// without kept keys, whose l_i = 0 gives -inf).
-fn finish_rows(
-    fx: &mut Fx,
-    a: &AttnKernel,
-    sc: &AttnScratch,
-    args: &Args,
-    bufs: &Bufs,
-    tile: &QueryTile,
-    h: &Helpers,
-) {
+fn finish_rows(fx: &mut Fx, cx: &Cx, tile: &QueryTile, h: &Helpers) {
+    let (a, sc, args, bufs) = (cx.a, &cx.sc, &cx.args, &cx.bufs);
     let (d, dp) = (a.d, sc.dp);
     let z0 = fx.ic(0);
     fx.for_range(z0, tile.rows, 1, |fx, r| {
