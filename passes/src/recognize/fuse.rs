@@ -666,8 +666,28 @@ pub(crate) fn run(
         }
     };
     b.eg.rebuild();
+    explain_unmasked(&b, &rec, store_span, ex);
+    let store_name = g_ro.node(store).name.clone();
+    let extractor = egg::Extractor::new(&b.eg, FusedCost);
+    let mut em = Emit { g, b: &b, ex: extractor, span: store_span, memo: HashMap::new() };
+    let hint = "the fused attention needs q, k and v of one sequence length";
+    let Some((node, spans)) = emit_one(&mut em, &rec, store_span, Some(hint), ex)? else { return Ok(None) };
+    let canonical: Vec<Symbol> = vec![rec.batch[0], rec.batch[1], rec.i, rec.e];
+    let out = if canonical == out_syms {
+        node
+    } else {
+        // Another layout ([B, T, H, D]): the attention's [B, H, T, Dv] output, transposed.
+        relayout(g, node, &canonical, &out_axes, store_span)
+            .map_err(|e| PassError::Internal(format!("laying out the attention's output: {e}")))?
+    };
+    replace_output(g, store, out, store_name);
+    Ok(Some((node, spans)))
+}
+
+/// Says that attention `rec` is not pruned when its softmax is not causally masked.
+fn explain_unmasked(b: &Builder, rec: &Recognized, at: Span, ex: &mut Vec<Explanation>) {
     if matches!(rec.mask, MaskKind::None | MaskKind::Expr { .. }) {
-        let span = b.span_of(rec.softmax).unwrap_or(store_span);
+        let span = b.span_of(rec.softmax).unwrap_or(at);
         ex.push(Explanation {
             message: format!(
                 "not pruned: softmax over `{}` is not causally masked: keys after the query are visible, so the \
@@ -678,37 +698,34 @@ pub(crate) fn run(
             hint: Some("mask it with causal(i, j, s) or window(i, j, W, s) if the model is causal".into()),
         });
     }
-    let store_name = g_ro.node(store).name.clone();
-    let extractor = egg::Extractor::new(&b.eg, FusedCost);
-    let mut em = Emit { g, b: &b, ex: extractor, span: store_span, memo: HashMap::new() };
-    let (node, spans) = match emit(&mut em, &rec, store_span) {
-        Ok(x) => x,
+}
+
+/// The attention node of `rec` (and its region spans); `None`, with an explanation at `span`,
+/// when it cannot be fused (the operands emitted so far have no users: they are dropped and
+/// the program stays as written).
+fn emit_one(
+    em: &mut Emit,
+    rec: &Recognized,
+    span: Span,
+    hint: Option<&str>,
+    ex: &mut Vec<Explanation>,
+) -> Result<Option<(ValueId, Vec<Span>)>, PassError> {
+    match emit(em, rec, span) {
+        Ok(x) => Ok(Some(x)),
         Err(EmitFail::Unfusable(why)) => {
-            // The operands emitted so far have no users: drop them, keep the program as written.
-            g.remove_dead();
-            ex.push(Explanation {
-                message: format!("not fused: {why}"),
-                span: store_span,
-                hint: Some("the fused attention needs q, k and v of one sequence length".into()),
-            });
-            return Ok(None);
+            em.g.remove_dead();
+            ex.push(Explanation { message: format!("not fused: {why}"), span, hint: hint.map(String::from) });
+            Ok(None)
         }
-        Err(EmitFail::Internal(e)) => {
-            return Err(PassError::Internal(format!("emitting the fused attention: {e}")));
-        }
-    };
-    let canonical: Vec<Symbol> = vec![rec.batch[0], rec.batch[1], rec.i, rec.e];
-    let out = if canonical == out_syms {
-        node
-    } else {
-        // Another layout ([B, T, H, D]): the attention's [B, H, T, Dv] output, transposed.
-        relayout(g, node, &canonical, &out_axes, store_span)
-            .map_err(|e| PassError::Internal(format!("laying out the attention's output: {e}")))?
-    };
-    g.node_mut(out).name = store_name;
+        Err(EmitFail::Internal(e)) => Err(PassError::Internal(format!("emitting the fused attention: {e}"))),
+    }
+}
+
+/// The output statement `store` replaced by `out`, which takes its name; dead values dropped.
+fn replace_output(g: &mut Graph, store: ValueId, out: ValueId, name: Option<String>) {
+    g.node_mut(out).name = name;
     g.replace_all_uses(store, out);
     g.remove_dead();
-    Ok(Some((node, spans)))
 }
 
 /// Attention output `node` (positional `[B, H, T, Dv]`, read as `canonical`) stored in the axis
@@ -784,17 +801,8 @@ fn epilogue(
     let mut first: Option<(ValueId, Vec<Span>)> = None;
     for (class, rec) in &found {
         let span = b.span_of(*class).unwrap_or(store_span);
-        let (node, spans) = match emit(&mut em, rec, span) {
-            Ok(x) => x,
-            Err(EmitFail::Unfusable(why)) => {
-                em.g.remove_dead();
-                ex.push(Explanation { message: format!("not fused: {why}"), span, hint: None });
-                return Ok(None);
-            }
-            Err(EmitFail::Internal(e)) => {
-                return Err(PassError::Internal(format!("emitting a fused attention: {e}")));
-            }
-        };
+        explain_unmasked(b, rec, span, ex);
+        let Some((node, spans)) = emit_one(&mut em, rec, span, None, ex)? else { return Ok(None) };
         let bound = bind_as(em.g, node, &[rec.batch[0], rec.batch[1], rec.i, rec.e], span);
         em.memo.insert(b.eg.find(*class), bound);
         first.get_or_insert((node, spans));
@@ -803,9 +811,7 @@ fn epilogue(
     let out = em
         .node(Op::Store { axes: out_axes.to_vec() }, &[value], store_span)
         .map_err(|e| PassError::Internal(format!("storing the epilogue: {e}")))?;
-    g.node_mut(out).name = store_name;
-    g.replace_all_uses(store, out);
-    g.remove_dead();
+    replace_output(g, store, out, store_name);
     ex.push(Explanation {
         message: format!(
             "fused {} attention{} inside the output expression; the rest of it runs as separate ops on {} output",
