@@ -822,6 +822,37 @@ impl Attention {
 mod tests {
     use super::*;
 
+    /// Products guarded by the count rule: a count that may be 0 (an index, a difference of
+    /// indices) times anything; not a non-zero constant or a dim, not a product of non-counts.
+    #[test]
+    fn count_products() {
+        let mut r = Region::new();
+        let x = r.push(RNode::Score);
+        let i = r.push(RNode::Index(IndexVar::I));
+        let j = r.push(RNode::Index(IndexVar::J));
+        let dist = r.push(RNode::Binary(BinaryOp::Sub, i, j));
+        let inf = r.push(RNode::Const(f64::NEG_INFINITY));
+        let twenty = r.push(RNode::Const(20.0));
+        let dim = r.push(RNode::Dim(Dim::sym("D")));
+        let half = r.push(RNode::Const(0.5));
+        let by_dist = r.push(RNode::Binary(BinaryOp::Mul, inf, dist));
+        let dist_first = r.push(RNode::Binary(BinaryOp::Mul, dist, x));
+        let by_const = r.push(RNode::Binary(BinaryOp::Mul, x, twenty));
+        let by_dim = r.push(RNode::Binary(BinaryOp::Mul, dim, x));
+        let by_half = r.push(RNode::Binary(BinaryOp::Mul, half, dist));
+        let plain = r.push(RNode::Binary(BinaryOp::Mul, x, inf));
+        let c = r.counts();
+        assert!(c[i as usize] && c[dist as usize] && c[twenty as usize] && c[dim as usize]);
+        assert!(!c[inf as usize] && !c[half as usize] && !c[x as usize] && !c[by_half as usize]);
+        let cp = |n: RId| r.count_product(&r.nodes[n as usize], &c);
+        assert_eq!(cp(by_dist), Some((inf, dist)));
+        assert_eq!(cp(dist_first), Some((x, dist)));
+        assert_eq!(cp(by_half), Some((half, dist)));
+        assert_eq!(cp(by_const), None);
+        assert_eq!(cp(by_dim), None);
+        assert_eq!(cp(plain), None);
+    }
+
     fn softcap_plus_bias() -> Region {
         let mut r = Region::new();
         let x = r.push(RNode::Score);
