@@ -129,24 +129,33 @@ fn an_overflowing_run_is_an_error_not_a_nan_output() {
 }
 
 /// A count times an infinity inside a fused score region (found by the fuzzer,
-/// passes/tests/fuzz_programs.rs): `-inf * i` is 0 on row 0 and `-inf` below it, so row 0 keeps
-/// its keys and every other row has none (output 0). The region evaluators (the interpreter's,
-/// the CPU's and the GPU's) used to compute `-inf * 0 = NaN` there while the reference of the
-/// source gave the limit: the fused run's `--check` failed with "rel L2 inf".
+/// passes/tests/fuzz_programs.rs). `-inf * i` is 0 on row 0 and `-inf` below it, so row 0 keeps
+/// its keys and every other row has none (output 0); `inf * (i - j)` is 0 on the diagonal (the
+/// only entry at T = 1). The region evaluators (the interpreter's, the CPU's and the GPU's) used
+/// to compute `inf * 0 = NaN` while the reference of the source takes the limit, and recognition
+/// distributed `inf * (i - j)` into a decay `inf * i - inf * j` (NaN on the diagonal): the fused
+/// run's `--check` failed with "rel L2 inf".
 #[test]
 fn count_times_infinity_in_a_fused_region() {
-    let src = "attention inf_count(q: f32[B, H, T, D], k: f32[B, H, T, D], v: f32[B, H, T, D], fgate: f32[B, H, T]) -> f32[B, H, T, D] {
+    for (tag, term, region, shape) in [
+        ("inf_row", "-inf * i", "score = x + -inf * i", "B=1,H=2,T=70,D=8"),
+        ("inf_diag", "inf * (i - j)", "score = x + inf * (i - j)", "B=1,H=2,T=1,D=8"),
+    ] {
+        let src = format!(
+            "attention {tag}(q: f32[B, H, T, D], k: f32[B, H, T, D], v: f32[B, H, T, D], fgate: f32[B, H, T]) -> f32[B, H, T, D] {{
     c[b, h, t] = cumsum(t, logsigmoid(fgate[b, h, t]))
-    s[b, h, i, j] = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D) + c[b, h, i] - c[b, h, j] + 0.01 * (-inf * i)
+    s[b, h, i, j] = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D) + c[b, h, i] - c[b, h, j] + 0.01 * ({term})
     p[b, h, i, j] = softmax(j, causal(i, j, s[b, h, i, j]))
     out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
     return out
-}
-";
-    let file = common::write_program("inf", "inf_count.attn", src);
-    let o = foxc(&["compile", &file, "--emit", "opt"]);
-    assert!(text(&o).contains("score = x + -inf * i"), "the term is not in the fused region:\n{}", text(&o));
-    let inputs = tmp("inf", "inf_count.safetensors");
-    write_inputs(&file, "B=1,H=2,T=70,D=8", &inputs);
-    check_everywhere(&file, &inputs, "inf_count");
+}}
+"
+        );
+        let file = common::write_program("inf", &format!("{tag}.attn"), &src);
+        let o = foxc(&["compile", &file, "--emit", "opt"]);
+        assert!(text(&o).contains(region), "{tag}: the term is not in the fused region:\n{}", text(&o));
+        let inputs = tmp("inf", &format!("{tag}.safetensors"));
+        write_inputs(&file, shape, &inputs);
+        check_everywhere(&file, &inputs, tag);
+    }
 }

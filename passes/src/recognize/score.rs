@@ -310,7 +310,10 @@ fn expand_within(t: &T, coef: f64, out: &mut Terms, limit: usize) -> bool {
             if let Some(c) = b.konst().filter(|c| c.is_finite()) {
                 return expand(a, coef * c, out);
             }
-            if t.uses_x() {
+            // Distributing an infinite factor over a sum is wrong where the sum is 0 (`inf * (i -
+            // j)` is 0 on the diagonal by the count rule, `inf * i - inf * j` is NaN there).
+            let infinite = |f: &T| f.konst().is_some_and(|c| !c.is_finite());
+            if t.uses_x() || infinite(a) || infinite(b) {
                 return push(out, (coef, t.clone()));
             }
             // Each factor on its own (within its own limit), then their product within ours.
