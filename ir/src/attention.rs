@@ -178,13 +178,9 @@ impl Region {
             let of = |k: &RId| c.get(*k as usize).copied().unwrap_or(false);
             c[n] = match node {
                 RNode::Index(_) | RNode::Dim(_) => true,
-                RNode::Const(x) => x.fract() == 0.0 && x.abs() < 9.0e15,
+                RNode::Const(x) => crate::interp::is_count_const(*x),
                 RNode::Unary(UnaryOp::Neg, a) => of(a),
-                RNode::Binary(
-                    BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Min | BinaryOp::Max,
-                    a,
-                    b,
-                ) => of(a) && of(b),
+                RNode::Binary(op, a, b) if crate::interp::keeps_counts(*op) => of(a) && of(b),
                 _ => false,
             };
         }

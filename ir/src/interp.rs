@@ -369,17 +369,25 @@ pub fn eval(
 
 /// The nodes of `order` (operands first) whose values are exact integers made from indices,
 /// dims and integer constants by `+`, `-`, `*`, `min`, `max` and negation.
+/// Whether constant `c` is a count (an exact integer well inside f64's integers).
+pub(crate) fn is_count_const(c: f64) -> bool {
+    c.fract() == 0.0 && c.abs() < 9.0e15
+}
+
+/// Whether `b` of two counts is a count.
+pub(crate) fn keeps_counts(b: BinaryOp) -> bool {
+    matches!(b, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Min | BinaryOp::Max)
+}
+
 fn count_nodes(g: &Graph, order: &[ValueId]) -> HashSet<ValueId> {
     let mut counts = HashSet::new();
     for &n in order {
         let all = |c: &HashSet<ValueId>| g.operands(n).iter().all(|o| c.contains(o));
         let is_count = match g.op(n) {
             Op::Iota { .. } | Op::DimSize(_) => true,
-            Op::Const(c) => c.fract() == 0.0 && c.abs() < 9.0e15,
+            Op::Const(c) => is_count_const(*c),
             Op::Unary(UnaryOp::Neg) => all(&counts),
-            Op::Binary(BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Min | BinaryOp::Max) => {
-                all(&counts)
-            }
+            Op::Binary(b) if keeps_counts(*b) => all(&counts),
             _ => false,
         };
         if is_count {
