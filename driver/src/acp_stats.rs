@@ -56,18 +56,24 @@ pub fn measure_with(
             .map_err(|e| Error::user(format!("error: computing {what}: {e}")))?;
         Ok(vals[&v].clone())
     };
+    let qk = foxc_ir::interp::eval(g, inputs, &[ops.q, ops.k])
+        .map_err(|e| Error::user(format!("error: evaluating q and k: {e}")))?;
+    let shape = &qk[&ops.q].shape;
+    let (b, h, t, d) = (shape[0] as u64, shape[1] as u64, shape[2] as u64, shape[3] as u64);
+    // Query row i sits at key position i + Tk - Tq.
+    let offset = (qk[&ops.k].shape[2] as u64).saturating_sub(t);
     let start = match (a.prune, ops.start, ops.delta, ops.decay) {
         (Prune::Dense, ..) => None,
         _ if given.is_some() => given.cloned(),
         (Prune::Start, Some(s), _, _) => Some(eval(s, "the block boundary")?),
         (Prune::Boundary, _, Some(dl), Some(c)) => {
             let (c, dl) = (eval(c, "the decay cumsum")?, eval(dl, "the threshold")?);
-            let (heads, t) = (c.shape[0] * c.shape[1], c.shape[2]);
+            let heads = c.shape[0] * c.shape[1];
             let data = foxc_ir::interp::acp::boundary(
                 &c.data,
                 &dl.data,
                 heads,
-                t,
+                t as usize,
                 tiles.bm as usize,
                 tiles.bn as usize,
             );
@@ -79,10 +85,6 @@ pub fn measure_with(
         Mask::Window(w) => Some(w),
         _ => None,
     };
-    let qv = foxc_ir::interp::eval(g, inputs, &[ops.q])
-        .map_err(|e| Error::user(format!("error: evaluating q: {e}")))?;
-    let shape = &qv[&ops.q].shape;
-    let (b, h, t, d) = (shape[0] as u64, shape[1] as u64, shape[2] as u64, shape[3] as u64);
     let mt = t.div_ceil(tiles.bm as u64);
     let start = start.unwrap_or_else(|| Tensor {
         shape: vec![b as usize, h as usize, mt as usize],
@@ -94,10 +96,10 @@ pub fn measure_with(
             let s = start.data[(bh * mt + m) as usize] as u64;
             let i0 = m * tiles.bm as u64;
             let last = (i0 + tiles.bm as u64 - 1).min(t - 1);
-            let diag = last / tiles.bn as u64;
+            let diag = (last + offset) / tiles.bn as u64;
             kept_tiles += diag + 1 - s.min(diag + 1);
             all_tiles += diag + 1;
-            for i in i0..=last {
+            for i in i0 + offset..=last + offset {
                 let window_first = window.map_or(0, |w| (i + 1).saturating_sub(w));
                 all_pairs += pairs_for_row(i, window_first);
                 kept_pairs += pairs_for_row(i, window_first.max(s * tiles.bn as u64));

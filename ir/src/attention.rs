@@ -3,11 +3,16 @@
 //! One op covers every attention variant foxc fuses (docs/SEMANTICS.md, "attention"):
 //!
 //! ```text
-//! scores  E_ij = R(x_ij, b, h, i, j) + (c_i - c_j if decay)      x_ij = scale * q_i . k_j
+//! scores  E_ij = R(x_ij, b, h, i, j) + (c_p - c_j if decay)      x_ij = scale * q_i . k_j
 //! kept    K(i) = { j : mask(i, j) } ∩ { j >= start[floor(i / bm)] * bn  if pruned }
 //! out_i   = sum_{j in K(i)} softmax_j(E_ij) v_j                 (result 0, dtype out_dtype)
-//! lse_i   = log sum_{j in K(i)} exp(E_ij)                       (result 1, f32 [B, H, T])
+//! lse_i   = log sum_{j in K(i)} exp(E_ij)                       (result 1, f32 [B, H, Tq])
 //! ```
+//!
+//! Queries are aligned to the end of the keys: q has `Tq` rows, k and v `Tk >= Tq`, and query row
+//! `i` sits at key position `p = i + Tk - Tq` (a prefill against a cache, a decode step; `p = i`
+//! when square). The causal and window masks are relative to `p`, and `c` (`[B, H, Tk]`) is read
+//! there. The offset is a function of the operand shapes, not an attribute.
 //!
 //! `R` is a [`Region`]: a small expression over the scaled product `x`, the indices, dims and
 //! captured tensors. The decay `c_i - c_j` is not part of it (it is the decay operand, which is
@@ -396,9 +401,9 @@ pub fn eval_index(
 pub enum Mask {
     /// Every key (bidirectional attention).
     None,
-    /// `j <= i`.
+    /// `j <= p`, the query's key position `p = i + Tk - Tq` (`i` when square).
     Causal,
-    /// `j <= i && i - j < w` (w >= 1).
+    /// `j <= p && p - j < w` (w >= 1).
     Window(u64),
     /// A region of `b, h, i, j`, dims and captures (no `x`): non-zero keeps the entry.
     Expr(Region),
@@ -555,7 +560,8 @@ pub struct Attention {
     /// `R` of the scores; [`Region::identity`] for plain (decay) attention.
     pub score: Region,
     pub mask: Mask,
-    /// Operand `c` (`[B, H, T]`, a `gate_cumsum` result) adds `c_i - c_j` to the scores.
+    /// Operand `c` (`[B, H, Tk]`, a `gate_cumsum` result) adds `c_p - c_j` to the scores (`p` the
+    /// query's key position).
     pub decay: bool,
     /// With `decay`: operand `c_lo` (a `gate_cumsum_lo` result) follows `c`, and the decay is
     /// `(c_i - c_j) + (lo_i - lo_j)`: `c` keeps f64 accuracy as an f32 pair (the

@@ -61,8 +61,9 @@ impl Attention {
         for (t, w) in [(ops[0], "q"), (ops[1], "k"), (ops[2], "v")] {
             float(t, w)?;
         }
-        if k[0] != q[0] || k[2] != q[2] || k[3] != q[3] {
-            return Err(format!("attention: k {} does not match q {} in B, T and D", ops[1], ops[0]));
+        // Queries may be fewer than keys (aligned to the end: `Attention::query_offset`).
+        if k[0] != q[0] || k[3] != q[3] {
+            return Err(format!("attention: k {} does not match q {} in B and D", ops[1], ops[0]));
         }
         if v[..3] != k[..3] {
             return Err(format!("attention: v {} and k {} differ in [B, H, T]", ops[2], ops[1]));
@@ -82,8 +83,12 @@ impl Attention {
         if self.decay {
             let c = positional(ops[p], 3, "decay c")?;
             float(ops[p], "decay c")?;
-            if c != bht {
-                return Err(format!("attention's decay c must be [B, H, T] of q, found {}", ops[p]));
+            // One c per query head and key position (the query row i reads it at i + offset).
+            if c != [q[0].clone(), q[1].clone(), k[2].clone()] {
+                return Err(format!(
+                    "attention's decay c must be [B, H] of q and [T] of k, found {}",
+                    ops[p]
+                ));
             }
             p += 1;
         }

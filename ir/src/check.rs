@@ -212,8 +212,9 @@ pub fn infer(op: &Op, ops: &[&ValueType]) -> Result<Option<ValueType>, String> {
             float(q, "threshold's q")?;
             float(k, "threshold's k")?;
             let (dq, dk) = (dims(q), dims(k));
-            if dq[0] != dk[0] || dq[2..] != dk[2..] {
-                return Err(format!("threshold: k {k} does not match q {q} in B, T and D"));
+            // Queries may be fewer than keys (aligned to the end of them, as the attention's).
+            if dq[0] != dk[0] || dq[3] != dk[3] {
+                return Err(format!("threshold: k {k} does not match q {q} in B and D"));
             }
             if *bm == 0 {
                 return Err("threshold: bm must be at least 1".into());
@@ -246,17 +247,27 @@ pub fn infer(op: &Op, ops: &[&ValueType]) -> Result<Option<ValueType>, String> {
             positional_rank(c, 3, "block_boundary's c")?;
             float(c, "block_boundary's c")?;
             tiles_ok(t.bm, t.bn)?;
+            // delta's tiles are the queries' (`ceil(Tq / bm)`): fewer queries than keys sit at
+            // the end of them ([`query_rows`]).
             let d = dims(c);
-            let want = ValueType::tensor(
-                DType::F32,
-                [d[0].clone(), d[1].clone(), Dim::Tiles(Box::new(d[2].clone()), t.bm)],
-            );
+            let rows = query_rows(delta, t.bm).unwrap_or_else(|| d[2].clone());
+            let want =
+                ValueType::tensor(DType::F32, [d[0].clone(), d[1].clone(), Dim::Tiles(Box::new(rows), t.bm)]);
             if *delta != want {
                 return Err(format!("block_boundary: delta must be {want}, found {delta}"));
             }
             Some(ValueType { dtype: DType::I32, axes: want.axes })
         }
     })
+}
+
+/// The query count `Tq` of a per-query-tile tensor `[B, H, ceil(Tq / bm)]` (a `threshold` result,
+/// a `block_boundary` operand): `block_boundary` reads its queries' length from delta's type.
+pub fn query_rows(per_tile: &ValueType, bm: u32) -> Option<Dim> {
+    match per_tile.dims().nth(2) {
+        Some(Dim::Tiles(rows, b)) if *b == bm && per_tile.rank() == 3 => Some((**rows).clone()),
+        _ => None,
+    }
 }
 
 fn tiles_ok(bm: u32, bn: u32) -> Result<(), String> {

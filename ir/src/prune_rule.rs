@@ -356,7 +356,10 @@ pub struct ThresholdArgs<'a> {
     /// Query heads `B * H` and the kv head that query head `bh` reads.
     pub heads: usize,
     pub kv_head: &'a dyn Fn(usize) -> usize,
+    /// Query rows and key rows (`t <= tk`: query row `i` sits at key position `i + tk - t`,
+    /// whose key is its diagonal `s_ii`).
     pub t: usize,
+    pub tk: usize,
     pub d: usize,
     pub bm: usize,
     pub log_eps: f64,
@@ -369,16 +372,18 @@ pub struct ThresholdArgs<'a> {
 /// `delta [heads, ceil(T / bm)]` of `rule` (docs/RULES.md): the reference every backend matches.
 /// NaN in q or k propagates into delta (and a NaN delta keeps every tile).
 pub fn threshold(rule: &RuleExpr, a: &ThresholdArgs) -> Vec<f64> {
-    let (t, d, bm) = (a.t, a.d, a.bm.max(1));
+    let (t, tk, d, bm) = (a.t, a.tk, a.d, a.bm.max(1));
+    let off = tk.saturating_sub(t);
     let mt = t.div_ceil(bm);
     let norm = |x: &[f64]| x.iter().map(|v| v * v).sum::<f64>().sqrt();
-    let ln_t = (t as f64).ln();
+    // A row sees at most Tk keys.
+    let ln_t = (tk as f64).ln();
     let per_row = rule.per_row();
     let mut out = Vec::with_capacity(a.heads * mt);
     for bh in 0..a.heads {
         let kvh = (a.kv_head)(bh);
         let qn: Vec<f64> = (0..t).map(|i| norm(&a.q[(bh * t + i) * d..(bh * t + i + 1) * d])).collect();
-        let kn: Vec<f64> = (0..t).map(|j| norm(&a.k[(kvh * t + j) * d..(kvh * t + j + 1) * d])).collect();
+        let kn: Vec<f64> = (0..tk).map(|j| norm(&a.k[(kvh * tk + j) * d..(kvh * tk + j + 1) * d])).collect();
         let (q_max, k_max) = match a.bound {
             NormBound::Static { q_max, k_max } => (q_max, k_max),
             NormBound::Data => (qn.iter().copied().fold(0.0, nan_max), kn.iter().copied().fold(0.0, nan_max)),
@@ -389,7 +394,7 @@ pub fn threshold(rule: &RuleExpr, a: &ThresholdArgs) -> Vec<f64> {
                 NormBound::Static { q_max, k_max } => (q_max, k_max),
                 NormBound::Data => (
                     qn[lo..hi].iter().copied().fold(0.0, nan_max),
-                    kn[..hi].iter().copied().fold(0.0, nan_max),
+                    kn[..(hi + off).min(tk)].iter().copied().fold(0.0, nan_max),
                 ),
             };
             let qn = &qn;
@@ -405,7 +410,8 @@ pub fn threshold(rule: &RuleExpr, a: &ThresholdArgs) -> Vec<f64> {
                     Stat::KCausal => k_causal,
                     Stat::Sii => {
                         let qi = &a.q[(bh * t + i) * d..(bh * t + i + 1) * d];
-                        let ki = &a.k[(kvh * t + i) * d..(kvh * t + i + 1) * d];
+                        let p = kvh * tk + i + off;
+                        let ki = &a.k[p * d..(p + 1) * d];
                         a.scale * qi.iter().zip(ki).map(|(x, y)| x * y).sum::<f64>()
                     }
                 }

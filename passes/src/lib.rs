@@ -45,6 +45,15 @@ pub enum Target {
     Sm80,
 }
 
+impl Target {
+    /// Whether the target's attention kernels run fewer queries than keys (queries aligned to
+    /// the end of the keys: prefill against a cache, decode); recognition leaves such an
+    /// attention unfused on the others, with an explanation.
+    pub fn fewer_queries(self) -> bool {
+        matches!(self, Target::Cpu)
+    }
+}
+
 /// Options of the pass pipeline (`foxc compile` flags).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PassOptions {
@@ -150,7 +159,7 @@ type PassFn = fn(&mut Graph, &PassOptions, &mut PassContext) -> Result<(), PassE
 
 /// The passes in order.
 pub const PASSES: &[(&str, PassFn)] = &[
-    ("recognize-attention", |g, _, cx| recognize::recognize(g, cx).map(|_| ())),
+    ("recognize-attention", |g, o, cx| recognize::recognize(g, o.target, cx).map(|_| ())),
     ("monotonicity", monotone::run),
     ("tiles", tiles::run),
     ("acp", acp::run),

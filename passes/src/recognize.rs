@@ -35,8 +35,12 @@ use names::shown;
 /// The recognition pass: the output statement becomes one `attention` node, or an explanation
 /// says why not.
 /// The source span of each node of the new node's score region goes to `cx.region_spans`.
-pub(crate) fn recognize(g: &mut Graph, cx: &mut PassContext) -> Result<Option<ValueId>, PassError> {
-    let fused = fuse::run(g, &mut cx.explanations)?;
+pub(crate) fn recognize(
+    g: &mut Graph,
+    target: crate::Target,
+    cx: &mut PassContext,
+) -> Result<Option<ValueId>, PassError> {
+    let fused = fuse::run(g, target.fewer_queries(), &mut cx.explanations)?;
     Ok(fused.map(|(node, spans)| {
         cx.region_spans.insert(node, spans);
         node
@@ -55,7 +59,7 @@ pub fn saturates(g: &Graph) -> Option<(bool, usize)> {
 /// Recognition alone (for tests of recognition before the other passes run): the explanations.
 pub fn recognize_attention(g: &mut Graph) -> Result<Vec<Explanation>, PassError> {
     let mut ex = vec![];
-    fuse::run(g, &mut ex)?;
+    fuse::run(g, crate::Target::Cpu.fewer_queries(), &mut ex)?;
     Ok(ex)
 }
 

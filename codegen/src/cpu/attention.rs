@@ -98,8 +98,10 @@ struct QueryTile {
     /// First row and row count of the tile.
     i0: Value,
     rows: Value,
-    /// Row index of `(b, h, 0)` in q (and c, out, lse), and of the kv head's row 0 in k and v.
+    /// Row index of `(b, h, 0)` in q (and out, lse), of `(b, h, 0)` in c (`[B, H, Tk]`), and of
+    /// the kv head's row 0 in k and v.
     row_base: Value,
+    c_base: Value,
     kv_base: Value,
     diag: Value,
     n_lo: Value,
@@ -107,7 +109,9 @@ struct QueryTile {
 
 impl QueryTile {
     fn at(fx: &mut Fx, a: &AttnKernel, args: &Args, task: Value) -> QueryTile {
-        let (t, bm, bn) = (a.t, a.bm, a.bn);
+        let (t, tk, bm, bn) = (a.t, a.tk, a.bm, a.bn);
+        // Query row i sits at key position i + off (queries aligned to the end of the keys).
+        let off = a.offset() as i64;
         let mt = a.mt();
         let bhn = a.bh;
         // Longest query tiles first: task -> (m = Mt-1 - task / BH, bh = task % BH).
@@ -121,22 +125,23 @@ impl QueryTile {
         let bmv = fx.ic(bm as i64);
         let rows = fx.imin(bmv, rem);
         let row_base = fx.b.ins().imul_imm_s(bh, t as i64);
+        let c_base = if tk == t { row_base } else { fx.b.ins().imul_imm_s(bh, tk as i64) };
         // k and v rows of the kv head b * hk + h / (H / hk).
         let bi = fx.b.ins().udiv_imm_s(bh, a.h as i64);
         let hi = fx.b.ins().urem_imm_s(bh, a.h as i64);
         let kv_base = if a.hk == a.h {
-            row_base
+            c_base
         } else {
             let kvh = fx.b.ins().udiv_imm_s(hi, (a.h / a.hk.max(1)).max(1) as i64);
             let kvb = fx.b.ins().imul_imm_s(bi, a.hk as i64);
             let kvh = fx.b.ins().iadd(kvb, kvh);
-            fx.b.ins().imul_imm_s(kvh, t as i64)
+            fx.b.ins().imul_imm_s(kvh, tk as i64)
         };
         let ilast = fx.b.ins().iadd(i0, rows);
-        let ilast = fx.b.ins().iadd_imm_s(ilast, -1);
+        let ilast = fx.b.ins().iadd_imm_s(ilast, off - 1);
         // The last key tile: the diagonal one for causal rows, else the last of the sequence.
         let diag =
-            if a.causal { fx.b.ins().udiv_imm_s(ilast, bn as i64) } else { fx.ic(((t - 1) / bn) as i64) };
+            if a.causal { fx.b.ins().udiv_imm_s(ilast, bn as i64) } else { fx.ic(((tk - 1) / bn) as i64) };
         let mut n_lo = fx.ic(0);
         if let Some(sp) = args.start {
             let idx = fx.b.ins().imul_imm_s(bh, mt as i64);
@@ -152,20 +157,27 @@ impl QueryTile {
             // Tiles whose last column jend satisfies i0 - jend >= window hold no visible key
             // for any row of the tile: first kept n = ceil((i0 + 2 - window - bn) / bn), >= 0.
             let w = w.min(i64::MAX as u64 / 4) as i64;
-            let x = fx.b.ins().iadd_imm_s(i0, 2 - w - bn as i64 + (bn as i64 - 1));
+            let x = fx.b.ins().iadd_imm_s(i0, off + 2 - w - bn as i64 + (bn as i64 - 1));
             let zero = fx.ic(0);
             let x = fx.imax(x, zero);
             let nw = fx.b.ins().sdiv_imm_s(x, bn as i64);
             let nw = fx.imin(nw, diag);
             n_lo = fx.imax(n_lo, nw);
         }
-        QueryTile { bi, hi, i0, rows, row_base, kv_base, diag, n_lo }
+        QueryTile { bi, hi, i0, rows, row_base, c_base, kv_base, diag, n_lo }
     }
 
-    /// The row index of the tile's row `r` in q, c, out and lse.
+    /// The row index of the tile's row `r` in q, out and lse.
     fn row(&self, fx: &mut Fx, r: Value) -> Value {
         let row = fx.b.ins().iadd(self.row_base, self.i0);
         fx.b.ins().iadd(row, r)
+    }
+
+    /// The index in c of the tile's row `r` (its key position `i0 + r + off`).
+    fn c_row(&self, fx: &mut Fx, a: &AttnKernel, r: Value) -> Value {
+        let row = fx.b.ins().iadd(self.c_base, self.i0);
+        let row = fx.b.ins().iadd(row, r);
+        fx.b.ins().iadd_imm_s(row, a.offset() as i64)
     }
 }
 
@@ -249,11 +261,13 @@ fn stage_queries(fx: &mut Fx, cx: &Cx, tile: &QueryTile) {
                 fx.store(sv, dst, (j * 16) as i32);
             }
         }
+        // c is read at the row's key position (the row itself when queries and keys are one).
+        let crow = if a.tk != a.t && args.c.is_some() { tile.c_row(fx, a, r) } else { row };
         if let (Some(cp), Some(ct)) = (args.c, a.c) {
-            stage_scalar(fx, ct, cp, row, bufs.ci, r);
+            stage_scalar(fx, ct, cp, crow, bufs.ci, r);
         }
         if let (Some(lp), Some((lib, _))) = (args.c_lo, bufs.lo) {
-            stage_scalar(fx, DType::F32, lp, row, lib, r);
+            stage_scalar(fx, DType::F32, lp, crow, lib, r);
         }
     });
 }
@@ -263,15 +277,15 @@ fn stage_queries(fx: &mut Fx, cx: &Cx, tile: &QueryTile) {
 /// the tile's first key and its column count.
 fn stage_keys(fx: &mut Fx, cx: &Cx, tile: &QueryTile, n: Value) -> (Value, Value) {
     let (a, sc, args, bufs) = (cx.a, &cx.sc, &cx.args, &cx.bufs);
-    let (t, d, bn, bnp, dp) = (a.t, a.d, a.bn, sc.bnp, sc.dp);
+    let (tk, d, bn, bnp, dp) = (a.tk, a.d, a.bn, sc.bnp, sc.dp);
     let j0 = fx.b.ins().imul_imm_s(n, bn as i64);
-    let tv = fx.ic(t as i64);
+    let tv = fx.ic(tk as i64);
     let remj = fx.b.ins().isub(tv, j0);
     let bnv = fx.ic(bn as i64);
     let cols = fx.imin(bnv, remj);
     let z0 = fx.ic(0);
     fx.for_range(z0, cols, 1, |fx, cc| {
-        let row = fx.b.ins().iadd(tile.row_base, j0);
+        let row = fx.b.ins().iadd(tile.c_base, j0);
         let row = fx.b.ins().iadd(row, cc);
         let kvrow = fx.b.ins().iadd(tile.kv_base, j0);
         let kvrow = fx.b.ins().iadd(kvrow, cc);
@@ -360,8 +374,9 @@ fn softmax_rows(fx: &mut Fx, cx: &Cx, tile: &QueryTile, j0: Value, cols: Value) 
     let bnp = sc.bnp;
     fx.for_n(0, sc.bmp as i64, 1, |fx, r| {
         let i = fx.b.ins().iadd(tile.i0, r);
-        // Visible columns of row i in this tile: [c_lo, c_hi).
-        let rel = fx.b.ins().isub(i, j0);
+        // Visible columns of row i (key position i + off) in this tile: [c_lo, c_hi).
+        let pos = if a.tk == a.t { i } else { fx.b.ins().iadd_imm_s(i, a.offset() as i64) };
+        let rel = fx.b.ins().isub(pos, j0);
         let rel1 = fx.b.ins().iadd_imm_s(rel, 1);
         let chi = if a.causal { fx.imin(cols, rel1) } else { cols };
         let in_rows = fx.b.ins().icmp(IntCC::SignedLessThan, r, tile.rows);

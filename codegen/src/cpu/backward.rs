@@ -160,7 +160,8 @@ impl BwdKernel {
     }
 
     fn scratch(&self) -> Scratch {
-        let tp = round_up(self.fwd.t, 4);
+        // K, V, their gradients, c and the row / column sums of ds are per key position.
+        let tp = round_up(self.fwd.tk, 4);
         let dp = round_up(self.fwd.d, 4);
         let mut off = 0u64;
         let mut take = |floats: u64| {
@@ -357,7 +358,7 @@ pub fn emit(fx: &mut Fx, a: &BwdKernel, f: &Frame) {
     let fw = &a.fwd;
     let sc = a.scratch();
     let (tp, dp) = (sc.tp, sc.dp);
-    let (t, d, hk) = (fw.t, fw.d, fw.hk);
+    let (tk, d, hk) = (fw.tk, fw.d, fw.hk);
     let g = a.group();
     let sl = a.slots();
     let q = arg(fx, f.args, 0);
@@ -406,9 +407,9 @@ pub fn emit(fx: &mut Fx, a: &BwdKernel, f: &Frame) {
         zero_fill(fx, vs, tp * dp);
         zero_fill(fx, dks, tp * dp);
         zero_fill(fx, dvs, tp * dp);
-        let kvrow0 = fx.b.ins().imul_imm_s(task, t as i64);
+        let kvrow0 = fx.b.ins().imul_imm_s(task, tk as i64);
         let z0 = fx.ic(0);
-        let tv = fx.ic(t as i64);
+        let tv = fx.ic(tk as i64);
         fx.for_range(z0, tv, 1, |fx, j| {
             let row = fx.b.ins().iadd(kvrow0, j);
             let kd = fx.addr(ks, j, row_bytes);
@@ -458,7 +459,7 @@ pub fn emit(fx: &mut Fx, a: &BwdKernel, f: &Frame) {
         fx.for_n(0, g as i64, 1, |fx, gi| head_rows(fx, a, &sc, &bf, (bi, kh, gi)));
         // dK, dV of the kv head into the results.
         let z0 = fx.ic(0);
-        let tv = fx.ic(t as i64);
+        let tv = fx.ic(tk as i64);
         fx.for_range(z0, tv, 1, |fx, j| {
             let row = fx.b.ins().iadd(kvrow0, j);
             let src = fx.addr(dks, j, row_bytes);
@@ -475,15 +476,16 @@ pub fn emit(fx: &mut Fx, a: &BwdKernel, f: &Frame) {
 fn head_rows(fx: &mut Fx, a: &BwdKernel, sc: &Scratch, bf: &Bufs, (bi, kh, gi): (Value, Value, Value)) {
     let fw = &a.fwd;
     let (tp, dp) = (sc.tp, sc.dp);
-    let (t, d, h, bm, bn) = (fw.t, fw.d, fw.h, fw.bm, fw.bn);
+    let (t, tk, d, h, bm, bn) = (fw.t, fw.tk, fw.d, fw.h, fw.bm, fw.bn);
     let g = a.group();
     let mt = fw.mt();
-    // Query head hq = kh * G + gi of batch bi; its rows start at bh * T.
+    // Query head hq = kh * G + gi of batch bi; its rows start at bh * Tq, its c at bh * Tk.
     let hq = fx.b.ins().imul_imm_s(kh, g as i64);
     let hq = fx.b.ins().iadd(hq, gi);
     let bh = fx.b.ins().imul_imm_s(bi, h as i64);
     let bh = fx.b.ins().iadd(bh, hq);
     let row0 = fx.b.ins().imul_imm_s(bh, t as i64);
+    let crow0 = if tk == t { row0 } else { fx.b.ins().imul_imm_s(bh, tk as i64) };
     zero_fill(fx, bf.cs, tp);
     if let Some(lb) = bf.los {
         zero_fill(fx, lb, tp);
@@ -492,9 +494,9 @@ fn head_rows(fx: &mut Fx, a: &BwdKernel, sc: &Scratch, bf: &Bufs, (bi, kh, gi): 
     zero_fill(fx, bf.cols_s, tp);
     if let (Some(cp), Some(ct)) = (bf.c, fw.c) {
         let z0 = fx.ic(0);
-        let tv = fx.ic(t as i64);
+        let tv = fx.ic(tk as i64);
         fx.for_range(z0, tv, 1, |fx, j| {
-            let idx = fx.b.ins().iadd(row0, j);
+            let idx = fx.b.ins().iadd(crow0, j);
             let x = fx.load_f32(ct, cp, idx);
             let a = fx.addr(bf.cs, j, 4);
             fx.store(x, a, 0);
@@ -515,21 +517,23 @@ fn head_rows(fx: &mut Fx, a: &BwdKernel, sc: &Scratch, bf: &Bufs, (bi, kh, gi): 
         let live = fx.b.ins().fcmp(FloatCC::NotEqual, lse, ninf);
         // A row without kept keys (lse = -inf) has P = 0: no gradient, dq_i = 0.
         fx.if_then(live, |fx| {
-            row_body(fx, a, sc, RowCtx { bi, hq, bh, i, row, lse }, bf, (mt, bm, bn));
+            let pos = if tk == t { i } else { fx.b.ins().iadd_imm_s(i, fw.offset() as i64) };
+            row_body(fx, a, sc, RowCtx { bi, hq, bh, i, pos, row, lse }, bf, (mt, bm, bn));
         });
         write_row(fx, bf.dqs, bf.dqp, row, d, Some(fw.scale as f32));
     });
-    // dc_i = (sum_j ds_ij) - (sum_j ds_ji) over this head's rows and columns.
+    // dc_p = (sum_j ds_ij) - (sum_j ds_jp) over this head's rows (row i at key position p) and
+    // columns.
     if let Some(dcp) = bf.dcp {
         let z0 = fx.ic(0);
-        let tv = fx.ic(t as i64);
+        let tv = fx.ic(tk as i64);
         fx.for_range(z0, tv, 1, |fx, i| {
             let ra = fx.addr(bf.rows_s, i, 4);
             let r = fx.load(F32, ra, 0);
             let ca = fx.addr(bf.cols_s, i, 4);
             let cc = fx.load(F32, ca, 0);
             let x = fx.b.ins().fsub(r, cc);
-            let idx = fx.b.ins().iadd(row0, i);
+            let idx = fx.b.ins().iadd(crow0, i);
             fx.store_f32(DType::F32, dcp, idx, x);
         });
     }
@@ -541,7 +545,9 @@ struct RowCtx {
     hq: Value,
     bh: Value,
     i: Value,
-    /// `bh * T + i`.
+    /// The row's key position `i + Tk - Tq` (its diagonal and its c).
+    pos: Value,
+    /// `bh * Tq + i`.
     row: Value,
     lse: Value,
 }
@@ -602,14 +608,14 @@ fn row_body(fx: &mut Fx, a: &BwdKernel, sc: &Scratch, r: RowCtx, bf: &Bufs, (mt,
         fx.splat(x)
     };
     let ci = if fw.c.is_some() {
-        let ca = fx.addr(bf.cs, r.i, 4);
+        let ca = fx.addr(bf.cs, r.pos, 4);
         let x = fx.load(F32, ca, 0);
         Some(fx.splat(x))
     } else {
         None
     };
     let li = bf.los.map(|lb| {
-        let la = fx.addr(lb, r.i, 4);
+        let la = fx.addr(lb, r.pos, 4);
         let x = fx.load(F32, la, 0);
         fx.splat(x)
     });
@@ -691,7 +697,7 @@ fn row_body(fx: &mut Fx, a: &BwdKernel, sc: &Scratch, r: RowCtx, bf: &Bufs, (mt,
     });
     let rs = fx.b.use_var(rowsum);
     let rs = fx.hsum(rs);
-    let ra = fx.addr(bf.rows_s, r.i, 4);
+    let ra = fx.addr(bf.rows_s, r.pos, 4);
     fx.store(rs, ra, 0);
 }
 
@@ -704,9 +710,9 @@ fn key_range(
     start: Option<Value>,
     (mt, bm, bn): (u64, u64, u64),
 ) -> (Value, Value) {
-    let t = fw.t;
-    let i1 = fx.b.ins().iadd_imm_s(r.i, 1);
-    let jhi = if fw.causal { i1 } else { fx.ic(t as i64) };
+    let (t, tk) = (fw.t, fw.tk);
+    let i1 = fx.b.ins().iadd_imm_s(r.pos, 1);
+    let jhi = if fw.causal { i1 } else { fx.ic(tk as i64) };
     let mut jlo = fx.ic(0);
     if let Some(w) = fw.window {
         let w = w.min(i64::MAX as u64 / 4) as i64;
@@ -729,9 +735,10 @@ fn key_range(
             let last = fx.b.ins().iadd_imm_s(i0, bm as i64 - 1);
             let tl = fx.ic(t as i64 - 1);
             let last = fx.imin(last, tl);
+            let last = if tk == t { last } else { fx.b.ins().iadd_imm_s(last, fw.offset() as i64) };
             fx.b.ins().udiv_imm_s(last, bn as i64)
         } else {
-            fx.ic(((t - 1) / bn) as i64)
+            fx.ic(((tk - 1) / bn) as i64)
         };
         let s = fx.imin(s, diag);
         let s = fx.b.ins().imul_imm_s(s, bn as i64);

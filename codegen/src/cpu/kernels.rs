@@ -47,7 +47,9 @@ pub enum Kind {
         q: DType,
         k: DType,
         bh: u64,
+        /// Query rows and key rows.
         t: u64,
+        tk: u64,
         d: u64,
         /// Query heads and kv heads (k has `hk` heads; query head h reads kv head h / (h / hk)).
         h: u64,
@@ -63,7 +65,9 @@ pub enum Kind {
         c: DType,
         delta: DType,
         bh: u64,
+        /// Query rows and key rows (c's length).
         t: u64,
+        tk: u64,
         bm: u64,
         bn: u64,
     },
@@ -86,7 +90,10 @@ pub struct AttnKernel {
     /// Query heads and kv heads (query head h reads kv head h / (h / hk)).
     pub h: u64,
     pub hk: u64,
+    /// Query rows; key rows `tk >= t` under a causal mask or a decay (query row `i` sits at key
+    /// position `i + tk - t`, [`AttnKernel::offset`]).
     pub t: u64,
+    pub tk: u64,
     pub d: u64,
     pub bm: u64,
     pub bn: u64,
@@ -138,6 +145,11 @@ pub struct AttnScratch {
 impl AttnKernel {
     pub fn mt(&self) -> u64 {
         self.t.div_ceil(self.bm)
+    }
+
+    /// The key position of query row 0 (queries aligned to the end of the keys): `Tk - Tq`.
+    pub fn offset(&self) -> u64 {
+        self.tk.saturating_sub(self.t)
     }
 
     pub fn scratch(&self) -> AttnScratch {
@@ -236,11 +248,12 @@ pub fn emit(fx: &mut Fx, kind: &Kind, f: &Frame, h: &Helpers) {
         Kind::GateCumsum { kind, src, b: _, h: nh, t, lo } => {
             emit_gate_cumsum(fx, *kind, *src, *nh, *t, *lo, f, h)
         }
-        Kind::Threshold { q, k, bh: _, t, d, h, hk, rule, log_eps, bound, score, scale, bm } => {
+        Kind::Threshold { q, k, bh: _, t, tk, d, h, hk, rule, log_eps, bound, score, scale, bm } => {
             let p = super::threshold::Params {
                 q: *q,
                 k: *k,
                 t: *t,
+                tk: *tk,
                 d: *d,
                 h: *h,
                 hk: *hk,
@@ -254,8 +267,8 @@ pub fn emit(fx: &mut Fx, kind: &Kind, f: &Frame, h: &Helpers) {
             let bufs = (fx.arg(f.args, 0), fx.arg(f.args, 1), fx.arg(f.args, 2));
             super::threshold::emit(fx, &p, bufs, (f.begin, f.end))
         }
-        Kind::BlockBoundary { c, delta, bh: _, t, bm, bn } => {
-            emit_block_boundary(fx, *c, *delta, *t, *bm, *bn, f)
+        Kind::BlockBoundary { c, delta, bh: _, t, tk, bm, bn } => {
+            emit_block_boundary(fx, (*c, *delta), (*t, *tk), (*bm, *bn), f)
         }
         Kind::Attention(a) => super::attention::emit(fx, a, f, h),
         Kind::AttentionBackward(a) => super::backward::emit(fx, a, f),
@@ -450,16 +463,26 @@ fn emit_gate_cumsum(
     });
 }
 
-fn emit_block_boundary(fx: &mut Fx, ct: DType, dt: DType, t: u64, bm: u64, bn: u64, f: &Frame) {
+/// `start` of every query tile of tasks `f.begin..f.end` (heads): `t` queries at the end of
+/// `tk` keys (docs/SEMANTICS.md, block_boundary).
+fn emit_block_boundary(
+    fx: &mut Fx,
+    (ct, dt): (DType, DType),
+    (t, tk): (u64, u64),
+    (bm, bn): (u64, u64),
+    f: &Frame,
+) {
     let c = fx.arg(f.args, 0);
     let delta = fx.arg(f.args, 1);
     let out = fx.arg(f.args, 2);
     let mt = t.div_ceil(bm);
     fx.for_range(f.begin, f.end, 1, |fx, bh| {
-        let cbase = fx.b.ins().imul_imm_s(bh, t as i64);
+        let cbase = fx.b.ins().imul_imm_s(bh, tk as i64);
         let obase = fx.b.ins().imul_imm_s(bh, mt as i64);
         fx.for_n(0, mt as i64, 1, |fx, m| {
+            // The tile's first row, as a key position.
             let i0 = fx.b.ins().imul_imm_s(m, bm as i64);
+            let i0 = if tk == t { i0 } else { fx.b.ins().iadd_imm_s(i0, (tk - t) as i64) };
             let ci = fx.b.ins().iadd(cbase, i0);
             let ci0 = fx.load_f64(ct, c, ci);
             let didx = fx.b.ins().iadd(obase, m);
@@ -483,7 +506,7 @@ fn emit_block_boundary(fx: &mut Fx, ct: DType, dt: DType, t: u64, bm: u64, bn: u
             fx.b.switch_to_block(test);
             let jend = fx.b.ins().imul_imm_s(n, bn as i64);
             let jend = fx.b.ins().iadd_imm_s(jend, bn as i64 - 1);
-            let tl = fx.ic(t as i64 - 1);
+            let tl = fx.ic(tk as i64 - 1);
             let jend = fx.imin(jend, tl);
             let cj = fx.b.ins().iadd(cbase, jend);
             let cj = fx.load_f64(ct, c, cj);

@@ -190,10 +190,20 @@ impl NodeCx<'_> {
             Op::Threshold { .. } => self.threshold(&ops).map(Some),
             Op::BlockBoundary(tiles) => {
                 let cs = self.sh(ops[0])?;
-                let [b, h, t] = <[u64; 3]>::try_from(cs.as_slice())
+                let [b, h, tk] = <[u64; 3]>::try_from(cs.as_slice())
                     .map_err(|_| self.invalid("c must be [B, H, T]".into()))?;
                 if tiles.bm == 0 || tiles.bn == 0 {
                     return Err(self.invalid("zero tile size".into()));
+                }
+                // The queries' length from delta's type `[B, H, ceil(Tq / bm)]` (c's without one).
+                let t = match foxc_ir::check::query_rows(self.g.ty(ops[1]), tiles.bm) {
+                    Some(rows) => {
+                        self.dim(&rows).ok_or_else(|| self.invalid("the query count is not bound".into()))?
+                    }
+                    None => tk,
+                };
+                if t > tk {
+                    return Err(self.invalid(format!("{t} queries but {tk} keys")));
                 }
                 let mt = t.div_ceil(tiles.bm as u64);
                 self.expect(ops[1], &[b, h, mt], "delta")?;
@@ -202,6 +212,7 @@ impl NodeCx<'_> {
                     delta: self.float_in(ops[1])?,
                     bh: b * h,
                     t,
+                    tk,
                     bm: tiles.bm as u64,
                     bn: tiles.bn as u64,
                 }))
@@ -286,8 +297,11 @@ impl NodeCx<'_> {
         };
         let [b, h, t, d] = self.rank4(ops[0])?;
         let ks = self.sh(ops[1])?;
-        let hk = ks.get(1).copied().unwrap_or(0);
-        self.expect(ops[1], &[b, hk, t, d], "k")?;
+        let (hk, tk) = (ks.get(1).copied().unwrap_or(0), ks.get(2).copied().unwrap_or(0));
+        self.expect(ops[1], &[b, hk, tk, d], "k")?;
+        if t > tk {
+            return Err(self.invalid(format!("{t} queries but {tk} keys")));
+        }
         if hk == 0 || h % hk != 0 {
             return Err(self.invalid(format!("k has {hk} heads, which do not divide q's {h}")));
         }
@@ -302,6 +316,7 @@ impl NodeCx<'_> {
             k: self.float_in(ops[1])?,
             bh: b * h,
             t,
+            tk,
             d,
             h,
             hk,
@@ -344,15 +359,21 @@ impl NodeCx<'_> {
         if hk == 0 || hk * group != h {
             return Err(self.invalid(format!("k has {hk} heads: not {h} query heads / kv_group {group}")));
         }
-        self.expect(ao.k, &[b, hk, t, d], "k")?;
-        self.expect(ao.v, &[b, hk, t, d], "v")?;
+        let tk = self.sh(ao.k)?.get(2).copied().unwrap_or(0);
+        self.expect(ao.k, &[b, hk, tk, d], "k")?;
+        self.expect(ao.v, &[b, hk, tk, d], "v")?;
+        if t > tk && (attn.decay || attn.mask.is_causal()) {
+            return Err(
+                self.invalid(format!("{t} queries but {tk} keys: queries sit at the end of the keys"))
+            );
+        }
         let mut c = None;
         if let Some(cv) = ao.decay {
-            self.expect(cv, &[b, h, t], "c")?;
+            self.expect(cv, &[b, h, tk], "c")?;
             c = Some(self.float_in(cv)?);
         }
         if let Some(lv) = ao.decay_lo {
-            self.expect(lv, &[b, h, t], "c_lo")?;
+            self.expect(lv, &[b, h, tk], "c_lo")?;
             if self.dt(lv) != DType::F32 {
                 return Err(self.invalid(format!("c_lo operand %{} must be f32", self.num[&lv])));
             }
@@ -371,7 +392,7 @@ impl NodeCx<'_> {
                 self.invalid(format!("the CPU attention writes f32, bf16 or f16, not {}", attn.out_dtype))
             );
         }
-        if t == 0 || d == 0 {
+        if t == 0 || tk == 0 || d == 0 {
             return Err(self.invalid("T and D must be at least 1".into()));
         }
         let (score, causal, window, mask) = self.regions(attn)?;
@@ -391,6 +412,7 @@ impl NodeCx<'_> {
             h,
             hk,
             t,
+            tk,
             d,
             bm: tiles.bm as u64,
             bn: tiles.bn as u64,

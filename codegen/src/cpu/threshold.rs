@@ -14,7 +14,9 @@ use foxc_ir::{DType, NormBound, PruneRule, ScoreBound};
 pub struct Params<'a> {
     pub q: DType,
     pub k: DType,
+    /// Query rows and key rows (`t <= tk`: query row `i` sits at key position `i + tk - t`).
     pub t: u64,
+    pub tk: u64,
     pub d: u64,
     /// Query heads and kv heads.
     pub h: u64,
@@ -103,7 +105,8 @@ fn max_norm(fx: &mut Fx, dt: DType, p: Value, head: Value, range: (Value, Value)
 
 /// The kernel body: tasks `begin..end` are flat heads; q, k, out are the buffers.
 pub fn emit(fx: &mut Fx, p: &Params, (q, k, out): (Value, Value, Value), (begin, end): (Value, Value)) {
-    let (t, d, bm) = (p.t, p.d, p.bm);
+    let (t, tk, d, bm) = (p.t, p.tk, p.d, p.bm);
+    let off = tk - t;
     let formula = &p.rule.formula;
     // The statistics the walk renders (none inside a static score bound).
     let reads = formula.stats_under(&p.score);
@@ -114,15 +117,17 @@ pub fn emit(fx: &mut Fx, p: &Params, (q, k, out): (Value, Value, Value), (begin,
         let bhbase = fx.b.ins().imul_imm_s(bh, (t * d) as i64);
         let obase = fx.b.ins().imul_imm_s(bh, mt as i64);
         // The kv head of (b, h): b * hk + h / (H / hk) (itself without grouped-query heads).
-        let kbase = if p.hk == p.h {
+        let kbase = if p.hk == p.h && off == 0 {
             bhbase
+        } else if p.hk == p.h {
+            fx.b.ins().imul_imm_s(bh, (tk * d) as i64)
         } else {
             let bi = fx.b.ins().udiv_imm_s(bh, p.h as i64);
             let hi = fx.b.ins().urem_imm_s(bh, p.h as i64);
             let kvh = fx.b.ins().udiv_imm_s(hi, (p.h / p.hk.max(1)).max(1) as i64);
             let kvb = fx.b.ins().imul_imm_s(bi, p.hk as i64);
             let kvh = fx.b.ins().iadd(kvb, kvh);
-            fx.b.ins().imul_imm_s(kvh, (t * d) as i64)
+            fx.b.ins().imul_imm_s(kvh, (tk * d) as i64)
         };
         let mut stats: [Option<Value>; Stat::ALL.len()] = [None; Stat::ALL.len()];
         // Global and per-head statistics.
@@ -130,13 +135,17 @@ pub fn emit(fx: &mut Fx, p: &Params, (q, k, out): (Value, Value, Value), (begin,
             stats[Stat::LnEps as usize] = Some(fx.f64c(p.log_eps));
         }
         if uses(Stat::LnT) {
-            stats[Stat::LnT as usize] = Some(fx.f64c((t as f64).ln()));
+            // A row sees at most Tk keys.
+            stats[Stat::LnT as usize] = Some(fx.f64c((tk as f64).ln()));
         }
         if uses(Stat::Scale) {
             stats[Stat::Scale as usize] = Some(fx.f64c(p.scale.abs()));
         }
         let whole = (fx.ic(0), fx.ic(t as i64));
-        for (s, dt, ptr, head) in [(Stat::QMax, p.q, q, bhbase), (Stat::KMax, p.k, k, kbase)] {
+        let keys = if off == 0 { whole } else { (whole.0, fx.ic(tk as i64)) };
+        for (s, dt, ptr, head, whole) in
+            [(Stat::QMax, p.q, q, bhbase, whole), (Stat::KMax, p.k, k, kbase, keys)]
+        {
             if uses(s) {
                 stats[s as usize] = Some(match p.bound {
                     NormBound::Static { q_max, k_max } => {
@@ -150,6 +159,12 @@ pub fn emit(fx: &mut Fx, p: &Params, (q, k, out): (Value, Value, Value), (begin,
         let k_causal = fx.b.declare_var(F64);
         let z = fx.f64c(0.0);
         fx.b.def_var(k_causal, z);
+        let causal_keys = matches!(p.bound, NormBound::Data) && uses(Stat::KCausal);
+        if off > 0 && causal_keys {
+            // The keys before the first query's position: every tile's rows see them.
+            let before = (fx.ic(0), fx.ic(off as i64));
+            fold_max_norm(fx, p.k, k, kbase, before, d, k_causal);
+        }
         fx.for_n(0, mt as i64, 1, |fx, m| {
             let mut stats = stats;
             let i0 = fx.b.ins().imul_imm_s(m, bm as i64);
@@ -166,7 +181,12 @@ pub fn emit(fx: &mut Fx, p: &Params, (q, k, out): (Value, Value, Value), (begin,
                         stats[Stat::QTile as usize] = Some(max_norm(fx, p.q, q, bhbase, (i0, i1), d));
                     }
                     if uses(Stat::KCausal) {
-                        fold_max_norm(fx, p.k, k, kbase, (i0, i1), d, k_causal);
+                        let keys = if off == 0 {
+                            (i0, i1)
+                        } else {
+                            (fx.b.ins().iadd_imm_s(i0, off as i64), fx.b.ins().iadd_imm_s(i1, off as i64))
+                        };
+                        fold_max_norm(fx, p.k, k, kbase, keys, d, k_causal);
                         stats[Stat::KCausal as usize] = Some(fx.b.use_var(k_causal));
                     }
                 }
@@ -214,7 +234,9 @@ fn row_stats(
 ) {
     let off = fx.b.ins().imul_imm_s(i, p.d as i64);
     let base = fx.b.ins().iadd(bhbase, off);
+    // The row's diagonal key sits at i + Tk - Tq.
     let kb = fx.b.ins().iadd(kbase, off);
+    let kb = if p.tk == p.t { kb } else { fx.b.ins().iadd_imm_s(kb, ((p.tk - p.t) * p.d) as i64) };
     let qq = fx.b.declare_var(F64);
     let qk = fx.b.declare_var(F64);
     let z = fx.f64c(0.0);

@@ -20,11 +20,14 @@ impl Evaluator<'_> {
         let q = self.positional(id, ops[0], 4, "q")?;
         let k = self.positional(id, ops[1], 4, "k")?;
         let (b, h, t, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
-        let hk = k.shape[1];
-        if k.shape[0] != b || k.shape[2..] != q.shape[2..] || hk == 0 || h % hk != 0 {
+        let (hk, tk) = (k.shape[1], k.shape[2]);
+        if k.shape[0] != b || k.shape[3] != d || t > tk || hk == 0 || h % hk != 0 {
             return Err(self.err(
                 id,
-                format!("k {:?} does not fit q {:?} (kv heads must divide heads)", k.shape, q.shape),
+                format!(
+                    "k {:?} does not fit q {:?} (kv heads must divide heads, queries be at most keys)",
+                    k.shape, q.shape
+                ),
             ));
         }
         let group = h / hk;
@@ -45,6 +48,7 @@ impl Evaluator<'_> {
             heads: b * h,
             kv_head: &|bh| (bh / h) * hk + (bh % h) / group,
             t,
+            tk,
             d,
             bm,
             log_eps: *log_eps,
@@ -68,28 +72,44 @@ impl Evaluator<'_> {
         };
         let c = self.positional(id, ops[0], 3, "c")?;
         let delta = self.positional(id, ops[1], 3, "delta")?;
-        let (b, h, t) = (c.shape[0], c.shape[1], c.shape[2]);
+        let (b, h, tk) = (c.shape[0], c.shape[1], c.shape[2]);
         let (bm, bn) = (tiles.bm as usize, tiles.bn as usize);
         if bm == 0 || bn == 0 {
             return Err(self.err(id, "zero tile size"));
         }
-        let mt = t.div_ceil(bm);
-        if delta.shape != [b, h, mt] || shape != [b, h, mt] {
-            return Err(self
-                .err(id, format!("delta {:?} / result {shape:?}, expected {:?}", delta.shape, [b, h, mt])));
+        // The queries' length, from delta's type `[B, H, ceil(Tq / bm)]` (c's own without one).
+        let tq = match crate::check::query_rows(self.g.value_ty(ops[1]), tiles.bm) {
+            Some(rows) => {
+                self.dims.eval(&rows).ok_or_else(|| self.err(id, "the query count is not bound"))? as usize
+            }
+            None => tk,
+        };
+        let mt = tq.div_ceil(bm);
+        if tq > tk || delta.shape != [b, h, mt] || shape != [b, h, mt] {
+            return Err(self.err(
+                id,
+                format!(
+                    "delta {:?} / result {shape:?}, expected {:?} with {tq} <= {tk}",
+                    delta.shape,
+                    [b, h, mt]
+                ),
+            ));
         }
-        Ok(boundary(&c.data, &delta.data, b * h, t, bm, bn))
+        Ok(boundary(&c.data, &delta.data, b * h, tq, bm, bn))
     }
 }
 
-/// `start` for every (head, query tile) from `c [BH, T]` and `delta [BH, Mt]`.
-pub fn boundary(c: &[f64], delta: &[f64], heads: usize, t: usize, bm: usize, bn: usize) -> Vec<f64> {
-    let mt = t.div_ceil(bm);
+/// `start` for every (head, query tile) from `c [BH, Tk]` and `delta [BH, ceil(Tq / bm)]`; `tq`
+/// queries (at most `Tk`) sit at the end of the keys, row `i` at key position `i + Tk - Tq`.
+pub fn boundary(c: &[f64], delta: &[f64], heads: usize, tq: usize, bm: usize, bn: usize) -> Vec<f64> {
+    let mt = tq.div_ceil(bm);
+    let tk = c.len().checked_div(heads).unwrap_or(0);
+    let offset = tk.saturating_sub(tq);
     let mut out = Vec::with_capacity(heads * mt);
     for bh in 0..heads {
-        let cr = &c[bh * t..(bh + 1) * t];
+        let cr = &c[bh * tk..(bh + 1) * tk];
         for m in 0..mt {
-            out.push(block_start(cr, delta[bh * mt + m], m * bm, bn) as f64);
+            out.push(block_start(cr, delta[bh * mt + m], m * bm + offset, bn) as f64);
         }
     }
     out

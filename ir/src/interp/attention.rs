@@ -19,13 +19,17 @@ pub struct AttnArgs<'a> {
     pub h: usize,
     /// Query heads per kv head (`kv_group` bound): k and v have `h / group` heads.
     pub group: usize,
+    /// Query rows `Tq` and key rows `Tk` (`Tq <= Tk` under a causal mask or a decay: query row
+    /// `i` sits at key position `i + Tk - Tq`, docs/SEMANTICS.md).
     pub t: usize,
+    pub tk: usize,
     pub d: usize,
     pub dv: usize,
     pub q: &'a [f64],
     pub k: &'a [f64],
     pub v: &'a [f64],
-    /// The decay values `c_t` of the bias `c_i - c_j` ([`pair_decay`] with a `decay(pair)`).
+    /// The decay values `c_t` (`[B, H, Tk]`) of the bias `c_{i + offset} - c_j` ([`pair_decay`] with
+    /// a `decay(pair)`).
     pub c: Option<&'a [f64]>,
     /// `start [B, H, ceil(T / bm)]` as values (for `Prune::Boundary` derived with
     /// [`block_start`]), with `bm` and `bn`.
@@ -58,15 +62,16 @@ pub struct HeadStats {
     pub max_pruned_mass: f64,
 }
 
-/// The `block_boundary` rule for one query tile: the first key tile `n` with
-/// `c[i0] - c[jend(n)] >= delta` (a NaN comparison keeps the tile), at most `floor(i0 / bn)`.
-pub fn block_start(c: &[f64], delta: f64, i0: usize, bn: usize) -> usize {
+/// The `block_boundary` rule for one query tile whose first row sits at key position `p0`
+/// (`i0 + Tk - Tq`): the first key tile `n` with `c[p0] - c[jend(n)] >= delta` (a NaN
+/// comparison keeps the tile), at most `floor(p0 / bn)`.
+pub fn block_start(c: &[f64], delta: f64, p0: usize, bn: usize) -> usize {
     let t = c.len();
-    let diag = i0 / bn;
+    let diag = p0 / bn;
     (0..diag)
         .find(|&n| {
             // A NaN comparison is false: the tile is kept.
-            let skipped = c[i0] - c[(n * bn + bn - 1).min(t - 1)] < delta;
+            let skipped = c[p0] - c[(n * bn + bn - 1).min(t - 1)] < delta;
             !skipped
         })
         .unwrap_or(diag)
@@ -89,7 +94,12 @@ impl<'a> AttnArgs<'a> {
             Mask::Expr(r) => Some(RegionEval::new(r, &self.captures, self.dim)?),
             _ => None,
         };
-        Ok(Evals { score, mask, e: vec![0.0; self.t], keep: vec![false; self.t] })
+        Ok(Evals { score, mask, e: vec![0.0; self.tk], keep: vec![false; self.tk] })
+    }
+
+    /// The key position of query row 0: queries are aligned to the end of the keys.
+    pub fn offset(&self) -> usize {
+        self.tk.saturating_sub(self.t)
     }
 
     /// The first kept key of row `i` of head `bh` by pruning (0 when dense).
@@ -100,7 +110,7 @@ impl<'a> AttnArgs<'a> {
                 let sm = st[bh * mt + i / bm];
                 let sm = if sm.is_nan() || sm < 0.0 { 0.0 } else { sm };
                 // Beyond the row: nothing kept (saturate rather than overflow).
-                (sm * bn as f64).min(self.t as f64) as usize
+                (sm * bn as f64).min(self.tk as f64) as usize
             }
             None => 0,
         }
@@ -108,13 +118,15 @@ impl<'a> AttnArgs<'a> {
 
     /// Row `i` of head `bh` (= b * H + h) into `o` (`[Dv]`, overwritten).
     pub fn row(&self, ev: &mut Evals, bh: usize, i: usize, o: &mut [f64]) -> Row {
-        let (t, d, dv) = (self.t, self.d, self.dv);
+        let (t, tk, d, dv) = (self.t, self.tk, self.d, self.dv);
         let (bi, hi) = (bh / self.h, bh % self.h);
         let kvh = bi * (self.h / self.group) + hi / self.group;
+        // The row's key position: the causal diagonal and its decay c_p.
+        let p = i + self.offset();
         let (lo, hi_j) = match self.attn.mask {
-            Mask::Causal => (0, i + 1),
-            Mask::Window(w) => ((i + 1).saturating_sub(w as usize), i + 1),
-            Mask::None | Mask::Expr(_) => (0, t),
+            Mask::Causal => (0, p + 1),
+            Mask::Window(w) => ((p + 1).saturating_sub(w as usize), p + 1),
+            Mask::None | Mask::Expr(_) => (0, tk),
         };
         let qi = &self.q[(bh * t + i) * d..(bh * t + i + 1) * d];
         let kstart = self.kstart(bh, i);
@@ -130,9 +142,9 @@ impl<'a> AttnArgs<'a> {
             if !keep {
                 continue;
             }
-            let kj = &self.k[(kvh * t + j) * d..(kvh * t + j + 1) * d];
+            let kj = &self.k[(kvh * tk + j) * d..(kvh * tk + j + 1) * d];
             let dot: f64 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
-            let bias = self.c.map_or(0.0, |c| c[bh * t + i] - c[bh * t + j]);
+            let bias = self.c.map_or(0.0, |c| c[bh * tk + p] - c[bh * tk + j]);
             let e = ev.score.eval(self.scale * dot, at) + bias;
             ev.e[j] = e;
             dense_max = dense_max.max(e);
@@ -166,7 +178,7 @@ impl<'a> AttnArgs<'a> {
         for j in (lo..hi_j).filter(|&j| kept(j)) {
             let p = (ev.e[j] - kept_max).exp();
             z += p;
-            let vj = &self.v[(kvh * t + j) * dv..(kvh * t + j + 1) * dv];
+            let vj = &self.v[(kvh * tk + j) * dv..(kvh * tk + j + 1) * dv];
             for (oe, ve) in o.iter_mut().zip(vj) {
                 *oe += p * ve;
             }
@@ -181,7 +193,7 @@ impl<'a> AttnArgs<'a> {
         let (t, mt) = (self.t, self.t.div_ceil(bm));
         let (mut kept, mut total) = (0, 0);
         for m in 0..mt {
-            let diag = ((m * bm + bm - 1).min(t - 1) / bn) as u64;
+            let diag = (((m * bm + bm - 1).min(t - 1) + self.offset()) / bn) as u64;
             let sm = st[bh * mt + m];
             let sm = if sm.is_nan() || sm < 0.0 { 0 } else { sm as u64 };
             total += diag + 1;
@@ -303,14 +315,20 @@ impl super::Evaluator<'_> {
                 format!("q has {h} heads, k {hk}: that is not kv_group = {group} query heads per kv head"),
             ));
         }
-        if k.shape != [b, hk, t, d] || v.shape[..3] != [b, hk, t] {
+        let tk = k.shape[2];
+        if k.shape != [b, hk, tk, d] || v.shape[..3] != [b, hk, tk] {
             return Err(self.err(id, format!("q {:?}, k {:?}, v {:?} disagree", q.shape, k.shape, v.shape)));
+        }
+        if t > tk && (a.decay || a.mask.is_causal()) {
+            return Err(
+                self.err(id, format!("{t} queries but {tk} keys: queries sit at the end of the keys"))
+            );
         }
         let c = match o.decay {
             Some(c) => {
                 let c = self.positional(id, c, 3, "c")?;
-                if c.shape != [b, h, t] {
-                    return Err(self.err(id, format!("c has shape {:?}, expected {:?}", c.shape, [b, h, t])));
+                if c.shape != [b, h, tk] {
+                    return Err(self.err(id, format!("c has shape {:?}, expected {:?}", c.shape, [b, h, tk])));
                 }
                 Some(c.data.as_slice())
             }
@@ -321,7 +339,7 @@ impl super::Evaluator<'_> {
                 let lo = self.positional(id, lo, 3, "c_lo")?;
                 if lo.data.len() != c.len() {
                     return Err(
-                        self.err(id, format!("c_lo has shape {:?}, expected {:?}", lo.shape, [b, h, t]))
+                        self.err(id, format!("c_lo has shape {:?}, expected {:?}", lo.shape, [b, h, tk]))
                     );
                 }
                 Some(pair_decay(c, &lo.data))
@@ -372,6 +390,7 @@ impl super::Evaluator<'_> {
             h,
             group,
             t,
+            tk,
             d,
             dv,
             q: &q.data,
@@ -423,9 +442,12 @@ pub fn sample_rows(
     let dims = crate::shapes::bind_dims_partial(g, &shapes)?;
     let (q, k, v) = (&vals[&o.q], &vals[&o.k], &vals[&o.v]);
     let (b, h, t, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
-    let (hk, dv) = (k.shape[1], v.shape[3]);
+    let (hk, tk, dv) = (k.shape[1], k.shape[2], v.shape[3]);
     if hk == 0 || h % hk != 0 {
         return Err(bad(format!("q has {h} heads, k {hk}")));
+    }
+    if t > tk && (a.decay || a.mask.is_causal()) {
+        return Err(bad(format!("{t} queries but {tk} keys: queries sit at the end of the keys")));
     }
     let c = o.decay.map(|c| vals[&c].data.as_slice());
     let paired = c.zip(o.decay_lo).map(|(c, lo)| pair_decay(c, &vals[&lo].data));
@@ -454,6 +476,7 @@ pub fn sample_rows(
         h,
         group: h / hk,
         t,
+        tk,
         d,
         dv,
         q: &q.data,

@@ -29,8 +29,8 @@ pub struct BackwardArgs<'a> {
     pub float_captures: Vec<bool>,
 }
 
-/// The results, flat: dq `[B, H, T, D]`, dk `[B, H/G, T, D]`, dv `[B, H/G, T, Dv]`, dc
-/// `[B, H, T]` when decay, and one gradient per float capture (shaped like it).
+/// The results, flat: dq `[B, H, Tq, D]`, dk `[B, H/G, Tk, D]`, dv `[B, H/G, Tk, Dv]`, dc
+/// `[B, H, Tk]` when decay, and one gradient per float capture (shaped like it).
 pub struct BackwardResult {
     pub dq: Vec<f64>,
     pub dk: Vec<f64>,
@@ -77,7 +77,7 @@ impl BackwardArgs<'_> {
                 let mt = f.t.div_ceil(bm);
                 let sm = st[bh * mt + i / bm];
                 let sm = if sm.is_nan() || sm < 0.0 { 0.0 } else { sm };
-                (sm * bn as f64).min(f.t as f64) as usize
+                (sm * bn as f64).min(f.tk as f64) as usize
             }
             None => 0,
         }
@@ -86,7 +86,8 @@ impl BackwardArgs<'_> {
     /// Task `task` = b * (H / G) + kv head.
     fn task(&self, task: usize, grad: &RegionGrad) -> Result<TaskOut, String> {
         let f = &self.fwd;
-        let (t, d, dv, g) = (f.t, f.d, f.dv, f.group);
+        let (t, tk, d, dv, g) = (f.t, f.tk, f.d, f.dv, f.group);
+        let offset = f.offset();
         let hk = f.h / g;
         let (bi, kh) = (task / hk, task % hk);
         let mut score = RegionEval::new(&f.attn.score, &f.captures, f.dim)?;
@@ -106,9 +107,9 @@ impl BackwardArgs<'_> {
         }
         let mut out = TaskOut {
             dq: vec![0.0; g * t * d],
-            dk: vec![0.0; t * d],
-            dv: vec![0.0; t * dv],
-            dc: vec![0.0; g * t],
+            dk: vec![0.0; tk * d],
+            dv: vec![0.0; tk * dv],
+            dc: vec![0.0; g * tk],
             dcaps: f
                 .captures
                 .iter()
@@ -117,8 +118,8 @@ impl BackwardArgs<'_> {
                 .collect(),
         };
         let kvh = bi * hk + kh;
-        let kr = |j: usize| &f.k[(kvh * t + j) * d..(kvh * t + j + 1) * d];
-        let vr = |j: usize| &f.v[(kvh * t + j) * dv..(kvh * t + j + 1) * dv];
+        let kr = |j: usize| &f.k[(kvh * tk + j) * d..(kvh * tk + j + 1) * d];
+        let vr = |j: usize| &f.v[(kvh * tk + j) * dv..(kvh * tk + j + 1) * dv];
         for gi in 0..g {
             let hq = kh * g + gi;
             let bh = bi * f.h + hq;
@@ -127,11 +128,13 @@ impl BackwardArgs<'_> {
                 if lse == f64::NEG_INFINITY {
                     continue; // no kept entry: P = 0, no gradient
                 }
-                // The mask's key range of row i (as the forward), then pruning's first key.
+                // The mask's key range of row i (as the forward: its key position p), then
+                // pruning's first key.
+                let p = i + offset;
                 let (jlo, jhi) = match f.attn.mask {
-                    Mask::Causal => (0, i + 1),
-                    Mask::Window(w) => ((i + 1).saturating_sub(w as usize), i + 1),
-                    Mask::None | Mask::Expr(_) => (0, t),
+                    Mask::Causal => (0, p + 1),
+                    Mask::Window(w) => ((p + 1).saturating_sub(w as usize), p + 1),
+                    Mask::None | Mask::Expr(_) => (0, tk),
                 };
                 let jlo = jlo.max(self.kstart(bh, i));
                 let row = |w: usize| (bh * t + i) * w..(bh * t + i + 1) * w;
@@ -148,13 +151,13 @@ impl BackwardArgs<'_> {
                     }
                     let kj = kr(j);
                     let x = f.scale * qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>();
-                    let bias = f.c.map_or(0.0, |c| c[bh * t + i] - c[bh * t + j]);
-                    let p = (score.eval(x, at) + bias - lse).exp();
+                    let bias = f.c.map_or(0.0, |c| c[bh * tk + p] - c[bh * tk + j]);
+                    let prob = (score.eval(x, at) + bias - lse).exp();
                     let vj = vr(j);
                     let dp: f64 = dout.iter().zip(vj).map(|(a, b)| a * b).sum();
-                    let ds = p * (dp - delta);
+                    let ds = prob * (dp - delta);
                     for (acc, &go) in out.dv[j * dv..(j + 1) * dv].iter_mut().zip(dout) {
-                        *acc += p * go;
+                        *acc += prob * go;
                     }
                     let dx = ds * dx_eval.eval(x, at);
                     for (acc, &kv) in out.dq[(gi * t + i) * d..(gi * t + i + 1) * d].iter_mut().zip(kj) {
@@ -163,8 +166,8 @@ impl BackwardArgs<'_> {
                     for (acc, &qv) in out.dk[j * d..(j + 1) * d].iter_mut().zip(qi) {
                         *acc += f.scale * dx * qv;
                     }
-                    out.dc[gi * t + i] += ds;
-                    out.dc[gi * t + j] -= ds;
+                    out.dc[gi * tk + p] += ds;
+                    out.dc[gi * tk + j] -= ds;
                     for (k, index, ev) in cap_evals.iter_mut() {
                         let local = ev.eval(x, at);
                         // A read outside the tensor evaluated to NaN in the forward: nothing to add.
@@ -181,7 +184,7 @@ impl BackwardArgs<'_> {
     /// Every gradient of the node.
     pub fn run(&self) -> Result<BackwardResult, String> {
         let f = &self.fwd;
-        let (b, h, g, t, d, dv) = (f.b, f.h, f.group, f.t, f.d, f.dv);
+        let (b, h, g, t, tk, d, dv) = (f.b, f.h, f.group, f.t, f.tk, f.d, f.dv);
         if g == 0 || h % g != 0 {
             return Err(format!("kv_group {g} does not divide H = {h}"));
         }
@@ -190,9 +193,9 @@ impl BackwardArgs<'_> {
         let grad: RegionGrad = Region::grad(&f.attn.score);
         let mut res = BackwardResult {
             dq: vec![0.0; b * h * t * d],
-            dk: vec![0.0; tasks * t * d],
-            dv: vec![0.0; tasks * t * dv],
-            dc: f.c.map(|_| vec![0.0; b * h * t]),
+            dk: vec![0.0; tasks * tk * d],
+            dv: vec![0.0; tasks * tk * dv],
+            dc: f.c.map(|_| vec![0.0; b * h * tk]),
             dcaps: f
                 .captures
                 .iter()
@@ -209,20 +212,20 @@ impl BackwardArgs<'_> {
             next += wave.len();
             let grad = &grad;
             let outs: Vec<Result<TaskOut, String>> = std::thread::scope(|sc| {
-                let hs: Vec<_> = wave.iter().map(|&tk| sc.spawn(move || self.task(tk, grad))).collect();
+                let hs: Vec<_> = wave.iter().map(|&task| sc.spawn(move || self.task(task, grad))).collect();
                 hs.into_iter()
                     .map(|hd| hd.join().unwrap_or_else(|_| Err("a backward worker panicked".into())))
                     .collect()
             });
-            for (&tk, o) in wave.iter().zip(outs) {
+            for (&task, o) in wave.iter().zip(outs) {
                 let o = o?;
-                let (bi, kh) = (tk / hk, tk % hk);
+                let (bi, kh) = (task / hk, task % hk);
                 let h0 = bi * h + kh * g;
                 res.dq[h0 * t * d..(h0 + g) * t * d].copy_from_slice(&o.dq);
-                res.dk[tk * t * d..(tk + 1) * t * d].copy_from_slice(&o.dk);
-                res.dv[tk * t * dv..(tk + 1) * t * dv].copy_from_slice(&o.dv);
+                res.dk[task * tk * d..(task + 1) * tk * d].copy_from_slice(&o.dk);
+                res.dv[task * tk * dv..(task + 1) * tk * dv].copy_from_slice(&o.dv);
                 if let Some(dc) = res.dc.as_mut() {
-                    dc[h0 * t..(h0 + g) * t].copy_from_slice(&o.dc);
+                    dc[h0 * tk..(h0 + g) * tk].copy_from_slice(&o.dc);
                 }
                 let mut fl = 0;
                 for (k, &float) in self.float_captures.iter().enumerate() {

@@ -42,6 +42,19 @@ pub(crate) struct Builder<'a> {
     pub dims: BTreeMap<Symbol, Dim>,
     /// The computed subscripts by template text (the `ix` nodes' first child).
     pub subscripts: BTreeMap<Symbol, IndexExpr>,
+    /// Reads shifted by dims along one index (`c[b, h, i + M - N]`, queries at the end of
+    /// longer keys), by the class of the read: the class of the same tensor read unshifted
+    /// (`c[b, h, i]`), the index and the shift (dims and a constant). The score split pairs
+    /// `c[i + M - N]` with `-c[j]` through it.
+    pub shifted: BTreeMap<Id, Shifted>,
+}
+
+/// A read of a tensor at one index plus a sum of dims ([`Builder::shifted`]).
+#[derive(Clone, Debug)]
+pub(crate) struct Shifted {
+    pub unshifted: Id,
+    pub var: Symbol,
+    pub by: IndexExpr,
 }
 
 impl<'a> Builder<'a> {
@@ -60,6 +73,7 @@ impl<'a> Builder<'a> {
             leaves: BTreeMap::new(),
             dims: BTreeMap::new(),
             subscripts: BTreeMap::new(),
+            shifted: BTreeMap::new(),
         }
     }
 
@@ -121,7 +135,28 @@ impl<'a> Builder<'a> {
             }
             ch.push(self.add(Attn::Ix(ix.into_boxed_slice()), span));
         }
-        self.add(Attn::In(ch.into_boxed_slice()), span)
+        let read = self.add(Attn::In(ch.into_boxed_slice()), span);
+        self.note_shift(read, x, index, ren, span);
+        read
+    }
+
+    /// Records `read` in [`Builder::shifted`] when exactly one subscript is an index plus dims
+    /// (and a constant) and every other is a plain index; the unshifted read is built too.
+    fn note_shift(&mut self, read: Id, x: ValueId, index: &[IndexExpr], ren: &Ren, span: Span) {
+        let shift = |e: &IndexExpr| match e.terms.as_slice() {
+            [(v, 1)] if !e.dim_terms.is_empty() && e.div.is_none() && e.clamps.is_empty() => Some(v.clone()),
+            _ => None,
+        };
+        let shifted: Vec<usize> = (0..index.len()).filter(|&k| index[k].is_plain_var().is_none()).collect();
+        let [k] = shifted[..] else { return };
+        let Some(v) = shift(&index[k]) else { return };
+        let axes: Vec<String> =
+            index.iter().map(|e| ren.name(e.is_plain_var().map_or(v.as_str(), |p| p))).collect();
+        let by = IndexExpr { terms: vec![], ..index[k].clone() };
+        if let Ok(unshifted) = self.positional(x, &axes, span) {
+            let var = Symbol::from(ren.name(&v).as_str());
+            self.shifted.insert(read, Shifted { unshifted, var, by });
+        }
     }
 
     fn leaf(&mut self, n: ValueId, axes: &[String], span: Span) -> Id {

@@ -5,7 +5,8 @@
 //! [`find`] searches the saturated e-graph and returns a [`Recognized`] (e-classes and extracted
 //! terms); [`emit`] writes it into the IR.
 
-use super::mask::{is_causal, keep_term};
+use super::build::Shifted;
+use super::mask::{causal_offset, keep_term};
 use super::names::shown;
 use super::region::{scale_of, RegionBuilder};
 use super::score::{extract, reachable, split, sum_of, Terms, T};
@@ -67,6 +68,9 @@ pub(crate) struct Recognized {
     pub region: T,
     /// `(coef, source)` of every decay term; `c_i` is their sum.
     pub decay: Vec<(f64, DecaySrc)>,
+    /// The key position of query row `i` is `i + offset` (a sum of dims, `M - N` for queries at
+    /// the end of longer keys): the causal mask's diagonal and where the decay reads `c_i`.
+    pub offset: IndexExpr,
     /// The softmax class (for explanations).
     pub softmax: Id,
 }
@@ -158,6 +162,42 @@ fn mask_rank(m: MaskKind) -> u8 {
     }
 }
 
+/// `e` as the sum `(dim name -> coefficient, constant)` (dims other than symbols by their text).
+fn dim_sum(e: &IndexExpr) -> (BTreeMap<String, i64>, i64) {
+    let mut m = BTreeMap::new();
+    let mut c = e.constant;
+    for (d, k) in &e.dim_terms {
+        match d {
+            Dim::Const(n) => c += *n as i64 * k,
+            d => *m.entry(d.to_string()).or_insert(0) += k,
+        }
+    }
+    m.retain(|_, k| *k != 0);
+    (m, c)
+}
+
+/// Whether two offsets (sums of dims) are equal for every size of the dims.
+fn same_offset(a: &IndexExpr, b: &IndexExpr) -> bool {
+    dim_sum(a) == dim_sum(b)
+}
+
+/// ` + M - N` (empty for 0): an offset as it follows `i` in a message.
+fn signed(o: &IndexExpr) -> String {
+    if dim_sum(o) == (BTreeMap::new(), 0) {
+        return String::new();
+    }
+    let text = o.to_string();
+    match text.strip_prefix('-') {
+        Some(rest) => format!(" - {rest}"),
+        None => format!(" + {text}"),
+    }
+}
+
+/// `Tk - Tq` as an offset: the key position of query row 0 when queries sit at the end.
+fn end_offset(tq: &Dim, tk: &Dim) -> IndexExpr {
+    IndexExpr { dim_terms: vec![(tk.clone(), 1), (tq.clone(), -1)], ..IndexExpr::constant(0) }
+}
+
 /// Search the saturated root class for attention; `Err` says why the best candidate failed.
 pub(crate) fn find(
     eg: &mut AttnGraph,
@@ -165,9 +205,11 @@ pub(crate) fn find(
     out_axes: &[Symbol],
     leaves: &BTreeMap<Symbol, ValueId>,
     subscripts: &BTreeMap<Symbol, IndexExpr>,
+    shifted: &BTreeMap<Id, Shifted>,
 ) -> Result<Recognized, (String, Id)> {
-    // (mask, i, j, masked scores, v, softmax class)
-    let mut cands: Vec<(MaskKind, Symbol, Symbol, Id, Id, Id)> = vec![];
+    // (mask, its diagonal's offset, i, j, masked scores, v, softmax class)
+    let mut cands: Vec<(MaskKind, IndexExpr, Symbol, Symbol, Id, Id, Id)> = vec![];
+    let zero = IndexExpr::constant(0);
     for m in matches(eg, "(sum ?j (* (softmax ?j ?x) ?v))", root) {
         let Some(j) = sym_of(eg, &m, "?j") else { continue };
         let (x, v) = (m[var("?x")], m[var("?v")]);
@@ -175,7 +217,7 @@ pub(crate) fn find(
         for mm in matches(eg, "(causal ?i ?j ?s)", x) {
             if let (Some(i), Some(jj)) = (sym_of(eg, &mm, "?i"), sym_of(eg, &mm, "?j")) {
                 if jj == j {
-                    cands.push((MaskKind::Causal, i, j, mm[var("?s")], v, sm));
+                    cands.push((MaskKind::Causal, zero.clone(), i, j, mm[var("?s")], v, sm));
                 }
             }
         }
@@ -183,7 +225,7 @@ pub(crate) fn find(
             let w = eg[mm[var("?w")]].data.konst.filter(|w| *w >= 1.0 && w.fract() == 0.0);
             if let (Some(i), Some(jj), Some(w)) = (sym_of(eg, &mm, "?i"), sym_of(eg, &mm, "?j"), w) {
                 if jj == j {
-                    cands.push((MaskKind::Window(w as u64), i, j, mm[var("?s")], v, sm));
+                    cands.push((MaskKind::Window(w as u64), zero.clone(), i, j, mm[var("?s")], v, sm));
                 }
             }
         }
@@ -194,14 +236,17 @@ pub(crate) fn find(
                     if eg[s].data.konst == Some(f64::NEG_INFINITY) {
                         continue;
                     }
-                    // A condition that is exactly `j <= i` is the causal mask.
+                    // A condition that is exactly `j <= i + o` (o a sum of dims) is the causal mask
+                    // of queries at key positions `i + o`.
                     let causal =
-                        extract(eg, cond, None, DIM_COST).is_some_and(|(t, _)| is_causal(&t, negated, i, j));
-                    let kind = if causal { MaskKind::Causal } else { MaskKind::Expr { cond, negated } };
-                    cands.push((kind, i, j, s, v, sm));
+                        extract(eg, cond, None, DIM_COST).and_then(|(t, _)| causal_offset(&t, negated, i, j));
+                    match causal {
+                        Some(o) => cands.push((MaskKind::Causal, o, i, j, s, v, sm)),
+                        None => cands.push((MaskKind::Expr { cond, negated }, zero.clone(), i, j, s, v, sm)),
+                    }
                 }
             }
-            cands.push((MaskKind::None, i, j, x, v, sm));
+            cands.push((MaskKind::None, zero.clone(), i, j, x, v, sm));
         }
     }
     cands.sort_by_key(|c| mask_rank(c.0));
@@ -214,7 +259,7 @@ pub(crate) fn find(
             why = Some((stage, msg, at));
         }
     };
-    for (mask, i, j, s, v, sm) in cands {
+    for (mask, mask_offset, i, j, s, v, sm) in cands {
         // Every `scale * sum(d, q * k)` below the scores is a candidate `x`.
         let mut dots: Vec<(Id, Id, Symbol, Id, Id)> = vec![];
         let one = eg.add(Attn::Num(Num::new(1.0)));
@@ -248,7 +293,7 @@ pub(crate) fn find(
                 continue;
             }
             let Some((term, cost)) = extract(eg, s, Some(x), DIM_COST) else { continue };
-            let parts = split(eg, &term, i, j, batch);
+            let parts = split(eg, &term, (i, j), batch, shifted);
             eg.rebuild();
             let Some(region) = sum_of(&parts.region).filter(T::uses_x) else {
                 note(2, "the scores do not use `q . k`".into(), s);
@@ -283,6 +328,23 @@ pub(crate) fn find(
             if best.as_ref().is_some_and(|(k0, _)| *k0 <= key) {
                 continue;
             }
+            // The causal diagonal and the decay's query position must agree (a decay of row i
+            // read at i + o under the mask j <= i + o); without a decay the mask's offset holds.
+            let causal = matches!(mask, MaskKind::Causal | MaskKind::Window(_));
+            let decay_offset = parts.offset.clone().unwrap_or_else(|| zero.clone());
+            if causal && !parts.decay.is_empty() && !same_offset(&mask_offset, &decay_offset) {
+                note(
+                    3,
+                    format!(
+                        "the causal mask's diagonal is j <= i{} but the decay reads the query row at i{}",
+                        signed(&mask_offset),
+                        signed(&decay_offset)
+                    ),
+                    s,
+                );
+                continue;
+            }
+            let offset = if causal { mask_offset.clone() } else { decay_offset };
             let decay: Terms = parts.decay;
             let classes: Vec<(f64, Id)> = decay.into_iter().map(|(c, t)| (c, t.class_in(eg))).collect();
             eg.rebuild();
@@ -303,6 +365,7 @@ pub(crate) fn find(
                 v,
                 region,
                 decay,
+                offset,
                 softmax: sm,
             };
             best = Some((key, rec));
@@ -558,6 +621,25 @@ pub(crate) fn emit(em: &mut Emit, r: &Recognized, span: Span) -> Result<(ValueId
             Scale::constant(1.0)
         }
     };
+    // The fused op puts query row i at key position i + Tk - Tq (docs/SEMANTICS.md): the
+    // source's offset must be that one wherever it matters (a causal mask or a decay).
+    let dim_t = |em: &Emit, v: ValueId| em.g.ty(v).dims().nth(2).cloned().ok_or("q or k without a T axis");
+    let (tq, tk) = (dim_t(em, q)?, dim_t(em, k)?);
+    let positioned = !r.decay.is_empty() || matches!(r.mask, MaskKind::Causal | MaskKind::Window(_));
+    if positioned && !same_offset(&r.offset, &end_offset(&tq, &tk)) {
+        return Err(EmitFail::Unfusable(format!(
+            "the query row i sits at key position i{}, not at i{} (queries aligned to the end of the keys, \
+             which is what the fused attention computes)",
+            signed(&r.offset),
+            signed(&end_offset(&tq, &tk))
+        )));
+    }
+    if tq != tk && !em.fewer_queries {
+        return Err(EmitFail::Unfusable(format!(
+            "this target's attention kernels need as many queries as keys (q has {tq} rows, k {tk}); \
+             the CPU backend fuses it"
+        )));
+    }
     let c = em.decay(&r.decay, [bb, hh, r.i])?;
     em.span = span;
     // The region, its captures computed outside where needed.
@@ -616,6 +698,7 @@ fn region_spans(
 /// Returns the attention node and the source span of each node of its score region.
 pub(crate) fn run(
     g: &mut Graph,
+    fewer_queries: bool,
     ex: &mut Vec<Explanation>,
 ) -> Result<Option<(ValueId, Vec<Span>)>, PassError> {
     let Some(out) = g.output else { return Ok(None) };
@@ -643,13 +726,13 @@ pub(crate) fn run(
     };
     let out_syms: Vec<Symbol> = out_axes.iter().map(|a| Symbol::from(a.as_str())).collect();
     let store_span = g_ro.node(store).span;
-    let (leaves, subscripts) = (b.leaves.clone(), b.subscripts.clone());
-    let rec = match find(&mut b.eg, root, &out_syms, &leaves, &subscripts) {
+    let (leaves, subscripts, shifted) = (b.leaves.clone(), b.subscripts.clone(), b.shifted.clone());
+    let rec = match find(&mut b.eg, root, &out_syms, &leaves, &subscripts, &shifted) {
         Ok(r) => r,
         Err(_) if !inner_attentions(&mut b, root, &out_syms).is_empty() => {
             // The output is a function of attentions (an output gate, a difference of two):
             // fuse each, and compute the rest from their outputs.
-            return epilogue(g, g_ro, &mut b, store, root, &out_axes, ex);
+            return epilogue(g, g_ro, &mut b, (store, root), &out_axes, fewer_queries, ex);
         }
         Err((why, at)) => {
             b.eg.rebuild();
@@ -669,8 +752,8 @@ pub(crate) fn run(
     explain_unmasked(&b, &rec, store_span, ex);
     let store_name = g_ro.node(store).name.clone();
     let extractor = egg::Extractor::new(&b.eg, FusedCost);
-    let mut em = Emit { g, b: &b, ex: extractor, span: store_span, memo: HashMap::new() };
-    let hint = "the fused attention needs q, k and v of one sequence length";
+    let mut em = Emit { g, b: &b, ex: extractor, span: store_span, memo: HashMap::new(), fewer_queries };
+    let hint = "the fused attention reads k and v of one length, queries aligned to the end of the keys";
     let Some((node, spans)) = emit_one(&mut em, &rec, store_span, Some(hint), ex)? else { return Ok(None) };
     let canonical: Vec<Symbol> = vec![rec.batch[0], rec.batch[1], rec.i, rec.e];
     let out = if canonical == out_syms {
@@ -758,7 +841,7 @@ fn bind_as(g: &mut Graph, node: ValueId, names: &[Symbol], span: Span) -> ValueI
 /// accepts, outermost first, none inside another.
 fn inner_attentions(b: &mut Builder, root: Id, out: &[Symbol]) -> Vec<(Id, Recognized)> {
     let axes: BTreeSet<Symbol> = out.iter().copied().collect();
-    let (leaves, subscripts) = (b.leaves.clone(), b.subscripts.clone());
+    let (leaves, subscripts, shifted) = (b.leaves.clone(), b.subscripts.clone(), b.shifted.clone());
     let cands: Vec<Id> = reachable(&b.eg, root, None)
         .into_iter()
         .filter(|&c| c != b.eg.find(root) && b.eg[c].data.axes == axes)
@@ -770,7 +853,7 @@ fn inner_attentions(b: &mut Builder, root: Id, out: &[Symbol]) -> Vec<(Id, Recog
         if found.iter().any(|(f, _)| reachable(&b.eg, *f, None).contains(&c)) {
             continue;
         }
-        if let Ok(r) = find(&mut b.eg, c, out, &leaves, &subscripts) {
+        if let Ok(r) = find(&mut b.eg, c, out, &leaves, &subscripts, &shifted) {
             b.eg.rebuild();
             found.retain(|(f, _)| !reachable(&b.eg, c, None).contains(f));
             found.push((c, r));
@@ -786,9 +869,9 @@ fn epilogue(
     g: &mut Graph,
     g_ro: &Graph,
     b: &mut Builder,
-    store: ValueId,
-    root: Id,
+    (store, root): (ValueId, Id),
     out_axes: &[String],
+    fewer_queries: bool,
     ex: &mut Vec<Explanation>,
 ) -> Result<Option<(ValueId, Vec<Span>)>, PassError> {
     let out_syms: Vec<Symbol> = out_axes.iter().map(|a| Symbol::from(a.as_str())).collect();
@@ -797,7 +880,7 @@ fn epilogue(
     let store_span = g_ro.node(store).span;
     let store_name = g_ro.node(store).name.clone();
     let extractor = egg::Extractor::new(&b.eg, FusedCost);
-    let mut em = Emit { g, b, ex: extractor, span: store_span, memo: HashMap::new() };
+    let mut em = Emit { g, b, ex: extractor, span: store_span, memo: HashMap::new(), fewer_queries };
     let mut first: Option<(ValueId, Vec<Span>)> = None;
     for (class, rec) in &found {
         let span = b.span_of(*class).unwrap_or(store_span);

@@ -1,16 +1,24 @@
 //! Expression masks: `select(c, s, -inf)` keeps the entries where `c` holds and
 //! `select(c, -inf, s)` those where it does not. A keep-condition that is a comparison linear
 //! in the query and key indices and exactly `j <= i` over the integers (`i - j >= 0`,
-//! `j < i + 1`, `j - i > 0` with `-inf` first, ...) is the causal mask, which ACP can prune.
+//! `j < i + 1`, `j - i > 0` with `-inf` first, ...) is the causal mask, which ACP can prune;
+//! `j <= i + M - N` (queries aligned to the end of longer keys) is the causal mask shifted by a
+//! sum of dims ([`causal_offset`]).
 
 use super::score::T;
 use crate::lang::{Attn, Num};
 use egg::{Id, Symbol};
+use foxc_ir::index::IndexExpr;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-/// `sum coef * index + constant` of an index expression term (`None` when it is not one:
-/// a tensor read, a non-constant product, a dim).
+/// The key under which [`linear`] counts the dim `d` (index names never start with `#`).
+fn dim_key(d: Symbol) -> Symbol {
+    Symbol::from(format!("#{d}"))
+}
+
+/// `sum coef * index + sum coef * dim + constant` of an index expression term (`None` when it is
+/// not one: a tensor read, a non-constant product); a dim counts as [`dim_key`].
 fn linear(t: &T) -> Option<(BTreeMap<Symbol, f64>, f64)> {
     let kid = |k: usize| linear(t.kids.get(k)?);
     let scaled = |(m, c): (BTreeMap<Symbol, f64>, f64), s: f64| {
@@ -25,6 +33,7 @@ fn linear(t: &T) -> Option<(BTreeMap<Symbol, f64>, f64)> {
     match &t.op {
         Attn::Num(n) => Some((BTreeMap::new(), n.get())).filter(|(_, c)| c.is_finite()),
         Attn::Iota(_) => Some((BTreeMap::from([(t.kids.first()?.sym()?, 1.0)]), 0.0)),
+        Attn::Dim(_) => Some((BTreeMap::from([(dim_key(t.kids.first()?.sym()?), 1.0)]), 0.0)),
         Attn::Add(_) => Some(sum(kid(0)?, kid(1)?)),
         Attn::Sub(_) => Some(sum(kid(0)?, scaled(kid(1)?, -1.0))),
         Attn::Neg(_) => Some(scaled(kid(0)?, -1.0)),
@@ -42,11 +51,16 @@ fn linear(t: &T) -> Option<(BTreeMap<Symbol, f64>, f64)> {
 
 /// Whether keeping the entries where `t` holds (where it does not, if `negated`) is exactly the
 /// causal mask `j <= i` for all integer `i`, `j`.
+#[cfg(test)]
 pub(crate) fn is_causal(t: &T, negated: bool, i: Symbol, j: Symbol) -> bool {
-    let (a, b) = match (t.kids.first().and_then(|k| linear(k)), t.kids.get(1).and_then(|k| linear(k))) {
-        (Some(a), Some(b)) => (a, b),
-        _ => return false,
-    };
+    causal_offset(t, negated, i, j).is_some_and(|o| o == IndexExpr::constant(0))
+}
+
+/// `o` when keeping the entries where `t` holds (where it does not, if `negated`) is exactly
+/// `j <= i + o` for all integer `i`, `j` and dims, `o` a sum of dims and a constant (the index
+/// expression of no variable): 0 for the causal mask, `M - N` for queries at the end of keys.
+pub(crate) fn causal_offset(t: &T, negated: bool, i: Symbol, j: Symbol) -> Option<IndexExpr> {
+    let (a, b) = (linear(t.kids.first()?)?, linear(t.kids.get(1)?)?);
     // `lhs - rhs` and the comparison, as `g > 0` or `g >= 0`.
     let mut g = a.0;
     for (v, c) in b.0 {
@@ -65,7 +79,7 @@ pub(crate) fn is_causal(t: &T, negated: bool, i: Symbol, j: Symbol) -> bool {
             g = flip(g);
             false
         }
-        _ => return false,
+        _ => return None,
     };
     if negated {
         // not (g > 0) is -g >= 0; not (g >= 0) is -g > 0 (index values are never NaN).
@@ -74,13 +88,29 @@ pub(crate) fn is_causal(t: &T, negated: bool, i: Symbol, j: Symbol) -> bool {
     }
     let (coef, c) = g;
     let k = coef.get(&i).copied().unwrap_or(0.0);
-    if coef.iter().any(|(v, a)| *a != 0.0 && *v != i && *v != j) || k <= 0.0 || coef.get(&j) != Some(&-k) {
-        return false;
+    let is_dim = |v: &Symbol| v.as_str().starts_with('#');
+    if coef.iter().any(|(v, a)| *a != 0.0 && *v != i && *v != j && !is_dim(v))
+        || k <= 0.0
+        || coef.get(&j) != Some(&-k)
+    {
+        return None;
     }
-    // k (i - j) + c > 0 (or >= 0) with k > 0: i - j >= lowest, over the integers.
+    // k (i - j) + sum a_d d + c > 0 (or >= 0) with k > 0: with every a_d / k an integer e_d,
+    // i - j + sum e_d d >= lowest over the integers, i.e. j <= i + sum e_d d - lowest.
+    let mut dim_terms = vec![];
+    for (v, a) in coef.iter().filter(|(v, a)| is_dim(v) && **a != 0.0) {
+        let e = a / k;
+        if e.fract() != 0.0 || e.abs() > (1u64 << 40) as f64 {
+            return None;
+        }
+        dim_terms.push((foxc_ir::Dim::sym(&v.as_str()[1..]), e as i64));
+    }
     let bound = -c / k;
     let lowest = if strict { bound.floor() + 1.0 } else { bound.ceil() };
-    lowest == 0.0
+    if !lowest.is_finite() || lowest.abs() > (1u64 << 40) as f64 {
+        return None;
+    }
+    Some(IndexExpr { terms: vec![], dim_terms, constant: -(lowest as i64), div: None, clamps: vec![] })
 }
 
 /// The keep-condition term of a mask: `c`, or for `select(c, -inf, s)` the opposite comparison
@@ -166,6 +196,37 @@ mod tests {
         assert!(!causal(&bin(Attn::Ne, ix("j"), ix("i")), false));
         let read = T { op: Attn::Recip(Id::from(0usize)), kids: vec![Rc::new(ix("i"))], class: None };
         assert!(!causal(&bin(Attn::Le, ix("j"), read), false));
+    }
+
+    fn dim(s: &str) -> T {
+        T {
+            op: Attn::Dim(Id::from(0usize)),
+            kids: vec![Rc::new(leaf(Attn::Symbol(Symbol::from(s))))],
+            class: None,
+        }
+    }
+
+    /// `j <= i + M - N` (and its spellings) is the causal mask shifted by `M - N`; a shift by a
+    /// fraction of a dim or a product is none.
+    #[test]
+    fn causal_offsets_of_sums_of_dims() {
+        let (i, j) = (Symbol::from("i"), Symbol::from("j"));
+        let off = |t: &T, neg: bool| causal_offset(t, neg, i, j).map(|o| o.to_string());
+        let shifted = bin(Attn::Sub, bin(Attn::Add, ix("i"), dim("M")), dim("N"));
+        assert_eq!(off(&bin(Attn::Le, ix("j"), shifted.clone()), false).as_deref(), Some("M - N"));
+        // j < i + M - N + 1, and keep where j > i + M - N fails.
+        let plus1 = bin(Attn::Add, shifted.clone(), num(1.0));
+        assert_eq!(off(&bin(Attn::Lt, ix("j"), plus1), false).as_deref(), Some("M - N"));
+        assert_eq!(off(&bin(Attn::Gt, ix("j"), shifted.clone()), true).as_deref(), Some("M - N"));
+        // j <= i + M - 1 (a decode step against M keys).
+        let last = bin(Attn::Add, ix("i"), bin(Attn::Sub, dim("M"), num(1.0)));
+        assert_eq!(off(&bin(Attn::Le, ix("j"), last), false).as_deref(), Some("M - 1"));
+        // 2 j <= 2 i + M: half a dim is no integer shift; j <= i * M is not linear.
+        let half = bin(Attn::Add, bin(Attn::Mul, num(2.0), ix("i")), dim("M"));
+        assert_eq!(off(&bin(Attn::Le, bin(Attn::Mul, num(2.0), ix("j")), half), false), None);
+        assert_eq!(off(&bin(Attn::Le, ix("j"), bin(Attn::Mul, ix("i"), dim("M"))), false), None);
+        assert!(is_causal(&bin(Attn::Le, ix("j"), ix("i")), false, i, j));
+        assert!(!is_causal(&bin(Attn::Le, ix("j"), shifted), false, i, j));
     }
 
     #[test]

@@ -10,9 +10,11 @@
 //!    Everything else (terms with `x`, unpaired key or query biases, terms of both `i` and `j`)
 //!    is the region.
 
+use super::build::Shifted;
 use crate::lang::{rename, Attn, AttnGraph, Num};
 use egg::{Id, Language, RecExpr, Symbol};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use foxc_ir::index::IndexExpr;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::rc::Rc;
 
 /// The name of the leaf that stands for `x = scale * q . k` in an extracted term.
@@ -361,22 +363,44 @@ pub(crate) fn sum_of(terms: &[(f64, T)]) -> Option<T> {
 pub(crate) struct Split {
     pub region: Terms,
     pub decay: Terms,
+    /// The decay's query offset `o` (a sum of dims): the pairs are `c(i + o) - c(j)`, the terms
+    /// in `decay` the unshifted `c(i)`. `None`: no shift.
+    pub offset: Option<IndexExpr>,
 }
 
-/// Split the extracted score `e` (see the module doc). `batch` are the batch and head indices.
-pub(crate) fn split(eg: &mut AttnGraph, e: &T, i: Symbol, j: Symbol, batch: [Symbol; 2]) -> Split {
+/// The unshifted class and shift of term `t` when it reads a tensor at `i` plus dims
+/// ([`Shifted`]).
+fn shifted_read<'s>(
+    eg: &AttnGraph,
+    t: &T,
+    i: Symbol,
+    shifted: &'s BTreeMap<Id, Shifted>,
+) -> Option<&'s Shifted> {
+    let c = eg.find(t.class?);
+    shifted.iter().find(|(k, s)| eg.find(**k) == c && s.var == i).map(|(_, s)| s)
+}
+
+/// Split the extracted score `e` (see the module doc). `batch` are the batch and head indices;
+/// `shifted` the builder's shifted reads.
+pub(crate) fn split(
+    eg: &mut AttnGraph,
+    e: &T,
+    (i, j): (Symbol, Symbol),
+    batch: [Symbol; 2],
+    shifted: &BTreeMap<Id, Shifted>,
+) -> Split {
     // `select(cond, A + decay, -inf)` is `select(cond, A, -inf) + decay`: equal where the
     // condition holds, and `-inf` either way where it fails (the decay is finite or `-inf`;
     // only a NaN decay, from a NaN gate, now reaches the row, where it belongs). So a padding
     // or packing mask spelled around the whole score keeps its decay provable.
     if let (Attn::Select(_), Some(ninf)) = (&e.op, e.kids.get(2).and_then(|k| k.konst())) {
         if ninf == f64::NEG_INFINITY {
-            let inner = split(eg, &e.kids[1], i, j, batch);
+            let inner = split(eg, &e.kids[1], (i, j), batch, shifted);
             if let (false, Some(kept)) = (inner.decay.is_empty(), sum_of(&inner.region)) {
                 let cond = e.kids[0].clone();
                 let region =
                     T::node(Attn::Select([Id::from(0); 3]), vec![(*cond).clone(), kept, T::num(ninf)]);
-                return Split { region: vec![(1.0, region)], decay: inner.decay };
+                return Split { region: vec![(1.0, region)], decay: inner.decay, offset: inner.offset };
             }
         }
     }
@@ -401,8 +425,23 @@ pub(crate) fn split(eg: &mut AttnGraph, e: &T, i: Symbol, j: Symbol, batch: [Sym
     }
     let mut used = vec![false; js.len()];
     let mut decay = vec![];
+    // The shift of the pairs so far: every pair of one attention has the same (the first
+    // pair's; a pair of another shift stays in the region, both halves).
+    let mut offset: Option<Option<IndexExpr>> = None;
     for (ci, ti) in is {
-        let renamed = eg.add_expr(&rename(&ti.to_expr(), i, j));
+        // `c(i + o)` pairs with `-c(j)` through its unshifted read `c(i)`.
+        let shift = shifted_read(eg, &ti, i, shifted).cloned();
+        let base = match &shift {
+            Some(s) => extract(eg, s.unshifted, None, 1.0).map(|(t, _)| t),
+            None => Some(ti.clone()),
+        };
+        let Some(base) =
+            base.filter(|_| offset.is_none() || offset == Some(shift.as_ref().map(|s| s.by.clone())))
+        else {
+            region.push((ci, ti));
+            continue;
+        };
+        let renamed = eg.add_expr(&rename(&base.to_expr(), i, j));
         let cands: Vec<Id> = js.iter().map(|(_, t)| t.class_in(eg)).collect();
         eg.rebuild();
         let want = eg.find(renamed);
@@ -410,7 +449,8 @@ pub(crate) fn split(eg: &mut AttnGraph, e: &T, i: Symbol, j: Symbol, batch: [Sym
         match hit {
             Some(n) => {
                 used[n] = true;
-                decay.push((ci, ti));
+                offset = Some(shift.map(|s| s.by));
+                decay.push((ci, base));
             }
             None => region.push((ci, ti)),
         }
@@ -422,5 +462,5 @@ pub(crate) fn split(eg: &mut AttnGraph, e: &T, i: Symbol, j: Symbol, batch: [Sym
     }
     // `x` first: `x + kb[b, h, j]` reads as the user wrote it.
     region.sort_by_key(|(_, t)| !t.uses_x());
-    Split { region, decay }
+    Split { region, decay, offset: offset.flatten() }
 }

@@ -1,0 +1,162 @@
+//! Queries shorter than keys (issue 25, item 3): queries aligned to the end of the keys, as a
+//! prefill against a KV cache (`N < M`) or a decode step (`N = 1`), mask `j <= i + M - N`, the
+//! decay read at the query's key position `c[b, h, i + M - N]`. Recognized as FoX, fused and
+//! pruned on the CPU, forward and backward, against the f64 reference of the *source* program
+//! (small shapes run it whole); GPU targets leave it unfused and say so.
+//!
+//! Seen failing: with the CPU forward reading the query's `c` at its row `i` instead of its key
+//! position `i + M - N`, the output is unchanged (`c_i` is one number per row, which the softmax
+//! cancels) but the log-sum-exp is not: the gradient checks fail ("grad_q rel L2 9.914e-1").
+
+mod common;
+
+use common::{fresh_seed as seed, run_cli as run};
+
+fn write(name: &str, src: &str) -> String {
+    common::write_program("prefill", name, src)
+}
+
+const PREFILL: &str = "attention prefill(q: bf16[B, H, N, D], k: bf16[B, H, M, D], v: bf16[B, H, M, D], fgate: f32[B, H, M]) -> bf16[B, H, N, D] {
+    c[b, h, t]      = cumsum(t, logsigmoid(fgate[b, h, t]))
+    s[b, h, i, j]   = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D) + c[b, h, i + M - N] - c[b, h, j]
+    p[b, h, i, j]   = softmax(j, select(j <= i + M - N, s[b, h, i, j], -inf))
+    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
+    return out
+}
+";
+
+/// The kept fraction `kept X of causal tiles` that `run` prints.
+fn kept_tiles(t: &str) -> f64 {
+    let at = t.find("kept ").unwrap_or_else(|| panic!("no pruning line: {t}"));
+    t[at + 5..].split_whitespace().next().and_then(|x| x.parse().ok()).unwrap_or_else(|| panic!("{t}"))
+}
+
+/// The fused op: one attention, causal (its diagonal is the queries' key positions), pruned.
+#[test]
+fn prefill_is_one_pruned_attention() {
+    let p = write("prefill.attn", PREFILL);
+    let (code, t) = run(&["compile", &p, "--emit", "opt"]);
+    assert_eq!(code, Some(0), "{t}");
+    let attn: Vec<&str> = t.lines().filter(|l| l.contains("= attention {")).collect();
+    assert_eq!(attn.len(), 1, "{t}");
+    assert!(attn[0].contains("mask = causal") && attn[0].contains("pruned"), "{t}");
+    assert!(attn[0].contains("f32[B, H, N]"), "lse per query row: {t}");
+    assert!(t.contains("block_boundary {bm = 64, bn = 64}") && t.contains("i32[B, H, N/64]"), "{t}");
+    assert!(!t.contains("softmax"), "{t}");
+}
+
+/// Forward on the CPU, pruned and dense, against the reference: prefill, decode (one query), a
+/// long cache with few queries (pruning really skips tiles), and the square case.
+#[test]
+fn prefill_and_decode_run_pruned_on_the_cpu() {
+    let p = write("prefill.attn", PREFILL);
+    let s = seed();
+    for shape in ["B=1,H=4,N=40,M=600,D=16", "B=2,H=4,N=1,M=700,D=8", "B=1,H=4,N=130,M=130,D=8"] {
+        for prune in [true, false] {
+            let mut args = vec!["run", &p, "--backend", "cpu", "--check", "--shape", shape, "--seed", &s];
+            if !prune {
+                args.push("--no-prune");
+            }
+            let (code, t) = run(&args);
+            assert_eq!(code, Some(0), "{shape} prune={prune}: {t}");
+            assert!(t.contains("check: ok") && t.contains("all rows"), "{t}");
+            if prune {
+                assert!(kept_tiles(&t) < 1.0, "{shape}: nothing pruned: {t}");
+            }
+        }
+    }
+}
+
+/// Gradients on the CPU against the reference's, pruned and dense, including a decode step.
+#[test]
+fn prefill_gradients_on_the_cpu() {
+    let p = write("prefill.attn", PREFILL);
+    let s = seed();
+    for shape in ["B=1,H=2,N=24,M=100,D=16", "B=1,H=2,N=1,M=70,D=8"] {
+        for prune in [true, false] {
+            let mut args = vec!["grad", &p, "--backend", "cpu", "--check", "--shape", shape, "--seed", &s];
+            if !prune {
+                args.push("--no-prune");
+            }
+            let (code, t) = run(&args);
+            assert_eq!(code, Some(0), "{shape} prune={prune}: {t}");
+            for g in ["grad_q", "grad_k", "grad_v", "grad_fgate"] {
+                assert!(t.contains(&format!("check {g}")), "{g} not checked: {t}");
+            }
+        }
+    }
+}
+
+/// Grouped-query decode: G kv heads, query head h reads kv head `h / (H / G)`.
+#[test]
+fn grouped_query_decode() {
+    let p = write(
+        "gqa.attn",
+        "attention gqa(q: bf16[B, H, N, D], k: bf16[B, G, M, D], v: bf16[B, G, M, D], fgate: f32[B, H, M]) -> bf16[B, H, N, D] {
+    c[b, h, t]      = cumsum(t, logsigmoid(fgate[b, h, t]))
+    s[b, h, i, j]   = sum(d, q[b, h, i, d] * k[b, h / (H / G), j, d]) / sqrt(D) + c[b, h, i + M - N] - c[b, h, j]
+    p[b, h, i, j]   = softmax(j, select(j <= i + M - N, s[b, h, i, j], -inf))
+    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h / (H / G), j, d])
+    return out
+}
+",
+    );
+    let (code, t) = run(&["compile", &p, "--emit", "opt"]);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("kv_group = H / G") && t.contains("pruned"), "{t}");
+    let s = seed();
+    for cmd in ["run", "grad"] {
+        let (code, t) = run(&[
+            cmd,
+            &p,
+            "--backend",
+            "cpu",
+            "--check",
+            "--shape",
+            "B=1,H=4,G=2,N=3,M=300,D=8",
+            "--seed",
+            &s,
+        ]);
+        assert_eq!(code, Some(0), "{cmd}: {t}");
+        assert!(t.contains("check: ok"), "{t}");
+    }
+}
+
+/// A decay at the queries' key positions under a mask at their rows (`causal(i, j, ..)` is
+/// `j <= i`) is not one attention of aligned queries: it stays unfused, says why, and still runs.
+#[test]
+fn a_mask_off_the_decay_stays_unfused() {
+    let p = write(
+        "offdiag.attn",
+        &PREFILL.replace("select(j <= i + M - N, s[b, h, i, j], -inf)", "causal(i, j, s[b, h, i, j])"),
+    );
+    let (code, t) = run(&["compile", &p, "--emit", "opt", "--explain"]);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("diagonal is j <= i but the decay reads the query row at i + M - N"), "{t}");
+    assert!(!t.contains("= attention {"), "{t}");
+    let (code, t) = run(&[
+        "run",
+        &p,
+        "--backend",
+        "cpu",
+        "--check",
+        "--shape",
+        "B=1,H=2,N=8,M=20,D=8",
+        "--seed",
+        &seed(),
+    ]);
+    assert_eq!(code, Some(0), "{t}");
+}
+
+/// GPU targets run square attention kernels only: the prefill stays unfused there, with the
+/// reason; the CPU target fuses it.
+#[test]
+fn gpu_targets_leave_it_unfused_and_say_so() {
+    let p = write("prefill.attn", PREFILL);
+    for target in ["sm_90a", "sm_80"] {
+        let (code, t) = run(&["compile", &p, "--emit", "opt", "--target", target, "--explain"]);
+        assert_eq!(code, Some(0), "{t}");
+        assert!(t.contains("need as many queries as keys (q has N rows, k M)"), "{target}: {t}");
+        assert!(!t.contains("= attention {"), "{target}: {t}");
+    }
+}
