@@ -160,3 +160,37 @@ fn gpu_targets_leave_it_unfused_and_say_so() {
         assert!(!t.contains("= attention {"), "{target}: {t}");
     }
 }
+
+/// More queries than keys: the fused op has no key position for the first rows, so the sizes are
+/// refused when bound, naming the dims (here without a decay, whose gather would refuse them
+/// too), on the CPU and the reference alike.
+#[test]
+fn more_queries_than_keys_are_named_at_bind_time() {
+    let p = write(
+        "nodecay.attn",
+        "attention nd(q: bf16[B, H, N, D], k: bf16[B, H, M, D], v: bf16[B, H, M, D]) -> bf16[B, H, N, D] {
+    s[b, h, i, j]   = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D)
+    p[b, h, i, j]   = softmax(j, select(j <= i + M - N, s[b, h, i, j], -inf))
+    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
+    return out
+}
+",
+    );
+    for backend in ["cpu", "reference"] {
+        let (code, t) = run(&["run", &p, "--backend", backend, "--shape", "B=1,H=1,N=9,M=4,D=8"]);
+        assert_eq!(code, Some(1), "{backend}: {t}");
+        assert!(t.contains("its N = 9 queries at the end of its M = 4 keys"), "{backend}: {t}");
+        let (code, t) = run(&[
+            "run",
+            &p,
+            "--backend",
+            backend,
+            "--check",
+            "--shape",
+            "B=1,H=2,N=4,M=9,D=8",
+            "--seed",
+            &seed(),
+        ]);
+        assert_eq!(code, Some(0), "{backend}: {t}");
+    }
+}

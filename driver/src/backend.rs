@@ -135,6 +135,7 @@ impl Backend for Reference {
         _opts: RunOptions,
     ) -> Result<RunResult, Error> {
         let t0 = Instant::now();
+        crate::validate::check_positions_of(g, inputs).map_err(|e| Error::user(format!("error: {e}")))?;
         let x = tensors::to_interp(inputs);
         let err = |e: interp::InterpError| Error::user(format!("error: reference interpreter: {e}"));
         let mut out = TensorMap::new();

@@ -39,6 +39,10 @@ pub enum InputError {
         tensor: String,
     },
     #[error(
+        "the fused attention puts its {queries} = {tq} queries at the end of its {keys} = {tk} keys: it needs at most as many queries as keys"
+    )]
+    QueriesAfterKeys { queries: String, tq: u64, keys: String, tk: u64 },
+    #[error(
         "subscript `{subscript}` of `{tensor}` takes values {lo}..={hi} at these sizes ({dims}), outside axis {axis} of size {size}"
     )]
     SubscriptOutOfRange {
@@ -109,6 +113,7 @@ pub fn check_inputs(g: &Graph, inputs: &TensorMap) -> Result<DimBindings, InputE
     let dims = bind_dims(g, &shapes)?;
     check_divisions(g, &dims)?;
     check_subscripts(g, &dims)?;
+    check_query_positions(g, &dims)?;
     for p in &g.params {
         let t = &inputs[&p.name];
         let expected = t.numel() * t.dtype.size_bytes();
@@ -172,6 +177,43 @@ fn check_subscripts(g: &Graph, dims: &DimBindings) -> Result<(), InputError> {
             size,
             dims: named.join(", "),
         });
+    }
+    Ok(())
+}
+
+/// [`check_query_positions`] at the sizes of `inputs` (the reference backend, which takes inputs
+/// as they are otherwise); sizes that do not bind are left to the interpreter's own report.
+pub fn check_positions_of(g: &Graph, inputs: &TensorMap) -> Result<(), InputError> {
+    let shapes: Vec<(String, Vec<usize>)> =
+        g.params.iter().filter_map(|p| Some((p.name.clone(), inputs.get(&p.name)?.shape.clone()))).collect();
+    match bind_dims(g, &shapes) {
+        Ok(dims) => check_query_positions(g, &dims),
+        Err(_) => Ok(()),
+    }
+}
+
+/// A fused attention with a decay or a causal mask puts query row i at key position
+/// `i + Tk - Tq` (docs/SEMANTICS.md): `Tq <= Tk` at these sizes.
+fn check_query_positions(g: &Graph, dims: &DimBindings) -> Result<(), InputError> {
+    let bind = |s: &str| dims.get(s);
+    for n in g.topo_order() {
+        let (Op::Attention(a) | Op::AttentionBackward(a)) = g.op(n) else { continue };
+        if !(a.decay || a.mask.is_causal()) {
+            continue;
+        }
+        let Ok(o) = foxc_ir::Attention::operands(g, n) else { continue };
+        let rows = |v: ValueId| g.ty(v).dims().nth(2).cloned();
+        let (Some(q), Some(k)) = (rows(o.q), rows(o.k)) else { continue };
+        if let (Some(tq), Some(tk)) = (q.eval(&bind), k.eval(&bind)) {
+            if tq > tk {
+                return Err(InputError::QueriesAfterKeys {
+                    queries: q.to_string(),
+                    tq,
+                    keys: k.to_string(),
+                    tk,
+                });
+            }
+        }
     }
     Ok(())
 }

@@ -66,11 +66,9 @@ pub(crate) struct Recognized {
     pub v: Id,
     /// `R` (with the leaf `x`).
     pub region: T,
-    /// `(coef, source)` of every decay term; `c_i` is their sum.
+    /// `(coef, source)` of every decay term; `c_i` is their sum (read at the query's key position
+    /// `i + Tk - Tq`: [`find`] checked the source says so).
     pub decay: Vec<(f64, DecaySrc)>,
-    /// The key position of query row `i` is `i + offset` (a sum of dims, `M - N` for queries at
-    /// the end of longer keys): the causal mask's diagonal and where the decay reads `c_i`.
-    pub offset: IndexExpr,
     /// The softmax class (for explanations).
     pub softmax: Id,
 }
@@ -206,6 +204,7 @@ pub(crate) fn find(
     leaves: &BTreeMap<Symbol, ValueId>,
     subscripts: &BTreeMap<Symbol, IndexExpr>,
     shifted: &BTreeMap<Id, Shifted>,
+    dims: &BTreeMap<Symbol, Dim>,
 ) -> Result<Recognized, (String, Id)> {
     // (mask, its diagonal's offset, i, j, masked scores, v, softmax class)
     let mut cands: Vec<(MaskKind, IndexExpr, Symbol, Symbol, Id, Id, Id)> = vec![];
@@ -240,9 +239,15 @@ pub(crate) fn find(
                     // of queries at key positions `i + o`.
                     let causal =
                         extract(eg, cond, None, DIM_COST).and_then(|(t, _)| causal_offset(&t, negated, i, j));
-                    match causal {
-                        Some(o) => cands.push((MaskKind::Causal, o, i, j, s, v, sm)),
-                        None => cands.push((MaskKind::Expr { cond, negated }, zero.clone(), i, j, s, v, sm)),
+                    // A shifted one is also an expression mask, in case the shift is not the
+                    // queries' position (`j < i` on square attention: `j <= i - 1`).
+                    let shifted = causal.as_ref().is_some_and(|o| !same_offset(o, &zero));
+                    let not_causal = causal.is_none();
+                    if let Some(o) = causal {
+                        cands.push((MaskKind::Causal, o, i, j, s, v, sm));
+                    }
+                    if shifted || not_causal {
+                        cands.push((MaskKind::Expr { cond, negated }, zero.clone(), i, j, s, v, sm));
                     }
                 }
             }
@@ -345,6 +350,25 @@ pub(crate) fn find(
                 continue;
             }
             let offset = if causal { mask_offset.clone() } else { decay_offset };
+            // The fused op puts query row i at key position i + Tk - Tq (docs/SEMANTICS.md):
+            // the source's must be that one wherever it matters (a causal mask or a decay).
+            let end = match (dims.get(&i), dims.get(&j)) {
+                (Some(tq), Some(tk)) => end_offset(tq, tk),
+                _ => zero.clone(),
+            };
+            if (causal || !parts.decay.is_empty()) && !same_offset(&offset, &end) {
+                note(
+                    3,
+                    format!(
+                        "the query row i sits at key position i{}, not at i{} (queries aligned to the end \
+                         of the keys, which is what the fused attention computes)",
+                        signed(&offset),
+                        signed(&end)
+                    ),
+                    s,
+                );
+                continue;
+            }
             let decay: Terms = parts.decay;
             let classes: Vec<(f64, Id)> = decay.into_iter().map(|(c, t)| (c, t.class_in(eg))).collect();
             eg.rebuild();
@@ -365,7 +389,6 @@ pub(crate) fn find(
                 v,
                 region,
                 decay,
-                offset,
                 softmax: sm,
             };
             best = Some((key, rec));
@@ -621,19 +644,9 @@ pub(crate) fn emit(em: &mut Emit, r: &Recognized, span: Span) -> Result<(ValueId
             Scale::constant(1.0)
         }
     };
-    // The fused op puts query row i at key position i + Tk - Tq (docs/SEMANTICS.md): the
-    // source's offset must be that one wherever it matters (a causal mask or a decay).
+    // (find checked that the source puts the queries at the end of the keys.)
     let dim_t = |em: &Emit, v: ValueId| em.g.ty(v).dims().nth(2).cloned().ok_or("q or k without a T axis");
     let (tq, tk) = (dim_t(em, q)?, dim_t(em, k)?);
-    let positioned = !r.decay.is_empty() || matches!(r.mask, MaskKind::Causal | MaskKind::Window(_));
-    if positioned && !same_offset(&r.offset, &end_offset(&tq, &tk)) {
-        return Err(EmitFail::Unfusable(format!(
-            "the query row i sits at key position i{}, not at i{} (queries aligned to the end of the keys, \
-             which is what the fused attention computes)",
-            signed(&r.offset),
-            signed(&end_offset(&tq, &tk))
-        )));
-    }
     if tq != tk && !em.fewer_queries {
         return Err(EmitFail::Unfusable(format!(
             "this target's attention kernels need as many queries as keys (q has {tq} rows, k {tk}); \
@@ -726,8 +739,9 @@ pub(crate) fn run(
     };
     let out_syms: Vec<Symbol> = out_axes.iter().map(|a| Symbol::from(a.as_str())).collect();
     let store_span = g_ro.node(store).span;
-    let (leaves, subscripts, shifted) = (b.leaves.clone(), b.subscripts.clone(), b.shifted.clone());
-    let rec = match find(&mut b.eg, root, &out_syms, &leaves, &subscripts, &shifted) {
+    let (leaves, subscripts, shifted, dims) =
+        (b.leaves.clone(), b.subscripts.clone(), b.shifted.clone(), b.dims.clone());
+    let rec = match find(&mut b.eg, root, &out_syms, &leaves, &subscripts, &shifted, &dims) {
         Ok(r) => r,
         Err(_) if !inner_attentions(&mut b, root, &out_syms).is_empty() => {
             // The output is a function of attentions (an output gate, a difference of two):
@@ -841,7 +855,8 @@ fn bind_as(g: &mut Graph, node: ValueId, names: &[Symbol], span: Span) -> ValueI
 /// accepts, outermost first, none inside another.
 fn inner_attentions(b: &mut Builder, root: Id, out: &[Symbol]) -> Vec<(Id, Recognized)> {
     let axes: BTreeSet<Symbol> = out.iter().copied().collect();
-    let (leaves, subscripts, shifted) = (b.leaves.clone(), b.subscripts.clone(), b.shifted.clone());
+    let (leaves, subscripts, shifted, dims) =
+        (b.leaves.clone(), b.subscripts.clone(), b.shifted.clone(), b.dims.clone());
     let cands: Vec<Id> = reachable(&b.eg, root, None)
         .into_iter()
         .filter(|&c| c != b.eg.find(root) && b.eg[c].data.axes == axes)
@@ -853,7 +868,7 @@ fn inner_attentions(b: &mut Builder, root: Id, out: &[Symbol]) -> Vec<(Id, Recog
         if found.iter().any(|(f, _)| reachable(&b.eg, *f, None).contains(&c)) {
             continue;
         }
-        if let Ok(r) = find(&mut b.eg, c, out, &leaves, &subscripts, &shifted) {
+        if let Ok(r) = find(&mut b.eg, c, out, &leaves, &subscripts, &shifted, &dims) {
             b.eg.rebuild();
             found.retain(|(f, _)| !reachable(&b.eg, c, None).contains(f));
             found.push((c, r));
