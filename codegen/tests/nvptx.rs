@@ -179,7 +179,7 @@ fn joint_prelude_is_one_launch_before_the_attention() {
         assert!(body.contains(want), "the joint kernel lacks {want}");
     }
     // Its log gates divide without the correctly rounded division, whose slow-path branch per
-    // gate kept ptxas from interleaving a thread's gates (docs/history run 19).
+    // gate kept ptxas from interleaving a thread's gates.
     assert!(body.contains("div.full.f32"), "the joint kernel's log gates lack div.full");
     assert!(!body.contains("div.rn.f32"), "the joint kernel divides with div.rn");
     // Its two scan shapes (short and long rows) share one stage, the long one's (8192 + 256
@@ -221,7 +221,7 @@ fn joint_prelude_is_one_launch_before_the_attention() {
 
 /// `fuse-prelude` splits the rows longer than one segment of the joint kernel's scan: the pass
 /// cannot see the backend's segment, so its own constant must stay equal to it (a row of one
-/// segment has nothing to split and runs ~1 us slower split, docs/history run 19).
+/// segment has nothing to split and runs ~1 us slower split).
 #[test]
 fn the_pass_splits_rows_of_more_than_one_scan_segment() {
     let segment = foxc_codegen::nvptx::threshold::SPLIT_SEGMENT;

@@ -328,13 +328,13 @@ fn options_reach_the_attributes() {
     }
     let t64 = foxc_ir::Tiles { bm: 64, bn: 64 };
     assert_eq!(tiles_for(Target::Cpu, Some(64), false), t64);
-    // sm_90a, D = 128: the warp-specialized kernel's 128-key tiles (docs/history run 8),
-    // for a forward only (the backward runs faster with 64-key tiles), and only when D is known
-    // (D = 256's standard kernel cannot hold 128-key tiles in shared memory).
+    // sm_90a, D = 128: the warp-specialized kernel's 128-key tiles, for a forward only (the
+    // backward runs faster with 64-key tiles), and only when D is known (D = 256's standard kernel
+    // cannot hold 128-key tiles in shared memory).
     assert_eq!(tiles_for(Target::Sm90a, Some(128), false), foxc_ir::Tiles { bm: 64, bn: 128 });
     assert_eq!(tiles_for(Target::Sm90a, Some(128), true), t64);
     assert_eq!(tiles_for(Target::Sm90a, None, false), t64);
-    // D = 64 (the standard kernel) also runs faster with 128-key tiles (run 13), a forward only.
+    // D = 64 (the standard kernel) also runs faster with 128-key tiles, a forward only.
     assert_eq!(tiles_for(Target::Sm90a, Some(64), false), foxc_ir::Tiles { bm: 64, bn: 128 });
     assert_eq!(tiles_for(Target::Sm90a, Some(64), true), t64);
     assert_eq!(tiles_for(Target::Sm80, Some(64), false), t64);

@@ -117,7 +117,7 @@ pub struct AttnKernelConfig {
     pub persistent: bool,
     /// With `ws`: the consumer warpgroups issue their GEMMs as soon as their operands are ready,
     /// without the ring of turns (no turn barriers), from the attention's `kernel` attribute
-    /// (`turns = none`; docs/history, run 15).
+    /// (`turns = none`).
     pub free_running: bool,
     /// Debug: also write each query tile's in-kernel `start` to an extra pointer parameter
     /// after the score hook's (i32 `[B, H, ceil(T / bm)]`; standard kernel only).

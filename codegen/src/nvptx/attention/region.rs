@@ -506,8 +506,7 @@ impl ScoreMod for RegionMod {
 /// `U tanh(x / U)` then errs by at most `U 2^-11` in the logit (0.01 at U = 20, near saturation;
 /// `|x| 2^-11` for small scores), the size of the bf16 rounding of the probabilities fed to
 /// `P V` (2^-9 relative); the formula `1 - 2 / (e^(2a) + 1)` it replaces took two MUFU
-/// operations (`ex2`, `rcp`) and about ten ALU ones per score element (docs/history,
-/// "Softcap").
+/// operations (`ex2`, `rcp`) and about ten ALU ones per score element.
 fn tanh<'ctx>(b: &KernelBuilder<'_, 'ctx>, a: FloatValue<'ctx>) -> FloatValue<'ctx> {
     match b.asm("tanh.approx.f32 $0, $1;", "=f,f", Some(b.f32t().into()), &[a.into()]) {
         Some(inkwell::values::BasicValueEnum::FloatValue(t)) => t,

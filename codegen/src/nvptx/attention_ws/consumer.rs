@@ -17,14 +17,14 @@
 //! number of turns per item too, so the turns run on across items: the first hand-over and the
 //! last wait are made once, around the item loop ([`first_turn`], [`last_turn`]; per item they
 //! would race: the last consumer's last hand-over of one item and its first of the next could
-//! complete the barrier without consumer 0; run 9).
+//! complete the barrier without consumer 0).
 //!
-//! Free-running consumers (`turns = none`, `cfg.free_running`; docs/history run 15) take
-//! no turns: no turn barrier is emitted, and each consumer issues a tile's GEMMs as soon as the
-//! slot is full (and its previous softmax done), as independent blocks of the standard kernel
-//! do; the warp schedulers interleave the consumers. The turns order the GEMMs only: every
-//! slot's hand-over is the ring's `full` / `empty` mbarriers, which count all consumers, so a
-//! consumer runs at most `stages` fills ahead of the slowest one.
+//! Free-running consumers (`turns = none`, `cfg.free_running`) take no turns: no turn barrier is
+//! emitted, and each consumer issues a tile's GEMMs as soon as the slot is full (and its
+//! previous softmax done), as independent blocks of the standard kernel do; the warp schedulers
+//! interleave the consumers. The turns order the GEMMs only: every slot's hand-over is the
+//! ring's `full` / `empty` mbarriers, which count all consumers, so a consumer runs at most
+//! `stages` fills ahead of the slowest one.
 
 use super::roles::{bar_at, slot, Block, Walk};
 use super::sync::{fence_async_shared, mbar_arrive, mbar_wait, named_arrive, named_barrier};

@@ -11,7 +11,7 @@
 //! The thread's indices are derived here from a fresh read of `%tid.x` (`sreg_fresh`, not merged
 //! with the kernel's first read): keeping them live across the consumer's loop instead made
 //! ptxas schedule every wgmma descriptor after the turn barrier (129 instructions before the
-//! first HGMMA of a turn instead of 19; the pathology of run 9).
+//! first HGMMA of a turn instead of 19).
 
 use super::sync::{fence_async_shared, named_barrier};
 use super::WsLayout;

@@ -3,20 +3,20 @@
 //! Selected per attention by the tiles pass (`kernel = warp_specialized(D = 128)`: the head dims
 //! the choice holds for, `AttnKernel::runs_warp_specialized`; D = 64 builds, with three
 //! consumers per block ([`residency`]), and runs under `--attn-kernel warp-specialized`); every
-//! other attention keeps the kernel of [`super::attention`]. Measured in docs/history, runs
-//! 8-13. It computes the same function with the same pieces (the wgmma steps, the score hook and
-//! masks, the online softmax, the in-kernel start search, the epilogue), arranged differently
-//! (the figures below are D = 128's; [`residency`] has them per head dim):
+//! other attention keeps the kernel of [`super::attention`]. It computes the same function with
+//! the same pieces (the wgmma steps, the score hook and masks, the online softmax, the in-kernel
+//! start search, the epilogue), arranged differently (the figures below are D = 128's;
+//! [`residency`] has them per head dim):
 //!
 //! * A block owns 128 query rows: three warpgroups, `384` threads (D = 64: 192 rows, four
 //!   warpgroups, 512 threads). Warpgroup 0 is the **producer**: it drops to 56 registers
 //!   (`setmaxnreg.dec`) and streams the K and V tiles (and the tile's gate cumsum `c_j`) into a
 //!   ring of `stages` shared-memory slots: through the tensor memory accelerator (`loads = tma`,
-//!   the tiles pass's default since run 11: one thread issues `cp.async.bulk.tensor` copies,
-//!   [`tma`]) or with `cp.async` from all 128 threads (`loads = cp_async`). The other warpgroups
-//!   are the **consumers**: each raises its limit (224 registers) and owns 64 query rows (its
-//!   own Q tile), like one block of the old kernel, but all read the same K/V slot, so each K/V
-//!   byte is loaded once per block.
+//!   the tiles pass's default: one thread issues `cp.async.bulk.tensor` copies, [`tma`]) or with
+//!   `cp.async` from all 128 threads (`loads = cp_async`). The other warpgroups are the
+//!   **consumers**: each raises its limit (224 registers) and owns 64 query rows (its own Q
+//!   tile), like one block of the old kernel, but all read the same K/V slot, so each K/V byte
+//!   is loaded once per block.
 //! * Inside a consumer ([`consumer`]), tile n's `Q K^T` and tile n+1's `P V` are issued together
 //!   and tile n's softmax runs while the `P V` is on the tensor cores; the consumers take turns
 //!   issuing their GEMMs (pingpong, a ring of named barriers), or (`turns = none`,
@@ -34,7 +34,7 @@
 //!   releases the others. Each warpgroup finds every start itself (warps 0-1 search consumer 0's
 //!   (and 2's), warps 2-3 consumer 1's, results exchanged in shared memory behind a barrier of
 //!   the warpgroup), after its first loads are out: the producer's first fill (tile `hi`, slot 0)
-//!   and the consumers' Q tiles land while the searches' dependent loads run (run 10).
+//!   and the consumers' Q tiles land while the searches' dependent loads run.
 //! * bf16 output goes through shared memory (the consumer's Q tile, free at the end), written
 //!   to global memory with 16-byte coalesced stores ([`epilogue`]).
 //! * Grid `(ceil(T / rows), B H)`, block index reversed so the longest query tiles start first;
@@ -109,16 +109,16 @@ impl Residency {
 /// The residency at head dim `d` with `bn`-key tiles:
 /// * D = 128, and D = 64 with 128-key tiles: one block of two consumers per SM, 168 registers
 ///   at entry, 56 / 224 after `setmaxnreg` (56 x 128 + 224 x 256 = 64 512; at 40 the producer
-///   spilled a register, run 8), up to 227 KB of shared memory (three slots of 128-key tiles at
-///   D = 128). At D = 64 three consumers of 128-key tiles spill at 160 registers (run 15's SASS
-///   addendum: the tile width, not the ring, is what the standard kernel's instruction count
-///   needs), so 128-key tiles take two consumers with 224.
+///   spilled a register), up to 227 KB of shared memory (three slots of 128-key tiles at
+///   D = 128). At D = 64 three consumers of 128-key tiles spill at 160 registers (the SASS shows
+///   the tile width, not the ring, is what the standard kernel's instruction count needs), so
+///   128-key tiles take two consumers with 224.
 /// * D = 64 with 64-key tiles: one block of three consumers per SM (192 query rows, 512
-///   threads), as FlashAttention-3 does at D = 64: run 8 measured two consumers per SM 1.4x
-///   slower than the standard kernel's three 64-row blocks, and two blocks of two consumers per
-///   SM leave each consumer 104 registers (a pool of 384 x 80 per block), where ptxas spills and
-///   serializes the wgmmas (run 13). 128 registers at entry; producer 32 (at 24 the `cp.async`
-///   producer spilled 8 bytes), consumers 160 (32 x 128 + 160 x 384 = 65 536, the whole pool).
+///   threads), as FlashAttention-3 does at D = 64: two consumers per SM measured 1.4x slower
+///   than the standard kernel's three 64-row blocks, and two blocks of two consumers per SM
+///   leave each consumer 104 registers (a pool of 384 x 80 per block), where ptxas spills and
+///   serializes the wgmmas. 128 registers at entry; producer 32 (at 24 the `cp.async` producer
+///   spilled 8 bytes), consumers 160 (32 x 128 + 160 x 384 = 65 536, the whole pool).
 pub fn residency(d: u32, bn: u32) -> Residency {
     let consumers = if d <= 64 && bn <= 64 { 3 } else { 2 };
     let blocks_per_sm = 1;
@@ -200,7 +200,7 @@ pub fn layout(cfg: &AttnKernelConfig) -> Result<WsLayout, String> {
 }
 
 /// The persistent grid runs blocks of two consumer warpgroups only: the three consumers of
-/// D = 64 with 64-key tiles were not run with it (run 14). A usage error: the grid is asked for.
+/// D = 64 with 64-key tiles were not run with it. A usage error: the grid is asked for.
 pub fn check_persistent(cfg: &AttnKernelConfig) -> Result<(), String> {
     let consumers = residency(cfg.head_dim, cfg.bn).consumers;
     if cfg.persistent && consumers != 2 {

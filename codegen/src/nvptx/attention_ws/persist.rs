@@ -1,12 +1,12 @@
-//! The persistent grid of the warp-specialized kernel (`grid = persistent`, issue 11 item 1;
-//! docs/history, run 14): one block per multiprocessor loops over work items, one item
-//! being a 128-row query tile of one head, the work the tiles grid gives a block.
+//! The persistent grid of the warp-specialized kernel (`grid = persistent`, issue 11 item 1):
+//! one block per multiprocessor loops over work items, one item being a 128-row query tile of
+//! one head, the work the tiles grid gives a block.
 //!
 //! **Order.** Item `w` is query tile `nt - 1 - w % nt` of flat head `w / nt` (`nt = ceil(T /
 //! 128)`): head-major, the longest query tile of a head first, the order in which the tiles
 //! grid's blocks start. Heads stay together so the K/V of the one or two heads in flight stay
-//! in L2 (run 9 spread the items over all heads: 26-32% slower at 1x16x32768x128); within a head
-//! the long tiles start first and the short ones fill the end.
+//! in L2 (spreading the items over all heads measured 26-32% slower at 1x16x32768x128); within
+//! a head the long tiles start first and the short ones fill the end.
 //!
 //! **Hand-out.** Block `x`'s first item is `x`; every next one is `gridDim.x + atom.add(counter,
 //! 1)` on an i32 the runtime zeroes before each launch, taken by the producer's thread 0 once the

@@ -427,7 +427,7 @@ pub(super) fn load_q<'ctx>(
 /// The head's `out` and `lse` for the epilogue: the block's, or for a persistent item made
 /// afresh after the walk (a zero-extended head index, so LLVM does not reuse the item's earlier
 /// products and keep the two 64-bit pointers live through the walk: live values there moved
-/// ptxas's wgmma descriptor schedule, run 9 and run 14).
+/// ptxas's wgmma descriptor schedule).
 fn out_ptrs<'ctx>(
     b: &KernelBuilder<'_, 'ctx>,
     cfg: &AttnKernelConfig,

@@ -82,11 +82,11 @@ fn ptx_has_the_roles_the_ring_and_the_register_split() {
     }
 }
 
-/// D = 64 with 64-key tiles runs one block of three consumers per SM (issue 11 item 2, run 13;
-/// with 128-key tiles two since run 18, as D = 128): 512 threads,
-/// 192 rows, `.maxntid 512`, 32 / 160 registers after `setmaxnreg` within the block's pool of
-/// 512 x 128; its turns and exchange use named barriers 4-7 (1-3 are the Q tiles). D = 128 keeps
-/// two consumers with 56 / 224 and the barriers it had.
+/// D = 64 with 64-key tiles runs one block of three consumers per SM (issue 11 item 2; with
+/// 128-key tiles two, as D = 128): 512 threads, 192 rows, `.maxntid 512`, 32 / 160 registers
+/// after `setmaxnreg` within the block's pool of 512 x 128; its turns and exchange use named
+/// barriers 4-7 (1-3 are the Q tiles). D = 128 keeps two consumers with 56 / 224 and the
+/// barriers it had.
 #[test]
 fn d64_runs_three_consumers() {
     let r = residency(64, 64);
@@ -123,7 +123,7 @@ fn d64_runs_three_consumers() {
 /// and 128, f32 and bf16 output, with and without decay, under the register cap at entry of the
 /// residency (168 at D = 128, 128 at D = 64). Spills: none with 64-key tiles; with 128-key
 /// tiles the consumers hold S, O and two tiles of P: 28 bytes at D = 128 (224 registers) as
-/// measured on the H200 in run 8, 28 at D = 64 (160 registers): at most 64.
+/// measured on the H200, 28 at D = 64 (160 registers): at most 64.
 #[test]
 fn assembles_with_ptxas_and_bounded_spills() {
     use crate::nvptx::ptxas;
@@ -164,8 +164,8 @@ fn tuned() -> AttnKernelConfig {
     c
 }
 
-/// Run 10: each role issues its first copies (the producer's first K/V fill, a consumer's Q
-/// tile) before the start search's first ballot, so they land while the search runs; and the
+/// Each role issues its first copies (the producer's first K/V fill, a consumer's Q tile)
+/// before the start search's first ballot, so they land while the search runs; and the
 /// searches are split over the warps and exchanged behind a warpgroup barrier (the producer's
 /// named barrier 5).
 #[test]
@@ -181,7 +181,7 @@ fn first_loads_go_out_before_the_start_search() {
     assert!(ptx.contains("bar.sync \t5, 128;"), "no producer exchange barrier");
 }
 
-/// Run 10: bf16 O leaves through shared memory in 16-byte stores, one per 8 columns of a row:
+/// bf16 O leaves through shared memory in 16-byte stores, one per 8 columns of a row:
 /// 64 rows x D / 8 chunks over a consumer's 128 threads.
 #[test]
 fn bf16_output_leaves_in_16_byte_stores() {
@@ -203,10 +203,10 @@ fn persistent(tma: bool) -> AttnKernelConfig {
     c
 }
 
-/// Run 14: the persistent kernel takes its items from the counter (one `atom.add`, by the
-/// producer), keeps the item ring's four barriers beside the K/V ring's, takes `BH` and the
-/// counter last, and only the producer searches (the consumers read the starts the producer
-/// posts); the tiles kernel has none of it.
+/// The persistent kernel takes its items from the counter (one `atom.add`, by the producer),
+/// keeps the item ring's four barriers beside the K/V ring's, takes `BH` and the counter last,
+/// and only the producer searches (the consumers read the starts the producer posts); the tiles
+/// kernel has none of it.
 #[test]
 fn persistent_kernel_hands_out_items_from_a_counter() {
     for tma in [true, false] {
@@ -234,7 +234,8 @@ fn persistent_kernel_hands_out_items_from_a_counter() {
 }
 
 /// ptxas assembles the persistent kernel with `setmaxnreg` honoured: no spills with TMA, the
-/// cp.async producer's address math spills a little (56 B with ptxas 13.0), as run 10's did.
+/// cp.async producer's address math spills a little (56 B with ptxas 13.0), as the tiles grid's
+/// cp.async producer did (24 B).
 #[test]
 fn persistent_kernel_assembles_with_ptxas() {
     use crate::nvptx::ptxas;

@@ -1,11 +1,11 @@
-//! Free-running consumers (`turns = none`, `cfg.free_running`; docs/history run 15): the
-//! kernel without the consumers' ring of turns, everything else as with it.
+//! Free-running consumers (`turns = none`, `cfg.free_running`): the kernel without the
+//! consumers' ring of turns, everything else as with it.
 
 use super::tests::{ptx_for, used_registers};
 use super::*;
 
 /// The configurations the A/B runs: D = 64's three consumers (64-key tiles) and two (128-key
-/// tiles, run 18), D = 128's two (128-key tiles), with decay, pruning, TMA loads and bf16 output.
+/// tiles), D = 128's two (128-key tiles), with decay, pruning, TMA loads and bf16 output.
 fn configs() -> Vec<AttnKernelConfig> {
     [(64, 64), (64, 128), (128, 128)]
         .into_iter()
@@ -62,7 +62,7 @@ fn free_running_consumers_take_no_turns() {
 
 /// ptxas accepts the free-running kernels with `setmaxnreg` honoured, within the registers at
 /// entry, with no more spills than the ring's build (which at D = 64 with 128-key tiles spills
-/// 16-28 bytes, run 13).
+/// 16-28 bytes).
 #[test]
 fn free_running_assembles_with_ptxas() {
     use crate::nvptx::ptxas;

@@ -13,7 +13,7 @@
 //!   checks it again): the norms kernel, whose last block of each head (a per-head arrival
 //!   counter) then evaluates `delta` of all the head's tiles. One launch instead of two: the
 //!   threshold is on the way to the attention beside the gate scan, and at small shapes the
-//!   second launch made it the longer of the two (docs/history, run 16).
+//!   second launch made it the longer of the two.
 //!
 //! The attention's q may be `s q'` with `s` folded away (`module.rs`, `resolve_q`): the kernels
 //! read q', so data statistics of q are multiplied by `|s|` and `s_ii` by `s` here; a static

@@ -17,8 +17,8 @@ fn norm_rows(d: u32) -> u32 {
 }
 
 /// Threads per block of the norms kernels: 8 warps, so that one step of 16-byte loads covers a
-/// tile of 64 or 128 rows at D = 128 (device call B: the 128-thread kernel took four steps, 6.5-7.1
-/// us at 1x1x2048x128, longer than the gate scan beside it), at ~90 registers two blocks per SM.
+/// tile of 64 or 128 rows at D = 128 (the 128-thread kernel took four steps, 6.5-7.1 us at
+/// 1x1x2048x128, longer than the gate scan beside it), at ~90 registers two blocks per SM.
 pub const NORM_THREADS: u32 = 256;
 const NORM_WARPS: u32 = NORM_THREADS / 32;
 /// Rows per lane group and step of [`vector_rows`] at most (64 registers of loads in flight
