@@ -1,0 +1,49 @@
+//! Packed sequences (issue 25, item 5): several sequences back to back in one row of T tokens,
+//! each token's first key given per token (`first[b, t]`, the start of its sequence), spelled
+//! as the padding mask of one sequence is: `select(j >= first[b, i], s, -inf)` under the causal
+//! mask. The decay needs no reset: `c_i - c_j` within a sequence is the sum of its own log gates.
+//! Fused, still pruned (the select that wraps the decay is split), the key tiles below every
+//! row's first key skipped (`keys_from`), against the f64 reference of the program as written;
+//! the standard inputs draw `first` uniformly, so rows with no key at all (`first > i`) occur
+//! and must be 0.
+
+mod common;
+
+use common::{fresh_seed as seed, run_cli as run};
+
+const PACKED: &str = "attention packed(q: bf16[B, H, T, D], k: bf16[B, H, T, D], v: bf16[B, H, T, D], fgate: f32[B, H, T], first: i32[B, T] in [0, 200]) -> bf16[B, H, T, D] {
+    c[b, h, t]      = cumsum(t, logsigmoid(fgate[b, h, t]))
+    s[b, h, i, j]   = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D) + c[b, h, i] - c[b, h, j]
+    p[b, h, i, j]   = softmax(j, causal(i, j, select(j >= first[b, i], s[b, h, i, j], -inf)))
+    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
+    return out
+}
+";
+
+#[test]
+fn packed_sequences_are_one_pruned_attention() {
+    let p = common::write_program("packed", "packed.attn", PACKED);
+    let (code, t) = run(&["compile", &p, "--emit", "opt"]);
+    assert_eq!(code, Some(0), "{t}");
+    let attn: Vec<&str> = t.lines().filter(|l| l.contains("= attention {")).collect();
+    assert_eq!(attn.len(), 1, "{t}");
+    assert!(
+        attn[0].contains("mask = causal") && attn[0].contains("keys_from = ") && attn[0].contains("pruned"),
+        "{t}"
+    );
+    let s = seed();
+    for shape in ["B=2,H=4,T=300,D=16", "B=1,H=2,T=70,D=8"] {
+        for prune in [true, false] {
+            let mut args = vec!["run", &p, "--backend", "cpu", "--check", "--shape", shape, "--seed", &s];
+            if !prune {
+                args.push("--no-prune");
+            }
+            let (code, t) = run(&args);
+            assert_eq!(code, Some(0), "{shape} prune={prune}: {t}");
+            assert!(t.contains("check: ok") && t.contains("all rows"), "{t}");
+        }
+        let (code, t) = run(&["grad", &p, "--backend", "cpu", "--check", "--shape", shape, "--seed", &s]);
+        assert_eq!(code, Some(0), "{shape}: {t}");
+        assert!(t.contains("check grad_fgate") && t.contains("check: ok"), "{t}");
+    }
+}
