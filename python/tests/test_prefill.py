@@ -69,3 +69,17 @@ def test_decode_steps_equal_the_square_run():
         row = whole[:, :, t : t + 1]
         assert np.abs(y - row).max() <= 2.0**-7 * np.abs(row).max(), t
         assert rel_l2(y, row) <= 1e-3, t
+
+
+def test_the_inference_example_decodes_like_one_whole_run():
+    """examples/infer_fox.py: prefill, a decode loop against the growing cache, and one run of the
+    whole sequence agree (logits within bf16 rounding through the layers and the pruning bound)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("infer_fox", ROOT / "examples" / "infer_fox.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    seed = int(np.random.default_rng().integers(1 << 30))
+    diff, scale, same = mod.main(prompt=40, new=8, layers=2, seed=seed, quiet=True)
+    assert diff <= 1e-2 * scale, (diff, scale, seed)
+    assert same >= 6, (same, seed)
