@@ -14,8 +14,8 @@ attention with a forget gate per head, ReLU MLP), output projection; greedy deco
 The check at the end runs the whole generated sequence once, without a cache (the same program
 with N = M), and compares its logits at every generated position with the decode loop's: they
 agree within the pruning bound plus bf16 rounding (the two runs prune different key tiles: a
-decode step's query tile is its one row). The GPU targets do not fuse queries fewer than keys
-yet: `foxc.torch` on CUDA tensors runs this program unfused.
+decode step's query tile is its one row). On the GPU the forward of this program is one pruned
+attention too (the standard kernel; not a decode kernel yet: one query row takes a 64-row tile).
 """
 
 from __future__ import annotations

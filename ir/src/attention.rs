@@ -699,6 +699,12 @@ impl AttnOperands {
         })
     }
 
+    /// Whether q has another length than k (queries aligned to the end of longer keys), as the
+    /// types say (dims that may be equal once bound count as different).
+    pub fn fewer_queries(&self, g: &Graph) -> bool {
+        g.ty(self.q).dims().nth(2) != g.ty(self.k).dims().nth(2)
+    }
+
     /// The positional operand list of a node built from these operands.
     pub fn to_vec(&self) -> Vec<ValueId> {
         let mut v = vec![self.q, self.k, self.v];

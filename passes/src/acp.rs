@@ -116,8 +116,23 @@ pub fn run(g: &mut Graph, opts: &PassOptions, cx: &mut PassContext) -> Result<()
         };
         // A rule reading the diagonal logit s_ii = scale q_i . k_i fits the identity score only;
         // other regions fall back to the default rule (which reads no row statistic).
-        let fits = opts.rule.fits(&score);
-        if !fits {
+        // A GPU's threshold of queries fewer than keys folds whole key tiles: it has no k_causal
+        // (the keys up to each tile's last query position).
+        let gpu_fewer = opts.target != crate::Target::Cpu && ops.fewer_queries(g);
+        let no_k_causal =
+            gpu_fewer && opts.rule.formula.stats_under(&score).contains(&foxc_ir::prune_rule::Stat::KCausal);
+        let fits = opts.rule.fits(&score) && !no_k_causal;
+        if no_k_causal {
+            explain(
+                cx,
+                format!(
+                    "the rule `{}` reads k_causal, which the GPU's threshold of fewer queries than keys does not compute; `{}` used",
+                    opts.rule.name,
+                    crate::rules::RULES[0].name
+                ),
+                None,
+            );
+        } else if !fits {
             explain(
                 cx,
                 format!(

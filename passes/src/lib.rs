@@ -47,10 +47,11 @@ pub enum Target {
 
 impl Target {
     /// Whether the target's attention kernels run fewer queries than keys (queries aligned to
-    /// the end of the keys: prefill against a cache, decode); recognition leaves such an
-    /// attention unfused on the others, with an explanation.
-    pub fn fewer_queries(self) -> bool {
-        matches!(self, Target::Cpu)
+    /// the end of the keys: prefill against a cache, decode), in the forward only or (`gradient`)
+    /// the backward too: the CPU's both, the GPU's the forward's standard kernel. Recognition
+    /// leaves such an attention unfused elsewhere, with an explanation.
+    pub fn fewer_queries(self, gradient: bool) -> bool {
+        matches!(self, Target::Cpu) || !gradient
     }
 }
 
@@ -159,7 +160,9 @@ type PassFn = fn(&mut Graph, &PassOptions, &mut PassContext) -> Result<(), PassE
 
 /// The passes in order.
 pub const PASSES: &[(&str, PassFn)] = &[
-    ("recognize-attention", |g, o, cx| recognize::recognize(g, o.target, cx).map(|_| ())),
+    ("recognize-attention", |g, o, cx| {
+        recognize::recognize(g, o.target.fewer_queries(o.gradient), cx).map(|_| ())
+    }),
     ("monotonicity", monotone::run),
     ("tiles", tiles::run),
     ("acp", acp::run),

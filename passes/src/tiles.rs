@@ -149,6 +149,7 @@ pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(
             g.ty(v).axes.get(axis).and_then(|a| a.dim.eval(&|s| opts.dims.get(s).copied()))
         };
         let (q, k) = (g.operands(n)[0], g.operands(n)[1]);
+        let fewer_queries = g.ty(q).dims().nth(2) != g.ty(k).dims().nth(2);
         let head_dim = bound(q, 3);
         let tiles = opts.tiles.unwrap_or_else(|| {
             let t = tiles_for(opts.target, head_dim, opts.gradient);
@@ -164,7 +165,12 @@ pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(
                 _ => None,
             }
             .or_else(|| crate::key_bound::keys_from_score(&a.score));
-            a.kernel = kernel_for(opts.target, head_dim, a, tiles, WsOptions::of(opts), opts.attn_kernel);
+            // The warp-specialized kernel runs as many queries as keys only.
+            a.kernel = if fewer_queries {
+                AttnKernel::Standard
+            } else {
+                kernel_for(opts.target, head_dim, a, tiles, WsOptions::of(opts), opts.attn_kernel)
+            };
         }
     }
     Ok(())

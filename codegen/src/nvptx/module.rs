@@ -640,7 +640,10 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         let (q, qs) = self.resolve_q(o.q);
         let (bh, t, dd) = self.bhtd(q, "attention's q")?;
         let d = self.static_dim(&dd, "the head dimension")?;
+        // Keys of their own length: the queries sit at the end of them (the kernel's `Tk`).
+        let (_, tk, _) = self.bhtd(o.k, "attention's k")?;
         let mut cfg = AttnKernelConfig::new(d, a.decay, a.prune == Prune::Boundary);
+        cfg.fewer_queries = tk != t;
         cfg.scale = (self.scale_value(&a.scale)? * qs) as f32;
         cfg.sm = self.spec.target.sm();
         cfg.out_bf16 = out_bf16;
@@ -742,6 +745,9 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             let dbg = self.scratch(DType::I32, shape, what);
             args.push(KernelArg::Buffer(dbg));
             self.debug_starts = Some(dbg);
+        }
+        if cfg.fewer_queries {
+            args.push(KernelArg::I32(vec![tk]));
         }
         // The persistent kernel: the head count and its work-item counter, zeroed right before
         // every launch (attention_ws::persist).

@@ -53,6 +53,12 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         let kv_group = self.kv_group(q, k)?;
         let (bh, t, dd) = self.bhtd(q, "threshold's q")?;
         let d = self.static_dim(&dd, "the head dimension")?;
+        // Queries fewer than keys: the norms are of the keys' tiles (q's clamped to its rows).
+        let (_, tk, _) = self.bhtd(k, "threshold's k")?;
+        let fewer_queries = tk != t;
+        if fewer_queries && *plan == ThresholdPlan::OneLaunch {
+            return Err(ie("a one-launch threshold of queries fewer than keys".into()));
+        }
         let (qb, kb) = (self.buf(q)?, self.buf(k)?);
         let spec = threshold::DeltaSpec {
             d,
@@ -70,6 +76,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 }
                 NormBound::Data => threshold::BoundSrc::Norms,
             },
+            fewer_queries,
         };
         let tiles = GridDim::Ceil(vec![t.clone()], *bm);
         let grid = |block| Launch::Grid { x: tiles.clone(), y: GridDim::Ceil(bh.clone(), 1), block };
@@ -131,31 +138,64 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             )));
         }
         let norms = if threshold::needs_norms(rule, score, spec.bound) {
-            let nb = self.scratch(DType::F32, norms_shape, norms_what);
             let name = self.name(n, "threshold_norms");
-            threshold::build_threshold_norms(self.ctx, self.module, &name, d, kv_group, spec.dts, *bm)
-                .map_err(ie)?;
-            let args = vec![
-                KernelArg::Buffer(qb),
-                KernelArg::Buffer(kb),
-                KernelArg::Buffer(nb),
-                KernelArg::I32(vec![t.clone()]),
-            ];
-            self.push(n, name, args, grid(threshold::NORM_THREADS), vec![]);
+            threshold::build_threshold_norms(
+                self.ctx,
+                self.module,
+                &name,
+                d,
+                kv_group,
+                spec.dts,
+                *bm,
+                fewer_queries,
+            )
+            .map_err(ie)?;
+            let (nb, args, launch) = if fewer_queries {
+                let mut shape = bh.clone();
+                shape.extend([Dim::Tiles(Box::new(tk.clone()), *bm), Dim::Const(2)]);
+                let nb = self.scratch(DType::F32, shape, norms_what);
+                let args = vec![
+                    KernelArg::Buffer(qb),
+                    KernelArg::Buffer(kb),
+                    KernelArg::Buffer(nb),
+                    KernelArg::I32(vec![tk.clone()]),
+                    KernelArg::I32(vec![t.clone()]),
+                ];
+                let x = GridDim::Ceil(vec![tk.clone()], *bm);
+                (
+                    nb,
+                    args,
+                    Launch::Grid { x, y: GridDim::Ceil(bh.clone(), 1), block: threshold::NORM_THREADS },
+                )
+            } else {
+                let nb = self.scratch(DType::F32, norms_shape, norms_what);
+                let args = vec![
+                    KernelArg::Buffer(qb),
+                    KernelArg::Buffer(kb),
+                    KernelArg::Buffer(nb),
+                    KernelArg::I32(vec![t.clone()]),
+                ];
+                (nb, args, grid(threshold::NORM_THREADS))
+            };
+            self.push(n, name, args, launch, vec![]);
             nb
         } else {
             res
         };
         let name = self.name(n, "threshold_delta");
         threshold::build_threshold_delta(self.ctx, self.module, &name, &spec).map_err(ie)?;
-        let args = vec![
+        let mut args = vec![
             KernelArg::Buffer(qb),
             KernelArg::Buffer(kb),
             KernelArg::Buffer(norms),
             KernelArg::Buffer(res),
             KernelArg::I32(vec![t.clone()]),
-            KernelArg::LnF32(vec![t]),
+            // ln of the keys a row may see.
+            KernelArg::LnF32(vec![tk.clone()]),
         ];
+        if fewer_queries {
+            args.push(KernelArg::I32(vec![tk]));
+        }
         self.push(n, name, args, grid(super::kernels::ROW_THREADS), vec![]);
         Ok(())
     }

@@ -33,7 +33,8 @@ pub(crate) struct Emit<'a, 'b> {
     /// Span of the nodes emitted without a source class of their own.
     pub span: Span,
     pub memo: HashMap<Id, ValueId>,
-    /// Whether the target's kernels run fewer queries than keys ([`crate::Target::fewer_queries`]).
+    /// Whether the target's kernels (of this program: forward, or backward too) run fewer queries
+    /// than keys ([`crate::Target::fewer_queries`]).
     pub fewer_queries: bool,
 }
 

@@ -649,8 +649,8 @@ pub(crate) fn emit(em: &mut Emit, r: &Recognized, span: Span) -> Result<(ValueId
     let (tq, tk) = (dim_t(em, q)?, dim_t(em, k)?);
     if tq != tk && !em.fewer_queries {
         return Err(EmitFail::Unfusable(format!(
-            "this target's attention kernels need as many queries as keys (q has {tq} rows, k {tk}); \
-             the CPU backend fuses it"
+            "this target's backward kernels need as many queries as keys (q has {tq} rows, k {tk}); \
+             the CPU backend fuses it, the GPU's forward too"
         )));
     }
     let c = em.decay(&r.decay, [bb, hh, r.i])?;

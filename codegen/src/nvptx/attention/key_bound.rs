@@ -38,7 +38,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         // Clamp to [0, T] before the conversion (all rows NaN leaves +inf: nothing is kept).
         let pos = b.fcmp(FloatPredicate::OGT, e_min, b.f32(0.0));
         let e = b.select_f(pos, e_min, b.f32(0.0));
-        let e = b.fmin(e, b.sitofp(self.t_len));
+        let e = b.fmin(e, b.sitofp(self.k_len));
         // Key tile floor(floor(e) / bn) (e >= 0: truncation floors): every key before it is
         // below floor(e) <= e.
         let kt = b.sdivc(b.fptosi(e), self.cfg.bn as i64);

@@ -122,6 +122,10 @@ pub struct AttnKernelConfig {
     /// Debug: also write each query tile's in-kernel `start` to an extra pointer parameter
     /// after the score hook's (i32 `[B, H, ceil(T / bm)]`; standard kernel only).
     pub debug_starts: bool,
+    /// K, V and c have their own length `Tk >= T` (the last parameter, `Tk`): the `T` queries
+    /// sit at the end of the keys, row `i` at key position `i + Tk - T` (its causal diagonal and
+    /// its `c`). Standard kernel only.
+    pub fewer_queries: bool,
 }
 
 impl AttnKernelConfig {
@@ -146,13 +150,14 @@ impl AttnKernelConfig {
             persistent: false,
             free_running: false,
             debug_starts: false,
+            fewer_queries: false,
         }
     }
 
     /// Kernel symbol name; distinct for every configuration so several fit in one module.
     pub fn kernel_name(&self) -> String {
         format!(
-            "foxc_attn_fwd{}{}{}_d{}_bm{}_bn{}{}{}{}{}{}{}{}{}_s{:08x}_sm{}",
+            "foxc_attn_fwd{}{}{}_d{}_bm{}_bn{}{}{}{}{}{}{}{}{}{}_s{:08x}_sm{}",
             match (self.ws, self.tma) {
                 (true, true) => "_ws_tma",
                 (true, false) => "_ws",
@@ -174,6 +179,7 @@ impl AttnKernelConfig {
             if self.out_bf16 { "_obf16" } else { "" },
             if self.kv_group != 1 { format!("_g{}", self.kv_group) } else { String::new() },
             if self.debug_starts { "_dbgstart" } else { "" },
+            if self.fewer_queries { "_fq" } else { "" },
             self.scale.to_bits(),
             self.sm
         )
@@ -256,6 +262,9 @@ impl AttnKernelConfig {
         if self.window == Some(0) {
             return Err("GPU attention: window must be at least 1".into());
         }
+        if self.fewer_queries && self.ws {
+            return Err("GPU attention: queries fewer than keys run on the standard kernel".into());
+        }
         if !self.causal && (self.window.is_some() || self.prune || self.ws) {
             return Err("GPU attention: a non-causal mask runs on the standard kernel, unpruned".into());
         }
@@ -325,14 +334,24 @@ pub(crate) fn build_attention_kernel_with<'ctx>(
     if cfg.debug_starts {
         params.push(("starts", ParamTy::Ptr));
     }
+    if cfg.fewer_queries {
+        params.push(("Tk", ParamTy::I32));
+    }
+    let tk_param = params.len() as u32 - 1;
     // Dynamic shared memory: one extern array per kernel name (PTX aliases them anyway); 1024:
     // the wgmma 128-byte swizzle atom is 8 rows x 128 B.
     let b = KernelBuilder::kernel(ctx, module, &name, &params)?;
     let smem = b.dyn_shared(&format!("{name}_smem"), 1024);
     let tid = b.sreg("tid.x");
     let lane = b.named(b.andc(tid, 31), "lane");
-    let a =
-        Attn { b: &b, cfg, smem, tid, lane, t_len: b.param_int(params::FWD.t), wg: cfg.uses_wgmma(), score };
+    let t_len = b.param_int(params::FWD.t);
+    let (k_len, off) = if cfg.fewer_queries {
+        let k_len = b.param_int(tk_param);
+        (k_len, Some(b.named(b.sub(k_len, t_len), "qoff")))
+    } else {
+        (t_len, None)
+    };
+    let a = Attn { b: &b, cfg, smem, tid, lane, t_len, k_len, off, wg: cfg.uses_wgmma(), score };
     a.emit();
     b.finish()
 }
@@ -349,7 +368,11 @@ pub(crate) struct Attn<'k, 'a, 'ctx> {
     pub(crate) smem: PointerValue<'ctx>,
     pub(crate) tid: IntValue<'ctx>,
     pub(crate) lane: IntValue<'ctx>,
+    /// Query rows `T`, and key rows `Tk` (`T` unless `cfg.fewer_queries`).
     pub(crate) t_len: IntValue<'ctx>,
+    pub(crate) k_len: IntValue<'ctx>,
+    /// `Tk - T` with `cfg.fewer_queries`: query row `i` sits at key position `i + off`.
+    pub(crate) off: Option<IntValue<'ctx>>,
     /// The wgmma path (see [`AttnKernelConfig::uses_wgmma`]).
     pub(crate) wg: bool,
     pub(crate) score: &'k dyn ScoreMod,
@@ -393,11 +416,23 @@ pub(crate) struct Rows<'ctx> {
     pub(crate) iw0: IntValue<'ctx>,
     /// This thread's two rows.
     pub(crate) i: [IntValue<'ctx>; 2],
+    /// The key positions of `iw0` and of the two rows (the rows themselves unless queries are
+    /// fewer than keys): the causal diagonal and the window are relative to them.
+    pub(crate) pw0: IntValue<'ctx>,
+    pub(crate) p: [IntValue<'ctx>; 2],
     /// `t = lane & 3`: this thread's column pair within each 8-column n-tile.
     pub(crate) tq: IntValue<'ctx>,
 }
 
 impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
+    /// The key position of query row `i`: `i + Tk - T` (`i` itself when queries and keys are one).
+    pub(crate) fn pos(&self, i: IntValue<'ctx>) -> IntValue<'ctx> {
+        match self.off {
+            Some(off) => self.b.add(i, off),
+            None => i,
+        }
+    }
+
     fn emit(&self) {
         let (b, cfg) = (self.b, self.cfg);
         let d = cfg.head_dim as i64;
@@ -419,25 +454,27 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         let tmax = b.addc(t_len, -1);
         let i_last = b.smin(b.addc(i0, bm - 1), tmax);
         // The last key tile: the diagonal's under a causal mask, else the sequence's.
-        let j_last = if cfg.causal { i_last } else { tmax };
+        let j_last = if cfg.causal { self.pos(i_last) } else { b.addc(self.k_len, -1) };
         let n_end = b.named(b.sdivc(j_last, bn), "n_end");
 
         // Per-(b,h) base pointers (64-bit offsets).
         let bh64 = b.sext64(bh);
         let t64 = b.sext64(t_len);
         let row_base = b.mul(bh64, t64); // bh*T
+                                         // c is per key position: [B, H, Tk].
+        let c_base = if self.off.is_some() { b.mul(bh64, b.sext64(self.k_len)) } else { row_base };
         let mat_base = b.mulc(row_base, d); // bh*T*D
         let i16t = b.i16t().into();
         let f32t = b.f32t().into();
         let qb = b.gep(i16t, q_p, mat_base);
         // K and V of the key/value head (GQA).
-        let kv_base = b.mulc(heads::kv_rows(b, bh, t_len, cfg.kv_group), d);
+        let kv_base = b.mulc(heads::kv_rows(b, bh, self.k_len, cfg.kv_group), d);
         let kb = b.gep(i16t, k_p, kv_base);
         let vb = b.gep(i16t, v_p, kv_base);
         // O element type: f32, or bf16 (stored as i16 bit patterns) with the cast fused.
         let o_elt = if cfg.out_bf16 { i16t } else { f32t };
         let ob = b.gep(o_elt, out_p, mat_base);
-        let cb = b.gep(f32t, c_p, row_base);
+        let cb = b.gep(f32t, c_p, c_base);
         let lb = b.gep(f32t, lse_p, row_base);
 
         // ---- Q load (its own cp.async group) and first K/V tile ----
@@ -448,11 +485,11 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
             v: [b.i32(bm * d * 2 + kv_bytes), b.i32(bm * d * 2 + 3 * kv_bytes)],
             colb: [b.i32(bm * d * 2 + 4 * kv_bytes), b.i32(bm * d * 2 + 4 * kv_bytes + bn * 4)],
         };
-        self.load_tile(qb, i0, bm as u32, lay.q);
+        self.load_tile(qb, i0, bm as u32, lay.q, t_len);
         b.cp_async_commit();
         let j_end0 = b.mulc(n_end, bn);
-        self.load_tile(kb, j_end0, cfg.bn, lay.k[0]);
-        self.load_tile(vb, j_end0, cfg.bn, lay.v[0]);
+        self.load_tile(kb, j_end0, cfg.bn, lay.k[0], self.k_len);
+        self.load_tile(vb, j_end0, cfg.bn, lay.v[0], self.k_len);
         b.cp_async_commit();
 
         // Per-column bias in log2 units relative to c_ref = c[i0]: b_j = (c_ref - c_j) * log2 e.
@@ -461,7 +498,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         // only in the LSE). One thread per column writes it to shared memory once per tile.
         let l2e = b.f32(LOG2E);
         let c_ref = cfg.has_decay.then(|| {
-            let cr = b.load_f32(b.gep(f32t, cb, b.sext64(i0)));
+            let cr = b.load_f32(b.gep(f32t, cb, b.sext64(self.pos(i0))));
             let cj = self.load_col_c(cb, n_end);
             self.store_colb(cr, cj, lay.colb[0]);
             cr
@@ -485,11 +522,12 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         let qf = lanes.as_ref().map(|l| self.q_fragments(l, wrow0));
         // Rows of this thread: i0 + warp*16 + g and + 8.
         let iw0 = b.add(i0, wrow0);
-        let rows = Rows { iw0, i: [b.add(iw0, g), b.addc(b.add(iw0, g), 8)], tq };
+        let i = [b.add(iw0, g), b.addc(b.add(iw0, g), 8)];
+        let rows = Rows { iw0, i, pw0: self.pos(iw0), p: i.map(|i| self.pos(i)), tq };
         // Row term (c_i - c_ref) * log2 e, needed only for the LSE.
         let cir = match c_ref {
             Some(cr) => rows.i.map(|i| {
-                let ci = b.load_f32(b.gep(f32t, cb, b.sext64(b.smin(i, tmax))));
+                let ci = b.load_f32(b.gep(f32t, cb, b.sext64(self.pos(b.smin(i, tmax)))));
                 b.fmul(b.fsub(ci, cr), l2e)
             }),
             None => [b.f32(0.0); 2],
@@ -544,8 +582,8 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
             let ko = b.select_i(is0, w.lay.k[1], w.lay.k[0]);
             let vo = b.select_i(is0, w.lay.v[1], w.lay.v[0]);
             let jn = b.mulc(b.addc(n, -1), bn);
-            self.load_tile(w.kb, jn, cfg.bn, ko);
-            self.load_tile(w.vb, jn, cfg.bn, vo);
+            self.load_tile(w.kb, jn, cfg.bn, ko, self.k_len);
+            self.load_tile(w.vb, jn, cfg.bn, vo, self.k_len);
         });
         b.cp_async_commit();
         let is0 = b.icmpc(IntPredicate::EQ, par, 0);

@@ -22,7 +22,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         if let Some(w) = self.cfg.window {
             // A tile is outside every row's window iff i0 - jend(n) >= w: keep the first tile whose
             // end reaches the first row's window start.
-            let x = b.addc(i0, 1 - w as i64);
+            let x = b.addc(self.pos(i0), 1 - w as i64);
             let x = b.smax(x, b.i32(0));
             n_start = b.sdivc(x, bn);
         }
@@ -70,27 +70,30 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         m: IntValue<'ctx>,
         i0: IntValue<'ctx>,
     ) -> IntValue<'ctx> {
-        let at = SearchAt { cb, delta_p, bh, m, i0, t_len: self.t_len, lane: self.lane };
+        let (p0, t_len, k_len) = (self.pos(i0), self.t_len, self.k_len);
+        let at = SearchAt { cb, delta_p, bh, m, p0, t_len, k_len, lane: self.lane };
         search_start(self.b, self.cfg.bm, self.cfg.bn, &at)
     }
 }
 
 /// Where [`search_start`] searches: the gate cumsum `cb` and threshold `delta_p` of flat head
-/// `bh`, IR query tile `m` with first row `i0`, the sequence length and this thread's lane.
+/// `bh`, IR query tile `m` whose first row sits at key position `p0` (the row itself when
+/// queries and keys are one), the query and key counts and this thread's lane.
 #[derive(Clone, Copy)]
 pub(crate) struct SearchAt<'ctx> {
     pub cb: PointerValue<'ctx>,
     pub delta_p: PointerValue<'ctx>,
     pub bh: IntValue<'ctx>,
     pub m: IntValue<'ctx>,
-    pub i0: IntValue<'ctx>,
+    pub p0: IntValue<'ctx>,
     pub t_len: IntValue<'ctx>,
+    pub k_len: IntValue<'ctx>,
     pub lane: IntValue<'ctx>,
 }
 
-/// start[m] by a 32-ary search per warp: the first key tile n in [0, floor(i0/bn)] with
-/// `c[i0] - c[jend(n)] >= delta[m]` (unordered counts as kept), capped at floor(i0/bn).
-/// `m` and `i0` are the IR tile's index and first row (tiles of `bm` rows). Called by every lane
+/// start[m] by a 32-ary search per warp: the first key tile n in [0, floor(p0/bn)] with
+/// `c[p0] - c[jend(n)] >= delta[m]` (unordered counts as kept), capped at floor(p0/bn).
+/// `m` is the IR tile's index (tiles of `bm` rows), `p0` its first row's key position. Called by every lane
 /// of a warp (a ballot); the forward and the backward kernels (attention_bwd) both use it, so
 /// they keep the same tiles.
 pub(crate) fn search_start<'ctx>(
@@ -99,10 +102,10 @@ pub(crate) fn search_start<'ctx>(
     bn: u32,
     at: &SearchAt<'ctx>,
 ) -> IntValue<'ctx> {
-    let SearchAt { cb, delta_p, bh, m, i0, t_len, lane } = *at;
+    let SearchAt { cb, delta_p, bh, m, p0: i0, t_len, k_len, lane } = *at;
     let (bn, bm) = (bn as i64, bm as i64);
     let f32t = b.f32t().into();
-    let tmax = b.addc(t_len, -1);
+    let tmax = b.addc(k_len, -1);
     let mt = b.named(b.sdivc(b.addc(t_len, bm - 1), bm), "mt");
     let didx = b.add(b.mul(bh, mt), m);
     let dl = b.load_f32(b.gep(f32t, delta_p, b.sext64(didx)));

@@ -64,8 +64,8 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         // Does this warp's 16 x bn block need masking? (diagonal, tail, or window edge; every
         // block under an expression mask)
         let jlast = b.addc(j0, bn - 1);
-        let diag = cfg.causal.then(|| b.icmp(IntPredicate::SGT, jlast, rows.iw0));
-        let tail = b.icmp(IntPredicate::SGE, jlast, self.t_len);
+        let diag = cfg.causal.then(|| b.icmp(IntPredicate::SGT, jlast, rows.pw0));
+        let tail = b.icmp(IntPredicate::SGE, jlast, self.k_len);
         let mut need = diag.map_or(tail, |d| b.or(d, tail));
         if self.score.has_mask() {
             need = b.bool(true);
@@ -82,14 +82,14 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
                 for e in 0..4 {
                     let r = e / 2;
                     let j = col(jt, e);
-                    let before = cfg.causal.then(|| b.icmp(IntPredicate::SLE, j, rows.i[r]));
-                    let int = b.icmp(IntPredicate::SLT, j, self.t_len);
+                    let before = cfg.causal.then(|| b.icmp(IntPredicate::SLE, j, rows.p[r]));
+                    let int = b.icmp(IntPredicate::SLT, j, self.k_len);
                     let mut ok = before.map_or(int, |x| b.and(x, int));
                     if let Some(keep) = self.score.keeps(b, ScorePos { i: rows.i[r], j, bh }) {
                         ok = b.and(ok, keep);
                     }
                     if let Some(w) = cfg.window {
-                        let dist = b.sub(rows.i[r], j);
+                        let dist = b.sub(rows.p[r], j);
                         let inw = b.icmpc(IntPredicate::SLT, dist, w as i64);
                         ok = b.and(ok, inw);
                     }

@@ -25,13 +25,14 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         r0: IntValue<'ctx>,
         rows: u32,
         dst_off: IntValue<'ctx>,
+        len: IntValue<'ctx>,
     ) {
         let b = self.b;
         let d = self.cfg.head_dim;
         let cpr = d / 8; // 16-byte chunks per row
         let total = rows * cpr;
         let nth = self.cfg.threads();
-        let tmax = b.addc(self.t_len, -1);
+        let tmax = b.addc(len, -1);
         // Chunk `tid + it * nth` is chunk `ch` of row `row`. With a power-of-two row (every
         // tuned D) the chunk column is the same in every iteration.
         let pow2 = cpr.is_power_of_two() && nth.is_multiple_of(cpr);
@@ -135,7 +136,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
     pub(super) fn load_col_c(&self, cb: PointerValue<'ctx>, n: IntValue<'ctx>) -> FloatValue<'ctx> {
         let b = self.b;
         let bn = self.cfg.bn as i64;
-        let tmax = b.addc(self.t_len, -1);
+        let tmax = b.addc(self.k_len, -1);
         let col = if bn.count_ones() == 1 { b.andc(self.tid, bn - 1) } else { b.uremc(self.tid, bn) };
         let j = b.smin(b.add(b.mulc(n, bn), col), tmax);
         b.load_f32(b.gep(b.f32t().into(), cb, b.sext64(j)))

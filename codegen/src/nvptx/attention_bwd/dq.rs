@@ -225,7 +225,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             let bm = cfg.bm as i64;
             let m_ir = b.udivc(i0, bm);
             let i0_ir = b.mulc(m_ir, bm);
-            let at = SearchAt { cb, delta_p, bh, m: m_ir, i0: i0_ir, t_len, lane: self.lane };
+            let at = SearchAt { cb, delta_p, bh, m: m_ir, p0: i0_ir, t_len, k_len: t_len, lane: self.lane };
             let ps = search_start(b, cfg.bm, cfg.bn, &at);
             let mut first =
                 b.and(b.icmp(IntPredicate::EQ, i0, i0_ir), b.icmpc(IntPredicate::EQ, self.tid, 0));

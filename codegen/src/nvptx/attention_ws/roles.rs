@@ -79,7 +79,7 @@ pub(super) fn emit<'ctx>(
     });
     b.barrier();
 
-    let a = Attn { b, cfg: view, smem, tid: wtid, lane, t_len, wg: true, score };
+    let a = Attn { b, cfg: view, smem, tid: wtid, lane, t_len, k_len: t_len, off: None, wg: true, score };
     let is_producer = b.icmpc(IntPredicate::EQ, wg, 0);
     b.if_else(
         is_producer,
@@ -369,8 +369,8 @@ fn fill<'ctx>(
     if cfg.tma {
         tma::fill_kv(a, cfg, lay, blk.kv_head, j0, koff, full);
     } else {
-        a.load_tile(blk.kb, j0, cfg.bn, koff);
-        a.load_tile(blk.vb, j0, cfg.bn, b.addc(koff, kv));
+        a.load_tile(blk.kb, j0, cfg.bn, koff, a.k_len);
+        a.load_tile(blk.vb, j0, cfg.bn, b.addc(koff, kv), a.k_len);
         mbar_arrive_on_copies(b, full);
     }
     let cj = cfg.has_decay.then(|| {
@@ -420,7 +420,7 @@ pub(super) fn load_q<'ctx>(
     let b = a0.b;
     let (_, a) = consumer_view_of(a0, lay, cw);
     let (i0w, _, _) = consumer_rows(b, cfg, blk, cw);
-    a.load_tile(blk.qb, i0w, 64, b.i32(0));
+    a.load_tile(blk.qb, i0w, 64, b.i32(0), a.t_len);
     b.cp_async_commit();
 }
 
@@ -473,7 +473,9 @@ pub(super) fn consumer_item<'ctx>(
     let g = b.lshrc(a.lane, 2);
     let tq = b.andc(a.lane, 3);
     let iw0 = b.add(i0w, b.mulc(warp, 16));
-    let rows = Rows { iw0, i: [b.add(iw0, g), b.addc(b.add(iw0, g), 8)], tq };
+    let i = [b.add(iw0, g), b.addc(b.add(iw0, g), 8)];
+    // As many queries as keys: each row is its own key position.
+    let rows = Rows { iw0, i, pw0: iw0, p: i, tq };
     let cir = match c_ref {
         Some(cr) => rows.i.map(|i| {
             let ci = b.load_f32(b.gep(f32t, blk.cb, b.sext64(b.smin(i, blk.tmax))));

@@ -52,7 +52,10 @@ const NORM_WARPS: u32 = NORM_THREADS / 32;
 const FOLD_TILES: u32 = 4;
 
 /// Per-tile maxima of squared norms: params `(q, k, norms: f32 [BH, Mt, 2], T: i32)`.
-/// Grid `(Mt, BH)`, block [`NORM_THREADS`].
+/// Grid `(Mt, BH)`, block [`NORM_THREADS`]. With `fewer_queries`, `T` is the keys' length, the
+/// tiles are the keys' and a last parameter `Tq: i32` gives the queries' (q's norms of a tile
+/// past them are of its last row: [`tile_norms`]).
+#[allow(clippy::too_many_arguments)]
 pub fn build_threshold_norms<'ctx>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
@@ -61,14 +64,20 @@ pub fn build_threshold_norms<'ctx>(
     kv_group: u32,
     dts: (DType, DType),
     bm: u32,
+    fewer_queries: bool,
 ) -> R<FunctionValue<'ctx>> {
-    let params = [("q", ParamTy::Ptr), ("k", ParamTy::Ptr), ("norms", ParamTy::Ptr), ("T", ParamTy::I32)];
+    let mut params =
+        vec![("q", ParamTy::Ptr), ("k", ParamTy::Ptr), ("norms", ParamTy::Ptr), ("T", ParamTy::I32)];
+    if fewer_queries {
+        params.push(("Tq", ParamTy::I32));
+    }
     let k = Kb::kernel(ctx, module, name, &params)?;
     let (q, kk, norms, t_len) = (k.param_ptr(0), k.param_ptr(1), k.param_ptr(2), k.param_int(3));
+    let tq = fewer_queries.then(|| k.param_int(4));
     let tid = k.sreg("tid.x");
     let lw = lane_warp(&k, tid);
     let (m, bh, mt) = (k.sreg("ctaid.x"), k.sreg("ctaid.y"), k.sreg("nctaid.x"));
-    let n = tile_norms(&k, name, (q, kk), dts, (d, kv_group, bm), (m, bh, t_len), lw);
+    let n = tile_norms(&k, name, (q, kk), dts, (d, kv_group, bm), (m, bh, t_len), tq, lw);
     k.if_then(k.icmpc(IntPredicate::EQ, tid, 0), |k| store_norms(k, norms, (m, bh, mt), &n));
     k.finish()
 }
@@ -96,6 +105,11 @@ pub struct DeltaSpec<'a> {
     pub qscale: f64,
     pub bm: u32,
     pub bound: BoundSrc,
+    /// Queries fewer than keys (the delta kernel's last parameter `Tk`; its `T` is the
+    /// queries', `lnT` the keys'): the norms buffer holds the keys' tiles
+    /// ([`build_threshold_norms`]) and row `i`'s diagonal key is `i + Tk - T`. Not for a formula
+    /// reading `k_causal`, whose key tiles would not end at a query tile's last position.
+    pub fewer_queries: bool,
 }
 
 /// Whether the delta kernel reads the norms buffer ([`PruneRule::reads_norms`]).
@@ -119,7 +133,7 @@ pub fn build_threshold_delta<'ctx>(
     name: &str,
     s: &DeltaSpec,
 ) -> R<FunctionValue<'ctx>> {
-    let params = [
+    let mut params = vec![
         ("q", ParamTy::Ptr),
         ("k", ParamTy::Ptr),
         ("norms", ParamTy::Ptr),
@@ -127,16 +141,25 @@ pub fn build_threshold_delta<'ctx>(
         ("T", ParamTy::I32),
         ("lnT", ParamTy::F32),
     ];
+    if s.fewer_queries {
+        params.push(("Tk", ParamTy::I32));
+    }
+    let f = &s.rule.formula;
+    if s.fewer_queries && f.stats_under(&s.score).contains(&Stat::KCausal) {
+        return Err(format!("{name}: k_causal with queries fewer than keys"));
+    }
     let k = Kb::kernel(ctx, module, name, &params)?;
     let (q, kk, norms, delta) = (k.param_ptr(0), k.param_ptr(1), k.param_ptr(2), k.param_ptr(3));
     let (t_len, ln_t) = (k.param_int(4), k.param_f32(5));
-    let f = &s.rule.formula;
+    let k_len = if s.fewer_queries { k.param_int(6) } else { t_len };
     let tid = k.sreg("tid.x");
     let lw = lane_warp(&k, tid);
     let (lane, warp) = lw;
     let m = k.sreg("ctaid.x");
     let bh = k.sreg("ctaid.y");
     let mt = k.sreg("nctaid.x");
+    // The norms' tiles: the queries' (one block each), or the keys' when queries are fewer.
+    let nt = if s.fewer_queries { k.sdivc(k.addc(k_len, s.bm as i64 - 1), s.bm as i64) } else { mt };
     let aqs = k.f32(s.qscale.abs());
     let mut st = constant_stats(&k, s, ln_t);
     match s.bound {
@@ -153,12 +176,12 @@ pub fn build_threshold_delta<'ctx>(
             // head repeats its last tile (maxima: a repeat changes nothing; it counts for k of
             // tiles <= m only when the last tile itself does).
             let acc: Vec<_> = (0..3).map(|_| k.declare_var(k.f32(0.0).into())).collect();
-            let row = k.mul(k.sext64(bh), k.sext64(mt));
+            let row = k.mul(k.sext64(bh), k.sext64(nt));
             let step = k.i32((ROW_THREADS * FOLD_TILES) as i64);
-            k.for_range(tid, mt, step, |k, j0| {
+            k.for_range(tid, nt, step, |k, j0| {
                 let tiles: Vec<_> = (0..FOLD_TILES)
                     .map(|u| {
-                        let j = k.smin(k.addc(j0, (u * ROW_THREADS) as i64), k.addc(mt, -1));
+                        let j = k.smin(k.addc(j0, (u * ROW_THREADS) as i64), k.addc(nt, -1));
                         let at = k.mulc(k.add(row, k.sext64(j)), 2);
                         (j, k.load_f(DType::F32, norms, at), k.load_f(DType::F32, norms, k.addc(at, 1)))
                     })
@@ -191,7 +214,9 @@ pub fn build_threshold_delta<'ctx>(
     let i0 = k.mulc(m, s.bm as i64);
     let last = k.smin(k.addc(i0, s.bm as i64), t_len);
     let bh_base = k.mul(k.sext64(bh), k.sext64(t_len));
-    let kbh_base = kv_rows(&k, bh, t_len, s.kv_group);
+    // The row's diagonal key: row i of the keys (i + Tk - T when queries are fewer).
+    let kbh_base = kv_rows(&k, bh, k_len, s.kv_group);
+    let kbh_base = if s.fewer_queries { k.add(kbh_base, k.sext64(k.sub(k_len, t_len))) } else { kbh_base };
     let sqk = k.f32(s.scale * s.qscale);
     k.for_range(k.add(i0, warp), last, k.i32(WARPS as i64), |k, i| {
         let base = k.mul(k.add(bh_base, k.sext64(i)), k.i64(s.d as i64));
@@ -428,7 +453,7 @@ fn norms_then_delta<'ctx>(
 ) {
     let tid = k.sreg("tid.x");
     let lw = lane_warp(k, tid);
-    let n = tile_norms(k, name, (io.q, io.k), s.dts, (s.d, s.kv_group, s.bm), (m, bh, io.t_len), lw);
+    let n = tile_norms(k, name, (io.q, io.k), s.dts, (s.d, s.kv_group, s.bm), (m, bh, io.t_len), None, lw);
 
     // Thread 0 writes the norms, then releases them and counts the block in; the last block's
     // thread 0 acquires every other block's norms and hands them on to its block through the

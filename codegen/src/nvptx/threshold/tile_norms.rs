@@ -42,7 +42,20 @@ struct Rows<'ctx> {
     k_base: IntValue<'ctx>,
     i0: IntValue<'ctx>,
     last: IntValue<'ctx>,
+    /// The last query row when queries are fewer than keys (the tiles are the keys'): a row
+    /// past it reads it again, whose norm the maxima hold already.
+    q_last: Option<IntValue<'ctx>>,
     d: u32,
+}
+
+impl<'ctx> Rows<'ctx> {
+    /// The q row read beside key row `row`.
+    fn q_row(&self, k: &Kb<'_, 'ctx>, row: IntValue<'ctx>) -> IntValue<'ctx> {
+        match self.q_last {
+            Some(last) => k.smin(row, last),
+            None => row,
+        }
+    }
 }
 
 /// The running maxima of a thread's squared row norms.
@@ -132,7 +145,7 @@ fn vector_rows<'ctx>(
         let rows: Vec<_> = (0..slots)
             .map(|s| {
                 let row = k.smin(k.add(k.addc(i, (s * v.rows) as i64), sub), k.addc(r.last, -1));
-                (load(k, r.dts.0, r.q, r.q_base, row), load(k, r.dts.1, r.k, r.k_base, row))
+                (load(k, r.dts.0, r.q, r.q_base, r.q_row(k, row)), load(k, r.dts.1, r.k, r.k_base, row))
             })
             .collect();
         for (qv, kv) in &rows {
@@ -165,7 +178,7 @@ fn scalar_rows<'ctx>(
         let rows: Vec<_> = (0..nrows)
             .map(|n| {
                 let row = k.smin(k.addc(i, (n * warps) as i64), k.addc(r.last, -1));
-                let base = k.mul(k.add(r.q_base, k.sext64(row)), k.i64(r.d as i64));
+                let base = k.mul(k.add(r.q_base, k.sext64(r.q_row(k, row))), k.i64(r.d as i64));
                 let kbase = k.mul(k.add(r.k_base, k.sext64(row)), k.i64(r.d as i64));
                 (load_row(k, r.dts.0, r.q, base, lane, r.d), load_row(k, r.dts.1, r.k, kbase, lane, r.d))
             })
@@ -179,7 +192,9 @@ fn scalar_rows<'ctx>(
 
 /// The norms of tile `m` of head `bh`, over a block of [`NORM_THREADS`]: 16-byte loads
 /// ([`vector_rows`]) where the layout allows and q and k are 16-byte aligned (a runtime test:
-/// a torch view may start anywhere), element loads ([`scalar_rows`]) otherwise.
+/// a torch view may start anywhere), element loads ([`scalar_rows`]) otherwise. `t_len` rows of
+/// k (and of q, unless `tq` gives fewer queries: then the tiles are the keys', and q's norms of
+/// a tile past the queries repeat its last row).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn tile_norms<'ctx>(
     k: &Kb<'_, 'ctx>,
@@ -188,6 +203,7 @@ pub(super) fn tile_norms<'ctx>(
     dts: (DType, DType),
     (d, kv_group, bm): (u32, u32, u32),
     (m, bh, t_len): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
+    tq: Option<IntValue<'ctx>>,
     lw: (IntValue<'ctx>, IntValue<'ctx>),
 ) -> TileNorms<'ctx> {
     let acc = Maxima { q: k.declare_var(k.f32(0.0).into()), k: k.declare_var(k.f32(0.0).into()) };
@@ -196,10 +212,11 @@ pub(super) fn tile_norms<'ctx>(
         q,
         k: kk,
         dts,
-        q_base: k.mul(k.sext64(bh), k.sext64(t_len)),
+        q_base: k.mul(k.sext64(bh), k.sext64(tq.unwrap_or(t_len))),
         k_base: kv_rows(k, bh, t_len, kv_group),
         i0,
         last: k.smin(k.addc(i0, bm as i64), t_len),
+        q_last: tq.map(|tq| k.addc(tq, -1)),
         d,
     };
     match VecRows::of(d, dts) {

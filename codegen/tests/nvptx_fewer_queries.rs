@@ -1,0 +1,87 @@
+//! Queries fewer than keys on the GPU forward (`bench/fox_prefill.attn`: N queries at the end of
+//! M keys): the standard attention kernel's `_fq` variant, whose last parameter is the keys'
+//! length `Tk` (the queries' `T` stays the fixed one), and the threshold's norms (over the keys'
+//! tiles, a last parameter `Tq`) and delta (`T` the queries', `lnT` the keys', a last parameter
+//! `Tk`) kernels. Square programs keep their kernels (no `_fq`, no extra parameter). The PTX
+//! assembles for sm_90a and sm_80 without spills on sm_90a. The kernels' numbers are checked on
+//! the H200 (`foxc run --backend cuda --check`, BENCHMARKS.md).
+
+use foxc_codegen::nvptx::ptxas;
+use foxc_codegen::nvptx::{compile, KernelArg, NvptxArtifact, NvptxSpec, NvptxTarget};
+use foxc_ir::{Dim, Graph, Op};
+use foxc_passes::{optimize, PassOptions, Target};
+
+fn root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn graph(path: &str, target: Target, gradient: bool) -> Graph {
+    let src = std::fs::read(root().join(path)).unwrap();
+    let mut g = foxc_ir::frontend::compile(path, &src).unwrap_or_else(|e| panic!("{e:?}")).graph;
+    optimize(&mut g, &PassOptions { target, gradient, ..PassOptions::default() }).unwrap();
+    g
+}
+
+fn artifact(g: &Graph, t: NvptxTarget, d: u64) -> NvptxArtifact {
+    compile(g, &NvptxSpec::new(t, [("D".to_string(), d)].into_iter().collect())).expect("compiles")
+}
+
+fn kernel<'a>(a: &'a NvptxArtifact, prefix: &str) -> &'a foxc_codegen::nvptx::KernelInfo {
+    a.kernels.iter().find(|k| k.name.contains(prefix)).unwrap_or_else(|| panic!("a {prefix} kernel"))
+}
+
+/// The forward fuses on the GPU targets (pruned, the in-kernel boundary, the standard kernel);
+/// a gradient program leaves it unfused (the backward kernels take as many queries as keys).
+#[test]
+fn prefill_fuses_for_the_gpu_forward() {
+    for t in [Target::Sm90a, Target::Sm80] {
+        let g = graph("bench/fox_prefill.attn", t, false);
+        let a: Vec<_> = g.find(|op| matches!(op, Op::Attention(_)));
+        assert_eq!(a.len(), 1, "{t:?}");
+        let Op::Attention(at) = g.op(a[0]) else { unreachable!() };
+        assert_eq!(at.prune, foxc_ir::Prune::Boundary, "{t:?}");
+        assert_eq!(at.kernel, foxc_ir::attention::AttnKernel::Standard, "{t:?}");
+        let g = graph("bench/fox_prefill.attn", t, true);
+        assert!(g.find(|op| matches!(op, Op::Attention(_))).is_empty(), "{t:?}: fused for a gradient");
+    }
+}
+
+/// The kernels and their last arguments: `Tk` = M for the attention and the delta, `Tq` = N for
+/// the norms (launched over the keys' tiles); the square example has none of them.
+#[test]
+fn kernels_take_the_other_length_last() {
+    let (n, m) = (Dim::sym("N"), Dim::sym("M"));
+    let g = graph("bench/fox_prefill.attn", Target::Sm90a, false);
+    let a = artifact(&g, NvptxTarget::Sm90a, 128);
+    let fwd = kernel(&a, "foxc_attn_fwd");
+    assert!(fwd.name.contains("_fq_"), "{}", fwd.name);
+    assert_eq!(fwd.args.last(), Some(&KernelArg::I32(vec![m.clone()])), "{:?}", fwd.args);
+    let norms = kernel(&a, "threshold_norms");
+    assert_eq!(norms.args.last(), Some(&KernelArg::I32(vec![n.clone()])), "{:?}", norms.args);
+    assert_eq!(norms.args[3], KernelArg::I32(vec![m.clone()]), "{:?}", norms.args);
+    let delta = kernel(&a, "threshold_delta");
+    assert_eq!(delta.args[4], KernelArg::I32(vec![n]), "{:?}", delta.args);
+    assert_eq!(delta.args[5], KernelArg::LnF32(vec![m.clone()]), "{:?}", delta.args);
+    assert_eq!(delta.args.last(), Some(&KernelArg::I32(vec![m])), "{:?}", delta.args);
+    let sq = artifact(&graph("examples/fox.attn", Target::Sm90a, false), NvptxTarget::Sm90a, 64);
+    assert!(sq.kernels.iter().all(|k| !k.name.contains("_fq_")));
+    assert_eq!(kernel(&sq, "foxc_attn_fwd").args.len(), 8);
+}
+
+#[test]
+fn prefill_kernels_assemble_with_ptxas() {
+    let Some(ptxas) = ptxas::find() else {
+        eprintln!("note: ptxas not found (set $PTXAS); skipping the PTX assembly check");
+        return;
+    };
+    for (t, pt) in [(NvptxTarget::Sm90a, Target::Sm90a), (NvptxTarget::Sm80, Target::Sm80)] {
+        let g = graph("bench/fox_prefill.attn", pt, false);
+        for d in [32, 64, 128] {
+            let a = artifact(&g, t, d);
+            let log = ptxas::assemble(&ptxas, &a.ptx, t.cpu())
+                .unwrap_or_else(|log| panic!("ptxas failed on {} D={d}:\n{log}", t.cpu()));
+            let limit = if t == NvptxTarget::Sm90a { 0 } else { 64 };
+            assert!(ptxas::spill_stores(&log) <= limit, "{} D={d} spills:\n{log}", t.cpu());
+        }
+    }
+}
