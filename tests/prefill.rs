@@ -13,6 +13,7 @@ mod common;
 
 use common::{fresh_seed as seed, run_cli as run};
 
+/// The program in a file of its own per test (tests run in parallel in one process).
 fn write(name: &str, src: &str) -> String {
     common::write_program("prefill", name, src)
 }
@@ -35,7 +36,7 @@ fn kept_tiles(t: &str) -> f64 {
 /// The fused op: one attention, causal (its diagonal is the queries' key positions), pruned.
 #[test]
 fn prefill_is_one_pruned_attention() {
-    let p = write("prefill.attn", PREFILL);
+    let p = write("one_attention.attn", PREFILL);
     let (code, t) = run(&["compile", &p, "--emit", "opt"]);
     assert_eq!(code, Some(0), "{t}");
     let attn: Vec<&str> = t.lines().filter(|l| l.contains("= attention {")).collect();
@@ -50,7 +51,7 @@ fn prefill_is_one_pruned_attention() {
 /// long cache with few queries (pruning really skips tiles), and the square case.
 #[test]
 fn prefill_and_decode_run_pruned_on_the_cpu() {
-    let p = write("prefill.attn", PREFILL);
+    let p = write("cpu_forward.attn", PREFILL);
     let s = seed();
     for shape in ["B=1,H=4,N=40,M=600,D=16", "B=2,H=4,N=1,M=700,D=8", "B=1,H=4,N=130,M=130,D=8"] {
         for prune in [true, false] {
@@ -71,7 +72,7 @@ fn prefill_and_decode_run_pruned_on_the_cpu() {
 /// Gradients on the CPU against the reference's, pruned and dense, including a decode step.
 #[test]
 fn prefill_gradients_on_the_cpu() {
-    let p = write("prefill.attn", PREFILL);
+    let p = write("cpu_gradients.attn", PREFILL);
     let s = seed();
     for shape in ["B=1,H=2,N=24,M=100,D=16", "B=1,H=2,N=1,M=70,D=8"] {
         for prune in [true, false] {
@@ -154,7 +155,7 @@ fn a_mask_off_the_decay_stays_unfused() {
 /// the reason.
 #[test]
 fn gpu_targets_fuse_the_forward_only() {
-    let p = write("prefill.attn", PREFILL);
+    let p = write("gpu_forward.attn", PREFILL);
     for target in ["sm_90a", "sm_80"] {
         let (code, t) = run(&["compile", &p, "--emit", "opt", "--target", target, "--explain"]);
         assert_eq!(code, Some(0), "{t}");
