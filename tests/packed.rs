@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{fresh_seed as seed, run_cli as run};
+use common::{cpu_check, fresh_seed as seed, run_cli as run};
 
 const PACKED: &str = "attention packed(q: bf16[B, H, T, D], k: bf16[B, H, T, D], v: bf16[B, H, T, D], fgate: f32[B, H, T], first: i32[B, T] in [0, 200]) -> bf16[B, H, T, D] {
     c[b, h, t]      = cumsum(t, logsigmoid(fgate[b, h, t]))
@@ -34,16 +34,10 @@ fn packed_sequences_are_one_pruned_attention() {
     let s = seed();
     for shape in ["B=2,H=4,T=300,D=16", "B=1,H=2,T=70,D=8"] {
         for prune in [true, false] {
-            let mut args = vec!["run", &p, "--backend", "cpu", "--check", "--shape", shape, "--seed", &s];
-            if !prune {
-                args.push("--no-prune");
-            }
-            let (code, t) = run(&args);
-            assert_eq!(code, Some(0), "{shape} prune={prune}: {t}");
-            assert!(t.contains("check: ok") && t.contains("all rows"), "{t}");
+            let t = cpu_check("run", &p, shape, &s, prune);
+            assert!(t.contains("all rows"), "{t}");
         }
-        let (code, t) = run(&["grad", &p, "--backend", "cpu", "--check", "--shape", shape, "--seed", &s]);
-        assert_eq!(code, Some(0), "{shape}: {t}");
-        assert!(t.contains("check grad_fgate") && t.contains("check: ok"), "{t}");
+        let t = cpu_check("grad", &p, shape, &s, true);
+        assert!(t.contains("check grad_fgate"), "{t}");
     }
 }

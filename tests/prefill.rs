@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{fresh_seed as seed, run_cli as run};
+use common::{cpu_check, fresh_seed as seed, run_cli as run};
 
 /// The program in a file of its own per test (tests run in parallel in one process).
 fn write(name: &str, src: &str) -> String {
@@ -55,13 +55,8 @@ fn prefill_and_decode_run_pruned_on_the_cpu() {
     let s = seed();
     for shape in ["B=1,H=4,N=40,M=600,D=16", "B=2,H=4,N=1,M=700,D=8", "B=1,H=4,N=130,M=130,D=8"] {
         for prune in [true, false] {
-            let mut args = vec!["run", &p, "--backend", "cpu", "--check", "--shape", shape, "--seed", &s];
-            if !prune {
-                args.push("--no-prune");
-            }
-            let (code, t) = run(&args);
-            assert_eq!(code, Some(0), "{shape} prune={prune}: {t}");
-            assert!(t.contains("check: ok") && t.contains("all rows"), "{t}");
+            let t = cpu_check("run", &p, shape, &s, prune);
+            assert!(t.contains("all rows"), "{t}");
             if prune {
                 assert!(kept_tiles(&t) < 1.0, "{shape}: nothing pruned: {t}");
             }
@@ -76,12 +71,7 @@ fn prefill_gradients_on_the_cpu() {
     let s = seed();
     for shape in ["B=1,H=2,N=24,M=100,D=16", "B=1,H=2,N=1,M=70,D=8"] {
         for prune in [true, false] {
-            let mut args = vec!["grad", &p, "--backend", "cpu", "--check", "--shape", shape, "--seed", &s];
-            if !prune {
-                args.push("--no-prune");
-            }
-            let (code, t) = run(&args);
-            assert_eq!(code, Some(0), "{shape} prune={prune}: {t}");
+            let t = cpu_check("grad", &p, shape, &s, prune);
             for g in ["grad_q", "grad_k", "grad_v", "grad_fgate"] {
                 assert!(t.contains(&format!("check {g}")), "{g} not checked: {t}");
             }

@@ -69,3 +69,16 @@ pub fn fresh_seed() -> String {
     println!("seed {s}");
     s.to_string()
 }
+
+/// `foxc CMD FILE --backend cpu --check --shape SHAPE --seed SEED`, with `--no-prune` unless
+/// `prune`: asserts exit 0 and `check: ok`, returns the output.
+pub fn cpu_check(cmd: &str, file: &str, shape: &str, seed: &str, prune: bool) -> String {
+    let mut args = vec![cmd, file, "--backend", "cpu", "--check", "--shape", shape, "--seed", seed];
+    if !prune {
+        args.push("--no-prune");
+    }
+    let (code, t) = run_cli(&args);
+    assert_eq!(code, Some(0), "{cmd} {shape} prune={prune}: {t}");
+    assert!(t.contains("check: ok"), "{cmd} {shape} prune={prune}: {t}");
+    t
+}

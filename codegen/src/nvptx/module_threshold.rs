@@ -150,33 +150,22 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 fewer_queries,
             )
             .map_err(ie)?;
-            let (nb, args, launch) = if fewer_queries {
-                let mut shape = bh.clone();
-                shape.extend([Dim::Tiles(Box::new(tk.clone()), *bm), Dim::Const(2)]);
-                let nb = self.scratch(DType::F32, shape, norms_what);
-                let args = vec![
-                    KernelArg::Buffer(qb),
-                    KernelArg::Buffer(kb),
-                    KernelArg::Buffer(nb),
-                    KernelArg::I32(vec![tk.clone()]),
-                    KernelArg::I32(vec![t.clone()]),
-                ];
-                let x = GridDim::Ceil(vec![tk.clone()], *bm);
-                (
-                    nb,
-                    args,
-                    Launch::Grid { x, y: GridDim::Ceil(bh.clone(), 1), block: threshold::NORM_THREADS },
-                )
-            } else {
-                let nb = self.scratch(DType::F32, norms_shape, norms_what);
-                let args = vec![
-                    KernelArg::Buffer(qb),
-                    KernelArg::Buffer(kb),
-                    KernelArg::Buffer(nb),
-                    KernelArg::I32(vec![t.clone()]),
-                ];
-                (nb, args, grid(threshold::NORM_THREADS))
-            };
+            // The norms' tiles: the queries' (one per delta block), or the keys' when fewer.
+            let rows = if fewer_queries { &tk } else { &t };
+            let mut shape = bh.clone();
+            shape.extend([Dim::Tiles(Box::new(rows.clone()), *bm), Dim::Const(2)]);
+            let nb = self.scratch(DType::F32, shape, norms_what);
+            let mut args = vec![
+                KernelArg::Buffer(qb),
+                KernelArg::Buffer(kb),
+                KernelArg::Buffer(nb),
+                KernelArg::I32(vec![rows.clone()]),
+            ];
+            if fewer_queries {
+                args.push(KernelArg::I32(vec![t.clone()]));
+            }
+            let x = GridDim::Ceil(vec![rows.clone()], *bm);
+            let launch = Launch::Grid { x, y: GridDim::Ceil(bh.clone(), 1), block: threshold::NORM_THREADS };
             self.push(n, name, args, launch, vec![]);
             nb
         } else {
