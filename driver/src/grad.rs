@@ -61,3 +61,81 @@ pub fn seeded_dout(
     let v: Vec<f32> = (0..n).map(|_| rng.normal() as f32).collect();
     Ok(HostTensor::from_f32_as(dtype, &shape, &v))
 }
+
+/// `inputs` with every bf16 and f16 tensor moved by up to one unit in the last place of its
+/// dtype (`x (1 +- 2^-p)` rounded, `p` its mantissa bits: the upper half of each binade moves to
+/// a neighbour, the lower half may round back), up or down by a coin from `seed` per element
+/// (f32 and integer tensors as they are): the
+/// precision at which a GPU kernel holds its operands (q, k, v, and the probabilities and
+/// score gradients it forms from them, in bf16).
+pub fn one_ulp_apart(inputs: &TensorMap, seed: u64) -> TensorMap {
+    let mut out = TensorMap::new();
+    for (name, t) in inputs {
+        let ulp = match t.dtype {
+            foxc_ir::DType::BF16 => 2f32.powi(-8),
+            foxc_ir::DType::F16 => 2f32.powi(-11),
+            _ => {
+                out.insert(name.clone(), t.clone());
+                continue;
+            }
+        };
+        let mut rng = crate::workload::Rng::for_param(seed, name);
+        let v: Vec<f32> = t
+            .to_f32_vec()
+            .into_iter()
+            .map(|x| {
+                // x (1 +- 2^-p) is within one ulp of x: it rounds to x or a neighbour.
+                let s = if rng.next_u64() & 1 == 0 { 1.0 } else { -1.0 };
+                x * (1.0 + s * ulp)
+            })
+            .collect();
+        out.insert(name.clone(), HostTensor::from_f32_as(t.dtype, &t.shape, &v));
+    }
+    out
+}
+
+/// The tolerance of a GPU gradient conditioned worse than the forward output: `tol` (the
+/// output's, [`tolerance`]) scaled by how much more the gradient's reference moves than the
+/// output's (`moved`, `moved_out`: relative L2 between the references at the inputs and at inputs
+/// one ulp apart, [`one_ulp_apart`]), beyond a factor 2. A sum of many terms that cancel (ALiBi's
+/// slope gradient, `(t + 1) dc_t` over every position) carries the kernels' bf16 rounding of P
+/// and dS amplified by its condition, which the output's tolerance does not allow for; the other
+/// gradients move within 2x of the output and keep `tol`.
+pub fn conditioned_tolerance(tol: f64, moved: f64, moved_out: f64) -> f64 {
+    let ratio = moved / (2.0 * moved_out);
+    if ratio.is_finite() && ratio > 1.0 {
+        tol * ratio
+    } else {
+        tol
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// bf16 tensors move by at most one ulp per element (many by one), f32 ones not at all; the
+    /// tolerance widens only for a gradient that moves more than twice as much as the output.
+    #[test]
+    fn one_ulp_apart_and_the_conditioned_tolerance() {
+        let vals: Vec<f32> = (0..200).map(|i| (i as f32 - 100.0) * 0.37 + 0.01).collect();
+        let mut m = TensorMap::new();
+        m.insert("q".into(), HostTensor::from_f32_as(foxc_ir::DType::BF16, &[200], &vals));
+        m.insert("g".into(), HostTensor::from_f32(&[200], &vals));
+        let a = one_ulp_apart(&m, 3);
+        assert_eq!(a["g"], m["g"]);
+        let (x, y) = (m["q"].to_f32_vec(), a["q"].to_f32_vec());
+        let moved = x.iter().zip(&y).filter(|(p, q)| p != q).count();
+        assert!(moved > 50, "{moved} of 200 moved");
+        for (p, q) in x.iter().zip(&y) {
+            // One bf16 ulp of p: 2^(exponent - 7).
+            let ulp = 2f32.powi(p.abs().log2().floor() as i32 - 7);
+            assert!((p - q).abs() <= ulp, "{p} -> {q}");
+        }
+        // Within 2x of the output's movement: the plain tolerance; 4x: twice it.
+        assert_eq!(conditioned_tolerance(1e-2, 1.5e-2, 1e-2), 1e-2);
+        assert_eq!(conditioned_tolerance(1e-2, 4e-2, 1e-2), 2e-2);
+        assert_eq!(conditioned_tolerance(1e-2, 4e-2, 0.0), 1e-2);
+        assert_eq!(conditioned_tolerance(1e-2, f64::NAN, 1e-2), 1e-2);
+    }
+}
