@@ -119,8 +119,14 @@ fn saved_attention(g: &Graph) -> Result<ValueId, GradError> {
     let out = g.output.ok_or_else(|| GradError::Internal("the graph has no output".into()))?;
     let attns = g.find(|op| matches!(op, Op::Attention(_)));
     let &[n] = attns.as_slice() else {
+        let why = if attns.is_empty() {
+            " (`foxc compile FILE --emit grad --target TARGET --explain` says why none is fused in a \
+             gradient program for that target)"
+        } else {
+            ""
+        };
         return Err(GradError::Unsupported(format!(
-            "the saved-forward gradient needs exactly one fused attention, `{}` has {}",
+            "the saved-forward gradient needs exactly one fused attention, `{}` has {}{why}",
             g.name,
             attns.len()
         )));
