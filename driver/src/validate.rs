@@ -198,7 +198,7 @@ fn check_query_positions(g: &Graph, dims: &DimBindings) -> Result<(), InputError
     let bind = |s: &str| dims.get(s);
     for n in g.topo_order() {
         let (Op::Attention(a) | Op::AttentionBackward(a)) = g.op(n) else { continue };
-        if !(a.decay || a.mask.is_causal()) {
+        if !a.positions_queries() {
             continue;
         }
         let Ok(o) = foxc_ir::Attention::operands(g, n) else { continue };

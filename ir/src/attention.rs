@@ -396,6 +396,12 @@ pub fn eval_index(
     e.eval(&value, &|s| dim(&Dim::sym(s)))
 }
 
+/// Whether `q` (`[B, H, Tq, D]`) has another length than `k` (queries aligned to the end of
+/// longer keys), as the types say: dims that may be equal once bound count as different.
+pub fn fewer_queries(g: &Graph, q: ValueId, k: ValueId) -> bool {
+    g.ty(q).dims().nth(2) != g.ty(k).dims().nth(2)
+}
+
 /// Which entries `(i, j)` take part, before pruning.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Mask {
@@ -623,6 +629,12 @@ impl Attention {
         }
     }
 
+    /// Whether the queries' key positions play a part (a decay read at them, or a causal or
+    /// window mask relative to them): then `Tq <= Tk` must hold when the dims are bound.
+    pub fn positions_queries(&self) -> bool {
+        self.decay || self.mask.is_causal()
+    }
+
     /// Operands before the captures.
     pub fn fixed_operands(&self) -> usize {
         3 + self.decay as usize + self.has_decay_lo() as usize + (self.prune != Prune::Dense) as usize
@@ -699,10 +711,9 @@ impl AttnOperands {
         })
     }
 
-    /// Whether q has another length than k (queries aligned to the end of longer keys), as the
-    /// types say (dims that may be equal once bound count as different).
+    /// Whether q has another length than k ([`fewer_queries`]).
     pub fn fewer_queries(&self, g: &Graph) -> bool {
-        g.ty(self.q).dims().nth(2) != g.ty(self.k).dims().nth(2)
+        fewer_queries(g, self.q, self.k)
     }
 
     /// The positional operand list of a node built from these operands.

@@ -61,7 +61,8 @@ impl Attention {
         for (t, w) in [(ops[0], "q"), (ops[1], "k"), (ops[2], "v")] {
             float(t, w)?;
         }
-        // Queries may be fewer than keys (aligned to the end: `Attention::query_offset`).
+        // Queries may be fewer than keys (aligned to the end of them: the module doc of
+        // crate::attention).
         if k[0] != q[0] || k[3] != q[3] {
             return Err(format!("attention: k {} does not match q {} in B and D", ops[1], ops[0]));
         }

@@ -94,7 +94,7 @@ pub fn threshold(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Re
     for n in g.find(|op| matches!(op, Op::Threshold { .. })) {
         // The one-launch threshold takes q and k tiles of one length (and so the joint prelude).
         let ops = g.operands(n);
-        if g.ty(ops[0]).dims().nth(2) != g.ty(ops[1]).dims().nth(2) {
+        if foxc_ir::attention::fewer_queries(g, ops[0], ops[1]) {
             continue;
         }
         if let Op::Threshold { rule, score, bound, plan, .. } = &mut g.node_mut(n).op {

@@ -126,16 +126,10 @@ impl WsOptions {
     }
 }
 
-/// The tiles pass: `--tiles` if given, else the target's choice, on every attention without
-/// tiles; the key bound `E` below which tiles need no visit, under an expression mask
-/// `j >= E` or a score region `select(j >= E, X, -inf)` ([`crate::key_bound`]); and the forward
-/// kernel that goes with them ([`kernel_for`]; `--attn-kernel` if given; how a
-/// warp-specialized one runs: [`WsOptions::of`]).
 /// The CPU's query tile for `tq` queries against `tk` keys when both are bound and the queries
 /// are fewer than a 64-row tile and than the keys (a decode step, a short prefill against a
 /// cache): their own count rounded up to a power of two, at least 8, where a 64-row tile would
-/// compute 64 rows for each (measured, CPU, 1 query against 32768 keys, H = 8, D = 64: the dense
-/// forward 82 ms with 64 x 64 tiles, 19 ms with 8 x 64).
+/// compute 64 rows for each (BENCHMARKS.md, CPU: a decode step).
 pub fn few_queries_rows(target: Target, tq: Option<u64>, tk: Option<u64>) -> Option<u32> {
     match (target, tq, tk) {
         (Target::Cpu, Some(tq), Some(tk)) if tq < tk && tq < 64 => Some(tq.next_power_of_two().max(8) as u32),
@@ -143,13 +137,18 @@ pub fn few_queries_rows(target: Target, tq: Option<u64>, tk: Option<u64>) -> Opt
     }
 }
 
+/// The tiles pass: `--tiles` if given, else the target's choice, on every attention without
+/// tiles; the key bound `E` below which tiles need no visit, under an expression mask
+/// `j >= E` or a score region `select(j >= E, X, -inf)` ([`crate::key_bound`]); and the forward
+/// kernel that goes with them ([`kernel_for`]; `--attn-kernel` if given; how a
+/// warp-specialized one runs: [`WsOptions::of`]).
 pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
     for n in g.find(|op| matches!(op, Op::Attention(a) if a.tiles.is_none())) {
         let bound = |v: ValueId, axis: usize| {
             g.ty(v).axes.get(axis).and_then(|a| a.dim.eval(&|s| opts.dims.get(s).copied()))
         };
         let (q, k) = (g.operands(n)[0], g.operands(n)[1]);
-        let fewer_queries = g.ty(q).dims().nth(2) != g.ty(k).dims().nth(2);
+        let fewer_queries = foxc_ir::attention::fewer_queries(g, q, k);
         let head_dim = bound(q, 3);
         let tiles = opts.tiles.unwrap_or_else(|| {
             let t = tiles_for(opts.target, head_dim, opts.gradient);

@@ -362,7 +362,7 @@ impl NodeCx<'_> {
         let tk = self.sh(ao.k)?.get(2).copied().unwrap_or(0);
         self.expect(ao.k, &[b, hk, tk, d], "k")?;
         self.expect(ao.v, &[b, hk, tk, d], "v")?;
-        if t > tk && (attn.decay || attn.mask.is_causal()) {
+        if t > tk && attn.positions_queries() {
             return Err(
                 self.invalid(format!("{t} queries but {tk} keys: queries sit at the end of the keys"))
             );

@@ -319,7 +319,7 @@ impl super::Evaluator<'_> {
         if k.shape != [b, hk, tk, d] || v.shape[..3] != [b, hk, tk] {
             return Err(self.err(id, format!("q {:?}, k {:?}, v {:?} disagree", q.shape, k.shape, v.shape)));
         }
-        if t > tk && (a.decay || a.mask.is_causal()) {
+        if t > tk && a.positions_queries() {
             return Err(
                 self.err(id, format!("{t} queries but {tk} keys: queries sit at the end of the keys"))
             );
@@ -446,7 +446,7 @@ pub fn sample_rows(
     if hk == 0 || h % hk != 0 {
         return Err(bad(format!("q has {h} heads, k {hk}")));
     }
-    if t > tk && (a.decay || a.mask.is_causal()) {
+    if t > tk && a.positions_queries() {
         return Err(bad(format!("{t} queries but {tk} keys: queries sit at the end of the keys")));
     }
     let c = o.decay.map(|c| vals[&c].data.as_slice());
