@@ -15,6 +15,7 @@ mod attention_check;
 pub mod attention_grad;
 pub mod check;
 pub mod diag;
+pub mod evict;
 pub mod fold;
 pub mod frontend;
 pub mod graph;

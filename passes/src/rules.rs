@@ -127,4 +127,21 @@ mod tests {
             "tight: min_i(ln_eps - ln_T - scale * (q_i * k_max) + s_ii)"
         );
     }
+
+    /// Every rule bounds later queries' thresholds (`foxc_ir::evict`): its formula is monotone
+    /// in each statistic, under every kind of score bound it fits.
+    #[test]
+    fn every_rule_can_evict() {
+        use foxc_ir::attention::ScoreBound;
+        use foxc_ir::evict::{threshold, Horizon};
+        let h = Horizon { max_keys: 4096, q_norm: 8.0, k_norm: 8.0 };
+        let scores =
+            [ScoreBound::IDENTITY, ScoreBound::Data { gain: 2.0, extra: 1.5 }, ScoreBound::Static(30.0)];
+        for r in RULES {
+            for score in scores.iter().filter(|s| r.rule().fits(s)) {
+                let d = threshold(&(r.formula)(), score, -10.0, 0.125, &h);
+                assert!(d.as_ref().is_ok_and(|d| d.is_finite()), "{} under {score}: {d:?}", r.name);
+            }
+        }
+    }
 }

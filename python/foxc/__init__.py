@@ -16,8 +16,19 @@ from typing import Any, Optional, Tuple
 
 from . import _foxc
 from ._foxc import CompileError, cache_info
+from .cache import KVCache, evictable
 
-__all__ = ["load", "reference", "reference_grad", "Attention", "CompileError", "cache_info", "__version__"]
+__all__ = [
+    "load",
+    "reference",
+    "reference_grad",
+    "Attention",
+    "KVCache",
+    "evictable",
+    "CompileError",
+    "cache_info",
+    "__version__",
+]
 __version__ = _foxc.__version__
 
 

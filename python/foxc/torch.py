@@ -34,6 +34,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import _foxc, _workspace
+from .cache import KVCache, evictable  # noqa: F401  (the cache holds torch tensors as well)
 
 _TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "i32": torch.int32}
 _NAMES = {v: k for k, v in _TORCH_DTYPES.items()}

@@ -6,6 +6,7 @@
 //! framework tensors and owns the user-facing API.
 
 mod errors;
+mod evict;
 mod gpu;
 mod grad;
 mod program;
@@ -24,6 +25,7 @@ fn _foxc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(registry::cache_info, m)?)?;
     m.add_function(wrap_pyfunction!(registry::by_id, m)?)?;
     starts::register(m)?;
+    evict::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // The defaults of `foxc.load`, defined once in the driver.
     m.add("DEFAULT_PRUNE_RULE", foxc_driver::DEFAULT_PRUNE_RULE)?;

@@ -27,7 +27,7 @@ type F64Out<'py> = (Vec<usize>, Bound<'py, PyBytes>);
 type Starts<'py> = (Vec<usize>, Bound<'py, PyBytes>, (usize, usize));
 
 /// The attention node of the CPU graph and its named operands.
-fn attention(g: &Graph) -> PyResult<(ValueId, Attention, foxc_ir::AttnOperands)> {
+pub(crate) fn attention(g: &Graph) -> PyResult<(ValueId, Attention, foxc_ir::AttnOperands)> {
     let n = foxc_driver::acp_stats::attention_node(g)
         .ok_or_else(|| value_error(format!("`{}` has no attention op", g.name)))?;
     let Op::Attention(a) = g.op(n) else { unreachable!("attention_node returns attention ops") };
@@ -36,14 +36,14 @@ fn attention(g: &Graph) -> PyResult<(ValueId, Attention, foxc_ir::AttnOperands)>
 }
 
 /// `(bm, bn)` of the attention's tiles (set by the tiles pass on every attention).
-fn tiles_of(a: &Attention) -> PyResult<(usize, usize)> {
+pub(crate) fn tiles_of(a: &Attention) -> PyResult<(usize, usize)> {
     let t =
         a.tiles.ok_or_else(|| value_error("the attention op has no tiles (the tiles pass did not run)"))?;
     Ok((t.bm as usize, t.bn as usize))
 }
 
 /// The operands `(c, delta)` of the program's `block_boundary` node; None when nothing is pruned.
-fn boundary_operands(g: &Graph, ops: &foxc_ir::AttnOperands) -> Option<(ValueId, ValueId)> {
+pub(crate) fn boundary_operands(g: &Graph, ops: &foxc_ir::AttnOperands) -> Option<(ValueId, ValueId)> {
     let start = ops.start?;
     let Op::BlockBoundary(_) = g.op(start) else { return None };
     match g.operands(start)[..] {
@@ -54,7 +54,10 @@ fn boundary_operands(g: &Graph, ops: &foxc_ir::AttnOperands) -> Option<(ValueId,
 
 /// Some of the parameters (those a value needs), rounded to their declared dtypes as the
 /// backends see them: the interpreter evaluates only what the targets read.
-fn partial_inputs(g: &Graph, inputs: BTreeMap<String, Wire>) -> PyResult<BTreeMap<String, Tensor>> {
+pub(crate) fn partial_inputs(
+    g: &Graph,
+    inputs: BTreeMap<String, Wire>,
+) -> PyResult<BTreeMap<String, Tensor>> {
     let mut out = BTreeMap::new();
     for (name, (dtype, shape, bytes)) in inputs {
         let p =
