@@ -150,6 +150,8 @@ impl PruneArgs {
                 AttnKernelArg::Standard => ForwardKernel::Standard,
                 AttnKernelArg::WarpSpecialized => ForwardKernel::WarpSpecialized,
             }),
+            // The CLI reads the norms from the data; a decode's cache promises them (Python).
+            norm_bounds: None,
         }
     }
 }

@@ -32,6 +32,9 @@ pub struct PruneOptions {
     pub ws_turns: Option<WsTurns>,
     /// The sm_90a forward kernel.
     pub attn_kernel: Option<ForwardKernel>,
+    /// Bounds `(q_max, k_max)` the caller guarantees on every query's and key's norm
+    /// (`PassOptions::norm_bounds`: the threshold reads no norms from the data).
+    pub norm_bounds: Option<(f64, f64)>,
 }
 
 impl Default for PruneOptions {
@@ -45,6 +48,7 @@ impl Default for PruneOptions {
             ws_grid: None,
             ws_turns: None,
             attn_kernel: None,
+            norm_bounds: None,
         }
     }
 }
@@ -77,6 +81,13 @@ pub fn pass_options(
             )));
         }
     }
+    if let Some((q, k)) = prune.norm_bounds {
+        if !(q.is_finite() && k.is_finite() && q > 0.0 && k > 0.0) {
+            return Err(Error::user(format!(
+                "error: norm bounds must be finite and positive, got q_max = {q}, k_max = {k}"
+            )));
+        }
+    }
     Ok(PassOptions {
         prune: !prune.no_prune,
         log_eps: prune.log_eps,
@@ -88,6 +99,7 @@ pub fn pass_options(
         ws_grid: prune.ws_grid,
         ws_turns: prune.ws_turns,
         attn_kernel: prune.attn_kernel,
+        norm_bounds: prune.norm_bounds,
         ..PassOptions::default()
     })
 }

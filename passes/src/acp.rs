@@ -33,6 +33,19 @@ fn static_norm(g: &Graph, x: ValueId) -> Option<f64> {
     m.is_finite().then_some(m * d.sqrt())
 }
 
+/// The threshold's norm bound: the program's own (QK-norm) and the caller's promise, the
+/// tighter of the two per side where both hold; the data's norms unless both sides are bounded.
+fn norm_bound(q: Option<f64>, k: Option<f64>, given: Option<(f64, f64)>) -> NormBound {
+    let tighter = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    match (tighter(q, given.map(|g| g.0)), tighter(k, given.map(|g| g.1))) {
+        (Some(q_max), Some(k_max)) => NormBound::Static { q_max, k_max },
+        _ => NormBound::Data,
+    }
+}
+
 fn add(g: &mut Graph, op: Op, operands: &[ValueId], span: foxc_ir::Span) -> Result<ValueId, PassError> {
     let tys: Vec<ValueType> = operands.iter().map(|o| g.ty(*o).clone()).collect();
     let refs: Vec<&ValueType> = tys.iter().collect();
@@ -110,10 +123,7 @@ pub fn run(g: &mut Graph, opts: &PassOptions, cx: &mut PassContext) -> Result<()
         };
         let ops = Attention::operands(g, n).map_err(PassError::Internal)?;
         let c = ops.decay.ok_or_else(|| PassError::Internal("acp: decay verdict without c".into()))?;
-        let bound = match (static_norm(g, ops.q), static_norm(g, ops.k)) {
-            (Some(q_max), Some(k_max)) => NormBound::Static { q_max, k_max },
-            _ => NormBound::Data,
-        };
+        let bound = norm_bound(static_norm(g, ops.q), static_norm(g, ops.k), opts.norm_bounds);
         // A rule reading the diagonal logit s_ii = scale q_i . k_i fits the identity score only;
         // other regions fall back to the default rule (which reads no row statistic).
         // A GPU's threshold of queries fewer than keys folds whole key tiles: it has no k_causal
@@ -166,4 +176,19 @@ pub fn run(g: &mut Graph, opts: &PassOptions, cx: &mut PassContext) -> Result<()
         g.remove_dead();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn norm_bound_takes_the_tighter_side_and_needs_both() {
+        let s = |q_max, k_max| NormBound::Static { q_max, k_max };
+        assert_eq!(norm_bound(None, None, None), NormBound::Data);
+        assert_eq!(norm_bound(Some(8.0), None, None), NormBound::Data);
+        assert_eq!(norm_bound(None, None, Some((3.0, 4.0))), s(3.0, 4.0));
+        assert_eq!(norm_bound(Some(8.0), Some(2.0), Some((3.0, 4.0))), s(3.0, 2.0));
+        assert_eq!(norm_bound(Some(8.0), None, Some((9.0, 4.0))), s(8.0, 4.0));
+    }
 }

@@ -93,6 +93,11 @@ pub struct PassOptions {
     /// The forward kernel asked for (`--attn-kernel`); `None`: the tiles pass's choice
     /// ([`tiles::kernel_for`]).
     pub attn_kernel: Option<tiles::ForwardKernel>,
+    /// Bounds `(q_max, k_max)` the caller guarantees on the Euclidean norm of every query and
+    /// key row the attention reads: ACP's threshold takes them as a static bound (as QK-norm's)
+    /// instead of reading the norms from the data, so no pass over K runs per call (a decode
+    /// step's prelude). A promise, not a check: `foxc.KVCache` checks it on every row it passes.
+    pub norm_bounds: Option<(f64, f64)>,
 }
 
 /// ln(eps) of the pruning unless the user says otherwise (the paper's value). The one
@@ -115,6 +120,7 @@ impl Default for PassOptions {
             ws_grid: None,
             ws_turns: None,
             attn_kernel: None,
+            norm_bounds: None,
         }
     }
 }

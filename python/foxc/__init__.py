@@ -154,6 +154,17 @@ def load(
 _ATTENTIONS: dict = {}
 
 
+def _assuming_norms(attn: Attention, q_max: float, k_max: float) -> Attention:
+    """``attn`` compiled again with the promise that every query row has norm <= ``q_max`` and
+    every key row <= ``k_max``: its pruning threshold takes them as a static bound and reads no
+    norms from the data (no pass over the keys per call). Unchecked here: ``foxc.KVCache``,
+    which checks every row it passes, is the caller."""
+    rule, log_eps, no_prune, tiles, _ = attn._program.load_args
+    bounds = (float(q_max), float(k_max))
+    prog = _foxc.load(attn.source, attn._program.file, rule, log_eps, no_prune, tiles, bounds)
+    return _ATTENTIONS.setdefault(prog.id, Attention(prog))
+
+
 def _attention_by_id(program_id: int) -> Attention:
     """The Attention of a program id (what the torch op receives)."""
     a = _ATTENTIONS.get(program_id)

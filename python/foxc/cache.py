@@ -129,6 +129,14 @@ class KVCache:
             self._check = {n: (b, what) for n, b, what in checks if n and static is None}
         else:
             self._check = {}
+        # The attention each call runs. Where the cache checks both norms, the program's
+        # threshold takes the checked bounds instead of reading every cached key's norm per
+        # call (the decode step's prelude would otherwise read all of K once more).
+        self._run = attn
+        if info and len(self._check) == 2:
+            from . import _assuming_norms
+
+            self._run = _assuming_norms(attn, q_norm, k_norm)
         self.q_norm, self.k_norm = q_norm, k_norm
         self._decay_params = list(info["decay_params"]) if info else []
         stray = [n for n in self._decay_params if n not in self.cached]
@@ -189,7 +197,7 @@ class KVCache:
     def attend(self, **tensors: Any):
         """The attention of the given queries (and other non-cached parameters) against the cache."""
         self._check_norms(tensors)
-        return self.attn(**tensors, **self.tensors)
+        return self._run(**tensors, **self.tensors)
 
     def __call__(self, **tensors: Any):
         """Append the per-key tensors among ``tensors``, attend the rest against the cache, evict."""

@@ -103,7 +103,8 @@ fn parse_rule(rule: &str) -> PyResult<PruneRule> {
 
 /// Compile `source` (DSL text; `name` is what diagnostics call it) once per (text, options).
 #[pyfunction]
-#[pyo3(signature = (source, name, prune_rule = foxc_driver::DEFAULT_PRUNE_RULE, log_eps = foxc_driver::DEFAULT_LOG_EPS, no_prune = false, tiles = None))]
+#[pyo3(signature = (source, name, prune_rule = foxc_driver::DEFAULT_PRUNE_RULE, log_eps = foxc_driver::DEFAULT_LOG_EPS, no_prune = false, tiles = None, norm_bounds = None))]
+#[allow(clippy::too_many_arguments)] // the keyword arguments of `foxc.load`
 pub fn load(
     py: Python<'_>,
     source: &str,
@@ -112,10 +113,11 @@ pub fn load(
     log_eps: f64,
     no_prune: bool,
     tiles: Option<(u32, u32)>,
+    norm_bounds: Option<(f64, f64)>,
 ) -> PyResult<Program> {
     let rule = parse_rule(prune_rule)?;
     let tiles = tiles.map(|(m, n)| foxc_driver::options::tiles(m, n)).transpose().map_err(value_error)?;
-    let prune = PruneOptions { no_prune, log_eps, prune_rule: rule, tiles, ..PruneOptions::default() };
+    let prune = PruneOptions { no_prune, log_eps, prune_rule: rule, tiles, norm_bounds, ..PruneOptions::default() };
     // The CPU's options: the GPU graphs take them with their target and specialization.
     let opts = pipeline::pass_options(&prune, Target::Cpu, false).map_err(to_py)?;
     let key = Key {
@@ -125,6 +127,7 @@ pub fn load(
         log_eps_bits: log_eps.to_bits(),
         rule: prune_rule.to_string(),
         tiles: tiles.map(|t: Tiles| (t.bm, t.bn)),
+        norm_bounds: norm_bounds.map(|(q, k)| (q.to_bits(), k.to_bits())),
     };
     let src = Source { name: name.to_string(), bytes: source.as_bytes().to_vec() };
     let inner = registry::get_or_insert(key, |id| {
@@ -220,6 +223,15 @@ impl Program {
     fn options(&self) -> (bool, f64, String) {
         let o = &self.inner.opts;
         (o.prune, o.log_eps, format!("{:?}", o.rule).to_lowercase())
+    }
+
+    /// The keyword arguments of the load after `source` and `name`: `(prune_rule, log_eps,
+    /// no_prune, tiles, norm_bounds)` (what loading a variant of this program repeats).
+    #[allow(clippy::type_complexity)]
+    #[getter]
+    fn load_args(&self) -> (String, f64, bool, Option<(u32, u32)>, Option<(f64, f64)>) {
+        let o = &self.inner.opts;
+        (o.rule.name.to_string(), o.log_eps, !o.prune, o.tiles.map(|t| (t.bm, t.bn)), o.norm_bounds)
     }
 
     /// The IR text: `stage` "ir" (as lowered) or "opt" (after the passes for `target`).

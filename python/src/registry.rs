@@ -19,6 +19,8 @@ pub struct Key {
     pub log_eps_bits: u64,
     pub rule: String,
     pub tiles: Option<(u32, u32)>,
+    /// The promised `(q_max, k_max)` norm bounds, as bits.
+    pub norm_bounds: Option<(u64, u64)>,
 }
 
 #[derive(Default)]

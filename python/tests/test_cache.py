@@ -129,6 +129,23 @@ def test_the_premises_are_checked():
         cache.append(k=x["k"])
 
 
+def test_the_cache_runs_its_checked_norms_as_the_threshold_bound():
+    """With both norms checked, the attention the cache runs bounds the score by them (no pass
+    over the keys' norms per call) and still prunes within ACP's bound of the dense reference."""
+    attn = foxc.load(PREFILL_F32)
+    assert "bound = data" in attn.ir()
+    cache = foxc.KVCache(attn, max_keys=256, q_norm=1.5, k_norm=2.5)
+    ir = cache._run.ir()
+    assert "bound = static(q_max = 1.5, k_max = 2.5)" in ir, ir
+    assert "bound = static" in cache._run.ir("opt", "sm_90a")
+    rng = np.random.default_rng()
+    x = sequence(rng, 1, 3, 256, 8, 1.5, 2.5)
+    got, _ = decode(cache, x, 256, chunk=64)
+    within_acp(got, foxc.reference(attn, **x), x["v"])
+    # A program whose threshold reads the data's norms keeps doing so without the cache.
+    assert foxc.load(PREFILL_F32) is attn
+
+
 def test_programs_without_a_decode_shape_or_pruning_are_refused():
     with pytest.raises(ValueError, match="same query and key axis"):
         foxc.KVCache(foxc.load(FOX), max_keys=64, q_norm=1.0, k_norm=1.0)
