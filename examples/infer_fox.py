@@ -2,7 +2,7 @@
 """Inference with a small FoX language model through foxc on the CPU: a prefill of the prompt,
 then a decode loop against a growing KV cache, checked against one run of the whole sequence.
 
-    python3 examples/infer_fox.py [--prompt 48] [--new 16] [--layers 2] [--seed 0]
+    python3 examples/infer_fox.py [--prompt 48] [--new 16] [--layers 2] [--seed 0] [--evict]
 
 Every attention call is bench/fox_prefill.attn: N queries at the end of M keys, fused and
 pruned on the CPU (the prefill is N = M, a decode step N = 1 against the cache of all earlier
@@ -14,8 +14,14 @@ attention with a forget gate per head, ReLU MLP), output projection; greedy deco
 The check at the end runs the whole generated sequence once, without a cache (the same program
 with N = M), and compares its logits at every generated position with the decode loop's: they
 agree within the pruning bound plus bf16 rounding (the two runs prune different key tiles: a
-decode step's query tile is its one row). On the GPU the forward of this program is one pruned
-attention too (the standard kernel; not a decode kernel yet: one query row takes a 64-row tile).
+decode step's query tile is its one row). On the GPU a decode step of this program splits its
+keys over blocks (`kernel = split_keys`, docs/GPU_KERNEL.md).
+
+``--evict``: each layer's cache is a ``foxc.KVCache``, which drops the key blocks no later query
+can need (docs/RULES.md, "Eviction"). Its premise is a bound on every query's and key's norm;
+here it is proven from the weights: the block's input is RMS-normalized with weight 1, so
+``|h| <= sqrt(width)``, and a head's query is ``h`` times that head's columns of ``wqkv``, whose
+largest singular value bounds the stretch. The cache checks the bound on every row it passes.
 """
 
 from __future__ import annotations
@@ -60,6 +66,18 @@ class Model:
         self.nf = np.ones(width, np.float32)
         self.out = (rng.standard_normal((width, vocab)) * s).astype(np.float32)
 
+    def norm_bounds(self, blk):
+        """Bounds on every head's |q| and |k| in block `blk`: |h| <= sqrt(width) (RMSNorm with
+        weight 1) times the largest singular value of the head's columns of wqkv."""
+        h_norm = np.sqrt(self.width) * float(np.abs(blk["n1"]).max())
+
+        def stretch(part):
+            cols = blk["wqkv"][:, part * self.width : (part + 1) * self.width].astype(np.float64)
+            heads = np.split(cols, self.heads, axis=1)
+            return max(np.linalg.norm(w, 2) for w in heads)
+
+        return h_norm * stretch(0), h_norm * stretch(1)
+
     def heads_first(self, x):
         """[T, width] -> [1, H, T, hd]."""
         t = x.shape[0]
@@ -72,23 +90,31 @@ class Model:
         for blk, c in zip(self.blocks, cache):
             h = rmsnorm(x, blk["n1"])
             q, k, v = np.split(h @ blk["wqkv"], 3, axis=-1)
-            f = (h @ blk["wf"] + blk["bf"]).T[None]  # [1, H, T]
-            for name, new in (("k", self.heads_first(k)), ("v", self.heads_first(v)), ("fgate", f)):
-                c[name] = new if name not in c else np.concatenate([c[name], new], axis=2)
-            o = attn(q=self.heads_first(q), k=c["k"], v=c["v"], fgate=np.ascontiguousarray(c["fgate"]))
+            f = np.ascontiguousarray((h @ blk["wf"] + blk["bf"]).T[None])  # [1, H, T]
+            if isinstance(c, foxc.KVCache):
+                # Appends k, v and the gates, attends, evicts what no later query needs.
+                o = c(q=self.heads_first(q), k=self.heads_first(k), v=self.heads_first(v), fgate=f)
+            else:
+                for name, new in (("k", self.heads_first(k)), ("v", self.heads_first(v)), ("fgate", f)):
+                    c[name] = new if name not in c else np.concatenate([c[name], new], axis=2)
+                o = attn(q=self.heads_first(q), k=c["k"], v=c["v"], fgate=np.ascontiguousarray(c["fgate"]))
             o = o[0].transpose(1, 0, 2).reshape(len(tokens), self.width)
             x = x + o @ blk["wo"]
             x = x + np.maximum(rmsnorm(x, blk["n2"]) @ blk["w1"], 0.0) @ blk["w2"]
         return rmsnorm(x, self.nf) @ self.out
 
 
-def main(prompt=48, new=16, layers=2, seed=0, quiet=False):
+def main(prompt=48, new=16, layers=2, seed=0, quiet=False, evict=False):
     say = (lambda *a: None) if quiet else print
     rng = np.random.default_rng(seed)
     model = Model(rng, layers=layers)
     attn = foxc.load(PROGRAM)
     tokens = list(rng.integers(0, model.vocab, prompt))
-    cache = [dict() for _ in model.blocks]
+    if evict:
+        bounds = [model.norm_bounds(blk) for blk in model.blocks]
+        cache = [foxc.KVCache(attn, max_keys=prompt + new, q_norm=qn, k_norm=kn) for qn, kn in bounds]
+    else:
+        cache = [dict() for _ in model.blocks]
     t0 = time.perf_counter()
     logits = model.forward(attn, np.array(tokens), cache)  # prefill: N = M = prompt
     t_prefill = time.perf_counter() - t0
@@ -102,6 +128,12 @@ def main(prompt=48, new=16, layers=2, seed=0, quiet=False):
     t_decode = time.perf_counter() - t0
     say(f"prefill {prompt} tokens: {t_prefill * 1e3:.1f} ms; {new} decode steps: {t_decode * 1e3 / new:.1f} ms each")
     say("generated:", tokens[prompt:])
+    if evict:
+        for i, c in enumerate(cache):
+            say(
+                f"layer {i}: holds {c.length} of {c.position} keys (dropped {c.dropped}); "
+                f"a paged cache would hold per head {c.held_per_head().tolist()}"
+            )
     # One run of the whole sequence without a cache: its logits at the generated positions.
     whole = model.forward(attn, np.array(tokens[:-1]), [dict() for _ in model.blocks])
     ref = whole[prompt - 1 :]
@@ -119,5 +151,6 @@ if __name__ == "__main__":
     ap.add_argument("--new", type=int, default=16)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--evict", action="store_true", help="foxc.KVCache caches that evict (norm bounds from the weights)")
     a = ap.parse_args()
-    main(a.prompt, a.new, a.layers, a.seed)
+    main(a.prompt, a.new, a.layers, a.seed, evict=a.evict)

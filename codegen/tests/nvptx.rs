@@ -133,7 +133,7 @@ fn fox_plan_has_one_kernel_per_node_and_no_boundary_launch() {
     let geo = a.kernels[2].geometry(&bind).unwrap();
     // The attention kernel's own geometry (a block may own part of a bm tile).
     let Launch::Attention { cfg, .. } = &a.kernels[2].launch else { panic!("not attention") };
-    assert_eq!(geo, foxc_codegen::nvptx::attention::launch_geometry(cfg, 1000, 6, None));
+    assert_eq!(geo, foxc_codegen::nvptx::attention::launch_geometry(cfg, 1000, 1000, 6, None));
     assert_eq!(geo.grid.1, 6);
     assert_eq!(a.kernels[0].geometry(&bind).unwrap().grid, (6, 1, 1));
     assert_eq!(a.buffers[a.outputs[0]].dtype, DType::BF16);

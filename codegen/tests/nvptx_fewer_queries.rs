@@ -85,3 +85,55 @@ fn prefill_kernels_assemble_with_ptxas() {
         }
     }
 }
+
+/// A GPU graph with the query count bound at most one block (a decode step) splits its keys:
+/// the attention kernel's `_sk16` variant, launched over `(1, BH, ceil(M / 2048))`, writes f32
+/// partials that a merge launch (over the rows, `Tk` last) combines into the bf16 output. More
+/// queries, or the CPU, keep one launch. The PTX assembles without spills on sm_90a.
+#[test]
+fn a_decode_step_splits_its_keys() {
+    let bound = |n: u64, t: Target| {
+        let src = std::fs::read(root().join("bench/fox_prefill.attn")).unwrap();
+        let mut g = foxc_ir::frontend::compile("p", &src).unwrap().graph;
+        let dims = [("N".to_string(), n)].into_iter().collect();
+        optimize(&mut g, &PassOptions { target: t, dims, ..PassOptions::default() }).unwrap();
+        g
+    };
+    let kernel_of = |g: &Graph| {
+        let a = g.find(|op| matches!(op, Op::Attention(_)));
+        let Op::Attention(at) = g.op(a[0]) else { unreachable!() };
+        at.kernel.clone()
+    };
+    use foxc_ir::attention::AttnKernel;
+    assert_eq!(kernel_of(&bound(1, Target::Sm90a)), AttnKernel::SplitKeys { tiles: 16 });
+    assert_eq!(kernel_of(&bound(64, Target::Sm80)), AttnKernel::SplitKeys { tiles: 16 });
+    assert_eq!(kernel_of(&bound(65, Target::Sm90a)), AttnKernel::Standard);
+    assert_eq!(kernel_of(&bound(1, Target::Cpu)), AttnKernel::Standard);
+    let g = bound(1, Target::Sm90a);
+    assert!(foxc_ir::print::print_graph(&g).contains("kernel = split_keys(tiles = 16)"));
+    let a = artifact(&g, NvptxTarget::Sm90a, 128);
+    let fwd = kernel(&a, "foxc_attn_fwd");
+    assert!(fwd.name.contains("_sk16_") && !fwd.name.contains("_obf16"), "{}", fwd.name);
+    let bind = |s: &str| {
+        [("B", 2), ("H", 16), ("N", 1), ("M", 131072 + 5), ("D", 128)].iter().find(|p| p.0 == s).map(|p| p.1)
+    };
+    let foxc_codegen::nvptx::Launch::Attention { cfg, .. } = &fwd.launch else { panic!("not attention") };
+    let bn = cfg.bn as usize;
+    assert_eq!(fwd.geometry(&bind).unwrap().grid, (1, 32, (131072 / (16 * bn) + 1) as u32), "bn = {bn}");
+    let merge = kernel(&a, "split_merge");
+    assert_eq!(merge.args.last(), Some(&KernelArg::I32(vec![Dim::sym("M")])), "{:?}", merge.args);
+    assert_eq!(merge.geometry(&bind).unwrap().grid, (8, 1, 1), "32 rows, 4 a block");
+    let names: Vec<&str> = a.kernels.iter().map(|k| k.name.as_str()).collect();
+    let at = |p: &str| names.iter().position(|n| n.contains(p)).unwrap();
+    assert!(at("foxc_attn_fwd") < at("split_merge"), "{names:?}");
+    let Some(ptxas) = ptxas::find() else {
+        eprintln!("note: ptxas not found (set $PTXAS); skipping the PTX assembly check");
+        return;
+    };
+    for d in [64, 128] {
+        let a = artifact(&g, NvptxTarget::Sm90a, d);
+        let log = ptxas::assemble(&ptxas, &a.ptx, "sm_90a")
+            .unwrap_or_else(|log| panic!("ptxas failed D={d}:\n{log}"));
+        assert_eq!(ptxas::spill_stores(&log), 0, "D={d} spills:\n{log}");
+    }
+}

@@ -459,6 +459,13 @@ pub enum AttnKernel {
     /// `head_dims`, the standard kernel elsewhere. The pass states the condition with the
     /// choice because it may not know the head dim (a program compiled once for every size).
     WarpSpecialized { head_dims: Vec<u64>, loads: KvLoads, grid: WsGrid, turns: WsTurns },
+    /// The standard kernel with the keys split across blocks: block `z` of a query tile walks
+    /// the kept key tiles among `z * tiles ..= z * tiles + tiles - 1` only and writes its
+    /// unnormalized partial (its rows' output and log-sum-exp), and a second launch merges the
+    /// partials of each row. For queries fewer than one tile against many keys (a decode step),
+    /// where one block per head would leave the machine idle and pruning would shorten only
+    /// the heads that forget, not the step. Printed `kernel = split_keys(tiles = N)`.
+    SplitKeys { tiles: u32 },
 }
 
 /// Whether the warp-specialized kernel's consumer warpgroups take turns at the tensor cores (a
@@ -506,11 +513,19 @@ impl AttnKernel {
         matches!(self, AttnKernel::WarpSpecialized { head_dims, .. } if head_dims.contains(&head_dim))
     }
 
+    /// The key tiles per block of a split-keys kernel ([`AttnKernel::SplitKeys`]).
+    pub fn split_key_tiles(&self) -> Option<u32> {
+        match self {
+            AttnKernel::SplitKeys { tiles } => Some(*tiles),
+            _ => None,
+        }
+    }
+
     /// How a warp-specialized kernel loads K and V (`cp.async` for the standard kernel).
     pub fn kv_loads(&self) -> KvLoads {
         match self {
             AttnKernel::WarpSpecialized { loads, .. } => *loads,
-            AttnKernel::Standard => KvLoads::CpAsync,
+            AttnKernel::Standard | AttnKernel::SplitKeys { .. } => KvLoads::CpAsync,
         }
     }
 
@@ -518,7 +533,7 @@ impl AttnKernel {
     pub fn ws_grid(&self) -> WsGrid {
         match self {
             AttnKernel::WarpSpecialized { grid, .. } => *grid,
-            AttnKernel::Standard => WsGrid::Tiles,
+            AttnKernel::Standard | AttnKernel::SplitKeys { .. } => WsGrid::Tiles,
         }
     }
 
@@ -527,7 +542,7 @@ impl AttnKernel {
     pub fn ws_turns(&self) -> WsTurns {
         match self {
             AttnKernel::WarpSpecialized { turns, .. } => *turns,
-            AttnKernel::Standard => WsTurns::Ring,
+            AttnKernel::Standard | AttnKernel::SplitKeys { .. } => WsTurns::Ring,
         }
     }
 }
@@ -832,6 +847,9 @@ impl Attention {
             let grid = if *grid == WsGrid::Persistent { ", grid = persistent" } else { "" };
             let turns = if *turns == WsTurns::None { ", turns = none" } else { "" };
             s.push_str(&format!(", kernel = warp_specialized(D = {}{loads}{grid}{turns})", dims.join(" | ")));
+        }
+        if let AttnKernel::SplitKeys { tiles } = self.kernel {
+            s.push_str(&format!(", kernel = split_keys(tiles = {tiles})"));
         }
         s
     }

@@ -4,7 +4,8 @@
 
 use crate::{PassContext, PassError, PassOptions, Target};
 use foxc_ir::attention::{AttnKernel, KvLoads, WsGrid, WsTurns};
-use foxc_ir::{Attention, Graph, Mask, Op, Tiles, ValueId};
+use foxc_ir::{Attention, Dim, Graph, Mask, Op, Tiles, ValueId};
+use std::collections::BTreeMap;
 
 /// Head dims the warp-specialized kernel is chosen for: at D = 128 (with 128-key tiles) it is
 /// faster than the standard kernel on the H200; at D = 64 the standard kernel with 64x128 tiles
@@ -137,6 +138,46 @@ pub fn few_queries_rows(target: Target, tq: Option<u64>, tk: Option<u64>) -> Opt
     }
 }
 
+/// Key tiles per block of the split-keys kernel ([`AttnKernel::SplitKeys`]): 16 tiles (2048
+/// keys at bn = 128, 1 MiB of bf16 K and V at D = 128), so a decode step of 16 heads against
+/// 128k keys runs 1024 blocks, about eight per multiprocessor of an H200.
+pub const SPLIT_KEY_TILES: u32 = 16;
+
+/// Query rows up to which a GPU attention of fewer queries than keys splits its keys: one
+/// 64-row block of queries (a decode step, a few speculative tokens).
+pub const SPLIT_KEYS_ROWS: u64 = 64;
+
+/// The forward kernel of an attention of `rows` queries fewer than its keys: split keys on a
+/// GPU when the rows are known to fit one block ([`SPLIT_KEYS_ROWS`]), the standard kernel
+/// otherwise (the warp-specialized one runs as many queries as keys only).
+pub fn fewer_queries_kernel(target: Target, rows: Option<u64>) -> AttnKernel {
+    match rows {
+        Some(r) if target != Target::Cpu && r <= SPLIT_KEYS_ROWS => {
+            AttnKernel::SplitKeys { tiles: SPLIT_KEY_TILES }
+        }
+        _ => AttnKernel::Standard,
+    }
+}
+
+/// The query dims a caller that compiles once per class of shapes (the Python op) binds so
+/// that [`fewer_queries_kernel`] can split keys: each symbolic query-row dim of an attention
+/// of fewer queries than keys that `len` puts at most [`SPLIT_KEYS_ROWS`], with its size.
+pub fn split_keys_dims(g: &Graph, len: &dyn Fn(&str) -> Option<u64>) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for n in g.find(|op| matches!(op, Op::Attention(_))) {
+        let (q, k) = (g.operands(n)[0], g.operands(n)[1]);
+        if !foxc_ir::attention::fewer_queries(g, q, k) {
+            continue;
+        }
+        if let Some(Dim::Sym(t)) = g.ty(q).axes.get(2).map(|ax| &ax.dim) {
+            if let Some(v) = len(t).filter(|&v| v <= SPLIT_KEYS_ROWS) {
+                out.insert(t.clone(), v);
+            }
+        }
+    }
+    out
+}
+
 /// The tiles pass: `--tiles` if given, else the target's choice, on every attention without
 /// tiles; the key bound `E` below which tiles need no visit, under an expression mask
 /// `j >= E` or a score region `select(j >= E, X, -inf)` ([`crate::key_bound`]); and the forward
@@ -150,6 +191,7 @@ pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(
         let (q, k) = (g.operands(n)[0], g.operands(n)[1]);
         let fewer_queries = foxc_ir::attention::fewer_queries(g, q, k);
         let head_dim = bound(q, 3);
+        let rows = bound(q, 2);
         let tiles = opts.tiles.unwrap_or_else(|| {
             let t = tiles_for(opts.target, head_dim, opts.gradient);
             match few_queries_rows(opts.target, bound(q, 2), bound(k, 2)) {
@@ -164,9 +206,8 @@ pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(
                 _ => None,
             }
             .or_else(|| crate::key_bound::keys_from_score(&a.score));
-            // The warp-specialized kernel runs as many queries as keys only.
             a.kernel = if fewer_queries {
-                AttnKernel::Standard
+                fewer_queries_kernel(opts.target, rows)
             } else {
                 kernel_for(opts.target, head_dim, a, tiles, WsOptions::of(opts), opts.attn_kernel)
             };

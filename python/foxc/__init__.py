@@ -12,7 +12,7 @@ The compiler (LLVM inside) and the runtime live in the extension ``foxc._foxc``:
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from . import _foxc
 from ._foxc import CompileError, cache_info
@@ -55,9 +55,11 @@ class Attention:
         #: ``(prune, log_eps, prune_rule)``.
         self.options: Tuple[bool, float, str] = tuple(program.options)
 
-    def ir(self, stage: str = "opt", target: str = "cpu") -> str:
-        """The IR text: ``stage="ir"`` as lowered, ``"opt"`` after the passes for ``target``."""
-        return self._program.ir(stage, target)
+    def ir(self, stage: str = "opt", target: str = "cpu", dims: Optional[Dict[str, int]] = None) -> str:
+        """The IR text: ``stage="ir"`` as lowered, ``"opt"`` after the passes for ``target``
+        (with the sizes ``dims`` bound, e.g. ``{"D": 128, "N": 1}``: the tiles and kernel a call
+        with tensors of those sizes gets)."""
+        return self._program.ir(stage, target, dims)
 
     def explain(self) -> str:
         """Why attention was or was not recognized and pruned."""

@@ -35,6 +35,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from . import _foxc
+from ._arrays import cat, contiguous, is_torch, nbytes
 
 __all__ = ["KVCache", "evictable"]
 
@@ -43,34 +44,21 @@ __all__ = ["KVCache", "evictable"]
 _ROUNDING = {"bf16": 2.0**-8, "f16": 2.0**-11, "f32": 2.0**-24}
 
 
-def _is_torch(x) -> bool:
-    return type(x).__module__.split(".")[0] == "torch"
-
-
 def _host_f32(x) -> np.ndarray:
-    if _is_torch(x):
+    if is_torch(x):
         x = x.detach().float().cpu().numpy()
     return np.ascontiguousarray(x, dtype="<f4")
-
-
-def _cat(a, b, axis: int):
-    if _is_torch(a):
-        import torch
-
-        return torch.cat([a, b], dim=axis)
-    return np.concatenate([a, b], axis=axis)
 
 
 def _drop_front(x, axis: int, n: int):
     idx = [slice(None)] * x.ndim
     idx[axis] = slice(n, None)
-    y = x[tuple(idx)]
-    return y.contiguous() if _is_torch(y) else np.ascontiguousarray(y)
+    return contiguous(x[tuple(idx)])
 
 
 def _max_row_norm(x) -> float:
     """The largest Euclidean norm of the last axis' rows, in float64."""
-    if _is_torch(x):
+    if is_torch(x):
         return float(x.detach().double().norm(dim=-1).max().item()) if x.numel() else 0.0
     x = np.asarray(x, dtype=np.float64)
     return float(np.sqrt((x * x).sum(-1)).max()) if x.size else 0.0
@@ -158,7 +146,7 @@ class KVCache:
 
     def nbytes(self) -> int:
         """Bytes the cached tensors hold."""
-        return sum(int(t.nbytes) if not _is_torch(t) else t.numel() * t.element_size() for t in self.tensors.values())
+        return sum(nbytes(t) for t in self.tensors.values())
 
     def _check_norms(self, tensors: Dict[str, Any]) -> None:
         for name, (bound, what) in self._check.items():
@@ -189,7 +177,7 @@ class KVCache:
         self._check_norms(tensors)
         for n, a in self.cached.items():
             x = tensors[n]
-            self.tensors[n] = x if n not in self.tensors else _cat(self.tensors[n], x, a)
+            self.tensors[n] = x if n not in self.tensors else cat([self.tensors[n], x], a)
         self.position += n_new
         self._since_evict += n_new
         self._kept_blocks = None

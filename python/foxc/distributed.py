@@ -53,6 +53,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _foxc
+from ._arrays import cat, is_torch, nbytes
 
 # One query chunk against one key chunk of the same length L, at their global positions:
 # the decay `cq[i] - ck[j]` comes from the shared cumsum; key j of the chunk is kept for row i
@@ -246,21 +247,21 @@ class _ThreadRank:
 
     def all_gather(self, x, axis: int):
         self.ex._slots[self.rank] = x
-        self.ex.gathered[self.rank] += _nbytes(x) * (self.size - 1)
+        self.ex.gathered[self.rank] += nbytes(x) * (self.size - 1)
         self.ex._barrier.wait()
-        out = _cat(list(self.ex._slots), axis=axis)
+        out = cat(list(self.ex._slots), axis=axis)
         self.ex._barrier.wait()
         return out
 
     def exchange(self, sends: Dict[int, Any], recv_counts: Dict[int, int], like=None) -> Dict[int, Any]:
         for dst, buf in sends.items():
-            self.ex._mail[(self.rank, dst)] = buf.clone() if _is_torch(buf) else buf.copy()
-            self.ex.p2p[self.rank] += _nbytes(buf)
+            self.ex._mail[(self.rank, dst)] = buf.clone() if is_torch(buf) else buf.copy()
+            self.ex.p2p[self.rank] += nbytes(buf)
         self.ex._barrier.wait()
         got = {}
         for src, count in recv_counts.items():
             buf = self.ex._mail.pop((src, self.rank))
-            size = buf.numel() if _is_torch(buf) else buf.size
+            size = buf.numel() if is_torch(buf) else buf.size
             if size != count:
                 raise RuntimeError(f"rank {self.rank}: {size} values from rank {src}, expected {count}")
             got[src] = buf
@@ -308,36 +309,20 @@ class TorchExchange:
 
 
 # ---------------------------------------------------------------- array helpers (NumPy / torch)
-def _is_torch(x) -> bool:
-    return type(x).__module__.split(".")[0] == "torch"
-
-
 def _np(x) -> np.ndarray:
-    if _is_torch(x):
+    if is_torch(x):
         return x.detach().float().cpu().numpy().astype(np.float64)
     return np.asarray(x, dtype=np.float64)
 
 
 def _like(x, a: np.ndarray, dtype=None):
     """NumPy array ``a`` as the kind of ``x`` (a torch tensor on x's device, else NumPy)."""
-    if _is_torch(x):
+    if is_torch(x):
         import torch
 
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         return torch.as_tensor(a, device=x.device, dtype=dtype or torch.float32)
     return a
-
-
-def _nbytes(x) -> int:
-    return x.numel() * x.element_size() if _is_torch(x) else x.nbytes
-
-
-def _cat(xs, axis):
-    if _is_torch(xs[0]):
-        import torch
-
-        return torch.cat(xs, dim=axis)
-    return np.concatenate(xs, axis=axis)
 
 
 # ---------------------------------------------------------------- one rank's forward
@@ -384,12 +369,12 @@ def _diag_program():
 def _run(prog, q, k, v, *vectors):
     """``(out, lse)`` of a partial program on ``q, k, v`` and its f32 row/column vectors (NumPy
     f64): the foxc torch op on CUDA tensors, the f64 reference interpreter otherwise."""
-    if _is_torch(q) and q.is_cuda:
+    if is_torch(q) and q.is_cuda:
         import torch
 
         from . import torch as foxc_torch  # noqa: F401  (registers the op)
 
-        f32 = lambda a: a if _is_torch(a) else _like(q, a, torch.float32).contiguous()  # noqa: E731
+        f32 = lambda a: a if is_torch(a) else _like(q, a, torch.float32).contiguous()  # noqa: E731
         out, lse = torch.ops.foxc.attention(prog.id, [q, k, v, *(f32(a) for a in vectors)])
         return out.float(), lse
     names = prog.params
@@ -400,7 +385,7 @@ def _run(prog, q, k, v, *vectors):
 
 def _merge(parts):
     """Merge partial ``(out, lse)`` through the log-sum-exp (rows with -inf lse weigh 0)."""
-    if _is_torch(parts[0][0]):
+    if is_torch(parts[0][0]):
         import torch
 
         lse = torch.logsumexp(torch.stack([l for _, l in parts]), dim=0)
@@ -418,7 +403,7 @@ def _unpack(buf, lo, src: int, n: int, bn: int, shape):
     ``[B, H, L, 2D]`` (on the buffer's device). Tiles that were not sent hold ``POISON`` (foxc
     refuses NaN inputs): the mask hides them, and a read of one would swamp its row."""
     B, H, L, D2 = shape
-    if _is_torch(buf):
+    if is_torch(buf):
         import torch
 
         full = torch.full(shape, POISON, dtype=buf.dtype, device=buf.device)
@@ -477,12 +462,12 @@ def rank_exchange(attn, ex, q, k, v, gate, *, gate_name: Optional[str] = None) -
     plan = plan_from_starts(starts, bm, bn, P)
     n = plan.tiles_per_rank
     # 4. Send each later rank the suffix of K/V tiles it needs, packed per head.
-    kv = _cat([k, v], axis=3)  # [B, H, L, 2D]
+    kv = cat([k, v], axis=3)  # [B, H, L, 2D]
     sends = {}
     for dst in range(r + 1, P):
         lo, _ = plan.range_from(dst, r)
         if (lo < (r + 1) * n).any():
-            sends[dst] = _cat([kv[b, h, int(lo[b, h] - r * n) * bn :].reshape(-1) for b in range(B) for h in range(H)], 0)
+            sends[dst] = cat([kv[b, h, int(lo[b, h] - r * n) * bn :].reshape(-1) for b in range(B) for h in range(H)], 0)
     recv = {}
     for src in range(r):
         lo, hi = plan.range_from(r, src)
@@ -506,7 +491,7 @@ def rank_partials(work: RankWork, q, k, v) -> List[PartialCall]:
     c = c - c[:, :, r * L : r * L + 1]
     # On a GPU the row and column vectors go to the device once, as the op's f32 (the calls
     # are then pure device work, as a rank would repeat them).
-    gpu = _is_torch(q) and q.is_cuda
+    gpu = is_torch(q) and q.is_cuda
     vec = (lambda a: _like(q, a, "float32").contiguous()) if gpu else (lambda a: a)  # noqa: E731
     cq = vec(c[:, :, r * L : (r + 1) * L])
     calls = [PartialCall(_diag_program(), (q, k, v, cq, vec(np.maximum(row_start - r * L, 0.0))))]
@@ -514,7 +499,7 @@ def rank_partials(work: RankWork, q, k, v) -> List[PartialCall]:
     for src, buf in sorted(work.received.items()):
         full = _unpack(buf, plan.range_from(r, src)[0], src, n, bn, (B, H, L, 2 * D))
         ks, vs = full[..., :D], full[..., D:]
-        if _is_torch(ks):
+        if is_torch(ks):
             ks, vs = ks.contiguous(), vs.contiguous()
         lo_rows = vec(np.maximum(row_start - src * L, 0.0))
         ck = vec(c[:, :, src * L : (src + 1) * L])
@@ -570,7 +555,7 @@ def chunk(x, r: int, P: int):
     """Rank ``r``'s chunk of ``x [B, H, T, ...]`` (contiguous for torch)."""
     L = x.shape[2] // P
     c = x[:, :, r * L : (r + 1) * L]
-    return c.contiguous() if _is_torch(c) else c
+    return c.contiguous() if is_torch(c) else c
 
 
 def simulate(attn, P: int, q, k, v, gate, gate_name: Optional[str] = None):
@@ -581,6 +566,6 @@ def simulate(attn, P: int, q, k, v, gate, gate_name: Optional[str] = None):
     "gathered": bytes of the all-gathers})``."""
     works, ex = exchange_all(attn, P, q, k, v, gate, gate_name)
     results = [run_partials(rank_partials(w, chunk(q, r, P), chunk(k, r, P), chunk(v, r, P))) for r, w in enumerate(works)]
-    out = _cat([o for o, _ in results], axis=2)
-    lse = _cat([l for _, l in results], axis=2)
+    out = cat([o for o, _ in results], axis=2)
+    lse = cat([l for _, l in results], axis=2)
     return out, lse, works[0].plan, {"p2p": sum(ex.p2p), "gathered": sum(ex.gathered)}

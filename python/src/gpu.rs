@@ -10,6 +10,7 @@ use foxc_driver::cuda_backend::{self, ExternalKernels};
 use foxc_driver::Target;
 use foxc_ir::{Dim, Graph, Value};
 use foxc_passes::fuse_out::split_rows_bounds;
+use foxc_passes::tiles::split_keys_dims;
 use foxc_runtime::cuda::LaunchDesc;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -231,8 +232,15 @@ pub fn plan(
     let (target, device_name) = target_of(device)?;
     let spec = specialization(loaded, &bind, train);
     let plain = loaded.optimized_for(target, &spec)?;
+    // A decode step's query count, bound where it fits one block: its plan splits the keys
+    // (`foxc_passes::tiles::split_keys_dims`; one plan per such count).
+    let mut dims = spec.dims.clone();
+    dims.extend(split_keys_dims(&plain, &|s| bind.get(s)));
+    dims.sort();
+    dims.dedup();
     let spec = Specialization {
         at_least: split_rows_bounds(&plain, &|s| bind.get(s)).into_iter().collect(),
+        dims,
         ..spec
     };
     let f = crate::grad::forward(loaded, target, train, &spec)?;

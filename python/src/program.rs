@@ -117,7 +117,8 @@ pub fn load(
 ) -> PyResult<Program> {
     let rule = parse_rule(prune_rule)?;
     let tiles = tiles.map(|(m, n)| foxc_driver::options::tiles(m, n)).transpose().map_err(value_error)?;
-    let prune = PruneOptions { no_prune, log_eps, prune_rule: rule, tiles, norm_bounds, ..PruneOptions::default() };
+    let prune =
+        PruneOptions { no_prune, log_eps, prune_rule: rule, tiles, norm_bounds, ..PruneOptions::default() };
     // The CPU's options: the GPU graphs take them with their target and specialization.
     let opts = pipeline::pass_options(&prune, Target::Cpu, false).map_err(to_py)?;
     let key = Key {
@@ -234,13 +235,16 @@ impl Program {
         (o.rule.name.to_string(), o.log_eps, !o.prune, o.tiles.map(|t| (t.bm, t.bn)), o.norm_bounds)
     }
 
-    /// The IR text: `stage` "ir" (as lowered) or "opt" (after the passes for `target`).
-    #[pyo3(signature = (stage = "opt", target = "cpu"))]
-    fn ir(&self, stage: &str, target: &str) -> PyResult<String> {
+    /// The IR text: `stage` "ir" (as lowered) or "opt" (after the passes for `target`, with the
+    /// sizes in `dims` bound, as a call with tensors of those sizes optimizes it).
+    #[pyo3(signature = (stage = "opt", target = "cpu", dims = None))]
+    fn ir(&self, stage: &str, target: &str, dims: Option<BTreeMap<String, u64>>) -> PyResult<String> {
         let target = parse_target(target)?;
+        let spec =
+            Specialization { dims: dims.unwrap_or_default().into_iter().collect(), ..Default::default() };
         match stage {
             "ir" => Ok(foxc_ir::print::print_graph(&self.inner.graph)),
-            "opt" => Ok(foxc_ir::print::print_graph(&*self.inner.optimized(target)?)),
+            "opt" => Ok(foxc_ir::print::print_graph(&*self.inner.optimized_for(target, &spec)?)),
             s => Err(value_error(format!("stage must be \"ir\" or \"opt\", got {s:?}"))),
         }
     }

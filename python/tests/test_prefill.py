@@ -80,6 +80,7 @@ def test_the_inference_example_decodes_like_one_whole_run():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     seed = int(np.random.default_rng().integers(1 << 30))
-    diff, scale, same = mod.main(prompt=40, new=8, layers=2, seed=seed, quiet=True)
-    assert diff <= 1e-2 * scale, (diff, scale, seed)
-    assert same >= 6, (same, seed)
+    for evict in (False, True):  # dict caches, then foxc.KVCache with bounds from the weights
+        diff, scale, same = mod.main(prompt=40, new=8, layers=2, seed=seed, quiet=True, evict=evict)
+        assert diff <= 1e-2 * scale, (diff, scale, seed, evict)
+        assert same >= 6, (same, seed, evict)

@@ -156,9 +156,9 @@ pub enum GridDim {
 /// How a kernel is launched.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Launch {
-    /// Geometry from [`attention::launch_geometry`] for sequence length `t` and `bh` heads (a
-    /// persistent kernel's grid from the device's `sms`, [`NvptxSpec::sms`]).
-    Attention { cfg: AttnKernelConfig, t: Dim, bh: Vec<Dim>, sms: Option<u32> },
+    /// Geometry from [`attention::launch_geometry`] for `t` queries against `tk` keys and `bh`
+    /// heads (a persistent kernel's grid from the device's `sms`, [`NvptxSpec::sms`]).
+    Attention { cfg: AttnKernelConfig, t: Dim, tk: Dim, bh: Vec<Dim>, sms: Option<u32> },
     /// A plain grid with static shared memory.
     Grid { x: GridDim, y: GridDim, block: u32 },
     /// A plain grid whose kernel takes `shared` bytes of dynamic shared memory (the attention
@@ -227,11 +227,12 @@ impl KernelInfo {
     /// Grid, block and dynamic shared memory once the dims are bound. Errors (user errors) when
     /// a grid extent exceeds what CUDA allows.
     pub fn geometry(&self, bind: &dyn Fn(&str) -> Option<u64>) -> Result<LaunchGeometry, CodegenError> {
-        let (gx, gy, block, shared) = match &self.launch {
-            Launch::Attention { cfg, t, bh, sms } => {
+        let (gx, gy, gz, block, shared) = match &self.launch {
+            Launch::Attention { cfg, t, tk, bh, sms } => {
                 let t = eval_product(std::slice::from_ref(t), bind)?;
+                let tk = eval_product(std::slice::from_ref(tk), bind)?;
                 let bh = eval_product(bh, bind)?;
-                let g = attention::launch_geometry(cfg, t, bh, *sms);
+                let g = attention::launch_geometry(cfg, t, tk, bh, *sms);
                 // The kernel's own grid (a block may own less than a `bm` tile); bh is checked
                 // here before the builder's u32 conversion could wrap.
                 if bh > 65535 {
@@ -240,11 +241,12 @@ impl KernelInfo {
                         self.name
                     )));
                 }
-                (g.grid.0 as u64, g.grid.1 as u64, g.block, g.shared_bytes)
+                let z = cfg.split_tiles.map_or(1, |s| attention::split_planes(tk, s * cfg.bn));
+                (g.grid.0 as u64, g.grid.1 as u64, z, g.block, g.shared_bytes)
             }
-            Launch::Grid { x, y, block } => (x.eval(bind)?, y.eval(bind)?, (*block, 1, 1), 0),
+            Launch::Grid { x, y, block } => (x.eval(bind)?, y.eval(bind)?, 1, (*block, 1, 1), 0),
             Launch::GridShared { x, y, block, shared } => {
-                (x.eval(bind)?, y.eval(bind)?, (*block, 1, 1), *shared)
+                (x.eval(bind)?, y.eval(bind)?, 1, (*block, 1, 1), *shared)
             }
         };
         if gx == 0 || gy == 0 {
@@ -253,13 +255,13 @@ impl KernelInfo {
                 self.name
             )));
         }
-        if gx > i32::MAX as u64 || gy > 65535 {
+        if gx > i32::MAX as u64 || gy > 65535 || gz > 65535 {
             return Err(CodegenError::User(format!(
-                "kernel {}: grid ({gx}, {gy}) exceeds CUDA's limits (x < 2^31, y <= 65535); use fewer batch x heads",
+                "kernel {}: grid ({gx}, {gy}, {gz}) exceeds CUDA's limits (x < 2^31, y and z <= 65535); use fewer batch x heads or keys",
                 self.name
             )));
         }
-        Ok(LaunchGeometry { grid: (gx as u32, gy as u32, 1), block, shared_bytes: shared })
+        Ok(LaunchGeometry { grid: (gx as u32, gy as u32, gz as u32), block, shared_bytes: shared })
     }
 }
 

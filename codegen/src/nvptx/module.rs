@@ -664,6 +664,13 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             cfg.debug_starts = true;
             cfg.ws = false;
         }
+        // Split keys (the attention's kernel attribute): f32 partials, merged by a second
+        // launch that also rounds to the output dtype. A debug-starts run keeps one launch.
+        let split = a.kernel.split_key_tiles().filter(|_| !debug_starts);
+        if split.is_some() {
+            cfg.split_tiles = split;
+            cfg.out_bf16 = false;
+        }
         cfg.tma = cfg.ws && a.kernel.kv_loads() == KvLoads::Tma;
         cfg.persistent = cfg.ws && a.kernel.ws_grid() == WsGrid::Persistent;
         cfg.free_running = cfg.ws && a.kernel.ws_turns() == WsTurns::None;
@@ -705,6 +712,20 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             build_attention(self.ctx, self.module, &cfg, &score)?.get_name().to_string_lossy().into_owned();
         // Result 1, f32 [B, H, T]: the kernel writes it on every run.
         let lse = self.buf(Value { node: n, result: Attention::LSE })?;
+        // Split keys: the kernel writes its partials to scratch planes [Z, B, H, T, ...].
+        let partials = match split {
+            Some(s) => {
+                let mut rows = vec![Dim::Tiles(Box::new(tk.clone()), s * cfg.bn)];
+                rows.extend(bh.iter().cloned());
+                rows.push(t.clone());
+                let what = |x: &str| format!("split-keys partial {x} of %{}", n.index());
+                let lse_part = self.scratch(DType::F32, rows.clone(), what("LSE"));
+                rows.push(dd.clone());
+                Some((self.scratch(DType::F32, rows, what("output")), lse_part))
+            }
+            None => None,
+        };
+        let (out_buf, lse_buf) = partials.unwrap_or((res, lse));
         // Unused pointer parameters get any valid buffer (the kernel does not read them).
         let c_buf = match c {
             Some(c) => self.buf(c)?,
@@ -717,8 +738,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             v: buf(qkv[2]),
             c: buf(c_buf),
             delta: buf(delta.unwrap_or(c_buf)),
-            out: buf(res),
-            lse: buf(lse),
+            out: buf(out_buf),
+            lse: buf(lse_buf),
             t: KernelArg::I32(vec![t.clone()]),
         }
         .into_vec();
@@ -747,7 +768,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             self.debug_starts = Some(dbg);
         }
         if cfg.fewer_queries {
-            args.push(KernelArg::I32(vec![tk]));
+            args.push(KernelArg::I32(vec![tk.clone()]));
         }
         // The persistent kernel: the head count and its work-item counter, zeroed right before
         // every launch (attention_ws::persist).
@@ -759,7 +780,31 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             zero_first.push(work);
         }
         let sms = self.spec.sms;
-        self.push(n, name, args, Launch::Attention { cfg, t, bh, sms }, zero_first);
+        let keys = cfg.split_tiles.map(|s| s * cfg.bn);
+        let launch = Launch::Attention { cfg, t: t.clone(), tk: tk.clone(), bh: bh.clone(), sms };
+        self.push(n, name, args, launch, zero_first);
+        if let (Some(keys), Some((part_o, part_lse))) = (keys, partials) {
+            let name = self.name(n, &format!("split_merge_k{keys}"));
+            attention::split_merge::build_split_merge(self.ctx, self.module, &name, d, keys, a.out_dtype)
+                .map_err(CodegenError::Internal)?;
+            let mut rows = bh;
+            rows.push(t);
+            let args = vec![
+                KernelArg::Buffer(part_o),
+                KernelArg::Buffer(part_lse),
+                KernelArg::Buffer(res),
+                KernelArg::Buffer(lse),
+                KernelArg::I32(rows.clone()),
+                KernelArg::I32(vec![tk]),
+            ];
+            let per_block = attention::split_merge::MERGE_THREADS / 32;
+            let launch = Launch::Grid {
+                x: GridDim::Ceil(rows, per_block),
+                y: GridDim::Const(1),
+                block: attention::split_merge::MERGE_THREADS,
+            };
+            self.push(n, name, args, launch, vec![]);
+        }
         Ok(())
     }
 }

@@ -52,6 +52,7 @@ pub(crate) mod prune;
 pub(crate) mod region;
 pub(crate) mod score;
 mod softmax;
+pub mod split_merge;
 mod tile_io;
 pub(crate) use tile_io::normalized_pair;
 
@@ -126,6 +127,12 @@ pub struct AttnKernelConfig {
     /// sit at the end of the keys, row `i` at key position `i + Tk - T` (its causal diagonal and
     /// its `c`). Standard kernel only.
     pub fewer_queries: bool,
+    /// Split keys (the attention's `kernel = split_keys(tiles = S)`): block `z` (`ctaid.z`) walks
+    /// the kept tiles among `z S ..= z S + S - 1` only and writes its partial, the rows' output
+    /// normalized by its own sum and their log-sum-exp, at plane `z` of `out` (f32
+    /// `[Z, BH, T, D]`) and `lse` (`[Z, BH, T]`); [`split_merge`] combines the planes. A block
+    /// with no kept tile writes zeros and `-inf`. Standard kernel, f32 output only.
+    pub split_tiles: Option<u32>,
 }
 
 impl AttnKernelConfig {
@@ -151,13 +158,14 @@ impl AttnKernelConfig {
             free_running: false,
             debug_starts: false,
             fewer_queries: false,
+            split_tiles: None,
         }
     }
 
     /// Kernel symbol name; distinct for every configuration so several fit in one module.
     pub fn kernel_name(&self) -> String {
         format!(
-            "foxc_attn_fwd{}{}{}_d{}_bm{}_bn{}{}{}{}{}{}{}{}{}{}_s{:08x}_sm{}",
+            "foxc_attn_fwd{}{}{}_d{}_bm{}_bn{}{}{}{}{}{}{}{}{}{}{}_s{:08x}_sm{}",
             match (self.ws, self.tma) {
                 (true, true) => "_ws_tma",
                 (true, false) => "_ws",
@@ -180,6 +188,10 @@ impl AttnKernelConfig {
             if self.kv_group != 1 { format!("_g{}", self.kv_group) } else { String::new() },
             if self.debug_starts { "_dbgstart" } else { "" },
             if self.fewer_queries { "_fq" } else { "" },
+            match self.split_tiles {
+                Some(s) => format!("_sk{s}"),
+                None => String::new(),
+            },
             self.scale.to_bits(),
             self.sm
         )
@@ -265,6 +277,14 @@ impl AttnKernelConfig {
         if self.fewer_queries && self.ws {
             return Err("GPU attention: queries fewer than keys run on the standard kernel".into());
         }
+        if self.split_tiles.is_some() && (self.ws || self.out_bf16 || self.debug_starts) {
+            return Err(
+                "GPU attention: split keys run on the standard kernel with an f32 partial output".into()
+            );
+        }
+        if self.split_tiles == Some(0) {
+            return Err("GPU attention: split keys need at least one key tile per block".into());
+        }
         if !self.causal && (self.window.is_some() || self.prune || self.ws) {
             return Err("GPU attention: a non-causal mask runs on the standard kernel, unpruned".into());
         }
@@ -280,19 +300,26 @@ pub struct LaunchGeometry {
     pub shared_bytes: u32,
 }
 
-/// Launch geometry for sequence length `t` and `bh` = batch x heads:
-/// grid (Mt, BH, 1), one block per query tile (a persistent kernel: one block per SM of the
-/// `sms` the device has, [`crate::nvptx::attention_ws::launch_geometry`]).
-pub fn launch_geometry(cfg: &AttnKernelConfig, t: u64, bh: u64, sms: Option<u32>) -> LaunchGeometry {
+/// Launch geometry for `t` queries against `tk` keys and `bh` = batch x heads:
+/// grid (Mt, BH, 1), one block per query tile, or (Mt, BH, Z) with split keys, `Z` =
+/// [`split_planes`] (a persistent kernel: one block per SM of the `sms` the device has,
+/// [`crate::nvptx::attention_ws::launch_geometry`]).
+pub fn launch_geometry(cfg: &AttnKernelConfig, t: u64, tk: u64, bh: u64, sms: Option<u32>) -> LaunchGeometry {
     if cfg.ws {
         return crate::nvptx::attention_ws::launch_geometry(cfg, t, bh, sms);
     }
     let mt = t.div_ceil(cfg.block_rows().max(1) as u64);
+    let z = cfg.split_tiles.map_or(1, |s| split_planes(tk, s * cfg.bn));
     LaunchGeometry {
-        grid: (mt as u32, bh as u32, 1),
+        grid: (mt as u32, bh as u32, z as u32),
         block: (cfg.threads(), 1, 1),
         shared_bytes: cfg.shared_bytes(),
     }
+}
+
+/// The partial planes of a split-keys launch over `tk` keys, `keys` to a block.
+pub fn split_planes(tk: u64, keys: u32) -> u64 {
+    tk.div_ceil(keys.max(1) as u64).max(1)
 }
 
 /// The forward kernels' fixed parameters (the standard and the warp-specialized kernel alike), in
@@ -456,6 +483,13 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         // The last key tile: the diagonal's under a causal mask, else the sequence's.
         let j_last = if cfg.causal { self.pos(i_last) } else { b.addc(self.k_len, -1) };
         let n_end = b.named(b.sdivc(j_last, bn), "n_end");
+        // Split keys: this block's slice of the key tiles ends at the slice's last tile.
+        let split = cfg.split_tiles.map(|s| {
+            let z = b.sreg("ctaid.z");
+            let first = b.named(b.mulc(z, s as i64), "slice0");
+            (z, first, b.named(b.smin(n_end, b.addc(first, s as i64 - 1)), "slice_end"))
+        });
+        let n_hi = split.map_or(n_end, |(_, _, hi)| hi);
 
         // Per-(b,h) base pointers (64-bit offsets).
         let bh64 = b.sext64(bh);
@@ -473,9 +507,14 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         let vb = b.gep(i16t, v_p, kv_base);
         // O element type: f32, or bf16 (stored as i16 bit patterns) with the cast fused.
         let o_elt = if cfg.out_bf16 { i16t } else { f32t };
-        let ob = b.gep(o_elt, out_p, mat_base);
+        // Split keys: the output and LSE planes of slice z, [Z, BH, T, ...].
+        let out_rows = match split {
+            Some((z, _, _)) => b.mul(b.sext64(b.add(b.mul(z, b.sreg("nctaid.y")), bh)), t64),
+            None => row_base,
+        };
+        let ob = b.gep(o_elt, out_p, b.mulc(out_rows, d));
         let cb = b.gep(f32t, c_p, c_base);
-        let lb = b.gep(f32t, lse_p, row_base);
+        let lb = b.gep(f32t, lse_p, out_rows);
 
         // ---- Q load (its own cp.async group) and first K/V tile ----
         let kv_bytes = bn * d * 2;
@@ -487,7 +526,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         };
         self.load_tile(qb, i0, bm as u32, lay.q, t_len);
         b.cp_async_commit();
-        let j_end0 = b.mulc(n_end, bn);
+        let j_end0 = b.mulc(n_hi, bn);
         self.load_tile(kb, j_end0, cfg.bn, lay.k[0], self.k_len);
         self.load_tile(vb, j_end0, cfg.bn, lay.v[0], self.k_len);
         b.cp_async_commit();
@@ -499,7 +538,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         let l2e = b.f32(LOG2E);
         let c_ref = cfg.has_decay.then(|| {
             let cr = b.load_f32(b.gep(f32t, cb, b.sext64(self.pos(i0))));
-            let cj = self.load_col_c(cb, n_end);
+            let cj = self.load_col_c(cb, n_hi);
             self.store_colb(cr, cj, lay.colb[0]);
             cr
         });
@@ -508,6 +547,8 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         let n_start = self.start_tile(cb, delta_p, bh, i0);
         // Under an expression mask with a proven key bound: no tile below the block's bound.
         let n_start = self.key_bound_start(n_start, n_end, bh, i0);
+        // Split keys: no tile before the slice's first.
+        let n_start = split.map_or(n_start, |(_, first, _)| b.named(b.smax(n_start, first), "n_lo"));
 
         // Q fragments: wait for the Q group only (K/V of the first tile may still fly).
         b.cp_async_wait(1);
@@ -538,11 +579,25 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         // ---- main loop over kept key tiles, diagonal first ----
         let zero = b.f32(0.0);
         let ninf = b.f32(f64::NEG_INFINITY);
-        let mut carried: Vec<(&str, BasicValueEnum)> = vec![("n", n_end.into()), ("parity", b.i32(0).into())];
+        let mut carried: Vec<(&str, BasicValueEnum)> = vec![("n", n_hi.into()), ("parity", b.i32(0).into())];
         carried.extend((0..dt * 4).map(|_| ("o", zero.into())));
         carried.extend([("m", ninf.into()), ("m", ninf.into()), ("l", zero.into()), ("l", zero.into())]);
         let walk = TileWalk { n_start, lay: &lay, kb, vb, cb, c_ref, frag: frag.as_ref(), rows: &rows, bh };
-        let last = b.do_while(("tile", "epilogue"), &carried, |_, vals| self.tile_step(&walk, vals));
+        let walk_tiles = |b: &KernelBuilder<'a, 'ctx>| {
+            b.do_while(("tile", "epilogue"), &carried, |_, vals| self.tile_step(&walk, vals))
+        };
+        let last = match split {
+            None => walk_tiles(b),
+            Some(_) => {
+                // A slice may hold no kept tile (below the pruning start, or past the
+                // diagonal): its partial is the empty row's (zeros, LSE -inf).
+                let any = b.icmp(IntPredicate::SGE, n_hi, n_start);
+                let last = b.if_then_carry(any, ("slice", "slice_done"), &carried, walk_tiles);
+                // The first tile's copies are still in flight where the walk did not run.
+                b.cp_async_wait(0);
+                last
+            }
+        };
 
         // ---- epilogue: O / l and LSE ----
         let o: Vec<FloatValue> = floats(&last[2..2 + dt * 4]);
@@ -752,12 +807,12 @@ mod tests {
         let mut cfg = AttnKernelConfig::new(128, true, true);
         cfg.bm = 128;
         // sm_90 covers a 128-row pruning tile with two 64-row blocks.
-        let g = launch_geometry(&cfg, 1000, 6, None);
+        let g = launch_geometry(&cfg, 1000, 1000, 6, None);
         assert_eq!(g.grid, (16, 6, 1));
         assert_eq!(g.block, (128, 1, 1));
         assert!(cfg.kernel_name().contains("_bm128_bn64_k64_"));
         cfg.sm = 80;
-        let g = launch_geometry(&cfg, 1000, 6, None);
+        let g = launch_geometry(&cfg, 1000, 1000, 6, None);
         assert_eq!(g.grid, (8, 6, 1));
         assert_eq!(g.block, (256, 1, 1));
         assert_eq!(g.shared_bytes, (128 + 4 * 64) * 128 * 2 + 2 * 64 * 4);
