@@ -367,6 +367,18 @@ pub struct ThresholdArgs<'a> {
     pub scale: f64,
     pub bound: NormBound,
     pub score: ScoreBound,
+    /// `None`: q and k are whole sequences. `Some`: they are one chunk of the rows of a longer
+    /// square sequence (a context-parallel rank's), with the statistics that span it.
+    pub whole: Option<Whole<'a>>,
+}
+
+/// A chunk's view of the square sequence it is part of ([`ThresholdArgs::whole`]).
+pub struct Whole<'a> {
+    /// The sequence's length (a row sees at most this many keys: `ln T`).
+    pub len: usize,
+    /// Per query head `bh`: `(max |q_i|, max |k_j|)` over the whole sequence and `max |k_j|`
+    /// over the keys before the chunk, `[q_max, k_max, k_before]`.
+    pub stats: &'a dyn Fn(usize) -> [f64; 3],
 }
 
 /// `delta [heads, ceil(T / bm)]` of `rule` (docs/RULES.md): the reference every backend matches.
@@ -376,17 +388,23 @@ pub fn threshold(rule: &RuleExpr, a: &ThresholdArgs) -> Vec<f64> {
     let off = tk.saturating_sub(t);
     let mt = t.div_ceil(bm);
     let norm = |x: &[f64]| x.iter().map(|v| v * v).sum::<f64>().sqrt();
-    // A row sees at most Tk keys.
-    let ln_t = (tk as f64).ln();
+    // A row sees at most Tk keys (the whole sequence's, for a chunk).
+    let ln_t = (a.whole.as_ref().map_or(tk, |w| w.len) as f64).ln();
     let per_row = rule.per_row();
     let mut out = Vec::with_capacity(a.heads * mt);
     for bh in 0..a.heads {
         let kvh = (a.kv_head)(bh);
         let qn: Vec<f64> = (0..t).map(|i| norm(&a.q[(bh * t + i) * d..(bh * t + i + 1) * d])).collect();
         let kn: Vec<f64> = (0..tk).map(|j| norm(&a.k[(kvh * tk + j) * d..(kvh * tk + j + 1) * d])).collect();
+        // The maxima over the sequence, and over the keys before these rows (none but a
+        // chunk's).
+        let [seq_q, seq_k, k_before] = match &a.whole {
+            Some(w) => (w.stats)(bh),
+            None => [qn.iter().copied().fold(0.0, nan_max), kn.iter().copied().fold(0.0, nan_max), 0.0],
+        };
         let (q_max, k_max) = match a.bound {
             NormBound::Static { q_max, k_max } => (q_max, k_max),
-            NormBound::Data => (qn.iter().copied().fold(0.0, nan_max), kn.iter().copied().fold(0.0, nan_max)),
+            NormBound::Data => (seq_q, seq_k),
         };
         for m in 0..mt {
             let (lo, hi) = (m * bm, (m * bm + bm).min(t));
@@ -394,7 +412,7 @@ pub fn threshold(rule: &RuleExpr, a: &ThresholdArgs) -> Vec<f64> {
                 NormBound::Static { q_max, k_max } => (q_max, k_max),
                 NormBound::Data => (
                     qn[lo..hi].iter().copied().fold(0.0, nan_max),
-                    kn[..(hi + off).min(tk)].iter().copied().fold(0.0, nan_max),
+                    kn[..(hi + off).min(tk)].iter().copied().fold(k_before, nan_max),
                 ),
             };
             let qn = &qn;

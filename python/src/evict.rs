@@ -4,7 +4,7 @@
 
 use crate::errors::value_error;
 use crate::program::Program;
-use crate::starts::{attention, boundary_operands, partial_inputs, tiles_of};
+use crate::starts::{partial_inputs, pruned, tiles_of, Pruned};
 use crate::tensors::Wire;
 use foxc_driver::Target;
 use foxc_ir::evict::{first_kept_block, threshold, Horizon};
@@ -12,6 +12,9 @@ use foxc_ir::{interp, Dim, Graph, NormBound, Op, ValueId};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::collections::BTreeMap;
+
+/// Why an unpruned program has no eviction (the tail of the error).
+const NOTHING_TO_EVICT: &str = ": nothing can be evicted";
 
 /// What a cache needs to know of a program, as a dict: `bn` (the key block), `key_dim` and
 /// `query_dim` (the symbolic dims of the key and query axes), `decay_params` (the parameters
@@ -21,12 +24,8 @@ use std::collections::BTreeMap;
 #[pyfunction]
 fn eviction_info(py: Python<'_>, program: &Program) -> PyResult<Py<pyo3::types::PyDict>> {
     let g = program.inner.optimized(Target::Cpu)?;
-    let (_, a, ops) = attention(&g)?;
-    let (c, delta) = boundary_operands(&g, &ops)
-        .ok_or_else(|| value_error(format!("`{}` is not pruned: nothing can be evicted", g.name)))?;
-    let Op::Threshold { bound, .. } = g.op(delta) else {
-        return Err(value_error("the block boundary does not read a threshold node"));
-    };
+    let Pruned { a, ops, c, delta } = pruned(&g, NOTHING_TO_EVICT)?;
+    let Op::Threshold { bound, .. } = g.op(delta) else { unreachable!("pruned() checks the threshold") };
     let (_, bn) = tiles_of(&a)?;
     let seq_dim = |v: ValueId| -> Option<String> {
         let dims: Vec<&Dim> = g.ty(v).dims().collect();
@@ -88,11 +87,9 @@ fn first_kept_blocks<'py>(
     k_norm: f64,
 ) -> PyResult<(Vec<usize>, Bound<'py, PyBytes>, f64)> {
     let g = program.inner.optimized(Target::Cpu)?;
-    let (_, a, ops) = attention(&g)?;
-    let (c, d_node) = boundary_operands(&g, &ops)
-        .ok_or_else(|| value_error(format!("`{}` is not pruned: nothing can be evicted", g.name)))?;
-    let Op::Threshold { rule, log_eps, score, scale, .. } = g.op(d_node).clone() else {
-        return Err(value_error("the block boundary does not read a threshold node"));
+    let Pruned { a, c, delta, .. } = pruned(&g, NOTHING_TO_EVICT)?;
+    let Op::Threshold { rule, log_eps, score, scale, .. } = g.op(delta).clone() else {
+        unreachable!("pruned() checks the threshold")
     };
     let (_, bn) = tiles_of(&a)?;
     let scale = scale.value(&|s| dims.get(s).copied()).ok_or_else(|| {

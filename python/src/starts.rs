@@ -13,7 +13,7 @@ use crate::tensors::{f64_bytes, host_inputs, Wire};
 use foxc_driver::cpu_backend;
 use foxc_driver::Target;
 use foxc_ir::interp::{self, Tensor};
-use foxc_ir::prune_rule::Stat;
+use foxc_ir::prune_rule::{self, ThresholdArgs, Whole};
 use foxc_ir::{Attention, DType, Graph, Op, Value, ValueId};
 use foxc_runtime::HostTensor;
 use pyo3::prelude::*;
@@ -43,6 +43,27 @@ pub(crate) fn tiles_of(a: &Attention) -> PyResult<(usize, usize)> {
 }
 
 /// The operands `(c, delta)` of the program's `block_boundary` node; None when nothing is pruned.
+/// A program's pruned attention and what its pruning reads: the gate cumsum `c` and the
+/// threshold node (its op is `Op::Threshold`).
+pub(crate) struct Pruned {
+    pub a: Attention,
+    pub ops: foxc_ir::AttnOperands,
+    pub c: ValueId,
+    pub delta: ValueId,
+}
+
+/// The pruned attention of `g`; a ValueError ending in `what` (what an unpruned program cannot
+/// give) when it is not pruned.
+pub(crate) fn pruned(g: &Graph, what: &str) -> PyResult<Pruned> {
+    let (_, a, ops) = attention(g)?;
+    let (c, delta) =
+        boundary_operands(g, &ops).ok_or_else(|| value_error(format!("`{}` is not pruned{what}", g.name)))?;
+    if !matches!(g.op(delta), Op::Threshold { .. }) {
+        return Err(value_error("the block boundary does not read a threshold node"));
+    }
+    Ok(Pruned { a, ops, c, delta })
+}
+
 pub(crate) fn boundary_operands(g: &Graph, ops: &foxc_ir::AttnOperands) -> Option<(ValueId, ValueId)> {
     let start = ops.start?;
     let Op::BlockBoundary(_) = g.op(start) else { return None };
@@ -302,11 +323,9 @@ fn threshold_local<'py>(
     k_before: (Vec<usize>, Vec<u8>),
 ) -> PyResult<F64Out<'py>> {
     let g = program.inner.optimized(Target::Cpu)?;
-    let (_, _, ops) = attention(&g)?;
-    let (_, d_node) =
-        boundary_operands(&g, &ops).ok_or_else(|| value_error(format!("`{}` is not pruned", g.name)))?;
-    let Op::Threshold { rule, log_eps, bound, score, scale, bm, .. } = g.op(d_node).clone() else {
-        return Err(value_error("the block boundary does not read a threshold node"));
+    let Pruned { ops, delta, .. } = pruned(&g, "")?;
+    let Op::Threshold { rule, log_eps, bound, score, scale, bm, .. } = g.op(delta).clone() else {
+        unreachable!("pruned() checks the threshold")
     };
     let (qn, kn) = (param_name(&g, ops.q)?, param_name(&g, ops.k)?);
     let inputs = partial_inputs(&g, inputs)?;
@@ -342,51 +361,27 @@ fn threshold_local<'py>(
     let scale = scale
         .value(&|s| dims.get(s).copied())
         .ok_or_else(|| value_error("the scale reads a dim that q's type does not name"))?;
-    let ln_t = (t as f64).ln();
-    let per_row = rule.formula.per_row();
-    let (group, mt) = (h / hk, l / bm);
-    let mut out = Vec::with_capacity(b * h * mt);
-    for bh in 0..b * h {
-        let kvh = (bh / h) * hk + (bh % h) / group;
-        let qrow = |i: usize| &q.data[(bh * l + i) * d..(bh * l + i + 1) * d];
-        let krow = |i: usize| &k.data[(kvh * l + i) * d..(kvh * l + i + 1) * d];
-        let qnorm: Vec<f64> = (0..l).map(|i| row_norm(qrow(i))).collect();
-        let knorm: Vec<f64> = (0..l).map(|i| row_norm(krow(i))).collect();
-        let (qm, km) = match bound {
-            foxc_ir::NormBound::Static { q_max, k_max } => (q_max, k_max),
-            foxc_ir::NormBound::Data => (q_max[bh], k_max[kvh]),
-        };
-        let mut k_prefix = k_before[kvh];
-        for m in 0..mt {
-            let (lo, hi) = (m * bm, m * bm + bm);
-            let q_tile = qnorm[lo..hi].iter().copied().fold(0.0, interp::nan_max);
-            k_prefix = knorm[lo..hi].iter().copied().fold(k_prefix, interp::nan_max);
-            let (q_tile, k_causal) = match bound {
-                foxc_ir::NormBound::Static { .. } => (qm, km),
-                foxc_ir::NormBound::Data => (q_tile, k_prefix),
-            };
-            let at = |i: usize| {
-                let qnorm = &qnorm;
-                move |s: Stat| match s {
-                    Stat::LnEps => log_eps,
-                    Stat::LnT => ln_t,
-                    Stat::Scale => scale.abs(),
-                    Stat::QRow => qnorm[i],
-                    Stat::QMax => qm,
-                    Stat::QTile => q_tile,
-                    Stat::KMax => km,
-                    Stat::KCausal => k_causal,
-                    Stat::Sii => scale * qrow(i).iter().zip(krow(i)).map(|(x, y)| x * y).sum::<f64>(),
-                }
-            };
-            out.push(if per_row {
-                (lo..hi).map(|i| rule.formula.eval(&at(i), &score)).fold(f64::INFINITY, interp::nan_min)
-            } else {
-                rule.formula.eval(&at(lo), &score)
-            });
-        }
-    }
-    Ok((vec![b, h, mt], PyBytes::new(py, &f64_bytes(&out))))
+    // The interpreter's threshold on the chunk, with the whole sequence's statistics.
+    let group = h / hk;
+    let kv_head = |bh: usize| (bh / h) * hk + (bh % h) / group;
+    let stats = |bh: usize| [q_max[bh], k_max[kv_head(bh)], k_before[kv_head(bh)]];
+    let args = ThresholdArgs {
+        q: &q.data,
+        k: &k.data,
+        heads: b * h,
+        kv_head: &kv_head,
+        t: l,
+        tk: l,
+        d,
+        bm,
+        log_eps,
+        scale,
+        bound,
+        score,
+        whole: Some(Whole { len: t, stats: &stats }),
+    };
+    let out = prune_rule::threshold(&rule.formula, &args);
+    Ok((vec![b, h, l / bm], PyBytes::new(py, &f64_bytes(&out))))
 }
 
 /// Add the functions to the extension module.

@@ -55,6 +55,7 @@ impl Evaluator<'_> {
             scale,
             bound: *bound,
             score: *score,
+            whole: None,
         };
         let out = threshold(&rule.formula, &args);
         Ok(out)
