@@ -27,6 +27,7 @@ __all__ = [
     "evictable",
     "CompileError",
     "cache_info",
+    "fox",
     "__version__",
 ]
 __version__ = _foxc.__version__
@@ -192,3 +193,7 @@ def reference_grad(attn: Attention, dout, **arrays) -> dict:
     from . import _numpy
 
     return _numpy.grad_reference(attn._program, arrays, dout)
+
+
+# FoX in the published kernel's layouts and options (foxc writes the program).
+from . import fox  # noqa: E402

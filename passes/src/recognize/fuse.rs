@@ -228,7 +228,14 @@ pub(crate) fn find(
                 }
             }
         }
-        if let Some(&i) = out_axes.get(2) {
+        // Without a mask naming it, the query axis is one of the output's: the third in the
+        // head-first layout, any other in others (`out[b, i, h, d]`); a wrong guess fails the
+        // q/k/v indexing check (q must carry i, k must not).
+        let guesses = out_axes
+            .get(2)
+            .into_iter()
+            .chain(out_axes.iter().enumerate().filter(|(n, _)| *n != 2).map(|(_, a)| a));
+        for &i in guesses.filter(|a| **a != j) {
             for (pattern, negated) in [("(select ?c ?s -inf)", false), ("(select ?c -inf ?s)", true)] {
                 for mm in matches(eg, pattern, x) {
                     let (cond, s) = (mm[var("?c")], mm[var("?s")]);
