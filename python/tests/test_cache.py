@@ -92,7 +92,7 @@ def test_a_chunked_prefill_then_decode_evicts_the_same_way():
     within_acp(np.concatenate([first, rest], axis=2), foxc.reference(attn, **x), x["v"])
     # log f = -2.13 per token, delta = -10 - ln 192 - 2 * 2 * 2 / sqrt(8) = -18.1: about 9
     # tokens matter, plus the partial block and `every`.
-    assert cache.length <= 9 + 2 * cache.block + cache.every, cache.length
+    assert cache.length <= 9 + 2 * cache.block + cache.evict_every(), cache.length
 
 
 def test_without_eviction_the_cache_keeps_everything():
@@ -144,6 +144,29 @@ def test_the_cache_runs_its_checked_norms_as_the_threshold_bound():
     within_acp(got, foxc.reference(attn, **x), x["v"])
     # A program whose threshold reads the data's norms keeps doing so without the cache.
     assert foxc.load(PREFILL_F32) is attn
+
+
+def test_eviction_decisions_come_once_a_block_or_a_sixteenth_of_the_window():
+    """A decision reads the whole window: by default one comes per key block until 16 blocks are
+    held, then per sixteenth of the keys held (a constant cost per token); `every` overrides."""
+    attn = foxc.load(PREFILL_F32)
+    rng = np.random.default_rng()
+    x = sequence(rng, 1, 2, 3000, 8, 2.0, 2.0)
+    x["fgate"][:] = 6.0  # gates near 1: nothing is evicted, the window only grows
+    cache = foxc.KVCache(attn, max_keys=4096, q_norm=2.0, k_norm=2.0)
+    calls = []
+    evict = cache.evict
+    cache.evict = lambda: calls.append(cache.length) or evict()
+    decode(cache, {n: a[:, :, :2048] for n, a in x.items()}, 2048, chunk=16)
+    assert cache.dropped == 0
+    bn = cache.block
+    gaps = np.diff([0] + calls)
+    assert all(g == bn for g, at in zip(gaps, calls) if at <= 16 * bn), calls
+    # The decision comes with the first 16-token call that reaches the schedule's gap.
+    assert all(max(bn, at // 16) <= g < max(bn, at // 16) + 16 for g, at in zip(gaps, calls)), calls
+    assert len(calls) < 2048 // bn, calls
+    fixed = foxc.KVCache(attn, max_keys=4096, q_norm=2.0, k_norm=2.0, every=32)
+    assert fixed.evict_every() == 32
 
 
 def test_programs_without_a_decode_shape_or_pruning_are_refused():
