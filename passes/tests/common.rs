@@ -19,6 +19,13 @@ pub fn compile(rel: &str) -> Graph {
     }
 }
 
+/// Compile DSL text (`name`: what diagnostics call it); panics with the rendered diagnostic.
+pub fn compile_text(name: &str, src: &str) -> Graph {
+    foxc_ir::frontend::compile(name, src.as_bytes())
+        .unwrap_or_else(|d| panic!("{}", d.render(name, src)))
+        .graph
+}
+
 pub fn run(g: &Graph, opts: &PassOptions) -> (Graph, PassReport) {
     let mut o = g.clone();
     let report = optimize(&mut o, opts).unwrap_or_else(|e| panic!("optimize {}: {e}", g.name));

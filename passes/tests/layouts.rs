@@ -4,6 +4,8 @@
 //! the query axis is the output's second; and the fused graph computes what the program as
 //! written does (the f64 interpreter on fresh random inputs).
 
+mod common;
+
 use foxc_ir::interp::{self, Tensor};
 use foxc_ir::print::print_graph;
 use foxc_ir::{Graph, Op, Prune};
@@ -31,9 +33,7 @@ fn program(square: bool) -> String {
 }
 
 fn compile(src: &str) -> Graph {
-    foxc_ir::frontend::compile("seq_first.attn", src.as_bytes())
-        .unwrap_or_else(|d| panic!("{}", d.render("seq_first.attn", src)))
-        .graph
+    common::compile_text("seq_first.attn", src)
 }
 
 /// Values in [-scale, scale) from a xorshift seeded by `seed`.

@@ -3,6 +3,8 @@
 //! region is the keep-condition, and the fused node computes what the program as written does
 //! (the f64 interpreter on fresh random inputs, before and after the passes).
 
+mod common;
+
 use foxc_ir::interp::{self, Tensor};
 use foxc_ir::print::print_graph;
 use foxc_ir::{Attention, Graph, Mask, Op};
@@ -26,9 +28,7 @@ fn program(mask: &str) -> String {
 }
 
 fn compile(src: &str) -> Graph {
-    foxc_ir::frontend::compile("masked.attn", src.as_bytes())
-        .unwrap_or_else(|d| panic!("{}", d.render("masked.attn", src)))
-        .graph
+    common::compile_text("masked.attn", src)
 }
 
 fn optimized(g: &Graph) -> Graph {
