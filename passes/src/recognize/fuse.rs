@@ -228,14 +228,24 @@ pub(crate) fn find(
                 }
             }
         }
-        // Without a mask naming it, the query axis is one of the output's: the third in the
-        // head-first layout, any other in others (`out[b, i, h, d]`); a wrong guess fails the
-        // q/k/v indexing check (q must carry i, k must not).
-        let guesses = out_axes
-            .get(2)
-            .into_iter()
-            .chain(out_axes.iter().enumerate().filter(|(n, _)| *n != 2).map(|(_, a)| a));
-        for &i in guesses.filter(|a| **a != j) {
+        // Without a mask naming it, the query axis is the output's third (the head-first
+        // layout) unless v carries that axis (then it is a batch axis: `out[b, i, h, d]`, v
+        // `[b, j, h, d]`); then the one output axis v does not carry, besides j, if there is
+        // exactly one. Never a second guess where the first can be right, so a head-first
+        // program (multi-query ones too) is read as before.
+        let v_axes = &eg[v].data.axes;
+        let guess = match out_axes.get(2) {
+            Some(&first) if !v_axes.contains(&first) => Some(first),
+            Some(_) => {
+                let mut rest = out_axes.iter().filter(|a| !v_axes.contains(a) && **a != j);
+                match (rest.next(), rest.next()) {
+                    (Some(&only), None) => Some(only),
+                    _ => None,
+                }
+            }
+            None => None,
+        };
+        if let Some(i) = guess {
             for (pattern, negated) in [("(select ?c ?s -inf)", false), ("(select ?c -inf ?s)", true)] {
                 for mm in matches(eg, pattern, x) {
                     let (cond, s) = (mm[var("?c")], mm[var("?s")]);
