@@ -61,6 +61,17 @@ def workload(B, H, M, D, seed=0):
     return q, k, v, fgate.contiguous()
 
 
+def norm_bound(D):
+    """A bound on |q| and |k| of the workload's rows (norm sqrt(D), RMS-normalized), after bf16
+    rounding and with the cache's margin for it."""
+    return D**0.5 * (1 + 2.0**-6)
+
+
+def norms_bounded(attn, D):
+    """What `foxc.KVCache` runs for `attn`: the threshold takes the checked norm bounds."""
+    return foxc._assuming_norms(attn, norm_bound(D), norm_bound(D))
+
+
 def kept_start(c, q, k, bn, M):
     """First kept key of the query at position M - 1 under the paper rule, per (b, h)."""
     delta = flex_acp.paper_delta(flex_acp.qk_bound(q, k), LOG_EPS, M)
@@ -106,7 +117,7 @@ def check_cache(pruned, steps=600, B=2, H=4, D=64):
     p = torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1)
     ref, abs_sum = p @ v.float(), p @ v.float().abs()
     allowed = 4 * torch.exp(torch.tensor(LOG_EPS)).item() * v.float().abs().max() + abs_sum * 2.0**-7
-    bound = D**0.5 * (1 + 2.0**-6)  # the rows' norm after bf16 rounding, and the cache's margin for it
+    bound = norm_bound(D)
     ok = True
     for evict in (False, True):
         cache = foxc.torch.KVCache(pruned, max_keys=steps, q_norm=bound, k_norm=bound, evict=evict, every=16)
@@ -147,8 +158,7 @@ def main():
     torch._dynamo.config.recompile_limit = 64
     flex = torch.compile(flex_attention, dynamic=False)
     pruned, dense = foxc.load(PREFILL), foxc.load(PREFILL, no_prune=True)
-    bound = a.D**0.5 * (1 + 2.0**-6)
-    bounded = foxc._assuming_norms(pruned, bound, bound)
+    bounded = norms_bounded(pruned, a.D)
     cache_ok = check_cache(pruned)
     if a.check_only:
         sys.exit(0 if cache_ok else 1)

@@ -29,11 +29,10 @@ def main():
     ap.add_argument("--tiles", type=int, nargs=2, help="BM BN (default: the tiles pass's)")
     a = ap.parse_args()
     tiles = tuple(a.tiles) if a.tiles else None
-    bound = a.D**0.5 * (1 + 2.0**-6)
     pruned = foxc.load(decode.PREFILL, tiles=tiles)
     programs = {
         "pruned": pruned,
-        "norms bounded": foxc._assuming_norms(pruned, bound, bound),
+        "norms bounded": decode.norms_bounded(pruned, a.D),
         "dense": foxc.load(decode.PREFILL, no_prune=True, tiles=tiles),
     }
     for B in a.B:

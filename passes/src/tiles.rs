@@ -194,7 +194,7 @@ pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(
         let rows = bound(q, 2);
         let tiles = opts.tiles.unwrap_or_else(|| {
             let t = tiles_for(opts.target, head_dim, opts.gradient);
-            match few_queries_rows(opts.target, bound(q, 2), bound(k, 2)) {
+            match few_queries_rows(opts.target, rows, bound(k, 2)) {
                 Some(bm) => Tiles { bm, ..t },
                 None => t,
             }

@@ -27,7 +27,7 @@ type F64Out<'py> = (Vec<usize>, Bound<'py, PyBytes>);
 type Starts<'py> = (Vec<usize>, Bound<'py, PyBytes>, (usize, usize));
 
 /// The attention node of the CPU graph and its named operands.
-pub(crate) fn attention(g: &Graph) -> PyResult<(ValueId, Attention, foxc_ir::AttnOperands)> {
+fn attention(g: &Graph) -> PyResult<(ValueId, Attention, foxc_ir::AttnOperands)> {
     let n = foxc_driver::acp_stats::attention_node(g)
         .ok_or_else(|| value_error(format!("`{}` has no attention op", g.name)))?;
     let Op::Attention(a) = g.op(n) else { unreachable!("attention_node returns attention ops") };
@@ -42,7 +42,6 @@ pub(crate) fn tiles_of(a: &Attention) -> PyResult<(usize, usize)> {
     Ok((t.bm as usize, t.bn as usize))
 }
 
-/// The operands `(c, delta)` of the program's `block_boundary` node; None when nothing is pruned.
 /// A program's pruned attention and what its pruning reads: the gate cumsum `c` and the
 /// threshold node (its op is `Op::Threshold`).
 pub(crate) struct Pruned {
@@ -64,7 +63,8 @@ pub(crate) fn pruned(g: &Graph, what: &str) -> PyResult<Pruned> {
     Ok(Pruned { a, ops, c, delta })
 }
 
-pub(crate) fn boundary_operands(g: &Graph, ops: &foxc_ir::AttnOperands) -> Option<(ValueId, ValueId)> {
+/// The operands `(c, delta)` of the program's `block_boundary` node; None when nothing is pruned.
+fn boundary_operands(g: &Graph, ops: &foxc_ir::AttnOperands) -> Option<(ValueId, ValueId)> {
     let start = ops.start?;
     let Op::BlockBoundary(_) = g.op(start) else { return None };
     match g.operands(start)[..] {
@@ -190,11 +190,9 @@ fn eval_boundary_operand<'py>(
     what: &str,
 ) -> PyResult<F64Out<'py>> {
     let g = program.inner.optimized(Target::Cpu)?;
-    let (_, _, ops) = attention(&g)?;
-    let (c, d) =
-        boundary_operands(&g, &ops).ok_or_else(|| value_error(format!("`{}` is not pruned", g.name)))?;
+    let Pruned { c, delta, .. } = pruned(&g, "")?;
     let inputs = partial_inputs(&g, inputs)?;
-    eval_one(py, &g, &inputs, [c, d][which], what)
+    eval_one(py, &g, &inputs, [c, delta][which], what)
 }
 
 /// `start [B, H, Mt]` from `c [B, H, T]` and `delta [B, H, Mt]` (f64 bytes) by the interpreter's

@@ -241,8 +241,7 @@ impl KernelInfo {
                         self.name
                     )));
                 }
-                let z = cfg.split_tiles.map_or(1, |s| attention::split_planes(tk, s * cfg.bn));
-                (g.grid.0 as u64, g.grid.1 as u64, z, g.block, g.shared_bytes)
+                (g.grid.0 as u64, g.grid.1 as u64, g.grid.2 as u64, g.block, g.shared_bytes)
             }
             Launch::Grid { x, y, block } => (x.eval(bind)?, y.eval(bind)?, 1, (*block, 1, 1), 0),
             Launch::GridShared { x, y, block, shared } => {

@@ -671,6 +671,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             cfg.split_tiles = split;
             cfg.out_bf16 = false;
         }
+        // Keys per split block (the partial planes are `ceil(Tk / keys)`).
+        let split_keys = split.map(|s| s * cfg.bn);
         cfg.tma = cfg.ws && a.kernel.kv_loads() == KvLoads::Tma;
         cfg.persistent = cfg.ws && a.kernel.ws_grid() == WsGrid::Persistent;
         cfg.free_running = cfg.ws && a.kernel.ws_turns() == WsTurns::None;
@@ -713,9 +715,9 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         // Result 1, f32 [B, H, T]: the kernel writes it on every run.
         let lse = self.buf(Value { node: n, result: Attention::LSE })?;
         // Split keys: the kernel writes its partials to scratch planes [Z, B, H, T, ...].
-        let partials = match split {
-            Some(s) => {
-                let mut rows = vec![Dim::Tiles(Box::new(tk.clone()), s * cfg.bn)];
+        let partials = match split_keys {
+            Some(keys) => {
+                let mut rows = vec![Dim::Tiles(Box::new(tk.clone()), keys)];
                 rows.extend(bh.iter().cloned());
                 rows.push(t.clone());
                 let what = |x: &str| format!("split-keys partial {x} of %{}", n.index());
@@ -780,10 +782,9 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             zero_first.push(work);
         }
         let sms = self.spec.sms;
-        let keys = cfg.split_tiles.map(|s| s * cfg.bn);
         let launch = Launch::Attention { cfg, t: t.clone(), tk: tk.clone(), bh: bh.clone(), sms };
         self.push(n, name, args, launch, zero_first);
-        if let (Some(keys), Some((part_o, part_lse))) = (keys, partials) {
+        if let (Some(keys), Some((part_o, part_lse))) = (split_keys, partials) {
             let name = self.name(n, &format!("split_merge_k{keys}"));
             attention::split_merge::build_split_merge(self.ctx, self.module, &name, d, keys, a.out_dtype)
                 .map_err(CodegenError::Internal)?;
