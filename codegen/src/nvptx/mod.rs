@@ -34,6 +34,7 @@ mod generic;
 mod heads;
 pub mod kernels;
 pub mod module;
+mod module_attention;
 mod module_bwd;
 mod module_threshold;
 pub mod ptxas;

@@ -2,18 +2,15 @@
 //! nodes of a joint prelude) into a single LLVM module and records the launch plan (buffers,
 //! arguments, geometry) that goes with it.
 
-use super::attention::params::FwdParams;
-use super::attention::region::{CaptureTy, RegionMod, ScoreArg};
+use super::attention::region::RegionMod;
 use super::attention::{self, AttnKernelConfig};
-use super::attention_ws;
 use super::generic;
 use super::kernels::{self, ELEM_THREADS, ROW_THREADS, SCAN_THREADS};
 use super::target;
 use super::{
     BufferInfo, BufferKind, CodegenError, GridDim, KernelArg, KernelInfo, Launch, NvptxArtifact, NvptxSpec,
 };
-use foxc_ir::attention::{KvLoads, WsGrid, WsTurns};
-use foxc_ir::{Attention, BinaryOp, DType, Dim, GateKind, Graph, Mask, Op, Prune, Value, ValueId, ValueType};
+use foxc_ir::{BinaryOp, DType, Dim, GateKind, Graph, Op, Value, ValueId, ValueType};
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::FunctionValue;
@@ -21,7 +18,7 @@ use std::collections::{BTreeMap, HashSet};
 
 /// The one place the attention kernel builder is called (H5b's flash-attention kernel).
 /// `score` is the region's hook (the identity keeps the fused FMA).
-fn build_attention<'ctx>(
+pub(super) fn build_attention<'ctx>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
     cfg: &AttnKernelConfig,
@@ -81,7 +78,7 @@ pub(super) struct Assembler<'a, 'ctx> {
     /// The values the caller reads back (never folded away).
     outputs: Vec<Value>,
     /// The debug buffer of in-kernel block starts ([`NvptxSpec::debug_starts`]).
-    debug_starts: Option<usize>,
+    pub(super) debug_starts: Option<usize>,
     /// The half of a joint prelude lowered first, until its partner comes
     /// ([`Assembler::joint_prelude`]).
     joint_waiting: HashSet<ValueId>,
@@ -612,214 +609,4 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             node: n.index(),
         }
     }
-
-    /// Dispatch of `attention` onto the flash-attention kernel: a score region, captured tensors
-    /// included (emitted by the kernel's score hook; captures and their sizes are kernel
-    /// arguments after `T`), causal, window, no mask or an expression mask (its condition
-    /// compiled per element by the same hook), grouped-query heads with a static group,
-    /// dense or with the boundary fused (`delta` operand).
-    fn attention(&mut self, n: ValueId, res: usize, a: &Attention) -> Result<(), CodegenError> {
-        let o = Attention::operands(self.g, n).map_err(CodegenError::Internal)?;
-        if o.decay_lo.is_some() {
-            // The compensate-decay pass gives the pair to the CPU target only.
-            return Err(Self::not_yet(n, "a decay pair (c, c_lo)"));
-        }
-        let (window, causal, mask) = mask_parts(&a.mask)?;
-        if a.prune == Prune::Start {
-            return Err(Self::not_yet(n, "a separate block_boundary (the fuse-boundary pass did not apply)"));
-        }
-        let out_bf16 = match a.out_dtype {
-            DType::F32 => false,
-            DType::BF16 => true,
-            d => return Err(Self::not_yet(n, &format!("output dtype {d}"))),
-        };
-        let tiles = a.tiles.ok_or_else(|| {
-            CodegenError::Internal("attention without tiles (the tiles pass did not run)".into())
-        })?;
-        // attention(s q, k, v) with scale a is attention(q, k, v) with scale a s.
-        let (q, qs) = self.resolve_q(o.q);
-        let (bh, t, dd) = self.bhtd(q, "attention's q")?;
-        let d = self.static_dim(&dd, "the head dimension")?;
-        // Keys of their own length: the queries sit at the end of them (the kernel's `Tk`).
-        let (_, tk, _) = self.bhtd(o.k, "attention's k")?;
-        let mut cfg = AttnKernelConfig::new(d, a.decay, a.prune == Prune::Boundary);
-        cfg.fewer_queries = tk != t;
-        cfg.scale = (self.scale_value(&a.scale)? * qs) as f32;
-        cfg.sm = self.spec.target.sm();
-        cfg.out_bf16 = out_bf16;
-        cfg.window = window;
-        cfg.causal = causal;
-        cfg.bm = tiles.bm;
-        cfg.bn = tiles.bn;
-        cfg.kv_group = self.static_dim(&a.kv_group, "the query heads per key/value head")?;
-        // The attribute's own rule at the bound head dim (ir AttnKernel::runs_warp_specialized).
-        cfg.ws = a.kernel.runs_warp_specialized(d as u64);
-        // The region's dims are specialized like the head dim; `b`, `h` need the head count.
-        let heads = self.ty(q).axes.get(1).and_then(|ax| ax.dim.eval(&|s| self.spec.dims.get(s).copied()));
-        let dim = |d: &Dim| d.eval(&|s| self.spec.dims.get(s).copied());
-        // Debug starts (NvptxSpec::debug_starts): the standard kernel writes them (the
-        // warp-specialized one has no such parameter), for the first pruned attention only.
-        let debug_starts = self.spec.debug_starts && cfg.prune && self.debug_starts.is_none();
-        if debug_starts {
-            cfg.debug_starts = true;
-            cfg.ws = false;
-        }
-        // Split keys (the attention's kernel attribute): f32 partials, merged by a second
-        // launch that also rounds to the output dtype. A debug-starts run keeps one launch.
-        let split = a.kernel.split_key_tiles().filter(|_| !debug_starts);
-        if split.is_some() {
-            cfg.split_tiles = split;
-            cfg.out_bf16 = false;
-        }
-        // Keys per split block (the partial planes are `ceil(Tk / keys)`).
-        let split_keys = split.map(|s| s * cfg.bn);
-        cfg.tma = cfg.ws && a.kernel.kv_loads() == KvLoads::Tma;
-        cfg.persistent = cfg.ws && a.kernel.ws_grid() == WsGrid::Persistent;
-        cfg.free_running = cfg.ws && a.kernel.ws_turns() == WsTurns::None;
-        attention_ws::check_persistent(&cfg).map_err(user)?;
-        // Captured tensors: read by the score hook through their index expressions.
-        let caps: Vec<CaptureTy> = o
-            .captures
-            .iter()
-            .map(|&c| CaptureTy { dtype: self.ty(c).dtype, rank: self.ty(c).rank() })
-            .collect();
-        let score = RegionMod::with_mask(&a.score, mask, a.keys_from.as_ref(), &dim, heads, &caps)
-            .map_err(|e| Self::not_yet(n, &e))?;
-        // q, k, v in bf16: cast others into scratch copies first.
-        let mut qkv = vec![];
-        for (i, &v) in [q, o.k, o.v].iter().enumerate() {
-            let b = self.buf(v)?;
-            if self.ty(v).dtype == DType::BF16 {
-                qkv.push(b);
-            } else {
-                let shape: Vec<Dim> = self.ty(v).dims().cloned().collect();
-                let s =
-                    self.scratch(DType::BF16, shape, format!("bf16 copy of operand {i} of %{}", n.index()));
-                let name = self.name(n, &format!("attn_in{i}_to_bf16"));
-                self.cast(n, name, v, b, s, DType::BF16, None)?;
-                qkv.push(s);
-            }
-        }
-        let c = o.decay;
-        if let Some(c) = c {
-            if self.ty(c).dtype != DType::F32 {
-                return Err(user(format!("the gate cumsum c must be f32, got {}", self.ty(c).dtype)));
-            }
-        }
-        let delta = match o.delta {
-            Some(dl) => Some(self.buf(dl)?),
-            None => None,
-        };
-        let name =
-            build_attention(self.ctx, self.module, &cfg, &score)?.get_name().to_string_lossy().into_owned();
-        // Result 1, f32 [B, H, T]: the kernel writes it on every run.
-        let lse = self.buf(Value { node: n, result: Attention::LSE })?;
-        // Split keys: the kernel writes its partials to scratch planes [Z, B, H, T, ...].
-        let partials = match split_keys {
-            Some(keys) => {
-                let mut rows = vec![Dim::Tiles(Box::new(tk.clone()), keys)];
-                rows.extend(bh.iter().cloned());
-                rows.push(t.clone());
-                let what = |x: &str| format!("split-keys partial {x} of %{}", n.index());
-                let lse_part = self.scratch(DType::F32, rows.clone(), what("LSE"));
-                rows.push(dd.clone());
-                Some((self.scratch(DType::F32, rows, what("output")), lse_part))
-            }
-            None => None,
-        };
-        let (out_buf, lse_buf) = partials.unwrap_or((res, lse));
-        // Unused pointer parameters get any valid buffer (the kernel does not read them).
-        let c_buf = match c {
-            Some(c) => self.buf(c)?,
-            None => qkv[0],
-        };
-        let buf = KernelArg::Buffer;
-        let mut args = FwdParams {
-            q: buf(qkv[0]),
-            k: buf(qkv[1]),
-            v: buf(qkv[2]),
-            c: buf(c_buf),
-            delta: buf(delta.unwrap_or(c_buf)),
-            out: buf(out_buf),
-            lse: buf(lse_buf),
-            t: KernelArg::I32(vec![t.clone()]),
-        }
-        .into_vec();
-        // The score hook's parameters (region.rs, ScoreArg): head count, captures and their sizes.
-        for arg in score.args() {
-            args.push(match *arg {
-                ScoreArg::Heads => KernelArg::I32(vec![bh[1].clone()]),
-                ScoreArg::Capture(k) => KernelArg::Buffer(self.buf(o.captures[k])?),
-                ScoreArg::CaptureDim(k, ax) => {
-                    KernelArg::I32(self.ty(o.captures[k]).dims().nth(ax).cloned().into_iter().collect())
-                }
-                ScoreArg::Dim(n) => KernelArg::I32(score.dim_arg(n).cloned().into_iter().collect()),
-            });
-        }
-        if cfg.tma {
-            // Tensor maps of K and V over their [B, H_kv, T, D] buffers (attention_ws::tma).
-            let (kv_heads, _, _) = self.bhtd(o.k, "attention's k")?;
-            args.extend(attention_ws::tma::args(&cfg, qkv[1], qkv[2], &t, &kv_heads));
-        }
-        if debug_starts {
-            let mut shape = bh.clone();
-            shape.push(Dim::Tiles(Box::new(t.clone()), cfg.bm));
-            let what = format!("debug: in-kernel block starts of %{}", n.index());
-            let dbg = self.scratch(DType::I32, shape, what);
-            args.push(KernelArg::Buffer(dbg));
-            self.debug_starts = Some(dbg);
-        }
-        if cfg.fewer_queries {
-            args.push(KernelArg::I32(vec![tk.clone()]));
-        }
-        // The persistent kernel: the head count and its work-item counter, zeroed right before
-        // every launch (attention_ws::persist).
-        let mut zero_first = vec![];
-        if cfg.persistent {
-            let work = self.scratch(DType::I32, vec![], format!("work-item counter of %{}", n.index()));
-            args.push(KernelArg::I32(bh.clone()));
-            args.push(KernelArg::Buffer(work));
-            zero_first.push(work);
-        }
-        let sms = self.spec.sms;
-        let launch = Launch::Attention { cfg, t: t.clone(), tk: tk.clone(), bh: bh.clone(), sms };
-        self.push(n, name, args, launch, zero_first);
-        if let (Some(keys), Some((part_o, part_lse))) = (split_keys, partials) {
-            let name = self.name(n, &format!("split_merge_k{keys}"));
-            attention::split_merge::build_split_merge(self.ctx, self.module, &name, d, keys, a.out_dtype)
-                .map_err(CodegenError::Internal)?;
-            let mut rows = bh;
-            rows.push(t);
-            let args = vec![
-                KernelArg::Buffer(part_o),
-                KernelArg::Buffer(part_lse),
-                KernelArg::Buffer(res),
-                KernelArg::Buffer(lse),
-                KernelArg::I32(rows.clone()),
-                KernelArg::I32(vec![tk]),
-            ];
-            let per_block = attention::split_merge::MERGE_THREADS / 32;
-            let launch = Launch::Grid {
-                x: GridDim::Ceil(rows, per_block),
-                y: GridDim::Const(1),
-                block: attention::split_merge::MERGE_THREADS,
-            };
-            self.push(n, name, args, launch, vec![]);
-        }
-        Ok(())
-    }
-}
-
-/// An attention mask as the kernels take it: (window, causal, expression condition). Without a
-/// causal mask every key tile is visited and an expression's condition is evaluated per element
-/// (by the score region's hook), in the forward and the backward alike.
-pub(super) fn mask_parts(mask: &Mask) -> Result<(Option<u32>, bool, Option<&foxc_ir::Region>), CodegenError> {
-    Ok(match mask {
-        Mask::Causal => (None, true, None),
-        Mask::Window(w) => {
-            (Some(u32::try_from(*w).map_err(|_| user(format!("window {w} is too large")))?), true, None)
-        }
-        Mask::None => (None, false, None),
-        Mask::Expr(r) => (None, false, Some(r)),
-    })
 }

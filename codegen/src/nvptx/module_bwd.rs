@@ -53,7 +53,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         let fwd_ids: Vec<ValueId> = fwd.iter().map(|v| v.node).collect();
         let o = AttnOperands::from_positional(a, &fwd_ids).map_err(CodegenError::Internal)?;
         let (out, lse, dout) = (rest[0], rest[1], rest[2]);
-        let (window, causal, mask) = super::module::mask_parts(&a.mask)?;
+        let (window, causal, mask) = super::module_attention::mask_parts(&a.mask)?;
         if a.prune == Prune::Start {
             return Err(Self::not_yet(n, "a separate block_boundary (the fuse-boundary pass did not apply)"));
         }

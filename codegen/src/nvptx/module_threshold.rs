@@ -7,6 +7,21 @@ use super::module::{user, Assembler};
 use super::{threshold, CodegenError, GridDim, KernelArg, Launch};
 use foxc_ir::{Attention, DType, Dim, GateKind, NormBound, Op, Prelude, ThresholdPlan, ValueId};
 
+/// The buffers and sizes a threshold's launches read.
+struct Geometry {
+    qb: usize,
+    kb: usize,
+    /// `[B, H]` of q.
+    bh: Vec<Dim>,
+    /// Query rows and keys (`tk >= t`).
+    t: Dim,
+    tk: Dim,
+}
+
+fn norms_what(n: ValueId) -> String {
+    format!("per-tile max squared norms of q, k for %{}", n.index())
+}
+
 /// The gate scan and the threshold that an attention's `prelude = joint` computes in one launch.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct JointPrelude {
@@ -39,6 +54,25 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         res: usize,
         joint: Option<(JointPrelude, usize)>,
     ) -> Result<(), CodegenError> {
+        let (spec, geo, plan) = self.delta_spec(n)?;
+        if plan == ThresholdPlan::OneLaunch {
+            return self.threshold_one_launch(n, res, joint, &spec, geo);
+        }
+        if joint.is_some() {
+            return Err(CodegenError::Internal(format!(
+                "prelude = joint on a threshold that is not one kernel (%{}: {})",
+                n.index(),
+                spec.rule.name
+            )));
+        }
+        self.threshold_norms_then_delta(n, res, &spec, geo)
+    }
+
+    /// The delta kernels' specification of threshold `n`, its sizes and its launch plan.
+    fn delta_spec(
+        &self,
+        n: ValueId,
+    ) -> Result<(threshold::DeltaSpec<'a>, Geometry, ThresholdPlan), CodegenError> {
         let ie = CodegenError::Internal;
         let Op::Threshold { rule, log_eps, bound, score, scale, bm, plan } = self.g.op(n) else {
             return Err(ie(format!("%{} is not a threshold", n.index())));
@@ -59,7 +93,6 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         if fewer_queries && *plan == ThresholdPlan::OneLaunch {
             return Err(ie("a one-launch threshold of queries fewer than keys".into()));
         }
-        let (qb, kb) = (self.buf(q)?, self.buf(k)?);
         let spec = threshold::DeltaSpec {
             d,
             kv_group,
@@ -78,83 +111,105 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             },
             fewer_queries,
         };
-        let tiles = GridDim::Ceil(vec![t.clone()], *bm);
-        let grid = |block| Launch::Grid { x: tiles.clone(), y: GridDim::Ceil(bh.clone(), 1), block };
+        let geo = Geometry { qb: self.buf(q)?, kb: self.buf(k)?, bh, t, tk };
+        Ok((spec, geo, *plan))
+    }
+
+    /// One launch: the norms, then each head's last block evaluates its deltas; under a joint
+    /// prelude the same launch scans the gate ahead of the tiles.
+    fn threshold_one_launch(
+        &mut self,
+        n: ValueId,
+        res: usize,
+        joint: Option<(JointPrelude, usize)>,
+        spec: &threshold::DeltaSpec<'_>,
+        geo: Geometry,
+    ) -> Result<(), CodegenError> {
+        let ie = CodegenError::Internal;
+        let Geometry { qb, kb, bh, t, .. } = geo;
+        let bm = spec.bm;
         let mut norms_shape = bh.clone();
-        norms_shape.push(Dim::Tiles(Box::new(t.clone()), *bm));
+        norms_shape.push(Dim::Tiles(Box::new(t.clone()), bm));
         norms_shape.push(Dim::Const(2));
-        let norms_what = format!("per-tile max squared norms of q, k for %{}", n.index());
-        if *plan == ThresholdPlan::OneLaunch {
-            // One launch: the norms, then each head's last block evaluates its deltas.
-            let nb = self.scratch(DType::F32, norms_shape, norms_what);
-            let arrived = self.counters(bh.clone(), format!("blocks of each head done with %{}", n.index()));
-            let mut args = vec![
-                KernelArg::Buffer(qb),
-                KernelArg::Buffer(kb),
-                KernelArg::Buffer(nb),
-                KernelArg::Buffer(res),
-                KernelArg::Buffer(arrived),
-                KernelArg::I32(vec![t.clone()]),
-                KernelArg::LnF32(vec![t.clone()]),
-            ];
-            let Some((JointPrelude { gate, split_rows, .. }, c)) = joint else {
-                let name = self.name(n, "threshold_norms_delta");
-                threshold::build_threshold_fused(self.ctx, self.module, &name, &spec).map_err(ie)?;
-                self.push(n, name, args, grid(threshold::NORM_THREADS), vec![]);
-                return Ok(());
-            };
-            // The gate's scan in the same launch, ahead of the tiles: a block per row, or per
-            // segment of each row when the rows are split.
-            let (kind, x) = self.scanned_gate(gate)?;
-            let (name, scans) = if split_rows {
-                let segments = GridDim::Ceil(vec![t.clone()], threshold::SPLIT_SEGMENT as u32);
-                (self.name(n, "threshold_with_split_scan"), segments)
-            } else {
-                (self.name(n, "threshold_with_scan"), GridDim::Const(1))
-            };
-            threshold::build_threshold_with_scan(
-                self.ctx,
-                self.module,
-                &name,
-                &spec,
-                (kind, self.ty(x).dtype),
-                split_rows,
-            )
-            .map_err(ie)?;
-            args.extend([KernelArg::Buffer(self.buf(x)?), KernelArg::Buffer(c)]);
+        let nb = self.scratch(DType::F32, norms_shape, norms_what(n));
+        let arrived = self.counters(bh.clone(), format!("blocks of each head done with %{}", n.index()));
+        let mut args = vec![
+            KernelArg::Buffer(qb),
+            KernelArg::Buffer(kb),
+            KernelArg::Buffer(nb),
+            KernelArg::Buffer(res),
+            KernelArg::Buffer(arrived),
+            KernelArg::I32(vec![t.clone()]),
+            KernelArg::LnF32(vec![t.clone()]),
+        ];
+        let Some((JointPrelude { gate, split_rows, .. }, c)) = joint else {
+            let name = self.name(n, "threshold_norms_delta");
+            threshold::build_threshold_fused(self.ctx, self.module, &name, spec).map_err(ie)?;
             let launch = Launch::Grid {
-                x: GridDim::Sum(vec![scans, GridDim::Ceil(vec![t], *bm)]),
+                x: GridDim::Ceil(vec![t], bm),
                 y: GridDim::Ceil(bh, 1),
                 block: threshold::NORM_THREADS,
             };
-            self.push_joint(n, vec![gate], name, args, launch, vec![]);
+            self.push(n, name, args, launch, vec![]);
             return Ok(());
-        }
-        if joint.is_some() {
-            return Err(ie(format!(
-                "prelude = joint on a threshold that is not one kernel (%{}: {})",
-                n.index(),
-                rule.name
-            )));
-        }
-        let norms = if threshold::needs_norms(rule, score, spec.bound) {
+        };
+        // The gate's scan in the same launch, ahead of the tiles: a block per row, or per
+        // segment of each row when the rows are split.
+        let (kind, x) = self.scanned_gate(gate)?;
+        let (name, scans) = if split_rows {
+            let segments = GridDim::Ceil(vec![t.clone()], threshold::SPLIT_SEGMENT as u32);
+            (self.name(n, "threshold_with_split_scan"), segments)
+        } else {
+            (self.name(n, "threshold_with_scan"), GridDim::Const(1))
+        };
+        threshold::build_threshold_with_scan(
+            self.ctx,
+            self.module,
+            &name,
+            spec,
+            (kind, self.ty(x).dtype),
+            split_rows,
+        )
+        .map_err(ie)?;
+        args.extend([KernelArg::Buffer(self.buf(x)?), KernelArg::Buffer(c)]);
+        let launch = Launch::Grid {
+            x: GridDim::Sum(vec![scans, GridDim::Ceil(vec![t], bm)]),
+            y: GridDim::Ceil(bh, 1),
+            block: threshold::NORM_THREADS,
+        };
+        self.push_joint(n, vec![gate], name, args, launch, vec![]);
+        Ok(())
+    }
+
+    /// The per-tile norms (when the formula reads them), then the deltas: two launches.
+    fn threshold_norms_then_delta(
+        &mut self,
+        n: ValueId,
+        res: usize,
+        spec: &threshold::DeltaSpec<'_>,
+        geo: Geometry,
+    ) -> Result<(), CodegenError> {
+        let ie = CodegenError::Internal;
+        let Geometry { qb, kb, bh, t, tk } = geo;
+        let (bm, fewer_queries) = (spec.bm, spec.fewer_queries);
+        let norms = if threshold::needs_norms(spec.rule, &spec.score, spec.bound) {
             let name = self.name(n, "threshold_norms");
             threshold::build_threshold_norms(
                 self.ctx,
                 self.module,
                 &name,
-                d,
-                kv_group,
+                spec.d,
+                spec.kv_group,
                 spec.dts,
-                *bm,
+                bm,
                 fewer_queries,
             )
             .map_err(ie)?;
             // The norms' tiles: the queries' (one per delta block), or the keys' when fewer.
             let rows = if fewer_queries { &tk } else { &t };
             let mut shape = bh.clone();
-            shape.extend([Dim::Tiles(Box::new(rows.clone()), *bm), Dim::Const(2)]);
-            let nb = self.scratch(DType::F32, shape, norms_what);
+            shape.extend([Dim::Tiles(Box::new(rows.clone()), bm), Dim::Const(2)]);
+            let nb = self.scratch(DType::F32, shape, norms_what(n));
             let mut args = vec![
                 KernelArg::Buffer(qb),
                 KernelArg::Buffer(kb),
@@ -164,7 +219,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             if fewer_queries {
                 args.push(KernelArg::I32(vec![t.clone()]));
             }
-            let x = GridDim::Ceil(vec![rows.clone()], *bm);
+            let x = GridDim::Ceil(vec![rows.clone()], bm);
             let launch = Launch::Grid { x, y: GridDim::Ceil(bh.clone(), 1), block: threshold::NORM_THREADS };
             self.push(n, name, args, launch, vec![]);
             nb
@@ -172,7 +227,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             res
         };
         let name = self.name(n, "threshold_delta");
-        threshold::build_threshold_delta(self.ctx, self.module, &name, &spec).map_err(ie)?;
+        threshold::build_threshold_delta(self.ctx, self.module, &name, spec).map_err(ie)?;
         let mut args = vec![
             KernelArg::Buffer(qb),
             KernelArg::Buffer(kb),
@@ -185,7 +240,12 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         if fewer_queries {
             args.push(KernelArg::I32(vec![tk]));
         }
-        self.push(n, name, args, grid(super::kernels::ROW_THREADS), vec![]);
+        let launch = Launch::Grid {
+            x: GridDim::Ceil(vec![t], bm),
+            y: GridDim::Ceil(bh, 1),
+            block: super::kernels::ROW_THREADS,
+        };
+        self.push(n, name, args, launch, vec![]);
         Ok(())
     }
 

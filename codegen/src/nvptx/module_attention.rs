@@ -1,0 +1,305 @@
+//! Lowering of `attention` onto the flash-attention kernel: a score region, captured tensors
+//! included (emitted by the kernel's score hook; captures and their sizes are kernel arguments
+//! after `T`), causal, window, no mask or an expression mask (its condition compiled per element
+//! by the same hook), grouped-query heads with a static group, dense or with the boundary fused
+//! (`delta` operand); with the `split_keys` kernel attribute, a second launch merging the
+//! partials of the key slices.
+
+use super::attention::params::FwdParams;
+use super::attention::region::{CaptureTy, RegionMod, ScoreArg};
+use super::attention::{self, AttnKernelConfig};
+use super::attention_ws;
+use super::module::{build_attention, user, Assembler};
+use super::{CodegenError, GridDim, KernelArg, Launch};
+use foxc_ir::attention::{AttnOperands, KvLoads, WsGrid, WsTurns};
+use foxc_ir::{Attention, DType, Dim, Mask, Prune, Region, Value, ValueId};
+
+/// The sizes an attention launch is built from (q after its scale is folded into the kernel).
+struct Geometry {
+    /// The q operand the kernel reads.
+    q: ValueId,
+    /// `[B, H]` of q.
+    bh: Vec<Dim>,
+    /// Query rows.
+    t: Dim,
+    /// Keys (`t` or more: the queries sit at the end of them).
+    tk: Dim,
+    /// The head dim, and its bound value.
+    dd: Dim,
+    d: u32,
+}
+
+/// The buffers the forward kernel reads and writes.
+struct KernelBuffers {
+    qkv: [usize; 3],
+    c: usize,
+    delta: usize,
+    out: usize,
+    lse: usize,
+}
+
+impl<'a, 'ctx> Assembler<'a, 'ctx> {
+    pub(super) fn attention(&mut self, n: ValueId, res: usize, a: &Attention) -> Result<(), CodegenError> {
+        let o = Attention::operands(self.g, n).map_err(CodegenError::Internal)?;
+        let (geo, cfg, mask) = self.attention_config(n, a, &o)?;
+        // Keys per split block (the partial planes are `ceil(Tk / keys)`).
+        let split_keys = cfg.split_tiles.map(|s| s * cfg.bn);
+        let score = self.score_region(n, a, &o, mask, &geo)?;
+        let qkv = self.bf16_operands(n, [geo.q, o.k, o.v])?;
+        if let Some(c) = o.decay {
+            if self.ty(c).dtype != DType::F32 {
+                return Err(user(format!("the gate cumsum c must be f32, got {}", self.ty(c).dtype)));
+            }
+        }
+        let delta = match o.delta {
+            Some(dl) => Some(self.buf(dl)?),
+            None => None,
+        };
+        let name =
+            build_attention(self.ctx, self.module, &cfg, &score)?.get_name().to_string_lossy().into_owned();
+        // Result 1, f32 [B, H, T]: the kernel writes it on every run.
+        let lse = self.buf(Value { node: n, result: Attention::LSE })?;
+        // Split keys: the kernel writes its partials to scratch planes [Z, B, H, T, ...].
+        let partials = split_keys.map(|keys| self.split_partials(n, keys, &geo));
+        let (out, lse_out) = partials.unwrap_or((res, lse));
+        // Unused pointer parameters get any valid buffer (the kernel does not read them).
+        let c = match o.decay {
+            Some(c) => self.buf(c)?,
+            None => qkv[0],
+        };
+        let bufs = KernelBuffers { qkv, c, delta: delta.unwrap_or(c), out, lse: lse_out };
+        let (args, zero_first) = self.attention_args(n, &cfg, &geo, &o, &score, &bufs)?;
+        let sms = self.spec.sms;
+        let launch = Launch::Attention { cfg, t: geo.t.clone(), tk: geo.tk.clone(), bh: geo.bh.clone(), sms };
+        self.push(n, name, args, launch, zero_first);
+        if let (Some(keys), Some((part_o, part_lse))) = (split_keys, partials) {
+            self.split_merge(n, keys, geo, a.out_dtype, [part_o, part_lse, res, lse])?;
+        }
+        Ok(())
+    }
+
+    /// The kernel configuration of attention `n`, the sizes it is built for and its mask's
+    /// expression condition, if any.
+    fn attention_config<'g>(
+        &self,
+        n: ValueId,
+        a: &'g Attention,
+        o: &AttnOperands,
+    ) -> Result<(Geometry, AttnKernelConfig, Option<&'g Region>), CodegenError> {
+        if o.decay_lo.is_some() {
+            // The compensate-decay pass gives the pair to the CPU target only.
+            return Err(Self::not_yet(n, "a decay pair (c, c_lo)"));
+        }
+        let (window, causal, mask) = mask_parts(&a.mask)?;
+        if a.prune == Prune::Start {
+            return Err(Self::not_yet(n, "a separate block_boundary (the fuse-boundary pass did not apply)"));
+        }
+        let out_bf16 = match a.out_dtype {
+            DType::F32 => false,
+            DType::BF16 => true,
+            d => return Err(Self::not_yet(n, &format!("output dtype {d}"))),
+        };
+        let tiles = a.tiles.ok_or_else(|| {
+            CodegenError::Internal("attention without tiles (the tiles pass did not run)".into())
+        })?;
+        // attention(s q, k, v) with scale a is attention(q, k, v) with scale a s.
+        let (q, qs) = self.resolve_q(o.q);
+        let (bh, t, dd) = self.bhtd(q, "attention's q")?;
+        let d = self.static_dim(&dd, "the head dimension")?;
+        // Keys of their own length: the queries sit at the end of them (the kernel's `Tk`).
+        let (_, tk, _) = self.bhtd(o.k, "attention's k")?;
+        let mut cfg = AttnKernelConfig::new(d, a.decay, a.prune == Prune::Boundary);
+        cfg.fewer_queries = tk != t;
+        cfg.scale = (self.scale_value(&a.scale)? * qs) as f32;
+        cfg.sm = self.spec.target.sm();
+        cfg.out_bf16 = out_bf16;
+        cfg.window = window;
+        cfg.causal = causal;
+        cfg.bm = tiles.bm;
+        cfg.bn = tiles.bn;
+        cfg.kv_group = self.static_dim(&a.kv_group, "the query heads per key/value head")?;
+        // The attribute's own rule at the bound head dim (ir AttnKernel::runs_warp_specialized).
+        cfg.ws = a.kernel.runs_warp_specialized(d as u64);
+        // Debug starts (NvptxSpec::debug_starts): the standard kernel writes them (the
+        // warp-specialized one has no such parameter), for the first pruned attention only.
+        if self.spec.debug_starts && cfg.prune && self.debug_starts.is_none() {
+            cfg.debug_starts = true;
+            cfg.ws = false;
+        }
+        // Split keys (the attention's kernel attribute): f32 partials, merged by a second
+        // launch that also rounds to the output dtype. A debug-starts run keeps one launch.
+        let split = a.kernel.split_key_tiles().filter(|_| !cfg.debug_starts);
+        if split.is_some() {
+            cfg.split_tiles = split;
+            cfg.out_bf16 = false;
+        }
+        cfg.tma = cfg.ws && a.kernel.kv_loads() == KvLoads::Tma;
+        cfg.persistent = cfg.ws && a.kernel.ws_grid() == WsGrid::Persistent;
+        cfg.free_running = cfg.ws && a.kernel.ws_turns() == WsTurns::None;
+        attention_ws::check_persistent(&cfg).map_err(user)?;
+        Ok((Geometry { q, bh, t, tk, dd, d }, cfg, mask))
+    }
+
+    /// The score region of attention `n` as the kernel's score hook compiles it: captured
+    /// tensors are read through their index expressions, the mask's condition per element.
+    fn score_region(
+        &self,
+        n: ValueId,
+        a: &Attention,
+        o: &AttnOperands,
+        mask: Option<&Region>,
+        geo: &Geometry,
+    ) -> Result<RegionMod, CodegenError> {
+        // The region's dims are specialized like the head dim; `b`, `h` need the head count.
+        let heads =
+            self.ty(geo.q).axes.get(1).and_then(|ax| ax.dim.eval(&|s| self.spec.dims.get(s).copied()));
+        let dim = |d: &Dim| d.eval(&|s| self.spec.dims.get(s).copied());
+        let caps: Vec<CaptureTy> = o
+            .captures
+            .iter()
+            .map(|&c| CaptureTy { dtype: self.ty(c).dtype, rank: self.ty(c).rank() })
+            .collect();
+        RegionMod::with_mask(&a.score, mask, a.keys_from.as_ref(), &dim, heads, &caps)
+            .map_err(|e| Self::not_yet(n, &e))
+    }
+
+    /// q, k, v in bf16: others are cast into scratch copies first.
+    fn bf16_operands(&mut self, n: ValueId, vs: [ValueId; 3]) -> Result<[usize; 3], CodegenError> {
+        let mut qkv = [0; 3];
+        for (i, &v) in vs.iter().enumerate() {
+            let b = self.buf(v)?;
+            qkv[i] = if self.ty(v).dtype == DType::BF16 {
+                b
+            } else {
+                let shape: Vec<Dim> = self.ty(v).dims().cloned().collect();
+                let s =
+                    self.scratch(DType::BF16, shape, format!("bf16 copy of operand {i} of %{}", n.index()));
+                let name = self.name(n, &format!("attn_in{i}_to_bf16"));
+                self.cast(n, name, v, b, s, DType::BF16, None)?;
+                s
+            };
+        }
+        Ok(qkv)
+    }
+
+    /// Scratch planes for the partial outputs and LSEs of `keys`-key slices: `(out, lse)`.
+    fn split_partials(&mut self, n: ValueId, keys: u32, geo: &Geometry) -> (usize, usize) {
+        let mut rows = vec![Dim::Tiles(Box::new(geo.tk.clone()), keys)];
+        rows.extend(geo.bh.iter().cloned());
+        rows.push(geo.t.clone());
+        let what = |x: &str| format!("split-keys partial {x} of %{}", n.index());
+        let lse = self.scratch(DType::F32, rows.clone(), what("LSE"));
+        rows.push(geo.dd.clone());
+        (self.scratch(DType::F32, rows, what("output")), lse)
+    }
+
+    /// The forward kernel's arguments in its parameter order (`FwdParams`, then the score hook's,
+    /// the tensor maps, the debug starts, `Tk`, the persistent grid's), and the buffers to zero
+    /// before every launch.
+    fn attention_args(
+        &mut self,
+        n: ValueId,
+        cfg: &AttnKernelConfig,
+        geo: &Geometry,
+        o: &AttnOperands,
+        score: &RegionMod,
+        bufs: &KernelBuffers,
+    ) -> Result<(Vec<KernelArg>, Vec<usize>), CodegenError> {
+        let buf = KernelArg::Buffer;
+        let mut args = FwdParams {
+            q: buf(bufs.qkv[0]),
+            k: buf(bufs.qkv[1]),
+            v: buf(bufs.qkv[2]),
+            c: buf(bufs.c),
+            delta: buf(bufs.delta),
+            out: buf(bufs.out),
+            lse: buf(bufs.lse),
+            t: KernelArg::I32(vec![geo.t.clone()]),
+        }
+        .into_vec();
+        // The score hook's parameters (region.rs, ScoreArg): head count, captures and their sizes.
+        for arg in score.args() {
+            args.push(match *arg {
+                ScoreArg::Heads => KernelArg::I32(vec![geo.bh[1].clone()]),
+                ScoreArg::Capture(k) => KernelArg::Buffer(self.buf(o.captures[k])?),
+                ScoreArg::CaptureDim(k, ax) => {
+                    KernelArg::I32(self.ty(o.captures[k]).dims().nth(ax).cloned().into_iter().collect())
+                }
+                ScoreArg::Dim(n) => KernelArg::I32(score.dim_arg(n).cloned().into_iter().collect()),
+            });
+        }
+        if cfg.tma {
+            // Tensor maps of K and V over their [B, H_kv, T, D] buffers (attention_ws::tma).
+            let (kv_heads, _, _) = self.bhtd(o.k, "attention's k")?;
+            args.extend(attention_ws::tma::args(cfg, bufs.qkv[1], bufs.qkv[2], &geo.t, &kv_heads));
+        }
+        if cfg.debug_starts {
+            let mut shape = geo.bh.clone();
+            shape.push(Dim::Tiles(Box::new(geo.t.clone()), cfg.bm));
+            let what = format!("debug: in-kernel block starts of %{}", n.index());
+            let dbg = self.scratch(DType::I32, shape, what);
+            args.push(KernelArg::Buffer(dbg));
+            self.debug_starts = Some(dbg);
+        }
+        if cfg.fewer_queries {
+            args.push(KernelArg::I32(vec![geo.tk.clone()]));
+        }
+        // The persistent kernel: the head count and its work-item counter, zeroed right before
+        // every launch (attention_ws::persist).
+        let mut zero_first = vec![];
+        if cfg.persistent {
+            let work = self.scratch(DType::I32, vec![], format!("work-item counter of %{}", n.index()));
+            args.push(KernelArg::I32(geo.bh.clone()));
+            args.push(KernelArg::Buffer(work));
+            zero_first.push(work);
+        }
+        Ok((args, zero_first))
+    }
+
+    /// The launch merging the split partials `[part_out, part_lse]` into `[out, lse]` by LSE,
+    /// rounding to `out_dtype`.
+    fn split_merge(
+        &mut self,
+        n: ValueId,
+        keys: u32,
+        geo: Geometry,
+        out_dtype: DType,
+        [part_o, part_lse, out, lse]: [usize; 4],
+    ) -> Result<(), CodegenError> {
+        let name = self.name(n, &format!("split_merge_k{keys}"));
+        attention::split_merge::build_split_merge(self.ctx, self.module, &name, geo.d, keys, out_dtype)
+            .map_err(CodegenError::Internal)?;
+        let mut rows = geo.bh;
+        rows.push(geo.t);
+        let args = vec![
+            KernelArg::Buffer(part_o),
+            KernelArg::Buffer(part_lse),
+            KernelArg::Buffer(out),
+            KernelArg::Buffer(lse),
+            KernelArg::I32(rows.clone()),
+            KernelArg::I32(vec![geo.tk]),
+        ];
+        let per_block = attention::split_merge::MERGE_THREADS / 32;
+        let launch = Launch::Grid {
+            x: GridDim::Ceil(rows, per_block),
+            y: GridDim::Const(1),
+            block: attention::split_merge::MERGE_THREADS,
+        };
+        self.push(n, name, args, launch, vec![]);
+        Ok(())
+    }
+}
+
+/// An attention mask as the kernels take it: (window, causal, expression condition). Without a
+/// causal mask every key tile is visited and an expression's condition is evaluated per element
+/// (by the score region's hook), in the forward and the backward alike.
+pub(super) fn mask_parts(mask: &Mask) -> Result<(Option<u32>, bool, Option<&Region>), CodegenError> {
+    Ok(match mask {
+        Mask::Causal => (None, true, None),
+        Mask::Window(w) => {
+            (Some(u32::try_from(*w).map_err(|_| user(format!("window {w} is too large")))?), true, None)
+        }
+        Mask::None => (None, false, None),
+        Mask::Expr(r) => (None, false, Some(r)),
+    })
+}
