@@ -89,8 +89,9 @@ fn execute_outputs(
 ) -> Result<TensorMap, Error> {
     let ls = launches(p);
     let vals: Vec<Value> = outputs.iter().map(|(_, v)| *v).collect();
+    let inputs = crate::validate::as_read(g, inputs);
     // SAFETY: the launches come from `p`, compiled for this graph and these dims, alive here.
-    let ts = unsafe { rt::execute_outputs(g, &p.dims, &ls, inputs, &vals, opts) }.map_err(rt_err)?;
+    let ts = unsafe { rt::execute_outputs(g, &p.dims, &ls, &inputs, &vals, opts) }.map_err(rt_err)?;
     Ok(outputs.iter().map(|(n, _)| n.clone()).zip(ts).collect())
 }
 
@@ -178,8 +179,9 @@ fn execute_with(
     opts: rt::ExecOptions,
 ) -> Result<HostTensor, Error> {
     let ls = launches(p);
+    let inputs = crate::validate::as_read(g, inputs);
     // SAFETY: the launches come from `p`, compiled for this graph and these dims, alive here.
-    unsafe { rt::execute_with(g, &p.dims, &ls, inputs, opts) }.map_err(rt_err)
+    unsafe { rt::execute_with(g, &p.dims, &ls, &inputs, opts) }.map_err(rt_err)
 }
 
 /// Compile `g` (an optimized graph) for the shapes of `inputs` and run it on all cores.

@@ -292,6 +292,7 @@ fn prepare_with(
         outs.push(("debug_starts".to_string(), foxc_ir::DType::I32, shape));
         program.outputs.push(buf);
     }
+    let inputs = crate::validate::as_read(g, inputs);
     let mut ins = Vec::with_capacity(g.params.len());
     for p in &g.params {
         ins.push(inputs[&p.name].data.clone());

@@ -10,6 +10,7 @@ use foxc_ir::index::IndexExpr;
 use foxc_ir::shapes::{bind_dims, DimBindings, ShapeError};
 use foxc_ir::{Graph, Op, RNode, ValueId};
 use foxc_runtime::TensorMap;
+use std::borrow::Cow;
 
 #[derive(Debug, PartialEq, thiserror::Error)]
 pub enum InputError {
@@ -87,8 +88,32 @@ fn unravel(mut l: usize, shape: &[usize]) -> Vec<usize> {
 }
 
 /// Check `inputs` against the parameters of `g`; on success, the bound dimensions.
+/// A parameter's type as the source declares it (an `i64` parameter's storage, not its i32
+/// value type).
+fn declared(p: &foxc_ir::Param) -> String {
+    foxc_ir::ValueType { dtype: p.stored(), ..p.ty.clone() }.to_string()
+}
+
+/// The inputs as the graph reads them: each `i64` parameter narrowed to its i32 value type
+/// (saturating, `Param::stored`); borrowed when the graph has none.
+pub fn as_read<'a>(g: &Graph, inputs: &'a TensorMap) -> Cow<'a, TensorMap> {
+    let narrowed: Vec<&str> =
+        g.params.iter().filter(|p| p.storage.is_some()).map(|p| p.name.as_str()).collect();
+    if narrowed.is_empty() {
+        return Cow::Borrowed(inputs);
+    }
+    let mut m = inputs.clone();
+    for name in narrowed {
+        if let Some(t) = m.get_mut(name) {
+            *t = t.narrowed_to_i32();
+        }
+    }
+    Cow::Owned(m)
+}
+
 pub fn check_inputs(g: &Graph, inputs: &TensorMap) -> Result<DimBindings, InputError> {
-    let expected = g.params.iter().map(|p| format!("{}: {}", p.name, p.ty)).collect::<Vec<_>>().join(", ");
+    let expected =
+        g.params.iter().map(|p| format!("{}: {}", p.name, declared(p))).collect::<Vec<_>>().join(", ");
     let missing: Vec<String> =
         g.params.iter().filter(|p| !inputs.contains_key(&p.name)).map(|p| p.name.clone()).collect();
     if !missing.is_empty() {
@@ -100,10 +125,10 @@ pub fn check_inputs(g: &Graph, inputs: &TensorMap) -> Result<DimBindings, InputE
     }
     for p in &g.params {
         let t = &inputs[&p.name];
-        if t.dtype != p.ty.dtype {
+        if t.dtype != p.stored() {
             return Err(InputError::Dtype {
                 tensor: p.name.clone(),
-                declared: p.ty.to_string(),
+                declared: declared(p),
                 got: t.dtype.to_string(),
             });
         }

@@ -230,7 +230,7 @@ pub fn standard_inputs(g: &Graph, dims: &DimBindings, seed: u64) -> Result<Tenso
     }
     // What is held at the peak: every tensor in its dtype, plus the f64 values and their f32
     // copy of the largest while it is made.
-    let kept: u64 = shapes.iter().map(|(p, _, n)| *n as u64 * p.ty.dtype.size_bytes() as u64).sum();
+    let kept: u64 = shapes.iter().map(|(p, _, n)| *n as u64 * p.stored().size_bytes() as u64).sum();
     let largest = shapes.iter().map(|(_, _, n)| *n as u64).max().unwrap_or(0);
     foxc_runtime::memory::fits(kept + 12 * largest)?;
     let mut out = TensorMap::new();
@@ -238,7 +238,7 @@ pub fn standard_inputs(g: &Graph, dims: &DimBindings, seed: u64) -> Result<Tenso
         let v64 = values(g, p, &shape, seed)?;
         let v = foxc_runtime::memory::try_collect(n, |i| v64[i] as f32)?;
         drop(v64);
-        out.insert(p.name.clone(), HostTensor::from_f32_as(p.ty.dtype, &shape, &v));
+        out.insert(p.name.clone(), HostTensor::from_f32_as(p.stored(), &shape, &v));
     }
     Ok(out)
 }

@@ -11,7 +11,7 @@
 
 use crate::index::IndexExpr;
 use crate::ops::Op;
-use crate::types::{Dim, Span, ValueType};
+use crate::types::{DType, Dim, Span, ValueType};
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 use petgraph::Direction;
@@ -64,9 +64,20 @@ pub struct Node {
 pub struct Param {
     pub name: String,
     pub ty: ValueType,
+    /// `Some(I64)` for an `i64` parameter: callers pass i64, whose values enter the graph as
+    /// `ty`'s I32 narrowed the way `interp::cast(I32, x)` narrows (saturating: every comparison
+    /// with an index, which is below 2^31, keeps its truth). `None`: stored as typed.
+    pub storage: Option<DType>,
     pub node: ValueId,
     /// Declared value range `in [lo, hi]` (the analysis may rely on it; the runtime checks it).
     pub range: Option<(f64, f64)>,
+}
+
+impl Param {
+    /// The dtype callers pass ([`Param::storage`], else the value type's).
+    pub fn stored(&self) -> DType {
+        self.storage.unwrap_or(self.ty.dtype)
+    }
 }
 
 /// A subscript that stays in its axis for some sizes of the dims but could not be proven to for
@@ -154,7 +165,7 @@ impl Graph {
     pub fn add_param(&mut self, name: &str, ty: ValueType, span: Span) -> ValueId {
         let index = self.params.len();
         let id = self.add(Op::Param { name: name.to_string(), index }, ty.clone(), &[], span);
-        self.params.push(Param { name: name.to_string(), ty, node: id, range: None });
+        self.params.push(Param { name: name.to_string(), ty, storage: None, node: id, range: None });
         id
     }
 

@@ -306,6 +306,7 @@ pub fn cast(dt: DType, x: f64) -> f64 {
         DType::F16 => half::f16::from_f64(x).to_f64(),
         DType::F32 => x as f32 as f64,
         DType::I32 => (x as i32) as f64,
+        DType::I64 => (x as i64) as f64,
         DType::Bool => {
             if x != 0.0 {
                 1.0
@@ -670,7 +671,7 @@ impl<'a> Evaluator<'a> {
         let mk = |data: Vec<f64>| Val { axes: axes.clone(), shape: shape.clone(), data: Rc::new(data) };
         let n: usize = shape.iter().product();
         let v = match op {
-            Op::Param { name, .. } => {
+            Op::Param { name, index } => {
                 let t = self.inputs.get(name).ok_or_else(|| InterpError::MissingInput(name.clone()))?;
                 if t.data.len() != t.numel() {
                     return Err(InterpError::BadInputData {
@@ -687,7 +688,13 @@ impl<'a> Evaluator<'a> {
                         got: t.shape.clone(),
                     });
                 }
-                mk(t.data.clone())
+                // An i64 parameter enters the graph narrowed to its i32 value type.
+                let p = &g.params[*index];
+                if p.storage.is_some() {
+                    mk(t.data.iter().map(|&x| cast(p.ty.dtype, x)).collect())
+                } else {
+                    mk(t.data.clone())
+                }
             }
             Op::Const(c) => mk(vec![*c; n]),
             Op::DimSize(d) => {

@@ -378,14 +378,19 @@ impl<'a> Lowerer<'a> {
             for d in &p.ty.dims {
                 dims.push(self.dim(d, Some(&p.name.name))?);
             }
-            let ty = ValueType::tensor(p.ty.dtype, dims.clone());
+            // An i64 parameter is stored as i64 and read as i32 (`Param::stored`).
+            let dtype = if p.ty.dtype == DType::I64 { DType::I32 } else { p.ty.dtype };
+            let ty = ValueType::tensor(dtype, dims.clone());
             let node = match p.range {
                 Some(r) => self.g.add_param_in(&p.name.name, ty, r, p.span),
                 None => self.g.add_param(&p.name.name, ty, p.span),
             };
+            if dtype != p.ty.dtype {
+                self.g.params.last_mut().expect("just added").storage = Some(p.ty.dtype);
+            }
             self.names.insert(
                 p.name.name.clone(),
-                Entry { kind: Kind::Param, node: Some(node), dtype: p.ty.dtype, dims, span: p.name.span },
+                Entry { kind: Kind::Param, node: Some(node), dtype, dims, span: p.name.span },
             );
             self.order.push(p.name.name.clone());
         }

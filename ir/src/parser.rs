@@ -260,16 +260,16 @@ impl<'t> Parser<'t> {
     }
 
     fn type_expr(&mut self) -> PResult<TypeExpr> {
-        let dt = self.ident("a dtype", "dtypes are bf16, f16, f32 and i32, e.g. `bf16[B, H, T, D]`")?;
+        let dt = self.ident("a dtype", "dtypes are bf16, f16, f32, i32 and i64, e.g. `bf16[B, H, T, D]`")?;
         let dtype = match DType::from_name(&dt.name) {
-            Some(d @ (DType::BF16 | DType::F16 | DType::F32 | DType::I32)) => d,
+            Some(d @ (DType::BF16 | DType::F16 | DType::F32 | DType::I32 | DType::I64)) => d,
             Some(d) => {
                 return Err(Diagnostic::new(
                     format!("dtype `{d}` cannot be declared"),
                     dt.span,
                     "not a number dtype",
                 )
-                .with_hint("parameters are bf16, f16, f32 or i32 (results are floating point); a mask is a condition, `select(cond, s, -inf)`"))
+                .with_hint("parameters are bf16, f16, f32, i32 or i64 (results are floating point); a mask is a condition, `select(cond, s, -inf)`"))
             }
             None => {
                 let hint = match dt.name.as_str() {
@@ -277,8 +277,8 @@ impl<'t> Parser<'t> {
                     "half" | "float16" | "fp16" => "write `f16`".to_string(),
                     "bfloat16" => "write `bf16`".to_string(),
                     "int" | "int32" => "write `i32`".to_string(),
-                    "i64" | "int64" | "long" => "64-bit integers are not supported: use `i32`".to_string(),
-                    _ => "dtypes are bf16, f16, f32 and i32".to_string(),
+                    "int64" | "long" => "write `i64`".to_string(),
+                    _ => "dtypes are bf16, f16, f32, i32 and i64".to_string(),
                 };
                 return Err(Diagnostic::new(format!("unknown dtype `{}`", dt.name), dt.span, "not a dtype")
                     .with_hint(hint));

@@ -39,7 +39,14 @@ fn value_name(num: &HashMap<ValueId, usize>, v: Value) -> String {
 pub fn print_graph(g: &Graph) -> String {
     let (order, num) = numbering(g);
     let mut s = String::new();
-    let params: Vec<String> = g.params.iter().map(|p| format!("%{}: {}", p.name, p.ty)).collect();
+    let params: Vec<String> = g
+        .params
+        .iter()
+        .map(|p| match p.storage {
+            None => format!("%{}: {}", p.name, p.ty),
+            Some(s) => format!("%{}: {} (stored {s})", p.name, p.ty),
+        })
+        .collect();
     let ret = g.output.map(|o| g.ty(o).to_string()).unwrap_or_else(|| "()".into());
     let _ = writeln!(s, "graph @{}({}) -> {} {{", g.name, params.join(", "), ret);
     for n in order {

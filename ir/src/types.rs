@@ -16,6 +16,9 @@ pub enum DType {
     F32,
     /// 32-bit signed integers (tile indices produced by `block_boundary`).
     I32,
+    /// 64-bit signed integers: only as the storage of a parameter (what callers pass, e.g.
+    /// torch's default `int64`); inside a graph its values are `I32` ([`crate::Param::stored`]).
+    I64,
     /// Results of comparisons; only `select` consumes them.
     Bool,
 }
@@ -27,6 +30,7 @@ impl DType {
             DType::F16 => "f16",
             DType::F32 => "f32",
             DType::I32 => "i32",
+            DType::I64 => "i64",
             DType::Bool => "bool",
         }
     }
@@ -37,6 +41,7 @@ impl DType {
             "f16" => DType::F16,
             "f32" => DType::F32,
             "i32" => DType::I32,
+            "i64" => DType::I64,
             "bool" => DType::Bool,
             _ => return None,
         })
@@ -51,6 +56,7 @@ impl DType {
         match self {
             DType::BF16 | DType::F16 => 2,
             DType::F32 | DType::I32 => 4,
+            DType::I64 => 8,
             DType::Bool => 1,
         }
     }

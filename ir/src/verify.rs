@@ -66,6 +66,9 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
         if !p.ty.is_positional() {
             return Err(err(g, p.node, "parameters must have positional axes".into()));
         }
+        if p.storage.is_some_and(|s| s != DType::I64 || p.ty.dtype != DType::I32) {
+            return Err(err(g, p.node, format!("is stored as {} but typed {}", p.stored(), p.ty)));
+        }
         if let Some((lo, hi)) = p.range {
             if lo.is_nan() || hi.is_nan() || lo > hi {
                 return Err(err(g, p.node, format!("empty declared range [{lo}, {hi}]")));
@@ -92,6 +95,10 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
                     format!("has {} operands, `{}` takes {n}", ks.len(), node.op.mnemonic()),
                 ));
             }
+        }
+        // i64 is a storage dtype of parameters, never a value's.
+        if std::iter::once(&node.ty).chain(&node.more).any(|t| t.dtype == DType::I64) {
+            return Err(err(g, id, "has an i64 value (i64 is only a parameter's storage)".into()));
         }
         // Every operand names an existing result of its node.
         for o in g.operand_values(id) {

@@ -12,7 +12,7 @@ The compiler (LLVM inside) and the runtime live in the extension ``foxc._foxc``:
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from . import _foxc
 from ._foxc import CompileError, cache_info
@@ -68,6 +68,33 @@ class Attention:
 
     def __repr__(self) -> str:
         return repr(self._program)
+
+    def bind_dims(self, shapes: Dict[str, Sequence[int]]) -> Dict[str, int]:
+        """The sizes of the signature's symbolic dims that the shapes of the named tensors give
+        (any subset of the parameters); a ValueError names the tensor and axis that disagree."""
+        dims: Dict[str, Tuple[int, str, int]] = {}
+        for name, _, decl in self.signature:
+            if name not in shapes:
+                continue
+            shape = shapes[name]
+            if len(decl) != len(shape):
+                raise ValueError(
+                    f"input `{name}` has rank {len(shape)} (shape {tuple(shape)}), "
+                    f"but `{self.name}` declares [{', '.join(decl)}]"
+                )
+            for axis, (d, size) in enumerate(zip(decl, shape)):
+                if d.isdigit():
+                    if int(d) != size:
+                        raise ValueError(f"input `{name}` axis {axis} has size {size}, but it is declared {d}")
+                    continue
+                if d in dims and dims[d][0] != size:
+                    bound, by, by_axis = dims[d]
+                    raise ValueError(
+                        f"input `{name}` axis {axis} ({d}) has size {size}, but {d} = {bound} "
+                        f"was fixed by `{by}` axis {by_axis}"
+                    )
+                dims.setdefault(d, (int(size), name, axis))
+        return {d: v[0] for d, v in dims.items()}
 
     # ---- running it
     def __call__(self, **tensors: Any):

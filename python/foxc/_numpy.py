@@ -28,10 +28,12 @@ def _wire(name: str, a) -> tuple:
         dtype = "bf16"
     elif a.dtype == np.int32:
         dtype = "i32"
+    elif a.dtype == np.int64:
+        dtype = "i64"
     else:
         raise ValueError(
             f"input `{name}` has dtype {a.dtype}: foxc takes float32 (or ml_dtypes.bfloat16) arrays, "
-            "and int32 for integer parameters"
+            "and int32 or int64 for integer parameters"
         )
     # Little-endian row-major bytes (a copy only when the array is not already that).
     a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))

@@ -207,13 +207,7 @@ class KVCache:
         return self.every if self.every else max(self.block, self.length // 16)
 
     def _dims(self) -> Dict[str, int]:
-        dims: Dict[str, int] = {}
-        for name, _, decl in self.attn.signature:
-            if name in self.tensors:
-                for d, size in zip(decl, self.tensors[name].shape):
-                    if not d.isdigit():
-                        dims[d] = int(size)
-        return dims
+        return self.attn.bind_dims({name: tuple(t.shape) for name, t in self.tensors.items()})
 
     def kept_blocks(self) -> np.ndarray:
         """Each head's first kept block of ``block`` keys (int32, the gate cumsum's leading dims)."""

@@ -36,7 +36,14 @@ import torch
 from . import _foxc, _workspace
 from .cache import KVCache, evictable  # noqa: F401  (the cache holds torch tensors as well)
 
-_TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "i32": torch.int32}
+_TORCH_DTYPES = {
+    "f32": torch.float32,
+    "bf16": torch.bfloat16,
+    "f16": torch.float16,
+    "i32": torch.int32,
+    "i64": torch.int64,
+}
+_INTEGERS = ("i32", "i64")
 _NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
 _KEPT_ZEROED = _workspace.KeptZeroed()
 
@@ -48,27 +55,9 @@ def _attention_of(program_id: int):
 
 
 def _bind(attn, shapes: Sequence[Sequence[int]]) -> Dict[str, int]:
-    """Bind the symbolic dims of the signature to sizes; a ValueError names the tensor."""
-    dims: Dict[str, Tuple[int, str, int]] = {}
-    for (name, _, decl), shape in zip(attn.signature, shapes):
-        if len(decl) != len(shape):
-            raise ValueError(
-                f"input `{name}` has rank {len(shape)} (shape {tuple(shape)}), "
-                f"but `{attn.name}` declares [{', '.join(decl)}]"
-            )
-        for axis, (d, size) in enumerate(zip(decl, shape)):
-            if d.isdigit():
-                if int(d) != size:
-                    raise ValueError(f"input `{name}` axis {axis} has size {size}, but it is declared {d}")
-                continue
-            if d in dims and dims[d][0] != size:
-                bound, by, by_axis = dims[d]
-                raise ValueError(
-                    f"input `{name}` axis {axis} ({d}) has size {size}, but {d} = {bound} "
-                    f"was fixed by `{by}` axis {by_axis}"
-                )
-            dims.setdefault(d, (size, name, axis))
-    return {d: v[0] for d, v in dims.items()}
+    """Bind the symbolic dims of the signature to the sizes of every parameter's tensor, in
+    order; a ValueError names the tensor."""
+    return attn.bind_dims(dict(zip(attn.params, shapes)))
 
 
 def _out_shapes(attn, shapes) -> Tuple[List[int], List[int]]:
@@ -112,6 +101,17 @@ def _launch(plan, tensors: Dict, dev) -> List[torch.Tensor]:
     return outs
 
 
+def _as_read(attn, inputs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    """The inputs as the program reads them: an ``i64`` parameter's tensor narrowed to int32,
+    saturating as the extension narrows host tensors (``Param::stored``), on the tensor's device
+    and torch's stream (the plans take the graph's i32)."""
+    lo, hi = -(2**31), 2**31 - 1
+    return [
+        t.clamp(lo, hi).to(torch.int32) if dtype == "i64" else t
+        for (_, dtype, _), t in zip(attn.signature, inputs)
+    ]
+
+
 def _metas(names, tensors) -> Dict:
     return {n: (_NAMES.get(t.dtype, str(t.dtype)), list(t.shape)) for n, t in zip(names, tensors)}
 
@@ -121,6 +121,7 @@ def attention_op(program: int, inputs: List[torch.Tensor]) -> Tuple[torch.Tensor
     """Run compiled program ``program`` on ``inputs`` (the DSL parameters in order)."""
     attn = _attention_of(program)
     _check(attn, inputs)
+    inputs = _as_read(attn, inputs)
     dev = inputs[0].device
     key = (dev.index, tuple(tuple(t.shape) for t in inputs))
     plan = attn._gpu_plans.get(key)
@@ -160,6 +161,7 @@ def attention_train_op(program: int, inputs: List[torch.Tensor]) -> Tuple[torch.
     its rounding into ``delta_i = dout_i . out_i`` and, amplified, into the decay gradients."""
     attn = _attention_of(program)
     _check(attn, inputs)
+    inputs = _as_read(attn, inputs)
     dev = inputs[0].device
     key = ("train", dev.index, tuple(tuple(t.shape) for t in inputs))
     plan = attn._gpu_plans.get(key)
@@ -199,7 +201,7 @@ def _attention_train_fake(program: int, inputs: List[torch.Tensor]) -> Tuple[tor
 
 def _float_params(attn) -> List[int]:
     """Indices of the float parameters: the ones that get a gradient."""
-    return [i for i, (_, dtype, _) in enumerate(attn.signature) if dtype in _TORCH_DTYPES]
+    return [i for i, (_, dtype, _) in enumerate(attn.signature) if dtype not in _INTEGERS]
 
 
 @torch.library.custom_op("foxc::attention_backward", mutates_args=(), device_types="cuda")
@@ -211,7 +213,7 @@ def attention_backward_op(
     saved-forward gradient program (no forward recomputed), on torch's current stream."""
     attn = _attention_of(program)
     dev = inputs[0].device
-    tensors = list(inputs) + [dout, out.float(), lse]
+    tensors = _as_read(attn, inputs) + [dout, out.float(), lse]
     key = (dev.index, tuple(tuple(t.shape) for t in inputs))
     plan = attn._grad_plans.get(key)
     if plan is None:
@@ -285,8 +287,8 @@ def _wires(names, tensors) -> Dict:
     out = {}
     for n, t in zip(names, tensors):
         name = _NAMES.get(t.dtype)
-        if name not in ("f32", "bf16", "i32"):
-            raise ValueError(f"input `{n}` has dtype {t.dtype}: foxc takes float32, bfloat16 or int32 tensors")
+        if name not in ("f32", "bf16", "i32", "i64"):
+            raise ValueError(f"input `{n}` has dtype {t.dtype}: foxc takes float32, bfloat16, int32 or int64 tensors")
         t = t.detach().contiguous()
         out[n] = (name, list(t.shape), t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return out

@@ -207,7 +207,7 @@ impl Program {
             .graph
             .params
             .iter()
-            .map(|p| (p.name.clone(), p.ty.dtype.name().to_string(), dims_text(&p.ty)))
+            .map(|p| (p.name.clone(), p.stored().name().to_string(), dims_text(&p.ty)))
             .collect()
     }
 
@@ -223,7 +223,7 @@ impl Program {
     #[getter]
     fn options(&self) -> (bool, f64, String) {
         let o = &self.inner.opts;
-        (o.prune, o.log_eps, format!("{:?}", o.rule).to_lowercase())
+        (o.prune, o.log_eps, o.rule.name.to_string())
     }
 
     /// The keyword arguments of the load after `source` and `name`: `(prune_rule, log_eps,
@@ -340,7 +340,7 @@ impl Program {
         Ok(p.graph
             .params
             .iter()
-            .map(|p| (p.name.clone(), p.ty.dtype.name().to_string(), dims_text(&p.ty)))
+            .map(|p| (p.name.clone(), p.stored().name().to_string(), dims_text(&p.ty)))
             .collect())
     }
 

@@ -73,6 +73,9 @@ def test_pruned_cpu_is_within_the_acp_bound(example):
     log_eps = -10.0
     attn = foxc.load(EXAMPLES / example, log_eps=log_eps)
     assert attn.options[0], "pruning is on"
+    # The options name the rule as `foxc rules` and `load(prune_rule=...)` spell it.
+    assert attn.options[1:] == (log_eps, "paper")
+    assert foxc.load(EXAMPLES / example, prune_rule="tight-causal").options[2] == "tight-causal"
     # ACP inserted its block-boundary node (the kept key-tile range of each query tile).
     assert "block_boundary" in attn.ir()
     assert "block_boundary" not in foxc.load(EXAMPLES / example, no_prune=True).ir()
@@ -230,3 +233,26 @@ def test_an_int32_start_is_taken_and_compared():
     x["start"] = x["start"].astype(np.float32)
     with pytest.raises(ValueError, match="`start` is declared i32"):
         attn(**x)
+
+
+def test_an_int64_start_reads_as_its_int32_value(tmp_path):
+    """`start: i64[B]` takes int64 arrays (NumPy's and torch's default integers), read as i32
+    saturating: the same bits as the i32 program; 2^32 + 5 masks every key (it does not wrap
+    to 5); the signature says i64; an int32 array for it is refused."""
+    # Without the declared range [0, 256]: starts beyond it are the point.
+    text = (EXAMPLES / "fox_leftpad.attn").read_text().replace(" in [0, 256]", "")
+    wide, narrow = (tmp_path / "leftpad_i64.attn"), (tmp_path / "leftpad_i32.attn")
+    wide.write_text(text.replace("start: i32[B]", "start: i64[B]"))
+    narrow.write_text(text)
+    wide, narrow = foxc.load(wide), foxc.load(narrow)
+    assert ("start", "i64", ["B"]) in wide.signature
+    rng = np.random.default_rng()
+    x = random_inputs(narrow, rng, B=2, T=200)
+    x["start"] = np.array([rng.integers(1, 190), 2**31 - 1], dtype=np.int32)
+    x64 = dict(x, start=np.array([x["start"][0], 2**32 + 5], dtype=np.int64))
+    out = wide(**x64)
+    assert (out == narrow(**x)).all()
+    assert (out[1] == 0).all() and np.abs(out[0]).max() > 0
+    assert_close_bf16(out, foxc.reference(wide, **x64))
+    with pytest.raises(ValueError, match="`start` is declared i64"):
+        wide(**x)

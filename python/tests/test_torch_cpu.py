@@ -23,6 +23,8 @@ def inputs(attn, B=1, H=3, T=130, D=16, seed=None):
     dt = {"bf16": torch.bfloat16, "f32": torch.float32}
     x = {}
     for name, dtype, decl in attn.signature:
+        if dtype not in dt:
+            continue  # integer parameters: the test sets them
         a = torch.randn([dims[d] for d in decl], generator=g)
         if name == "fgate":
             a = a + torch.linspace(-3.0, 4.0, H).view(1, H, 1)
@@ -185,3 +187,20 @@ def test_errors_name_the_tensor():
         attn(**{**x, "q": x["q"].float()})
     with pytest.raises(ValueError, match="`v`"):
         attn(**{**x, "v": x["v"].transpose(2, 3).contiguous().transpose(2, 3)})
+
+
+def test_an_int64_start_is_narrowed_like_the_host_path(tmp_path):
+    """`start: i64[B]` takes torch's default int64 tensors; the op narrows them to int32
+    (saturating) as the extension narrows host arrays: the same output as the int32 program."""
+    # Without the declared range [0, 256]: starts beyond it are the point.
+    text = (EXAMPLES / "fox_leftpad.attn").read_text().replace(" in [0, 256]", "")
+    wide, narrow = (tmp_path / "leftpad_i64.attn"), (tmp_path / "leftpad_i32.attn")
+    wide.write_text(text.replace("start: i32[B]", "start: i64[B]"))
+    narrow.write_text(text)
+    wide, narrow = foxc.load(wide), foxc.load(narrow)
+    x = inputs(narrow, B=2, T=150)
+    x["start"] = torch.tensor([7, 2**31 - 1], dtype=torch.int32)
+    out = wide(**dict(x, start=torch.tensor([7, 2**40], dtype=torch.int64)))
+    assert torch.equal(out, narrow(**x))
+    assert (out[1] == 0).all()
+

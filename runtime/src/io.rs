@@ -28,6 +28,7 @@ fn from_st(d: Dtype) -> Option<DType> {
         Dtype::F16 => DType::F16,
         Dtype::F32 => DType::F32,
         Dtype::I32 => DType::I32,
+        Dtype::I64 => DType::I64,
         Dtype::BOOL => DType::Bool,
         _ => return None,
     })
@@ -39,6 +40,7 @@ fn to_st(d: DType) -> Dtype {
         DType::F16 => Dtype::F16,
         DType::F32 => Dtype::F32,
         DType::I32 => Dtype::I32,
+        DType::I64 => Dtype::I64,
         DType::Bool => Dtype::BOOL,
     }
 }
@@ -160,7 +162,7 @@ mod tests {
     fn sample() -> TensorMap {
         let mut m = TensorMap::new();
         let vals: Vec<f32> = (0..24).map(|i| (i as f32 - 7.3) * 0.37).collect();
-        for dt in [DType::BF16, DType::F16, DType::F32, DType::I32] {
+        for dt in [DType::BF16, DType::F16, DType::F32, DType::I32, DType::I64] {
             m.insert(format!("t_{dt}"), HostTensor::from_f32_as(dt, &[2, 3, 4], &vals));
         }
         m.insert("scalar".into(), HostTensor::from_f32(&[], &[1.5]));

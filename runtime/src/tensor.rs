@@ -33,13 +33,14 @@ impl HostTensor {
         HostTensor { dtype: DType::BF16, shape: shape.to_vec(), data }
     }
 
-    /// Convert `values` to `dtype` (a float dtype or i32).
+    /// Convert `values` to `dtype` (a float dtype or an integer one: truncated, saturating).
     pub fn from_f32_as(dtype: DType, shape: &[usize], values: &[f32]) -> HostTensor {
         let data = match dtype {
             DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
             DType::BF16 => values.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect(),
             DType::F16 => values.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
             DType::I32 => values.iter().flat_map(|v| (*v as i32).to_le_bytes()).collect(),
+            DType::I64 => values.iter().flat_map(|v| (*v as i64).to_le_bytes()).collect(),
             DType::Bool => values.iter().map(|v| (*v != 0.0) as u8).collect(),
         };
         HostTensor { dtype, shape: shape.to_vec(), data }
@@ -68,12 +69,37 @@ impl HostTensor {
                 .chunks_exact(4)
                 .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32)
                 .collect(),
+            DType::I64 => self.i64_values().map(|x| x as f32).collect(),
             DType::Bool => self.data.iter().map(|&b| b as f32).collect(),
         }
     }
 
-    /// Element values widened to f64 (for the reference interpreter).
+    /// Element values as f64 (for the reference interpreter): exact for every dtype but i64,
+    /// whose values beyond 2^53 round.
     pub fn to_f64_vec(&self) -> Vec<f64> {
-        self.to_f32_vec().into_iter().map(f64::from).collect()
+        match self.dtype {
+            DType::I32 => self
+                .data
+                .chunks_exact(4)
+                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
+                .collect(),
+            DType::I64 => self.i64_values().map(|x| x as f64).collect(),
+            _ => self.to_f32_vec().into_iter().map(f64::from).collect(),
+        }
+    }
+
+    /// An i64 tensor as i32, each value saturated to the i32 range (as `interp::cast(I32, x)`
+    /// narrows: what an `i64` parameter's values are inside a graph); other dtypes unchanged.
+    pub fn narrowed_to_i32(&self) -> HostTensor {
+        if self.dtype != DType::I64 {
+            return self.clone();
+        }
+        let data =
+            self.i64_values().flat_map(|x| (x.clamp(i32::MIN as i64, i32::MAX as i64) as i32).to_le_bytes());
+        HostTensor { dtype: DType::I32, shape: self.shape.clone(), data: data.collect() }
+    }
+
+    fn i64_values(&self) -> impl Iterator<Item = i64> + '_ {
+        self.data.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("chunks of 8")))
     }
 }

@@ -176,6 +176,9 @@ impl Line<'_> {
                 let x = fx.load(I32, a, 0);
                 fx.b.ins().fcvt_from_sint(F64, x)
             }
+            DType::I64 => {
+                unreachable!("i64 is only a parameter's storage: the verifier keeps it out of graphs")
+            }
             DType::Bool => {
                 let a = fx.b.ins().iadd(p, off);
                 let x = fx.b.ins().uload8(I32, mem(), a, 0);
@@ -203,6 +206,9 @@ impl Line<'_> {
                 let x = fx.b.ins().fcvt_to_sint_sat(I32, v);
                 let a = fx.addr(p, off, 4);
                 fx.store(x, a, 0);
+            }
+            DType::I64 => {
+                unreachable!("i64 is only a parameter's storage: the verifier keeps it out of graphs")
             }
             DType::Bool => {
                 let zero = fx.f64c(0.0);
@@ -281,6 +287,9 @@ impl Line<'_> {
                     DType::I32 => {
                         let r = fx.b.ins().fcvt_to_sint_sat(I32, x);
                         fx.b.ins().fcvt_from_sint(F64, r)
+                    }
+                    DType::I64 => {
+                        unreachable!("i64 is only a parameter's storage: the verifier keeps it out of graphs")
                     }
                     DType::Bool => {
                         let zero = fx.f64c(0.0);

@@ -26,7 +26,7 @@ pub fn unary_code(u: UnaryOp) -> i64 {
 }
 
 /// Dtypes in code order for [`foxc_cast`].
-pub const DTYPES: [DType; 5] = [DType::BF16, DType::F16, DType::F32, DType::I32, DType::Bool];
+pub const DTYPES: [DType; 6] = [DType::BF16, DType::F16, DType::F32, DType::I32, DType::Bool, DType::I64];
 
 pub fn dtype_code(d: DType) -> i64 {
     match d {
@@ -35,6 +35,7 @@ pub fn dtype_code(d: DType) -> i64 {
         DType::F32 => 2,
         DType::I32 => 3,
         DType::Bool => 4,
+        DType::I64 => 5,
     }
 }
 

@@ -89,6 +89,10 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
             DType::BF16 => self.ctx.bf16_type().into(),
             DType::F16 => self.ctx.f16_type().into(),
             DType::I32 => self.ctx.i32_type().into(),
+            DType::I64 => {
+                self.fail("i64 is only a parameter's storage: the verifier keeps it out of graphs");
+                self.ctx.i64_type().into()
+            }
             DType::Bool => {
                 self.fail("bool tensors cannot be kernel operands");
                 self.ctx.i8_type().into()

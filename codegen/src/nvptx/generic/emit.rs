@@ -340,6 +340,9 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
                 let v = b.load(b.i32t().into(), b.gep(b.i32t().into(), p, off));
                 b.sitofp(v.into_int_value())
             }
+            DType::I64 => {
+                unreachable!("i64 is only a parameter's storage: the verifier keeps it out of graphs")
+            }
             DType::Bool => {
                 let i8t = b.ctx.i8_type();
                 let v = b.load(i8t.into(), b.gep(i8t.into(), p, off)).into_int_value();
@@ -355,6 +358,9 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
         match self.k.out_dtype {
             dt @ (DType::F32 | DType::BF16 | DType::F16) => b.store_f(dt, p, off, v),
             DType::I32 => b.store(b.gep(b.i32t().into(), p, off), to_i32(b, v)),
+            DType::I64 => {
+                unreachable!("i64 is only a parameter's storage: the verifier keeps it out of graphs")
+            }
             DType::Bool => {
                 let i8t = b.ctx.i8_type();
                 let t = b.fcmp(FloatPredicate::UNE, v, b.f32(0.0));
@@ -473,6 +479,7 @@ fn round_to<'ctx>(b: &Kb<'_, 'ctx>, dt: DType, x: FloatValue<'ctx>) -> FloatValu
         DType::BF16 => b.fpext(b.fptrunc(x, b.ctx.bf16_type())),
         DType::F16 => b.fpext(b.fptrunc(x, b.ctx.f16_type())),
         DType::I32 => b.sitofp(to_i32(b, x)),
+        DType::I64 => unreachable!("i64 is only a parameter's storage: the verifier keeps it out of graphs"),
         DType::Bool => b.select_f(b.fcmp(FloatPredicate::UNE, x, b.f32(0.0)), b.f32(1.0), b.f32(0.0)),
     }
 }
