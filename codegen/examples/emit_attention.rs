@@ -30,7 +30,7 @@ fn run() -> Result<(), String> {
             "prune" => cfg.prune = num()? != 0,
             "window" => cfg.window = Some(num()?).filter(|w| *w > 0),
             "sm" => cfg.sm = num()?,
-            "obf16" => cfg.out_bf16 = num()? != 0,
+            "obf16" => cfg.out_half = num()? != 0,
             "scalebits" => scale_bits = Some(u32::from_str_radix(v, 16).map_err(|e| format!("{k}: {e}"))?),
             "ll" => emit_ll = num()? != 0,
             _ => return Err(format!("unknown key {k}")),

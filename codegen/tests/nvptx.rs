@@ -140,7 +140,7 @@ fn fox_plan_has_one_kernel_per_node_and_no_boundary_launch() {
     // The attention writes the graph output directly (out_dtype bf16).
     assert!(matches!(&a.kernels[2].args[5], KernelArg::Buffer(b) if *b == a.outputs[0]));
     assert_eq!(a.buffers[a.outputs[0]].kind, BufferKind::Value(g.output.unwrap().into()));
-    assert!(cfg.out_bf16);
+    assert!(cfg.out_half);
 }
 
 /// `prelude = joint`: the gate scan is one more block per head of the one-kernel threshold, and
@@ -238,7 +238,7 @@ fn cast_to_f16_is_not_fused() {
     assert!(!names[2].contains("_obf16"), "{names:?}");
     assert!(names[3].contains("cast"), "{names:?}");
     let Launch::Attention { cfg, .. } = &a.kernels[2].launch else { panic!("not attention") };
-    assert!(!cfg.out_bf16);
+    assert!(!cfg.out_half);
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! What `foxc check` says beyond the diagnostics: whether the GPU backend can compile the
 //! program (forward, and the backward that training runs) with its dims unbound, the same way
 //! `run --backend cuda` and `grad --backend cuda` would. The CPU backend and the reference run
-//! every program the front end accepts; the GPU refuses some (an f16 attention, gradients of
+//! every program the front end accepts; the GPU refuses some (an f16 output of bf16 operands, gradients of
 //! captured tensors of other shapes than `[B, H, T]`), and the user should learn that at check
 //! time, not at the first GPU run.
 

@@ -46,6 +46,41 @@ pub(crate) enum ParamTy {
     TensorMap,
 }
 
+/// The 16-bit float type of tensor-core operands (q, k, v and the probabilities fed to the
+/// second product): bf16 or IEEE half. Accumulators are f32 either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Half {
+    #[default]
+    Bf16,
+    F16,
+}
+
+impl Half {
+    /// The PTX type name (`bf16`, `f16`), as wgmma's operand types spell it.
+    pub fn ptx(self) -> &'static str {
+        match self {
+            Half::Bf16 => "bf16",
+            Half::F16 => "f16",
+        }
+    }
+
+    /// The IR dtype of a tensor of this type.
+    pub fn dtype(self) -> foxc_ir::DType {
+        match self {
+            Half::Bf16 => foxc_ir::DType::BF16,
+            Half::F16 => foxc_ir::DType::F16,
+        }
+    }
+
+    /// The LLVM float type.
+    pub fn float_type<'ctx>(self, ctx: &'ctx Context) -> FloatType<'ctx> {
+        match self {
+            Half::Bf16 => ctx.bf16_type(),
+            Half::F16 => ctx.f16_type(),
+        }
+    }
+}
+
 /// Builds one kernel function. See the module documentation.
 pub(crate) struct KernelBuilder<'a, 'ctx> {
     pub ctx: &'ctx Context,
@@ -393,11 +428,12 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
     pub fn fptrunc(&self, a: FloatValue<'ctx>, t: FloatType<'ctx>) -> FloatValue<'ctx> {
         self.keep(self.b.build_float_trunc(a, t, ""), || t.const_zero())
     }
-    /// Packs two f32 into one b32 of bf16 (lo = first), round to nearest even (`cvt.rn.bf16x2.f32`).
-    pub fn pack_bf16(&self, lo: FloatValue<'ctx>, hi: FloatValue<'ctx>) -> IntValue<'ctx> {
+    /// Packs two f32 into one b32 of `half` (lo = first), round to nearest even
+    /// (`cvt.rn.bf16x2.f32`, `cvt.rn.f16x2.f32`).
+    pub fn pack_half2(&self, half: Half, lo: FloatValue<'ctx>, hi: FloatValue<'ctx>) -> IntValue<'ctx> {
         let v = self.vec2_f32(lo, hi);
-        let bf2 = self.ctx.bf16_type().vec_type(2);
-        let t = self.keep(self.b.build_float_trunc(v, bf2, ""), || bf2.const_zero());
+        let h2 = half.float_type(self.ctx).vec_type(2);
+        let t = self.keep(self.b.build_float_trunc(v, h2, ""), || h2.const_zero());
         self.keep(self.b.build_bit_cast(t, self.i32t(), "").map(|v| v.into_int_value()), || self.i32(0))
     }
     /// `<2 x float> (a, b)`.

@@ -9,6 +9,7 @@ use super::attention::params::FwdParams;
 use super::attention::region::{CaptureTy, RegionMod, ScoreArg};
 use super::attention::{self, AttnKernelConfig};
 use super::attention_ws;
+use super::builder::Half;
 use super::module::{build_attention, user, Assembler};
 use super::{CodegenError, GridDim, KernelArg, Launch};
 use foxc_ir::attention::{AttnOperands, KvLoads, WsGrid, WsTurns};
@@ -45,7 +46,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         // Keys per split block (the partial planes are `ceil(Tk / keys)`).
         let split_keys = cfg.split_tiles.map(|s| s * cfg.bn);
         let score = self.score_region(n, a, &o, mask, &geo)?;
-        let qkv = self.bf16_operands(n, [geo.q, o.k, o.v])?;
+        let qkv = self.half_operands(n, [geo.q, o.k, o.v], cfg.dtype_in)?;
         if let Some(c) = o.decay {
             if self.ty(c).dtype != DType::F32 {
                 return Err(user(format!("the gate cumsum c must be f32, got {}", self.ty(c).dtype)));
@@ -94,16 +95,20 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         if a.prune == Prune::Start {
             return Err(Self::not_yet(n, "a separate block_boundary (the fuse-boundary pass did not apply)"));
         }
-        let out_bf16 = match a.out_dtype {
+        // attention(s q, k, v) with scale a is attention(q, k, v) with scale a s.
+        let (q, qs) = self.resolve_q(o.q);
+        let half = self.kernel_half(&[q, o.k, o.v]);
+        let out_half = match a.out_dtype {
             DType::F32 => false,
-            DType::BF16 => true,
-            d => return Err(Self::not_yet(n, &format!("output dtype {d}"))),
+            d if d == half.dtype() => true,
+            d => {
+                let why = format!("output dtype {d} from {} operands", half.dtype());
+                return Err(Self::not_yet(n, &why));
+            }
         };
         let tiles = a.tiles.ok_or_else(|| {
             CodegenError::Internal("attention without tiles (the tiles pass did not run)".into())
         })?;
-        // attention(s q, k, v) with scale a is attention(q, k, v) with scale a s.
-        let (q, qs) = self.resolve_q(o.q);
         let (bh, t, dd) = self.bhtd(q, "attention's q")?;
         let d = self.static_dim(&dd, "the head dimension")?;
         // Keys of their own length: the queries sit at the end of them (the kernel's `Tk`).
@@ -112,7 +117,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         cfg.fewer_queries = tk != t;
         cfg.scale = (self.scale_value(&a.scale)? * qs) as f32;
         cfg.sm = self.spec.target.sm();
-        cfg.out_bf16 = out_bf16;
+        cfg.dtype_in = half;
+        cfg.out_half = out_half;
         cfg.window = window;
         cfg.causal = causal;
         cfg.bm = tiles.bm;
@@ -131,7 +137,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         let split = a.kernel.split_key_tiles().filter(|_| !cfg.debug_starts);
         if split.is_some() {
             cfg.split_tiles = split;
-            cfg.out_bf16 = false;
+            cfg.out_half = false;
         }
         cfg.tma = cfg.ws && a.kernel.kv_loads() == KvLoads::Tma;
         cfg.persistent = cfg.ws && a.kernel.ws_grid() == WsGrid::Persistent;
@@ -163,19 +169,37 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             .map_err(|e| Self::not_yet(n, &e))
     }
 
-    /// q, k, v in bf16: others are cast into scratch copies first.
-    fn bf16_operands(&mut self, n: ValueId, vs: [ValueId; 3]) -> Result<[usize; 3], CodegenError> {
+    /// The 16-bit type the attention kernels read q, k, v in: f16 when one of them is f16 and
+    /// none is bf16, else bf16. Operands of another dtype are cast to it first
+    /// ([`Self::half_operands`]): f32 ones to bf16 keep their range; to f16 only beside f16
+    /// operands (an f16 program's RMS-normed q and k, bounded by `sqrt(D) max|w|`).
+    pub(super) fn kernel_half(&self, operands: &[ValueId]) -> Half {
+        let has = |d: DType| operands.iter().any(|&v| self.ty(v).dtype == d);
+        if has(DType::F16) && !has(DType::BF16) {
+            Half::F16
+        } else {
+            Half::Bf16
+        }
+    }
+
+    /// q, k, v in `half`: others are cast into scratch copies first.
+    fn half_operands(
+        &mut self,
+        n: ValueId,
+        vs: [ValueId; 3],
+        half: Half,
+    ) -> Result<[usize; 3], CodegenError> {
+        let to = half.dtype();
         let mut qkv = [0; 3];
         for (i, &v) in vs.iter().enumerate() {
             let b = self.buf(v)?;
-            qkv[i] = if self.ty(v).dtype == DType::BF16 {
+            qkv[i] = if self.ty(v).dtype == to {
                 b
             } else {
                 let shape: Vec<Dim> = self.ty(v).dims().cloned().collect();
-                let s =
-                    self.scratch(DType::BF16, shape, format!("bf16 copy of operand {i} of %{}", n.index()));
-                let name = self.name(n, &format!("attn_in{i}_to_bf16"));
-                self.cast(n, name, v, b, s, DType::BF16, None)?;
+                let s = self.scratch(to, shape, format!("{to} copy of operand {i} of %{}", n.index()));
+                let name = self.name(n, &format!("attn_in{i}_to_{to}"));
+                self.cast(n, name, v, b, s, to, None)?;
                 s
             };
         }

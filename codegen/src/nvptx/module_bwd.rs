@@ -62,6 +62,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         })?;
         let (bh, t, dd) = self.bhtd(o.q, "attention_backward's q")?;
         let (bhk, _, _) = self.bhtd(o.k, "attention_backward's k")?;
+        let half = self.kernel_half(&[o.q, o.k, o.v]);
         let cfg = BwdConfig {
             head_dim: self.static_dim(&dd, "the head dimension")?,
             bm: tiles.bm,
@@ -73,6 +74,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             prune: a.prune == Prune::Boundary,
             sm: self.spec.target.sm(),
             kv_group: self.static_dim(&a.kv_group, "the query heads per key/value head")?,
+            dtype: half,
         };
         cfg.validate().map_err(|e| Self::not_yet(n, &e))?;
         if o.decay_lo.is_some() {
@@ -112,8 +114,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             .collect();
         let regions = Regions::new(&score, dx.as_ref(), reads, grad_caps.len());
 
-        let bufs =
-            self.bwd_buffers(n, a, &o, [out, lse, dout], (&bh, &t), grad_caps.len(), cfg.prune, cfg.bm)?;
+        let bufs = self.bwd_buffers(n, a, &o, [out, lse, dout], (&bh, &t), grad_caps.len(), &cfg)?;
         let build = |kind: BwdKernel| -> Result<String, CodegenError> {
             let f = attention_bwd::build_bwd_kernel(self.ctx, self.module, &cfg, kind, &regions)
                 .map_err(CodegenError::Internal)?;
@@ -138,9 +139,9 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         Ok(())
     }
 
-    /// The backward's buffers: q, k, v, dout in bf16 and out in f32 (cast copies of other
-    /// dtypes first), lse, c and delta (or a stand-in that is not read), the results, and the
-    /// scratch of `rowsum(dout * out)` and of the pruned start per query tile.
+    /// The backward's buffers: q, k, v, dout in the kernels' 16-bit type and out in f32 (cast
+    /// copies of other dtypes first), lse, c and delta (or a stand-in that is not read), the
+    /// results, and the scratch of `rowsum(dout * out)` and of the pruned start per query tile.
     #[allow(clippy::too_many_arguments)]
     fn bwd_buffers(
         &mut self,
@@ -150,9 +151,9 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         [out, lse, dout]: [Value; 3],
         (bh, t): (&[Dim], &Dim),
         grad_caps: usize,
-        prune: bool,
-        bm: u32,
+        cfg: &BwdConfig,
     ) -> Result<BwdBuffers, CodegenError> {
+        let (prune, bm, half) = (cfg.prune, cfg.bm, cfg.dtype.dtype());
         let mut conv = |v: Value, to: DType, what: &str| -> Result<usize, CodegenError> {
             let b = self.buf(v)?;
             let ty = self.g.result_ty(v.node, v.result).ok_or_else(|| {
@@ -167,10 +168,10 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             self.cast(n, name, v.node, b, s, to, None)?;
             Ok(s)
         };
-        let q = conv(Value::of(o.q), DType::BF16, "q")?;
-        let k = conv(Value::of(o.k), DType::BF16, "k")?;
-        let v = conv(Value::of(o.v), DType::BF16, "v")?;
-        let dout = conv(dout, DType::BF16, "dout")?;
+        let q = conv(Value::of(o.q), half, "q")?;
+        let k = conv(Value::of(o.k), half, "k")?;
+        let v = conv(Value::of(o.v), half, "v")?;
+        let dout = conv(dout, half, "dout")?;
         let out = conv(out, DType::F32, "out")?;
         let lse = self.buf(lse)?;
         if let Some(c) = o.decay {

@@ -6,7 +6,7 @@
 //! (`t = lane & 3`). wgmma's m64nN accumulators use the same order per warp and 8 columns.
 
 use super::{Attn, Frags};
-use crate::nvptx::builder::KernelBuilder;
+use crate::nvptx::builder::{Half, KernelBuilder};
 use inkwell::values::{BasicValueEnum, FloatValue, IntValue, PointerValue};
 
 impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
@@ -43,8 +43,10 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
                     for jp in 0..nt / 2 {
                         let off = b.add(kcur, f.k[jp][s]);
                         let m = self.b.ldmatrix_x4(b.smem_at(self.smem, off), false);
-                        s_acc[2 * jp] = self.b.mma_bf16_m16n8k16(&f.q[s], m[0], m[1], &s_acc[2 * jp]);
-                        s_acc[2 * jp + 1] = self.b.mma_bf16_m16n8k16(&f.q[s], m[2], m[3], &s_acc[2 * jp + 1]);
+                        s_acc[2 * jp] =
+                            self.b.mma_m16n8k16(self.cfg.dtype_in, &f.q[s], m[0], m[1], &s_acc[2 * jp]);
+                        s_acc[2 * jp + 1] =
+                            self.b.mma_m16n8k16(self.cfg.dtype_in, &f.q[s], m[2], m[3], &s_acc[2 * jp + 1]);
                     }
                 }
             }
@@ -66,12 +68,12 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         let dt = (self.cfg.head_dim / 8) as usize;
         let steps = (bn / 16) as usize;
         for kk in 0..steps {
-            // P as the A operand of 16 keys: two n-tiles of S, packed to bf16 pairs.
+            // P as the A operand of 16 keys: two n-tiles of S, packed to 16-bit pairs.
             let a = [
-                b.pack_bf16(p[(2 * kk) * 4], p[(2 * kk) * 4 + 1]),
-                b.pack_bf16(p[(2 * kk) * 4 + 2], p[(2 * kk) * 4 + 3]),
-                b.pack_bf16(p[(2 * kk + 1) * 4], p[(2 * kk + 1) * 4 + 1]),
-                b.pack_bf16(p[(2 * kk + 1) * 4 + 2], p[(2 * kk + 1) * 4 + 3]),
+                b.pack_half2(self.cfg.dtype_in, p[(2 * kk) * 4], p[(2 * kk) * 4 + 1]),
+                b.pack_half2(self.cfg.dtype_in, p[(2 * kk) * 4 + 2], p[(2 * kk) * 4 + 3]),
+                b.pack_half2(self.cfg.dtype_in, p[(2 * kk + 1) * 4], p[(2 * kk + 1) * 4 + 1]),
+                b.pack_half2(self.cfg.dtype_in, p[(2 * kk + 1) * 4 + 2], p[(2 * kk + 1) * 4 + 3]),
             ];
             match frag {
                 None => {
@@ -92,9 +94,16 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
                     for dp in 0..dt / 2 {
                         let off = b.add(vcur, f.v[kk][dp]);
                         let m = self.b.ldmatrix_x4(b.smem_at(self.smem, off), true);
-                        let r0 = self.b.mma_bf16_m16n8k16(&a, m[0], m[1], &o[(2 * dp) * 4..(2 * dp) * 4 + 4]);
+                        let r0 = self.b.mma_m16n8k16(
+                            self.cfg.dtype_in,
+                            &a,
+                            m[0],
+                            m[1],
+                            &o[(2 * dp) * 4..(2 * dp) * 4 + 4],
+                        );
                         o[(2 * dp) * 4..(2 * dp) * 4 + 4].copy_from_slice(&r0);
-                        let r1 = self.b.mma_bf16_m16n8k16(
+                        let r1 = self.b.mma_m16n8k16(
+                            self.cfg.dtype_in,
                             &a,
                             m[2],
                             m[3],
@@ -115,7 +124,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         da: IntValue<'ctx>,
         db: IntValue<'ctx>,
     ) -> Vec<FloatValue<'ctx>> {
-        wgmma_ss(self.b, acc, da, db)
+        wgmma_ss(self.b, self.cfg.dtype_in, acc, da, db)
     }
 
     /// [`wgmma_rs`] on this kernel's builder.
@@ -125,7 +134,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         a: &[IntValue<'ctx>; 4],
         db: IntValue<'ctx>,
     ) -> Vec<FloatValue<'ctx>> {
-        wgmma_rs(self.b, acc, a, db)
+        wgmma_rs(self.b, self.cfg.dtype_in, acc, a, db)
     }
 
     /// [`gmma_desc`] of byte offset `off` in this kernel's shared memory.
@@ -137,10 +146,11 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
 // The wgmma instructions as free functions of the builder: the forward ([`Attn`]) and the
 // backward kernels (`attention_bwd::wg`) emit the same text.
 
-/// wgmma m64nNk16 bf16 -> f32, A and B from shared memory descriptors, accumulating into `acc`
-/// (N/2 values per thread, in the mma.m16n8 C-fragment order per 8 columns).
+/// wgmma m64nNk16 `half` -> f32, A and B from shared memory descriptors, accumulating into
+/// `acc` (N/2 values per thread, in the mma.m16n8 C-fragment order per 8 columns).
 pub(crate) fn wgmma_ss<'ctx>(
     b: &KernelBuilder<'_, 'ctx>,
+    half: Half,
     acc: &[FloatValue<'ctx>],
     da: IntValue<'ctx>,
     db: IntValue<'ctx>,
@@ -148,12 +158,13 @@ pub(crate) fn wgmma_ss<'ctx>(
     let n = acc.len();
     let regs: Vec<String> = (0..n).map(|i| format!("${i}")).collect();
     let text = format!(
-        "{{\n.reg .pred p;\nsetp.ne.b32 p, ${}, 0;\nwgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16 {{{}}}, ${}, ${}, p, 1, 1, 0, 0;\n}}",
+        "{{\n.reg .pred p;\nsetp.ne.b32 p, ${}, 0;\nwgmma.mma_async.sync.aligned.m64n{}k16.f32.{h}.{h} {{{}}}, ${}, ${}, p, 1, 1, 0, 0;\n}}",
         2 * n + 2,
         2 * n,
         regs.join(", "),
         2 * n,
-        2 * n + 1
+        2 * n + 1,
+        h = half.ptx()
     );
     let mut cons: Vec<String> = (0..n).map(|_| "=f".to_string()).collect();
     cons.extend((0..n).map(|i| i.to_string()));
@@ -163,10 +174,11 @@ pub(crate) fn wgmma_ss<'ctx>(
     b.asm_f32s(&text, &cons.join(","), n, &args)
 }
 
-/// wgmma m64nNk16 with A (bf16, the warp's 16 rows in mma.m16n8k16 A-fragment order) from
+/// wgmma m64nNk16 with A (`half`, the warp's 16 rows in mma.m16n8k16 A-fragment order) from
 /// registers and B from a transposed (MN-major) shared-memory descriptor.
 pub(crate) fn wgmma_rs<'ctx>(
     b: &KernelBuilder<'_, 'ctx>,
+    half: Half,
     acc: &[FloatValue<'ctx>],
     a: &[IntValue<'ctx>; 4],
     db: IntValue<'ctx>,
@@ -174,7 +186,7 @@ pub(crate) fn wgmma_rs<'ctx>(
     let n = acc.len();
     let regs: Vec<String> = (0..n).map(|i| format!("${i}")).collect();
     let text = format!(
-        "{{\n.reg .pred p;\nsetp.ne.b32 p, ${}, 0;\nwgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16 {{{}}}, {{${}, ${}, ${}, ${}}}, ${}, p, 1, 1, 1;\n}}",
+        "{{\n.reg .pred p;\nsetp.ne.b32 p, ${}, 0;\nwgmma.mma_async.sync.aligned.m64n{}k16.f32.{h}.{h} {{{}}}, {{${}, ${}, ${}, ${}}}, ${}, p, 1, 1, 1;\n}}",
         2 * n + 5,
         2 * n,
         regs.join(", "),
@@ -182,7 +194,8 @@ pub(crate) fn wgmma_rs<'ctx>(
         2 * n + 1,
         2 * n + 2,
         2 * n + 3,
-        2 * n + 4
+        2 * n + 4,
+        h = half.ptx()
     );
     let mut cons: Vec<String> = (0..n).map(|_| "=f".to_string()).collect();
     cons.extend((0..n).map(|i| i.to_string()));

@@ -30,7 +30,7 @@
 //! 3. `v`: bf16 `[BH, T, D]`
 //! 4. `c`: f32 `[BH, T]`, the gate cumsum (read only when `has_decay`; pass any valid pointer otherwise)
 //! 5. `delta`: f32 `[BH, Mt]`, `Mt = ceil(T / bm)`, per query tile (read only when `prune`)
-//! 6. `out`: `[BH, T, D]`, **f32**, or **bf16** (round to nearest even) when `out_bf16` is set
+//! 6. `out`: `[BH, T, D]`, **f32**, or **bf16** (round to nearest even) when `out_half` is set
 //!    (the backend sets it when the attention's only user is a cast to bf16, so no cast pass runs)
 //! 7. `lse`: f32 `[BH, T]`, natural-log log-sum-exp of the (kept) scores of each row
 //! 8. `T`: i32, the sequence length (any T >= 1; tails are masked)
@@ -57,19 +57,13 @@ mod tile_io;
 pub(crate) use tile_io::normalized_pair;
 
 use super::builder::control::{basic, floats};
-use super::builder::{KernelBuilder, ParamTy};
+use super::builder::{Half, KernelBuilder, ParamTy};
 use crate::nvptx::heads;
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
 use score::{Identity, ScoreMod};
-
-/// Element type of q, k, v.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttnDtype {
-    Bf16,
-}
 
 /// The head dimensions the kernel is built for.
 pub const HEAD_DIMS: [u32; 5] = [32, 64, 96, 128, 256];
@@ -97,11 +91,13 @@ pub struct AttnKernelConfig {
     pub causal: bool,
     /// Start each query tile at `start[m]` found from `delta` by an in-kernel search.
     pub prune: bool,
-    pub dtype_in: AttnDtype,
+    /// The 16-bit type of q, k, v (and of P in `O += P V`).
+    pub dtype_in: Half,
     /// 80 or 90 (the same code; recorded for the kernel name).
     pub sm: u32,
-    /// Write O as bf16 instead of f32 (the output cast fused into the epilogue). The LSE stays f32.
-    pub out_bf16: bool,
+    /// Write O in `dtype_in` instead of f32 (the output cast fused into the epilogue). The LSE
+    /// stays f32.
+    pub out_half: bool,
     /// Query heads per key/value head (grouped-query attention): K and V are
     /// `[B, H / kv_group, T, D]` and query head `h` reads key/value head `h / kv_group`.
     pub kv_group: u32,
@@ -148,9 +144,9 @@ impl AttnKernelConfig {
             window: None,
             causal: true,
             prune,
-            dtype_in: AttnDtype::Bf16,
+            dtype_in: Half::Bf16,
             sm: 90,
-            out_bf16: false,
+            out_half: false,
             kv_group: 1,
             ws: false,
             tma: false,
@@ -165,7 +161,7 @@ impl AttnKernelConfig {
     /// Kernel symbol name; distinct for every configuration so several fit in one module.
     pub fn kernel_name(&self) -> String {
         format!(
-            "foxc_attn_fwd{}{}{}_d{}_bm{}_bn{}{}{}{}{}{}{}{}{}{}{}_s{:08x}_sm{}",
+            "foxc_attn_fwd{}{}{}_d{}_bm{}_bn{}{}{}{}{}{}{}{}{}{}{}{}_s{:08x}_sm{}",
             match (self.ws, self.tma) {
                 (true, true) => "_ws_tma",
                 (true, false) => "_ws",
@@ -184,7 +180,11 @@ impl AttnKernelConfig {
                 Some(w) => format!("_w{w}"),
                 None => String::new(),
             },
-            if self.out_bf16 { "_obf16" } else { "" },
+            match (self.out_half, self.dtype_in) {
+                (false, _) => "",
+                (true, Half::Bf16) => "_obf16",
+                (true, Half::F16) => "_of16",
+            },
             if self.kv_group != 1 { format!("_g{}", self.kv_group) } else { String::new() },
             if self.debug_starts { "_dbgstart" } else { "" },
             if self.fewer_queries { "_fq" } else { "" },
@@ -192,6 +192,8 @@ impl AttnKernelConfig {
                 Some(s) => format!("_sk{s}"),
                 None => String::new(),
             },
+            // Operands other than bf16 (whose kernels keep their names).
+            if self.dtype_in == Half::Bf16 { "" } else { "_f16" },
             self.scale.to_bits(),
             self.sm
         )
@@ -277,7 +279,7 @@ impl AttnKernelConfig {
         if self.fewer_queries && self.ws {
             return Err("GPU attention: queries fewer than keys run on the standard kernel".into());
         }
-        if self.split_tiles.is_some() && (self.ws || self.out_bf16 || self.debug_starts) {
+        if self.split_tiles.is_some() && (self.ws || self.out_half || self.debug_starts) {
             return Err(
                 "GPU attention: split keys run on the standard kernel with an f32 partial output".into()
             );
@@ -506,7 +508,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         let kb = b.gep(i16t, k_p, kv_base);
         let vb = b.gep(i16t, v_p, kv_base);
         // O element type: f32, or bf16 (stored as i16 bit patterns) with the cast fused.
-        let o_elt = if cfg.out_bf16 { i16t } else { f32t };
+        let o_elt = if cfg.out_half { i16t } else { f32t };
         // Split keys: the output and LSE planes of slice z, [Z, BH, T, ...].
         let out_rows = match split {
             Some((z, _, _)) => b.mul(b.sext64(b.add(b.mul(z, b.sreg("nctaid.y")), bh)), t64),
@@ -763,7 +765,7 @@ mod tests {
             let mut cfg = AttnKernelConfig::new(64, true, true);
             cfg.sm = sm;
             let f32_name = build_attention_kernel(&ctx, &m, &cfg).unwrap().get_name().to_owned();
-            cfg.out_bf16 = true;
+            cfg.out_half = true;
             let f = build_attention_kernel(&ctx, &m, &cfg).unwrap();
             assert_ne!(f.get_name(), f32_name.as_c_str());
             assert!(cfg.kernel_name().contains("_obf16_"));
@@ -771,6 +773,31 @@ mod tests {
             // The epilogue stores packed bf16 pairs, no f32 pairs.
             assert!(ir.contains("store i32"), "{sm}");
             assert!(!ir.contains("store <2 x float>"), "{sm}");
+        }
+        assert!(m.verify().is_ok());
+    }
+
+    /// f16 operands: the same kernels with IEEE-half products (mma.sync's f32.f16.f16.f32 on
+    /// either target, wgmma's .f16.f16 on sm_90a), P packed to f16 pairs, an f16 output; named
+    /// apart from the bf16 kernels (whose names do not change), and no bf16 anywhere.
+    #[test]
+    fn f16_operands_build_f16_products_and_no_bf16() {
+        let ctx = Context::create();
+        let m = ctx.create_module("t");
+        for (d, sm, wg) in [(64, 90, true), (128, 90, true), (96, 90, false), (64, 80, false)] {
+            let mut cfg = AttnKernelConfig::new(d, true, true);
+            (cfg.sm, cfg.dtype_in, cfg.out_half) = (sm, Half::F16, true);
+            let name = cfg.kernel_name();
+            assert!(name.contains("_of16_") && name.contains("_f16_"), "{name}");
+            let f = build_attention_kernel(&ctx, &m, &cfg).unwrap();
+            let ir = inkwell::values::AnyValue::print_to_string(&f).to_string();
+            assert!(!ir.contains("bf16") && !ir.contains("bfloat"), "D={d} sm={sm}");
+            assert_eq!(ir.contains(&format!("m64n{}k16.f32.f16.f16", cfg.bn)), wg, "D={d} sm={sm}");
+            assert_eq!(ir.contains("llvm.nvvm.mma.m16n8k16.row.col.f32.f32"), !wg, "D={d} sm={sm}");
+            // P and the output are packed to f16 pairs (cvt.rn.f16x2.f32).
+            assert!(ir.contains("fptrunc <2 x float> %") && ir.contains("to <2 x half>"), "D={d} sm={sm}");
+            cfg.dtype_in = Half::Bf16;
+            assert!(cfg.kernel_name().contains("_obf16_") && !cfg.kernel_name().contains("_f16"));
         }
         assert!(m.verify().is_ok());
     }

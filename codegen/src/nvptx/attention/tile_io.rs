@@ -194,9 +194,9 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
                     let (x0, x1) = normalized_pair(b, o, inv, dtile, r);
                     let idx = b.add(rowoff, b.addc(t2, 8 * dtile as i64));
                     let p = b.gep(o_elt, ob, b.sext64(idx));
-                    if self.cfg.out_bf16 {
-                        // Two adjacent columns -> one b32 of bf16 (cvt.rn.bf16x2.f32).
-                        b.store_aligned(p, b.pack_bf16(x0, x1), 4);
+                    if self.cfg.out_half {
+                        // Two adjacent columns -> one b32 (cvt.rn.bf16x2.f32, or .f16x2).
+                        b.store_aligned(p, b.pack_half2(self.cfg.dtype_in, x0, x1), 4);
                     } else {
                         b.store_aligned(p, b.vec2_f32(x0, x1), 8);
                     }

@@ -131,8 +131,8 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                 let row = b.addc(row_l, 16 * jp as i64);
                 let o = b.add(off, self.swz(row, b.addc(l8, 2 * s as i64)));
                 let m = self.b.ldmatrix_x4(b.smem_at(self.smem, o), false);
-                c[2 * jp] = self.b.mma_bf16_m16n8k16(af, m[0], m[1], &c[2 * jp]);
-                c[2 * jp + 1] = self.b.mma_bf16_m16n8k16(af, m[2], m[3], &c[2 * jp + 1]);
+                c[2 * jp] = self.b.mma_m16n8k16(self.cfg.dtype, af, m[0], m[1], &c[2 * jp]);
+                c[2 * jp + 1] = self.b.mma_m16n8k16(self.cfg.dtype, af, m[2], m[3], &c[2 * jp + 1]);
             }
         }
         c
@@ -158,10 +158,10 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let row_l = b.add(l7, b.mulc(l8, 8));
         for kk in 0..(k_rows / 16) as usize {
             let a = [
-                b.pack_bf16(p[(2 * kk) * 4], p[(2 * kk) * 4 + 1]),
-                b.pack_bf16(p[(2 * kk) * 4 + 2], p[(2 * kk) * 4 + 3]),
-                b.pack_bf16(p[(2 * kk + 1) * 4], p[(2 * kk + 1) * 4 + 1]),
-                b.pack_bf16(p[(2 * kk + 1) * 4 + 2], p[(2 * kk + 1) * 4 + 3]),
+                b.pack_half2(self.cfg.dtype, p[(2 * kk) * 4], p[(2 * kk) * 4 + 1]),
+                b.pack_half2(self.cfg.dtype, p[(2 * kk) * 4 + 2], p[(2 * kk) * 4 + 3]),
+                b.pack_half2(self.cfg.dtype, p[(2 * kk + 1) * 4], p[(2 * kk + 1) * 4 + 1]),
+                b.pack_half2(self.cfg.dtype, p[(2 * kk + 1) * 4 + 2], p[(2 * kk + 1) * 4 + 3]),
             ];
             let row = b.addc(row_l, 16 * kk as i64);
             for dp in 0..dt / 2 {
@@ -169,7 +169,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                 let m = self.b.ldmatrix_x4(b.smem_at(self.smem, o), true);
                 for (h, (b0, b1)) in [(m[0], m[1]), (m[2], m[3])].into_iter().enumerate() {
                     let at = (2 * dp + h) * 4;
-                    let r = self.b.mma_bf16_m16n8k16(&a, b0, b1, &acc[at..at + 4]);
+                    let r = self.b.mma_m16n8k16(self.cfg.dtype, &a, b0, b1, &acc[at..at + 4]);
                     acc[at..at + 4].copy_from_slice(&r);
                 }
             }

@@ -50,7 +50,7 @@ mod wg;
 
 use super::attention::region::RegionMod;
 use super::attention::score::ScoreMod;
-use super::builder::{KernelBuilder, ParamTy};
+use super::builder::{Half, KernelBuilder, ParamTy};
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::{FunctionValue, IntValue, PointerValue};
@@ -86,6 +86,8 @@ pub struct BwdConfig {
     /// 80 or 90 (the same code; recorded in the kernel names).
     pub sm: u32,
     pub kv_group: u32,
+    /// The 16-bit type of q, k, v and dout (and of P and dS in the second products).
+    pub dtype: Half,
 }
 
 /// Which of the three kernels.
@@ -100,12 +102,12 @@ impl BwdConfig {
     /// Kernel symbol name of `kind` (with the region's tag appended by the builders).
     pub fn kernel_name(&self, kind: BwdKernel) -> String {
         let k = match kind {
-            BwdKernel::Pre => return format!("foxc_attn_bwd_pre_d{}", self.head_dim),
+            BwdKernel::Pre => return format!("foxc_attn_bwd_pre_d{}{}", self.head_dim, self.half_tag()),
             BwdKernel::Dq => "dq",
             BwdKernel::Dkv => "dkv",
         };
         format!(
-            "foxc_attn_bwd_{k}_d{}_bm{}_bn{}{}{}{}{}{}_s{:08x}_sm{}",
+            "foxc_attn_bwd_{k}_d{}_bm{}_bn{}{}{}{}{}{}{}_s{:08x}_sm{}",
             self.head_dim,
             self.bm,
             self.bn,
@@ -114,9 +116,18 @@ impl BwdConfig {
             self.window.map_or(String::new(), |w| format!("_w{w}")),
             if self.kv_group != 1 { format!("_g{}", self.kv_group) } else { String::new() },
             if self.causal { "" } else { "_bidir" },
+            self.half_tag(),
             self.scale.to_bits(),
             self.sm
         )
+    }
+
+    /// The kernel-name tag of the operand type (none for bf16, whose kernels keep their names).
+    fn half_tag(&self) -> &'static str {
+        match self.dtype {
+            Half::Bf16 => "",
+            Half::F16 => "_f16",
+        }
     }
 
     /// Query rows per chunk of the dkv walk: a divisor of `bm` (so a chunk lies in one IR tile
@@ -322,7 +333,7 @@ pub(crate) fn build_bwd_kernel<'ctx>(
         return Ok(f);
     }
     match kind {
-        BwdKernel::Pre => pre::build(ctx, module, &name, cfg.head_dim),
+        BwdKernel::Pre => pre::build(ctx, module, &name, cfg.head_dim, cfg.dtype),
         BwdKernel::Dq => dq::build(ctx, module, &name, cfg, regions),
         BwdKernel::Dkv => dkv::build(ctx, module, &name, cfg, regions),
     }

@@ -3,20 +3,21 @@
 //! shuffle order (deterministic).
 
 use super::PRE_ROWS;
-use crate::nvptx::builder::{KernelBuilder, ParamTy};
+use crate::nvptx::builder::{Half, KernelBuilder, ParamTy};
 use foxc_ir::DType;
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::FunctionValue;
 use inkwell::IntPredicate;
 
-/// Builds kernel `name`: parameters `out` (f32), `dout` (bf16: the copy the mma kernels read;
-/// the module casts other dtypes first), `dd` (f32), `rows` (i32, the rows of all heads).
+/// Builds kernel `name`: parameters `out` (f32), `dout` (`half`: the copy the mma kernels
+/// read; the module casts other dtypes first), `dd` (f32), `rows` (i32, the rows of all heads).
 pub(super) fn build<'ctx>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
     name: &str,
     head_dim: u32,
+    half: Half,
 ) -> Result<FunctionValue<'ctx>, String> {
     let params =
         [("out", ParamTy::Ptr), ("dout", ParamTy::Ptr), ("dd", ParamTy::Ptr), ("rows", ParamTy::I32)];
@@ -34,11 +35,11 @@ pub(super) fn build<'ctx>(
             let col = b.addc(lane, 32 * k);
             let x = if (k + 1) * 32 <= d {
                 let idx = b.add(base, b.sext64(col));
-                b.fmul(b.load_f(DType::F32, out_p, idx), b.load_f(DType::BF16, dout_p, idx))
+                b.fmul(b.load_f(DType::F32, out_p, idx), b.load_f(half.dtype(), dout_p, idx))
             } else {
                 let ok = b.icmpc(IntPredicate::SLT, col, d);
                 let idx = b.add(base, b.sext64(b.select_i(ok, col, b.i32(0))));
-                let v = b.fmul(b.load_f(DType::F32, out_p, idx), b.load_f(DType::BF16, dout_p, idx));
+                let v = b.fmul(b.load_f(DType::F32, out_p, idx), b.load_f(half.dtype(), dout_p, idx));
                 b.select_f(ok, v, b.f32(0.0))
             };
             acc = b.fadd(acc, x);

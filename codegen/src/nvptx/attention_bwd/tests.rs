@@ -2,6 +2,7 @@
 //! configuration class; refusals say what is not supported.
 
 use super::*;
+use crate::nvptx::builder::Half;
 use crate::nvptx::target::{self, NvptxTarget};
 use foxc_ir::attention::{IndexVar, RNode, Region};
 use foxc_ir::{BinaryOp, Dim, UnaryOp};
@@ -18,6 +19,7 @@ fn cfg(d: u32, sm: u32) -> BwdConfig {
         prune: true,
         sm,
         kv_group: 1,
+        dtype: Half::Bf16,
     }
 }
 
@@ -166,6 +168,32 @@ fn wgmma_on_sm90a_mma_sync_elsewhere() {
         assert_eq!(wgmma(bn) && wgmma(c.bq()) && wgmma(d), wg, "D={d} bn={bn} sm={sm}");
         assert_eq!(ptx.contains("mma.sync.aligned.m16n8k16"), !wg, "D={d} bn={bn} sm={sm}");
         assert_eq!(ptx.contains("fence.proxy.async"), wg, "D={d} bn={bn} sm={sm}");
+    }
+}
+
+/// f16 operands: the three kernels read dout in f16 and multiply in f16 (wgmma .f16.f16 on
+/// sm_90a at D = 64 / 128, mma.sync's f32.f16.f16.f32 elsewhere), P and dS packed to f16, no
+/// bf16 anywhere; they assemble without spills and are named apart from the bf16 kernels.
+#[test]
+fn f16_kernels_multiply_in_f16() {
+    for (d, sm, wg) in [(64, 90, true), (128, 90, true), (96, 90, false), (64, 80, false), (128, 80, false)] {
+        let mut c = cfg(d, sm);
+        c.dtype = Half::F16;
+        let ptx = ptx_of(std::slice::from_ref(&c), &Region::identity());
+        for kind in [BwdKernel::Pre, BwdKernel::Dq, BwdKernel::Dkv] {
+            let name = c.kernel_name(kind);
+            assert!(name.contains("_f16"), "{name}");
+            let body = kernel_body(&ptx, &name);
+            assert!(!body.contains("bf16"), "{name}");
+        }
+        assert!(!ptx.contains("bf16"), "D={d} sm={sm}");
+        assert!(ptx.contains("cvt.rn.f16x2.f32"), "D={d} sm={sm}");
+        assert_eq!(ptx.contains(".f32.f16.f16 "), wg, "D={d} sm={sm}");
+        assert_eq!(ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"), !wg, "D={d} sm={sm}");
+        let log = assemble(&ptx, if sm == 90 { "sm_90a" } else { "sm_80" }, &format!("f16 D={d} sm={sm}"));
+        for l in log.lines().filter(|l| l.contains("spill")) {
+            assert!(l.contains(" 0 bytes spill stores"), "D={d} sm={sm}: {l}\n{log}");
+        }
     }
 }
 

@@ -79,7 +79,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             let (panel, col) = (s / 4, (s % 4) * 32);
             let da = gmma_desc(b, self.smem, b.addc(a_off, panel * a_rows as i64 * 128 + col), 16);
             let db = gmma_desc(b, self.smem, b.addc(b_off, panel * b_rows as i64 * 128 + col), 16);
-            acc = wgmma_ss(b, &acc, da, db);
+            acc = wgmma_ss(b, self.cfg.dtype, &acc, da, db);
         }
         acc
     }
@@ -98,7 +98,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let b = self.b;
         for (kk, af) in a.iter().enumerate() {
             let db = gmma_desc(b, self.smem, b.addc(b_off, kk as i64 * 16 * 128), k_rows as i64 * 128);
-            acc = wgmma_rs(b, &acc, af, db);
+            acc = wgmma_rs(b, self.cfg.dtype, &acc, af, db);
         }
         acc
     }
@@ -110,10 +110,10 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         p.chunks(8)
             .map(|t| {
                 [
-                    b.pack_bf16(t[0], t[1]),
-                    b.pack_bf16(t[2], t[3]),
-                    b.pack_bf16(t[4], t[5]),
-                    b.pack_bf16(t[6], t[7]),
+                    b.pack_half2(self.cfg.dtype, t[0], t[1]),
+                    b.pack_half2(self.cfg.dtype, t[2], t[3]),
+                    b.pack_half2(self.cfg.dtype, t[4], t[5]),
+                    b.pack_half2(self.cfg.dtype, t[6], t[7]),
                 ]
             })
             .collect()

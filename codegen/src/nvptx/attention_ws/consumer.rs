@@ -184,7 +184,7 @@ impl<'k, 'ctx> Consumer<'k, 'ctx> {
         };
         let s2 = a.scores(&s_acc, &c_col, self.rows, j0, col0, self.blk.bh);
         let st = a.online_softmax(&s2, m_old, l_old);
-        let p = st.p.chunks(2).map(|p| b.pack_bf16(p[0], p[1])).collect();
+        let p = st.p.chunks(2).map(|p| b.pack_half2(a.cfg.dtype_in, p[0], p[1])).collect();
         Step { alpha: st.alpha, m: st.m_new, l: st.l_new, p }
     }
 

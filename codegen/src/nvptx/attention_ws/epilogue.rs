@@ -1,5 +1,5 @@
-//! A consumer's bf16 epilogue through shared memory: the normalized O tile (64 rows) is packed
-//! to bf16 pairs as the standard epilogue does, written into the consumer's own Q tile (free:
+//! A consumer's 16-bit epilogue through shared memory: the normalized O tile (64 rows) is
+//! packed to bf16 (or f16) pairs as the standard epilogue does, written into the consumer's own Q tile (free:
 //! every wgmma of this consumer has completed), then copied out with one 16-byte coalesced
 //! store per chunk instead of 4-byte stores spread over eight rows per warp instruction.
 //!
@@ -28,11 +28,11 @@ pub(super) struct OutAt<'ctx> {
     pub lb: PointerValue<'ctx>,
 }
 
-/// Writes O * inv (bf16) for the calling consumer's 64 rows (rows past T skipped) and each
+/// Writes O * inv (in the operands' 16-bit type) for the calling consumer's 64 rows (rows past T skipped) and each
 /// row's LSE (lanes `tq = 0`, as the standard epilogue); `o`, `inv`, `lse` are the thread's
 /// fragments in the wgmma accumulator order. Uses the consumer's named barrier `cw + 1` (the
 /// one of its Q load, 128 threads).
-pub(super) fn store_output_bf16<'ctx>(
+pub(super) fn store_output_half<'ctx>(
     a: &Attn<'_, '_, 'ctx>,
     lay: &WsLayout,
     at: &OutAt<'ctx>,
@@ -63,8 +63,8 @@ pub(super) fn store_output_bf16<'ctx>(
             let (x0, x1) = normalized_pair(b, o, inv, dtile, r);
             let ch = b.xor(b.i32(dtile as i64), r7);
             let off = b.add(row_off, b.mulc(ch, 16));
-            // Two adjacent columns -> one b32 of bf16 (cvt.rn.bf16x2.f32), as store_output.
-            b.store_aligned(b.smem_at(at.base, off), b.pack_bf16(x0, x1), 4);
+            // Two adjacent columns -> one b32 (cvt.rn.bf16x2.f32 or .f16x2), as store_output.
+            b.store_aligned(b.smem_at(at.base, off), b.pack_half2(a.cfg.dtype_in, x0, x1), 4);
         }
     }
     named_barrier(b, b.addc(cw, 1), 128);

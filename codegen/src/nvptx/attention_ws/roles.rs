@@ -2,7 +2,7 @@
 //! loop and the consumers' compute loop (see the module docs of [`super`] for the protocol).
 
 use super::consumer::Consumer;
-use super::epilogue::{store_output_bf16, OutAt};
+use super::epilogue::{store_output_half, OutAt};
 use super::sync::{
     fence_async_shared, mbar_arrive, mbar_arrive_on_copies, mbar_init, mbar_wait, named_barrier, set_max_regs,
 };
@@ -135,7 +135,7 @@ pub(super) fn block_at<'ctx>(
     // Key/value head of query head `bh` (GQA: `kv_group` query heads share one).
     let kv_head = heads::kv_head(b, bh, cfg.kv_group);
     let kv_base = b.mulc(heads::kv_rows(b, bh, t_len, cfg.kv_group), d);
-    let o_elt = if cfg.out_bf16 { i16t } else { f32t };
+    let o_elt = if cfg.out_half { i16t } else { f32t };
     Block {
         bh,
         kv_head,
@@ -438,7 +438,7 @@ fn out_ptrs<'ctx>(
         return (blk.ob, blk.lb);
     }
     let row_base = b.mul(b.zext64(blk.bh), b.zext64(b.param_int(FWD.t)));
-    let o_elt = if cfg.out_bf16 { b.i16t().into() } else { b.f32t().into() };
+    let o_elt = if cfg.out_half { b.i16t().into() } else { b.f32t().into() };
     let ob = b.gep(o_elt, b.param_ptr(FWD.out), b.mulc(row_base, cfg.head_dim as i64));
     (ob, b.gep(b.f32t().into(), b.param_ptr(FWD.lse), row_base))
 }
@@ -518,10 +518,10 @@ pub(super) fn consumer_item<'ctx>(
     };
     let (o, m, l) = c.run(&a);
     let (inv, lse) = a.finalize(m, l, cir);
-    if cfg.out_bf16 {
+    if cfg.out_half {
         let (ob, lb) = out_ptrs(b, cfg, blk, given.is_some());
         let at = OutAt { base: a0.smem, i0: blk.i0, ob, lb };
-        store_output_bf16(&a, lay, &at, &o, inv, lse);
+        store_output_half(&a, lay, &at, &o, inv, lse);
     } else {
         let (ob, lb) = out_ptrs(b, cfg, blk, given.is_some());
         a.store_output(&o, inv, lse, &rows, ob, f32t, lb);

@@ -22,7 +22,7 @@ fn builds_and_verifies_tuned_variants() {
             c.has_decay = decay;
             c.prune = prune;
             c.window = window;
-            c.out_bf16 = bf16;
+            c.out_half = bf16;
             let name = c.kernel_name();
             assert!(name.starts_with("foxc_attn_fwd_ws_"), "{name}");
             let f = build(&ctx, &m, &c, &Identity, &name).unwrap();
@@ -136,7 +136,7 @@ fn assembles_with_ptxas_and_bounded_spills() {
             let mut c = cfg(d);
             c.has_decay = decay;
             c.prune = decay;
-            c.out_bf16 = bf16;
+            c.out_half = bf16;
             c.bn = bn;
             let log = ptxas::assemble(&ptxas, &ptx_for(&c), "sm_90a")
                 .unwrap_or_else(|log| panic!("ptxas failed on {}:\n{log}", c.kernel_name()));
@@ -160,7 +160,7 @@ pub(super) fn used_registers(report: &str) -> u32 {
 fn tuned() -> AttnKernelConfig {
     let mut c = cfg(128);
     c.bn = 128;
-    c.out_bf16 = true;
+    c.out_half = true;
     c
 }
 

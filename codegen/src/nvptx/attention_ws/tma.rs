@@ -52,7 +52,8 @@ pub(super) fn after_barrier_init(b: &KernelBuilder<'_, '_>, cfg: &AttnKernelConf
     }
 }
 
-/// The launch arguments: maps of the K and V buffers, `[B, H_kv, T, D]` contiguous bf16 with
+/// The launch arguments: maps of the K and V buffers, `[B, H_kv, T, D]` contiguous 16-bit
+/// elements (bf16 or f16: the maps say bf16, and the copies move bits, zeros out of bounds) with
 /// `B H_kv` the product of `kv_heads`, each as `(D, T, B H_kv)` with a `(64, bn, 1)` box.
 pub(crate) fn args(cfg: &AttnKernelConfig, k: usize, v: usize, t: &Dim, kv_heads: &[Dim]) -> [KernelArg; 2] {
     let map = |buffer| {
@@ -148,7 +149,7 @@ mod tests {
 
     fn cfg(d: u32, tma: bool) -> AttnKernelConfig {
         let mut c = AttnKernelConfig::new(d, true, true);
-        (c.ws, c.tma, c.bn, c.out_bf16) = (true, tma, 128, true);
+        (c.ws, c.tma, c.bn, c.out_half) = (true, tma, 128, true);
         c
     }
 

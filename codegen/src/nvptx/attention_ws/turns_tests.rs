@@ -11,7 +11,7 @@ fn configs() -> Vec<AttnKernelConfig> {
         .into_iter()
         .map(|(d, bn)| {
             let mut c = AttnKernelConfig::new(d, true, true);
-            (c.ws, c.tma, c.out_bf16, c.bn) = (true, true, true, bn);
+            (c.ws, c.tma, c.out_half, c.bn) = (true, true, true, bn);
             c
         })
         .collect()

@@ -1,7 +1,7 @@
 //! GPU intrinsics and inline PTX: thread indices, barriers, warp shuffles and votes, `cp.async`,
 //! atomics, calls of NVVM intrinsics by name, and inline assembly.
 
-use super::KernelBuilder;
+use super::{Half, KernelBuilder};
 use inkwell::types::{BasicMetadataTypeEnum, BasicType, BasicTypeEnum};
 use inkwell::values::{
     BasicMetadataValueEnum, BasicValueEnum, FloatValue, IntValue, PointerValue, ValueKind,
@@ -199,19 +199,35 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
         [0, 1, 2, 3].map(|i| r[i].into_int_value())
     }
 
-    /// `mma.sync m16n8k16` bf16 with f32 accumulators: d = a (16x16) * b (16x8) + c, in the
-    /// fragment layout (a: four b32, b: two b32, c and d: four f32 per lane).
-    pub fn mma_bf16_m16n8k16(
+    /// `mma.sync m16n8k16` with f32 accumulators, operands of type `half`: d = a (16x16) *
+    /// b (16x8) + c, in the fragment layout (a: four b32, b: two b32 of packed pairs, c and d:
+    /// four f32 per lane).
+    pub fn mma_m16n8k16(
         &self,
+        half: Half,
         a: &[IntValue<'ctx>; 4],
         b0: IntValue<'ctx>,
         b1: IntValue<'ctx>,
         c: &[FloatValue<'ctx>],
     ) -> [FloatValue<'ctx>; 4] {
-        let mut args: Vec<BasicValueEnum> = a.iter().map(|v| (*v).into()).collect();
-        args.extend::<[BasicValueEnum; 2]>([b0.into(), b1.into()]);
+        // The bf16 intrinsic takes the packed pairs as i32, the f16 one as <2 x half>.
+        let pair = |v: IntValue<'ctx>| -> BasicValueEnum<'ctx> {
+            match half {
+                Half::Bf16 => v.into(),
+                Half::F16 => {
+                    let h2 = self.ctx.f16_type().vec_type(2);
+                    self.keep(self.b.build_bit_cast(v, h2, ""), || h2.const_zero().into())
+                }
+            }
+        };
+        let mut args: Vec<BasicValueEnum> = a.iter().map(|v| pair(*v)).collect();
+        args.extend([pair(b0), pair(b1)]);
         args.extend(c.iter().map(|v| BasicValueEnum::from(*v)));
-        let r = self.call_n("llvm.nvvm.mma.m16n8k16.row.col.bf16", self.f32t().into(), 4, &args);
+        let name = match half {
+            Half::Bf16 => "llvm.nvvm.mma.m16n8k16.row.col.bf16",
+            Half::F16 => "llvm.nvvm.mma.m16n8k16.row.col.f32.f32",
+        };
+        let r = self.call_n(name, self.f32t().into(), 4, &args);
         [0, 1, 2, 3].map(|i| r[i].into_float_value())
     }
 
