@@ -132,6 +132,12 @@ fn fused_fox_in_f16_on_the_gpu_forward_and_backward() {
             assert_ok(&format!("gpu grad {shape} {extra:?}"), &args);
         }
     }
+    // An f16 output of bf16 operands: the kernel's f32, cast.
+    let bf16_in =
+        FOX_F16.replace("q: f16", "q: bf16").replace("k: f16", "k: bf16").replace("v: f16", "v: bf16");
+    let mixed = write("mixed_gpu.attn", &bf16_in);
+    let args = ["run", &mixed, "--backend", "cuda", "--check", "--shape", "B=1,H=2,T=300,D=64"];
+    assert!(assert_ok("gpu mixed", &args).contains("out f16"));
 }
 
 /// `foxc run` of a one-statement program over `x` (safetensors at `inputs`), returning `out`.

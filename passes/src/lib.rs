@@ -45,16 +45,6 @@ pub enum Target {
     Sm80,
 }
 
-impl Target {
-    /// Whether the target's attention kernels run fewer queries than keys (queries aligned to
-    /// the end of the keys: prefill against a cache, decode), in the forward only or (`gradient`)
-    /// the backward too: the CPU's both, the GPU's the forward's standard kernel. Recognition
-    /// leaves such an attention unfused elsewhere, with an explanation.
-    pub fn fewer_queries(self, gradient: bool) -> bool {
-        matches!(self, Target::Cpu) || !gradient
-    }
-}
-
 /// Options of the pass pipeline (`foxc compile` flags).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PassOptions {
@@ -166,9 +156,7 @@ type PassFn = fn(&mut Graph, &PassOptions, &mut PassContext) -> Result<(), PassE
 
 /// The passes in order.
 pub const PASSES: &[(&str, PassFn)] = &[
-    ("recognize-attention", |g, o, cx| {
-        recognize::recognize(g, o.target.fewer_queries(o.gradient), cx).map(|_| ())
-    }),
+    ("recognize-attention", |g, _, cx| recognize::recognize(g, cx).map(|_| ())),
     ("monotonicity", monotone::run),
     ("tiles", tiles::run),
     ("acp", acp::run),

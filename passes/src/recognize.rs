@@ -35,13 +35,8 @@ use names::shown;
 /// The recognition pass: the output statement becomes one `attention` node, or an explanation
 /// says why not.
 /// The source span of each node of the new node's score region goes to `cx.region_spans`.
-/// `fewer_queries`: whether the target runs queries fewer than keys ([`crate::Target::fewer_queries`]).
-pub(crate) fn recognize(
-    g: &mut Graph,
-    fewer_queries: bool,
-    cx: &mut PassContext,
-) -> Result<Option<ValueId>, PassError> {
-    let fused = fuse::run(g, fewer_queries, &mut cx.explanations)?;
+pub(crate) fn recognize(g: &mut Graph, cx: &mut PassContext) -> Result<Option<ValueId>, PassError> {
+    let fused = fuse::run(g, &mut cx.explanations)?;
     Ok(fused.map(|(node, spans)| {
         cx.region_spans.insert(node, spans);
         node
@@ -60,7 +55,7 @@ pub fn saturates(g: &Graph) -> Option<(bool, usize)> {
 /// Recognition alone (for tests of recognition before the other passes run): the explanations.
 pub fn recognize_attention(g: &mut Graph) -> Result<Vec<Explanation>, PassError> {
     let mut ex = vec![];
-    fuse::run(g, crate::Target::Cpu.fewer_queries(true), &mut ex)?;
+    fuse::run(g, &mut ex)?;
     Ok(ex)
 }
 

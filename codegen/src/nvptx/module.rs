@@ -581,12 +581,25 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         mul: Option<f64>,
     ) -> Result<(), CodegenError> {
         let xt = self.g.value_ty(x.into());
-        let from = xt.dtype;
+        let dims: Vec<Dim> = xt.dims().cloned().collect();
+        self.cast_buffer(n, name, (src, xt.dtype, dims), dst, to, mul)
+    }
+
+    /// [`Self::cast`] of buffer `src` of dtype `from` and shape `dims` (a scratch of no node's
+    /// type: a kernel's f32 output on its way to the node's dtype).
+    pub(super) fn cast_buffer(
+        &mut self,
+        n: ValueId,
+        name: String,
+        (src, from, dims): (usize, DType, Vec<Dim>),
+        dst: usize,
+        to: DType,
+        mul: Option<f64>,
+    ) -> Result<(), CodegenError> {
         if !from.is_float() || !to.is_float() {
             return Err(CodegenError::Unsupported { op: format!("cast {from} -> {to}"), node: n.index() });
         }
         kernels::build_cast(self.ctx, self.module, &name, from, to, mul).map_err(CodegenError::Internal)?;
-        let dims: Vec<Dim> = xt.dims().cloned().collect();
         let args = vec![KernelArg::Buffer(src), KernelArg::Buffer(dst), KernelArg::I64(dims.clone())];
         let launch =
             Launch::Grid { x: GridDim::Ceil(dims, ELEM_THREADS), y: GridDim::Const(1), block: ELEM_THREADS };

@@ -60,9 +60,15 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             build_attention(self.ctx, self.module, &cfg, &score)?.get_name().to_string_lossy().into_owned();
         // Result 1, f32 [B, H, T]: the kernel writes it on every run.
         let lse = self.buf(Value { node: n, result: Attention::LSE })?;
-        // Split keys: the kernel writes its partials to scratch planes [Z, B, H, T, ...].
+        // Split keys: the kernel writes its partials to scratch planes [Z, B, H, T, ...]. An
+        // output dtype the kernel does not write (f16 from bf16 operands, or the reverse): f32
+        // into a scratch, cast after.
         let partials = split_keys.map(|keys| self.split_partials(n, keys, &geo));
-        let (out, lse_out) = partials.unwrap_or((res, lse));
+        let recast = (partials.is_none() && !cfg.out_half && a.out_dtype != DType::F32).then(|| {
+            let shape: Vec<Dim> = self.ty(n).dims().cloned().collect();
+            (self.scratch(DType::F32, shape.clone(), format!("f32 output of %{}", n.index())), shape)
+        });
+        let (out, lse_out) = partials.unwrap_or((recast.as_ref().map_or(res, |r| r.0), lse));
         // Unused pointer parameters get any valid buffer (the kernel does not read them).
         let c = match o.decay {
             Some(c) => self.buf(c)?,
@@ -73,6 +79,10 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         let sms = self.spec.sms;
         let launch = Launch::Attention { cfg, t: geo.t.clone(), tk: geo.tk.clone(), bh: geo.bh.clone(), sms };
         self.push(n, name, args, launch, zero_first);
+        if let Some((f32_out, shape)) = recast {
+            let name = self.name(n, &format!("attn_out_to_{}", a.out_dtype));
+            self.cast_buffer(n, name, (f32_out, DType::F32, shape), res, a.out_dtype, None)?;
+        }
         if let (Some(keys), Some((part_o, part_lse))) = (split_keys, partials) {
             self.split_merge(n, keys, geo, a.out_dtype, [part_o, part_lse, res, lse])?;
         }
@@ -98,14 +108,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         // attention(s q, k, v) with scale a is attention(q, k, v) with scale a s.
         let (q, qs) = self.resolve_q(o.q);
         let half = self.kernel_half(&[q, o.k, o.v]);
-        let out_half = match a.out_dtype {
-            DType::F32 => false,
-            d if d == half.dtype() => true,
-            d => {
-                let why = format!("output dtype {d} from {} operands", half.dtype());
-                return Err(Self::not_yet(n, &why));
-            }
-        };
+        // An output in the other 16-bit type leaves as f32 and is cast ([`Self::attention`]).
+        let out_half = a.out_dtype == half.dtype();
         let tiles = a.tiles.ok_or_else(|| {
             CodegenError::Internal("attention without tiles (the tiles pass did not run)".into())
         })?;

@@ -61,7 +61,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             CodegenError::Internal("attention_backward without tiles (the tiles pass did not run)".into())
         })?;
         let (bh, t, dd) = self.bhtd(o.q, "attention_backward's q")?;
-        let (bhk, _, _) = self.bhtd(o.k, "attention_backward's k")?;
+        // Keys of their own length: the queries sit at the end of them (the kernels' `Tk`).
+        let (bhk, tk, _) = self.bhtd(o.k, "attention_backward's k")?;
         let half = self.kernel_half(&[o.q, o.k, o.v]);
         let cfg = BwdConfig {
             head_dim: self.static_dim(&dd, "the head dimension")?,
@@ -75,6 +76,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             sm: self.spec.target.sm(),
             kv_group: self.static_dim(&a.kv_group, "the query heads per key/value head")?,
             dtype: half,
+            fewer_queries: tk != t,
         };
         cfg.validate().map_err(|e| Self::not_yet(n, &e))?;
         if o.decay_lo.is_some() {
@@ -102,6 +104,10 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             Some(RegionMod::sharing_params(&grad.dx, &score, &dim, &caps).map_err(|e| Self::not_yet(n, &e))?)
         };
         let (cap_reads, grad_caps) = self.capture_reads(n, a, &o.captures, &grad.captures, (&bh, &t))?;
+        if cfg.fewer_queries && !grad_caps.is_empty() {
+            // The kernels sum a capture's gradient per query row or per key of a square head.
+            return Err(Self::not_yet(n, "gradients of captured tensors with queries fewer than keys"));
+        }
         let locals: Vec<RegionMod> = cap_reads
             .iter()
             .map(|(_, _, r)| RegionMod::sharing_params(r, &score, &dim, &caps))
@@ -135,7 +141,10 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             });
         }
         extra.extend(bufs.caps.iter().copied().map(KernelArg::Buffer));
-        self.push_bwd_launches(n, &cfg, names, &bufs, extra, [bh, bhk], t);
+        if cfg.fewer_queries {
+            extra.push(KernelArg::I32(vec![tk.clone()]));
+        }
+        self.push_bwd_launches(n, &cfg, names, &bufs, extra, [bh, bhk], [t, tk]);
         Ok(())
     }
 
@@ -224,7 +233,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
     }
 
     /// The three launches: the row sums `D = rowsum(dout * out)`, then the dq kernel (query
-    /// tiles), then the dkv kernel (key tiles), each with the regions' arguments `extra` after T.
+    /// tiles), then the dkv kernel (key tiles), each with the regions' arguments `extra` after T
+    /// (and `Tk` last where queries are fewer than keys).
     #[allow(clippy::too_many_arguments)]
     fn push_bwd_launches(
         &mut self,
@@ -234,7 +244,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         bufs: &BwdBuffers,
         extra: Vec<KernelArg>,
         [bh, bhk]: [Vec<Dim>; 2],
-        t: Dim,
+        [t, tk]: [Dim; 2],
     ) {
         let BwdBuffers { q, k, v, c, delta, dout, out, lse, dq, dk, dv, dc, dd: dd_buf, start, .. } = *bufs;
         let bht: Vec<Dim> = bh.iter().cloned().chain([t.clone()]).collect();
@@ -307,7 +317,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             .chain(extra)
             .collect(),
             Launch::GridShared {
-                x: GridDim::Ceil(vec![t], cfg.bn),
+                x: GridDim::Ceil(vec![tk], cfg.bn),
                 y: GridDim::Ceil(with_parts(bhk), 1),
                 block: cfg.dkv_threads(),
                 shared: cfg.dkv_shared_bytes(),

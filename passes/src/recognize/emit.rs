@@ -33,9 +33,6 @@ pub(crate) struct Emit<'a, 'b> {
     /// Span of the nodes emitted without a source class of their own.
     pub span: Span,
     pub memo: HashMap<Id, ValueId>,
-    /// Whether the target's kernels (of this program: forward, or backward too) run fewer queries
-    /// than keys ([`crate::Target::fewer_queries`]).
-    pub fewer_queries: bool,
 }
 
 impl Emit<'_, '_> {

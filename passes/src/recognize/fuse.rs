@@ -662,14 +662,6 @@ pub(crate) fn emit(em: &mut Emit, r: &Recognized, span: Span) -> Result<(ValueId
         }
     };
     // (find checked that the source puts the queries at the end of the keys.)
-    let dim_t = |em: &Emit, v: ValueId| em.g.ty(v).dims().nth(2).cloned().ok_or("q or k without a T axis");
-    let (tq, tk) = (dim_t(em, q)?, dim_t(em, k)?);
-    if tq != tk && !em.fewer_queries {
-        return Err(EmitFail::Unfusable(format!(
-            "this target's backward kernels need as many queries as keys (q has {tq} rows, k {tk}); \
-             the CPU backend fuses it, the GPU's forward too"
-        )));
-    }
     let c = em.decay(&r.decay, [bb, hh, r.i])?;
     em.span = span;
     // The region, its captures computed outside where needed.
@@ -728,7 +720,6 @@ fn region_spans(
 /// Returns the attention node and the source span of each node of its score region.
 pub(crate) fn run(
     g: &mut Graph,
-    fewer_queries: bool,
     ex: &mut Vec<Explanation>,
 ) -> Result<Option<(ValueId, Vec<Span>)>, PassError> {
     let Some(out) = g.output else { return Ok(None) };
@@ -763,7 +754,7 @@ pub(crate) fn run(
         Err(_) if !inner_attentions(&mut b, root, &out_syms).is_empty() => {
             // The output is a function of attentions (an output gate, a difference of two):
             // fuse each, and compute the rest from their outputs.
-            return epilogue(g, g_ro, &mut b, (store, root), &out_axes, fewer_queries, ex);
+            return epilogue(g, g_ro, &mut b, (store, root), &out_axes, ex);
         }
         Err((why, at)) => {
             b.eg.rebuild();
@@ -783,7 +774,7 @@ pub(crate) fn run(
     explain_unmasked(&b, &rec, store_span, ex);
     let store_name = g_ro.node(store).name.clone();
     let extractor = egg::Extractor::new(&b.eg, FusedCost);
-    let mut em = Emit { g, b: &b, ex: extractor, span: store_span, memo: HashMap::new(), fewer_queries };
+    let mut em = Emit { g, b: &b, ex: extractor, span: store_span, memo: HashMap::new() };
     let hint = "the fused attention reads k and v of one length, queries aligned to the end of the keys";
     let Some((node, spans)) = emit_one(&mut em, &rec, store_span, Some(hint), ex)? else { return Ok(None) };
     let canonical: Vec<Symbol> = vec![rec.batch[0], rec.batch[1], rec.i, rec.e];
@@ -903,7 +894,6 @@ fn epilogue(
     b: &mut Builder,
     (store, root): (ValueId, Id),
     out_axes: &[String],
-    fewer_queries: bool,
     ex: &mut Vec<Explanation>,
 ) -> Result<Option<(ValueId, Vec<Span>)>, PassError> {
     let out_syms: Vec<Symbol> = out_axes.iter().map(|a| Symbol::from(a.as_str())).collect();
@@ -912,7 +902,7 @@ fn epilogue(
     let store_span = g_ro.node(store).span;
     let store_name = g_ro.node(store).name.clone();
     let extractor = egg::Extractor::new(&b.eg, FusedCost);
-    let mut em = Emit { g, b, ex: extractor, span: store_span, memo: HashMap::new(), fewer_queries };
+    let mut em = Emit { g, b, ex: extractor, span: store_span, memo: HashMap::new() };
     let mut first: Option<(ValueId, Vec<Span>)> = None;
     for (class, rec) in &found {
         let span = b.span_of(*class).unwrap_or(store_span);

@@ -93,9 +93,11 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let g = b.lshrc(self.lane, 2);
         let tq = b.andc(self.lane, 3);
         let rj = [b.add(jw0, g), b.addc(b.add(jw0, g), 8)];
-        let tmax = b.addc(t_len, -1);
+        // Keys run to Tk (c and dc too), queries to T.
+        let kmax = b.addc(self.k_len, -1);
         let t64 = b.sext64(t_len);
-        let kv_base = b.mulc(b.mul(b.sext64(bhk), t64), d);
+        let k64 = if self.off.is_some() { b.sext64(self.k_len) } else { t64 };
+        let kv_base = b.mulc(b.mul(b.sext64(bhk), k64), d);
         let (kb, vb) = (b.gep(i16t, k_p, kv_base), b.gep(i16t, v_p, kv_base));
         let (dkb, dvb) = (b.gep(f32t, dk_p, kv_base), b.gep(f32t, dv_p, kv_base));
 
@@ -108,19 +110,24 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             dout: [b.i32(2 * kvt + 2 * qt), b.i32(2 * kvt + 3 * qt)],
             rows: [b.i32(2 * kvt + 4 * qt), b.i32(2 * kvt + 4 * qt + 2 * bq * 4)],
         };
-        self.load_tile(kb, j0, cfg.bn, sm.k);
-        self.load_tile(vb, j0, cfg.bn, sm.v);
+        self.load_tile(kb, (j0, self.k_len), cfg.bn, sm.k);
+        self.load_tile(vb, (j0, self.k_len), cfg.bn, sm.v);
         b.cp_async_commit();
 
-        // The query chunks that can keep this tile: from the chunk of its first key to the end,
-        // or to the last row within the window of its last key.
+        // The query chunks that can keep this tile: from the chunk of the first query whose key
+        // position reaches its first key to the end, or to the last row within the window of
+        // its last key (query row = key position - off).
         let mq = b.sdivc(b.addc(t_len, bq - 1), bq);
+        let row_of = |p: IntValue<'ctx>| match self.off {
+            Some(off) => b.smax(b.sub(p, off), b.i32(0)),
+            None => p,
+        };
         // Without a causal mask every chunk may keep the tile: from the first.
-        let q_lo = b.named(if cfg.causal { b.sdivc(j0, bq) } else { b.i32(0) }, "q_lo");
+        let q_lo = b.named(if cfg.causal { b.sdivc(row_of(j0), bq) } else { b.i32(0) }, "q_lo");
         let q_hi = match cfg.window {
             Some(w) => {
-                let jl = b.smin(b.addc(j0, bn - 1), tmax);
-                b.smin(mq, b.addc(b.sdivc(b.addc(jl, w as i64 - 1), bq), 1))
+                let jl = b.smin(b.addc(j0, bn - 1), kmax);
+                b.smin(mq, b.addc(b.sdivc(row_of(b.addc(jl, w as i64 - 1)), bq), 1))
             }
             None => mq,
         };
@@ -135,8 +142,9 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             let acc_in = floats(&vals[1..]);
             let bh = b.add(b.mulc(bhk, grp), gi);
             let row_base = b.mul(b.sext64(bh), t64);
+            let key_base = if self.off.is_some() { b.mul(b.sext64(bh), k64) } else { row_base };
             let mat_base = b.mulc(row_base, d);
-            let cb = b.gep(f32t, c_p, row_base);
+            let cb = b.gep(f32t, c_p, key_base);
             let h = Head {
                 bh,
                 qb: b.gep(i16t, q_p, mat_base),
@@ -149,10 +157,10 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             };
             // Every warp is done with the previous head's chunk buffers.
             b.barrier();
-            self.load_chunk(&h, q_lo, &sm, 0);
-            b.cp_async_commit();
-            self.store_row_terms(&h, q_lo, sm.rows[0]);
-            let (dk, dv, colsum, capcol) = self.walk(&h, &sm, (q_lo, q_hi), (n, part), rj, tq, acc_in);
+            let (dk, dv, colsum, capcol) = match self.off {
+                None => self.walk_from(&h, &sm, (q_lo, q_hi), (n, part), rj, tq, acc_in),
+                Some(_) => self.walk_kept(&h, &sm, (q_lo, q_hi), (n, part), rj, tq, acc_in),
+            };
             // d cap[bh, j] += the column sums of its key reads (the dq kernel wrote the rows').
             for (s, slot) in self.regions.slots(true).into_iter().enumerate() {
                 let gb = b.gep(f32t, b.param_ptr(self.regions.grad_param(slot)), row_base);
@@ -171,21 +179,29 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                     });
                 }
             }
-            // dc[bh, j] -= colsum_j (the dq kernel wrote the row sums there).
+            // dc[bh, j] -= colsum_j (the dq kernel wrote the row sums there; a key before the
+            // first query's position has no row: dc = -colsum).
             if cfg.has_decay {
-                let dcb = b.gep(f32t, dc_p, row_base);
+                let dcb = b.gep(f32t, dc_p, key_base);
                 for r in 0..2 {
                     let mut s = colsum[r];
                     s = b.fadd(s, b.shfl_xor(s, 1));
                     s = b.fadd(s, b.shfl_xor(s, 2));
                     let mut ok =
-                        b.and(b.icmp(IntPredicate::SLT, rj[r], t_len), b.icmpc(IntPredicate::EQ, tq, 0));
+                        b.and(b.icmp(IntPredicate::SLT, rj[r], self.k_len), b.icmpc(IntPredicate::EQ, tq, 0));
                     if let Some(f) = first_part {
                         ok = b.and(ok, f);
                     }
                     b.if_then(ok, |b| {
                         let p = b.gep(f32t, dcb, b.sext64(rj[r]));
-                        b.store(p, b.fsub(b.load_f32(p), s));
+                        let rows = match self.off {
+                            Some(off) => {
+                                let has_row = b.icmp(IntPredicate::SGE, rj[r], off);
+                                b.select_f(has_row, b.load_f32(p), b.f32(0.0))
+                            }
+                            None => b.load_f32(p),
+                        };
+                        b.store(p, b.fsub(rows, s));
                     });
                 }
             }
@@ -204,7 +220,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             t2 = b.add(t2, b.mulc(p, cfg.part_dim() as i64));
         }
         for r in 0..2 {
-            b.if_then(b.icmp(IntPredicate::SLT, rj[r], t_len), |b| {
+            b.if_then(b.icmp(IntPredicate::SLT, rj[r], self.k_len), |b| {
                 let rowoff = b.mulc(rj[r], d);
                 for dtile in 0..dt {
                     let idx = b.sext64(b.add(rowoff, b.addc(t2, 8 * dtile as i64)));
@@ -215,6 +231,61 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                 }
             });
         }
+    }
+
+    /// The walk over one query head's chunks `[lo, hi)`, chunk `lo` kept: it loads chunk `lo`
+    /// and stores its row terms in buffer 0, then [`Self::walk`].
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn walk_from(
+        &self,
+        h: &Head<'ctx>,
+        sm: &Smem<'ctx>,
+        (lo, hi): (IntValue<'ctx>, IntValue<'ctx>),
+        (n, part): (IntValue<'ctx>, Option<IntValue<'ctx>>),
+        rj: [IntValue<'ctx>; 2],
+        tq: IntValue<'ctx>,
+        acc_in: Vec<FloatValue<'ctx>>,
+    ) -> (Vec<FloatValue<'ctx>>, Vec<FloatValue<'ctx>>, [FloatValue<'ctx>; 2], Vec<FloatValue<'ctx>>) {
+        self.load_chunk(h, lo, sm, 0);
+        self.b.cp_async_commit();
+        self.store_row_terms(h, lo, sm.rows[0]);
+        self.walk(h, sm, (lo, hi), (n, part), rj, tq, acc_in)
+    }
+
+    /// [`Self::walk_from`] for queries fewer than keys, where the first chunk that can see key
+    /// tile `n` need not keep it: a key of the cache (before the first query's position) is
+    /// seen by every chunk, and pruning may drop it from the first ones, or from all (then
+    /// nothing is walked: dK and dV as they were, no column sums).
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn walk_kept(
+        &self,
+        h: &Head<'ctx>,
+        sm: &Smem<'ctx>,
+        (lo, hi): (IntValue<'ctx>, IntValue<'ctx>),
+        (n, part): (IntValue<'ctx>, Option<IntValue<'ctx>>),
+        rj: [IntValue<'ctx>; 2],
+        tq: IntValue<'ctx>,
+        acc_in: Vec<FloatValue<'ctx>>,
+    ) -> (Vec<FloatValue<'ctx>>, Vec<FloatValue<'ctx>>, [FloatValue<'ctx>; 2], Vec<FloatValue<'ctx>>) {
+        let b = self.b;
+        let dt = (self.cfg.part_dim() / 8) as usize;
+        let ncap = 2 * self.regions.slots(true).len();
+        let lo = if self.cfg.prune { self.next_chunk(h, b.addc(lo, -1), hi, n) } else { lo };
+        let zero = b.f32(0.0);
+        let mut carried: Vec<(&str, BasicValueEnum)> = acc_in.iter().map(|v| ("acc", (*v).into())).collect();
+        carried.extend((0..2 + ncap).map(|_| ("colsum", zero.into())));
+        let any = b.icmp(IntPredicate::SLT, lo, hi);
+        let out = b.if_then_carry(any, ("kept", "kept_done"), &carried, |_| {
+            let (dk, dv, cs, cap) = self.walk_from(h, sm, (lo, hi), (n, part), rj, tq, acc_in.clone());
+            let mut v = basic(&dk);
+            v.extend(basic(&dv));
+            v.extend(basic(&cs));
+            v.extend(basic(&cap));
+            v
+        });
+        let out = floats(&out);
+        let (acc, rest) = out.split_at(2 * dt * 4);
+        (acc[..dt * 4].to_vec(), acc[dt * 4..].to_vec(), [rest[0], rest[1]], rest[2..].to_vec())
     }
 
     /// The walk over one query head's kept chunks `[lo, hi)` (chunk `lo` loaded and its row
@@ -236,7 +307,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let bq = cfg.bq() as i64;
         let dt = (cfg.part_dim() / 8) as usize;
         let f32t = b.f32t().into();
-        let tmax = b.addc(self.t_len, -1);
+        let kmax = b.addc(self.k_len, -1);
         let warp = b.lshrc(self.tid, 5);
         let wrow0 = b.mulc(warp, 16);
         let jw0 = b.add(b.mulc(n, cfg.bn as i64), wrow0);
@@ -244,7 +315,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         // Key terms (c_ref - c_j) log2 e of this thread's two keys.
         let kc = h.c_ref.map(|cr| {
             rj.map(|j| {
-                let cj = b.load_f32(b.gep(f32t, h.cb, b.sext64(b.smin(j, tmax))));
+                let cj = b.load_f32(b.gep(f32t, h.cb, b.sext64(b.smin(j, kmax))));
                 b.fmul(b.fsub(cr, cj), l2e)
             })
         });
@@ -401,14 +472,14 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let bq = cfg.bq() as i64;
         let ilast = b.addc(i0c, bq - 1);
         let mut need = if cfg.causal {
-            b.icmp(IntPredicate::SGT, b.addc(jw0, 15), i0c)
+            b.icmp(IntPredicate::SGT, b.addc(jw0, 15), self.pos(i0c))
         } else {
             // An expression mask: the condition on every element (no mask: rows past T).
             b.bool(self.regions.score.has_mask())
         };
         need = b.or(need, b.icmp(IntPredicate::SGE, ilast, self.t_len));
         if let Some(w) = cfg.window {
-            need = b.or(need, b.icmpc(IntPredicate::SGE, b.sub(ilast, jw0), w as i64));
+            need = b.or(need, b.icmpc(IntPredicate::SGE, b.sub(self.pos(ilast), jw0), w as i64));
         }
         need
     }
@@ -480,7 +551,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         q_off: IntValue<'ctx>,
         do_off: IntValue<'ctx>,
     ) {
-        let r0 = self.b.mulc(c, self.cfg.bq() as i64);
+        let r0 = (self.b.mulc(c, self.cfg.bq() as i64), self.t_len);
         self.load_tile(h.qb, r0, self.cfg.bq(), q_off);
         self.load_tile(h.dob, r0, self.cfg.bq(), do_off);
     }
@@ -510,10 +581,13 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         (0..bq.div_ceil(self.threads))
             .map(|it| {
                 let r = b.addc(self.tid, (it * self.threads) as i64);
-                let i = b.sext64(b.smin(b.add(b.mulc(c, bq as i64), r), tmax));
+                let i32i = b.smin(b.add(b.mulc(c, bq as i64), r), tmax);
+                let i = b.sext64(i32i);
+                // c at the row's key position.
+                let pc = if self.off.is_some() { b.sext64(self.pos(i32i)) } else { i };
                 let li = b.load_f32(b.gep(f32t, h.lb, i));
                 let cterm = match h.c_ref {
-                    Some(cr) => b.fsub(b.load_f32(b.gep(f32t, h.cb, i)), cr),
+                    Some(cr) => b.fsub(b.load_f32(b.gep(f32t, h.cb, pc)), cr),
                     None => b.f32(0.0),
                 };
                 let empty = b.fcmp(FloatPredicate::OEQ, li, ninf);

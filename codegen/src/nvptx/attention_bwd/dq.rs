@@ -120,18 +120,21 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let tmax = b.addc(t_len, -1);
         let i_last = b.smin(b.addc(i0, rows - 1), tmax);
         // The last key tile: the diagonal's under a causal mask, else the sequence's.
-        let j_last = if cfg.causal { i_last } else { tmax };
+        let kmax = if self.off.is_some() { b.addc(self.k_len, -1) } else { tmax };
+        let j_last = if cfg.causal { self.pos(i_last) } else { kmax };
         let n_end = b.named(b.sdivc(j_last, bn), "n_end");
 
         let t64 = b.sext64(t_len);
         let row_base = b.mul(b.sext64(bh), t64);
+        // c and dc are per key position: [B, H, Tk].
+        let c_base = if self.off.is_some() { b.mul(b.sext64(bh), b.sext64(self.k_len)) } else { row_base };
         let mat_base = b.mulc(row_base, d);
-        let kv_base = b.mulc(heads::kv_rows(b, bh, t_len, cfg.kv_group), d);
+        let kv_base = b.mulc(heads::kv_rows(b, bh, self.k_len, cfg.kv_group), d);
         let (qb, dob) = (b.gep(i16t, q_p, mat_base), b.gep(i16t, do_p, mat_base));
         let (kb, vb) = (b.gep(i16t, k_p, kv_base), b.gep(i16t, v_p, kv_base));
         let dqb = b.gep(f32t, dq_p, mat_base);
-        let (cb, lb) = (b.gep(f32t, c_p, row_base), b.gep(f32t, lse_p, row_base));
-        let (ddb, dcb) = (b.gep(f32t, dd_p, row_base), b.gep(f32t, dc_p, row_base));
+        let (cb, lb) = (b.gep(f32t, c_p, c_base), b.gep(f32t, lse_p, row_base));
+        let (ddb, dcb) = (b.gep(f32t, dd_p, row_base), b.gep(f32t, dc_p, c_base));
 
         // Shared memory: Q, dO, K[bufs], V[bufs], column bias[2]. One buffer: K[1] = K[0].
         let tile = rows * d * 2;
@@ -146,16 +149,16 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         };
         let colb = [b.i32(2 * tile + 2 * bufs * kv), b.i32(2 * tile + 2 * bufs * kv + bn * 4)];
 
-        self.load_tile(qb, i0, DQ_ROWS, q_off);
-        self.load_tile(dob, i0, DQ_ROWS, do_off);
+        self.load_tile(qb, (i0, t_len), DQ_ROWS, q_off);
+        self.load_tile(dob, (i0, t_len), DQ_ROWS, do_off);
         b.cp_async_commit();
         let j_end0 = b.mulc(n_end, bn);
-        self.load_tile(kb, j_end0, cfg.bn, k_off[0]);
-        self.load_tile(vb, j_end0, cfg.bn, v_off[0]);
+        self.load_tile(kb, (j_end0, self.k_len), cfg.bn, k_off[0]);
+        self.load_tile(vb, (j_end0, self.k_len), cfg.bn, v_off[0]);
         b.cp_async_commit();
 
         let c_ref = cfg.has_decay.then(|| {
-            let cr = b.load_f32(b.gep(f32t, cb, b.sext64(i0)));
+            let cr = b.load_f32(b.gep(f32t, cb, b.sext64(self.pos(i0))));
             self.store_colb(cr, self.col_c(cb, n_end), colb[0]);
             cr
         });
@@ -219,13 +222,14 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let (bn, t_len) = (cfg.bn as i64, self.t_len);
         let mut n_start = b.i32(0);
         if let Some(w) = cfg.window {
-            n_start = b.sdivc(b.smax(b.addc(i0, 1 - w as i64), b.i32(0)), bn);
+            n_start = b.sdivc(b.smax(b.addc(self.pos(i0), 1 - w as i64), b.i32(0)), bn);
         }
         if cfg.prune {
             let bm = cfg.bm as i64;
             let m_ir = b.udivc(i0, bm);
             let i0_ir = b.mulc(m_ir, bm);
-            let at = SearchAt { cb, delta_p, bh, m: m_ir, p0: i0_ir, t_len, k_len: t_len, lane: self.lane };
+            let (p0, k_len) = (self.pos(i0_ir), self.k_len);
+            let at = SearchAt { cb, delta_p, bh, m: m_ir, p0, t_len, k_len, lane: self.lane };
             let ps = search_start(b, cfg.bm, cfg.bn, &at);
             let mut first =
                 b.and(b.icmp(IntPredicate::EQ, i0, i0_ir), b.icmpc(IntPredicate::EQ, self.tid, 0));
@@ -258,10 +262,13 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let mut rt = [ninf; 2];
         let mut ddr = [ninf; 2];
         for r in 0..2 {
-            let ic = b.sext64(b.smin(ri[r], tmax));
+            let i = b.smin(ri[r], tmax);
+            let ic = b.sext64(i);
+            // c at the row's key position.
+            let pc = if self.off.is_some() { b.sext64(self.pos(i)) } else { ic };
             let li = b.load_f32(b.gep(f32t, lb, ic));
             let cterm = match c_ref {
-                Some(cr) => b.fsub(b.load_f32(b.gep(f32t, cb, ic)), cr),
+                Some(cr) => b.fsub(b.load_f32(b.gep(f32t, cb, pc)), cr),
                 None => b.f32(0.0),
             };
             let empty = b.fcmp(FloatPredicate::OEQ, li, ninf);
@@ -297,7 +304,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         // The next key tile into the other buffer (with one buffer: after the products).
         let prefetch = |b: &crate::nvptx::builder::KernelBuilder<'a, 'ctx>| {
             b.if_then(more, |b| {
-                let jn = b.mulc(b.addc(n, -1), bn);
+                let jn = (b.mulc(b.addc(n, -1), bn), self.k_len);
                 self.load_tile(blk.kb, jn, cfg.bn, b.select_i(is0, k_off[1], k_off[0]));
                 self.load_tile(blk.vb, jn, cfg.bn, b.select_i(is0, v_off[1], v_off[0]));
             });
@@ -381,19 +388,20 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
 
     /// Whether the tile at key `j0` needs the element mask for the warp's rows from `iw0`: it
     /// crosses the diagonal (causal), the score region has a mask (every element, as the
-    /// forward's softmax), it runs past T, or part of it lies outside the window.
+    /// forward's softmax), it runs past the keys, or part of it lies outside the window.
     fn dq_needs_mask(&self, j0: IntValue<'ctx>, iw0: IntValue<'ctx>) -> IntValue<'ctx> {
         let (b, cfg) = (self.b, self.cfg);
         let bn = cfg.bn as i64;
+        let pw0 = self.pos(iw0);
         let mut need = if cfg.causal {
-            b.icmp(IntPredicate::SGT, b.addc(j0, bn - 1), iw0)
+            b.icmp(IntPredicate::SGT, b.addc(j0, bn - 1), pw0)
         } else if self.regions.score.has_mask() {
             b.bool(true)
         } else {
-            b.icmp(IntPredicate::SGE, b.addc(j0, bn - 1), self.t_len)
+            b.icmp(IntPredicate::SGE, b.addc(j0, bn - 1), self.k_len)
         };
         if let Some(w) = cfg.window {
-            let wl = b.sub(b.addc(iw0, 15), j0);
+            let wl = b.sub(b.addc(pw0, 15), j0);
             need = b.or(need, b.icmpc(IntPredicate::SGE, wl, w as i64));
         }
         need
@@ -458,15 +466,16 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                     if let Some(f) = blk.first_part {
                         w = b.and(w, f);
                     }
+                    // At the row's key position (dc is [B, H, Tk]).
                     b.if_then(w, |b| {
-                        b.store(b.gep(f32t, blk.dcb, b.sext64(ri[r])), sum);
+                        b.store(b.gep(f32t, blk.dcb, b.sext64(self.pos(ri[r]))), sum);
                     });
                 }
             });
         }
     }
 
-    /// c at key `n * bn + (tid mod bn)` (clamped to T-1).
+    /// c at key `n * bn + (tid mod bn)` (clamped to Tk-1).
     pub(super) fn col_c(
         &self,
         cb: inkwell::values::PointerValue<'ctx>,
@@ -474,7 +483,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
     ) -> FloatValue<'ctx> {
         let b = self.b;
         let bn = self.cfg.bn as i64;
-        let j = b.smin(b.add(b.mulc(n, bn), b.uremc(self.tid, bn)), b.addc(self.t_len, -1));
+        let j = b.smin(b.add(b.mulc(n, bn), b.uremc(self.tid, bn)), b.addc(self.k_len, -1));
         b.load_f32(b.gep(b.f32t().into(), cb, b.sext64(j)))
     }
 

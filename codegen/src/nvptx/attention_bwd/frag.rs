@@ -17,12 +17,13 @@ use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
 
 impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
-    /// cp.async of `rows` rows of a `[T, D]` bf16 matrix from row `r0` (rows past T-1 read row
-    /// T-1: their values are masked or not stored) into the tile at byte offset `dst`.
+    /// cp.async of `rows` rows of a `[len, D]` 16-bit matrix from row `r0` (rows past len-1
+    /// read row len-1: their values are masked or not stored) into the tile at byte offset
+    /// `dst`; `len` is the queries' `T` or the keys' `Tk`.
     pub(super) fn load_tile(
         &self,
         src: PointerValue<'ctx>,
-        r0: IntValue<'ctx>,
+        (r0, len): (IntValue<'ctx>, IntValue<'ctx>),
         rows: u32,
         dst: IntValue<'ctx>,
     ) {
@@ -31,7 +32,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let cpr = d / 8; // 16-byte chunks per row
         let total = rows * cpr;
         let nth = self.threads;
-        let tmax = b.addc(self.t_len, -1);
+        let tmax = b.addc(len, -1);
         for it in 0..total.div_ceil(nth) {
             let c = b.addc(self.tid, (it * nth) as i64);
             let emit = |b: &crate::nvptx::builder::KernelBuilder<'a, 'ctx>| {

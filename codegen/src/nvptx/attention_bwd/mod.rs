@@ -88,6 +88,11 @@ pub struct BwdConfig {
     pub kv_group: u32,
     /// The 16-bit type of q, k, v and dout (and of P and dS in the second products).
     pub dtype: Half,
+    /// K, V, c and dc have their own length `Tk > T` (the last parameter, `Tk`): the `T`
+    /// queries sit at the end of the keys, row `i` at key position `i + Tk - T` (its causal
+    /// diagonal, its window and its `c`; dc's row sum lands there), as the forward's `_fq`
+    /// kernel.
+    pub fewer_queries: bool,
 }
 
 /// Which of the three kernels.
@@ -107,7 +112,7 @@ impl BwdConfig {
             BwdKernel::Dkv => "dkv",
         };
         format!(
-            "foxc_attn_bwd_{k}_d{}_bm{}_bn{}{}{}{}{}{}{}_s{:08x}_sm{}",
+            "foxc_attn_bwd_{k}_d{}_bm{}_bn{}{}{}{}{}{}{}{}_s{:08x}_sm{}",
             self.head_dim,
             self.bm,
             self.bn,
@@ -117,6 +122,7 @@ impl BwdConfig {
             if self.kv_group != 1 { format!("_g{}", self.kv_group) } else { String::new() },
             if self.causal { "" } else { "_bidir" },
             self.half_tag(),
+            if self.fewer_queries { "_fq" } else { "" },
             self.scale.to_bits(),
             self.sm
         )
@@ -350,7 +356,11 @@ pub(crate) struct Bwd<'k, 'a, 'ctx> {
     smem: PointerValue<'ctx>,
     tid: IntValue<'ctx>,
     lane: IntValue<'ctx>,
+    /// Query rows `T`, and key rows `Tk` (`T` unless `cfg.fewer_queries`).
     t_len: IntValue<'ctx>,
+    k_len: IntValue<'ctx>,
+    /// `Tk - T` with `cfg.fewer_queries`: query row `i` sits at key position `i + off`.
+    off: Option<IntValue<'ctx>>,
     /// Threads of the block.
     threads: u32,
     /// The wgmma path ([`BwdConfig::uses_wgmma`]).
@@ -358,7 +368,8 @@ pub(crate) struct Bwd<'k, 'a, 'ctx> {
 }
 
 impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
-    /// Declares kernel `name` with `params` (`T` last), sets up the per-thread values every
+    /// Declares kernel `name` with the `fixed` parameters (`T` last of them), the regions'
+    /// and, with fewer queries than keys, `Tk` last; sets up the per-thread values every
     /// backward kernel uses and emits the body with them.
     fn build(
         ctx: &'ctx Context,
@@ -374,6 +385,9 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let extra = regions.extra_params();
         let mut params = fixed.to_vec();
         params.extend(extra.iter().map(|(n, t)| (n.as_str(), *t)));
+        if cfg.fewer_queries {
+            params.push(("Tk", ParamTy::I32));
+        }
         let b = KernelBuilder::kernel(ctx, module, name, &params)?;
         // 1024: the wgmma 128-byte swizzle atom is 8 rows x 128 B.
         let wg = cfg.uses_wgmma();
@@ -382,12 +396,27 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let lane = b.andc(tid, 31);
         // The dq and dkv kernels both take T last of their fixed parameters.
         let t_len = b.param_int(crate::nvptx::attention::params::DQ.t);
-        body(&Bwd { b: &b, cfg, regions, smem, tid, lane, t_len, threads, wg });
+        let (k_len, off) = if cfg.fewer_queries {
+            let k_len = b.param_int(params.len() as u32 - 1);
+            (k_len, Some(b.sub(k_len, t_len)))
+        } else {
+            (t_len, None)
+        };
+        body(&Bwd { b: &b, cfg, regions, smem, tid, lane, t_len, k_len, off, threads, wg });
         b.finish()
     }
 }
 
 impl<'ctx> Bwd<'_, '_, 'ctx> {
+    /// The key position of query row `i`: `i + Tk - T` (`i` itself when queries and keys are
+    /// one).
+    fn pos(&self, i: IntValue<'ctx>) -> IntValue<'ctx> {
+        match self.off {
+            Some(off) => self.b.add(i, off),
+            None => i,
+        }
+    }
+
     /// The block's head (`ctaid.y / parts`) and head-dim part (`ctaid.y mod parts`; `None`
     /// when the head dim is not split).
     fn head_and_part(&self) -> (IntValue<'ctx>, Option<IntValue<'ctx>>) {
@@ -411,9 +440,9 @@ pub fn dq_grid(cfg: &BwdConfig, t: u64, bh: u64) -> (u64, u64) {
     (t.div_ceil(DQ_ROWS as u64), bh * cfg.d_parts() as u64)
 }
 
-/// Grid of the dkv kernel: (ceil(T / bn), BH / kv_group x parts).
-pub fn dkv_grid(cfg: &BwdConfig, t: u64, bh_kv: u64) -> (u64, u64) {
-    (t.div_ceil(cfg.bn as u64), bh_kv * cfg.d_parts() as u64)
+/// Grid of the dkv kernel: (ceil(Tk / bn), BH / kv_group x parts).
+pub fn dkv_grid(cfg: &BwdConfig, tk: u64, bh_kv: u64) -> (u64, u64) {
+    (tk.div_ceil(cfg.bn as u64), bh_kv * cfg.d_parts() as u64)
 }
 
 /// Rows of the pre kernel per block (one warp each).

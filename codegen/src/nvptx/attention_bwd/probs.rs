@@ -5,9 +5,9 @@
 //! * `P = 2^(R(x) log2 e + term)`, `term = (c_i - lse_i - c_j) log2 e` split into a row and a
 //!   column part relative to the block's `c_ref` (so both keep their precision, as in the
 //!   forward), `-inf` for a row whose lse is `-inf` (nothing kept: P = 0); masked elements
-//!   (key after query, query past T, outside the window; without a causal mask: key past T,
-//!   and an expression mask's condition false, as the forward's softmax) are `-inf` on the
-//!   tiles that need it;
+//!   (key after the query's key position, query past T, outside the window; without a causal
+//!   mask: key past Tk, and an expression mask's condition false, as the forward's softmax)
+//!   are `-inf` on the tiles that need it;
 //! * `dS = P (dP - D_i)`, `dx = dS R'(x)` (0 where P = 0, so a derivative that is infinite on a
 //!   masked element cannot leak a NaN).
 
@@ -59,15 +59,17 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             let mut out = Vec::with_capacity(s2.len());
             for jt in 0..s.len() {
                 for e in 0..4 {
+                    // Row i at key position p (the causal diagonal and the window's origin).
                     let (i, j) = pos(jt, e);
+                    let p = self.pos(i);
                     let mut ok = if cfg.causal {
-                        b.icmp(IntPredicate::SLE, j, i)
+                        b.icmp(IntPredicate::SLE, j, p)
                     } else {
-                        b.icmp(IntPredicate::SLT, j, self.t_len)
+                        b.icmp(IntPredicate::SLT, j, self.k_len)
                     };
                     ok = b.and(ok, b.icmp(IntPredicate::SLT, i, self.t_len));
                     if let Some(w) = cfg.window {
-                        ok = b.and(ok, b.icmpc(IntPredicate::SLT, b.sub(i, j), w as i64));
+                        ok = b.and(ok, b.icmpc(IntPredicate::SLT, b.sub(p, j), w as i64));
                     }
                     // A NaN condition keeps the element (`c != 0`), as in the forward.
                     if let Some(keep) = score.keeps(b, ScorePos { i, j, bh }) {

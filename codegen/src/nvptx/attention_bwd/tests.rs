@@ -20,6 +20,7 @@ fn cfg(d: u32, sm: u32) -> BwdConfig {
         sm,
         kv_group: 1,
         dtype: Half::Bf16,
+        fewer_queries: false,
     }
 }
 
@@ -194,6 +195,63 @@ fn f16_kernels_multiply_in_f16() {
         for l in log.lines().filter(|l| l.contains("spill")) {
             assert!(l.contains(" 0 bytes spill stores"), "D={d} sm={sm}: {l}\n{log}");
         }
+    }
+}
+
+/// Queries fewer than keys: the `_fq` kernels take `Tk` as their last parameter and assemble
+/// on both targets, pruned and dense, with and without a decay, wgmma and mma.sync,
+/// grouped-query heads too; their names differ from the square kernels'. No spills, but for
+/// D = 96's pruned dq kernel (the mma.sync path, whose square kernel already takes 253-255
+/// registers): the key length and the query offset cost it 16 (sm_80) to 28 (sm_90a) bytes.
+#[test]
+fn fewer_queries_kernels_take_tk_last_and_assemble() {
+    for sm in [90, 80] {
+        let mut cfgs = vec![];
+        for d in [64, 128, 96] {
+            let mut c = cfg(d, sm);
+            c.fewer_queries = true;
+            cfgs.push(c.clone());
+            (c.prune, c.has_decay) = (false, false);
+            cfgs.push(c);
+        }
+        let mut gqa = cfg(128, sm);
+        (gqa.fewer_queries, gqa.kv_group, gqa.bm) = (true, 4, 128);
+        cfgs.push(gqa);
+        let ptx = ptx_of(&cfgs, &Region::identity());
+        for c in &cfgs {
+            for kind in [BwdKernel::Dq, BwdKernel::Dkv] {
+                let name = c.kernel_name(kind);
+                assert!(name.contains("_fq_"), "{name}");
+                let mut square = c.clone();
+                square.fewer_queries = false;
+                assert_eq!(square.kernel_name(kind).replace("_fq", ""), name.replace("_fq", ""));
+                assert_ne!(square.kernel_name(kind), name);
+                // The signature ends in `T`'s i32 ... and then `Tk`'s.
+                let at = ptx.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("{name}"));
+                let sig = &ptx[at..at + ptx[at..].find(')').unwrap()];
+                let last = sig.lines().filter(|l| l.contains(".param")).last().unwrap();
+                assert!(last.contains(".u32") || last.contains(".b32"), "{name}: {last}");
+                let params = sig.matches(".param").count();
+                assert_eq!(params, BWD_FIXED_PARAMS as usize + 1, "{name}");
+            }
+        }
+        let arch = if sm == 90 { "sm_90a" } else { "sm_80" };
+        let log = assemble(&ptx, arch, &format!("fq{sm}"));
+        let mut kernel = "";
+        for l in log.lines() {
+            if let Some(at) = l.find("Compiling entry function '") {
+                kernel = &l[at + 26..];
+            }
+            let known = kernel.starts_with("foxc_attn_bwd_dq_d96_bm64_bn64_decay_prune_fq");
+            if l.contains("spill stores") && !known {
+                assert!(l.contains(" 0 bytes spill stores"), "{arch} {kernel}: {l}\n{log}");
+            }
+            if known && l.contains("spill stores") {
+                let bytes: u32 = l.trim().split(' ').nth(4).and_then(|x| x.parse().ok()).unwrap_or(999);
+                assert!(bytes <= 32, "{arch} {kernel}: {l}");
+            }
+        }
+        assert!(!log.contains("serialized"), "{arch}: {log}");
     }
 }
 
