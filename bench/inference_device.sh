@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The GPU checks and rows of the inference features, in one device call:
+#   checks  f16 (forward on each kernel, backward, an f16 output of bf16 operands), queries fewer
+#           than keys forward and backward (prefill, decode, the mma.sync path at D = 96, f16),
+#           long context against the f64 reference (decode and square at 131072 keys), and
+#           compute-sanitizer memcheck of the new backward and f16 kernels;
+#   rows    (ROWS=1) f16 against bf16, forward and forward + backward, with SDPA and FlexAttention
+#           + ACP in the same dtype in the same run; the prefill's fwd + bwd against the square
+#           kernel's at the same keys.
+# Usage (GPU machine): FOXC=target/release/foxc[.gz] [ROWS=0] [CHECKS=0] bench/inference_device.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. bench/device_lib.sh
+FOXC=$(unpack "${FOXC:-target/release/foxc}")
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+F16=bench/fox_f16.attn
+PRE=bench/fox_prefill.attn
+TMP=$(mktemp -d)
+sed 's/bf16/f16/g' "$PRE" >"$TMP/prefill_f16.attn"
+sed -e 's/q: f16/q: bf16/' -e 's/k: f16/k: bf16/' -e 's/v: f16/v: bf16/' "$F16" >"$TMP/mixed.attn"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+fail=0
+
+# chk run|grad FILE SHAPE [FLAGS...]: `--check` on the GPU, one summary line.
+chk() {
+  local what=$1 file=$2 shape=$3 out rc
+  shift 3
+  out=$(t 150 "$FOXC" "$what" "$file" --backend cuda --check --shape "$shape" --seed "${SEED:-7}" "$@" 2>&1)
+  rc=$?
+  echo "check $what $(basename "$file") [$shape] ${*:-pruned} rc=$rc $(grep -iE 'check|error|kept' <<<"$out" | tail -5 | tr '\n' ' ')"
+  [ $rc -eq 0 ] || fail=1
+}
+
+if [ "${CHECKS:-1}" = 1 ]; then
+  echo "## f16"
+  for shape in B=2,H=4,T=2000,D=64 B=1,H=4,T=1777,D=128 B=1,H=3,T=999,D=96; do
+    chk run $F16 $shape
+    chk run $F16 $shape --no-prune
+    chk run $F16 $shape --attn-kernel standard
+    chk grad $F16 $shape
+    chk grad $F16 $shape --no-prune
+  done
+  chk run $F16 B=1,H=4,T=2000,D=64 --attn-kernel warp-specialized
+  chk run "$TMP/mixed.attn" B=1,H=2,T=1000,D=128
+  echo "## queries fewer than keys, forward and backward"
+  for shape in B=1,H=4,N=300,M=1000,D=64 B=2,H=2,N=1,M=777,D=128 B=1,H=2,N=64,M=2049,D=64 \
+    B=1,H=3,N=130,M=3000,D=96 B=1,H=2,N=1000,M=1000,D=128 B=1,H=4,N=700,M=5000,D=128; do
+    chk run $PRE $shape
+    chk grad $PRE $shape
+    chk grad $PRE $shape --no-prune
+  done
+  chk grad "$TMP/prefill_f16.attn" B=1,H=4,N=300,M=1000,D=64
+  chk grad "$TMP/prefill_f16.attn" B=1,H=2,N=1,M=3000,D=128
+  echo "## long context against the f64 reference"
+  chk run $PRE B=1,H=16,N=1,M=131072,D=128
+  chk run $PRE B=1,H=16,N=1,M=131072,D=128 --no-prune
+  chk run examples/fox.attn B=1,H=8,T=131072,D=128
+  echo "## compute-sanitizer memcheck"
+  for args in "grad $PRE --shape B=1,H=2,N=100,M=700,D=64" "grad $PRE --shape B=1,H=2,N=1,M=333,D=128" \
+    "run $F16 --shape B=1,H=2,T=300,D=128" "grad $F16 --shape B=1,H=2,T=300,D=64"; do
+    log="$OUT/memcheck_$(tr ' =,/' '____' <<<"$args").log"
+    # shellcheck disable=SC2086
+    t 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$FOXC" $args --backend cuda >"$log" 2>&1
+    rc=$?
+    echo "memcheck [$args] rc=$rc $(grep -E 'ERROR SUMMARY' "$log" | head -1)"
+    [ $rc -eq 0 ] || { fail=1; tail -15 "$log"; }
+  done
+  echo "checks: $([ $fail -eq 0 ] && echo all passed || echo FAILURES)"
+fi
+
+if [ "${ROWS:-1}" = 1 ]; then
+  echo "## rows: f16 against bf16, peers in the same dtype (ms; foxc bench median of 50)"
+  shape=B=2,H=16,T=16384,D=128
+  "$FOXC" inputs examples/fox.attn --shape $shape --seed 0 -o "$TMP/in_bf16.safetensors" >/dev/null
+  "$FOXC" inputs $F16 --shape $shape --seed 0 -o "$TMP/in_f16.safetensors" >/dev/null
+  for f in examples/fox.attn $F16; do
+    t 200 "$FOXC" bench $f --backend cuda --shape $shape --seed 0 --iters 50 --format csv 2>&1 | sed "s|^|$(basename $f),|"
+    t 200 "$FOXC" bench $f --backend cuda --shape B=1,H=16,T=8192,D=128 --seed 0 --iters 20 --grad --format csv 2>&1 |
+      sed "s|^|$(basename $f),grad,|"
+  done | tee "$OUT/f16_foxc.csv"
+  for dt in bf16 f16; do
+    t 300 python3 bench/peers.py "$TMP/in_$dt.safetensors" --no-dense-flex 2>&1 | sed "s|^|$dt,|"
+  done | tee "$OUT/f16_peers.csv"
+  echo "## rows: prefill N = 4096 of M = 16384 against the square T = 16384, forward and fwd + bwd"
+  for args in "$PRE --shape B=1,H=16,N=4096,M=16384,D=128" "examples/fox.attn --shape B=1,H=16,T=16384,D=128"; do
+    for g in "" --grad; do
+      # shellcheck disable=SC2086
+      t 200 "$FOXC" bench $args --backend cuda --seed 0 --iters 20 $g --format csv 2>&1 | sed "s|^|${g:-fwd},|"
+    done
+  done | tee "$OUT/prefill_rows.csv"
+fi
+exit $fail
