@@ -153,7 +153,7 @@ fn build(cfg: &Cfg, d: u64) -> Built {
             // A log gate is at most 0; -inf (a hard reset) is allowed by the declared range.
             g.params.last_mut().unwrap().range = Some((f64::NEG_INFINITY, 0.0));
         }
-        g.add(Op::GateCumsum { kind }, bht(), &[gp], sp)
+        g.add(Op::GateCumsum { kind, .. }, bht(), &[gp], sp)
     });
     if cfg.qk_norm {
         let wt = ValueType::tensor(DType::F32, [s("D")]);
@@ -505,7 +505,7 @@ fn region_graph(c: &Case) -> Graph {
     if c.decay {
         let f = g.add_param("fgate", ValueType::tensor(DType::F32, [s("B"), s("H"), s("T")]), sp);
         let bht = ValueType::tensor(DType::F32, [s("B"), s("H"), s("T")]);
-        ops.push(g.add(Op::GateCumsum { kind: GateKind::Logits }, bht, &[f], sp));
+        ops.push(g.add(Op::GateCumsum { kind: GateKind::Logits, split_rows: false }, bht, &[f], sp));
     }
     let score = region(c.score);
     if !score.captures().is_empty() {

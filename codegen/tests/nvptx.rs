@@ -39,7 +39,12 @@ fn fox_graph_out(rule: PruneRule, bound: NormBound, out_dtype: DType) -> Graph {
     let k = g.add_param("k", ValueType::tensor(DType::BF16, bhtd()), s);
     let v = g.add_param("v", ValueType::tensor(DType::BF16, bhtd()), s);
     let f = g.add_param("fgate", ValueType::tensor(DType::F32, bht()), s);
-    let c = g.add(Op::GateCumsum { kind: GateKind::Logits }, ValueType::tensor(DType::F32, bht()), &[f], s);
+    let c = g.add(
+        Op::GateCumsum { kind: GateKind::Logits, split_rows: false },
+        ValueType::tensor(DType::F32, bht()),
+        &[f],
+        s,
+    );
     let scale = Scale::inv_sqrt(1.0, Dim::sym("D"));
     let plan = foxc_passes::fuse_out::threshold_plan(&rule, &ScoreBound::IDENTITY, bound);
     let th = Op::Threshold {
@@ -81,7 +86,12 @@ fn qknorm_alibi_graph() -> Graph {
     };
     let qn = rms(&mut g, q, wq);
     let kn = rms(&mut g, k, wq);
-    let c = g.add(Op::GateCumsum { kind: GateKind::Slope }, ValueType::tensor(DType::F32, bht()), &[m], s);
+    let c = g.add(
+        Op::GateCumsum { kind: GateKind::Slope, split_rows: false },
+        ValueType::tensor(DType::F32, bht()),
+        &[m],
+        s,
+    );
     let mut a = Attention::new(Scale::constant(0.125), Mask::Window(256), true);
     a.tiles = Some(Tiles { bm: 64, bn: 64 });
     let o = attention(&mut g, a, &[qn, kn, v, c]);
@@ -226,6 +236,47 @@ fn joint_prelude_is_one_launch_before_the_attention() {
 fn the_pass_splits_rows_of_more_than_one_scan_segment() {
     let segment = foxc_codegen::nvptx::threshold::SPLIT_SEGMENT;
     assert_eq!(foxc_passes::fuse_out::SPLIT_ROWS_ABOVE, segment as u64);
+}
+
+/// A gate scan with `split_rows` (a decode step's, outside any joint prelude) is two launches
+/// of a block per 8192-element segment: the segments' sums into a `[B, H, S, 2]` scratch, then
+/// the scans from them; both assemble without spills. The pass's constant is this segment.
+#[test]
+fn a_split_gate_scan_is_two_launches_of_a_block_per_segment() {
+    assert_eq!(foxc_codegen::nvptx::kernels::SCAN_SEGMENT as u64, foxc_passes::fuse_out::SPLIT_ROWS_ABOVE);
+    let mut g = fox_graph(foxc_passes::rules::by_name("paper").unwrap(), NormBound::Data);
+    let scan = g.find(|op| matches!(op, Op::GateCumsum { .. }))[0];
+    let Op::GateCumsum { split_rows, .. } = &mut g.node_mut(scan).op else { unreachable!() };
+    *split_rows = true;
+    let a = compile(&g, &spec(NvptxTarget::Sm90a, 128)).expect("compiles");
+    let names: Vec<&str> = a.kernels.iter().map(|k| k.name.as_str()).collect();
+    let at = |w: &str| names.iter().position(|n| n.contains(w)).unwrap_or_else(|| panic!("{w}: {names:?}"));
+    let (sums, scans) = (at("gate_segment_sums"), at("gate_scan_segments"));
+    assert_eq!(scans, sums + 1, "{names:?}");
+    assert!(at("attn_fwd") > scans, "{names:?}");
+    // 3 segments at T = 20000 for each of the 6 heads, in both launches.
+    let bind =
+        |s: &str| [("B", 2), ("H", 3), ("T", 20000), ("D", 128)].into_iter().find(|p| p.0 == s).map(|p| p.1);
+    for k in [sums, scans] {
+        let geo = a.kernels[k].geometry(&bind).unwrap();
+        assert_eq!((geo.grid, geo.block.0), ((3, 6, 1), foxc_codegen::nvptx::kernels::SCAN_THREADS));
+    }
+    // The sums' scratch is read by the scans: the same buffer, [B, H, S, 2] f32.
+    let buffer_arg = |k: usize, i: usize| match a.kernels[k].args[i] {
+        KernelArg::Buffer(b) => b,
+        ref x => panic!("argument {i} of kernel {k} is {x:?}"),
+    };
+    assert_eq!(buffer_arg(sums, 1), buffer_arg(scans, 1));
+    assert_eq!(a.buffers[buffer_arg(sums, 1)].bytes(&bind).unwrap(), 2 * 3 * 3 * 2 * 4);
+    if let Some(ptxas) = ptxas::find() {
+        for t in [NvptxTarget::Sm90a, NvptxTarget::Sm80] {
+            let m = compile(&g, &spec(t, 128)).expect("compiles");
+            let log = ptxas::assemble(&ptxas, &m.ptx, t.cpu()).unwrap_or_else(|l| panic!("{}: {l}", t.cpu()));
+            for l in log.lines().filter(|l| l.contains("spill stores")) {
+                assert!(l.contains(" 0 bytes spill stores"), "{}: {l}", t.cpu());
+            }
+        }
+    }
 }
 
 /// A cast to anything but bf16 is not fused: the attention writes f32 and the cast kernel runs.

@@ -31,7 +31,7 @@ fn graph_rule(rule: PruneRule, score: ScoreBound, region: Region, group: u64) ->
     let v = g.add_param("v", ValueType::tensor(DType::BF16, [s("B"), s(kv), s("T"), s("D")]), sp);
     let f = g.add_param("fgate", ValueType::tensor(DType::F32, [s("B"), s("H"), s("T")]), sp);
     let bht = ValueType::tensor(DType::F32, [s("B"), s("H"), s("T")]);
-    let c = g.add(Op::GateCumsum { kind: GateKind::Logits }, bht, &[f], sp);
+    let c = g.add(Op::GateCumsum { kind: GateKind::Logits, split_rows: false }, bht, &[f], sp);
     let scale = Scale::inv_sqrt(1.0, s("D"));
     let plan = foxc_passes::fuse_out::threshold_plan(&rule, &score, NormBound::Data);
     let th = Op::Threshold {

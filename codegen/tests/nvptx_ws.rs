@@ -23,7 +23,7 @@ fn fox(kernel: AttnKernel) -> Graph {
     let v = g.add_param("v", bhtd(), sp);
     let f = g.add_param("fgate", ValueType::tensor(DType::F32, [s("B"), s("H"), s("T")]), sp);
     let bht = ValueType::tensor(DType::F32, [s("B"), s("H"), s("T")]);
-    let c = g.add(Op::GateCumsum { kind: GateKind::Logits }, bht, &[f], sp);
+    let c = g.add(Op::GateCumsum { kind: GateKind::Logits, split_rows: false }, bht, &[f], sp);
     let scale = Scale::inv_sqrt(1.0, s("D"));
     let rule = foxc_passes::rules::by_name("paper").unwrap();
     let plan = foxc_passes::fuse_out::threshold_plan(&rule, &ScoreBound::IDENTITY, NormBound::Data);

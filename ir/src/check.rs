@@ -186,7 +186,7 @@ pub fn infer(op: &Op, ops: &[&ValueType]) -> Result<Option<ValueType>, String> {
             }
             f32_with(x.axes.clone())
         }
-        Op::GateCumsum { kind } | Op::GateCumsumLo { kind } => {
+        Op::GateCumsum { kind, .. } | Op::GateCumsumLo { kind } => {
             let g = ops[0];
             float(g, "gate_cumsum operand")?;
             match kind {

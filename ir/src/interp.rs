@@ -852,7 +852,7 @@ impl<'a> Evaluator<'a> {
                 let dt = g.ty(id).dtype;
                 mk(a.data.iter().map(|&x| cast(dt, x)).collect())
             }
-            Op::GateCumsum { kind } => mk(self.gate_cumsum(id, *kind, ops[0], &shape)?),
+            Op::GateCumsum { kind, .. } => mk(self.gate_cumsum(id, *kind, ops[0], &shape)?),
             Op::GateCumsumLo { kind } => {
                 // The f32 rounding residual of the same f64 cumsum (docs/SEMANTICS.md).
                 let c = self.gate_cumsum(id, *kind, ops[0], &shape)?;

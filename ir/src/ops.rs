@@ -203,6 +203,10 @@ pub enum Op {
     /// Operand: the gate input (see [`GateKind`]). Result: f32 `[B, H, T]`.
     GateCumsum {
         kind: GateKind,
+        /// Scan each row in segments, a block each (a pass's choice for long rows on a GPU, whose
+        /// one-block-per-row scan leaves most of the chip idle when rows are few; the values are
+        /// the same: each segment starts from the sum of the ones before it).
+        split_rows: bool,
     },
     /// The part of `gate_cumsum`'s exact value that its f32 result cannot hold:
     /// `lo[t] = round_f32(c64[t] - round_f32(c64[t]))`, `c64` the same f64 accumulation as
@@ -357,7 +361,8 @@ impl fmt::Display for Op {
             Op::Causal { i, j } => write!(f, " {{i = {i}, j = {j}}}"),
             Op::Window { i, j, size } => write!(f, " {{i = {i}, j = {j}, size = {size}}}"),
             Op::RmsNorm { axis, eps } => write!(f, " {{axis = {axis}, eps = {eps:e}}}"),
-            Op::GateCumsum { kind } | Op::GateCumsumLo { kind } => write!(f, " {{gate = {kind:?}}}"),
+            Op::GateCumsum { kind, split_rows: true } => write!(f, " {{gate = {kind:?}, split rows}}"),
+            Op::GateCumsum { kind, .. } | Op::GateCumsumLo { kind } => write!(f, " {{gate = {kind:?}}}"),
             Op::Threshold { rule, log_eps, bound, score, scale, bm, plan } => {
                 let b = match bound {
                     NormBound::Static { q_max, k_max } => {

@@ -110,6 +110,9 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
                 ));
             }
         }
+        if matches!(node.op, Op::GateCumsum { kind: GateKind::Slope, split_rows: true }) {
+            return Err(err(g, id, "a slope's gate_cumsum has no scan to split".into()));
+        }
         // Results beyond 0: only attention has them, and they must be its `lse`.
         match &node.op {
             Op::Attention(a) => {
@@ -168,7 +171,10 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
                     return Err(err(g, id, "cast from or to bool".into()));
                 }
             }
-            (Op::GateCumsum { kind: GateKind::Slope } | Op::GateCumsumLo { kind: GateKind::Slope }, None) => {
+            (
+                Op::GateCumsum { kind: GateKind::Slope, .. } | Op::GateCumsumLo { kind: GateKind::Slope },
+                None,
+            ) => {
                 let ok = node.ty.dtype == DType::F32
                     && node.ty.is_positional()
                     && node.ty.rank() == 3
@@ -268,7 +274,7 @@ mod tests {
         let [q, k, v, f] = params(&mut g);
         let bht = bhtd()[..3].to_vec();
         let c = g.add(
-            Op::GateCumsum { kind: crate::ops::GateKind::Logits },
+            Op::GateCumsum { kind: crate::ops::GateKind::Logits, split_rows: false },
             t(DType::F32, bht.clone()),
             &[f],
             sp,
@@ -327,7 +333,7 @@ mod tests {
         verify(&g).unwrap();
         let m = g.add_param("slope", t(DType::F32, vec![Dim::sym("H")]), sp);
         let c = g.add(
-            Op::GateCumsum { kind: crate::ops::GateKind::Slope },
+            Op::GateCumsum { kind: crate::ops::GateKind::Slope, split_rows: false },
             t(DType::F32, bhtd()[..3].to_vec()),
             &[m],
             sp,

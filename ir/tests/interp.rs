@@ -175,7 +175,7 @@ fn fused_fox(scale: f64, prune: Option<(PruneRule, f64, Tiles)>, window: Option<
     let k = g.add_param("k", bhtd(), SP);
     let v = g.add_param("v", bhtd(), SP);
     let f = g.add_param("fgate", bht(), SP);
-    let c = g.add(Op::GateCumsum { kind: GateKind::Logits }, bht(), &[f], SP);
+    let c = g.add(Op::GateCumsum { kind: GateKind::Logits, split_rows: false }, bht(), &[f], SP);
     let mask = window.map_or(Mask::Causal, Mask::Window);
     let attn = Attention::new(Scale::constant(scale), mask, true);
     let (out, delta, start) = match prune {
@@ -289,14 +289,14 @@ fn hand_computed_decay_attention_t3_d2() {
 fn hand_computed_gate_cumsum_floor_and_slope() {
     let mut g = Graph::new("gc");
     let lf = g.add_param("logf", bht(), SP);
-    g.output = Some(g.add(Op::GateCumsum { kind: GateKind::LogGate }, bht(), &[lf], SP));
+    g.output = Some(g.add(Op::GateCumsum { kind: GateKind::LogGate, split_rows: false }, bht(), &[lf], SP));
     let ins = inputs(vec![("logf", Tensor::new(&[1, 1, 3], vec![-0.5, f64::NEG_INFINITY, -0.25]))]);
     let r = interp::run(&g, &ins).unwrap();
     assert_eq!(r.output.data, vec![-0.5, -100.5, -100.75]);
 
     let mut g = Graph::new("gc_logits");
     let z = g.add_param("fgate", bht(), SP);
-    g.output = Some(g.add(Op::GateCumsum { kind: GateKind::Logits }, bht(), &[z], SP));
+    g.output = Some(g.add(Op::GateCumsum { kind: GateKind::Logits, split_rows: false }, bht(), &[z], SP));
     let ins = inputs(vec![("fgate", Tensor::new(&[1, 1, 3], vec![0.0, 1000.0, -1000.0]))]);
     let r = interp::run(&g, &ins).unwrap();
     let l2 = -(2f64.ln());
@@ -306,7 +306,7 @@ fn hand_computed_gate_cumsum_floor_and_slope() {
     let mut g = Graph::new("gc_slope");
     let m = g.add_param_in("m", pos(&["H"]), (0.0, f64::INFINITY), SP);
     let _q = g.add_param("q", bhtd(), SP);
-    g.output = Some(g.add(Op::GateCumsum { kind: GateKind::Slope }, bht(), &[m], SP));
+    g.output = Some(g.add(Op::GateCumsum { kind: GateKind::Slope, split_rows: false }, bht(), &[m], SP));
     let ins = inputs(vec![
         ("m", Tensor::new(&[2], vec![0.5, 0.25])),
         ("q", Tensor::new(&[1, 2, 3, 1], vec![0.0; 6])),

@@ -31,7 +31,7 @@ pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(
         let Op::Attention(a) = g.op(n).clone() else { continue };
         let mut ops = Attention::operands(g, n).map_err(PassError::Internal)?;
         let Some(c) = ops.decay else { continue };
-        let Op::GateCumsum { kind } = *g.op(c) else { continue };
+        let Op::GateCumsum { kind, .. } = *g.op(c) else { continue };
         let lo = match residual.get(&c) {
             Some(&lo) => lo,
             None => {

@@ -104,7 +104,8 @@ pub fn threshold(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Re
     Ok(())
 }
 
-/// Rows (T) above this length get `prelude = joint(split rows)` when T is bound at compile time.
+/// Rows (T) above this length get `prelude = joint(split rows)` when T is bound at compile time,
+/// and a gate scan outside a joint prelude `split rows` (two launches, a block per segment).
 /// The joint launch's block walks a row's 8192-element segments one after another; split, each
 /// segment has its own block. Measured faster on the H200 above 8192 and slower at T <= 8192,
 /// where a row is one segment and there is nothing to split. With T unknown the rows stay whole,
@@ -121,22 +122,32 @@ fn rows_at_least(rows: &Dim, opts: &PassOptions) -> Option<u64> {
 }
 
 /// The lower bounds under which `fuse-prelude` splits the rows of `g` (a graph optimized
-/// without them) at the lengths `len` gives: `T > SPLIT_ROWS_ABOVE` for each joint prelude whose
-/// rows are a plain dim `T` that `len` puts above it; empty where none is. A caller that
+/// without them) at the lengths `len` gives: `T > SPLIT_ROWS_ABOVE` for each joint prelude or
+/// gate scan whose rows are a plain dim `T` that `len` puts above it; empty where none is. A caller that
 /// compiles once per class of shapes (the Python op: T unbound) keys its plans on it and passes
 /// it as [`PassOptions::dims_at_least`], so long rows get the split kernel and short ones the
 /// whole-row kernel, each where it was measured faster.
 pub fn split_rows_bounds(g: &Graph, len: &dyn Fn(&str) -> Option<u64>) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
+    let mut rows: Vec<Option<&Dim>> = vec![];
     for n in g.find(|op| matches!(op, Op::Attention(a) if a.prelude.is_joint())) {
         let Ok(ops) = Attention::operands(g, n) else { continue };
-        if let Some(Dim::Sym(t)) = g.ty(ops.q).axes.get(2).map(|ax| &ax.dim) {
+        rows.push(g.ty(ops.q).axes.get(2).map(|ax| &ax.dim));
+    }
+    rows.extend(g.find(|op| splittable_scan(op)).into_iter().map(|n| g.ty(n).axes.get(2).map(|ax| &ax.dim)));
+    for t in rows.into_iter().flatten() {
+        if let Dim::Sym(t) = t {
             if len(t).is_some_and(|v| v > SPLIT_ROWS_ABOVE) {
                 out.insert(t.clone(), SPLIT_ROWS_ABOVE + 1);
             }
         }
     }
     out
+}
+
+/// A gate scan (logits or log gates: a slope's cumsum has no scan).
+fn splittable_scan(op: &Op) -> bool {
+    matches!(op, Op::GateCumsum { kind, .. } if *kind != GateKind::Slope)
 }
 
 /// The `fuse-prelude` pass (GPU targets only).
@@ -147,7 +158,7 @@ pub fn prelude(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Resu
     for n in g.find(|op| matches!(op, Op::Attention(a) if a.prune == Prune::Boundary)) {
         let ops = Attention::operands(g, n).map_err(PassError::Internal)?;
         let (Some(c), Some(delta)) = (ops.decay, ops.delta) else { continue };
-        let scan = matches!(g.op(c), Op::GateCumsum { kind } if *kind != GateKind::Slope);
+        let scan = matches!(g.op(c), Op::GateCumsum { kind, .. } if *kind != GateKind::Slope);
         let one_launch = matches!(g.op(delta), Op::Threshold { plan: ThresholdPlan::OneLaunch, .. });
         let only_here = |v| g.users(v) == [n];
         if scan && one_launch && only_here(c) && only_here(delta) {
@@ -155,6 +166,17 @@ pub fn prelude(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Resu
             let long = rows.is_some_and(|t| t > SPLIT_ROWS_ABOVE);
             if let Op::Attention(a) = &mut g.node_mut(n).op {
                 a.prelude = if long { Prelude::JointSplitRows } else { Prelude::Joint };
+            }
+        }
+    }
+    // A gate scan of long rows that no joint prelude runs: a block per segment (a decode step
+    // scans B H rows of its whole cache, fewer rows than the chip has multiprocessors).
+    for n in g.find(splittable_scan) {
+        let joint = g.users(n).iter().any(|&u| matches!(g.op(u), Op::Attention(a) if a.prelude.is_joint()));
+        let rows = g.ty(n).axes.get(2).and_then(|ax| rows_at_least(&ax.dim, opts));
+        if !joint && rows.is_some_and(|t| t > SPLIT_ROWS_ABOVE) {
+            if let Op::GateCumsum { split_rows, .. } = &mut g.node_mut(n).op {
+                *split_rows = true;
             }
         }
     }

@@ -602,7 +602,7 @@ impl Builder {
                 }
             }
             Op::RmsNorm { axis, eps } => self.rmsnorm_grad(&ops, &axis, eps, dy, wants(0), wants(1))?,
-            Op::GateCumsum { kind } => {
+            Op::GateCumsum { kind, .. } => {
                 if wants(0) {
                     self.gate_cumsum_grad(kind, ops[0], dy)?;
                 }

@@ -62,8 +62,8 @@ pub fn verdict(g: &Graph, attn: ValueId) -> Verdict {
     };
     let Some(c) = c else { return Verdict::NoDecay };
     match g.op(c) {
-        Op::GateCumsum { kind: GateKind::Logits } => Verdict::Decay("log f = logsigmoid(z) <= 0".into()),
-        Op::GateCumsum { kind: GateKind::LogGate } => {
+        Op::GateCumsum { kind: GateKind::Logits, .. } => Verdict::Decay("log f = logsigmoid(z) <= 0".into()),
+        Op::GateCumsum { kind: GateKind::LogGate, .. } => {
             let x = g.operands(c)[0];
             match interval(g, x) {
                 Some((lo, hi)) if hi <= 0.0 => Verdict::Decay(format!("log f in {} <= 0", fmt_iv((lo, hi)))),
@@ -78,7 +78,7 @@ pub fn verdict(g: &Graph, attn: ValueId) -> Verdict {
                 None => Verdict::Unproven("the log forget gate is not analyzable".into(), gate_span(g, x, c)),
             }
         }
-        Op::GateCumsum { kind: GateKind::Slope } => {
+        Op::GateCumsum { kind: GateKind::Slope, .. } => {
             let m = g.operands(c)[0];
             match interval(g, m) {
                 Some((lo, hi)) if lo >= 0.0 => {

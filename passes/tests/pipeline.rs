@@ -269,6 +269,49 @@ fn joint_prelude_splits_rows_known_to_be_at_least_long() {
     }
 }
 
+/// A gate scan outside a joint prelude (a decode step's: its threshold runs in two launches)
+/// splits its rows over a block per segment on GPU targets when its rows are known (bound, or
+/// at least, as the Python op keys them) to be longer than one segment; the CPU, a short or
+/// unknown row, a joint prelude's scan and a slope keep one scan per row.
+#[test]
+fn a_lone_gate_scan_splits_rows_known_to_be_long() {
+    let above = foxc_passes::fuse_out::SPLIT_ROWS_ABOVE;
+    let split = |path: &str, target: Target, dims: &[(&str, u64)], at_least: &[(&str, u64)]| {
+        let owned = |d: &[(&str, u64)]| d.iter().map(|&(k, v)| (k.to_string(), v)).collect();
+        let opts = PassOptions {
+            target,
+            dims: owned(dims),
+            dims_at_least: owned(at_least),
+            ..PassOptions::default()
+        };
+        let (o, _) = run(&compile(path), &opts);
+        let scans = o.find(|op| matches!(op, Op::GateCumsum { .. }));
+        scans.iter().any(|&n| matches!(o.op(n), Op::GateCumsum { split_rows: true, .. }))
+    };
+    let decode = "bench/fox_prefill.attn";
+    let long = [("D", 128), ("N", 1), ("M", above + 1)];
+    assert!(split(decode, Target::Sm90a, &long, &[]));
+    assert!(split(decode, Target::Sm80, &long, &[]));
+    assert!(!split(decode, Target::Cpu, &long, &[]), "the CPU scans in order");
+    assert!(!split(decode, Target::Sm90a, &[("D", 128), ("N", 1), ("M", above)], &[]), "one segment");
+    assert!(!split(decode, Target::Sm90a, &[("D", 128), ("N", 1)], &[]), "M unknown");
+    assert!(split(decode, Target::Sm90a, &[("D", 128), ("N", 1)], &[("M", above + 1)]), "M at least");
+    // The Python op's key: the bound it reads off the graph optimized without one.
+    let opts = PassOptions {
+        target: Target::Sm90a,
+        dims: [("D".to_string(), 128)].into(),
+        ..PassOptions::default()
+    };
+    let (whole, _) = run(&compile(decode), &opts);
+    let bounds = |m: u64| foxc_passes::fuse_out::split_rows_bounds(&whole, &|s| (s == "M").then_some(m));
+    assert_eq!(bounds(above + 7), [("M".to_string(), above + 1)].into());
+    assert_eq!(bounds(above), BTreeMap::new());
+    // A joint prelude splits its own scan (prelude = joint(split rows)); a slope has no scan.
+    let square = [("D", 128), ("T", above + 1)];
+    assert!(!split("examples/fox.attn", Target::Sm90a, &square, &[]), "the joint launch scans");
+    assert!(!split("examples/alibi.attn", Target::Sm90a, &square, &[]));
+}
+
 /// `fuse-threshold`: on GPU targets a threshold of tile norms only (paper, local under a data
 /// bound) is one launch; row statistics (tight), a static bound (the softcap's region reads no
 /// norms) and the CPU keep the default. The IR prints the decision.

@@ -53,7 +53,7 @@ fn region_text(g: &Graph, n: foxc_ir::ValueId) -> String {
 fn gate(g: &Graph, n: foxc_ir::ValueId) -> Option<GateKind> {
     let c = Attention::operands(g, n).unwrap().decay?;
     match g.op(c) {
-        Op::GateCumsum { kind } => Some(*kind),
+        Op::GateCumsum { kind, .. } => Some(*kind),
         _ => None,
     }
 }

@@ -176,7 +176,7 @@ impl NodeCx<'_> {
             }
             Op::Cast => self.cast(ops[0]),
             Op::RmsNorm { axis, eps } => self.rmsnorm(axis, *eps, &ops),
-            Op::GateCumsum { kind } | Op::GateCumsumLo { kind } => {
+            Op::GateCumsum { kind, .. } | Op::GateCumsumLo { kind } => {
                 let [b, h, t] = <[u64; 3]>::try_from(self.sh(self.n)?.as_slice())
                     .map_err(|_| self.invalid("result must be [B, H, T]".into()))?;
                 if *kind == foxc_ir::GateKind::Slope {

@@ -141,6 +141,78 @@ pub fn build_gate_scan<'ctx>(
     k.finish()
 }
 
+/// Elements of a row per block of the split scan ([`build_gate_segment_sums`],
+/// [`build_gate_scan_segments`]): one [`SCAN_BLOCK`] segment.
+pub const SCAN_SEGMENT: u32 = SCAN_THREADS * SCAN_ELEMS;
+
+/// `gate_cumsum` with split rows, the first of two launches: params `(gate: [BH, T], totals: f32
+/// [BH, S, 2], T: i32)`, grid `(S, BH)` with `S = ceil(T / SCAN_SEGMENT)`, block
+/// [`SCAN_THREADS`]: block `(s, bh)` sums segment `s` of row `bh` into `totals[bh, s]` (a
+/// compensated pair: hi, lo). The last segment's block has nothing to do: no segment after it
+/// needs its sum (and it may be partial, which [`row_prefix`] does not read).
+pub fn build_gate_segment_sums<'ctx>(
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    name: &str,
+    kind: GateKind,
+    in_dt: DType,
+) -> R<FunctionValue<'ctx>> {
+    let params = [("gate", ParamTy::Ptr), ("totals", ParamTy::Ptr), ("T", ParamTy::I32)];
+    let k = Kb::kernel(ctx, module, name, &params)?;
+    let (gate, totals, t_len) = (k.param_ptr(0), k.param_ptr(1), k.param_int(2));
+    let (s, bh) = (k.sreg("ctaid.x"), k.sreg("ctaid.y"));
+    let row = GateRow { gate, c: totals, t_len, bh };
+    let scratch = ScanScratch::new(&k, name, SCAN_BLOCK);
+    let last = k.addc(k.sreg("nctaid.x"), -1);
+    k.if_then(k.icmp(IntPredicate::SLT, s, last), |k| {
+        let (hi, lo) = row_prefix(k, scratch, (kind, in_dt), SCAN_BLOCK, row, (s, k.addc(s, 1)));
+        k.if_then(k.icmpc(IntPredicate::EQ, k.sreg("tid.x"), 0), |k| {
+            let at = k.mulc(k.sext64(k.add(k.mul(bh, k.sreg("nctaid.x")), s)), 2);
+            k.store_f(DType::F32, totals, at, hi);
+            k.store_f(DType::F32, totals, k.addc(at, 1), lo);
+        });
+    });
+    k.finish()
+}
+
+/// `gate_cumsum` with split rows, the second launch: params `(gate: [BH, T], totals: f32
+/// [BH, S, 2], c: f32 [BH, T], T: i32)`, the grid and block of [`build_gate_segment_sums`]:
+/// block `(s, bh)` adds the totals of the segments before `s` in order (pairs) and scans
+/// segment `s` from that carry, as one block would scan the whole row from there.
+pub fn build_gate_scan_segments<'ctx>(
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    name: &str,
+    kind: GateKind,
+    in_dt: DType,
+) -> R<FunctionValue<'ctx>> {
+    let params = [("gate", ParamTy::Ptr), ("totals", ParamTy::Ptr), ("c", ParamTy::Ptr), ("T", ParamTy::I32)];
+    let k = Kb::kernel(ctx, module, name, &params)?;
+    let (gate, totals, c, t_len) = (k.param_ptr(0), k.param_ptr(1), k.param_ptr(2), k.param_int(3));
+    let (s, bh) = (k.sreg("ctaid.x"), k.sreg("ctaid.y"));
+    let zero = k.f32(0.0);
+    let row0 = k.mulc(k.sext64(k.mul(bh, k.sreg("nctaid.x"))), 2);
+    let carried = [("u", k.i32(0).into()), ("hi", zero.into()), ("lo", zero.into())];
+    let out = k.while_loop(
+        ("earlier", "earlier_step", "earlier_done"),
+        &carried,
+        |k, v| k.icmp(IntPredicate::SLT, v[0].into_int_value(), s),
+        |k, v| {
+            let u = v[0].into_int_value();
+            let at = k.add(row0, k.mulc(k.sext64(u), 2));
+            let t = (k.load_f(DType::F32, totals, at), k.load_f(DType::F32, totals, k.addc(at, 1)));
+            let sum = pair_add(k, (v[1].into_float_value(), v[2].into_float_value()), t);
+            vec![k.addc(u, 1).into(), sum.0.into(), sum.1.into()]
+        },
+    );
+    let carry = (out[1].into_float_value(), out[2].into_float_value());
+    let row = GateRow { gate, c, t_len, bh };
+    let scratch = ScanScratch::new(&k, name, SCAN_BLOCK);
+    let part = RowPart { first: s, end: k.addc(s, 1), carry };
+    scan_gate_row(&k, scratch, (kind, in_dt), SCAN_BLOCK, row, Some(part));
+    k.finish()
+}
+
 /// One (b, h) row of a gate scan: the gate input, the cumsum `c`, their row length and index.
 #[derive(Clone, Copy)]
 pub(super) struct GateRow<'ctx> {
@@ -352,9 +424,9 @@ pub(super) fn scan_gate_row<'ctx>(
     });
 }
 
-/// The sum of `log f` over the first `nseg` segments of row `r.bh` (`shape`'s segments, all
-/// within the row), for every thread of the block: the carry of a block that scans a later part
-/// of the row ([`RowPart`]). A reduction, not a scan: coalesced loads, `shape.elems` in flight
+/// The sum of `log f` over segments `first..end` of row `r.bh` (`shape`'s segments, all within
+/// the row), for every thread of the block: the carry of a block that scans a later part of the
+/// row ([`RowPart`]), or one segment's total ([`build_gate_segment_sums`]). A reduction, not a scan: coalesced loads, `shape.elems` in flight
 /// per thread, summed in chains of [`RUN_CHAIN`] compensated adds, then over the warps through
 /// `scratch`'s warp totals. The sum's grouping differs from the scan's; both are pairs, within
 /// rounding of the exact sum.
@@ -364,7 +436,7 @@ pub(super) fn row_prefix<'ctx>(
     (kind, in_dt): (GateKind, DType),
     shape: ScanShape,
     r: GateRow<'ctx>,
-    nseg: IntValue<'ctx>,
+    (first, end): (IntValue<'ctx>, IntValue<'ctx>),
 ) -> Pair<'ctx> {
     assert!(scratch.fits(shape), "scan scratch smaller than a {shape:?} segment");
     let tid = k.sreg("tid.x");
@@ -375,7 +447,7 @@ pub(super) fn row_prefix<'ctx>(
     let acc: Vec<[Var<'ctx>; 2]> =
         (0..chains).map(|_| [k.declare_var(zero.into()), k.declare_var(zero.into())]).collect();
     let base = k.mul(k.sext64(r.bh), k.sext64(r.t_len));
-    k.for_range(k.i32(0), nseg, k.i32(1), |k, s| {
+    k.for_range(first, end, k.i32(1), |k, s| {
         let at = k.add(k.mulc(s, nthreads * elems), tid);
         let xs: Vec<_> = (0..elems)
             .map(|j| k.load_f(in_dt, r.gate, k.add(base, k.sext64(k.addc(at, j * nthreads)))))

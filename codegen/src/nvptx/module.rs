@@ -423,7 +423,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             return Err(ie(format!("{} has {} operands", node.op.mnemonic(), ops.len())));
         }
         match &node.op {
-            Op::GateCumsum { kind } => self.gate_cumsum(n, *kind, ops[0], res)?,
+            Op::GateCumsum { kind, split_rows } => self.gate_cumsum(n, (*kind, *split_rows), ops[0], res)?,
             Op::RmsNorm { axis, eps } => self.rmsnorm(n, axis, *eps, (ops[0], ops[1]), res)?,
             Op::Cast => {
                 let x = g.operand_values(n)[0];
@@ -437,12 +437,13 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         Ok(())
     }
 
-    /// The `gate_cumsum` launch: one block per row scans it (gate logits or log gates), or one
+    /// The `gate_cumsum` launch: one block per row scans it (gate logits or log gates), or
+    /// with `split_rows` two launches of a block per segment ([`Self::split_gate_scan`]), or one
     /// thread per element of an ALiBi slope row.
     fn gate_cumsum(
         &mut self,
         n: ValueId,
-        kind: GateKind,
+        (kind, split_rows): (GateKind, bool),
         x: ValueId,
         res: usize,
     ) -> Result<(), CodegenError> {
@@ -451,6 +452,9 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         let (bh, t) = self.gate_dims(n)?;
         let name = self.name(n, "gate_cumsum");
         match kind {
+            GateKind::Logits | GateKind::LogGate if split_rows => {
+                self.split_gate_scan(n, kind, x, res, (bh, t))?
+            }
             GateKind::Logits | GateKind::LogGate => {
                 kernels::build_gate_scan(self.ctx, self.module, &name, kind, xdt).map_err(ie)?;
                 let args =
@@ -604,6 +608,40 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         let launch =
             Launch::Grid { x: GridDim::Ceil(dims, ELEM_THREADS), y: GridDim::Const(1), block: ELEM_THREADS };
         self.push(n, name, args, launch, vec![]);
+        Ok(())
+    }
+
+    /// `gate_cumsum` with split rows: the segments' sums into a scratch `[BH, S, 2]`, then a
+    /// block per segment scans it from the sum of the segments before it.
+    fn split_gate_scan(
+        &mut self,
+        n: ValueId,
+        kind: GateKind,
+        x: ValueId,
+        res: usize,
+        (bh, t): (Vec<Dim>, Dim),
+    ) -> Result<(), CodegenError> {
+        let ie = CodegenError::Internal;
+        let xdt = self.ty(x).dtype;
+        let segments = GridDim::Ceil(vec![t.clone()], kernels::SCAN_SEGMENT);
+        let mut shape = bh.clone();
+        shape.extend([Dim::Tiles(Box::new(t.clone()), kernels::SCAN_SEGMENT), Dim::Const(2)]);
+        let totals = self.scratch(DType::F32, shape, format!("segment sums of %{}", n.index()));
+        let launch = Launch::Grid { x: segments, y: GridDim::Ceil(bh, 1), block: SCAN_THREADS };
+        let sums = self.name(n, "gate_segment_sums");
+        kernels::build_gate_segment_sums(self.ctx, self.module, &sums, kind, xdt).map_err(ie)?;
+        let xb = self.buf(x)?;
+        let args = vec![KernelArg::Buffer(xb), KernelArg::Buffer(totals), KernelArg::I32(vec![t.clone()])];
+        self.push(n, sums, args, launch.clone(), vec![]);
+        let scan = self.name(n, "gate_scan_segments");
+        kernels::build_gate_scan_segments(self.ctx, self.module, &scan, kind, xdt).map_err(ie)?;
+        let args = vec![
+            KernelArg::Buffer(xb),
+            KernelArg::Buffer(totals),
+            KernelArg::Buffer(res),
+            KernelArg::I32(vec![t]),
+        ];
+        self.push(n, scan, args, launch, vec![]);
         Ok(())
     }
 

@@ -252,7 +252,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
     /// The gate kind and input of a `gate_cumsum` a joint prelude scans.
     fn scanned_gate(&self, gate: ValueId) -> Result<(GateKind, ValueId), CodegenError> {
         match self.g.op(gate) {
-            Op::GateCumsum { kind: kind @ (GateKind::Logits | GateKind::LogGate) } => {
+            Op::GateCumsum { kind: kind @ (GateKind::Logits | GateKind::LogGate), .. } => {
                 // The kernel scans the rows of the threshold's q; the attention's rule makes
                 // them the gate's [B, H, T].
                 self.gate_dims(gate)?;

@@ -476,10 +476,14 @@ impl Emit<'_, '_> {
                 if let Some(z) = logits.filter(|z| self.b.eg[*z].data.axes.iter().all(|a| order.contains(a)))
                 {
                     let zp = self.positional(z, &order, span)?;
-                    return self.node(Op::GateCumsum { kind: GateKind::Logits }, &[zp], span).map(Some);
+                    return self
+                        .node(Op::GateCumsum { kind: GateKind::Logits, split_rows: false }, &[zp], span)
+                        .map(Some);
                 }
                 let gp = self.positional(*g, &order, span)?;
-                return self.node(Op::GateCumsum { kind: GateKind::LogGate }, &[gp], span).map(Some);
+                return self
+                    .node(Op::GateCumsum { kind: GateKind::LogGate, split_rows: false }, &[gp], span)
+                    .map(Some);
             }
             [(c, DecaySrc::Slope { a })] => {
                 // log f = c * a[h] = -m[h]: the Slope operand is m = -c * a.
@@ -496,7 +500,12 @@ impl Emit<'_, '_> {
                     me.b.dims.get(s).cloned().ok_or_else(|| format!("unknown size of axis `{}`", shown(*s)))
                 };
                 let ty = ValueType::tensor(DType::F32, [dim(self, &bb)?, dim(self, &hh)?, dim(self, &i)?]);
-                return Ok(Some(self.g.add(Op::GateCumsum { kind: GateKind::Slope }, ty, &[m], span)));
+                return Ok(Some(self.g.add(
+                    Op::GateCumsum { kind: GateKind::Slope, split_rows: false },
+                    ty,
+                    &[m],
+                    span,
+                )));
             }
             _ => {}
         }
@@ -526,7 +535,7 @@ impl Emit<'_, '_> {
         }
         let sum = acc.ok_or("no decay term")?;
         let gp = self.store_named(sum, &order, span)?;
-        self.node(Op::GateCumsum { kind: GateKind::LogGate }, &[gp], span).map(Some)
+        self.node(Op::GateCumsum { kind: GateKind::LogGate, split_rows: false }, &[gp], span).map(Some)
     }
 
     /// `c = sum coef * c_k` stored positionally (not provably decaying).

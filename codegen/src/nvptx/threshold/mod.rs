@@ -342,7 +342,8 @@ fn scans_then_tiles<'ctx>(
                         ("prefix", "scan"),
                         &[("carry_hi", zero.into()), ("carry_lo", zero.into())],
                         |k| {
-                            let (hi, lo) = row_prefix(k, scratch, (kind, gate_dt), PRELUDE_SCAN, row, seg);
+                            let (hi, lo) =
+                                row_prefix(k, scratch, (kind, gate_dt), PRELUDE_SCAN, row, (k.i32(0), seg));
                             vec![hi.into(), lo.into()]
                         },
                     );
