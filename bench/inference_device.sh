@@ -6,8 +6,11 @@
 #           compute-sanitizer memcheck of the new backward and f16 kernels;
 #   rows    (ROWS=1) f16 against bf16, forward and forward + backward, with SDPA and FlexAttention
 #           + ACP in the same dtype in the same run; the prefill's fwd + bwd against the square
-#           kernel's at the same keys.
-# Usage (GPU machine): FOXC=target/release/foxc[.gz] [ROWS=0] [CHECKS=0] bench/inference_device.sh
+#           kernel's at the same keys;
+#   decode  (DECODE=1) a decode step against FOXC_BASE's (interleaved, the CLI's plan), the split
+#           gate scan's checks, and bench/decode.py (the foxc wheel on PYTHONPATH) with its peers.
+# Usage (GPU machine): FOXC=target/release/foxc[.gz] [FOXC_BASE=old/foxc[.gz]] [ROWS=0] [CHECKS=0]
+#   [DECODE=1] bench/inference_device.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . bench/device_lib.sh
@@ -89,5 +92,33 @@ if [ "${ROWS:-1}" = 1 ]; then
       t 200 "$FOXC" bench $args --backend cuda --seed 0 --iters 20 $g --format csv 2>&1 | sed "s|^|${g:-fwd},|"
     done
   done | tee "$OUT/prefill_rows.csv"
+fi
+if [ "${DECODE:-0}" = 1 ]; then
+  echo "## decode: the gate scan split over segments (M > 8192), checks"
+  chk run $PRE B=1,H=16,N=1,M=20000,D=128
+  chk run $PRE B=2,H=4,N=3,M=40000,D=64 --no-prune
+  chk grad $PRE B=1,H=2,N=1,M=20000,D=64
+  log="$OUT/memcheck_split_scan.log"
+  t 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$FOXC" run $PRE --backend cuda \
+    --shape B=1,H=2,N=1,M=20000,D=128 >"$log" 2>&1
+  rc=$?
+  echo "memcheck [split scan, M = 20000] rc=$rc $(grep -E 'ERROR SUMMARY' "$log" | head -1)"
+  [ $rc -eq 0 ] || fail=1
+  if [ -n "${FOXC_BASE:-}" ]; then
+    BASE=$(unpack "$FOXC_BASE")
+    echo "## decode step, this binary against FOXC_BASE (interleaved, two rounds; ms, median of 50)"
+    for shape in B=1,H=16,N=1,M=131072,D=128 B=8,H=16,N=1,M=131072,D=128 B=1,H=16,N=1,M=32768,D=128; do
+      for rep in 1 2; do
+        for bin in "$BASE" "$FOXC"; do
+          tag=$([ "$bin" = "$BASE" ] && echo base || echo new)
+          t 120 "$bin" bench $PRE --backend cuda --shape $shape --seed 0 --iters 50 --format csv 2>&1 |
+            grep -v '^program' | sed "s|^|$tag,rep$rep,|"
+        done
+      done
+    done | tee "$OUT/decode_ab.csv"
+  fi
+  echo "## bench/decode.py (peers in the same run)"
+  t 420 python3 bench/decode.py --M 32768 131072 --B 1 8 --json "$OUT/decode.json" 2>&1 | tee "$OUT/decode.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
 fi
 exit $fail

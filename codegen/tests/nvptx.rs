@@ -259,7 +259,7 @@ fn a_split_gate_scan_is_two_launches_of_a_block_per_segment() {
         |s: &str| [("B", 2), ("H", 3), ("T", 20000), ("D", 128)].into_iter().find(|p| p.0 == s).map(|p| p.1);
     for k in [sums, scans] {
         let geo = a.kernels[k].geometry(&bind).unwrap();
-        assert_eq!((geo.grid, geo.block.0), ((3, 6, 1), foxc_codegen::nvptx::kernels::SCAN_THREADS));
+        assert_eq!((geo.grid, geo.block.0), ((3, 6, 1), foxc_codegen::nvptx::kernels::SPLIT_SCAN_THREADS));
     }
     // The sums' scratch is read by the scans: the same buffer, [B, H, S, 2] f32.
     let buffer_arg = |k: usize, i: usize| match a.kernels[k].args[i] {
@@ -274,6 +274,24 @@ fn a_split_gate_scan_is_two_launches_of_a_block_per_segment() {
             let log = ptxas::assemble(&ptxas, &m.ptx, t.cpu()).unwrap_or_else(|l| panic!("{}: {l}", t.cpu()));
             for l in log.lines().filter(|l| l.contains("spill stores")) {
                 assert!(l.contains(" 0 bytes spill stores"), "{}: {l}", t.cpu());
+            }
+            // A block's threads share 65536 registers, or the launch fails with "too many
+            // resources requested" (seen: 72 registers at 1024 threads).
+            let mut kernel = "";
+            for l in log.lines() {
+                if let Some(at) = l.find("Compiling entry function '") {
+                    kernel = &l[at + 26..];
+                }
+                if kernel.contains("gate_s") && l.contains("Used ") {
+                    let regs: u32 =
+                        l.split("Used ").nth(1).and_then(|r| r.split(' ').next()?.parse().ok()).unwrap();
+                    let threads = foxc_codegen::nvptx::kernels::SPLIT_SCAN_THREADS;
+                    assert!(
+                        regs * threads <= 65536,
+                        "{}: {kernel} {regs} registers x {threads} threads",
+                        t.cpu()
+                    );
+                }
             }
         }
     }

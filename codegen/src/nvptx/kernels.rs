@@ -141,13 +141,19 @@ pub fn build_gate_scan<'ctx>(
     k.finish()
 }
 
-/// Elements of a row per block of the split scan ([`build_gate_segment_sums`],
-/// [`build_gate_scan_segments`]): one [`SCAN_BLOCK`] segment.
-pub const SCAN_SEGMENT: u32 = SCAN_THREADS * SCAN_ELEMS;
+/// Threads per block of the split scan ([`build_gate_segment_sums`],
+/// [`build_gate_scan_segments`]): 512, so that a thread may hold up to 128 registers (a scan of
+/// one segment from a carry took 72 at 1024 threads, whose cap is 64: the launch was refused,
+/// and capped it spilled).
+pub const SPLIT_SCAN_THREADS: u32 = 512;
+/// The split scan's blocks: 16 consecutive elements a thread, the segment of [`SCAN_BLOCK`].
+const SPLIT_SCAN: ScanShape = ScanShape { threads: SPLIT_SCAN_THREADS, elems: 16 };
+/// Elements of a row per block of the split scan: 8192, as the whole-row scan's segments.
+pub const SCAN_SEGMENT: u32 = SPLIT_SCAN_THREADS * 16;
 
 /// `gate_cumsum` with split rows, the first of two launches: params `(gate: [BH, T], totals: f32
 /// [BH, S, 2], T: i32)`, grid `(S, BH)` with `S = ceil(T / SCAN_SEGMENT)`, block
-/// [`SCAN_THREADS`]: block `(s, bh)` sums segment `s` of row `bh` into `totals[bh, s]` (a
+/// [`SPLIT_SCAN_THREADS`]: block `(s, bh)` sums segment `s` of row `bh` into `totals[bh, s]` (a
 /// compensated pair: hi, lo). The last segment's block has nothing to do: no segment after it
 /// needs its sum (and it may be partial, which [`row_prefix`] does not read).
 pub fn build_gate_segment_sums<'ctx>(
@@ -159,13 +165,14 @@ pub fn build_gate_segment_sums<'ctx>(
 ) -> R<FunctionValue<'ctx>> {
     let params = [("gate", ParamTy::Ptr), ("totals", ParamTy::Ptr), ("T", ParamTy::I32)];
     let k = Kb::kernel(ctx, module, name, &params)?;
+    k.launch_bounds(SPLIT_SCAN_THREADS, 1);
     let (gate, totals, t_len) = (k.param_ptr(0), k.param_ptr(1), k.param_int(2));
     let (s, bh) = (k.sreg("ctaid.x"), k.sreg("ctaid.y"));
     let row = GateRow { gate, c: totals, t_len, bh };
-    let scratch = ScanScratch::new(&k, name, SCAN_BLOCK);
+    let scratch = ScanScratch::new(&k, name, SPLIT_SCAN);
     let last = k.addc(k.sreg("nctaid.x"), -1);
     k.if_then(k.icmp(IntPredicate::SLT, s, last), |k| {
-        let (hi, lo) = row_prefix(k, scratch, (kind, in_dt), SCAN_BLOCK, row, (s, k.addc(s, 1)));
+        let (hi, lo) = row_prefix(k, scratch, (kind, in_dt), SPLIT_SCAN, row, (s, k.addc(s, 1)));
         k.if_then(k.icmpc(IntPredicate::EQ, k.sreg("tid.x"), 0), |k| {
             let at = k.mulc(k.sext64(k.add(k.mul(bh, k.sreg("nctaid.x")), s)), 2);
             k.store_f(DType::F32, totals, at, hi);
@@ -188,6 +195,7 @@ pub fn build_gate_scan_segments<'ctx>(
 ) -> R<FunctionValue<'ctx>> {
     let params = [("gate", ParamTy::Ptr), ("totals", ParamTy::Ptr), ("c", ParamTy::Ptr), ("T", ParamTy::I32)];
     let k = Kb::kernel(ctx, module, name, &params)?;
+    k.launch_bounds(SPLIT_SCAN_THREADS, 1);
     let (gate, totals, c, t_len) = (k.param_ptr(0), k.param_ptr(1), k.param_ptr(2), k.param_int(3));
     let (s, bh) = (k.sreg("ctaid.x"), k.sreg("ctaid.y"));
     let zero = k.f32(0.0);
@@ -207,9 +215,9 @@ pub fn build_gate_scan_segments<'ctx>(
     );
     let carry = (out[1].into_float_value(), out[2].into_float_value());
     let row = GateRow { gate, c, t_len, bh };
-    let scratch = ScanScratch::new(&k, name, SCAN_BLOCK);
+    let scratch = ScanScratch::new(&k, name, SPLIT_SCAN);
     let part = RowPart { first: s, end: k.addc(s, 1), carry };
-    scan_gate_row(&k, scratch, (kind, in_dt), SCAN_BLOCK, row, Some(part));
+    scan_gate_row(&k, scratch, (kind, in_dt), SPLIT_SCAN, row, Some(part));
     k.finish()
 }
 

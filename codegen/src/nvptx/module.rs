@@ -627,7 +627,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         let mut shape = bh.clone();
         shape.extend([Dim::Tiles(Box::new(t.clone()), kernels::SCAN_SEGMENT), Dim::Const(2)]);
         let totals = self.scratch(DType::F32, shape, format!("segment sums of %{}", n.index()));
-        let launch = Launch::Grid { x: segments, y: GridDim::Ceil(bh, 1), block: SCAN_THREADS };
+        let launch =
+            Launch::Grid { x: segments, y: GridDim::Ceil(bh, 1), block: kernels::SPLIT_SCAN_THREADS };
         let sums = self.name(n, "gate_segment_sums");
         kernels::build_gate_segment_sums(self.ctx, self.module, &sums, kind, xdt).map_err(ie)?;
         let xb = self.buf(x)?;
