@@ -118,7 +118,9 @@ if [ "${DECODE:-0}" = 1 ]; then
     done | tee "$OUT/decode_ab.csv"
   fi
   echo "## bench/decode.py (peers in the same run)"
-  t 420 python3 bench/decode.py --M 32768 131072 --B 1 8 --json "$OUT/decode.json" 2>&1 | tee "$OUT/decode.log"
+  # shellcheck disable=SC2086
+  t "${DECODE_S:-420}" python3 bench/decode.py ${DECODE_ARGS:---M 32768 131072 --B 1 8} --json "$OUT/decode.json" 2>&1 |
+    tee "$OUT/decode.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
 fi
 exit $fail

@@ -204,8 +204,9 @@ pub enum Op {
     GateCumsum {
         kind: GateKind,
         /// Scan each row in segments, a block each (a pass's choice for long rows on a GPU, whose
-        /// one-block-per-row scan leaves most of the chip idle when rows are few; the values are
-        /// the same: each segment starts from the sum of the ones before it).
+        /// one-block-per-row scan leaves most of the chip idle when rows are few). The value is
+        /// the op's: each segment starts from the compensated sum of the ones before it, another
+        /// grouping of the same sums (docs/SEMANTICS.md).
         split_rows: bool,
     },
     /// The part of `gate_cumsum`'s exact value that its f32 result cannot hold:
