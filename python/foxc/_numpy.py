@@ -26,13 +26,15 @@ def _wire(name: str, a) -> tuple:
         dtype = "f32"
     elif bf16 is not None and a.dtype == bf16:
         dtype = "bf16"
+    elif a.dtype == np.float16:
+        dtype = "f16"
     elif a.dtype == np.int32:
         dtype = "i32"
     elif a.dtype == np.int64:
         dtype = "i64"
     else:
         raise ValueError(
-            f"input `{name}` has dtype {a.dtype}: foxc takes float32 (or ml_dtypes.bfloat16) arrays, "
+            f"input `{name}` has dtype {a.dtype}: foxc takes float32, float16 (or ml_dtypes.bfloat16) arrays, "
             "and int32 or int64 for integer parameters"
         )
     # Little-endian row-major bytes (a copy only when the array is not already that).

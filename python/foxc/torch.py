@@ -287,8 +287,10 @@ def _wires(names, tensors) -> Dict:
     out = {}
     for n, t in zip(names, tensors):
         name = _NAMES.get(t.dtype)
-        if name not in ("f32", "bf16", "i32", "i64"):
-            raise ValueError(f"input `{n}` has dtype {t.dtype}: foxc takes float32, bfloat16, int32 or int64 tensors")
+        if name not in ("f32", "bf16", "f16", "i32", "i64"):
+            raise ValueError(
+                f"input `{n}` has dtype {t.dtype}: foxc takes float32, bfloat16, float16, int32 or int64 tensors"
+            )
         t = t.detach().contiguous()
         out[n] = (name, list(t.shape), t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return out

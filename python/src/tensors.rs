@@ -1,5 +1,5 @@
 //! Host tensors from Python: `{name: (dtype, shape, bytes)}`, converted to the dtype each
-//! parameter declares (float32 or bfloat16 arrays are accepted for any float parameter, int32
+//! parameter declares (float32, bfloat16 or float16 arrays are accepted for any float parameter, int32
 //! for an i32 one, int64 for an i64 one).
 
 use crate::errors::value_error;
@@ -15,10 +15,11 @@ fn dtype_of(name: &str, tensor: &str) -> PyResult<DType> {
     match name {
         "f32" => Ok(DType::F32),
         "bf16" => Ok(DType::BF16),
+        "f16" => Ok(DType::F16),
         "i32" => Ok(DType::I32),
         "i64" => Ok(DType::I64),
         other => Err(value_error(format!(
-            "input `{tensor}` has dtype {other}: foxc takes float32 or bfloat16 arrays (int32 or int64 for i32 or i64 parameters)"
+            "input `{tensor}` has dtype {other}: foxc takes float32, bfloat16 or float16 arrays (int32 or int64 for i32 or i64 parameters)"
         ))),
     }
 }
@@ -62,7 +63,7 @@ pub fn host_inputs(g: &Graph, inputs: BTreeMap<String, Wire>) -> PyResult<Tensor
             HostTensor::from_f32_as(declared, &t.shape, &t.to_f32_vec())
         } else {
             return Err(value_error(format!(
-                "input `{name}` is declared {} but foxc got a {} array (int32 for i32 parameters, int64 for i64 ones, float32 or bfloat16 for float ones)",
+                "input `{name}` is declared {} but foxc got a {} array (int32 for i32 parameters, int64 for i64 ones, float32, bfloat16 or float16 for float ones)",
                 declared.name(),
                 given.name()
             )));

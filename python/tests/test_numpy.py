@@ -10,7 +10,8 @@ import pytest
 
 import foxc
 
-EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
 
 
 def random_inputs(attn, rng, B=1, H=2, T=150, D=16):
@@ -256,3 +257,23 @@ def test_an_int64_start_reads_as_its_int32_value(tmp_path):
     assert_close_bf16(out, foxc.reference(wide, **x64))
     with pytest.raises(ValueError, match="`start` is declared i64"):
         wide(**x)
+
+
+def test_float16_arrays_run_an_f16_program():
+    """bench/fox_f16.attn (f16 q, k, v and output) takes float16 arrays, and float32 ones rounded
+    to f16 (the same bits out); the CPU's fused f16 kernels against the interpreter on the same
+    inputs; a bf16 program takes float16 arrays as it takes float32 ones (converted)."""
+    attn = foxc.load(ROOT / "bench" / "fox_f16.attn")
+    assert [t for _, t, _ in attn.signature] == ["f16", "f16", "f16", "f32"]
+    rng = np.random.default_rng()
+    x32 = random_inputs(attn, rng, B=1, H=3, T=200)
+    x16 = {n: (a.astype(np.float16) if n in ("q", "k", "v") else a) for n, a in x32.items()}
+    out = attn(**x16)
+    assert np.array_equal(out, attn(**x32)), "float32 arrays are rounded to the declared f16"
+    ref = foxc.reference(attn, **x16)
+    # Both rounded to the f16 output: they differ where f32 and f64 round to different f16
+    # neighbours (2^-11 relative), plus f32 accumulation.
+    assert rel_l2(out, ref) <= 1e-3, rel_l2(out, ref)
+    assert np.abs(out - ref).max() <= 2.0**-10 * np.abs(ref).max()
+    bf16 = foxc.load(EXAMPLES / "fox.attn")
+    assert np.array_equal(bf16(**x16), bf16(**{n: a.astype(np.float32) for n, a in x16.items()}))
