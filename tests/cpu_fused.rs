@@ -153,7 +153,7 @@ fn build(cfg: &Cfg, d: u64) -> Built {
             // A log gate is at most 0; -inf (a hard reset) is allowed by the declared range.
             g.params.last_mut().unwrap().range = Some((f64::NEG_INFINITY, 0.0));
         }
-        g.add(Op::GateCumsum { kind, .. }, bht(), &[gp], sp)
+        g.add(Op::GateCumsum { kind, split_rows: false }, bht(), &[gp], sp)
     });
     if cfg.qk_norm {
         let wt = ValueType::tensor(DType::F32, [s("D")]);

@@ -134,7 +134,7 @@ pub fn split_rows_bounds(g: &Graph, len: &dyn Fn(&str) -> Option<u64>) -> BTreeM
         let Ok(ops) = Attention::operands(g, n) else { continue };
         rows.push(g.ty(ops.q).axes.get(2).map(|ax| &ax.dim));
     }
-    rows.extend(g.find(|op| splittable_scan(op)).into_iter().map(|n| g.ty(n).axes.get(2).map(|ax| &ax.dim)));
+    rows.extend(g.find(splittable_scan).into_iter().map(|n| g.ty(n).axes.get(2).map(|ax| &ax.dim)));
     for t in rows.into_iter().flatten() {
         if let Dim::Sym(t) = t {
             if len(t).is_some_and(|v| v > SPLIT_ROWS_ABOVE) {

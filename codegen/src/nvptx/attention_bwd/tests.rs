@@ -229,7 +229,7 @@ fn fewer_queries_kernels_take_tk_last_and_assemble() {
                 // The signature ends in `T`'s i32 ... and then `Tk`'s.
                 let at = ptx.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("{name}"));
                 let sig = &ptx[at..at + ptx[at..].find(')').unwrap()];
-                let last = sig.lines().filter(|l| l.contains(".param")).last().unwrap();
+                let last = sig.lines().rfind(|l| l.contains(".param")).unwrap();
                 assert!(last.contains(".u32") || last.contains(".b32"), "{name}: {last}");
                 let params = sig.matches(".param").count();
                 assert_eq!(params, BWD_FIXED_PARAMS as usize + 1, "{name}");
