@@ -308,6 +308,11 @@ impl NodeCx<'_> {
         if *bm == 0 {
             return Err(self.invalid("bm = 0".into()));
         }
+        if scale.q.is_some() {
+            // Its statistics of q would be scaled by the factor (docs/SEMANTICS.md): the kernel
+            // has no such input, and the fold-q-scale pass folds for the GPU targets only.
+            return Err(self.invalid("a threshold whose scale has a q factor".into()));
+        }
         let scale = scale
             .value(&|x| self.dims.get(x).copied())
             .ok_or_else(|| self.invalid("the scale's dim is not bound".into()))?;

@@ -102,15 +102,14 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         let tiles = a.tiles.ok_or_else(|| {
             CodegenError::Internal("attention without tiles (the tiles pass did not run)".into())
         })?;
-        // attention(s q, k, v) with scale a is attention(q, k, v) with scale a s.
-        let (q, qs) = self.resolve_q(o.q);
+        let q = o.q;
         let (bh, t, dd) = self.bhtd(q, "attention's q")?;
         let d = self.static_dim(&dd, "the head dimension")?;
         // Keys of their own length: the queries sit at the end of them (the kernel's `Tk`).
         let (_, tk, _) = self.bhtd(o.k, "attention's k")?;
         let mut cfg = AttnKernelConfig::new(d, a.decay, a.prune == Prune::Boundary);
         cfg.fewer_queries = tk != t;
-        cfg.scale = (self.scale_value(&a.scale)? * qs) as f32;
+        cfg.scale = self.scale_value(&a.scale)? as f32;
         cfg.sm = self.spec.target.sm();
         cfg.out_bf16 = out_bf16;
         cfg.window = window;
