@@ -124,6 +124,10 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             if !live.contains(&n) || matches!(g.op(n), Op::Param { .. }) {
                 continue;
             }
+            // A product that a `sum {contract}` reads through has no kernel, unless read back.
+            if crate::loop_plan::read_through(g, n) && !self.is_output(n) {
+                continue;
+            }
             self.lower(n)?;
         }
         let outputs = self.outputs.clone();
@@ -270,7 +274,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
     /// What a new launch of node `n` must follow, from the data flow alone: the previous launch
     /// of `n` (a node's own launches run in order) and the last launch of each operand's node
     /// (its launches are chained the same way), looking through nodes that have no launch
-    /// (folded scalars) to their operands.
+    /// (folded scalars, products read through by a contracting sum) to their operands.
     fn deps_of(&self, n: ValueId) -> Vec<usize> {
         let last_of = |m: ValueId| self.kernels.iter().rposition(|k| k.node == m || k.also.contains(&m));
         let mut deps: Vec<usize> = last_of(n).into_iter().collect();
