@@ -141,25 +141,12 @@ pub fn handles(op: &Op) -> bool {
     )
 }
 
-/// The `mul`s whose only user is a `sum` over them (never one of `outputs`): the sum reads the
-/// mul's operands instead of a materialized product (`sum(d, q * k)` costs `T*T`, not
-/// `T*T*D`). A backend that contracts them passes this set to [`plan`].
-pub fn contracted_muls(g: &Graph, live: &HashSet<ValueId>, outputs: &HashSet<ValueId>) -> HashSet<ValueId> {
-    let mut out = HashSet::new();
-    for &n in live {
-        if !matches!(g.op(n), Op::Reduce { kind: ReduceKind::Sum, .. }) {
-            continue;
-        }
-        let Some(&m) = g.operands(n).first() else { continue };
-        if matches!(g.op(m), Op::Binary(BinaryOp::Mul))
-            && !outputs.contains(&m)
-            && g.users(m) == [n]
-            && g.ty(m).rank() > 0
-        {
-            out.insert(m);
-        }
-    }
-    out
+/// Whether `n` is a `mul` that a `sum {contract}` reads through (the `contract` pass's
+/// decision, docs/SEMANTICS.md): it needs no loop of its own unless the caller reads it back
+/// (the verifier lets nothing else use it).
+pub fn read_through(g: &Graph, n: ValueId) -> bool {
+    matches!(g.op(n), Op::Binary(BinaryOp::Mul))
+        && g.users(n).iter().any(|&u| matches!(g.op(u), Op::Reduce { contract: true, .. }))
 }
 
 /// Each distinct product of dims once.
@@ -280,14 +267,9 @@ fn result_names(op: &Op, ty: &ValueType, rank: usize) -> Result<Vec<String>, Pla
 }
 
 /// The loop nest of node `n` (an op [`handles`] accepts). `folded(v)` is the compile-time value
-/// of an operand without a buffer (a folded scalar); a `sum` over a mul in `contracted` (see
-/// [`contracted_muls`]) reads the mul's operands.
-pub fn plan(
-    g: &Graph,
-    n: ValueId,
-    folded: &dyn Fn(Value) -> Option<f64>,
-    contracted: &HashSet<ValueId>,
-) -> Result<LoopPlan, PlanError> {
+/// of an operand without a buffer (a folded scalar); a `sum {contract}` reads its mul's operands
+/// (see [`read_through`]).
+pub fn plan(g: &Graph, n: ValueId, folded: &dyn Fn(Value) -> Option<f64>) -> Result<LoopPlan, PlanError> {
     let op = g.op(n);
     let ops = g.operand_values(n);
     if !handles(op) {
@@ -373,12 +355,12 @@ pub fn plan(
             let y = inp.named(ops[2])?;
             Expr::Select(Box::new(c), Box::new(x), Box::new(y))
         }
-        Op::Reduce { kind, .. } => {
+        Op::Reduce { kind, contract, .. } => {
             body = Body::Reduce(*kind);
-            if ops[0].result == 0 && contracted.contains(&ops[0].node) {
+            if *contract {
                 let mo = g.operand_values(ops[0].node);
-                if mo.len() != 2 {
-                    return Err(invalid("contracted mul must have two operands".into()));
+                if !matches!(g.op(ops[0].node), Op::Binary(BinaryOp::Mul)) || mo.len() != 2 {
+                    return Err(invalid("a contracting sum must read a mul of two operands".into()));
                 }
                 let x = inp.named(mo[0])?;
                 let y = inp.named(mo[1])?;

@@ -491,8 +491,10 @@ fn every_kernel_assembles_with_ptxas() {
     }
 }
 
-/// A graph that still scales q by `rsqrt(D)` (the passes now put the scale in the attribute)
-/// folds it into the attention's scale: no kernel and no buffer for the product.
+/// An attention of q scaled by `rsqrt(D)` (a scale recognition cannot spell multiplies q):
+/// the `fold-q-scale` pass puts the factor into the scale attribute, and the backend reads it
+/// there: no kernel and no buffer for the product. Without the pass the product is the flat
+/// "scale" kernel, and the attention's scale is the attribute's own.
 #[test]
 fn scalar_scale_of_q_is_folded() {
     let s = Span::default();
@@ -507,6 +509,13 @@ fn scalar_scale_of_q_is_folded() {
     a.tiles = Some(Tiles { bm: 64, bn: 64 });
     let o = attention(&mut g, a, &[qs, k, v]);
     g.output = Some(o);
+    let product = compile(&g, &spec(NvptxTarget::Sm90a, 64)).expect("compiles");
+    let names: Vec<&str> = product.kernels.iter().map(|k| k.name.as_str()).collect();
+    assert!(names.len() == 3 && names[0].contains("_scale_"), "{names:?}");
+    let Launch::Attention { cfg, .. } = &product.kernels[2].launch else { panic!("not attention") };
+    assert_eq!(cfg.scale, 1.0);
+    let opts = foxc_passes::PassOptions { target: foxc_passes::Target::Sm90a, ..Default::default() };
+    foxc_passes::fold_scale::run(&mut g, &opts, &mut Default::default()).unwrap();
     let a = compile(&g, &spec(NvptxTarget::Sm90a, 64)).expect("compiles");
     assert_eq!(a.kernels.len(), 1, "{:?}", a.kernels.iter().map(|k| &k.name).collect::<Vec<_>>());
     let Launch::Attention { cfg, .. } = &a.kernels[0].launch else { panic!("not attention") };

@@ -119,6 +119,26 @@ fn unfused_attention_runs_as_loops() {
     }
 }
 
+/// A `sum {contract}` (the `contract` pass marks sums for the CPU target only) is translated as
+/// the IR says here too: the sum's loop reads the product's operands, the product has no kernel,
+/// and the PTX assembles. Unmarked, the product is a kernel of its own.
+#[test]
+fn a_contracting_sum_reads_its_product_through() {
+    let src = "attention o(p: f32[T, T], v: f32[T, D]) -> f32[T, D] {\n  o[i, d] = sum(j, p[i, j] * v[j, d])\n  return o\n}";
+    let mut g = program(src);
+    let ops = |g: &Graph, t: NvptxTarget| {
+        let a = compile(g, &spec(t)).unwrap();
+        (a.kernels.iter().map(|k| g.op(k.node).mnemonic()).collect::<Vec<_>>().join(" "), a.ptx)
+    };
+    assert_eq!(ops(&g, NvptxTarget::Sm90a).0, "bind bind mul sum store");
+    foxc_passes::contract::mark(&mut g, &[]);
+    assert_eq!(ops(&g, NvptxTarget::Sm90a).0, "bind bind sum store");
+    let Some(ptxas) = ptxas::find() else { return };
+    for t in [NvptxTarget::Sm90a, NvptxTarget::Sm80] {
+        ptxas::assemble(&ptxas, &ops(&g, t).1, t.cpu()).unwrap_or_else(|log| panic!("{}: {log}", t.cpu()));
+    }
+}
+
 /// The LLVM IR of a small program: a bound gate, its log-sigmoid minus a per-head slope
 /// (broadcast over b and t), stored and scanned along t.
 #[test]

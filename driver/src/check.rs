@@ -115,9 +115,22 @@ pub fn reference_tolerance(
         (m.sqrt(), d)
     };
     let ((qmax, d), (kmax, _)) = (max_row_norm(&vals[&ops.q]), max_row_norm(&vals[&ops.k]));
-    // `|scale| <= |factor|`: an inv_sqrt dim is at least 1.
-    let x = a.scale.factor.abs() * qmax * kmax;
+    // `|scale| <= |factor| |q factor|`: an inv_sqrt dim is at least 1.
+    let x = a.scale.factor.abs() * q_factor(optimized, inputs, &a.scale)?.abs() * qmax * kmax;
     Ok(f64::max(base, 2.0 * d as f64 * f64::EPSILON / 2.0 * x))
+}
+
+/// The scale's q factor (`foxc_ir::Scale::q`; 1 without one) at the sizes of `inputs`.
+fn q_factor(g: &Graph, inputs: &BTreeMap<String, Tensor>, scale: &foxc_ir::Scale) -> Result<f64, Error> {
+    if scale.q.is_none() {
+        return Ok(1.0);
+    }
+    let shapes: Vec<(String, Vec<usize>)> =
+        inputs.iter().map(|(k, t)| (k.clone(), t.shape.clone())).collect();
+    let dims = foxc_ir::shapes::bind_dims(g, &shapes).map_err(|e| Error::user(format!("error: {e}")))?;
+    scale
+        .q_value(&|s| dims.get(s))
+        .ok_or_else(|| Error::internal("error: the scale's q factor has an unbound dim"))
 }
 
 /// `(|out - ref| / |ref|, max |out - ref|)`; NaN anywhere makes both infinite.

@@ -76,8 +76,19 @@ fn compile_outputs(
     outputs: &[Value],
 ) -> Result<(CpuProgram, f64), Error> {
     let t0 = Instant::now();
-    let p = cg::compile_outputs(g, dims, outputs, cg::CpuOptions::default()).map_err(cg_err)?;
+    let g = contracted(g, outputs);
+    let p = cg::compile_outputs(&g, dims, outputs, cg::CpuOptions::default()).map_err(cg_err)?;
     Ok((p, t0.elapsed().as_secs_f64() * 1e3))
+}
+
+/// `g` with the `contract` pass's decision for exactly the values `outputs` (empty: the
+/// output): which sums read their products through. The pipeline made it for the output of a
+/// forward graph; a gradient program is built after the pipeline, and a run may read back
+/// more than the output. Only attributes change: the node ids the kernels name are `g`'s.
+fn contracted(g: &Graph, outputs: &[Value]) -> Graph {
+    let mut g = g.clone();
+    foxc_passes::contract::mark(&mut g, outputs);
+    g
 }
 
 fn execute_outputs(
@@ -234,7 +245,8 @@ pub fn emit_clif_outputs(
             defaulted.push(name.clone());
         }
     }
-    let text = cg::clif_text_outputs(g, &d, outputs, cg::CpuOptions::default()).map_err(cg_err)?;
+    let text = cg::clif_text_outputs(&contracted(g, outputs), &d, outputs, cg::CpuOptions::default())
+        .map_err(cg_err)?;
     let shown: Vec<String> = d.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let mut head = format!("; foxc CPU kernels for @{} specialized to {}", g.name, shown.join(","));
     if !defaulted.is_empty() {

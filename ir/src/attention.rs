@@ -27,32 +27,62 @@ use crate::ops::{BinaryOp, Op, Tiles, UnaryOp};
 use crate::types::{DType, Dim};
 use std::fmt;
 
-/// The factor of `q . k`: `factor / sqrt(inv_sqrt)` (just `factor` without a dim).
+/// The factor of `q . k`: `factor / sqrt(inv_sqrt)` (just `factor` without a dim), times `q`
+/// when present.
 ///
 /// The usual `1/sqrt(D)` stays symbolic (`factor = 1, inv_sqrt = Some(D)`) because `D` may be bound
 /// only at run time; [`Scale::value`] is the one evaluation every backend uses.
+///
+/// `q` is a factor the `fold-q-scale` pass (GPU targets) took out of the op's q operand: the op
+/// reads `x` where the program gave it `x * s` (or `s * x`, or `x / s`, then the factor is
+/// `1 / s`) with a compile-time scalar `s`, so that no kernel materializes the product. It is a
+/// scalar [`Region`] (constants, dims, unary and non-comparison binary ops only: see
+/// [`Scale::malformed`]) evaluated with the interpreter's f64 arithmetic, as
+/// `foxc_ir::fold::scalar_value` evaluates the subgraph it came from. It is kept apart from
+/// `factor` so that the evaluation is the one the unfolded program would give, and because a
+/// threshold reads it apart (its data statistics of `x` are scaled by `|q|`). Printed
+/// `1/sqrt(D) * q_factor(1 / dim(D))`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Scale {
     pub factor: f64,
     pub inv_sqrt: Option<Dim>,
+    pub q: Option<Region>,
 }
 
 impl Scale {
     /// A numeric scale.
     pub fn constant(factor: f64) -> Scale {
-        Scale { factor, inv_sqrt: None }
+        Scale { factor, inv_sqrt: None, q: None }
     }
 
     /// `factor / sqrt(dim)`.
     pub fn inv_sqrt(factor: f64, dim: Dim) -> Scale {
-        Scale { factor, inv_sqrt: Some(dim) }
+        Scale { factor, inv_sqrt: Some(dim), q: None }
     }
 
-    /// The number, given the sizes of the symbolic dims (`None` if a dim is unbound).
+    /// The number, given the sizes of the symbolic dims (`None` if a dim is unbound): the
+    /// [`Scale::base_value`] times the [`Scale::q_value`], in f64 in that order.
     pub fn value(&self, bind: &dyn Fn(&str) -> Option<u64>) -> Option<f64> {
+        let base = self.base_value(bind)?;
+        match &self.q {
+            None => Some(base),
+            Some(_) => Some(base * self.q_value(bind)?),
+        }
+    }
+
+    /// `factor / sqrt(inv_sqrt)`, without the factor folded out of q.
+    pub fn base_value(&self, bind: &dyn Fn(&str) -> Option<u64>) -> Option<f64> {
         match &self.inv_sqrt {
             None => Some(self.factor),
             Some(d) => d.eval(bind).map(|n| self.factor / (n as f64).sqrt()),
+        }
+    }
+
+    /// The factor folded out of q (1 without one).
+    pub fn q_value(&self, bind: &dyn Fn(&str) -> Option<u64>) -> Option<f64> {
+        match &self.q {
+            None => Some(1.0),
+            Some(r) => r.scalar_value(bind),
         }
     }
 
@@ -60,14 +90,39 @@ impl Scale {
     pub fn constant_value(&self) -> Option<f64> {
         self.value(&|_| None)
     }
+
+    /// What makes the attribute invalid: a NaN factor, or a q factor that is not a well-formed
+    /// scalar region. `None` when valid.
+    pub fn malformed(&self) -> Option<String> {
+        if self.factor.is_nan() {
+            return Some("the scale is NaN".into());
+        }
+        let r = self.q.as_ref()?;
+        if let Some(e) = r.malformed() {
+            return Some(format!("the scale's q factor: {e}"));
+        }
+        let scalar = |n: &RNode| match n {
+            RNode::Const(_) | RNode::Dim(_) | RNode::Unary(..) => true,
+            RNode::Binary(b, ..) => !b.is_comparison(),
+            _ => false,
+        };
+        r.nodes
+            .iter()
+            .find(|n| !scalar(n))
+            .map(|n| format!("the scale's q factor is not a scalar of constants and dims ({n:?})"))
+    }
 }
 
 impl fmt::Display for Scale {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inv_sqrt {
-            None => f.write_str(&fmt_num(self.factor)),
-            Some(d) if self.factor == 1.0 => write!(f, "1/sqrt({d})"),
-            Some(d) => write!(f, "{}/sqrt({d})", fmt_num(self.factor)),
+            None => f.write_str(&fmt_num(self.factor))?,
+            Some(d) if self.factor == 1.0 => write!(f, "1/sqrt({d})")?,
+            Some(d) => write!(f, "{}/sqrt({d})", fmt_num(self.factor))?,
+        }
+        match &self.q {
+            None => Ok(()),
+            Some(r) => write!(f, " * q_factor({})", r.display_with(&|k| format!("${k}"))),
         }
     }
 }
@@ -172,6 +227,29 @@ impl Region {
         ks.sort_unstable();
         ks.dedup();
         ks
+    }
+
+    /// The value of a region of constants, dims, unary and binary ops (a [`Scale`]'s q factor),
+    /// with the interpreter's f64 arithmetic, node by node as `foxc_ir::fold::scalar_value`
+    /// folds the graph's scalars (so no count rule: `x * 0` is NaN for an infinite `x`). `None`
+    /// when a dim is unbound or a node is anything else (a comparison, an index, `x`).
+    pub fn scalar_value(&self, bind: &dyn Fn(&str) -> Option<u64>) -> Option<f64> {
+        let mut vals: Vec<Option<f64>> = Vec::with_capacity(self.nodes.len());
+        for n in &self.nodes {
+            let at = |k: &RId| vals.get(*k as usize).copied().flatten();
+            let v = match n {
+                RNode::Const(c) => Some(*c),
+                RNode::Dim(d) => d.eval(bind).map(|x| x as f64),
+                RNode::Unary(u, a) => at(a).map(|a| crate::interp::unary(*u, a)),
+                RNode::Binary(b, x, y) if !b.is_comparison() => match (at(x), at(y)) {
+                    (Some(x), Some(y)) => Some(crate::interp::binary(*b, x, y)),
+                    _ => None,
+                },
+                _ => None,
+            };
+            vals.push(v);
+        }
+        vals.get(self.root as usize).copied().flatten()
     }
 
     /// Which nodes are counts: exact integers made from indices, dims and integer constants by

@@ -153,8 +153,8 @@ impl Attention {
         if !self.out_dtype.is_float() {
             return Err(format!("attention's out dtype must be floating point, found {}", self.out_dtype));
         }
-        if self.scale.factor.is_nan() {
-            return Err("attention's scale is NaN".into());
+        if let Some(e) = self.scale.malformed() {
+            return Err(format!("attention: {e}"));
         }
         let out = ValueType::tensor(self.out_dtype, [q[0].clone(), q[1].clone(), q[2].clone(), v[3].clone()]);
         let lse = ValueType::tensor(DType::F32, bht);

@@ -222,6 +222,9 @@ pub fn infer(op: &Op, ops: &[&ValueType]) -> Result<Option<ValueType>, String> {
             if log_eps.is_nan() || scale.factor.is_nan() {
                 return Err("threshold: log_eps and scale must not be NaN".into());
             }
+            if let Some(e) = scale.malformed() {
+                return Err(format!("threshold: {e}"));
+            }
             if !rule.fits(score) {
                 return Err(format!(
                     "threshold: the rule `{}` reads s_ii and needs the identity score (its diagonal \

@@ -4,7 +4,9 @@
 //! - the fused attention ops run row by row, heads spread over the cores (the result does not
 //!   depend on the split), and never materialize a `T x T` matrix;
 //! - a `mul` whose only user is a `sum` is never materialized: the `sum` contracts its two
-//!   operands directly (so the unfused `sum(d, q * k)` costs `T*T` values, not `T*T*D`).
+//!   operands directly (so the unfused `sum(d, q * k)` costs `T*T` values, not `T*T*D`). Every
+//!   `sum {contract}` (the `contract` pass's decision for the CPU backend) is such a sum, and this
+//!   is its meaning: the sum of the products, each product `x * y` in f64.
 //!
 //! Numerics (documented contract, tests rely on it):
 //! - every value is f64 whatever its declared dtype; only `cast` rounds (bf16/f16 through the
@@ -757,7 +759,7 @@ impl<'a> Evaluator<'a> {
                 let (dc, dx, dy) = (&c.data, &x.data, &y.data);
                 mk(gather(&shape, [&sc, &sx, &sy], |[k, i, j]| if dc[k] != 0.0 { dx[i] } else { dy[j] }))
             }
-            Op::Reduce { kind, axis } => {
+            Op::Reduce { kind, axis, .. } => {
                 if self.deferred.contains(&ops[0].node) {
                     return self.contract(id, ops[0].node, axis, axes, shape);
                 }

@@ -1495,8 +1495,8 @@ impl<'a> Lowerer<'a> {
         self.need_axis(f, ix, &t, args[1].span)?;
         let axis = ix.name.clone();
         let op = match f.name.as_str() {
-            "sum" => Op::Reduce { kind: ReduceKind::Sum, axis },
-            "max" => Op::Reduce { kind: ReduceKind::Max, axis },
+            "sum" => Op::Reduce { kind: ReduceKind::Sum, axis, contract: false },
+            "max" => Op::Reduce { kind: ReduceKind::Max, axis, contract: false },
             "cumsum" => Op::Cumsum { axis },
             _ => Op::Softmax { axis },
         };

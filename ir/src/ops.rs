@@ -169,6 +169,11 @@ pub enum Op {
     Reduce {
         kind: ReduceKind,
         axis: String,
+        /// A `sum` whose operand is a `mul` that it alone uses: the sum of the products of the
+        /// mul's operands, which a backend reads directly, never materializing the product
+        /// (`sum(d, q * k)` costs `T*T` values, not `T*T*D`). The `contract` pass's decision
+        /// (CPU target); printed `{axis = d, contract}` (docs/SEMANTICS.md, "sum {contract}").
+        contract: bool,
     },
     /// Inclusive prefix sum of operand 0 along the named axis.
     Cumsum {
@@ -356,6 +361,7 @@ impl fmt::Display for Op {
                 let ix: Vec<String> = index.iter().map(|e| e.to_string()).collect();
                 write!(f, " [{}] {{axes = [{}]}}", ix.join(", "), axes.join(", "))
             }
+            Op::Reduce { axis, contract: true, .. } => write!(f, " {{axis = {axis}, contract}}"),
             Op::Reduce { axis, .. } | Op::Cumsum { axis } | Op::Softmax { axis } => {
                 write!(f, " {{axis = {axis}}}")
             }

@@ -4,11 +4,12 @@
 //! an operand position and the positions of a node are exactly `0..arity`; the graph is acyclic;
 //! every node's type is the one [`crate::check::infer`] derives from its operands (which covers
 //! named-axis broadcasting, reductions, `bind`/`store` axis counts, dtypes and the fused ops'
-//! shapes of docs/SEMANTICS.md), with the node-typed ops (`param`, `iota`, `cast`) checked here.
+//! shapes of docs/SEMANTICS.md), with the node-typed ops (`param`, `iota`, `cast`) checked here;
+//! a `sum {contract}` reads a `mul` that nothing else uses and that is not the output.
 
 use crate::check::infer;
 use crate::graph::{Graph, ValueId};
-use crate::ops::{GateKind, Op};
+use crate::ops::{BinaryOp, GateKind, Op, ReduceKind};
 use crate::print::print_graph;
 use crate::types::{DType, ValueType};
 use petgraph::Direction;
@@ -140,6 +141,9 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
             }
             _ => {}
         }
+        if let Op::Reduce { kind, contract: true, .. } = &node.op {
+            check_contract(g, id, *kind).map_err(|m| err(g, id, m))?;
+        }
         let tys: Vec<&ValueType> = g.operand_values(id).iter().map(|&v| g.value_ty(v)).collect();
         let inferred = infer(&node.op, &tys).map_err(|m| err(g, id, m))?;
         match (&node.op, inferred) {
@@ -185,6 +189,23 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
             }
             (op, None) => return Err(err(g, id, format!("no typing rule for `{}`", op.mnemonic()))),
         }
+    }
+    Ok(())
+}
+
+/// A contracting reduction `id`: a sum whose operand is a `mul` it alone uses (a backend reads
+/// the mul's operands and never writes the product, so nothing else may read it).
+fn check_contract(g: &Graph, id: ValueId, kind: ReduceKind) -> Result<(), String> {
+    if kind != ReduceKind::Sum {
+        return Err("only a sum contracts its operand".into());
+    }
+    let m = g.operand_values(id)[0];
+    if !matches!(g.op(m.node), Op::Binary(BinaryOp::Mul)) {
+        return Err(format!("contracts `{}`, not a mul", g.op(m.node).mnemonic()));
+    }
+    let uses = g.g.edges_directed(m.node, Direction::Outgoing).count();
+    if uses != 1 || g.output == Some(m.node) {
+        return Err("contracts a mul that is also used elsewhere (or is the output)".into());
     }
     Ok(())
 }
@@ -472,7 +493,7 @@ mod tests {
         g.g.remove_node(s);
         let mut g2 = g.clone();
         let r = g2.add(
-            Op::Reduce { kind: ReduceKind::Sum, axis: "z".into() },
+            Op::Reduce { kind: ReduceKind::Sum, axis: "z".into(), contract: false },
             ValueType::scalar(DType::F32),
             &[x],
             sp,

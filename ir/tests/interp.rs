@@ -112,7 +112,12 @@ fn unfused_fox() -> Graph {
         SP,
     );
     let bhij = named(&[("b", "B"), ("h", "H"), ("i", "T"), ("j", "T")]);
-    let dot = g.add(Op::Reduce { kind: ReduceKind::Sum, axis: "d".into() }, bhij.clone(), &[prod], SP);
+    let dot = g.add(
+        Op::Reduce { kind: ReduceKind::Sum, axis: "d".into(), contract: false },
+        bhij.clone(),
+        &[prod],
+        SP,
+    );
     let dd = g.add(Op::DimSize(sym("D")), ValueType::scalar(DType::F32), &[], SP);
     let sd = g.add(Op::Unary(UnaryOp::Sqrt), ValueType::scalar(DType::F32), &[dd], SP);
     let sc = g.add(Op::Binary(BinaryOp::Div), bhij.clone(), &[dot, sd], SP);
@@ -145,7 +150,7 @@ fn unfused_fox() -> Graph {
         SP,
     );
     let o = g.add(
-        Op::Reduce { kind: ReduceKind::Sum, axis: "j".into() },
+        Op::Reduce { kind: ReduceKind::Sum, axis: "j".into(), contract: false },
         named(&[("b", "B"), ("h", "H"), ("i", "T"), ("d", "D")]),
         &[pv],
         SP,

@@ -290,7 +290,7 @@ impl Builder {
     }
 
     fn reduce_sum(&mut self, v: Value, axis: &str) -> Result<Value, GradError> {
-        self.op(Op::Reduce { kind: ReduceKind::Sum, axis: axis.to_string() }, &[v])
+        self.op(Op::Reduce { kind: ReduceKind::Sum, axis: axis.to_string(), contract: false }, &[v])
     }
 
     /// Zeros with the single axis `axis` (an iota times 0: finite, so never NaN).
@@ -535,7 +535,7 @@ impl Builder {
                     self.accumulate(ops[2], d)?;
                 }
             }
-            Op::Reduce { kind, axis } => {
+            Op::Reduce { kind, axis, .. } => {
                 if wants(0) {
                     let xt = self.g.value_ty(ops[0]).clone();
                     let db = self.broadcast_to(dy, &xt)?;

@@ -19,9 +19,15 @@
 //!    that only feed one attention become one launch.
 //! 8. `compensate-decay` ([`compensate`], CPU target): the decay `c` travels as an f32 pair
 //!    `(c, c_lo)` so that `c_i - c_j` keeps f64 accuracy when `|c|` is large.
+//! 9. `fold-q-scale` ([`fold_scale`], GPU targets): an attention or threshold whose q is a
+//!    product `x * s` with a compile-time scalar `s` reads `x`, `s` in its scale attribute.
+//! 10. `contract` ([`contract`], CPU target): a `sum` of a `mul` that only it uses reads the
+//!     mul's operands (`sum {contract}`); the product is never written.
 
 pub mod acp;
 pub mod compensate;
+pub mod contract;
+pub mod fold_scale;
 pub mod fuse_out;
 pub mod grad;
 pub mod key_bound;
@@ -165,6 +171,8 @@ pub const PASSES: &[(&str, PassFn)] = &[
     ("fuse-threshold", fuse_out::threshold),
     ("fuse-prelude", fuse_out::prelude),
     ("compensate-decay", compensate::run),
+    ("fold-q-scale", fold_scale::run),
+    ("contract", contract::run),
 ];
 
 /// The smallest `log_eps` accepted: `exp(-708)` is about 3e-308, just above the smallest normal

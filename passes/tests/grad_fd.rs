@@ -201,3 +201,32 @@ fn fewer_queries_than_keys_match_finite_differences() {
         }
     }
 }
+
+/// A scale recognition cannot spell (`/ sqrt(2 * D)`) multiplies q; on a GPU target the
+/// `fold-q-scale` pass has the attention read q itself, the factor in its scale attribute. The
+/// gradient program of that forward (dq of the unscaled q through the attention's own scale)
+/// against finite differences of it, run by the interpreter with the factor evaluated at the
+/// bound D (the pass left `dim(D)` symbolic).
+#[test]
+fn folded_q_scale_matches_finite_differences() {
+    let src = "attention qs(q: f32[B, H, T, D], k: f32[B, H, T, D], v: f32[B, H, T, D], fgate: f32[B, H, T]) -> f32[B, H, T, D] {
+    c[b, h, t]      = cumsum(t, logsigmoid(fgate[b, h, t]))
+    s[b, h, i, j]   = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(2 * D) + c[b, h, i] - c[b, h, j]
+    p[b, h, i, j]   = softmax(j, causal(i, j, s[b, h, i, j]))
+    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
+    return out
+}";
+    let g = foxc_ir::frontend::compile("qs", src.as_bytes()).unwrap().graph;
+    let opts = PassOptions { prune: false, target: foxc_passes::Target::Sm90a, ..PassOptions::default() };
+    let mut opt = g.clone();
+    optimize(&mut opt, &opts).unwrap();
+    let &[a] = opt.find(|op| matches!(op, Op::Attention(_))).as_slice() else { panic!("one attention") };
+    let Op::Attention(attn) = opt.op(a) else { unreachable!() };
+    assert_eq!(attn.scale.to_string(), "1 * q_factor(rsqrt(2 * dim(D)))");
+    assert!(matches!(opt.op(opt.operands(a)[0]), Op::Param { .. }), "the attention reads q itself");
+    let dims = BTreeMap::from([("B", 1), ("H", 2), ("T", 7), ("D", 3)]);
+    for seed in 0..2 {
+        let (checked, _) = check_fd("folded q scale", &smooth(&opt), &dims, seed, 0.0, None);
+        assert!(checked > 0, "nothing checked");
+    }
+}

@@ -78,7 +78,7 @@ pub struct TaskSpace {
 pub struct CpuKernel {
     pub node: ValueId,
     /// The values whose buffers the kernel reads, in `args` order (usually the node's operands;
-    /// a `sum` that contracts its `mul` reads the mul's operands, see [`generic`]).
+    /// a `sum {contract}` reads its `mul`'s operands, see [`generic`]).
     pub operands: Vec<Value>,
     /// The results of `node` it writes, in `args` order after the operands.
     pub results: Vec<u32>,

@@ -30,10 +30,11 @@ pub(super) fn plan(
     }
     // Scalar subgraphs (`rsqrt(dim D)`) fold to constants at compile time: dims are concrete.
     let mut consts: HashMap<ValueId, f64> = HashMap::new();
-    let contracted = crate::loop_plan::contracted_muls(g, &live, &out_nodes);
     let mut specs = vec![];
     for &n in &order {
-        if !live.contains(&n) || contracted.contains(&n) {
+        // A product that a `sum {contract}` reads through has no kernel, unless read back.
+        let read_through = crate::loop_plan::read_through(g, n) && !out_nodes.contains(&n);
+        if !live.contains(&n) || read_through {
             continue;
         }
         let op = g.op(n);
@@ -49,7 +50,7 @@ pub(super) fn plan(
         // Plain loops for every op without a fused kernel or outside a fast path's conditions.
         let generic = || -> Result<SpecKind, CpuError> {
             let gcx = generic::Ctx { g, dims, consts: &consts, num: &num };
-            Ok(SpecKind::Generic(generic::plan(&gcx, n, &contracted)?))
+            Ok(SpecKind::Generic(generic::plan(&gcx, n)?))
         };
         let Some(kind) = cx.fused(&consts, &used)? else {
             if matches!(op, Op::Param { .. }) {
@@ -307,6 +308,11 @@ impl NodeCx<'_> {
         }
         if *bm == 0 {
             return Err(self.invalid("bm = 0".into()));
+        }
+        if scale.q.is_some() {
+            // Its statistics of q would be scaled by the factor (docs/SEMANTICS.md): the kernel
+            // has no such input, and the fold-q-scale pass folds for the GPU targets only.
+            return Err(self.invalid("a threshold whose scale has a q factor".into()));
         }
         let scale = scale
             .value(&|x| self.dims.get(x).copied())

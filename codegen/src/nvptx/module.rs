@@ -42,7 +42,6 @@ pub fn compile(g: &Graph, spec: &NvptxSpec) -> Result<NvptxArtifact, CodegenErro
         buffers: vec![],
         kernels: vec![],
         buf_of: BTreeMap::new(),
-        scaled: BTreeMap::new(),
         outputs: vec![],
         debug_starts: None,
         joint_waiting: HashSet::new(),
@@ -73,8 +72,6 @@ pub(super) struct Assembler<'a, 'ctx> {
     kernels: Vec<KernelInfo>,
     /// The buffer of each (node, result) computed so far; every result of a lowered node has one.
     buf_of: BTreeMap<Value, usize>,
-    /// Values `x * s` folded into their consumers: value -> (x, s).
-    scaled: BTreeMap<ValueId, (ValueId, f64)>,
     /// The values the caller reads back (never folded away).
     outputs: Vec<Value>,
     /// The debug buffer of in-kernel block starts ([`NvptxSpec::debug_starts`]).
@@ -125,6 +122,10 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         }
         for n in g.topo_order() {
             if !live.contains(&n) || matches!(g.op(n), Op::Param { .. }) {
+                continue;
+            }
+            // A product that a `sum {contract}` reads through has no kernel, unless read back.
+            if crate::loop_plan::read_through(g, n) && !self.is_output(n) {
                 continue;
             }
             self.lower(n)?;
@@ -273,7 +274,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
     /// What a new launch of node `n` must follow, from the data flow alone: the previous launch
     /// of `n` (a node's own launches run in order) and the last launch of each operand's node
     /// (its launches are chained the same way), looking through nodes that have no launch
-    /// (folded scalars and scales) to their operands.
+    /// (folded scalars, products read through by a contracting sum) to their operands.
     fn deps_of(&self, n: ValueId) -> Vec<usize> {
         let last_of = |m: ValueId| self.kernels.iter().rposition(|k| k.node == m || k.also.contains(&m));
         let mut deps: Vec<usize> = last_of(n).into_iter().collect();
@@ -298,9 +299,12 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         foxc_ir::fold::scalar_value(self.g, v, &self.spec.dims)
     }
 
-    /// `x * s` or `x / s` with a compile-time scalar `s`: (x, s). Only where `x` has the
-    /// result's axes, names included (the scaled copy is flat; a product that also transposes
-    /// or broadcasts is a generic loop).
+    /// `x * s` or `x / s` with a compile-time scalar `s`: (x, s), the operands of the flat
+    /// "scale" kernel (a cast that multiplies). Only where `x` has the result's axes, names
+    /// included (the scaled copy is flat; a product that also transposes or broadcasts is a
+    /// generic loop). The kernel of one `mul` or `div`: whether a product is computed at all is
+    /// the `fold-q-scale` pass's decision (an attention or threshold that reads `x` with the
+    /// factor in its scale attribute).
     fn as_scaled(&self, n: ValueId) -> Option<(ValueId, f64)> {
         let ops = self.g.operands(n);
         if ops.len() != 2 || self.ty(n).rank() == 0 || self.reads_later_results(n) {
@@ -324,11 +328,6 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
     /// forward's lse): the fast kernels take whole nodes' buffers, the generic loops any result.
     fn reads_later_results(&self, n: ValueId) -> bool {
         self.g.operand_values(n).iter().any(|v| v.result != 0)
-    }
-
-    /// Operand 0 of a threshold or attention node, with any folded scale: (value, factor).
-    pub(super) fn resolve_q(&self, q: ValueId) -> (ValueId, f64) {
-        self.scaled.get(&q).copied().unwrap_or((q, 1.0))
     }
 
     fn lower(&mut self, n: ValueId) -> Result<(), CodegenError> {
@@ -357,27 +356,12 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             return Ok(());
         }
         if let Some((x, s)) = self.as_scaled(n) {
-            let (x, s) = match self.scaled.get(&x) {
-                Some(&(x0, s0)) => (x0, s0 * s),
-                None => (x, s),
-            };
-            // Fold into consumers that take a scale attribute for their q operand.
-            let foldable = !self.is_output(n)
-                && g.users(n).iter().all(|&u| {
-                    matches!(g.op(u), Op::Threshold { .. } | Op::Attention(_))
-                        && g.operands(u).iter().enumerate().all(|(i, &o)| o != n || i == 0)
-                });
-            if foldable && s.is_finite() && s != 0.0 {
-                self.scaled.insert(n, (x, s));
-                return Ok(());
-            }
             if self.ty(x).dtype.is_float() && node.ty.dtype.is_float() {
                 let res = self.result_buffers(n);
                 let name = self.name(n, "scale");
                 return self.cast(n, name, x, self.buf(x)?, res, node.ty.dtype, Some(s));
             }
-            // Otherwise the generic kernel of the mul (its operands have buffers: only a
-            // threshold or attention operand is folded).
+            // Otherwise the generic kernel of the mul.
         }
         match &node.op {
             Op::BlockBoundary(_) => {
@@ -646,12 +630,29 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         Ok(())
     }
 
-    /// The value of a scale attribute (its dim must be static, like the head dim).
+    /// The value of a scale attribute (its dims must be static, like the head dim): the
+    /// kernels' factor of `q . k`, the q factor included.
     pub(super) fn scale_value(&self, s: &foxc_ir::Scale) -> Result<f64, CodegenError> {
-        match &s.inv_sqrt {
-            None => Ok(s.factor),
-            Some(d) => Ok(s.factor / (self.static_dim(d, "the dim of the scale")? as f64).sqrt()),
-        }
+        let (base, q) = self.scale_parts(s)?;
+        Ok(match s.q {
+            None => base,
+            Some(_) => base * q,
+        })
+    }
+
+    /// A scale attribute as `(factor / sqrt(dim), q factor)` (the q factor 1 without one): the
+    /// threshold scales its statistics of q by the second apart (`threshold::DeltaSpec`).
+    pub(super) fn scale_parts(&self, s: &foxc_ir::Scale) -> Result<(f64, f64), CodegenError> {
+        let base = match &s.inv_sqrt {
+            None => s.factor,
+            Some(d) => s.factor / (self.static_dim(d, "the dim of the scale")? as f64).sqrt(),
+        };
+        let q = s.q_value(&|x| self.spec.dims.get(x).copied()).ok_or_else(|| {
+            user(format!(
+                "the GPU kernels are specialized on the scale's q factor ({s}); give its dims at compile time, e.g. --shape D=128"
+            ))
+        })?;
+        Ok((base, q))
     }
 
     /// "the GPU backend cannot yet run <construct>", before any launch.

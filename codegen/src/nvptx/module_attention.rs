@@ -105,8 +105,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         if a.prune == Prune::Start {
             return Err(Self::not_yet(n, "a separate block_boundary (the fuse-boundary pass did not apply)"));
         }
-        // attention(s q, k, v) with scale a is attention(q, k, v) with scale a s.
-        let (q, qs) = self.resolve_q(o.q);
+        let q = o.q;
         let half = self.kernel_half(&[q, o.k, o.v]);
         // An output in the other 16-bit type leaves as f32 and is cast ([`Self::attention`]).
         let out_half = a.out_dtype == half.dtype();
@@ -119,7 +118,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         let (_, tk, _) = self.bhtd(o.k, "attention's k")?;
         let mut cfg = AttnKernelConfig::new(d, a.decay, a.prune == Prune::Boundary);
         cfg.fewer_queries = tk != t;
-        cfg.scale = (self.scale_value(&a.scale)? * qs) as f32;
+        cfg.scale = self.scale_value(&a.scale)? as f32;
         cfg.sm = self.spec.target.sm();
         cfg.dtype_in = half;
         cfg.out_half = out_half;

@@ -78,9 +78,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             return Err(ie(format!("%{} is not a threshold", n.index())));
         };
         let ops = self.g.operands(n);
-        // q may be `s q'` with s folded away: the kernels read q' and take s (threshold/).
-        let (q, qscale) = self.resolve_q(ops[0]);
-        let k = ops[1];
+        // The scale's q factor (the fold-q-scale pass) scales the statistics of q (threshold/).
+        let (q, k) = (ops[0], ops[1]);
         if *bm == 0 {
             return Err(user("threshold bm must be positive"));
         }
@@ -93,6 +92,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         if fewer_queries && *plan == ThresholdPlan::OneLaunch {
             return Err(ie("a one-launch threshold of queries fewer than keys".into()));
         }
+        let (scale, qscale) = self.scale_parts(scale)?;
         let spec = threshold::DeltaSpec {
             d,
             kv_group,
@@ -100,7 +100,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             rule,
             score: *score,
             log_eps: *log_eps,
-            scale: self.scale_value(scale)?,
+            scale,
             qscale,
             bm: *bm,
             bound: match bound {

@@ -39,11 +39,21 @@ impl Evaluator<'_> {
         if shape != [b, h, mt] {
             return Err(self.err(id, format!("result {shape:?}, expected {:?}", [b, h, mt])));
         }
-        let scale =
-            scale.value(&|s| self.dims.get(s)).ok_or_else(|| self.err(id, "the scale's dim is not bound"))?;
+        let bind = |s: &str| self.dims.get(s);
+        let unbound = || self.err(id, "the scale's dim is not bound");
+        let base = scale.base_value(&bind).ok_or_else(unbound)?;
+        // A q factor `s` (the fold-q-scale pass): the statistics are those of the q the program
+        // gave, `s q` (a static bound already bounds it), with the scale without `s`.
+        let scaled: Option<Vec<f64>> = match scale.q {
+            None => None,
+            Some(_) => {
+                let s = scale.q_value(&bind).ok_or_else(unbound)?;
+                Some(q.data.iter().map(|x| s * x).collect())
+            }
+        };
         // The rule's formula over the statistics: the one evaluation (prune_rule::threshold).
         let args = ThresholdArgs {
-            q: &q.data,
+            q: scaled.as_deref().unwrap_or(&q.data),
             k: &k.data,
             heads: b * h,
             kv_head: &|bh| (bh / h) * hk + (bh % h) / group,
@@ -52,7 +62,7 @@ impl Evaluator<'_> {
             d,
             bm,
             log_eps: *log_eps,
-            scale,
+            scale: base,
             bound: *bound,
             score: *score,
             whole: None,

@@ -159,8 +159,8 @@ impl Emit<'_, '_> {
             Attn::Sum([a, x]) | Attn::RMax([a, x]) | Attn::Cumsum([a, x]) | Attn::Softmax([a, x]) => {
                 let axis = self.sym(*a)?;
                 let op = match &n {
-                    Attn::Sum(_) => Op::Reduce { kind: ReduceKind::Sum, axis },
-                    Attn::RMax(_) => Op::Reduce { kind: ReduceKind::Max, axis },
+                    Attn::Sum(_) => Op::Reduce { kind: ReduceKind::Sum, axis, contract: false },
+                    Attn::RMax(_) => Op::Reduce { kind: ReduceKind::Max, axis, contract: false },
                     Attn::Cumsum(_) => Op::Cumsum { axis },
                     _ => Op::Softmax { axis },
                 };

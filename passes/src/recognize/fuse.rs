@@ -661,7 +661,8 @@ pub(crate) fn emit(em: &mut Emit, r: &Recognized, span: Span) -> Result<(ValueId
             Dim::Const(1),
         ),
     };
-    // A scale that is neither a number nor `c / sqrt(D)` multiplies q.
+    // A scale that is neither a number nor `c / sqrt(D)` multiplies q (for the GPU targets the
+    // `fold-q-scale` pass moves it into the attribute as its q factor).
     let scale = match scale_of(&em.b.eg, r.sc) {
         Some(s) => s,
         None => {

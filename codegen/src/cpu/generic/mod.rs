@@ -23,7 +23,7 @@ use super::CpuError;
 use crate::loop_plan::{self, PlanError};
 pub use crate::loop_plan::{Body, Expr};
 use foxc_ir::{DType, Dim, Graph, Op, Value, ValueId};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 /// Where one kernel input comes from.
 #[derive(Clone, Debug, PartialEq)]
@@ -96,13 +96,13 @@ pub struct Planned {
 }
 
 /// Plan the generic kernel of node `n` (any op but a parameter or a fused op): the shared loop
-/// plan with every size evaluated; `contracted` as [`loop_plan::contracted_muls`] gives.
-pub fn plan(cx: &Ctx, n: ValueId, contracted: &HashSet<ValueId>) -> Result<Planned, CpuError> {
+/// plan with every size evaluated.
+pub fn plan(cx: &Ctx, n: ValueId) -> Result<Planned, CpuError> {
     let g = cx.g;
     let op = g.op(n);
     let bad = |what: String| CpuError::Invalid(format!("value %{} ({}): {what}", cx.num[&n], op.mnemonic()));
     let folded = |v: Value| cx.consts.get(&v.node).copied().filter(|_| v.result == 0);
-    let p = loop_plan::plan(g, n, &folded, contracted).map_err(|e| match e {
+    let p = loop_plan::plan(g, n, &folded).map_err(|e| match e {
         PlanError::Invalid(what) => bad(what),
         PlanError::Unsupported => match op {
             Op::Param { .. } => bad("parameters have no kernel".into()),

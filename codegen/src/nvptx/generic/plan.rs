@@ -5,7 +5,6 @@ use super::Generic;
 use crate::loop_plan::{self, PlanError};
 use crate::nvptx::CodegenError;
 use foxc_ir::{Dim, Graph, Op, Value, ValueId};
-use std::collections::HashSet;
 
 /// A planned kernel and what its launch passes.
 #[derive(Clone, Debug)]
@@ -27,8 +26,9 @@ pub(crate) fn plan(
     folded: &dyn Fn(Value) -> Option<f64>,
 ) -> Result<Planned, CodegenError> {
     let op = g.op(n);
-    // No contracted muls on the GPU: every mul is its own kernel.
-    let p = loop_plan::plan(g, n, folded, &HashSet::new()).map_err(|e| match e {
+    // A `sum {contract}` reads its mul's operands, as on the CPU (the `contract` pass marks
+    // sums for the CPU target only: on a GPU target every mul is its own kernel).
+    let p = loop_plan::plan(g, n, folded).map_err(|e| match e {
         PlanError::Unsupported => {
             CodegenError::Unsupported { op: op.mnemonic().to_string(), node: n.index() }
         }

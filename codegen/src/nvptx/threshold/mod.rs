@@ -15,9 +15,9 @@
 //!   threshold is on the way to the attention beside the gate scan, and at small shapes the
 //!   second launch made it the longer of the two.
 //!
-//! The attention's q may be `s q'` with `s` folded away (`module.rs`, `resolve_q`): the kernels
-//! read q', so data statistics of q are multiplied by `|s|` and `s_ii` by `s` here; a static
-//! bound is already a bound on `s q'`.
+//! The threshold's q may be `s q'` with `s` folded into its scale attribute as the q factor (the
+//! `fold-q-scale` pass, [`foxc_ir::Scale::q`]): the kernels read q', so data statistics of q are
+//! multiplied by `|s|` and `s_ii` by `s` here; a static bound is already a bound on `s q'`.
 
 mod block;
 mod formula;
@@ -99,9 +99,9 @@ pub struct DeltaSpec<'a> {
     pub rule: &'a PruneRule,
     pub score: ScoreBound,
     pub log_eps: f64,
-    /// The attention's scale (signed).
+    /// The attention's scale without its q factor (signed).
     pub scale: f64,
-    /// The factor folded out of q (`q = qscale q'`; 1 when none).
+    /// The scale's q factor (`q = qscale q'`; 1 when none).
     pub qscale: f64,
     pub bm: u32,
     pub bound: BoundSrc,
