@@ -2,7 +2,7 @@
 //! nodes of a joint prelude) into a single LLVM module and records the launch plan (buffers,
 //! arguments, geometry) that goes with it.
 
-use super::attention::region::RegionMod;
+use super::attention::region::{CaptureTy, RegionMod};
 use super::attention::{self, AttnKernelConfig};
 use super::generic;
 use super::kernels::{self, ELEM_THREADS, ROW_THREADS, SCAN_THREADS};
@@ -653,6 +653,17 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             ))
         })?;
         Ok((base, q))
+    }
+
+    /// The captured tensors' dtypes and ranks, as a score region's hook reads them.
+    pub(super) fn capture_tys(&self, captures: &[ValueId]) -> Vec<CaptureTy> {
+        captures.iter().map(|&c| CaptureTy { dtype: self.ty(c).dtype, rank: self.ty(c).rank() }).collect()
+    }
+
+    /// The head count of `q` (its axis 1) where the bound dims give it: a score region's `b`
+    /// and `h` need it.
+    pub(super) fn bound_heads(&self, q: ValueId) -> Option<u64> {
+        self.ty(q).axes.get(1).and_then(|ax| ax.dim.eval(&|s| self.spec.dims.get(s).copied()))
     }
 
     /// "the GPU backend cannot yet run <construct>", before any launch.

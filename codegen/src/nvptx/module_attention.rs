@@ -6,7 +6,7 @@
 //! partials of the key slices.
 
 use super::attention::params::FwdParams;
-use super::attention::region::{CaptureTy, RegionMod, ScoreArg};
+use super::attention::region::{RegionMod, ScoreArg};
 use super::attention::{self, AttnKernelConfig};
 use super::attention_ws;
 use super::builder::Half;
@@ -160,14 +160,9 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         geo: &Geometry,
     ) -> Result<RegionMod, CodegenError> {
         // The region's dims are specialized like the head dim; `b`, `h` need the head count.
-        let heads =
-            self.ty(geo.q).axes.get(1).and_then(|ax| ax.dim.eval(&|s| self.spec.dims.get(s).copied()));
+        let heads = self.bound_heads(geo.q);
         let dim = |d: &Dim| d.eval(&|s| self.spec.dims.get(s).copied());
-        let caps: Vec<CaptureTy> = o
-            .captures
-            .iter()
-            .map(|&c| CaptureTy { dtype: self.ty(c).dtype, rank: self.ty(c).rank() })
-            .collect();
+        let caps = self.capture_tys(&o.captures);
         RegionMod::with_mask(&a.score, mask, a.keys_from.as_ref(), &dim, heads, &caps)
             .map_err(|e| Self::not_yet(n, &e))
     }

@@ -7,7 +7,7 @@
 //! [`attention_bwd::BWD_PART_DIM`] runs `d_parts` blocks per tile and head (grid y).
 
 use super::attention::params::{DkvParams, DqParams};
-use super::attention::region::{CaptureTy, RegionMod, ScoreArg};
+use super::attention::region::{RegionMod, ScoreArg};
 use super::attention_bwd::{
     self, BwdConfig, BwdKernel, CaptureRead, Regions, BWD_FIXED_PARAMS, DQ_ROWS, PRE_ROWS,
 };
@@ -84,15 +84,11 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             return Err(Self::not_yet(n, "a decay pair (c, c_lo)"));
         }
         // The region and its derivative, specialized like the forward's.
-        let heads = self.ty(o.q).axes.get(1).and_then(|ax| ax.dim.eval(&|s| self.spec.dims.get(s).copied()));
+        let heads = self.bound_heads(o.q);
         let dim = |d: &Dim| d.eval(&|s| self.spec.dims.get(s).copied());
         // Captured tensors: read by the regions through kernel parameters after the fixed
         // ones (as the forward's score hook reads them).
-        let caps: Vec<CaptureTy> = o
-            .captures
-            .iter()
-            .map(|&c| CaptureTy { dtype: self.ty(c).dtype, rank: self.ty(c).rank() })
-            .collect();
+        let caps = self.capture_tys(&o.captures);
         // No keys_from: the backward skips no tile below the bound (see `Regions`).
         let score = RegionMod::with_mask(&a.score, mask, None, &dim, heads, &caps)
             .map_err(|e| Self::not_yet(n, &e))?

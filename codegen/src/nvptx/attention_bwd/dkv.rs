@@ -68,6 +68,47 @@ struct Smem<'ctx> {
     rows: [IntValue<'ctx>; 2],
 }
 
+/// The block's key tile `n` and head-dim part, this thread's two keys and its lane in the quad.
+#[derive(Clone, Copy)]
+struct KeyTile<'ctx> {
+    n: IntValue<'ctx>,
+    part: Option<IntValue<'ctx>>,
+    rj: [IntValue<'ctx>; 2],
+    tq: IntValue<'ctx>,
+}
+
+/// What one query head's walk sums for this thread: dK and dV (onto what the earlier heads
+/// left), the column sums of dS for its two keys and those of the captured tensors' terms (two
+/// per key-read gradient slot, [`super::Regions::slots`]).
+struct HeadSums<'ctx> {
+    dk: Vec<FloatValue<'ctx>>,
+    dv: Vec<FloatValue<'ctx>>,
+    colsum: [FloatValue<'ctx>; 2],
+    capcol: Vec<FloatValue<'ctx>>,
+}
+
+impl<'ctx> HeadSums<'ctx> {
+    fn flat(&self) -> Vec<BasicValueEnum<'ctx>> {
+        let mut v = basic(&self.dk);
+        v.extend(basic(&self.dv));
+        v.extend(basic(&self.colsum));
+        v.extend(basic(&self.capcol));
+        v
+    }
+
+    /// [`Self::flat`]'s inverse, `dt` 8-column tiles each of dK and dV.
+    fn unflat(v: &[BasicValueEnum<'ctx>], dt: usize) -> Self {
+        let f = floats(v);
+        let (acc, rest) = f.split_at(2 * dt * 4);
+        HeadSums {
+            dk: acc[..dt * 4].to_vec(),
+            dv: acc[dt * 4..].to_vec(),
+            colsum: [rest[0], rest[1]],
+            capcol: rest[2..].to_vec(),
+        }
+    }
+}
+
 impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
     fn emit_dkv(&self) {
         let (b, cfg) = (self.b, self.cfg);
@@ -157,9 +198,10 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             };
             // Every warp is done with the previous head's chunk buffers.
             b.barrier();
-            let (dk, dv, colsum, capcol) = match self.off {
-                None => self.walk_from(&h, &sm, (q_lo, q_hi), (n, part), rj, tq, acc_in),
-                Some(_) => self.walk_kept(&h, &sm, (q_lo, q_hi), (n, part), rj, tq, acc_in),
+            let kt = KeyTile { n, part, rj, tq };
+            let HeadSums { dk, dv, colsum, capcol } = match self.off {
+                None => self.walk_from(&h, &sm, (q_lo, q_hi), &kt, acc_in),
+                Some(_) => self.walk_kept(&h, &sm, (q_lo, q_hi), &kt, acc_in),
             };
             // d cap[bh, j] += the column sums of its key reads (the dq kernel wrote the rows').
             for (s, slot) in self.regions.slots(true).into_iter().enumerate() {
@@ -235,74 +277,57 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
 
     /// The walk over one query head's chunks `[lo, hi)`, chunk `lo` kept: it loads chunk `lo`
     /// and stores its row terms in buffer 0, then [`Self::walk`].
-    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn walk_from(
         &self,
         h: &Head<'ctx>,
         sm: &Smem<'ctx>,
         (lo, hi): (IntValue<'ctx>, IntValue<'ctx>),
-        (n, part): (IntValue<'ctx>, Option<IntValue<'ctx>>),
-        rj: [IntValue<'ctx>; 2],
-        tq: IntValue<'ctx>,
+        kt: &KeyTile<'ctx>,
         acc_in: Vec<FloatValue<'ctx>>,
-    ) -> (Vec<FloatValue<'ctx>>, Vec<FloatValue<'ctx>>, [FloatValue<'ctx>; 2], Vec<FloatValue<'ctx>>) {
+    ) -> HeadSums<'ctx> {
         self.load_chunk(h, lo, sm, 0);
         self.b.cp_async_commit();
         self.store_row_terms(h, lo, sm.rows[0]);
-        self.walk(h, sm, (lo, hi), (n, part), rj, tq, acc_in)
+        self.walk(h, sm, (lo, hi), kt, acc_in)
     }
 
     /// [`Self::walk_from`] for queries fewer than keys, where the first chunk that can see key
     /// tile `n` need not keep it: a key of the cache (before the first query's position) is
     /// seen by every chunk, and pruning may drop it from the first ones, or from all (then
     /// nothing is walked: dK and dV as they were, no column sums).
-    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn walk_kept(
         &self,
         h: &Head<'ctx>,
         sm: &Smem<'ctx>,
         (lo, hi): (IntValue<'ctx>, IntValue<'ctx>),
-        (n, part): (IntValue<'ctx>, Option<IntValue<'ctx>>),
-        rj: [IntValue<'ctx>; 2],
-        tq: IntValue<'ctx>,
+        kt: &KeyTile<'ctx>,
         acc_in: Vec<FloatValue<'ctx>>,
-    ) -> (Vec<FloatValue<'ctx>>, Vec<FloatValue<'ctx>>, [FloatValue<'ctx>; 2], Vec<FloatValue<'ctx>>) {
+    ) -> HeadSums<'ctx> {
         let b = self.b;
         let dt = (self.cfg.part_dim() / 8) as usize;
         let ncap = 2 * self.regions.slots(true).len();
-        let lo = if self.cfg.prune { self.next_chunk(h, b.addc(lo, -1), hi, n) } else { lo };
+        let lo = if self.cfg.prune { self.next_chunk(h, b.addc(lo, -1), hi, kt.n) } else { lo };
         let zero = b.f32(0.0);
         let mut carried: Vec<(&str, BasicValueEnum)> = acc_in.iter().map(|v| ("acc", (*v).into())).collect();
         carried.extend((0..2 + ncap).map(|_| ("colsum", zero.into())));
         let any = b.icmp(IntPredicate::SLT, lo, hi);
         let out = b.if_then_carry(any, ("kept", "kept_done"), &carried, |_| {
-            let (dk, dv, cs, cap) = self.walk_from(h, sm, (lo, hi), (n, part), rj, tq, acc_in.clone());
-            let mut v = basic(&dk);
-            v.extend(basic(&dv));
-            v.extend(basic(&cs));
-            v.extend(basic(&cap));
-            v
+            self.walk_from(h, sm, (lo, hi), kt, acc_in.clone()).flat()
         });
-        let out = floats(&out);
-        let (acc, rest) = out.split_at(2 * dt * 4);
-        (acc[..dt * 4].to_vec(), acc[dt * 4..].to_vec(), [rest[0], rest[1]], rest[2..].to_vec())
+        HeadSums::unflat(&out, dt)
     }
 
     /// The walk over one query head's kept chunks `[lo, hi)` (chunk `lo` loaded and its row
-    /// terms stored in buffer 0 by the caller). Returns dK, dV (accumulated onto `acc_in`),
-    /// this thread's column sums of dS for its two keys, and those of the captured tensors'
-    /// terms (two per key-read gradient slot, [`super::Regions::slots`]).
-    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    /// terms stored in buffer 0 by the caller), accumulating onto `acc_in` (dK, then dV).
     fn walk(
         &self,
         h: &Head<'ctx>,
         sm: &Smem<'ctx>,
         (lo, hi): (IntValue<'ctx>, IntValue<'ctx>),
-        (n, part): (IntValue<'ctx>, Option<IntValue<'ctx>>),
-        rj: [IntValue<'ctx>; 2],
-        tq: IntValue<'ctx>,
+        kt: &KeyTile<'ctx>,
         acc_in: Vec<FloatValue<'ctx>>,
-    ) -> (Vec<FloatValue<'ctx>>, Vec<FloatValue<'ctx>>, [FloatValue<'ctx>; 2], Vec<FloatValue<'ctx>>) {
+    ) -> HeadSums<'ctx> {
+        let KeyTile { n, part, rj, tq } = *kt;
         let (b, cfg) = (self.b, self.cfg);
         let bq = cfg.bq() as i64;
         let dt = (cfg.part_dim() / 8) as usize;
@@ -429,9 +454,8 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             next.extend(basic(&capcs));
             (more, next)
         });
-        let acc = floats(&last[a0..a0 + 2 * dt * 4]);
-        let cs = [last[a0 + 2 * dt * 4].into_float_value(), last[a0 + 1 + 2 * dt * 4].into_float_value()];
-        (acc[..dt * 4].to_vec(), acc[dt * 4..].to_vec(), cs, floats(&last[c0..c0 + ncap]))
+        // The carried values after the chunk's three counters are the sums in their flat order.
+        HeadSums::unflat(&last[a0..c0 + ncap], dt)
     }
 
     /// `S^T = K Q^T` and `dP^T = V dO^T` for this warp's 16 keys (wgmma: its warpgroup's 64),
