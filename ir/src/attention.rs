@@ -63,11 +63,8 @@ impl Scale {
     /// The number, given the sizes of the symbolic dims (`None` if a dim is unbound): the
     /// [`Scale::base_value`] times the [`Scale::q_value`], in f64 in that order.
     pub fn value(&self, bind: &dyn Fn(&str) -> Option<u64>) -> Option<f64> {
-        let base = self.base_value(bind)?;
-        match &self.q {
-            None => Some(base),
-            Some(_) => Some(base * self.q_value(bind)?),
-        }
+        // Without a q factor that factor is 1, and `base * 1` is `base` exactly.
+        Some(self.base_value(bind)? * self.q_value(bind)?)
     }
 
     /// `factor / sqrt(inv_sqrt)`, without the factor folded out of q.

@@ -164,12 +164,9 @@ pub fn build_gate_segment_sums<'ctx>(
     in_dt: DType,
 ) -> R<FunctionValue<'ctx>> {
     let params = [("gate", ParamTy::Ptr), ("totals", ParamTy::Ptr), ("T", ParamTy::I32)];
-    let k = Kb::kernel(ctx, module, name, &params)?;
-    k.launch_bounds(SPLIT_SCAN_THREADS, 1);
+    let (k, s, bh, scratch) = split_scan_block(ctx, module, name, &params)?;
     let (gate, totals, t_len) = (k.param_ptr(0), k.param_ptr(1), k.param_int(2));
-    let (s, bh) = (k.sreg("ctaid.x"), k.sreg("ctaid.y"));
     let row = GateRow { gate, c: totals, t_len, bh };
-    let scratch = ScanScratch::new(&k, name, SPLIT_SCAN);
     let last = k.addc(k.sreg("nctaid.x"), -1);
     k.if_then(k.icmp(IntPredicate::SLT, s, last), |k| {
         let (hi, lo) = row_prefix(k, scratch, (kind, in_dt), SPLIT_SCAN, row, (s, k.addc(s, 1)));
@@ -194,10 +191,8 @@ pub fn build_gate_scan_segments<'ctx>(
     in_dt: DType,
 ) -> R<FunctionValue<'ctx>> {
     let params = [("gate", ParamTy::Ptr), ("totals", ParamTy::Ptr), ("c", ParamTy::Ptr), ("T", ParamTy::I32)];
-    let k = Kb::kernel(ctx, module, name, &params)?;
-    k.launch_bounds(SPLIT_SCAN_THREADS, 1);
+    let (k, s, bh, scratch) = split_scan_block(ctx, module, name, &params)?;
     let (gate, totals, c, t_len) = (k.param_ptr(0), k.param_ptr(1), k.param_ptr(2), k.param_int(3));
-    let (s, bh) = (k.sreg("ctaid.x"), k.sreg("ctaid.y"));
     let zero = k.f32(0.0);
     let row0 = k.mulc(k.sext64(k.mul(bh, k.sreg("nctaid.x"))), 2);
     let carried = [("u", k.i32(0).into()), ("hi", zero.into()), ("lo", zero.into())];
@@ -215,10 +210,25 @@ pub fn build_gate_scan_segments<'ctx>(
     );
     let carry = (out[1].into_float_value(), out[2].into_float_value());
     let row = GateRow { gate, c, t_len, bh };
-    let scratch = ScanScratch::new(&k, name, SPLIT_SCAN);
     let part = RowPart { first: s, end: k.addc(s, 1), carry };
     scan_gate_row(&k, scratch, (kind, in_dt), SPLIT_SCAN, row, Some(part));
     k.finish()
+}
+
+/// A split-scan kernel with `params`: its builder, its block's segment (`ctaid.x`) and row
+/// (`ctaid.y`), and the scan's shared memory.
+#[allow(clippy::type_complexity)]
+fn split_scan_block<'a, 'ctx>(
+    ctx: &'ctx Context,
+    module: &'a Module<'ctx>,
+    name: &str,
+    params: &[(&str, ParamTy)],
+) -> R<(Kb<'a, 'ctx>, IntValue<'ctx>, IntValue<'ctx>, ScanScratch<'ctx>)> {
+    let k = Kb::kernel(ctx, module, name, params)?;
+    k.launch_bounds(SPLIT_SCAN_THREADS, 1);
+    let (s, bh) = (k.sreg("ctaid.x"), k.sreg("ctaid.y"));
+    let scratch = ScanScratch::new(&k, name, SPLIT_SCAN);
+    Ok((k, s, bh, scratch))
 }
 
 /// One (b, h) row of a gate scan: the gate input, the cumsum `c`, their row length and index.
@@ -434,9 +444,9 @@ pub(super) fn scan_gate_row<'ctx>(
 
 /// The sum of `log f` over segments `first..end` of row `r.bh` (`shape`'s segments, all within
 /// the row), for every thread of the block: the carry of a block that scans a later part of the
-/// row ([`RowPart`]), or one segment's total ([`build_gate_segment_sums`]). A reduction, not a scan: coalesced loads, `shape.elems` in flight
-/// per thread, summed in chains of [`RUN_CHAIN`] compensated adds, then over the warps through
-/// `scratch`'s warp totals. The sum's grouping differs from the scan's; both are pairs, within
+/// row ([`RowPart`]), or one segment's total ([`build_gate_segment_sums`]). A reduction, not a
+/// scan: coalesced loads, `shape.elems` in flight per thread, summed in chains of [`RUN_CHAIN`]
+/// compensated adds, then over the warps through `scratch`'s warp totals. The sum's grouping differs from the scan's; both are pairs, within
 /// rounding of the exact sum.
 pub(super) fn row_prefix<'ctx>(
     k: &Kb<'_, 'ctx>,

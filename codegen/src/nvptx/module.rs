@@ -434,11 +434,11 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         let ie = CodegenError::Internal;
         let xdt = self.ty(x).dtype;
         let (bh, t) = self.gate_dims(n)?;
+        if split_rows && kind != GateKind::Slope {
+            return self.split_gate_scan(n, kind, x, res, (bh, t));
+        }
         let name = self.name(n, "gate_cumsum");
         match kind {
-            GateKind::Logits | GateKind::LogGate if split_rows => {
-                self.split_gate_scan(n, kind, x, res, (bh, t))?
-            }
             GateKind::Logits | GateKind::LogGate => {
                 kernels::build_gate_scan(self.ctx, self.module, &name, kind, xdt).map_err(ie)?;
                 let args =
@@ -633,11 +633,9 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
     /// The value of a scale attribute (its dims must be static, like the head dim): the
     /// kernels' factor of `q . k`, the q factor included.
     pub(super) fn scale_value(&self, s: &foxc_ir::Scale) -> Result<f64, CodegenError> {
+        // `q` is 1 without a q factor, and `base * 1` is `base` exactly.
         let (base, q) = self.scale_parts(s)?;
-        Ok(match s.q {
-            None => base,
-            Some(_) => base * q,
-        })
+        Ok(base * q)
     }
 
     /// A scale attribute as `(factor / sqrt(dim), q factor)` (the q factor 1 without one): the

@@ -183,7 +183,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             let acc_in = floats(&vals[1..]);
             let bh = b.add(b.mulc(bhk, grp), gi);
             let row_base = b.mul(b.sext64(bh), t64);
-            let key_base = if self.off.is_some() { b.mul(b.sext64(bh), k64) } else { row_base };
+            let key_base = self.key_base(bh, row_base);
             let mat_base = b.mulc(row_base, d);
             let cb = b.gep(f32t, c_p, key_base);
             let h = Head {
@@ -608,7 +608,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                 let i32i = b.smin(b.add(b.mulc(c, bq as i64), r), tmax);
                 let i = b.sext64(i32i);
                 // c at the row's key position.
-                let pc = if self.off.is_some() { b.sext64(self.pos(i32i)) } else { i };
+                let pc = self.pos_index(i32i, i);
                 let li = b.load_f32(b.gep(f32t, h.lb, i));
                 let cterm = match h.c_ref {
                     Some(cr) => b.fsub(b.load_f32(b.gep(f32t, h.cb, pc)), cr),

@@ -127,7 +127,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let t64 = b.sext64(t_len);
         let row_base = b.mul(b.sext64(bh), t64);
         // c and dc are per key position: [B, H, Tk].
-        let c_base = if self.off.is_some() { b.mul(b.sext64(bh), b.sext64(self.k_len)) } else { row_base };
+        let c_base = self.key_base(bh, row_base);
         let mat_base = b.mulc(row_base, d);
         let kv_base = b.mulc(heads::kv_rows(b, bh, self.k_len, cfg.kv_group), d);
         let (qb, dob) = (b.gep(i16t, q_p, mat_base), b.gep(i16t, do_p, mat_base));
@@ -265,7 +265,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             let i = b.smin(ri[r], tmax);
             let ic = b.sext64(i);
             // c at the row's key position.
-            let pc = if self.off.is_some() { b.sext64(self.pos(i)) } else { ic };
+            let pc = self.pos_index(i, ic);
             let li = b.load_f32(b.gep(f32t, lb, ic));
             let cterm = match c_ref {
                 Some(cr) => b.fsub(b.load_f32(b.gep(f32t, cb, pc)), cr),

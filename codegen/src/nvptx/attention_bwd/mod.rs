@@ -417,6 +417,24 @@ impl<'ctx> Bwd<'_, '_, 'ctx> {
         }
     }
 
+    /// The i64 index of query row `i`'s key position, `ix` being `i` as i64 (reused as it is
+    /// when queries and keys are one, so that square kernels emit nothing more).
+    fn pos_index(&self, i: IntValue<'ctx>, ix: IntValue<'ctx>) -> IntValue<'ctx> {
+        match self.off {
+            Some(_) => self.b.sext64(self.pos(i)),
+            None => ix,
+        }
+    }
+
+    /// Where flat head `bh`'s row 0 of a per-key buffer (`c`, `dc`: `[B, H, Tk]`) starts: `bh
+    /// Tk`, or `row_base` (`bh T`, as i64) when queries and keys are one.
+    fn key_base(&self, bh: IntValue<'ctx>, row_base: IntValue<'ctx>) -> IntValue<'ctx> {
+        match self.off {
+            Some(_) => self.b.mul(self.b.sext64(bh), self.b.sext64(self.k_len)),
+            None => row_base,
+        }
+    }
+
     /// The block's head (`ctaid.y / parts`) and head-dim part (`ctaid.y mod parts`; `None`
     /// when the head dim is not split).
     fn head_and_part(&self) -> (IntValue<'ctx>, Option<IntValue<'ctx>>) {
