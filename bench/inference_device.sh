@@ -7,10 +7,12 @@
 #   rows    (ROWS=1) f16 against bf16, forward and forward + backward, with SDPA and FlexAttention
 #           + ACP in the same dtype in the same run; the prefill's fwd + bwd against the square
 #           kernel's at the same keys;
-#   decode  (DECODE=1) a decode step against FOXC_BASE's (interleaved, the CLI's plan), the split
-#           gate scan's checks, and bench/decode.py (the foxc wheel on PYTHONPATH) with its peers.
+#   decode  (DECODE=1) checks of the split gate scan, split keys at several slice sizes and the
+#           merge; a decode step against FOXC_BASE's (interleaved, the CLI's plan; SPLIT_TILES: the
+#           slice sizes also timed); NCU=1: ncu of one step; bench/decode.py (the foxc wheel on
+#           PYTHONPATH) with its peers (DECODE_PY=0: skipped).
 # Usage (GPU machine): FOXC=target/release/foxc[.gz] [FOXC_BASE=old/foxc[.gz]] [ROWS=0] [CHECKS=0]
-#   [DECODE=1] bench/inference_device.sh
+#   [DECODE=1] [NCU=1] [DECODE_PY=0] bench/inference_device.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . bench/device_lib.sh
@@ -94,33 +96,57 @@ if [ "${ROWS:-1}" = 1 ]; then
   done | tee "$OUT/prefill_rows.csv"
 fi
 if [ "${DECODE:-0}" = 1 ]; then
-  echo "## decode: the gate scan split over segments (M > 8192), checks"
-  chk run $PRE B=1,H=16,N=1,M=20000,D=128
-  chk run $PRE B=2,H=4,N=3,M=40000,D=64 --no-prune
+  echo "## decode: the split gate scan (M > 8192), split keys at several slice sizes and the merge"
+  for tiles in 1 4 16 64; do
+    chk run $PRE B=1,H=16,N=1,M=20000,D=128 --split-key-tiles $tiles
+  done
+  chk run $PRE B=2,H=4,N=3,M=40000,D=64 --no-prune --split-key-tiles 2
+  chk run $PRE B=1,H=2,N=64,M=9000,D=128 --split-key-tiles 1
+  chk run $PRE B=2,H=3,N=1,M=1,D=64
+  chk run $PRE B=1,H=2,N=5,M=300,D=96 --split-key-tiles 1
+  chk run "$TMP/prefill_f16.attn" B=1,H=4,N=2,M=5000,D=128 --split-key-tiles 4
   chk grad $PRE B=1,H=2,N=1,M=20000,D=64
-  log="$OUT/memcheck_split_scan.log"
+  log="$OUT/memcheck_split.log"
   t 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$FOXC" run $PRE --backend cuda \
-    --shape B=1,H=2,N=1,M=20000,D=128 >"$log" 2>&1
+    --shape B=1,H=2,N=3,M=20000,D=128 --split-key-tiles 1 >"$log" 2>&1
   rc=$?
-  echo "memcheck [split scan, M = 20000] rc=$rc $(grep -E 'ERROR SUMMARY' "$log" | head -1)"
+  echo "memcheck [split scan and merge, M = 20000, 157 planes] rc=$rc $(grep -E 'ERROR SUMMARY' "$log" | head -1)"
   [ $rc -eq 0 ] || fail=1
   if [ -n "${FOXC_BASE:-}" ]; then
     BASE=$(unpack "$FOXC_BASE")
-    echo "## decode step, this binary against FOXC_BASE (interleaved, two rounds; ms, median of 50)"
-    for shape in B=1,H=16,N=1,M=131072,D=128 B=8,H=16,N=1,M=131072,D=128 B=1,H=16,N=1,M=32768,D=128; do
+    echo "## decode step, this binary (split keys: default, ${SPLIT_TILES:-4 8 32} tiles) against FOXC_BASE, interleaved; ms, median of 50"
+    for shape in ${DECODE_SHAPES:-B=1,H=16,N=1,M=131072,D=128 B=8,H=16,N=1,M=131072,D=128}; do
       for rep in 1 2; do
-        for bin in "$BASE" "$FOXC"; do
-          tag=$([ "$bin" = "$BASE" ] && echo base || echo new)
-          t 120 "$bin" bench $PRE --backend cuda --shape $shape --seed 0 --iters 50 --format csv 2>&1 |
-            grep -v '^program' | sed "s|^|$tag,rep$rep,|"
+        for v in base new ${SPLIT_TILES:-4 8 32}; do
+          case $v in
+            base) bin=$BASE flags="" ;;
+            new) bin=$FOXC flags="" ;;
+            *) bin=$FOXC flags="--split-key-tiles $v" ;;
+          esac
+          # shellcheck disable=SC2086
+          t 120 "$bin" bench $PRE --backend cuda --shape $shape --seed 0 --iters 50 --format csv $flags 2>&1 |
+            grep -v '^program' | sed "s|^|$v,rep$rep,|"
         done
       done
     done | tee "$OUT/decode_ab.csv"
   fi
-  echo "## bench/decode.py (peers in the same run)"
-  # shellcheck disable=SC2086
-  t "${DECODE_S:-420}" python3 bench/decode.py ${DECODE_ARGS:---M 32768 131072 --B 1 8} --json "$OUT/decode.json" 2>&1 |
-    tee "$OUT/decode.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
+  if [ "${NCU:-0}" = 1 ]; then
+    echo "## ncu: every kernel of one decode step (B = 8, M = 131072), then the attention kernel in depth"
+    shape=B=8,H=16,N=1,M=131072,D=128
+    FOXC_CUDA_GRAPH=0 t 200 ncu --section SpeedOfLight -k regex:foxc -c 8 "$FOXC" run $PRE --backend cuda \
+      --shape $shape >"$OUT/ncu_step.txt" 2>&1
+    grep -E "foxc_|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)" "$OUT/ncu_step.txt" | head -60
+    FOXC_CUDA_GRAPH=0 t 200 ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+      --section WarpStateStats --section LaunchStats --section SchedulerStats -k regex:attn_fwd -c 1 "$FOXC" run $PRE \
+      --backend cuda --shape $shape >"$OUT/ncu_attn.txt" 2>&1
+    grep -vE "^==PROF==|^ *-+ *$" "$OUT/ncu_attn.txt" | tail -90
+  fi
+  if [ "${DECODE_PY:-1}" = 1 ]; then
+    echo "## bench/decode.py (peers in the same run)"
+    # shellcheck disable=SC2086
+    t "${DECODE_S:-420}" python3 bench/decode.py ${DECODE_ARGS:---M 32768 131072 --B 1 8} --json "$OUT/decode.json" 2>&1 |
+      tee "$OUT/decode.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
+  fi
 fi
 exit $fail

@@ -4,7 +4,7 @@ forward and backward, CUDA graph capture and replay, determinism (forward and gr
 sync (forward and backward), validation errors.
 
     pip install --no-deps --target /tmp/site foxc-*.whl
-    PYTHONPATH=/tmp/site python3 bench/python_gpu.py [--json out.json]
+    PYTHONPATH=/tmp/site python3 bench/python_gpu.py [--only prefill] [--json out.json]
 
 Every check prints one line; the exit code is the number of failed checks.
 """
@@ -174,6 +174,55 @@ def run_kept_workspace():
     err = rel_l2(first, reference("fox", x))
     check("kept zeroed workspace: 40 calls on one and two streams, the first call's bits",
           same == len(outs) and err <= 1e-2, same=f"{same}/{len(outs)}", rel_l2=f"{err:.2e}")
+
+
+PREFILL = pathlib.Path(__file__).resolve().parent / "fox_prefill.attn"
+
+
+def prefill_reference(x):
+    """Eager torch f32 of bench/fox_prefill.attn: query i at key position i + M - N."""
+    q, k, v = (x[n].float() for n in ("q", "k", "v"))
+    N, M, D = q.shape[-2], k.shape[-2], q.shape[-1]
+    c = torch.cumsum(F.logsigmoid(x["fgate"].float()), -1)
+    pos = torch.arange(N, device=q.device) + (M - N)
+    s = q @ k.transpose(-1, -2) / math.sqrt(D) + c[..., pos, None] - c[..., None, :]
+    mask = torch.arange(M, device=q.device)[None, :] <= pos[:, None]
+    return torch.softmax(s.masked_fill(~mask, float("-inf")), -1) @ v
+
+
+def run_prefill(dtype):
+    """Queries fewer than keys through the torch op: output and every gradient (torch autograd
+    through foxc's `_fq` backward) against autograd of the eager f32 reference, pruned and
+    dense; shapes from a prefill to a decode step past one gate-scan segment."""
+    text = PREFILL.read_text().replace("bf16", dtype)
+    tdt = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    for B, H, N, M, D in ((2, 4, 300, 1000, 64), (1, 4, 64, 2049, 128), (1, 2, 1, 20000, 128), (1, 3, 130, 3000, 96)):
+        for no_prune in (False, True):
+            attn = foxc.load(text, no_prune=no_prune)
+            g = torch.Generator(device="cuda").manual_seed(B * N + M)
+            rms = lambda a: a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True))  # noqa: E731
+            x = {
+                "q": rms(torch.randn(B, H, N, D, generator=g, device="cuda")).to(tdt),
+                "k": rms(torch.randn(B, H, M, D, generator=g, device="cuda")).to(tdt),
+                "v": torch.randn(B, H, M, D, generator=g, device="cuda").to(tdt),
+                "fgate": (torch.randn(B, H, M, generator=g, device="cuda")
+                          + torch.linspace(-2.0, 8.0, H, device="cuda").view(1, H, 1)).contiguous(),
+            }
+            dout = torch.randn(B, H, N, D, generator=g, device="cuda").to(tdt)
+            label = f"prefill {dtype} {'dense' if no_prune else 'acp'} {B}x{H}x{N}x{M}x{D}"
+            try:
+                out = attn(**x)
+                grads = foxc_grads(attn, x, dout)
+            except Exception as e:
+                check(label, False, error=f"{type(e).__name__}: {str(e)[:300]}")
+                continue
+            xr = {n: t.detach().float().requires_grad_(True) for n, t in x.items()}
+            ref = prefill_reference(xr)
+            ref.backward(dout.float())
+            errs = {"out": rel_l2(out, ref)}
+            errs.update({n: rel_l2(grads[n], xr[n].grad) for n in grads})
+            ok = all(torch.isfinite(t).all().item() for t in [out, *grads.values()]) and all(e <= 1e-2 for e in errs.values())
+            check(label, ok, **{f"rel_l2_{n}": f"{e:.2e}" for n, e in errs.items()})
 
 
 def foxc_grads(attn, x, dout):
@@ -360,14 +409,18 @@ def run_torch_features():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
+    ap.add_argument("--only", choices=["prefill"])
     a = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, foxc {foxc.__version__}")
-    for D in (64, 128):
-        run_accuracy(2, 4, 1027, D)
-        run_gradients(2, 4, 1027, D)
-    run_plan_choices()
-    run_kept_workspace()
-    run_torch_features()
+    if a.only is None:
+        for D in (64, 128):
+            run_accuracy(2, 4, 1027, D)
+            run_gradients(2, 4, 1027, D)
+        run_plan_choices()
+        run_kept_workspace()
+        run_torch_features()
+    for dtype in ("bf16", "f16"):
+        run_prefill(dtype)
     failed = [r for r in results if "check" in r and not r["ok"]]
     print(f"{len([r for r in results if 'check' in r]) - len(failed)} passed, {len(failed)} failed")
     if a.json:

@@ -124,6 +124,11 @@ pub struct PruneArgs {
     /// for, D = 64 too, where its mask and tiles allow). Default: the tiles pass's choice.
     #[arg(long, value_enum)]
     pub attn_kernel: Option<AttnKernelArg>,
+    /// Key tiles per block of a GPU decode step's split-keys kernel (queries fewer than keys,
+    /// at most 64 of them): each block walks this many key tiles, a merge launch combines the
+    /// blocks. Default: the tiles pass's choice (16).
+    #[arg(long)]
+    pub split_key_tiles: Option<u32>,
 }
 
 impl PruneArgs {
@@ -150,6 +155,7 @@ impl PruneArgs {
                 AttnKernelArg::Standard => ForwardKernel::Standard,
                 AttnKernelArg::WarpSpecialized => ForwardKernel::WarpSpecialized,
             }),
+            split_key_tiles: self.split_key_tiles,
             // The CLI reads the norms from the data; a decode's cache promises them (Python).
             norm_bounds: None,
         }

@@ -275,23 +275,17 @@ fn a_split_gate_scan_is_two_launches_of_a_block_per_segment() {
             for l in log.lines().filter(|l| l.contains("spill stores")) {
                 assert!(l.contains(" 0 bytes spill stores"), "{}: {l}", t.cpu());
             }
-            // A block's threads share 65536 registers, or the launch fails with "too many
-            // resources requested" (seen: 72 registers at 1024 threads).
-            let mut kernel = "";
-            for l in log.lines() {
-                if let Some(at) = l.find("Compiling entry function '") {
-                    kernel = &l[at + 26..];
-                }
-                if kernel.contains("gate_s") && l.contains("Used ") {
-                    let regs: u32 =
-                        l.split("Used ").nth(1).and_then(|r| r.split(' ').next()?.parse().ok()).unwrap();
-                    let threads = foxc_codegen::nvptx::kernels::SPLIT_SCAN_THREADS;
-                    assert!(
-                        regs * threads <= 65536,
-                        "{}: {kernel} {regs} registers x {threads} threads",
-                        t.cpu()
-                    );
-                }
+            // A block's threads share 65536 registers (`ptxas::registers`).
+            let threads = foxc_codegen::nvptx::kernels::SPLIT_SCAN_THREADS;
+            let scans: Vec<_> =
+                ptxas::registers(&log).into_iter().filter(|(k, _)| k.contains("gate_s")).collect();
+            assert_eq!(scans.len(), 2, "{}: {log}", t.cpu());
+            for (kernel, regs) in scans {
+                assert!(
+                    regs * threads <= 65536,
+                    "{}: {kernel} {regs} registers x {threads} threads",
+                    t.cpu()
+                );
             }
         }
     }

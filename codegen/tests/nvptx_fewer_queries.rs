@@ -6,6 +6,7 @@
 //! assembles for sm_90a and sm_80 without spills on sm_90a. The kernels' numbers are checked on
 //! the H200 (`foxc run --backend cuda --check`, BENCHMARKS.md).
 
+use foxc_codegen::nvptx::attention::split_merge::MERGE_THREADS;
 use foxc_codegen::nvptx::ptxas;
 use foxc_codegen::nvptx::{compile, KernelArg, NvptxArtifact, NvptxSpec, NvptxTarget};
 use foxc_ir::{Dim, Graph, Op};
@@ -122,7 +123,8 @@ fn a_decode_step_splits_its_keys() {
     assert_eq!(fwd.geometry(&bind).unwrap().grid, (1, 32, (131072 / (16 * bn) + 1) as u32), "bn = {bn}");
     let merge = kernel(&a, "split_merge");
     assert_eq!(merge.args.last(), Some(&KernelArg::I32(vec![Dim::sym("M")])), "{:?}", merge.args);
-    assert_eq!(merge.geometry(&bind).unwrap().grid, (8, 1, 1), "32 rows, 4 a block");
+    let merge_geo = merge.geometry(&bind).unwrap();
+    assert_eq!((merge_geo.grid, merge_geo.block.0), ((32, 1, 1), MERGE_THREADS), "32 rows, one a block");
     let names: Vec<&str> = a.kernels.iter().map(|k| k.name.as_str()).collect();
     let at = |p: &str| names.iter().position(|n| n.contains(p)).unwrap();
     assert!(at("foxc_attn_fwd") < at("split_merge"), "{names:?}");
@@ -130,10 +132,40 @@ fn a_decode_step_splits_its_keys() {
         eprintln!("note: ptxas not found (set $PTXAS); skipping the PTX assembly check");
         return;
     };
-    for d in [64, 128] {
+    for d in [64, 128, 256] {
         let a = artifact(&g, NvptxTarget::Sm90a, d);
         let log = ptxas::assemble(&ptxas, &a.ptx, "sm_90a")
             .unwrap_or_else(|log| panic!("ptxas failed D={d}:\n{log}"));
         assert_eq!(ptxas::spill_stores(&log), 0, "D={d} spills:\n{log}");
+        let (_, regs) = ptxas::registers(&log).into_iter().find(|(k, _)| k.contains("split_merge")).unwrap();
+        assert!(
+            regs * MERGE_THREADS <= 65536,
+            "D={d}: the merge's {regs} registers x {MERGE_THREADS} threads"
+        );
     }
+}
+
+/// `--split-key-tiles` (`PassOptions::split_key_tiles`) sets the key tiles a split-keys block
+/// walks: the kernel's name, its grid's slices and the merge's keys a partial follow it.
+#[test]
+fn split_key_tiles_option_sets_the_slices() {
+    let src = std::fs::read(root().join("bench/fox_prefill.attn")).unwrap();
+    let mut g = foxc_ir::frontend::compile("p", &src).unwrap().graph;
+    let dims = [("N".to_string(), 1)].into_iter().collect();
+    optimize(
+        &mut g,
+        &PassOptions { target: Target::Sm90a, dims, split_key_tiles: Some(4), ..PassOptions::default() },
+    )
+    .unwrap();
+    assert!(foxc_ir::print::print_graph(&g).contains("kernel = split_keys(tiles = 4)"));
+    let a = artifact(&g, NvptxTarget::Sm90a, 128);
+    let fwd = kernel(&a, "foxc_attn_fwd");
+    assert!(fwd.name.contains("_sk4_"), "{}", fwd.name);
+    let foxc_codegen::nvptx::Launch::Attention { cfg, .. } = &fwd.launch else { panic!("not attention") };
+    let keys = 4 * cfg.bn as u64;
+    let m = 20000;
+    let bind =
+        |s: &str| [("B", 1), ("H", 2), ("N", 1), ("M", m), ("D", 128)].iter().find(|p| p.0 == s).map(|p| p.1);
+    assert_eq!(fwd.geometry(&bind).unwrap().grid.2 as u64, m.div_ceil(keys));
+    assert!(kernel(&a, "split_merge").name.contains(&format!("split_merge_k{keys}")));
 }

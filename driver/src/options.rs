@@ -32,6 +32,8 @@ pub struct PruneOptions {
     pub ws_turns: Option<WsTurns>,
     /// The sm_90a forward kernel.
     pub attn_kernel: Option<ForwardKernel>,
+    /// Key tiles per block of a GPU decode step's split-keys kernel.
+    pub split_key_tiles: Option<u32>,
     /// Bounds `(q_max, k_max)` the caller guarantees on every query's and key's norm
     /// (`PassOptions::norm_bounds`: the threshold reads no norms from the data).
     pub norm_bounds: Option<(f64, f64)>,
@@ -48,13 +50,14 @@ impl Default for PruneOptions {
             ws_grid: None,
             ws_turns: None,
             attn_kernel: None,
+            split_key_tiles: None,
             norm_bounds: None,
         }
     }
 }
 
 impl PruneOptions {
-    /// The sm_90a forward's choices that are set, by the CLI flag that sets them (for the
+    /// The GPU forward's choices that are set, by the CLI flag that sets them (for the
     /// refusal on the CPU, where nothing would read them).
     fn gpu_only_given(&self) -> Option<&'static str> {
         let given = [
@@ -62,13 +65,14 @@ impl PruneOptions {
             ("--ws-grid", self.ws_grid.is_some()),
             ("--ws-turns", self.ws_turns.is_some()),
             ("--attn-kernel", self.attn_kernel.is_some()),
+            ("--split-key-tiles", self.split_key_tiles.is_some()),
         ];
         given.iter().find(|(_, g)| *g).map(|(flag, _)| *flag)
     }
 }
 
-/// The pass options of `prune` for `target`. The sm_90a forward's choices are refused on the
-/// CPU, where nothing would read them.
+/// The pass options of `prune` for `target`. The GPU forward's choices are refused on the CPU,
+/// where nothing would read them.
 pub fn pass_options(
     prune: &PruneOptions,
     target: Target,
@@ -77,7 +81,7 @@ pub fn pass_options(
     if target == Target::Cpu {
         if let Some(flag) = prune.gpu_only_given() {
             return Err(Error::user(format!(
-                "error: {flag} chooses how the sm_90a forward kernel runs; this command's target is the CPU (use --backend cuda, or --target sm_90a with compile)"
+                "error: {flag} chooses how a GPU forward kernel runs; this command's target is the CPU (use --backend cuda, or --target sm_90a with compile)"
             )));
         }
     }
@@ -85,6 +89,13 @@ pub fn pass_options(
         if !(q.is_finite() && k.is_finite() && q > 0.0 && k > 0.0) {
             return Err(Error::user(format!(
                 "error: norm bounds must be finite and positive, got q_max = {q}, k_max = {k}"
+            )));
+        }
+    }
+    if let Some(t) = prune.split_key_tiles {
+        if !(1..=MAX_SPLIT_KEY_TILES).contains(&t) {
+            return Err(Error::user(format!(
+                "error: --split-key-tiles {t}: key tiles per block must be 1 to {MAX_SPLIT_KEY_TILES}"
             )));
         }
     }
@@ -99,10 +110,15 @@ pub fn pass_options(
         ws_grid: prune.ws_grid,
         ws_turns: prune.ws_turns,
         attn_kernel: prune.attn_kernel,
+        split_key_tiles: prune.split_key_tiles,
         norm_bounds: prune.norm_bounds,
         ..PassOptions::default()
     })
 }
+
+/// The most key tiles a split-keys block walks (`--split-key-tiles`): 1024 tiles of 128 keys
+/// are 131072 keys a block, one block per head at the longest decode benchmarked.
+pub const MAX_SPLIT_KEY_TILES: u32 = 1024;
 
 /// A tile size foxc's kernels take: a power of two from 8 to 256.
 fn valid_tile(x: u32) -> bool {
@@ -127,4 +143,28 @@ pub fn parse_tiles(s: &str) -> Result<Tiles, String> {
         _ => Err(bad_tile(v)),
     };
     Ok(Tiles { bm: parse(m)?, bn: parse(n)? })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_tiles(t: u32, target: Target) -> Result<PassOptions, Error> {
+        pass_options(&PruneOptions { split_key_tiles: Some(t), ..PruneOptions::default() }, target, false)
+    }
+
+    #[test]
+    fn split_key_tiles_in_range_on_a_gpu_target() {
+        assert_eq!(with_tiles(4, Target::Sm90a).unwrap().split_key_tiles, Some(4));
+        assert_eq!(
+            with_tiles(MAX_SPLIT_KEY_TILES, Target::Sm80).unwrap().split_key_tiles,
+            Some(MAX_SPLIT_KEY_TILES)
+        );
+        for bad in [0, MAX_SPLIT_KEY_TILES + 1] {
+            let e = with_tiles(bad, Target::Sm90a).unwrap_err().to_string();
+            assert!(e.contains(&format!("--split-key-tiles {bad}: key tiles per block must be 1 to")), "{e}");
+        }
+        let e = with_tiles(4, Target::Cpu).unwrap_err().to_string();
+        assert!(e.contains("--split-key-tiles chooses how a GPU forward kernel runs"), "{e}");
+    }
 }

@@ -89,6 +89,9 @@ pub struct PassOptions {
     /// The forward kernel asked for (`--attn-kernel`); `None`: the tiles pass's choice
     /// ([`tiles::kernel_for`]).
     pub attn_kernel: Option<tiles::ForwardKernel>,
+    /// Key tiles per block of a GPU split-keys kernel (`--split-key-tiles`, a decode step's);
+    /// `None`: [`tiles::SPLIT_KEY_TILES`].
+    pub split_key_tiles: Option<u32>,
     /// Bounds `(q_max, k_max)` the caller guarantees on the Euclidean norm of every query and
     /// key row the attention reads: ACP's threshold takes them as a static bound (as QK-norm's)
     /// instead of reading the norms from the data, so no pass over K runs per call (a decode
@@ -116,6 +119,7 @@ impl Default for PassOptions {
             ws_grid: None,
             ws_turns: None,
             attn_kernel: None,
+            split_key_tiles: None,
             norm_bounds: None,
         }
     }

@@ -148,12 +148,13 @@ pub const SPLIT_KEY_TILES: u32 = 16;
 pub const SPLIT_KEYS_ROWS: u64 = 64;
 
 /// The forward kernel of an attention of `rows` queries fewer than its keys: split keys on a
-/// GPU when the rows are known to fit one block ([`SPLIT_KEYS_ROWS`]), the standard kernel
-/// otherwise (the warp-specialized one runs as many queries as keys only).
-pub fn fewer_queries_kernel(target: Target, rows: Option<u64>) -> AttnKernel {
+/// GPU when the rows are known to fit one block ([`SPLIT_KEYS_ROWS`]), `split_tiles` key tiles
+/// a block (default [`SPLIT_KEY_TILES`]); the standard kernel otherwise (the warp-specialized
+/// one runs as many queries as keys only).
+pub fn fewer_queries_kernel(target: Target, rows: Option<u64>, split_tiles: Option<u32>) -> AttnKernel {
     match rows {
         Some(r) if target != Target::Cpu && r <= SPLIT_KEYS_ROWS => {
-            AttnKernel::SplitKeys { tiles: SPLIT_KEY_TILES }
+            AttnKernel::SplitKeys { tiles: split_tiles.unwrap_or(SPLIT_KEY_TILES) }
         }
         _ => AttnKernel::Standard,
     }
@@ -207,7 +208,7 @@ pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(
             }
             .or_else(|| crate::key_bound::keys_from_score(&a.score));
             a.kernel = if fewer_queries {
-                fewer_queries_kernel(opts.target, rows)
+                fewer_queries_kernel(opts.target, rows, opts.split_key_tiles)
             } else {
                 kernel_for(opts.target, head_dim, a, tiles, WsOptions::of(opts), opts.attn_kernel)
             };

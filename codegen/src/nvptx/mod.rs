@@ -29,6 +29,7 @@
 pub mod attention;
 pub mod attention_bwd;
 pub mod attention_ws;
+mod block_reduce;
 pub(crate) mod builder;
 mod generic;
 mod heads;

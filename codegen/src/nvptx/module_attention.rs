@@ -301,9 +301,9 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             KernelArg::I32(rows.clone()),
             KernelArg::I32(vec![geo.tk]),
         ];
-        let per_block = attention::split_merge::MERGE_THREADS / 32;
+        // One block per row.
         let launch = Launch::Grid {
-            x: GridDim::Ceil(rows, per_block),
+            x: GridDim::Ceil(rows, 1),
             y: GridDim::Const(1),
             block: attention::split_merge::MERGE_THREADS,
         };

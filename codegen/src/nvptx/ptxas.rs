@@ -62,8 +62,34 @@ pub fn spill_stores(report: &str) -> u32 {
         .sum()
 }
 
+/// The registers of each kernel of an [`assemble`] report, `(entry name, registers)` in order.
+/// A block's threads share 65536 of them, or its launch fails with "too many resources
+/// requested" (seen: 72 registers at 1024 threads).
+pub fn registers(report: &str) -> Vec<(String, u32)> {
+    let mut out = vec![];
+    let mut kernel = None;
+    for l in report.lines() {
+        if let Some(at) = l.find("Compiling entry function '") {
+            kernel = l[at + 26..].split('\'').next().map(str::to_string);
+        }
+        let regs = l.split("Used ").nth(1).and_then(|r| r.split(' ').next()?.parse().ok());
+        if let (Some(k), Some(r)) = (&kernel, regs) {
+            out.push((k.clone(), r));
+            kernel = None;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn registers_by_kernel() {
+        let report = "ptxas info    : Compiling entry function 'a_k' for 'sm_90a'\nptxas info    : Used 56 registers, used 1 barriers\nptxas info    : Compiling entry function 'b_k' for 'sm_90a'\nptxas info    : Used 210 registers";
+        assert_eq!(super::registers(report), vec![("a_k".to_string(), 56), ("b_k".to_string(), 210)]);
+        assert!(super::registers("").is_empty());
+    }
+
     #[test]
     fn spill_stores_sums_every_kernel() {
         let report = "ptxas info    : Used 168 registers\n    32 bytes stack frame, 28 bytes spill stores, 36 bytes spill loads\n    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads";

@@ -19,7 +19,6 @@
 //! `fold-q-scale` pass, [`foxc_ir::Scale::q`]): the kernels read q', so data statistics of q are
 //! multiplied by `|s|` and `s_ii` by `s` here; a static bound is already a bound on `s q'`.
 
-mod block;
 mod formula;
 mod tile_norms;
 
@@ -30,7 +29,7 @@ use super::heads::kv_rows;
 use super::kernels::{
     lane_warp, load_row, row_prefix, scan_gate_row, GateRow, RowPart, ScanScratch, ScanShape, ROW_THREADS,
 };
-use block::{block_reduce, block_scan_max};
+use crate::nvptx::block_reduce::{block_reduce, block_scan_max};
 use formula::{constant_stats, set_norm_stats, Llvm};
 use inkwell::context::Context;
 use inkwell::module::Module;

@@ -1,8 +1,8 @@
 //! The largest squared norms of q and k over the rows of one query tile, by one block of
 //! [`NORM_THREADS`]: 16-byte loads where the rows allow, element loads otherwise.
 
-use super::block::block_reduce;
 use super::Kb;
+use crate::nvptx::block_reduce::block_reduce;
 use crate::nvptx::builder::control::Var;
 use crate::nvptx::heads::kv_rows;
 use crate::nvptx::kernels::load_row;

@@ -1,14 +1,14 @@
-//! Block-wide reductions of the threshold kernels: a maximum or minimum every thread receives,
+//! Block-wide reductions (the threshold kernels, the split merge): a maximum or minimum every thread receives,
 //! and a running maximum in thread order.
 
-use super::Kb;
+use super::builder::KernelBuilder as Kb;
 use inkwell::values::{FloatValue, IntValue};
 use inkwell::IntPredicate;
 
 /// Combine per-thread values `vals` over a block of `warps` warps with `op` (max or min): warp
 /// reduction, then every thread reads the warps' results from shared memory (so all threads
 /// hold them).
-pub(super) fn block_reduce<'ctx>(
+pub(crate) fn block_reduce<'ctx>(
     k: &Kb<'_, 'ctx>,
     name: &str,
     vals: &[FloatValue<'ctx>],
@@ -51,7 +51,7 @@ pub(super) fn block_reduce<'ctx>(
 /// order, and the block's maximum: a warp scan (`shfl.up`; a lane below the distance keeps its
 /// own value, which max leaves unchanged), then the maxima of the warps before this one from
 /// shared memory. Ends with a barrier, so the caller may call it again in a loop.
-pub(super) fn block_scan_max<'ctx>(
+pub(crate) fn block_scan_max<'ctx>(
     k: &Kb<'_, 'ctx>,
     name: &str,
     v: FloatValue<'ctx>,
