@@ -5,9 +5,9 @@
 use crate::Error;
 use foxc_codegen::cpu::{self as cg, CpuError, CpuProgram};
 use foxc_ir::{Graph, Value};
-use foxc_runtime::cpu::{self as rt, ExecError, Launch};
+use foxc_runtime::cpu::{self as rt, BufferDesc, BufferRole, CpuPlan, ExecError, Launch};
 use foxc_runtime::{HostTensor, TensorMap};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 /// The result of one CPU run.
@@ -49,36 +49,116 @@ fn bind(g: &Graph, inputs: &TensorMap) -> Result<BTreeMap<String, u64>, Error> {
     Ok(dims.0)
 }
 
-fn launches(p: &CpuProgram) -> Vec<Launch> {
-    p.kernels
-        .iter()
-        .map(|k| Launch {
-            node: k.node,
-            operands: k.operands.clone(),
-            results: k.results.clone(),
+/// The runtime's plan of `p` (compiled from `g` for `p.dims`) and the buffers of `outputs`: a
+/// buffer per parameter (in the graph's order) and per result a launch writes, each with its
+/// dtype and concrete shape, so that the executor reads no IR. A launch's rank-0 operand that no
+/// parameter or earlier launch provides was folded into its kernel (no buffer).
+fn plan(g: &Graph, p: &CpuProgram, outputs: &[Value]) -> Result<(CpuPlan, Vec<usize>), Error> {
+    let shape = |ty: &foxc_ir::ValueType| -> Result<Vec<usize>, Error> {
+        ty.dims()
+            .map(|d| {
+                d.eval(&|s| p.dims.get(s).copied()).map(|x| x as usize).ok_or_else(|| {
+                    rt_err(ExecError::Input(format!("dimension `{d}` is not bound to a size")))
+                })
+            })
+            .collect()
+    };
+    let mut plan = CpuPlan::default();
+    let mut at: HashMap<Value, usize> = HashMap::new();
+    for prm in &g.params {
+        let role = BufferRole::Input { name: prm.name.clone(), declared: prm.ty.to_string() };
+        at.insert(Value::of(prm.node), plan.buffers.len());
+        plan.buffers.push(BufferDesc { dtype: prm.ty.dtype, shape: shape(&prm.ty)?, role });
+    }
+    let label = |n: foxc_ir::ValueId| format!("{} ({})", n.index(), g.op(n).mnemonic());
+    for k in &p.kernels {
+        let mut operands = vec![];
+        for o in &k.operands {
+            operands.push(match at.get(o) {
+                Some(&b) => Some(b),
+                None if o.result == 0 && g.ty(o.node).rank() == 0 => None,
+                None => {
+                    return Err(rt_err(ExecError::Internal(format!(
+                        "operand {}#{} of {} is not computed before use",
+                        o.node.index(),
+                        o.result,
+                        g.op(k.node).mnemonic()
+                    ))))
+                }
+            });
+        }
+        let mut results = vec![];
+        for &r in &k.results {
+            let ty = g.result_ty(k.node, r).ok_or_else(|| {
+                rt_err(ExecError::Internal(format!("node {} has no result {r}", k.node.index())))
+            })?;
+            at.insert(Value { node: k.node, result: r }, plan.buffers.len());
+            results.push(plan.buffers.len());
+            plan.buffers.push(BufferDesc { dtype: ty.dtype, shape: shape(ty)?, role: BufferRole::Computed });
+        }
+        plan.launches.push(Launch {
+            label: label(k.node),
+            operands,
+            results,
             entry: k.entry,
             tasks: k.tasks.count,
             chunk: k.tasks.chunk,
             scratch_bytes: k.scratch_bytes,
             temp_bytes: k.temp_bytes,
             finish: k.finish,
+        });
+    }
+    let outs = outputs
+        .iter()
+        .map(|o| {
+            at.get(o).copied().ok_or_else(|| {
+                rt_err(ExecError::Internal(format!(
+                    "output {}#{} is not computed by a kernel",
+                    o.node.index(),
+                    o.result
+                )))
+            })
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok((plan, outs))
 }
 
-fn compile(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<(CpuProgram, f64), Error> {
-    compile_outputs(g, dims, &[])
+/// A compiled program with its runtime plan: what one compilation runs any number of times.
+struct Compiled {
+    program: CpuProgram,
+    plan: CpuPlan,
+    outputs: Vec<usize>,
 }
 
+impl Compiled {
+    /// Run the plan on `inputs` (read as the graph reads them): the buffers of its outputs.
+    fn run(&self, g: &Graph, inputs: &TensorMap, opts: rt::ExecOptions) -> Result<Vec<HostTensor>, Error> {
+        let inputs = crate::validate::as_read(g, inputs);
+        // SAFETY: the plan's entries come from `self.program`, compiled for these buffers, alive here.
+        let _alive = &self.program;
+        unsafe { rt::execute(&self.plan, &inputs, &self.outputs, opts) }.map_err(rt_err)
+    }
+}
+
+fn compile(g: &Graph, dims: &BTreeMap<String, u64>) -> Result<(Compiled, f64), Error> {
+    let out = g.output.ok_or_else(|| Error::internal("internal error: graph has no output"))?;
+    compile_outputs(g, dims, &[Value::of(out)], &[])
+}
+
+/// Compile the kernels of `outputs` (`kernels_for`: the values the kernels are chosen for, empty
+/// for the graph's output) and plan their run.
 fn compile_outputs(
     g: &Graph,
     dims: &BTreeMap<String, u64>,
     outputs: &[Value],
-) -> Result<(CpuProgram, f64), Error> {
+    kernels_for: &[Value],
+) -> Result<(Compiled, f64), Error> {
     let t0 = Instant::now();
-    let g = contracted(g, outputs);
-    let p = cg::compile_outputs(&g, dims, outputs, cg::CpuOptions::default()).map_err(cg_err)?;
-    Ok((p, t0.elapsed().as_secs_f64() * 1e3))
+    let cg_graph = contracted(g, kernels_for);
+    let program =
+        cg::compile_outputs(&cg_graph, dims, kernels_for, cg::CpuOptions::default()).map_err(cg_err)?;
+    let (plan, outputs) = plan(g, &program, outputs)?;
+    Ok((Compiled { program, plan, outputs }, t0.elapsed().as_secs_f64() * 1e3))
 }
 
 /// `g` with the `contract` pass's decision for exactly the values `outputs` (empty: the
@@ -89,21 +169,6 @@ fn contracted(g: &Graph, outputs: &[Value]) -> Graph {
     let mut g = g.clone();
     foxc_passes::contract::mark(&mut g, outputs);
     g
-}
-
-fn execute_outputs(
-    g: &Graph,
-    p: &CpuProgram,
-    inputs: &TensorMap,
-    outputs: &[(String, Value)],
-    opts: rt::ExecOptions,
-) -> Result<TensorMap, Error> {
-    let ls = launches(p);
-    let vals: Vec<Value> = outputs.iter().map(|(_, v)| *v).collect();
-    let inputs = crate::validate::as_read(g, inputs);
-    // SAFETY: the launches come from `p`, compiled for this graph and these dims, alive here.
-    let ts = unsafe { rt::execute_outputs(g, &p.dims, &ls, &inputs, &vals, opts) }.map_err(rt_err)?;
-    Ok(outputs.iter().map(|(n, _)| n.clone()).zip(ts).collect())
 }
 
 /// The named results of one CPU run.
@@ -134,9 +199,10 @@ pub fn run_outputs_timed(
 ) -> Result<CpuRuns, Error> {
     let dims = bind(g, inputs)?;
     let vals: Vec<Value> = outputs.iter().map(|(_, v)| *v).collect();
-    let (p, compile_ms) = compile_outputs(g, &dims, &vals)?;
+    let (c, compile_ms) = compile_outputs(g, &dims, &vals, &vals)?;
     let t0 = Instant::now();
-    let outputs = execute_outputs(g, &p, inputs, outputs, opts)?;
+    let ts = c.run(g, inputs, opts)?;
+    let outputs = outputs.iter().map(|(n, _)| n.clone()).zip(ts).collect();
     Ok(CpuRuns { outputs, compile_ms, run_ms: t0.elapsed().as_secs_f64() * 1e3 })
 }
 
@@ -150,9 +216,9 @@ pub fn bench_outputs(
 ) -> Result<BenchStats, Error> {
     let dims = bind(g, inputs)?;
     let vals: Vec<Value> = outputs.iter().map(|(_, v)| *v).collect();
-    let (p, compile_ms) = compile_outputs(g, &dims, &vals)?;
+    let (c, compile_ms) = compile_outputs(g, &dims, &vals, &vals)?;
     let opts = rt::ExecOptions { threads: rt::default_threads(), poison: false };
-    time_runs(iters, compile_ms, || execute_outputs(g, &p, inputs, outputs, opts).map(drop))
+    time_runs(iters, compile_ms, || c.run(g, inputs, opts).map(drop))
 }
 
 /// Run once to warm up, then time `iters` runs.
@@ -179,22 +245,6 @@ fn time_runs(
     })
 }
 
-fn execute(g: &Graph, p: &CpuProgram, inputs: &TensorMap) -> Result<HostTensor, Error> {
-    execute_with(g, p, inputs, rt::ExecOptions { threads: rt::default_threads(), poison: false })
-}
-
-fn execute_with(
-    g: &Graph,
-    p: &CpuProgram,
-    inputs: &TensorMap,
-    opts: rt::ExecOptions,
-) -> Result<HostTensor, Error> {
-    let ls = launches(p);
-    let inputs = crate::validate::as_read(g, inputs);
-    // SAFETY: the launches come from `p`, compiled for this graph and these dims, alive here.
-    unsafe { rt::execute_with(g, &p.dims, &ls, &inputs, opts) }.map_err(rt_err)
-}
-
 /// Compile `g` (an optimized graph) for the shapes of `inputs` and run it on all cores.
 pub fn run(g: &Graph, inputs: &TensorMap) -> Result<CpuRun, Error> {
     run_with(g, inputs, rt::ExecOptions { threads: rt::default_threads(), poison: false })
@@ -203,9 +253,9 @@ pub fn run(g: &Graph, inputs: &TensorMap) -> Result<CpuRun, Error> {
 /// [`run`] with executor options (tests poison every buffer with NaN before its kernel runs).
 pub fn run_with(g: &Graph, inputs: &TensorMap, opts: rt::ExecOptions) -> Result<CpuRun, Error> {
     let dims = bind(g, inputs)?;
-    let (p, compile_ms) = compile(g, &dims)?;
+    let (c, compile_ms) = compile(g, &dims)?;
     let t0 = Instant::now();
-    let out = execute_with(g, &p, inputs, opts)?;
+    let out = c.run(g, inputs, opts)?.pop().ok_or_else(|| Error::internal("internal error: no output"))?;
     Ok(CpuRun { out, compile_ms, run_ms: t0.elapsed().as_secs_f64() * 1e3 })
 }
 
@@ -258,6 +308,7 @@ pub fn emit_clif_outputs(
 /// Compile once, run once to warm up, then time `iters` runs.
 pub fn bench(g: &Graph, inputs: &TensorMap, iters: usize) -> Result<BenchStats, Error> {
     let dims = bind(g, inputs)?;
-    let (p, compile_ms) = compile(g, &dims)?;
-    time_runs(iters, compile_ms, || execute(g, &p, inputs).map(drop))
+    let (c, compile_ms) = compile(g, &dims)?;
+    let opts = rt::ExecOptions { threads: rt::default_threads(), poison: false };
+    time_runs(iters, compile_ms, || c.run(g, inputs, opts).map(drop))
 }

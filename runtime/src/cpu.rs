@@ -6,19 +6,21 @@
 //! ```text
 //! extern "C" fn(args: *const u64, task_begin: u64, task_end: u64, scratch: *mut u8)
 //! ```
-//! `args[k]` is the address of the `k`-th value of the launch's `operands` (the node's operands,
-//! or what the compiler chose to read instead), `args[n + r]` the address of the `r`-th entry
-//! of its `results` (dense row-major buffers of the values' dtypes and concrete shapes), and,
+//! `args[k]` is the address of the launch's `k`-th operand buffer, `args[n + r]` the address of
+//! its `r`-th result buffer (dense row-major buffers of the plan's dtypes and shapes), and,
 //! when `temp_bytes > 0`, the next slot a buffer shared by the launch's tasks. A kernel runs
 //! tasks `task_begin..task_end`; distinct tasks write disjoint results (and disjoint parts of
 //! the shared buffer), so any partition of the tasks over threads gives the same bits; a
 //! `finish` entry, if any, then runs once (tasks `0..1`, one thread) with the same arguments.
 //! Scalars folded into a kernel have no buffer; their slots hold 0. `scratch` is private to
 //! the calling thread, 64-byte aligned, at least `scratch_bytes` long, with arbitrary contents.
+//!
+//! The executor reads no IR: a [`CpuPlan`] (built by the driver from the compiled program) names
+//! every buffer with its dtype and concrete shape, which input tensor fills it or that a launch
+//! writes it, and each launch's operand and result buffers.
 
 use crate::tensor::{HostTensor, TensorMap};
-use foxc_ir::{Graph, Value, ValueId};
-use std::collections::{BTreeMap, HashMap};
+use foxc_ir::DType;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub const ABI_VERSION: u32 = 2;
@@ -27,16 +29,41 @@ pub const SCRATCH_ALIGN: usize = 64;
 /// The Rust type of a kernel entry point.
 pub type KernelFn = unsafe extern "C" fn(args: *const u64, task_begin: u64, task_end: u64, scratch: *mut u8);
 
-/// One kernel to run: it computes results of node `node` of the graph.
+/// A program ready to run: its buffers and its launches, in order.
+#[derive(Clone, Debug, Default)]
+pub struct CpuPlan {
+    pub buffers: Vec<BufferDesc>,
+    pub launches: Vec<Launch>,
+}
+
+/// A buffer of a plan, sized for the dims the program was compiled for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BufferDesc {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub role: BufferRole,
+}
+
+/// Where a buffer's contents come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BufferRole {
+    /// The input tensor `name`, used in place; `declared` is its declared type as the program
+    /// prints it (for messages).
+    Input { name: String, declared: String },
+    /// Written by a launch (allocated before it, freed after its last reader).
+    Computed,
+}
+
+/// One kernel to run.
 #[derive(Clone, Debug)]
 pub struct Launch {
-    pub node: ValueId,
-    /// The values whose buffers the kernel reads, in `args` order. Each is a parameter, a value
-    /// an earlier launch computed, or a rank-0 value folded into the kernel (slot 0).
-    pub operands: Vec<Value>,
-    /// The results of `node` the kernel writes, one buffer each, in `args` order after the
-    /// operands (`[0]` for a single-result op).
-    pub results: Vec<u32>,
+    /// What the kernel computes, for messages and `FOXC_CPU_PROFILE` (e.g. `12 (attention)`).
+    pub label: String,
+    /// The buffers the kernel reads, in `args` order; `None`: a rank-0 value folded into the
+    /// kernel (slot 0, never read).
+    pub operands: Vec<Option<usize>>,
+    /// The buffers the kernel writes, in `args` order after the operands.
+    pub results: Vec<usize>,
     /// A [`KernelFn`].
     pub entry: *const u8,
     pub tasks: u64,
@@ -55,7 +82,7 @@ pub enum ExecError {
     /// An input tensor is missing or has the wrong dtype or shape.
     #[error("{0}")]
     Input(String),
-    /// The launches do not fit the graph (a foxc bug).
+    /// The plan is inconsistent (a foxc bug).
     #[error("cpu executor: {0}")]
     Internal(String),
 }
@@ -71,28 +98,31 @@ pub fn default_threads() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
 
-/// Concrete shape of a value.
-pub fn value_shape(g: &Graph, id: ValueId, dims: &BTreeMap<String, u64>) -> Result<Vec<usize>, ExecError> {
-    ty_shape(g.ty(id), dims)
+impl BufferDesc {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.numel() * self.dtype.size_bytes()
+    }
 }
 
-/// Check that `inputs` holds every parameter of `g` with its dtype and concrete shape.
-pub fn check_params(g: &Graph, dims: &BTreeMap<String, u64>, inputs: &TensorMap) -> Result<(), ExecError> {
-    for p in &g.params {
-        let t = inputs
-            .get(&p.name)
-            .ok_or_else(|| ExecError::Input(format!("missing input tensor `{}`", p.name)))?;
-        let want = value_shape(g, p.node, dims)?;
-        if t.dtype != p.ty.dtype || t.shape != want {
+/// Check that `inputs` holds the tensor of every input buffer of `plan`, with its dtype and
+/// shape.
+pub fn check_inputs(plan: &CpuPlan, inputs: &TensorMap) -> Result<(), ExecError> {
+    for b in &plan.buffers {
+        let BufferRole::Input { name, declared } = &b.role else { continue };
+        let t = inputs.get(name).ok_or_else(|| ExecError::Input(format!("missing input tensor `{name}`")))?;
+        if t.dtype != b.dtype || t.shape != b.shape {
             return Err(ExecError::Input(format!(
-                "input tensor `{}` is {}{:?}, expected {}{:?} ({})",
-                p.name, t.dtype, t.shape, p.ty.dtype, want, p.ty
+                "input tensor `{name}` is {}{:?}, expected {}{:?} ({declared})",
+                t.dtype, t.shape, b.dtype, b.shape
             )));
         }
         if t.data.len() != t.numel() * t.dtype.size_bytes() {
             return Err(ExecError::Input(format!(
-                "input tensor `{}` holds {} bytes, expected {}",
-                p.name,
+                "input tensor `{name}` holds {} bytes, expected {}",
                 t.data.len(),
                 t.numel() * t.dtype.size_bytes()
             )));
@@ -101,7 +131,7 @@ pub fn check_params(g: &Graph, dims: &BTreeMap<String, u64>, inputs: &TensorMap)
     Ok(())
 }
 
-/// How [`execute_with`] runs a program.
+/// How [`execute`] runs a plan.
 #[derive(Clone, Copy, Debug)]
 pub struct ExecOptions {
     pub threads: usize,
@@ -111,106 +141,79 @@ pub struct ExecOptions {
     pub poison: bool,
 }
 
-/// Run `launches` (topological order) of a program compiled for `g` and `dims` on `threads`
-/// threads and return the graph's output.
-///
-/// # Safety
-/// Every `entry` must be a live kernel that follows the ABI above and was compiled for exactly
-/// this graph and these dims (the executor sizes the buffers from them).
-pub unsafe fn execute(
-    g: &Graph,
-    dims: &BTreeMap<String, u64>,
-    launches: &[Launch],
-    inputs: &TensorMap,
-    threads: usize,
-) -> Result<HostTensor, ExecError> {
-    execute_with(g, dims, launches, inputs, ExecOptions { threads, poison: false })
-}
-
-/// [`execute`] with options: the graph's output.
-///
-/// # Safety
-/// As [`execute`].
-pub unsafe fn execute_with(
-    g: &Graph,
-    dims: &BTreeMap<String, u64>,
-    launches: &[Launch],
-    inputs: &TensorMap,
-    opts: ExecOptions,
-) -> Result<HostTensor, ExecError> {
-    let out = g.output.ok_or_else(|| ExecError::Internal("graph has no output".into()))?;
-    let mut r = execute_outputs(g, dims, launches, inputs, &[Value::of(out)], opts)?;
-    r.pop().ok_or_else(|| ExecError::Internal("no output".into()))
-}
-
 /// A zero- or NaN-filled (`poison`) buffer of `bytes` bytes, 8-byte aligned.
 fn new_buf(bytes: usize, poison: bool) -> Buf {
     let fill = if poison { u64::MAX } else { 0 };
     Buf { words: vec![fill; bytes.div_ceil(8).max(1)], bytes }
 }
 
-/// Run `launches` and return the values `outputs`, in order (a parameter is returned as
-/// given). A buffer is freed after the last launch that reads it unless it is an output.
+/// Run the launches of `plan` in order and return the buffers `outputs`, in order (an input
+/// buffer is returned as given). A computed buffer is freed after the last launch that reads
+/// it unless it is an output.
 ///
 /// # Safety
-/// As [`execute`].
-pub unsafe fn execute_outputs(
-    g: &Graph,
-    dims: &BTreeMap<String, u64>,
-    launches: &[Launch],
+/// Every `entry` must be a live kernel that follows the ABI above and was compiled for exactly
+/// the buffers of `plan` (their dtypes and shapes).
+pub unsafe fn execute(
+    plan: &CpuPlan,
     inputs: &TensorMap,
-    outputs: &[Value],
+    outputs: &[usize],
     opts: ExecOptions,
 ) -> Result<Vec<HostTensor>, ExecError> {
-    let threads = opts.threads;
-    check_params(g, dims, inputs)?;
-    let keep: std::collections::HashSet<Value> = outputs.iter().copied().collect();
-    // Remaining reads of each value: a buffer is dropped when its count reaches zero.
-    let mut reads: HashMap<Value, usize> = HashMap::new();
-    for l in launches {
-        for &o in &l.operands {
-            *reads.entry(o).or_default() += 1;
+    check_inputs(plan, inputs)?;
+    let desc = |i: usize| {
+        plan.buffers.get(i).ok_or_else(|| ExecError::Internal(format!("buffer {i} is not in the plan")))
+    };
+    for &o in outputs {
+        desc(o)?;
+    }
+    // Remaining reads of each buffer: a computed one is dropped when its count reaches zero.
+    let mut reads = vec![0usize; plan.buffers.len()];
+    for l in &plan.launches {
+        for &o in l.operands.iter().flatten() {
+            desc(o)?;
+            reads[o] += 1;
         }
     }
-    let mut addr: HashMap<Value, u64> = HashMap::new();
-    for p in &g.params {
-        addr.insert(Value::of(p.node), inputs[&p.name].data.as_ptr() as u64);
-    }
-    let mut bufs: HashMap<Value, Buf> = HashMap::new();
-    for l in launches {
+    let keep: std::collections::HashSet<usize> = outputs.iter().copied().collect();
+    let mut addr: Vec<Option<u64>> = plan
+        .buffers
+        .iter()
+        .map(|b| match &b.role {
+            BufferRole::Input { name, .. } => Some(inputs[name].data.as_ptr() as u64),
+            BufferRole::Computed => None,
+        })
+        .collect();
+    let mut bufs: Vec<Option<Buf>> = plan.buffers.iter().map(|_| None).collect();
+    for l in &plan.launches {
         let mut args: Vec<u64> = vec![];
         for &o in &l.operands {
-            // A scalar the compiler folded into the kernel has no buffer (ABI: slot 0, never read).
-            match addr.get(&o) {
-                Some(a) => args.push(*a),
-                None if o.result == 0 && g.ty(o.node).rank() == 0 => args.push(0),
-                None => {
-                    return Err(ExecError::Internal(format!(
-                        "operand {}#{} of {} is not computed before use",
-                        o.node.index(),
-                        o.result,
-                        g.op(l.node).mnemonic()
-                    )))
-                }
+            match o {
+                None => args.push(0),
+                Some(o) => args.push(addr[o].ok_or_else(|| {
+                    ExecError::Internal(format!(
+                        "operand buffer {o} of {} is not computed before use",
+                        l.label
+                    ))
+                })?),
             }
         }
         for &r in &l.results {
-            let v = Value { node: l.node, result: r };
-            let ty = g
-                .result_ty(l.node, r)
-                .ok_or_else(|| ExecError::Internal(format!("node {} has no result {r}", l.node.index())))?;
-            let shape = ty_shape(ty, dims)?;
-            let mut b = new_buf(shape.iter().product::<usize>() * ty.dtype.size_bytes(), opts.poison);
+            let d = desc(r)?;
+            if d.role != BufferRole::Computed {
+                return Err(ExecError::Internal(format!("{} writes input buffer {r}", l.label)));
+            }
+            let mut b = new_buf(d.bytes(), opts.poison);
             args.push(b.words.as_mut_ptr() as u64);
-            addr.insert(v, b.words.as_ptr() as u64);
-            bufs.insert(v, b);
+            addr[r] = Some(b.words.as_ptr() as u64);
+            bufs[r] = Some(b);
         }
         let mut temp = (l.temp_bytes > 0).then(|| new_buf(l.temp_bytes, opts.poison));
         if let Some(t) = temp.as_mut() {
             args.push(t.words.as_mut_ptr() as u64);
         }
         let t0 = std::time::Instant::now();
-        run_parallel(l, &args, threads, opts.poison);
+        run_parallel(l, &args, opts.threads, opts.poison);
         if let Some(f) = l.finish {
             let mut scratch = vec![if opts.poison { 0xff } else { 0 }; l.scratch_bytes + SCRATCH_ALIGN];
             let off = scratch.as_ptr().align_offset(SCRATCH_ALIGN);
@@ -221,51 +224,36 @@ pub unsafe fn execute_outputs(
         // FOXC_CPU_PROFILE=1 prints the wall time of every kernel launch to stderr.
         if std::env::var_os("FOXC_CPU_PROFILE").is_some() {
             eprintln!(
-                "cpu kernel {} ({}): {:.3} ms, {} tasks",
-                l.node.index(),
-                g.op(l.node).mnemonic(),
+                "cpu kernel {}: {:.3} ms, {} tasks",
+                l.label,
                 t0.elapsed().as_secs_f64() * 1e3,
                 l.tasks
             );
         }
-        for o in &l.operands {
-            if let Some(c) = reads.get_mut(o) {
-                *c -= 1;
-                if *c == 0 && !keep.contains(o) {
-                    bufs.remove(o);
-                    addr.remove(o);
-                }
+        for &o in l.operands.iter().flatten() {
+            reads[o] -= 1;
+            if reads[o] == 0 && !keep.contains(&o) && bufs[o].is_some() {
+                bufs[o] = None;
+                addr[o] = None;
             }
         }
     }
     let mut res = vec![];
     for &o in outputs {
-        let ty = g.result_ty(o.node, o.result).ok_or_else(|| {
-            ExecError::Internal(format!("node {} has no result {}", o.node.index(), o.result))
-        })?;
-        if let Some(p) = g.params.iter().find(|p| Value::of(p.node) == o) {
-            res.push(inputs[&p.name].clone());
+        let d = &plan.buffers[o];
+        if let BufferRole::Input { name, .. } = &d.role {
+            res.push(inputs[name].clone());
             continue;
         }
-        let b = bufs.get(&o).ok_or_else(|| {
-            ExecError::Internal(format!("output {}#{} is not computed by a kernel", o.node.index(), o.result))
-        })?;
+        let b = bufs[o]
+            .as_ref()
+            .ok_or_else(|| ExecError::Internal(format!("output buffer {o} is not computed by a kernel")))?;
         // SAFETY: `words` holds at least `bytes` initialized bytes; u8 has no alignment needs.
         let data: Vec<u8> =
             unsafe { std::slice::from_raw_parts(b.words.as_ptr() as *const u8, b.bytes) }.to_vec();
-        res.push(HostTensor { dtype: ty.dtype, shape: ty_shape(ty, dims)?, data });
+        res.push(HostTensor { dtype: d.dtype, shape: d.shape.clone(), data });
     }
     Ok(res)
-}
-
-fn ty_shape(ty: &foxc_ir::ValueType, dims: &BTreeMap<String, u64>) -> Result<Vec<usize>, ExecError> {
-    ty.dims()
-        .map(|d| {
-            d.eval(&|s| dims.get(s).copied())
-                .map(|x| x as usize)
-                .ok_or_else(|| ExecError::Input(format!("dimension `{d}` is not bound to a size")))
-        })
-        .collect()
 }
 
 /// Run one kernel over its task space: workers take `chunk` tasks at a time from a shared counter.
