@@ -30,6 +30,10 @@ pub enum InputError {
         "input tensor `{tensor}` holds {value} at index {index:?}, outside its declared range [{lo}, {hi}]"
     )]
     OutOfRange { tensor: String, index: Vec<usize>, value: f64, lo: f64, hi: f64 },
+    #[error(
+        "input tensor `{tensor}` is declared nonincreasing along {dim}, but holds {value} at index {index:?} after {before} at the index before"
+    )]
+    Increasing { tensor: String, dim: String, index: Vec<usize>, value: f64, before: f64 },
     #[error("{num} = {num_value} is not divisible by {den} = {den_value} (needed by `{subscript}` in {tensor}'s subscript)")]
     Indivisible {
         num: String,
@@ -180,8 +184,34 @@ pub fn check_inputs(g: &Graph, inputs: &TensorMap) -> Result<DimBindings, InputE
                 }
             }
         }
+        if let Some(axis) = p.nonincreasing {
+            check_nonincreasing(p, axis, &t.shape, &t.to_f64_vec())?;
+        }
     }
     Ok(dims)
+}
+
+/// A parameter declared `nonincreasing along` axis `axis` must never grow along it.
+fn check_nonincreasing(
+    p: &foxc_ir::Param,
+    axis: usize,
+    shape: &[usize],
+    v: &[f64],
+) -> Result<(), InputError> {
+    let len = shape.get(axis).copied().unwrap_or(1);
+    let stride: usize = shape[axis + 1..].iter().product();
+    for (l, &x) in v.iter().enumerate() {
+        if !(l / stride).is_multiple_of(len) && x > v[l - stride] {
+            return Err(InputError::Increasing {
+                tensor: p.name.clone(),
+                dim: p.ty.axes[axis].dim.to_string(),
+                index: unravel(l, shape),
+                value: x,
+                before: v[l - stride],
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The subscripts the front end could prove in range only for some sizes of the dims
@@ -395,6 +425,29 @@ mod tests {
         lf[2] = f32::NAN;
         m.insert("logf".into(), HostTensor::from_f32(&[2, 3, 5], &lf));
         assert!(err(&m).contains("`logf` holds NaN at index [0, 0, 2]"));
+    }
+
+    /// A parameter declared `nonincreasing along T` must not grow along T (equal steps are
+    /// fine); the first growth is named with its index.
+    #[test]
+    fn growth_along_a_nonincreasing_axis_is_named() {
+        let src = "attention f(x: f32[B, T], c: f32[B, T] nonincreasing along T) -> f32[B, T] {\n    y[b, t] = x[b, t] + c[b, t]\n    return y\n}\n";
+        let g = foxc_ir::frontend::compile("f.attn", src.as_bytes()).unwrap().graph;
+        let inputs = |c: &[f32]| {
+            let mut m = TensorMap::new();
+            m.insert("x".into(), HostTensor::from_f32(&[2, 4], &[0.5; 8]));
+            m.insert("c".into(), HostTensor::from_f32(&[2, 4], c));
+            m
+        };
+        let fine = [0.0, -1.0, -1.0, -7.5, 3.0, 2.0, 1.0, 0.0];
+        assert!(check_inputs(&g, &inputs(&fine)).is_ok());
+        let mut grows = fine;
+        grows[6] = 2.5;
+        let e = check_inputs(&g, &inputs(&grows)).unwrap_err().to_string();
+        assert!(
+            e.contains("`c` is declared nonincreasing along T, but holds 2.5 at index [1, 2] after 2 at the index before"),
+            "{e}"
+        );
     }
 
     #[test]

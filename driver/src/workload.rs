@@ -11,6 +11,7 @@
 //! | rank 4 `[B,H,T,D]` (or 3, `[B,T,D]`: multi-query) named `q` or `k` | [`Role::QkNormalized`] | N(0,1), then RMS-normalized over D (|x| = sqrt(D)) |
 //! | rank 3 named `v` (multi-query) | [`Role::Normal`] | N(0,1) |
 //! | any other rank 4 (`v`, ...) | [`Role::Normal`] | N(0,1) |
+//! | declared `nonincreasing along` an axis (`c`) | [`Role::DecayCumsum`] | the cumsum along that axis of the log gates below |
 //! | rank 3 `[B,H,T]`, range with hi <= 0 (`logf`) | [`Role::LogGate`] | logsigmoid of the gate logits below |
 //! | any other rank 3 (`fgate`) | [`Role::GateLogits`] | `logit(exp(-a_h)) + N(0,1)`, `a_h = 10^(-4 + 4h/(H-1))` |
 //! | rank 1 over the head dim, range lo >= 0 | [`Role::AlibiSlopes`] | `2^(-8(h+1)/H)` |
@@ -46,6 +47,9 @@ pub enum Role {
     Normal,
     GateLogits,
     LogGate,
+    /// A decay cumsum given as a parameter: the cumsum of [`Role::LogGate`]'s values along the
+    /// declared axis (non-increasing, and still so after rounding to any dtype).
+    DecayCumsum,
     AlibiSlopes,
     NormWeights,
     Integers,
@@ -145,6 +149,9 @@ pub fn role(g: &Graph, p: &Param) -> Role {
     if p.ty.dtype == foxc_ir::DType::I32 {
         return Role::Integers;
     }
+    if p.nonincreasing.is_some() {
+        return Role::DecayCumsum;
+    }
     match p.ty.rank() {
         4 if p.name == "q" || p.name == "k" => Role::QkNormalized,
         // Multi-query keys and values `[B, T, D]` (no head axis).
@@ -181,6 +188,25 @@ fn values(
                     if rms > 0.0 {
                         row.iter_mut().for_each(|x| *x /= rms);
                     }
+                }
+            }
+            v
+        }
+        Role::DecayCumsum => {
+            let axis = p.nonincreasing.unwrap_or(0);
+            let (len, stride) = (shape[axis], shape[axis + 1..].iter().product::<usize>());
+            // Heads along axis 1 where there is one (`[B, H, T]`), as the gates'.
+            let (nh, hstride) = match shape.get(1) {
+                Some(&nh) if axis != 1 => (nh, shape[2..].iter().product::<usize>()),
+                _ => (1, 1),
+            };
+            let mut v = foxc_runtime::memory::try_collect(n, |i| {
+                let h = (i / hstride.max(1)) % nh.max(1);
+                logsigmoid(logit_of_decay(head_decay(h, nh)) + rng.normal())
+            })?;
+            for l in 0..n {
+                if (l / stride.max(1)) % len.max(1) > 0 {
+                    v[l] += v[l - stride];
                 }
             }
             v

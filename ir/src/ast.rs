@@ -40,13 +40,16 @@ pub struct TypeExpr {
     pub span: Span,
 }
 
-/// `name: type [in [lo, hi]]`.
+/// `name: type [in [lo, hi]] [nonincreasing along DIM]`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ParamDecl {
     pub name: Ident,
     pub ty: TypeExpr,
     /// The declared value range, `-inf`/`inf` allowed.
     pub range: Option<(f64, f64)>,
+    /// `nonincreasing along DIM`: the values never grow along the axis of that dim (a decay
+    /// cumsum a cache keeps, `c: f32[B, H, M] nonincreasing along M`).
+    pub nonincreasing: Option<Ident>,
     pub span: Span,
 }
 
@@ -238,6 +241,9 @@ impl fmt::Display for Program {
             write!(f, "  param {}: {}", p.name.name, p.ty)?;
             if let Some((lo, hi)) = p.range {
                 write!(f, " in [{}, {}]", fmt_bound(lo), fmt_bound(hi))?;
+            }
+            if let Some(d) = &p.nonincreasing {
+                write!(f, " nonincreasing along {}", d.name)?;
             }
             writeln!(f, "  {}", sp(p.span))?;
         }

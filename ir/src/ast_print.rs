@@ -28,9 +28,14 @@ impl Program {
         let params: Vec<String> = self
             .params
             .iter()
-            .map(|p| match p.range {
-                Some((lo, hi)) => format!("{}: {} in [{}, {}]", p.name.name, p.ty, bound(lo), bound(hi)),
-                None => format!("{}: {}", p.name.name, p.ty),
+            .map(|p| {
+                let range =
+                    p.range.map_or(String::new(), |(lo, hi)| format!(" in [{}, {}]", bound(lo), bound(hi)));
+                let along = p
+                    .nonincreasing
+                    .as_ref()
+                    .map_or(String::new(), |d| format!(" nonincreasing along {}", d.name));
+                format!("{}: {}{range}{along}", p.name.name, p.ty)
             })
             .collect();
         let _ = writeln!(s, "attention {}({}) -> {} {{", self.name.name, params.join(", "), self.ret);
@@ -68,7 +73,13 @@ impl Program {
             params: self
                 .params
                 .iter()
-                .map(|p| ParamDecl { name: id(&p.name), ty: ty(&p.ty), range: p.range, span: z })
+                .map(|p| ParamDecl {
+                    name: id(&p.name),
+                    ty: ty(&p.ty),
+                    range: p.range,
+                    nonincreasing: p.nonincreasing.as_ref().map(id),
+                    span: z,
+                })
                 .collect(),
             ret: ty(&self.ret),
             stmts: self

@@ -71,6 +71,9 @@ pub struct Param {
     pub node: ValueId,
     /// Declared value range `in [lo, hi]` (the analysis may rely on it; the runtime checks it).
     pub range: Option<(f64, f64)>,
+    /// `nonincreasing along DIM`: the axis along which the values never grow (the analysis may
+    /// rely on it, a decay cumsum given as a parameter; the driver checks it on host inputs).
+    pub nonincreasing: Option<usize>,
 }
 
 impl Param {
@@ -165,7 +168,14 @@ impl Graph {
     pub fn add_param(&mut self, name: &str, ty: ValueType, span: Span) -> ValueId {
         let index = self.params.len();
         let id = self.add(Op::Param { name: name.to_string(), index }, ty.clone(), &[], span);
-        self.params.push(Param { name: name.to_string(), ty, storage: None, node: id, range: None });
+        self.params.push(Param {
+            name: name.to_string(),
+            ty,
+            storage: None,
+            node: id,
+            range: None,
+            nonincreasing: None,
+        });
         id
     }
 

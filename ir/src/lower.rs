@@ -388,6 +388,10 @@ impl<'a> Lowerer<'a> {
             if dtype != p.ty.dtype {
                 self.g.params.last_mut().expect("just added").storage = Some(p.ty.dtype);
             }
+            if let Some(along) = &p.nonincreasing {
+                let axis = Self::monotone_axis(p, along, &dims)?;
+                self.g.params.last_mut().expect("just added").nonincreasing = Some(axis);
+            }
             self.names.insert(
                 p.name.name.clone(),
                 Entry { kind: Kind::Param, node: Some(node), dtype, dims, span: p.name.span },
@@ -395,6 +399,41 @@ impl<'a> Lowerer<'a> {
             self.order.push(p.name.name.clone());
         }
         Ok(())
+    }
+
+    /// The axis of `nonincreasing along DIM` on parameter `p` of lowered dims `dims`: the one
+    /// axis of that dim, on a float parameter.
+    fn monotone_axis(p: &ast::ParamDecl, along: &ast::Ident, dims: &[Dim]) -> LResult<usize> {
+        const HINT: &str =
+            "name a dim that appears once in the parameter's type: `c: f32[B, H, T] nonincreasing along T`";
+        if !p.ty.dtype.is_float() {
+            return Err(Diagnostic::new(
+                format!(
+                    "`{}` is {}: only a float parameter can be declared nonincreasing",
+                    p.name.name, p.ty.dtype
+                ),
+                along.span,
+                "declared here",
+            )
+            .with_hint("a nonincreasing parameter is a float tensor (a decay cumsum): declare it f32"));
+        }
+        let axes: Vec<usize> =
+            (0..dims.len()).filter(|&k| matches!(&dims[k], Dim::Sym(s) if *s == along.name)).collect();
+        match axes[..] {
+            [axis] => Ok(axis),
+            [] => Err(Diagnostic::new(
+                format!("`{}` is not a dim of `{}`'s type {}", along.name, p.name.name, p.ty),
+                along.span,
+                "not an axis of this parameter",
+            )
+            .with_hint(HINT)),
+            _ => Err(Diagnostic::new(
+                format!("`{}` names {} axes of `{}`'s type {}", along.name, axes.len(), p.name.name, p.ty),
+                along.span,
+                "ambiguous axis",
+            )
+            .with_hint(HINT)),
+        }
     }
 
     /// A dimension of a declared type; `param` is the parameter it belongs to (none: the result).

@@ -234,8 +234,20 @@ impl<'t> Parser<'t> {
             }
             range = Some((lo, hi));
         }
+        let mut nonincreasing = None;
+        if matches!(self.peek(), Tok::Ident(s) if s == "nonincreasing") {
+            const HINT: &str = "a monotone parameter looks like `c: f32[B, H, T] nonincreasing along T`";
+            self.bump();
+            match self.peek() {
+                Tok::Ident(s) if s == "along" => {
+                    self.bump();
+                }
+                _ => return Err(self.error_here("`along`", HINT)),
+            }
+            nonincreasing = Some(self.ident("the dim of an axis of the parameter's type", HINT)?);
+        }
         let span = name.span.join(self.prev_span());
-        Ok(ParamDecl { name, ty, range, span })
+        Ok(ParamDecl { name, ty, range, nonincreasing, span })
     }
 
     fn bound(&mut self) -> PResult<f64> {

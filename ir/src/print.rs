@@ -42,9 +42,15 @@ pub fn print_graph(g: &Graph) -> String {
     let params: Vec<String> = g
         .params
         .iter()
-        .map(|p| match p.storage {
-            None => format!("%{}: {}", p.name, p.ty),
-            Some(s) => format!("%{}: {} (stored {s})", p.name, p.ty),
+        .map(|p| {
+            let mut d = format!("%{}: {}", p.name, p.ty);
+            if let Some(s) = p.storage {
+                d.push_str(&format!(" (stored {s})"));
+            }
+            if let Some(ax) = p.nonincreasing.and_then(|k| p.ty.axes.get(k)) {
+                d.push_str(&format!(" (nonincreasing along {})", ax.dim));
+            }
+            d
         })
         .collect();
     let ret = g.output.map(|o| g.ty(o).to_string()).unwrap_or_else(|| "()".into());

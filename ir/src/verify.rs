@@ -75,6 +75,11 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
                 return Err(err(g, p.node, format!("empty declared range [{lo}, {hi}]")));
             }
         }
+        if let Some(axis) = p.nonincreasing {
+            if axis >= p.ty.rank() || !p.ty.dtype.is_float() {
+                return Err(err(g, p.node, format!("declared nonincreasing along axis {axis} of {}", p.ty)));
+            }
+        }
     }
     let order = g.topo_order();
     if order.len() != g.g.node_count() {

@@ -41,6 +41,18 @@ fn loggate_range_is_recorded() {
     assert_eq!(c.graph.param("slope").unwrap().range, Some((0.0, f64::INFINITY)));
 }
 
+#[test]
+fn nonincreasing_axis_is_recorded() {
+    let src = std::fs::read("../examples/fox_cache.attn").unwrap();
+    let c = compile("fox_cache.attn", &src).unwrap();
+    assert_eq!(c.graph.param("c").unwrap().nonincreasing, Some(2));
+    assert_eq!(c.graph.param("k").unwrap().nonincreasing, None);
+    assert!(print_graph(&c.graph).contains("%c: f32[B, H, M] (nonincreasing along M)"));
+    // The declaration survives printing the AST back to source.
+    let again = compile("again.attn", c.ast.to_source().as_bytes()).unwrap();
+    assert_eq!(again.graph.param("c").unwrap().nonincreasing, Some(2));
+}
+
 /// Every construct of the DSL in one program.
 const FEATURES: &str = "# every construct of the DSL
 attention features(x: f16[B, T, 64], w: f32[64], temp: f32 in [0, inf], bias: f32[T],) -> f32[B, T] {

@@ -8,6 +8,9 @@
 //!   `-softplus`, `-relu`, `-exp`, `min(x, 0)`, a parameter declared `in [lo, hi]` with
 //!   `hi <= 0`, ...);
 //! - `gate_cumsum {Slope}` of `m`: needs `lo(m) >= 0` (ALiBi: `-m (i - j)` with `m >= 0`);
+//! - a parameter declared `nonincreasing along` its key axis (the decay cumsum a KV cache
+//!   keeps, read in place or through a copy that keeps its axes): the declaration, which the
+//!   driver checks on host inputs;
 //! - any other `c`: not proven.
 
 use crate::lang::AttnGraph;
@@ -61,6 +64,9 @@ pub fn verdict(g: &Graph, attn: ValueId) -> Verdict {
         _ => return Verdict::Unproven("not an attention node".into(), g.node(attn).span),
     };
     let Some(c) = c else { return Verdict::NoDecay };
+    if let Some(name) = declared_nonincreasing(g, c) {
+        return Verdict::Decay(format!("`{name}` is declared nonincreasing along its key axis"));
+    }
     match g.op(c) {
         Op::GateCumsum { kind: GateKind::Logits, .. } => Verdict::Decay("log f = logsigmoid(z) <= 0".into()),
         Op::GateCumsum { kind: GateKind::LogGate, .. } => {
@@ -102,6 +108,21 @@ pub fn verdict(g: &Graph, attn: ValueId) -> Verdict {
             gate_span(g, c, c),
         ),
     }
+}
+
+/// The parameter `c` is, or copies with its axes kept (`store [a..] (bind [a..] p)`), when that
+/// parameter is declared nonincreasing along its last axis (the decay's key axis).
+fn declared_nonincreasing(g: &Graph, c: ValueId) -> Option<String> {
+    let mut n = c;
+    if let Op::Store { axes: stored } = g.op(n) {
+        let b = g.operands(n)[0];
+        match g.op(b) {
+            Op::Bind { axes: bound } if bound == stored => n = g.operands(b)[0],
+            _ => return None,
+        }
+    }
+    let p = g.params.iter().find(|p| p.node == n)?;
+    (p.nonincreasing? + 1 == p.ty.rank()).then(|| p.name.clone())
 }
 
 /// The monotonicity pass: a verdict for every `attention` node.

@@ -19,6 +19,7 @@ const EXAMPLES: &[&str] = &[
     "fox_alibi",
     "fox_keybias",
     "fox_handwritten",
+    "fox_cache",
     "alibi",
     "alibi_m",
     "causal",
@@ -40,6 +41,7 @@ const PRUNED: &[&str] = &[
     "fox_alibi",
     "fox_keybias",
     "fox_handwritten",
+    "fox_cache",
     "alibi",
     "alibi_m",
 ];

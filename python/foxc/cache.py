@@ -5,7 +5,9 @@
     out = cache(q=q_new, k=k_new, v=v_new, fgate=f_new)  # append, attend, evict
 
 Each call appends the new tokens' per-key tensors (those whose declared dims hold the key axis,
-``M`` in fox_prefill: ``k``, ``v``, ``fgate``) to the cache, runs the attention of the new
+``M`` in fox_prefill: ``k``, ``v``, ``fgate``; with examples/fox_cache.attn ``k``, ``v`` and the
+decay cumsum ``c``, declared ``nonincreasing along M``, which the caller continues from the last
+key, ``c[t] = c[t - 1] + log f[t]``, so that no step rescans the gates) to the cache, runs the attention of the new
 queries against everything cached (one fused, pruned call), and then drops the key blocks no
 later query can need.
 

@@ -95,6 +95,41 @@ def test_a_chunked_prefill_then_decode_evicts_the_same_way():
     assert cache.length <= 9 + 2 * cache.block + cache.evict_every(), cache.length
 
 
+CACHE_F32 = (ROOT / "examples" / "fox_cache.attn").read_text().replace("-> bf16[B, H, N, D]", "-> f32[B, H, N, D]")
+
+
+def log_sigmoid(z):
+    return -np.logaddexp(0.0, -z.astype(np.float64))
+
+
+def test_a_cache_keeping_the_decay_cumsum_decodes_as_the_one_keeping_the_gates():
+    """examples/fox_cache.attn takes c, declared nonincreasing along the keys, instead of the
+    gates: the cache appends c (each step continues the cumsum from the last key held), evicts
+    as the gate program's cache does, and both stay within ACP's bound of the dense reference."""
+    gates, cumsum = foxc.load(PREFILL_F32), foxc.load(CACHE_F32)
+    assert "pruned" in cumsum.ir()
+    rng = np.random.default_rng()
+    B, H, T, D = 2, 4, 384, 16
+    x = sequence(rng, B, H, T, D, 3.0, 3.0)
+    c = np.cumsum(log_sigmoid(x["fgate"]), axis=-1).astype(np.float32)
+    by_c = {"q": x["q"], "k": x["k"], "v": x["v"], "c": c}
+    a = foxc.KVCache(gates, max_keys=T, q_norm=3.0, k_norm=3.0, every=16)
+    b = foxc.KVCache(cumsum, max_keys=T, q_norm=3.0, k_norm=3.0, every=16)
+    assert set(b.cached) == {"k", "v", "c"}
+    got_a, held_a = decode(a, x, T)
+    got_b, held_b = decode(b, by_c, T)
+    ref = foxc.reference(gates, **x)
+    within_acp(got_a, ref, x["v"])
+    within_acp(got_b, ref, x["v"])
+    # Eviction decides on the same decay (the gates' cumsum in f64, or c rounded to f32): the
+    # same keys held, up to a block where the rounding moves a boundary.
+    assert b.dropped > 0 and all(abs(p - q) <= b.block for p, q in zip(held_a, held_b)), (held_a[-5:], held_b[-5:])
+    # The declaration is checked: a c that grows along the keys is refused before any run.
+    bad = dict(by_c, c=-c)
+    with pytest.raises(ValueError, match="declared nonincreasing along M"):
+        cumsum(**{n: t[:, :, :8] if n != "q" else t[:, :, 7:8] for n, t in bad.items()})
+
+
 def test_without_eviction_the_cache_keeps_everything():
     attn = foxc.load(PREFILL_F32)
     rng = np.random.default_rng()

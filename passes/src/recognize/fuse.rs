@@ -507,6 +507,12 @@ impl Emit<'_, '_> {
                     span,
                 )));
             }
+            // A c that is neither (a parameter declared nonincreasing, say): read in place when
+            // it is a parameter in this order, not copied (the monotonicity pass decides).
+            [(c, DecaySrc::Other { c: ci })] if *c == 1.0 => {
+                let span = span_of(self, *ci);
+                return self.positional(*ci, &order, span).map(Some);
+            }
             _ => {}
         }
         // Several terms: one cumsum of the summed log gates, or (if a term is not a gate) the
