@@ -184,6 +184,18 @@ fn worst(s: Stat, h: &Horizon, scale: f64, score: &ScoreBound) -> Option<(f64, D
     }
 }
 
+/// Eviction's refusal of thresholds given per head by the user ([`Stat::Given`]): a constant
+/// threshold would be monotone in time, but it bounds no weight, so eviction's guarantee
+/// (every dropped key below `eps / max_keys` in every later row) has no premise.
+pub fn refuses_given(rule: &RuleExpr) -> Result<(), String> {
+    if rule.uses(Stat::Given) {
+        return Err(format!(
+            "the rule `{rule}` reads thresholds given per head by the user, which bound no attention weight: eviction drops keys only under a proven rule (load without thresholds=, or evict=False)"
+        ));
+    }
+    Ok(())
+}
+
 /// The threshold that every later query's own threshold is at least, under `horizon`: `rule`
 /// evaluated at the horizon's worst statistics. An error when the formula is not monotone in a
 /// statistic it reads (then no corner of the horizon bounds it) or the horizon is not finite.
@@ -195,13 +207,7 @@ pub fn threshold(
     horizon: &Horizon,
 ) -> Result<f64, String> {
     let Horizon { max_keys, q_norm, k_norm } = *horizon;
-    if rule.uses(Stat::Given) {
-        // A constant threshold would be monotone in time, but it bounds no weight: eviction's
-        // guarantee (every dropped key below eps / max_keys in every later row) has no premise.
-        return Err(format!(
-            "the rule `{rule}` reads thresholds given per head by the user, which bound no attention weight: eviction drops keys only under a proven rule (load without thresholds=, or evict=False)"
-        ));
-    }
+    refuses_given(rule)?;
     if max_keys == 0 || !(q_norm.is_finite() && q_norm >= 0.0 && k_norm.is_finite() && k_norm >= 0.0) {
         return Err(format!(
             "eviction needs max_keys >= 1 and finite norm bounds >= 0 (got max_keys {max_keys}, |q| <= {q_norm}, |k| <= {k_norm})"
