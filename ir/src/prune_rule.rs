@@ -332,7 +332,7 @@ pub const GIVEN: &str = "given";
 impl PruneRule {
     /// The rule `delta[b, h, m] = d_h`: a threshold per query head, given by the user. Each
     /// value must be `<= 0` (`-inf`: never prune the head); NaN and positive values are
-    /// refused. Not a safety proof (docs/RULES.md, "given").
+    /// refused. Not a safety proof (docs/RULES.md, "Given thresholds").
     pub fn given_thresholds(values: &[f64]) -> Result<PruneRule, String> {
         check_given(values)?;
         Ok(PruneRule {
