@@ -86,6 +86,9 @@ EOF
   chk run "$TMP/packed.attn" B=1,T=3000,H=4,D=64
   chk run "$TMP/packed.attn" B=1,T=3000,H=4,D=128 --no-prune
   chk grad "$TMP/packed.attn" B=1,T=1000,H=2,D=64
+  echo "## Python on CUDA: foxc.load(thresholds=...) and foxc.fox.attention(cu_seqlens=...)"
+  t 600 python3 bench/varlen_thresholds_gpu.py 2>&1 | tee "$OUT/varlen_thresholds_gpu.log" | tail -3
+  [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
   echo "## compute-sanitizer memcheck"
   for args in "grad $PRE --shape B=1,H=2,N=100,M=700,D=64" "grad $PRE --shape B=1,H=2,N=1,M=333,D=128" \
     "run $F16 --shape B=1,H=2,T=300,D=128" "grad $F16 --shape B=1,H=2,T=300,D=64"; do

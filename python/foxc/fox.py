@@ -31,7 +31,8 @@ as a CPU tensor or array to avoid that. Each token attends to the earlier tokens
 sequence only: the output equals running every sequence alone (within the numerics contract;
 ACP prunes each run with its own tiles and ``ln T``).
 
-Every other keyword goes to ``foxc.load`` (``prune_rule``, ``log_eps``, ``no_prune``, ``tiles``).
+Every other keyword goes to ``foxc.load`` (``prune_rule``, ``log_eps``, ``no_prune``, ``tiles``,
+``thresholds``).
 The program is plain DSL text (``program(...)``): what it computes is what it says.
 """
 
