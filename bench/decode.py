@@ -13,6 +13,9 @@ not the same numbers). Contestants, each a median of `triton.testing.do_bench`:
 - foxc pruned, norms bounded: what `foxc.KVCache` runs, the same program with the norm bounds
   the cache checks on every row (`|q|, |k| <= sqrt(D) (1 + 2^-6)`) as its threshold's static
   bound: no pass over the keys' norms; the gate cumsum is still recomputed each call.
+- foxc cache keeping c: examples/fox_cache.attn (the decay cumsum `c` as a parameter, declared
+  nonincreasing along the keys), norms bounded as above: what `foxc.KVCache` runs on a cache that
+  keeps `c` (no gate scan, no norm pass; `c` is built outside its time, as the cache holds it).
 - FlexAttention + ACP: `flex_attention` (torch.compile; its decode kernel at Q_LEN = 1) with the
   FoX score_mod and a block mask of the kept key blocks of the paper rule; the cumsum, norms and
   mask are built outside its time (as a cache that kept them would).
@@ -44,6 +47,7 @@ import foxc  # noqa: E402
 import foxc.torch  # noqa: E402,F401
 
 PREFILL = pathlib.Path(__file__).resolve().parent / "fox_prefill.attn"
+CACHE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "fox_cache.attn"
 LOG_EPS = -10.0
 
 
@@ -169,6 +173,7 @@ def main():
     flex = torch.compile(flex_attention, dynamic=False)
     pruned, dense = foxc.load(PREFILL), foxc.load(PREFILL, no_prune=True)
     bounded = norms_bounded(pruned, a.D)
+    kept_c = norms_bounded(foxc.load(CACHE), a.D)
     cache_ok = check_cache(pruned)
     if a.check_only:
         sys.exit(0 if cache_ok else 1)
@@ -200,6 +205,7 @@ def main():
             cases = [
                 ("foxc pruned", lambda: pruned(q=q, k=k, v=v, fgate=fgate), kept_keys(first_foxc, bn_foxc)),
                 ("foxc pruned, norms bounded", lambda: bounded(q=q, k=k, v=v, fgate=fgate), kept_keys(first_foxc, bn_foxc)),
+                ("foxc cache keeping c", lambda: kept_c(q=q, k=k, v=v, c=c), kept_keys(first_foxc, bn_foxc)),
                 ("foxc dense", lambda: dense(q=q, k=k, v=v, fgate=fgate), M),
                 ("Flex + ACP", lambda: flex(q, k, v, score_mod=score, block_mask=bm), kept_keys(first128, 128)),
                 ("Flex dense", lambda: flex(q, k, v, score_mod=score), M),

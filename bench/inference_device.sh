@@ -61,6 +61,36 @@ if [ "${CHECKS:-1}" = 1 ]; then
   chk run $PRE B=1,H=16,N=1,M=131072,D=128
   chk run $PRE B=1,H=16,N=1,M=131072,D=128 --no-prune
   chk run examples/fox.attn B=1,H=8,T=131072,D=128
+  echo "## per-head thresholds given by the user (--thresholds; docs/RULES.md, Given thresholds)"
+  # Mild thresholds (the pruned mass stays below eps on the standard workload, so --check's
+  # ACP criterion holds), one head never pruned; the in-kernel starts against the reference's.
+  chk run examples/fox.attn B=1,H=4,T=2000,D=64 --thresholds=-30,-20,-inf,-40
+  chk run examples/fox.attn B=2,H=4,T=3000,D=128 --thresholds=-30,-20,-inf,-40 --check-starts
+  chk run examples/fox.attn B=1,H=4,T=2000,D=64 --thresholds=-30,-20,-inf,-40 --attn-kernel standard --check-starts
+  chk run $PRE B=1,H=4,N=300,M=1000,D=64 --thresholds=-30,-20,-inf,-40
+  chk grad examples/fox.attn B=1,H=4,T=1000,D=64 --thresholds=-30,-20,-inf,-40
+  chk grad $PRE B=1,H=2,N=130,M=1000,D=64 --thresholds=-25,-inf
+  # Another head count than thresholds: a user error (exit 1) before any launch.
+  out=$(t 60 "$FOXC" run examples/fox.attn --backend cuda --shape B=1,H=3,T=256,D=64 --thresholds=-8,-9 2>&1)
+  rc=$?
+  echo "check run fox.attn H=3 with 2 thresholds rc=$rc (want 1) $(grep -i error <<<"$out" | head -1)"
+  [ $rc -eq 1 ] || fail=1
+  echo "## packed sequences (per-token first keys, as foxc.fox.program(head_first=False, packed=True))"
+  cat >"$TMP/packed.attn" <<'EOF'
+attention packed(q: bf16[B, T, H, D], k: bf16[B, T, H, D], v: bf16[B, T, H, D], fgate: f32[B, T, H], first: i32[B, T] in [0, 1500]) -> bf16[B, T, H, D] {
+    c[b, h, t]      = cumsum(t, logsigmoid(fgate[b, t, h]))
+    s[b, h, i, j]   = sum(d, q[b, i, h, d] * k[b, j, h, d]) / sqrt(D) + c[b, h, i] - c[b, h, j]
+    p[b, h, i, j]   = softmax(j, causal(i, j, select(j >= first[b, i], s[b, h, i, j], -inf)))
+    out[b, i, h, d] = sum(j, p[b, h, i, j] * v[b, j, h, d])
+    return out
+}
+EOF
+  chk run "$TMP/packed.attn" B=1,T=3000,H=4,D=64
+  chk run "$TMP/packed.attn" B=1,T=3000,H=4,D=128 --no-prune
+  chk grad "$TMP/packed.attn" B=1,T=1000,H=2,D=64
+  echo "## Python on CUDA: foxc.load(thresholds=...) and foxc.fox.attention(cu_seqlens=...)"
+  t 600 python3 bench/varlen_thresholds_gpu.py 2>&1 | tee "$OUT/varlen_thresholds_gpu.log" | tail -3
+  [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
   echo "## compute-sanitizer memcheck"
   for args in "grad $PRE --shape B=1,H=2,N=100,M=700,D=64" "grad $PRE --shape B=1,H=2,N=1,M=333,D=128" \
     "run $F16 --shape B=1,H=2,T=300,D=128" "grad $F16 --shape B=1,H=2,T=300,D=64"; do

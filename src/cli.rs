@@ -102,6 +102,11 @@ pub struct PruneArgs {
     /// The safe threshold rule: a name from `foxc rules` (the table in passes/src/rules.rs).
     #[arg(long, value_parser = parse_rule, default_value = foxc_driver::DEFAULT_PRUNE_RULE)]
     pub prune_rule: foxc_ir::PruneRule,
+    /// Per-head thresholds instead of a rule: `d0,d1,...`, one per query head, each <= 0 (`-inf`
+    /// never prunes the head); tile n of query tile m is skipped when c[i0] - c[jend(n)] < d_h.
+    /// The user's choice, NOT a safety proof (docs/RULES.md, "Given thresholds").
+    #[arg(long, value_parser = foxc_driver::options::parse_thresholds, allow_hyphen_values = true, conflicts_with = "prune_rule")]
+    pub thresholds: Option<foxc_ir::PruneRule>,
     /// ACP tile shape BMxBN (default: the target's choice: 64x64; 64x128 on sm_90a for a forward with D = 64 or 128).
     #[arg(long, value_parser = foxc_driver::options::parse_tiles)]
     pub tiles: Option<foxc_ir::Tiles>,
@@ -137,7 +142,7 @@ impl PruneArgs {
         PruneOptions {
             no_prune: self.no_prune,
             log_eps: self.log_eps,
-            prune_rule: self.prune_rule.clone(),
+            prune_rule: self.thresholds.clone().unwrap_or_else(|| self.prune_rule.clone()),
             tiles: self.tiles,
             ws_loads: self.ws_loads.map(|l| match l {
                 WsLoadsArg::Tma => KvLoads::Tma,

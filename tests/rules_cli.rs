@@ -91,3 +91,65 @@ fn check_starts_without_the_gpu_is_a_usage_error() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("--backend cuda"), "{}", text(&o));
 }
+
+/// `--thresholds`: the user's per-head thresholds, listed by `foxc rules` as no safety proof,
+/// printed in the IR and by `--explain`, run by the CPU and drawn by `mask`; a NaN, a positive
+/// value, `--prune-rule` beside it and a program of another head count are user errors (exit 1).
+#[test]
+fn given_thresholds_on_the_cli() {
+    let o = foxc(&["rules"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("given[d0, d1, ...]: d_h") && text(&o).contains("NOT a safety proof"),
+        "{}",
+        text(&o)
+    );
+    let o =
+        foxc(&["compile", "examples/fox.attn", "--thresholds", "-8,-12,-inf", "--emit", "opt", "--explain"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("rule = given[-8, -12, -inf]"), "{}", text(&o));
+    assert!(text(&o).contains("not a safety proof"), "{}", text(&o));
+    let run = |h: u32, thresholds: &str| {
+        foxc(&[
+            "run",
+            "examples/fox.attn",
+            "--backend",
+            "cpu",
+            "--shape",
+            &format!("B=1,H={h},T=200,D=16"),
+            "--tiles",
+            "16x16",
+            &format!("--thresholds={thresholds}"),
+        ])
+    };
+    let o = run(2, "-6,-inf");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("pruning: given rule"), "{}", text(&o));
+    let o = run(3, "-6,-inf");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("2 per-head thresholds") && text(&o).contains("H = 3"), "{}", text(&o));
+    for bad in ["-6,nan", "-6,0.5", "-6,x", "-6,inf"] {
+        let o = run(2, bad);
+        assert_eq!(o.status.code(), Some(1), "{bad}: {}", text(&o));
+    }
+    let o = foxc(&["compile", "examples/fox.attn", "--thresholds", "-8,-12", "--prune-rule", "tight"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("cannot be used with"), "{}", text(&o));
+
+    let dir = std::env::temp_dir().join(format!("foxc-given-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (input, png) = (dir.join("in.safetensors"), dir.join("m.png"));
+    write_inputs("examples/fox.attn", "B=1,H=2,T=256,D=16", &input);
+    let o = foxc(&[
+        "mask",
+        "examples/fox.attn",
+        "--inputs",
+        input.to_str().unwrap(),
+        "--png",
+        png.to_str().unwrap(),
+        "--thresholds=-1,-inf",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(png.exists());
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -51,7 +51,36 @@ fn cases() -> Vec<(String, Graph, bool)> {
             }
         }
     }
+    // Per-head thresholds given by the user: no statistic of the data, under every bound.
+    for score in scores {
+        for bound in bounds {
+            let rule = given();
+            v.push((format!("{rule} {score} {bound:?}"), threshold_graph(rule, bound, score), false));
+        }
+    }
     v
+}
+
+/// `given[-8, -12.5, -inf]` (`--thresholds -8,-12.5,-inf`).
+fn given() -> PruneRule {
+    PruneRule::given_thresholds(&[-8.0, -12.5, f64::NEG_INFINITY]).unwrap()
+}
+
+/// The given thresholds reach the delta kernel as its f32 constants, selected by the head
+/// `bh mod 3` (the table's length: the driver refuses another H before any launch).
+#[test]
+fn given_thresholds_are_the_delta_kernels_constants() {
+    let g = threshold_graph(given(), NormBound::Data, ScoreBound::IDENTITY);
+    for t in [NvptxTarget::Sm90a, NvptxTarget::Sm80] {
+        let a = compile(&g, &spec(t)).unwrap();
+        let names: Vec<&str> = a.kernels.iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        // -8, -12.5 and -inf as PTX f32 literals, chosen by selects on the head.
+        for lit in ["0fC1000000", "0fC1480000", "0fFF800000"] {
+            assert!(a.ptx.contains(lit), "{lit} not in the PTX:\n{}", a.ptx);
+        }
+        assert_eq!(a.ptx.matches("selp.f32").count(), 2, "two selects over three heads:\n{}", a.ptx);
+    }
 }
 
 fn spec(t: NvptxTarget) -> NvptxSpec {

@@ -120,6 +120,28 @@ pub fn pass_options(
 /// are 131072 keys a block, one block per head at the longest decode benchmarked.
 pub const MAX_SPLIT_KEY_TILES: u32 = 1024;
 
+/// The rule of per-head thresholds `values` (one per query head, each `<= 0`, `-inf`: never
+/// prune the head): the CLI's `--thresholds` and Python's `thresholds=`. Not a safety proof
+/// (docs/RULES.md, "Given thresholds"); a program of another head count is refused when its
+/// dims are bound (`validate::check_inputs`).
+pub fn given_rule(values: &[f64]) -> Result<PruneRule, String> {
+    foxc_passes::rules::given(values)
+}
+
+/// Parse `-8,-12,-inf` (the CLI's `--thresholds`) into the rule of per-head thresholds.
+pub fn parse_thresholds(s: &str) -> Result<PruneRule, String> {
+    let values = s
+        .split(',')
+        .map(|v| {
+            let v = v.trim();
+            v.parse::<f64>().map_err(|_| {
+                format!("expected numbers <= 0 separated by commas (e.g. -8,-12,-inf), got `{v}`")
+            })
+        })
+        .collect::<Result<Vec<f64>, String>>()?;
+    given_rule(&values)
+}
+
 /// A tile size foxc's kernels take: a power of two from 8 to 256.
 fn valid_tile(x: u32) -> bool {
     x.is_power_of_two() && (8..=256).contains(&x)

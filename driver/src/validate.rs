@@ -47,6 +47,9 @@ pub enum InputError {
         "the fused attention puts its {queries} = {tq} queries at the end of its {keys} = {tk} keys: it needs at most as many queries as keys"
     )]
     QueriesAfterKeys { queries: String, tq: u64, keys: String, tk: u64 },
+    /// A rule of per-head thresholds given for another number of query heads.
+    #[error("{0}")]
+    GivenHeads(String),
     #[error(
         "subscript `{subscript}` of `{tensor}` takes values {lo}..={hi} at these sizes ({dims}), outside axis {axis} of size {size}"
     )]
@@ -143,6 +146,7 @@ pub fn check_inputs(g: &Graph, inputs: &TensorMap) -> Result<DimBindings, InputE
     check_divisions(g, &dims)?;
     check_subscripts(g, &dims)?;
     check_query_positions(g, &dims)?;
+    check_given_heads(g, &dims)?;
     for p in &g.params {
         let t = &inputs[&p.name];
         let expected = t.numel() * t.dtype.size_bytes();
@@ -236,15 +240,34 @@ fn check_subscripts(g: &Graph, dims: &DimBindings) -> Result<(), InputError> {
     Ok(())
 }
 
-/// [`check_query_positions`] at the sizes of `inputs` (the reference backend, which takes inputs
-/// as they are otherwise); sizes that do not bind are left to the interpreter's own report.
+/// [`check_query_positions`] and [`check_given_heads`] at the sizes of `inputs` (the reference
+/// backend, which takes inputs as they are otherwise); sizes that do not bind are left to the
+/// interpreter's own report.
 pub fn check_positions_of(g: &Graph, inputs: &TensorMap) -> Result<(), InputError> {
     let shapes: Vec<(String, Vec<usize>)> =
         g.params.iter().filter_map(|p| Some((p.name.clone(), inputs.get(&p.name)?.shape.clone()))).collect();
     match bind_dims(g, &shapes) {
-        Ok(dims) => check_query_positions(g, &dims),
+        Ok(dims) => check_query_positions(g, &dims).and_then(|()| check_given_heads(g, &dims)),
         Err(_) => Ok(()),
     }
+}
+
+/// A threshold of per-head thresholds given by the user (`--thresholds`) has one per query
+/// head: the heads of its q (`H`) at these sizes. Every backend's kernel reads entry `h` of
+/// the table for query head `h`, so another count is refused before anything runs.
+pub fn check_given_heads(g: &Graph, dims: &DimBindings) -> Result<(), InputError> {
+    let bind = |s: &str| dims.get(s);
+    for n in g.topo_order() {
+        let Op::Threshold { rule, .. } = g.op(n) else { continue };
+        if !rule.reads_given() {
+            continue;
+        }
+        let Some(heads) = g.ty(g.operands(n)[0]).dims().nth(1).cloned() else { continue };
+        let Some(h) = heads.eval(&bind) else { continue };
+        rule.check_heads(h as usize)
+            .map_err(|e| InputError::GivenHeads(format!("{e} ({heads} = {h} from the inputs' shapes)")))?;
+    }
+    Ok(())
 }
 
 /// A fused attention with a decay or a causal mask puts query row i at key position

@@ -240,6 +240,12 @@ pub fn infer(op: &Op, ops: &[&ValueType]) -> Result<Option<ValueType>, String> {
                 ));
             }
             let d = dims(q);
+            if rule.reads_given() {
+                crate::prune_rule::check_given(&rule.given).map_err(|e| format!("threshold: {e}"))?;
+                if let Dim::Const(h) = d[1] {
+                    rule.check_heads(h as usize).map_err(|e| format!("threshold: {e}"))?;
+                }
+            }
             Some(ValueType::tensor(
                 DType::F32,
                 [d[0].clone(), d[1].clone(), Dim::Tiles(Box::new(d[2].clone()), *bm)],

@@ -113,6 +113,8 @@ impl Sign {
 fn stat_sign(s: Stat) -> Sign {
     match s {
         Stat::LnEps | Stat::Sii => Sign::Unknown,
+        // <= 0 (`PruneRule::given_thresholds` refuses others).
+        Stat::Given => Sign::NonPos,
         Stat::LnT | Stat::Scale | Stat::QRow | Stat::QMax | Stat::QTile | Stat::KMax | Stat::KCausal => {
             Sign::NonNeg
         }
@@ -172,7 +174,7 @@ fn dir(e: &RuleExpr, s: Stat, score: &ScoreBound) -> Dir {
 fn worst(s: Stat, h: &Horizon, scale: f64, score: &ScoreBound) -> Option<(f64, Dir)> {
     let (q, k) = (h.q_norm, h.k_norm);
     match s {
-        Stat::LnEps | Stat::Scale => None,
+        Stat::LnEps | Stat::Scale | Stat::Given => None,
         Stat::LnT => Some(((h.max_keys as f64).ln(), Dir::Up)),
         Stat::QRow | Stat::QMax | Stat::QTile => Some((q, Dir::Up)),
         Stat::KMax | Stat::KCausal => Some((k, Dir::Up)),
@@ -180,6 +182,18 @@ fn worst(s: Stat, h: &Horizon, scale: f64, score: &ScoreBound) -> Option<(f64, D
         // score only (`PruneRule::fits`), whose bound `U(x) = x` is that product.
         Stat::Sii => Some((-score.u(scale.abs() * q * k), Dir::Down)),
     }
+}
+
+/// Eviction's refusal of thresholds given per head by the user ([`Stat::Given`]): a constant
+/// threshold would be monotone in time, but it bounds no weight, so eviction's guarantee
+/// (every dropped key below `eps / max_keys` in every later row) has no premise.
+pub fn refuses_given(rule: &RuleExpr) -> Result<(), String> {
+    if rule.uses(Stat::Given) {
+        return Err(format!(
+            "the rule `{rule}` reads thresholds given per head by the user, which bound no attention weight: eviction drops keys only under a proven rule (load without thresholds=, or evict=False)"
+        ));
+    }
+    Ok(())
 }
 
 /// The threshold that every later query's own threshold is at least, under `horizon`: `rule`
@@ -193,6 +207,7 @@ pub fn threshold(
     horizon: &Horizon,
 ) -> Result<f64, String> {
     let Horizon { max_keys, q_norm, k_norm } = *horizon;
+    refuses_given(rule)?;
     if max_keys == 0 || !(q_norm.is_finite() && q_norm >= 0.0 && k_norm.is_finite() && k_norm >= 0.0) {
         return Err(format!(
             "eviction needs max_keys >= 1 and finite norm bounds >= 0 (got max_keys {max_keys}, |q| <= {q_norm}, |k| <= {k_norm})"
@@ -212,6 +227,7 @@ pub fn threshold(
     let at = |s: Stat| match s {
         Stat::LnEps => log_eps,
         Stat::Scale => scale.abs(),
+        Stat::Given => f64::NAN,
         other => worst(other, horizon, scale, score).expect("every varying statistic has a worst value").0,
     };
     Ok(rule.eval(&at, score))
@@ -268,6 +284,14 @@ mod tests {
         assert!(threshold(&e, &ScoreBound::IDENTITY, -10.0, 1.0, &H)
             .unwrap_err()
             .contains("non-decreasing in s_ii"));
+    }
+
+    #[test]
+    fn given_thresholds_are_refused() {
+        let err = threshold(&s(Stat::Given), &ScoreBound::IDENTITY, -10.0, 1.0, &H).unwrap_err();
+        assert!(err.contains("given per head by the user"), "{err}");
+        let e = add(paper(), s(Stat::Given));
+        assert!(threshold(&e, &ScoreBound::IDENTITY, -10.0, 1.0, &H).is_err());
     }
 
     #[test]

@@ -130,6 +130,10 @@ pub enum InterpError {
     TooLarge { node: String, elements: u128, shape: Vec<usize> },
     #[error("target node {0} is not in the graph")]
     UnknownTarget(usize),
+    /// The program cannot run at these sizes (a user error: per-head thresholds given for
+    /// another number of heads).
+    #[error("{0}")]
+    Refused(String),
     /// The graph is not one the verifier would accept (an internal error, not a user error).
     #[error("malformed graph at {node}: {what}")]
     Malformed { node: String, what: String },

@@ -41,10 +41,14 @@ pub enum Stat {
     /// The diagonal logit `scale * q_i . k_i` of the row (always from the data). A rule that
     /// reads it is valid only for the identity score region (`E_ii = s_ii`).
     Sii,
+    /// The threshold the user gave for the query head (`--thresholds`, Python's `thresholds=`):
+    /// entry `h` of the rule's per-head table ([`PruneRule::given`]) for every batch and tile.
+    /// Not derived from the data and not a bound of anything: no safety proof.
+    Given,
 }
 
 impl Stat {
-    pub const ALL: [Stat; 9] = [
+    pub const ALL: [Stat; 10] = [
         Stat::LnEps,
         Stat::LnT,
         Stat::Scale,
@@ -54,6 +58,7 @@ impl Stat {
         Stat::KMax,
         Stat::KCausal,
         Stat::Sii,
+        Stat::Given,
     ];
 
     /// The name formulas print.
@@ -68,6 +73,7 @@ impl Stat {
             Stat::KMax => "k_max",
             Stat::KCausal => "k_causal",
             Stat::Sii => "s_ii",
+            Stat::Given => "d_h",
         }
     }
 
@@ -83,6 +89,7 @@ impl Stat {
             Stat::KMax => "max |k_j| over the sequence (static with QK-norm)",
             Stat::KCausal => "max |k_j| over j <= the tile's last row (static with QK-norm)",
             Stat::Sii => "s_ii = scale q_i.k_i, the diagonal logit (identity score only)",
+            Stat::Given => "d_h, the threshold the user gave for query head h (--thresholds; no proof)",
         }
     }
 
@@ -314,9 +321,47 @@ impl fmt::Display for RuleExpr {
 pub struct PruneRule {
     pub name: String,
     pub formula: RuleExpr,
+    /// The per-head table that [`Stat::Given`] reads: entry `h` is query head `h`'s threshold
+    /// (every batch, every tile). Empty for the rules of the table, which read no such thing.
+    pub given: Vec<f64>,
 }
 
+/// The name of the rule of user-given per-head thresholds ([`PruneRule::given_thresholds`]).
+pub const GIVEN: &str = "given";
+
 impl PruneRule {
+    /// The rule `delta[b, h, m] = d_h`: a threshold per query head, given by the user. Each
+    /// value must be `<= 0` (`-inf`: never prune the head); NaN and positive values are
+    /// refused. Not a safety proof (docs/RULES.md, "Given thresholds").
+    pub fn given_thresholds(values: &[f64]) -> Result<PruneRule, String> {
+        check_given(values)?;
+        Ok(PruneRule {
+            name: GIVEN.to_string(),
+            formula: RuleExpr::Stat(Stat::Given),
+            given: values.to_vec(),
+        })
+    }
+
+    /// Whether the formula reads the per-head table.
+    pub fn reads_given(&self) -> bool {
+        self.formula.uses(Stat::Given)
+    }
+
+    /// Whether the rule fits a program of `heads` query heads: a rule that reads the per-head
+    /// table needs one entry per head (an error naming both counts otherwise).
+    pub fn check_heads(&self, heads: usize) -> Result<(), String> {
+        if self.reads_given() && self.given.len() != heads {
+            return Err(format!(
+                "the rule `{}` gives {} per-head threshold{}, but the program has H = {heads} query head{}: give one threshold per head",
+                self.name,
+                self.given.len(),
+                if self.given.len() == 1 { "" } else { "s" },
+                if heads == 1 { "" } else { "s" },
+            ));
+        }
+        Ok(())
+    }
+
     /// Whether the rule is valid for an attention whose score region has bound `score`: a rule
     /// that reads `s_ii` assumes `E_ii = s_ii` (the identity region).
     pub fn fits(&self, score: &ScoreBound) -> bool {
@@ -338,9 +383,31 @@ impl PruneRule {
     }
 }
 
+/// Per-head thresholds must be `<= 0` or `-inf`, at least one.
+pub fn check_given(values: &[f64]) -> Result<(), String> {
+    if values.is_empty() {
+        return Err("per-head thresholds: give at least one (one per query head)".into());
+    }
+    if let Some((h, v)) = values.iter().enumerate().find(|(_, v)| v.is_nan() || **v > 0.0) {
+        return Err(format!(
+            "per-head threshold {h} is {v}: a threshold must be a number <= 0, or -inf to never prune the head"
+        ));
+    }
+    Ok(())
+}
+
 impl fmt::Display for PruneRule {
-    /// `tight: min_i(ln_eps - ln_T - ...)`, the form the IR printer shows.
+    /// `tight: min_i(ln_eps - ln_T - ...)`, the form the IR printer shows; a rule of given
+    /// thresholds shows them: `given[-8, -12]`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.given.is_empty() {
+            let v: Vec<String> = self.given.iter().map(|x| x.to_string()).collect();
+            write!(f, "{}[{}]", self.name, v.join(", "))?;
+            return match self.formula {
+                RuleExpr::Stat(Stat::Given) => Ok(()),
+                _ => write!(f, ": {}", self.formula),
+            };
+        }
         if self.formula.per_row() {
             write!(f, "{}: min_i({})", self.name, self.formula)
         } else {
@@ -370,6 +437,11 @@ pub struct ThresholdArgs<'a> {
     /// `None`: q and k are whole sequences. `Some`: they are one chunk of the rows of a longer
     /// square sequence (a context-parallel rank's), with the statistics that span it.
     pub whole: Option<Whole<'a>>,
+    /// The rule's per-head table ([`PruneRule::given`]): query head `bh` reads entry
+    /// `bh % given.len()`, its head `h` when the table has one entry per head (the caller
+    /// checks that: [`PruneRule::check_heads`]). Empty: a [`Stat::Given`] reads NaN (every tile
+    /// kept).
+    pub given: &'a [f64],
 }
 
 /// A chunk's view of the square sequence it is part of ([`ThresholdArgs::whole`]).
@@ -432,6 +504,7 @@ pub fn threshold(rule: &RuleExpr, a: &ThresholdArgs) -> Vec<f64> {
                         let ki = &a.k[p * d..(p + 1) * d];
                         a.scale * qi.iter().zip(ki).map(|(x, y)| x * y).sum::<f64>()
                     }
+                    Stat::Given => a.given.get(bh % a.given.len().max(1)).copied().unwrap_or(f64::NAN),
                 }
             };
             let delta = if per_row {
@@ -457,8 +530,47 @@ mod tests {
         assert_eq!(e.to_string(), "ln_eps - ln_T - 2 * U(scale * q_max)");
         let e = sub(s(Stat::LnEps), sub(s(Stat::LnT), s(Stat::Sii)));
         assert_eq!(e.to_string(), "ln_eps - (ln_T - s_ii)");
-        let r = PruneRule { name: "x".into(), formula: add(s(Stat::Sii), c(-1.0)) };
+        let r = PruneRule { name: "x".into(), formula: add(s(Stat::Sii), c(-1.0)), given: vec![] };
         assert_eq!(r.to_string(), "x: min_i(s_ii + (-1))");
+    }
+
+    #[test]
+    fn given_thresholds_print_check_and_evaluate() {
+        let r = PruneRule::given_thresholds(&[-8.0, -12.5, f64::NEG_INFINITY]).unwrap();
+        assert_eq!(r.to_string(), "given[-8, -12.5, -inf]");
+        assert_eq!(r.formula.to_string(), "d_h");
+        assert!(!r.formula.per_row());
+        assert!(r.check_heads(3).is_ok());
+        let e = r.check_heads(4).unwrap_err();
+        assert!(e.contains("3 per-head thresholds") && e.contains("H = 4"), "{e}");
+        assert!(PruneRule::given_thresholds(&[]).is_err());
+        for bad in [f64::NAN, 0.5, f64::INFINITY] {
+            let e = PruneRule::given_thresholds(&[-1.0, bad]).unwrap_err();
+            assert!(e.contains("threshold 1 is") && e.contains("<= 0"), "{e}");
+        }
+        assert!(PruneRule::given_thresholds(&[0.0, -0.0]).is_ok());
+        // delta[b, h, m] = d_h: B = 2, H = 3, two tiles per head; the data do not matter.
+        let (t, d) = (4, 2);
+        let q: Vec<f64> = (0..2 * 3 * t * d).map(|x| x as f64 * 0.01).collect();
+        let args = ThresholdArgs {
+            q: &q,
+            k: &q,
+            heads: 6,
+            kv_head: &|bh| bh,
+            t,
+            tk: t,
+            d,
+            bm: 2,
+            log_eps: -10.0,
+            scale: 0.5,
+            bound: NormBound::Data,
+            score: ScoreBound::IDENTITY,
+            whole: None,
+            given: &r.given,
+        };
+        let delta = threshold(&r.formula, &args);
+        let inf = f64::NEG_INFINITY;
+        assert_eq!(delta, [-8.0, -8.0, -12.5, -12.5, inf, inf, -8.0, -8.0, -12.5, -12.5, inf, inf]);
     }
 
     #[test]

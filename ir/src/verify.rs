@@ -315,6 +315,7 @@ mod tests {
                 rule: PruneRule {
                     name: "tight".into(),
                     formula: crate::prune_rule::build::s(crate::prune_rule::Stat::Sii),
+                    given: vec![],
                 },
                 log_eps: -10.0,
                 bound: NormBound::Data,

@@ -16,14 +16,14 @@ const SP: Span = Span { start: 0, end: 0 };
 fn paper() -> PruneRule {
     use foxc_ir::prune_rule::{build::*, Stat::*};
     let x = bound(mul(s(Scale), mul(s(QMax), s(KMax))));
-    PruneRule { name: "paper".into(), formula: sub(sub(s(LnEps), s(LnT)), mul(c(2.0), x)) }
+    PruneRule { name: "paper".into(), formula: sub(sub(s(LnEps), s(LnT)), mul(c(2.0), x)), given: vec![] }
 }
 
 /// The tight rule's formula (as [`paper`]).
 fn tight() -> PruneRule {
     use foxc_ir::prune_rule::{build::*, Stat::*};
     let pen = mul(s(Scale), mul(s(QRow), s(KMax)));
-    PruneRule { name: "tight".into(), formula: add(sub(sub(s(LnEps), s(LnT)), pen), s(Sii)) }
+    PruneRule { name: "tight".into(), formula: add(sub(sub(s(LnEps), s(LnT)), pen), s(Sii)), given: vec![] }
 }
 
 fn sym(s: &str) -> Dim {

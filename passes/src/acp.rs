@@ -154,6 +154,15 @@ pub fn run(g: &mut Graph, opts: &PassOptions, cx: &mut PassContext) -> Result<()
             );
         }
         let rule = if fits { opts.rule.clone() } else { crate::rules::default_rule() };
+        if rule.reads_given() {
+            explain(
+                cx,
+                format!(
+                    "pruned with thresholds given per head by the user: rule = {rule} (the user's choice, not a safety proof: the pruned mass per row is not bounded by eps)"
+                ),
+                None,
+            );
+        }
         let th = Op::Threshold {
             rule,
             log_eps: opts.log_eps,

@@ -24,7 +24,7 @@ pub struct RuleDef {
 impl RuleDef {
     /// The rule as the IR carries it.
     pub fn rule(&self) -> PruneRule {
-        PruneRule { name: self.name.to_string(), formula: (self.formula)() }
+        PruneRule { name: self.name.to_string(), formula: (self.formula)(), given: vec![] }
     }
 }
 
@@ -89,6 +89,22 @@ pub const RULES: &[RuleDef] = &[
         formula: tight_causal,
     },
 ];
+
+/// Thresholds given per head by the user (`--thresholds`, Python's `thresholds=`): not an
+/// entry of the table, which holds the rules with a safety argument. `foxc rules` lists it
+/// after the table with [`GIVEN_SUMMARY`] and [`GIVEN_NOTE`].
+pub fn given(values: &[f64]) -> Result<PruneRule, String> {
+    PruneRule::given_thresholds(values)
+}
+
+/// What `foxc rules` says of the user's thresholds.
+pub const GIVEN_SUMMARY: &str = "the user's choice: delta[b, h, m] = d_h, one number <= 0 per query head \
+    (--thresholds d0,d1,...; -inf never prunes the head)";
+/// Why it is not safe (docs/RULES.md, "Given thresholds").
+pub const GIVEN_NOTE: &str = "nothing bounds the pruned weight. A tile is skipped \
+    when its largest decay c[i0] - c[jend(n)] is below d_h, whatever q and k are; the run is \
+    deterministic and the diagonal tile is still never skipped, but the pruned mass per row is \
+    whatever the data make it (--check reports it).";
 
 /// The default rule (the paper's).
 pub fn default_rule() -> PruneRule {

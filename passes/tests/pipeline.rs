@@ -471,3 +471,27 @@ fn dumps_only_on_request_and_optimize_is_idempotent() {
         assert_eq!(print_graph(&again), print_graph(&o), "{ex}: a second optimize changed the graph");
     }
 }
+
+/// Per-head thresholds given by the user reach the threshold op as its rule, printed with their
+/// values, and `--explain` says they are the user's choice; on a GPU target too (a formula of
+/// no norm statistic: the two-launch plan's delta kernel alone).
+#[test]
+fn given_thresholds_print_in_the_ir_and_the_explanations() {
+    let rule = foxc_passes::rules::given(&[-8.0, -12.5, f64::NEG_INFINITY, -0.25]).unwrap();
+    let mut s = String::new();
+    for target in [Target::Cpu, Target::Sm90a] {
+        let opts = PassOptions { rule: rule.clone(), target, ..PassOptions::default() };
+        let (o, report) = run(&compile("examples/fox.attn"), &opts);
+        let th = o.find(|op| matches!(op, Op::Threshold { .. }));
+        assert_eq!(th.len(), 1, "{target:?}");
+        let Op::Threshold { rule: r, plan, .. } = o.op(th[0]) else { unreachable!() };
+        assert_eq!(r, &rule);
+        assert_eq!(*plan, ThresholdPlan::NormsThenDelta);
+        s.push_str(&format!("// ---- {target:?}\n{}", print_graph(&o)));
+        for e in &report.explanations {
+            s.push_str(&format!("// explain: {}\n", e.message));
+        }
+    }
+    assert!(s.contains("rule = given[-8, -12.5, -inf, -0.25]"), "{s}");
+    insta::assert_snapshot!("given_thresholds", s);
+}

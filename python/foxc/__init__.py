@@ -166,17 +166,28 @@ def load(
     log_eps: float = _foxc.DEFAULT_LOG_EPS,
     no_prune: bool = False,
     tiles: Optional[Tuple[int, int]] = None,
+    thresholds=None,
 ) -> Attention:
     """Compile an attention program (a ``.attn`` path or DSL text) once.
 
     ``prune_rule``: a rule name from ``foxc rules`` (ACP's safe threshold: "paper", "tight",
     "local", "tight-causal"); ``log_eps``: ln of the pruned
     attention mass bound per row; ``no_prune``: keep attention dense; ``tiles``: (BM, BN).
+    ``thresholds``: instead of a rule, one threshold per query head ``[d_0, ..., d_{H-1}]``,
+    each ``<= 0`` (``-inf``: never prune that head): key tile n of query tile m is skipped when
+    ``c[i0] - c[jend(n)] < d_h``. The user's choice, NOT a safety proof (docs/RULES.md, "Given
+    thresholds"); a call whose H differs from ``len(thresholds)`` raises a ValueError, and
+    ``foxc.KVCache`` refuses to evict with it.
     Raises ``foxc.CompileError`` (a ``ValueError``) with foxc's diagnostic for a bad program.
     Loading the same text with the same options again returns the cached compilation.
     """
     text, name = _read_source(path_or_source)
-    prog = _foxc.load(text, name, prune_rule, float(log_eps), bool(no_prune), tiles)
+    if thresholds is not None:
+        try:
+            thresholds = [float(d) for d in thresholds]
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"thresholds: expected a sequence of numbers <= 0, got {thresholds!r}") from e
+    prog = _foxc.load(text, name, prune_rule, float(log_eps), bool(no_prune), tiles, None, thresholds)
     # One Attention per compiled program, so its GPU plans are shared by every load.
     return _ATTENTIONS.setdefault(prog.id, Attention(prog))
 
@@ -189,9 +200,9 @@ def _assuming_norms(attn: Attention, q_max: float, k_max: float) -> Attention:
     every key row <= ``k_max``: its pruning threshold takes them as a static bound and reads no
     norms from the data (no pass over the keys per call). Unchecked here: ``foxc.KVCache``,
     which checks every row it passes, is the caller."""
-    rule, log_eps, no_prune, tiles, _ = attn._program.load_args
+    rule, log_eps, no_prune, tiles, _, given = attn._program.load_args
     bounds = (float(q_max), float(k_max))
-    prog = _foxc.load(attn.source, attn._program.file, rule, log_eps, no_prune, tiles, bounds)
+    prog = _foxc.load(attn.source, attn._program.file, rule, log_eps, no_prune, tiles, bounds, given)
     return _ATTENTIONS.setdefault(prog.id, Attention(prog))
 
 

@@ -13,8 +13,26 @@ FoX kernel: foxc writes the DSL program for the choice and compiles it once.
 - ``sm_scale``: the score's scale (default ``1 / sqrt(D)``).
 - ``fewer_queries``: N queries at the end of M keys (a prefill against a cache, N = 1 a decode
   step; ``bench/fox_prefill.attn``) instead of T queries against their own T keys.
+- ``packed``: several sequences back to back in the T axis (FlashAttention's "varlen" batches),
+  with the per-token first key ``first: i32[B, T]`` (the start of each token's sequence) as one
+  more parameter: ``select(j >= first[b, i], s, -inf)`` under the causal mask, fused and pruned
+  (the decay needs no reset: ``c_i - c_j`` within a sequence sums its own gates only).
 
-Every other keyword goes to ``foxc.load`` (``prune_rule``, ``log_eps``, ``no_prune``, ``tiles``).
+Packed batches by cumulative offsets, as FlashAttention's varlen API takes them::
+
+    cu = np.array([0, 5, 6, 300], dtype=np.int32)      # three sequences: 5, 1 and 294 tokens
+    out = foxc.fox.attention(q, k, v, gate, cu_seqlens=cu)  # q, k, v [total, H, D], gate [total, H]
+
+``cu_seqlens`` (int32 or int64, NumPy, torch or a list, ``[S + 1]``) must start at 0, never
+decrease and end at ``total``; foxc turns it into the first keys (``first_keys(cu)``) and runs
+the packed program on ``[1, total, H, D]`` views (``head_first=True``: ``[H, total, D]`` tensors
+and ``[H, total]`` gates). It is read on the host: a CUDA tensor is copied (one sync), so pass it
+as a CPU tensor or array to avoid that. Each token attends to the earlier tokens of its own
+sequence only: the output equals running every sequence alone (within the numerics contract;
+ACP prunes each run with its own tiles and ``ln T``).
+
+Every other keyword goes to ``foxc.load`` (``prune_rule``, ``log_eps``, ``no_prune``, ``tiles``,
+``thresholds``).
 The program is plain DSL text (``program(...)``): what it computes is what it says.
 """
 
@@ -23,7 +41,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-__all__ = ["program", "load", "attention"]
+__all__ = ["program", "load", "attention", "first_keys"]
 
 _GATES = {
     # gate -> (parameter, its declared range, log f of one element)
@@ -38,10 +56,13 @@ def program(
     sm_scale: Optional[float] = None,
     fewer_queries: bool = False,
     dtype: str = "bf16",
+    packed: bool = False,
 ) -> str:
     """The DSL text of FoX attention for these choices (see the module's doc)."""
     if gate not in _GATES:
         raise ValueError(f"gate must be one of {sorted(_GATES)}, got {gate!r}")
+    if packed and fewer_queries:
+        raise ValueError("packed sequences take their own keys: packed=True with fewer_queries=True is not supported")
     if sm_scale is None:
         scale = "/ sqrt(D)"
     else:
@@ -61,13 +82,21 @@ def program(
     gshape = f"[B, H, {tk}]" if head_first else f"[B, {tk}, H]"
     g = "b, h, t" if head_first else "b, t, h"
     pos = "i + M - N" if fewer_queries else "i"
-    mask = "select(j <= i + M - N, s[b, h, i, j], -inf)" if fewer_queries else "causal(i, j, s[b, h, i, j])"
-    kind = "prefill" if fewer_queries else "attention"
+    if fewer_queries:
+        mask = "select(j <= i + M - N, s[b, h, i, j], -inf)"
+    elif packed:
+        # Keys before the token's own sequence are masked like padding (tests/packed.rs).
+        mask = "causal(i, j, select(j >= first[b, i], s[b, h, i, j], -inf))"
+    else:
+        mask = "causal(i, j, s[b, h, i, j])"
+    kind = "prefill" if fewer_queries else "packed attention" if packed else "attention"
     layout = "head_first" if head_first else "seq_first"
+    suffix = "_packed" if packed else ""
+    first = ", first: i32[B, T]" if packed else ""
     return (
         f"# FoX {kind}, {layout}, gate = {gate}, scale {scale} (written by foxc.fox.program)\n"
-        f"attention fox_{layout}_{gate}(q: {dtype}{shape(tq)}, k: {dtype}{shape(tk)}, v: {dtype}{shape(tk)}, "
-        f"{name}: f32{gshape}{declared}) -> {dtype}{shape(tq)} {{\n"
+        f"attention fox_{layout}_{gate}{suffix}(q: {dtype}{shape(tq)}, k: {dtype}{shape(tk)}, v: {dtype}{shape(tk)}, "
+        f"{name}: f32{gshape}{declared}{first}) -> {dtype}{shape(tq)} {{\n"
         f"    c[b, h, t]      = cumsum(t, {log_f.format(g=g)})\n"
         f"    s[b, h, i, j]   = sum(d, q[{at('i')}] * k[{at('j')}]) {scale} + c[b, h, {pos}] - c[b, h, j]\n"
         f"    p[b, h, i, j]   = softmax(j, {mask})\n"
@@ -83,19 +112,79 @@ def load(
     sm_scale: Optional[float] = None,
     fewer_queries: bool = False,
     dtype: str = "bf16",
+    packed: bool = False,
     **load_kwargs,
 ):
     """``foxc.load`` of :func:`program` (cached: the same choices give the same program)."""
     from . import load as load_program
 
-    return load_program(program(head_first, gate, sm_scale, fewer_queries, dtype), **load_kwargs)
+    return load_program(program(head_first, gate, sm_scale, fewer_queries, dtype, packed), **load_kwargs)
 
 
-def attention(q, k, v, gate, head_first: bool = True, gate_kind: str = "logits", sm_scale=None, **load_kwargs):
+def first_keys(cu_seqlens, total: int):
+    """The per-token first keys (int32 NumPy ``[total]``) of the cumulative sequence offsets
+    ``cu_seqlens`` (``[S + 1]``, int32 or int64, NumPy, torch or a list): token ``t`` of sequence
+    ``s`` (``cu[s] <= t < cu[s + 1]``) gets ``cu[s]``. A ValueError unless the offsets start at
+    0, never decrease and end at ``total``."""
+    import numpy as np
+
+    if hasattr(cu_seqlens, "detach"):  # torch: read on the host
+        cu_seqlens = cu_seqlens.detach().cpu().numpy()
+    cu = np.asarray(cu_seqlens)
+    if cu.dtype == object or not (np.issubdtype(cu.dtype, np.integer) or cu.size == 0):
+        raise ValueError(f"cu_seqlens must hold integers (int32 or int64), got dtype {cu.dtype}")
+    if cu.ndim != 1 or cu.size < 2:
+        raise ValueError(f"cu_seqlens must be 1-D with S + 1 >= 2 offsets, got shape {cu.shape}")
+    cu = cu.astype(np.int64)
+    if cu[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {cu[0]}")
+    steps = np.diff(cu)
+    if (steps < 0).any():
+        s = int(np.argmax(steps < 0))
+        raise ValueError(f"cu_seqlens must not decrease: cu_seqlens[{s + 1}] = {cu[s + 1]} < cu_seqlens[{s}] = {cu[s]}")
+    if cu[-1] != total:
+        raise ValueError(f"cu_seqlens must end at the number of tokens {total}, got {cu[-1]}")
+    if total >= 2**31:
+        raise ValueError(f"{total} tokens do not fit int32 first keys")
+    return np.repeat(cu[:-1], steps).astype(np.int32)
+
+
+def _packed(q, k, v, gate, cu_seqlens, head_first, gate_kind, sm_scale, load_kwargs):
+    """:func:`attention` of tensors without a batch axis, packed by ``cu_seqlens``."""
+    axis = 1 if head_first else 0
+    for name, x, rank in (("q", q, 3), ("k", k, 3), ("v", v, 3), ("gate", gate, 2)):
+        if len(x.shape) != rank:
+            want = "[H, total, D]" if head_first else "[total, H, D]"
+            want = want if rank == 3 else ("[H, total]" if head_first else "[total, H]")
+            raise ValueError(f"with cu_seqlens, {name} must be {want} (no batch axis), got shape {tuple(x.shape)}")
+    total = q.shape[axis]
+    for name, x in (("k", k), ("v", v), ("gate", gate)):
+        if x.shape[axis] != total:
+            raise ValueError(f"with cu_seqlens, {name} has {x.shape[axis]} tokens but q has {total} (queries take their own keys)")
+    first = first_keys(cu_seqlens, total).reshape(1, total)
+    if hasattr(q, "device") and hasattr(q, "detach"):  # torch: the first keys beside q
+        import torch
+
+        first = torch.from_numpy(first).to(q.device)
+    attn = load(head_first, gate_kind, sm_scale, False, packed=True, **load_kwargs)
+    # A batch of one: views, no copy.
+    x = {n: t.reshape((1,) + tuple(t.shape)) for n, t in (("q", q), ("k", k), ("v", v))}
+    out = attn(first=first, **x, **{_GATES[gate_kind][0]: gate.reshape((1,) + tuple(gate.shape))})
+    return out.reshape(tuple(out.shape[1:]))
+
+
+def attention(
+    q, k, v, gate, head_first: Optional[bool] = None, gate_kind: str = "logits", sm_scale=None, cu_seqlens=None, **load_kwargs
+):
     """FoX attention of NumPy arrays or torch tensors: ``q`` ``[B, H, N, D]`` (or ``[B, N, H, D]``
     with ``head_first=False``), ``k``, ``v`` with M >= N rows and the gates of the keys (``gate_kind``
     "logits" or "log"); N < M puts the queries at the end of the keys (a prefill or decode step
-    against a cache). The program is compiled once per choice and reused."""
+    against a cache). With ``cu_seqlens`` the sequences are packed: ``q``, ``k``, ``v``
+    ``[total, H, D]`` and the gates ``[total, H]`` (``[H, total, D]`` and ``[H, total]`` with
+    ``head_first=True``), see the module's doc. The program is compiled once per choice and reused."""
+    if cu_seqlens is not None:
+        return _packed(q, k, v, gate, cu_seqlens, bool(head_first), gate_kind, sm_scale, load_kwargs)
+    head_first = True if head_first is None else head_first
     axis = 2 if head_first else 1
     fewer = q.shape[axis] != k.shape[axis]
     attn = load(head_first, gate_kind, sm_scale, fewer, **load_kwargs)

@@ -25,7 +25,11 @@ const NOTHING_TO_EVICT: &str = ": nothing can be evicted";
 fn eviction_info(py: Python<'_>, program: &Program) -> PyResult<Py<pyo3::types::PyDict>> {
     let g = program.inner.optimized(Target::Cpu)?;
     let Pruned { a, ops, c, delta } = pruned(&g, NOTHING_TO_EVICT)?;
-    let Op::Threshold { bound, .. } = g.op(delta) else { unreachable!("pruned() checks the threshold") };
+    let Op::Threshold { bound, rule, .. } = g.op(delta) else {
+        unreachable!("pruned() checks the threshold")
+    };
+    // Refused when the cache is made, not at its first eviction.
+    foxc_ir::evict::refuses_given(&rule.formula).map_err(value_error)?;
     let (_, bn) = tiles_of(&a)?;
     let seq_dim = |v: ValueId| -> Option<String> {
         let dims: Vec<&Dim> = g.ty(v).dims().collect();

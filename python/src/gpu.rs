@@ -102,7 +102,10 @@ fn check_metas(
         )));
     }
     let shapes: Vec<(String, Vec<usize>)> = metas.iter().map(|(k, (_, s))| (k.clone(), s.clone())).collect();
-    foxc_ir::shapes::bind_dims(g, &shapes).map_err(|e| value_error(e.to_string()))
+    let bind = foxc_ir::shapes::bind_dims(g, &shapes).map_err(|e| value_error(e.to_string()))?;
+    // Per-head thresholds (`thresholds=`): one per query head, before any kernel is built.
+    foxc_driver::validate::check_given_heads(g, &bind).map_err(|e| value_error(e.to_string()))?;
+    Ok(bind)
 }
 
 /// The dims the kernels are specialized on: the last axis of every rank-4 parameter (the head

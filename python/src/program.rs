@@ -103,7 +103,7 @@ fn parse_rule(rule: &str) -> PyResult<PruneRule> {
 
 /// Compile `source` (DSL text; `name` is what diagnostics call it) once per (text, options).
 #[pyfunction]
-#[pyo3(signature = (source, name, prune_rule = foxc_driver::DEFAULT_PRUNE_RULE, log_eps = foxc_driver::DEFAULT_LOG_EPS, no_prune = false, tiles = None, norm_bounds = None))]
+#[pyo3(signature = (source, name, prune_rule = foxc_driver::DEFAULT_PRUNE_RULE, log_eps = foxc_driver::DEFAULT_LOG_EPS, no_prune = false, tiles = None, norm_bounds = None, thresholds = None))]
 #[allow(clippy::too_many_arguments)] // the keyword arguments of `foxc.load`
 pub fn load(
     py: Python<'_>,
@@ -114,9 +114,22 @@ pub fn load(
     no_prune: bool,
     tiles: Option<(u32, u32)>,
     norm_bounds: Option<(f64, f64)>,
+    thresholds: Option<Vec<f64>>,
 ) -> PyResult<Program> {
-    let rule = parse_rule(prune_rule)?;
+    // Per-head thresholds given by the user replace the rule (not a safety proof).
+    let rule = match &thresholds {
+        None => parse_rule(prune_rule)?,
+        Some(_) if prune_rule != foxc_driver::DEFAULT_PRUNE_RULE => {
+            return Err(value_error(format!(
+                "thresholds= replaces the pruning rule; prune_rule=`{prune_rule}` cannot be given with it"
+            )))
+        }
+        Some(v) => {
+            foxc_driver::options::given_rule(v).map_err(|e| value_error(format!("thresholds: {e}")))?
+        }
+    };
     let tiles = tiles.map(|(m, n)| foxc_driver::options::tiles(m, n)).transpose().map_err(value_error)?;
+    let rule_key = rule.to_string();
     let prune =
         PruneOptions { no_prune, log_eps, prune_rule: rule, tiles, norm_bounds, ..PruneOptions::default() };
     // The CPU's options: the GPU graphs take them with their target and specialization.
@@ -126,7 +139,8 @@ pub fn load(
         source: source.as_bytes().to_vec(),
         prune: opts.prune,
         log_eps_bits: log_eps.to_bits(),
-        rule: prune_rule.to_string(),
+        // The rule as printed: a given rule's values too (two tables are two programs).
+        rule: rule_key,
         tiles: tiles.map(|t: Tiles| (t.bm, t.bn)),
         norm_bounds: norm_bounds.map(|(q, k)| (q.to_bits(), k.to_bits())),
     };
@@ -227,12 +241,17 @@ impl Program {
     }
 
     /// The keyword arguments of the load after `source` and `name`: `(prune_rule, log_eps,
-    /// no_prune, tiles, norm_bounds)` (what loading a variant of this program repeats).
+    /// no_prune, tiles, norm_bounds, thresholds)` (what loading a variant of this program
+    /// repeats; with given thresholds the rule name is the default, as that load's).
     #[allow(clippy::type_complexity)]
     #[getter]
-    fn load_args(&self) -> (String, f64, bool, Option<(u32, u32)>, Option<(f64, f64)>) {
+    fn load_args(&self) -> (String, f64, bool, Option<(u32, u32)>, Option<(f64, f64)>, Option<Vec<f64>>) {
         let o = &self.inner.opts;
-        (o.rule.name.to_string(), o.log_eps, !o.prune, o.tiles.map(|t| (t.bm, t.bn)), o.norm_bounds)
+        let (name, given) = match o.rule.reads_given() {
+            true => (foxc_driver::DEFAULT_PRUNE_RULE.to_string(), Some(o.rule.given.clone())),
+            false => (o.rule.name.to_string(), None),
+        };
+        (name, o.log_eps, !o.prune, o.tiles.map(|t| (t.bm, t.bn)), o.norm_bounds, given)
     }
 
     /// The IR text: `stage` "ir" (as lowered) or "opt" (after the passes for `target`, with the

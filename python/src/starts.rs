@@ -336,6 +336,7 @@ fn threshold_local<'py>(
     if k.shape.len() != 4 || k.shape[0] != b || k.shape[2..] != [l, d] || hk == 0 || h % hk != 0 {
         return Err(value_error(format!("`{kn}` {:?} does not fit `{qn}` {:?}", k.shape, q.shape)));
     }
+    rule.check_heads(h).map_err(value_error)?;
     let bm = bm as usize;
     if bm == 0 || offset % bm != 0 || l % bm != 0 || offset + l > t {
         return Err(value_error(format!(
@@ -377,6 +378,7 @@ fn threshold_local<'py>(
         bound,
         score,
         whole: Some(Whole { len: t, stats: &stats }),
+        given: &rule.given,
     };
     let out = prune_rule::threshold(&rule.formula, &args);
     Ok((vec![b, h, l / bm], PyBytes::new(py, &f64_bytes(&out))))

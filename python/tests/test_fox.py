@@ -78,3 +78,106 @@ def test_the_options_are_checked():
         foxc.fox.program(gate="sigmoid")
     with pytest.raises(ValueError, match="sm_scale must be finite"):
         foxc.fox.program(sm_scale=float("nan"))
+
+
+# ---------------------------------------------------------------- packed batches (cu_seqlens)
+LENGTHS = [1, 37, 100, 5, 1, 64]
+
+
+def packed_case(rng, lengths, H=3, D=16, gate="logits"):
+    total = sum(lengths)
+    q, k, v = (rng.standard_normal((total, H, D)).astype(np.float32) for _ in range(3))
+    logits = rng.standard_normal((total, H)) + np.linspace(-3.0, 4.0, H)[None, :]
+    g = (logits if gate == "logits" else -np.logaddexp(0.0, -logits)).astype(np.float32)
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    return q, k, v, g, cu
+
+
+@pytest.mark.parametrize("gate,sm_scale,head_first", [("logits", None, False), ("log", 0.3, False), ("logits", None, True)])
+def test_packed_sequences_equal_each_sequence_alone(gate, sm_scale, head_first):
+    rng = np.random.default_rng()
+    q, k, v, g, cu = packed_case(rng, LENGTHS, gate=gate)
+    scale = 16**-0.5 if sm_scale is None else sm_scale
+
+    def lay(x):  # [total, H, ...] -> [H, total, ...] head-first
+        return np.ascontiguousarray(np.moveaxis(x, 0, 1)) if head_first else x
+
+    for dt in (np.int32, np.int64):
+        got = foxc.fox.attention(lay(q), lay(k), lay(v), lay(g), head_first=head_first, gate_kind=gate, sm_scale=sm_scale, cu_seqlens=cu.astype(dt))
+        got = np.asarray(got, dtype=np.float64)
+        got = np.moveaxis(got, 0, 1) if head_first else got
+        assert got.shape == q.shape
+        # The packed program through the interpreter (dense, as written).
+        attn = foxc.fox.load(head_first, gate, sm_scale, packed=True)
+        x = {"q": lay(q)[None], "k": lay(k)[None], "v": lay(v)[None], ("fgate" if gate == "logits" else "logf"): lay(g)[None]}
+        x["first"] = foxc.fox.first_keys(cu, int(cu[-1]))[None]
+        interp = np.asarray(foxc.reference(attn, **x), dtype=np.float64)[0]
+        interp = np.moveaxis(interp, 0, 1) if head_first else interp
+        for s in range(len(LENGTHS)):
+            a, b = cu[s], cu[s + 1]
+            # Each sequence alone: the unpacked program (sequence-first [1, L, H, D]) ...
+            alone = foxc.fox.attention(q[None, a:b], k[None, a:b], v[None, a:b], g[None, a:b], head_first=False, gate_kind=gate, sm_scale=sm_scale)
+            alone = np.asarray(alone, dtype=np.float64)[0]
+            # ... and the independent f64 FoX of test_fox_matches_an_independent_reference.
+            hf = lambda x: np.moveaxis(x[a:b], 0, 1)[None].astype(np.float64)  # noqa: E731
+            log_f = -np.logaddexp(0.0, -hf(g)) if gate == "logits" else hf(g)
+            ref = np.moveaxis(fox_f64(bf16(hf(q)), bf16(hf(k)), bf16(hf(v)), log_f, scale)[0], 0, 1)
+            what = f"sequence {s} ({b - a} tokens)"
+            assert np.abs(interp[a:b] - ref).max() <= 2.0**-7 * np.abs(ref).max(), what
+            for mine, name in ((got[a:b], "packed"), (alone, "alone")):
+                rel = np.linalg.norm(mine - ref) / np.linalg.norm(ref)
+                assert rel <= 4e-3, f"{what}, {name}: rel L2 {rel:.3g}"
+            rel = np.linalg.norm(got[a:b] - alone) / np.linalg.norm(alone)
+            assert rel <= 4e-3, f"{what}: packed vs alone {rel:.3g}"
+            if b - a == 1:  # one token attends to itself: its value, rounded to bf16
+                np.testing.assert_allclose(got[a:b], bf16(v[a:b].astype(np.float64)), rtol=2.0**-7)
+    ir = attn.ir()
+    assert "pruned" in ir and "keys_from" in ir, ir
+
+
+def test_packed_program_is_the_plain_one_with_first_keys():
+    for head_first in (True, False):
+        text = foxc.fox.program(head_first=head_first, packed=True)
+        assert "first: i32[B, T]" in text and "select(j >= first[b, i]" in text, text
+        plain = (
+            text.replace("packed attention", "attention")
+            .replace("_packed(", "(")
+            .replace(", first: i32[B, T]", "")
+            .replace("select(j >= first[b, i], s[b, h, i, j], -inf)", "s[b, h, i, j]")
+        )
+        assert plain == foxc.fox.program(head_first=head_first), text
+    with pytest.raises(ValueError, match="packed"):
+        foxc.fox.program(packed=True, fewer_queries=True)
+
+
+def test_first_keys_of_cumulative_offsets():
+    np.testing.assert_array_equal(foxc.fox.first_keys([0, 1, 4, 4, 6], 6), [0, 1, 1, 1, 4, 4])
+    assert foxc.fox.first_keys(np.array([0, 3], np.int64), 3).dtype == np.int32
+
+
+@pytest.mark.parametrize(
+    "cu,match",
+    [
+        ([1, 5, 10], "start at 0"),
+        ([0, 6, 4, 10], "must not decrease"),
+        ([0, 5, 9], "end at the number of tokens 10"),
+        ([0, 5, 11], "end at the number of tokens 10"),
+        (np.array([0.0, 10.0]), "integers"),
+        ([[0, 10]], "1-D"),
+        ([0], "1-D"),
+    ],
+)
+def test_bad_cu_seqlens_are_value_errors(cu, match):
+    rng = np.random.default_rng()
+    q, k, v, g, _ = packed_case(rng, [4, 6])
+    with pytest.raises(ValueError, match=match):
+        foxc.fox.attention(q, k, v, g, cu_seqlens=cu)
+
+
+def test_packed_shapes_are_checked():
+    rng = np.random.default_rng()
+    q, k, v, g, cu = packed_case(rng, [4, 6])
+    with pytest.raises(ValueError, match="no batch axis"):
+        foxc.fox.attention(q[None], k[None], v[None], g[None], cu_seqlens=cu)
+    with pytest.raises(ValueError, match="k has 9 tokens"):
+        foxc.fox.attention(q, k[:9], v, g, cu_seqlens=cu)

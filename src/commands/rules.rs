@@ -33,6 +33,11 @@ pub fn rules() -> Result<(), Error> {
         print!("{}", wrap(&format!("safe because: {}", r.soundness), 100, "  "));
         println!();
     }
+    // The user's own thresholds: beside the table, without a safety argument.
+    println!("{}[d0, d1, ...]: {}", foxc_ir::prune_rule::GIVEN, Stat::Given.name());
+    print!("{}", wrap(foxc_passes::rules::GIVEN_SUMMARY, 100, "  "));
+    print!("{}", wrap(&format!("NOT a safety proof: {}", foxc_passes::rules::GIVEN_NOTE), 100, "  "));
+    println!();
     println!("statistics (per head; q_i and s_ii per row, the tile's minimum is taken):");
     for s in Stat::ALL {
         println!("  {:<9} {}", s.name(), s.meaning());

@@ -309,6 +309,8 @@ impl NodeCx<'_> {
         if *bm == 0 {
             return Err(self.invalid("bm = 0".into()));
         }
+        // The kernel reads entry h of a given rule's per-head table for query head h.
+        rule.check_heads(h as usize).map_err(|e| self.invalid(e))?;
         if scale.q.is_some() {
             // Its statistics of q would be scaled by the factor (docs/SEMANTICS.md): the kernel
             // has no such input, and the fold-q-scale pass folds for the GPU targets only.

@@ -141,6 +141,9 @@ pub fn emit(fx: &mut Fx, p: &Params, (q, k, out): (Value, Value, Value), (begin,
         if uses(Stat::Scale) {
             stats[Stat::Scale as usize] = Some(fx.f64c(p.scale.abs()));
         }
+        if uses(Stat::Given) {
+            stats[Stat::Given as usize] = Some(given(fx, &p.rule.given, bh, p.h));
+        }
         let whole = (fx.ic(0), fx.ic(t as i64));
         let keys = if off == 0 { whole } else { (whole.0, fx.ic(tk as i64)) };
         for (s, dt, ptr, head, whole) in
@@ -220,6 +223,20 @@ pub fn emit(fx: &mut Fx, p: &Params, (q, k, out): (Value, Value, Value), (begin,
             fx.store_f32(DType::F32, out, idx, delta);
         });
     });
+}
+
+/// The given threshold of flat head `bh` (`b * H + h`): entry `h` of the rule's per-head table
+/// (`plan.rs` checked that it has `H` entries), as a chain of selects over the constants.
+fn given(fx: &mut Fx, table: &[f64], bh: Value, h: u64) -> Value {
+    use cranelift_codegen::ir::condcodes::IntCC;
+    let head = fx.b.ins().urem_imm_s(bh, h.max(1) as i64);
+    let mut v = fx.f64c(table.first().copied().unwrap_or(f64::NAN));
+    for (i, d) in table.iter().enumerate().skip(1) {
+        let is = fx.b.ins().icmp_imm_s(IntCC::Equal, head, i as i64);
+        let c = fx.f64c(*d);
+        v = fx.b.ins().select(is, c, v);
+    }
+    v
 }
 
 /// `|q_i|` and `s_ii = scale q_i . k_i` of row `i`, those the formula reads.

@@ -30,6 +30,8 @@ impl Evaluator<'_> {
                 ),
             ));
         }
+        // A rule of per-head thresholds has one per query head of the program.
+        rule.check_heads(h).map_err(InterpError::Refused)?;
         let group = h / hk;
         let bm = *bm as usize;
         if bm == 0 {
@@ -66,6 +68,7 @@ impl Evaluator<'_> {
             bound: *bound,
             score: *score,
             whole: None,
+            given: &rule.given,
         };
         let out = threshold(&rule.formula, &args);
         Ok(out)

@@ -3,7 +3,8 @@
 
 use super::{DeltaSpec, Kb};
 use foxc_ir::prune_rule::{RuleEmitter, Stat};
-use inkwell::values::FloatValue;
+use inkwell::values::{FloatValue, IntValue};
+use inkwell::IntPredicate;
 
 /// The formula's statistics as LLVM values, indexed by [`Stat`] (None: not computed).
 pub(super) type Stats<'ctx> = [Option<FloatValue<'ctx>>; Stat::ALL.len()];
@@ -67,4 +68,25 @@ pub(super) fn set_norm_stats<'ctx>(
     st[Stat::KMax as usize] = Some(k.sqrt(k_max));
     st[Stat::KCausal as usize] = Some(k.sqrt(k_causal));
     st[Stat::QTile as usize] = Some(k.fmul(aqs, k.sqrt(q_tile)));
+}
+
+/// Sets the given threshold of head `bh` (`b * H + h`) when the formula reads it: entry `h` of
+/// the rule's per-head table, `H` its length (the driver refuses a program of another head
+/// count before any launch), as a chain of selects over the f32 constants.
+pub(super) fn set_given_stat<'ctx>(
+    k: &Kb<'_, 'ctx>,
+    st: &mut Stats<'ctx>,
+    s: &DeltaSpec,
+    bh: IntValue<'ctx>,
+) {
+    let table = &s.rule.given;
+    if !s.rule.reads_given() || table.is_empty() {
+        return;
+    }
+    let head = k.uremc(bh, table.len() as i64);
+    let mut v = k.f32(table[0]);
+    for (i, d) in table.iter().enumerate().skip(1) {
+        v = k.select_f(k.icmpc(IntPredicate::EQ, head, i as i64), k.f32(*d), v);
+    }
+    st[Stat::Given as usize] = Some(v);
 }

@@ -30,7 +30,7 @@ use super::kernels::{
     lane_warp, load_row, row_prefix, scan_gate_row, GateRow, RowPart, ScanScratch, ScanShape, ROW_THREADS,
 };
 use crate::nvptx::block_reduce::{block_reduce, block_scan_max};
-use formula::{constant_stats, set_norm_stats, Llvm};
+use formula::{constant_stats, set_given_stat, set_norm_stats, Llvm};
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::{FloatValue, FunctionValue, IntValue, PointerValue};
@@ -161,6 +161,7 @@ pub fn build_threshold_delta<'ctx>(
     let nt = if s.fewer_queries { k.sdivc(k.addc(k_len, s.bm as i64 - 1), s.bm as i64) } else { mt };
     let aqs = k.f32(s.qscale.abs());
     let mut st = constant_stats(&k, s, ln_t);
+    set_given_stat(&k, &mut st, s, bh);
     match s.bound {
         BoundSrc::Static { q_max, k_max } => {
             for (x, v) in
@@ -516,6 +517,7 @@ fn head_delta<'ctx>(
             head[1]
         };
         let mut st = constant_stats(k, s, ln_t);
+        set_given_stat(k, &mut st, s, bh);
         set_norm_stats(k, &mut st, s, (head[0], head[1], k_causal, q_tile));
         let v = s.rule.formula.emit(&s.score, &mut Llvm { k, stats: st });
         k.if_then(k.icmp(IntPredicate::SLT, j, mt), |k| {
