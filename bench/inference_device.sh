@@ -2,8 +2,9 @@
 # The GPU checks and rows of the inference features, in one device call:
 #   checks  f16 (forward on each kernel, backward, an f16 output of bf16 operands), queries fewer
 #           than keys forward and backward (prefill, decode, the mma.sync path at D = 96, f16),
-#           long context against the f64 reference (decode and square at 131072 keys), and
-#           compute-sanitizer memcheck of the new backward and f16 kernels;
+#           long context against the f64 reference (decode and square at 131072 keys), given
+#           per-head thresholds, packed sequences (CLI and Python), a cache keeping the decay
+#           cumsum, and compute-sanitizer memcheck of the new kernels;
 #   rows    (ROWS=1) f16 against bf16, forward and forward + backward, with SDPA and FlexAttention
 #           + ACP in the same dtype in the same run; the prefill's fwd + bwd against the square
 #           kernel's at the same keys;
@@ -11,6 +12,8 @@
 #           merge; a decode step against FOXC_BASE's (interleaved, the CLI's plan; SPLIT_TILES: the
 #           slice sizes also timed); NCU=1: ncu of one step; bench/decode.py (the foxc wheel on
 #           PYTHONPATH) with its peers (DECODE_PY=0: skipped).
+# CHECKS: "all" (default), "0" (none) or the groups to run: f16 fq long given packed cache memcheck
+#   (and split, the decode section's).
 # Usage (GPU machine): FOXC=target/release/foxc[.gz] [FOXC_BASE=old/foxc[.gz]] [ROWS=0] [CHECKS=0]
 #   [DECODE=1] [NCU=1] [DECODE_PY=0] bench/inference_device.sh
 set -uo pipefail
@@ -37,7 +40,10 @@ chk() {
   [ $rc -eq 0 ] || fail=1
 }
 
-if [ "${CHECKS:-1}" = 1 ]; then
+# want GROUP: whether CHECKS (default "all"; "0": none) names the check group.
+want() { case " ${CHECKS:-all} " in *" all "* | *" $1 "*) true ;; *) false ;; esac; }
+if [ "${CHECKS:-all}" != 0 ]; then
+  if want f16; then
   echo "## f16"
   for shape in B=2,H=4,T=2000,D=64 B=1,H=4,T=1777,D=128 B=1,H=3,T=999,D=96; do
     chk run $F16 $shape
@@ -48,6 +54,8 @@ if [ "${CHECKS:-1}" = 1 ]; then
   done
   chk run $F16 B=1,H=4,T=2000,D=64 --attn-kernel warp-specialized
   chk run "$TMP/mixed.attn" B=1,H=2,T=1000,D=128
+  fi
+  if want fq; then
   echo "## queries fewer than keys, forward and backward"
   for shape in B=1,H=4,N=300,M=1000,D=64 B=2,H=2,N=1,M=777,D=128 B=1,H=2,N=64,M=2049,D=64 \
     B=1,H=3,N=130,M=3000,D=96 B=1,H=2,N=1000,M=1000,D=128 B=1,H=4,N=700,M=5000,D=128; do
@@ -57,10 +65,14 @@ if [ "${CHECKS:-1}" = 1 ]; then
   done
   chk grad "$TMP/prefill_f16.attn" B=1,H=4,N=300,M=1000,D=64
   chk grad "$TMP/prefill_f16.attn" B=1,H=2,N=1,M=3000,D=128
+  fi
+  if want long; then
   echo "## long context against the f64 reference"
   chk run $PRE B=1,H=16,N=1,M=131072,D=128
   chk run $PRE B=1,H=16,N=1,M=131072,D=128 --no-prune
   chk run examples/fox.attn B=1,H=8,T=131072,D=128
+  fi
+  if want given; then
   echo "## per-head thresholds given by the user (--thresholds; docs/RULES.md, Given thresholds)"
   # Mild thresholds (the pruned mass stays below eps on the standard workload, so --check's
   # ACP criterion holds), one head never pruned; the in-kernel starts against the reference's.
@@ -75,6 +87,8 @@ if [ "${CHECKS:-1}" = 1 ]; then
   rc=$?
   echo "check run fox.attn H=3 with 2 thresholds rc=$rc (want 1) $(grep -i error <<<"$out" | head -1)"
   [ $rc -eq 1 ] || fail=1
+  fi
+  if want packed; then
   echo "## packed sequences (per-token first keys, as foxc.fox.program(head_first=False, packed=True))"
   cat >"$TMP/packed.attn" <<'EOF'
 attention packed(q: bf16[B, T, H, D], k: bf16[B, T, H, D], v: bf16[B, T, H, D], fgate: f32[B, T, H], first: i32[B, T] in [0, 1500]) -> bf16[B, T, H, D] {
@@ -91,8 +105,21 @@ EOF
   echo "## Python on CUDA: foxc.load(thresholds=...) and foxc.fox.attention(cu_seqlens=...)"
   t 600 python3 bench/varlen_thresholds_gpu.py 2>&1 | tee "$OUT/varlen_thresholds_gpu.log" | tail -3
   [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
+  fi
+  if want cache; then
+  echo "## a decode step against a cache that keeps the decay cumsum (examples/fox_cache.attn)"
+  CACHE=examples/fox_cache.attn
+  chk run $CACHE B=1,H=16,N=1,M=20000,D=128
+  chk run $CACHE B=2,H=4,N=3,M=5000,D=64 --no-prune
+  chk run $CACHE B=1,H=2,N=64,M=9000,D=128
+  chk run $CACHE B=1,H=2,N=300,M=1000,D=64
+  chk grad $CACHE B=1,H=2,N=1,M=3000,D=64
+  chk grad $CACHE B=1,H=2,N=100,M=700,D=128
+  fi
+  if want memcheck; then
   echo "## compute-sanitizer memcheck"
-  for args in "grad $PRE --shape B=1,H=2,N=100,M=700,D=64" "grad $PRE --shape B=1,H=2,N=1,M=333,D=128" \
+  for args in "run examples/fox_cache.attn --shape B=1,H=2,N=2,M=3000,D=128" \
+    "grad $PRE --shape B=1,H=2,N=100,M=700,D=64" "grad $PRE --shape B=1,H=2,N=1,M=333,D=128" \
     "run $F16 --shape B=1,H=2,T=300,D=128" "grad $F16 --shape B=1,H=2,T=300,D=64"; do
     log="$OUT/memcheck_$(tr ' =,/' '____' <<<"$args").log"
     # shellcheck disable=SC2086
@@ -101,6 +128,7 @@ EOF
     echo "memcheck [$args] rc=$rc $(grep -E 'ERROR SUMMARY' "$log" | head -1)"
     [ $rc -eq 0 ] || { fail=1; tail -15 "$log"; }
   done
+  fi
   echo "checks: $([ $fail -eq 0 ] && echo all passed || echo FAILURES)"
 fi
 
@@ -126,6 +154,7 @@ if [ "${ROWS:-1}" = 1 ]; then
   done | tee "$OUT/prefill_rows.csv"
 fi
 if [ "${DECODE:-0}" = 1 ]; then
+  if want split; then
   echo "## decode: the split gate scan (M > 8192), split keys at several slice sizes and the merge"
   for tiles in 1 4 16 64; do
     chk run $PRE B=1,H=16,N=1,M=20000,D=128 --split-key-tiles $tiles
@@ -142,6 +171,7 @@ if [ "${DECODE:-0}" = 1 ]; then
   rc=$?
   echo "memcheck [split scan and merge, M = 20000, 157 planes] rc=$rc $(grep -E 'ERROR SUMMARY' "$log" | head -1)"
   [ $rc -eq 0 ] || fail=1
+  fi
   if [ -n "${FOXC_BASE:-}" ]; then
     BASE=$(unpack "$FOXC_BASE")
     echo "## decode step, this binary (split keys: default, ${SPLIT_TILES:-4 8 32} tiles) against FOXC_BASE, interleaved; ms, median of 50"
