@@ -197,8 +197,7 @@ def run_prefill(dtype):
     text = PREFILL.read_text().replace("bf16", dtype)
     tdt = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
     for B, H, N, M, D in ((2, 4, 300, 1000, 64), (1, 4, 64, 2049, 128), (1, 2, 1, 20000, 128), (1, 3, 130, 3000, 96)):
-        dense_out = None
-        for no_prune in (True, False):
+        for no_prune in (False, True):
             attn = foxc.load(text, no_prune=no_prune)
             g = torch.Generator(device="cuda").manual_seed(B * N + M)
             rms = lambda a: a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True))  # noqa: E731
@@ -223,11 +222,7 @@ def run_prefill(dtype):
             errs = {"out": rel_l2(out, ref)}
             errs.update({n: rel_l2(grads[n], xr[n].grad) for n in grads})
             ok = all(torch.isfinite(t).all().item() for t in [out, *grads.values()]) and all(e <= 1e-2 for e in errs.values())
-            # The pruned run skips tiles the dense one reads: its output differs in a few last
-            # bits (tiles are summed in another order); bitwise equal would mean nothing was skipped.
-            info = {} if dense_out is None else {"max_diff_vs_dense": f"{(out.float() - dense_out.float()).abs().max().item():.1e}"}
-            dense_out = out if no_prune else dense_out
-            check(label, ok, **{f"rel_l2_{n}": f"{e:.2e}" for n, e in errs.items()}, **info)
+            check(label, ok, **{f"rel_l2_{n}": f"{e:.2e}" for n, e in errs.items()})
 
 
 def foxc_grads(attn, x, dout):

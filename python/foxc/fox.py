@@ -7,7 +7,10 @@ FoX kernel: foxc writes the DSL program for the choice and compiles it once.
 
 - ``head_first``: ``[B, H, T, D]`` tensors (and gates ``[B, H, T]``), else ``[B, T, H, D]``
   (gates ``[B, T, H]``); the program reads them in place (its fused attention works head-first,
-  the other layout costs a copy in and out, as the IR shows).
+  the other layout costs a copy in and out, as the IR shows). ``attention()`` on torch tensors
+  in the tokens-first layout swaps the axes in torch around the head-first program instead (the
+  torch op runs programs whose output is the attention's own, whose log-sum-exp the backward
+  takes): the same two copies, differentiable.
 - ``gate``: ``"logits"`` (parameter ``fgate``, ``log f = logsigmoid(fgate)``) or ``"log"``
   (parameter ``logf``, the log forget gate itself, declared in ``[-inf, 0]``: a gate in (0, 1]).
 - ``sm_scale``: the score's scale (default ``1 / sqrt(D)``).
@@ -149,6 +152,19 @@ def first_keys(cu_seqlens, total: int):
     return np.repeat(cu[:-1], steps).astype(np.int32)
 
 
+def _swap(x, a: int, b: int):
+    """``x`` with axes ``a`` and ``b`` swapped, contiguous (NumPy or torch; differentiable)."""
+    if hasattr(x, "detach"):
+        return x.transpose(a, b).contiguous()
+    import numpy as np
+
+    return np.ascontiguousarray(np.swapaxes(x, a, b))
+
+
+def _on_torch(x) -> bool:
+    return hasattr(x, "detach") and hasattr(x, "device")
+
+
 def _packed(q, k, v, gate, cu_seqlens, head_first, gate_kind, sm_scale, load_kwargs):
     """:func:`attention` of tensors without a batch axis, packed by ``cu_seqlens``."""
     axis = 1 if head_first else 0
@@ -162,15 +178,21 @@ def _packed(q, k, v, gate, cu_seqlens, head_first, gate_kind, sm_scale, load_kwa
         if x.shape[axis] != total:
             raise ValueError(f"with cu_seqlens, {name} has {x.shape[axis]} tokens but q has {total} (queries take their own keys)")
     first = first_keys(cu_seqlens, total).reshape(1, total)
-    if hasattr(q, "device") and hasattr(q, "detach"):  # torch: the first keys beside q
+    if _on_torch(q):  # torch: the first keys beside q
         import torch
 
         first = torch.from_numpy(first).to(q.device)
-    attn = load(head_first, gate_kind, sm_scale, False, packed=True, **load_kwargs)
+    # torch tensors run the head-first program on tokens-first inputs swapped in torch (the torch
+    # op runs programs whose output is the attention's own; see attention()).
+    swap = _on_torch(q) and not head_first
+    if swap:
+        q, k, v, gate = (_swap(t, 0, 1) for t in (q, k, v, gate))
+    attn = load(head_first or swap, gate_kind, sm_scale, False, packed=True, **load_kwargs)
     # A batch of one: views, no copy.
     x = {n: t.reshape((1,) + tuple(t.shape)) for n, t in (("q", q), ("k", k), ("v", v))}
     out = attn(first=first, **x, **{_GATES[gate_kind][0]: gate.reshape((1,) + tuple(gate.shape))})
-    return out.reshape(tuple(out.shape[1:]))
+    out = out.reshape(tuple(out.shape[1:]))
+    return _swap(out, 0, 1) if swap else out
 
 
 def attention(
@@ -187,5 +209,12 @@ def attention(
     head_first = True if head_first is None else head_first
     axis = 2 if head_first else 1
     fewer = q.shape[axis] != k.shape[axis]
+    if _on_torch(q) and not head_first:
+        # The torch op runs programs whose output is the attention's own (its log-sum-exp feeds
+        # the backward); the tokens-first program's output is a transposed copy of it. So torch
+        # swaps the axes around the head-first program (the same two copies the IR would make).
+        q, k, v = (_swap(t, 1, 2) for t in (q, k, v))
+        attn = load(True, gate_kind, sm_scale, fewer, **load_kwargs)
+        return _swap(attn(q=q, k=k, v=v, **{_GATES[gate_kind][0]: _swap(gate, 1, 2)}), 1, 2)
     attn = load(head_first, gate_kind, sm_scale, fewer, **load_kwargs)
     return attn(q=q, k=k, v=v, **{_GATES[gate_kind][0]: gate})
