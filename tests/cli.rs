@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 mod common;
-use common::{foxc, text, write_inputs};
+use common::{foxc, mask_png, text, write_inputs};
 use std::process::Command;
 
 fn tmp(name: &str) -> PathBuf {
@@ -115,14 +115,7 @@ fn mask_png_is_written() {
     let input = tmp("mask-in.safetensors");
     let png = tmp("mask.png");
     write_inputs("examples/fox.attn", "B=1,H=4,T=1024,D=16", &input);
-    let o = foxc(&[
-        "mask",
-        "examples/fox.attn",
-        "--inputs",
-        input.to_str().unwrap(),
-        "--png",
-        png.to_str().unwrap(),
-    ]);
+    let o = mask_png("examples/fox.attn", &input, &png, &[]);
     assert!(o.status.success(), "{}", text(&o));
     let bytes = std::fs::read(&png).unwrap();
     assert_eq!(&bytes[1..4], b"PNG");
@@ -291,16 +284,7 @@ fn mask_draws_rules_side_by_side() {
     let input = tmp("mask-rules-in.safetensors");
     let png = tmp("mask-rules.png");
     write_inputs("examples/fox.attn", "B=1,H=2,T=512,D=16", &input);
-    let o = foxc(&[
-        "mask",
-        "examples/fox.attn",
-        "--inputs",
-        input.to_str().unwrap(),
-        "--png",
-        png.to_str().unwrap(),
-        "--rules",
-        "paper,tight",
-    ]);
+    let o = mask_png("examples/fox.attn", &input, &png, &["--rules", "paper,tight"]);
     assert!(o.status.success(), "{}", text(&o));
     let t = text(&o);
     let kept = |rule: &str| -> f64 {

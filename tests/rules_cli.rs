@@ -4,7 +4,7 @@
 
 use foxc_passes::rules::RULES;
 mod common;
-use common::{foxc, text, write_inputs};
+use common::{foxc, mask_png, text, write_inputs};
 
 #[test]
 fn an_unknown_rule_is_a_usage_error_listing_the_rules() {
@@ -54,16 +54,7 @@ fn mask_draws_every_rule() {
     write_inputs("examples/fox.attn", "B=1,H=2,T=512,D=16", &input);
     let names: Vec<&str> = RULES.iter().map(|r| r.name).collect();
     let all = names.join(",");
-    let o = foxc(&[
-        "mask",
-        "examples/fox.attn",
-        "--inputs",
-        input.to_str().unwrap(),
-        "--png",
-        png.to_str().unwrap(),
-        "--rules",
-        &all,
-    ]);
+    let o = mask_png("examples/fox.attn", &input, &png, &["--rules", &all]);
     assert!(o.status.success(), "{}", text(&o));
     let t = text(&o);
     for n in names {
@@ -140,15 +131,7 @@ fn given_thresholds_on_the_cli() {
     std::fs::create_dir_all(&dir).unwrap();
     let (input, png) = (dir.join("in.safetensors"), dir.join("m.png"));
     write_inputs("examples/fox.attn", "B=1,H=2,T=256,D=16", &input);
-    let o = foxc(&[
-        "mask",
-        "examples/fox.attn",
-        "--inputs",
-        input.to_str().unwrap(),
-        "--png",
-        png.to_str().unwrap(),
-        "--thresholds=-1,-inf",
-    ]);
+    let o = mask_png("examples/fox.attn", &input, &png, &["--thresholds=-1,-inf"]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(png.exists());
     std::fs::remove_dir_all(&dir).ok();

@@ -70,7 +70,7 @@ fn check_fd(
 
 #[test]
 fn every_example_matches_finite_differences_dense() {
-    let dims = BTreeMap::from([("B", 1), ("H", 4), ("G", 2), ("T", 7), ("D", 3)]);
+    let dims = BTreeMap::from([("B", 1), ("H", 4), ("G", 2), ("T", 7), ("D", 3), ("N", 3), ("M", 7)]);
     let opts = PassOptions { prune: false, ..PassOptions::default() };
     let mut tested = vec![];
     for (name, src) in examples() {
@@ -88,7 +88,7 @@ fn every_example_matches_finite_differences_dense() {
 
 #[test]
 fn pruned_examples_match_finite_differences_with_the_kept_set_fixed() {
-    let dims = BTreeMap::from([("B", 1), ("H", 2), ("G", 1), ("T", 40), ("D", 3)]);
+    let dims = BTreeMap::from([("B", 1), ("H", 2), ("G", 1), ("T", 40), ("D", 3), ("N", 10), ("M", 40)]);
     let opts = PassOptions { tiles: Some(Tiles { bm: 8, bn: 8 }), log_eps: -2.0, ..PassOptions::default() };
     let mut pruned = 0;
     for (name, src) in examples() {

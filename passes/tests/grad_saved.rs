@@ -69,7 +69,7 @@ fn worst_difference(name: &str, got: &BTreeMap<String, Tensor>, want: &BTreeMap<
 /// without rounding: the two programs compute the same gradients up to f64 rounding.
 #[test]
 fn saved_forward_gradients_equal_the_recomputed_ones() {
-    let dims = BTreeMap::from([("B", 2), ("H", 2), ("G", 1), ("T", 40), ("D", 4)]);
+    let dims = BTreeMap::from([("B", 2), ("H", 2), ("G", 1), ("T", 40), ("D", 4), ("N", 13), ("M", 40)]);
     let mut tested = vec![];
     for (name, src) in examples() {
         for prune in [false, true] {

@@ -31,6 +31,14 @@ pub fn write_inputs(example: &str, shape: &str, path: &std::path::Path) {
     assert!(o.status.success(), "{}", text(&o));
 }
 
+/// `foxc mask EXAMPLE --inputs INPUT --png PNG EXTRA...`: the pruning map of `example` on
+/// `input`, drawn to `png`.
+pub fn mask_png(example: &str, input: &std::path::Path, png: &std::path::Path, extra: &[&str]) -> Output {
+    let mut args = vec!["mask", example, "--inputs", input.to_str().unwrap(), "--png", png.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    foxc(&args)
+}
+
 /// Whether a CUDA GPU is here. Without one, the calling GPU test reports itself skipped: on
 /// stderr, and as a line of `$FOXC_SKIP_LOG` when set (scripts/test.sh counts and prints them,
 /// since cargo hides a passing test's output).

@@ -71,6 +71,17 @@ pub fn smooth(g: &Graph) -> Graph {
     g
 }
 
+/// `t` summed along `axis` (a running sum: non-increasing where every element is <= 0).
+fn cumsum_along(mut t: Tensor, axis: usize) -> Tensor {
+    let (len, stride) = (t.shape[axis], t.shape[axis + 1..].iter().product::<usize>());
+    for l in 0..t.data.len() {
+        if (l / stride) % len > 0 {
+            t.data[l] += t.data[l - stride];
+        }
+    }
+    t
+}
+
 /// Fresh inputs for every parameter of `g` plus `dout` shaped like the output. `decay` moves
 /// the gate logits / log-gates / slopes towards fast forgetting (so that ACP prunes).
 pub fn inputs(g: &Graph, dims: &BTreeMap<&str, usize>, seed: u64, decay: f64) -> BTreeMap<String, Tensor> {
@@ -90,8 +101,14 @@ pub fn inputs(g: &Graph, dims: &BTreeMap<&str, usize>, seed: u64, decay: f64) ->
             "slope" | "m" => rng.random_range(0.1..0.6f64) * (1.0 + 4.0 * decay),
             "wq" | "wk" => 1.0 + 0.3 * normal.sample(&mut rng),
             "kb" => -rng.random_range(0.0..4.0f64),
+            // A decay cumsum given as a parameter: its log gates here, summed below.
+            _ if p.nonincreasing.is_some() => -rng.random_range(0.05..0.5f64) * (1.0 + 4.0 * decay),
             _ => normal.sample(&mut rng),
         });
+        let t = match p.nonincreasing {
+            Some(axis) => cumsum_along(t, axis),
+            None => t,
+        };
         out.insert(p.name.clone(), t);
     }
     let out_ty = g.ty(g.output.unwrap()).clone();
