@@ -162,7 +162,7 @@ def _read_source(path_or_source) -> Tuple[str, str]:
 
 def load(
     path_or_source,
-    prune_rule: str = _foxc.DEFAULT_PRUNE_RULE,
+    prune_rule: Optional[str] = None,
     log_eps: float = _foxc.DEFAULT_LOG_EPS,
     no_prune: bool = False,
     tiles: Optional[Tuple[int, int]] = None,
@@ -171,7 +171,7 @@ def load(
     """Compile an attention program (a ``.attn`` path or DSL text) once.
 
     ``prune_rule``: a rule name from ``foxc rules`` (ACP's safe threshold: "paper", "tight",
-    "local", "tight-causal"); ``log_eps``: ln of the pruned
+    "local", "tight-causal"; None: the first, "paper"); ``log_eps``: ln of the pruned
     attention mass bound per row; ``no_prune``: keep attention dense; ``tiles``: (BM, BN).
     ``thresholds``: instead of a rule, one threshold per query head ``[d_0, ..., d_{H-1}]``,
     each ``<= 0`` (``-inf``: never prune that head): key tile n of query tile m is skipped when
@@ -182,6 +182,11 @@ def load(
     Loading the same text with the same options again returns the cached compilation.
     """
     text, name = _read_source(path_or_source)
+    if thresholds is not None and prune_rule is not None:
+        raise ValueError(
+            f"thresholds replace the pruning rule: give thresholds or prune_rule={prune_rule!r}, not both"
+        )
+    prune_rule = _foxc.DEFAULT_PRUNE_RULE if prune_rule is None else prune_rule
     if thresholds is not None:
         try:
             thresholds = [float(d) for d in thresholds]

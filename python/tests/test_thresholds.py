@@ -76,8 +76,10 @@ def test_bad_thresholds_are_value_errors():
         assert what in str(e.value), str(e.value)
     with pytest.raises(ValueError, match="numbers"):
         foxc.load(FOX, thresholds=["x"])
-    with pytest.raises(ValueError, match="prune_rule"):
-        foxc.load(FOX, thresholds=[-1.0, -2.0], prune_rule="tight")
+    # Any rule named beside them, the default's name too: the thresholds replace the rule.
+    for rule in ("tight", "paper"):
+        with pytest.raises(ValueError, match="prune_rule"):
+            foxc.load(FOX, thresholds=[-1.0, -2.0], prune_rule=rule)
 
 
 def test_another_head_count_is_refused():
