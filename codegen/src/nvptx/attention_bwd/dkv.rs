@@ -122,7 +122,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let pp = |i| b.param_ptr(i);
         let (q_p, k_p, v_p, c_p, do_p, lse_p) =
             (pp(DKV.q), pp(DKV.k), pp(DKV.v), pp(DKV.c), pp(DKV.dout), pp(DKV.lse));
-        let (dd_p, st_p, dk_p, dv_p, dc_p) = (pp(DKV.dd), pp(DKV.start), pp(DKV.dk), pp(DKV.dv), pp(DKV.dc));
+        let (dd_p, st_p, dk_p, dv_p) = (pp(DKV.dd), pp(DKV.start), pp(DKV.dk), pp(DKV.dv));
         let i16t = b.i16t().into();
         let f32t = b.f32t().into();
         let warp = b.lshrc(self.tid, 5);
@@ -203,50 +203,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                 None => self.walk_from(&h, &sm, (q_lo, q_hi), &kt, acc_in),
                 Some(_) => self.walk_kept(&h, &sm, (q_lo, q_hi), &kt, acc_in),
             };
-            // d cap[bh, j] += the column sums of its key reads (the dq kernel wrote the rows').
-            for (s, slot) in self.regions.slots(true).into_iter().enumerate() {
-                let gb = b.gep(f32t, b.param_ptr(self.regions.grad_param(slot)), row_base);
-                for r in 0..2 {
-                    let mut v = capcol[2 * s + r];
-                    v = b.fadd(v, b.shfl_xor(v, 1));
-                    v = b.fadd(v, b.shfl_xor(v, 2));
-                    let mut ok =
-                        b.and(b.icmp(IntPredicate::SLT, rj[r], t_len), b.icmpc(IntPredicate::EQ, tq, 0));
-                    if let Some(f) = first_part {
-                        ok = b.and(ok, f);
-                    }
-                    b.if_then(ok, |b| {
-                        let p = b.gep(f32t, gb, b.sext64(rj[r]));
-                        b.store(p, b.fadd(b.load_f32(p), v));
-                    });
-                }
-            }
-            // dc[bh, j] -= colsum_j (the dq kernel wrote the row sums there; a key before the
-            // first query's position has no row: dc = -colsum).
-            if cfg.has_decay {
-                let dcb = b.gep(f32t, dc_p, key_base);
-                for r in 0..2 {
-                    let mut s = colsum[r];
-                    s = b.fadd(s, b.shfl_xor(s, 1));
-                    s = b.fadd(s, b.shfl_xor(s, 2));
-                    let mut ok =
-                        b.and(b.icmp(IntPredicate::SLT, rj[r], self.k_len), b.icmpc(IntPredicate::EQ, tq, 0));
-                    if let Some(f) = first_part {
-                        ok = b.and(ok, f);
-                    }
-                    b.if_then(ok, |b| {
-                        let p = b.gep(f32t, dcb, b.sext64(rj[r]));
-                        let rows = match self.off {
-                            Some(off) => {
-                                let has_row = b.icmp(IntPredicate::SGE, rj[r], off);
-                                b.select_f(has_row, b.load_f32(p), b.f32(0.0))
-                            }
-                            None => b.load_f32(p),
-                        };
-                        b.store(p, b.fsub(rows, s));
-                    });
-                }
-            }
+            self.store_column_sums(&kt, first_part, (row_base, key_base), &colsum, &capcol);
             let gn = b.addc(gi, 1);
             let mut next = vec![gn.into()];
             next.extend(basic(&dk));
@@ -256,6 +213,84 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
 
         let acc = floats(&last[1..]);
         let (dk, dv) = acc.split_at(dt * 4);
+        self.store_dkv(KeyTile { n, part, rj, tq }, (dkb, dvb), dk, dv);
+    }
+
+    /// Adds this thread's share of one query head's column sums to its two keys' entries: the
+    /// captured tensors' key-read gradients (`d cap[bh, j] +=`, the dq kernel wrote the rows')
+    /// and `dc[bh, j] -= colsum_j` (the dq kernel wrote the row sums there; a key before the
+    /// first query's position has no row: `dc = -colsum`). Lane 0 of each quad stores, in the
+    /// block of the first head-dim part only.
+    fn store_column_sums(
+        &self,
+        kt: &KeyTile<'ctx>,
+        first_part: Option<IntValue<'ctx>>,
+        (row_base, key_base): (IntValue<'ctx>, IntValue<'ctx>),
+        colsum: &[FloatValue<'ctx>; 2],
+        capcol: &[FloatValue<'ctx>],
+    ) {
+        let (b, cfg) = (self.b, self.cfg);
+        let (rj, tq, t_len) = (kt.rj, kt.tq, self.t_len);
+        let f32t = b.f32t().into();
+        let dc_p = b.param_ptr(DKV.dc);
+        // d cap[bh, j] += the column sums of its key reads (the dq kernel wrote the rows').
+        for (s, slot) in self.regions.slots(true).into_iter().enumerate() {
+            let gb = b.gep(f32t, b.param_ptr(self.regions.grad_param(slot)), row_base);
+            for r in 0..2 {
+                let mut v = capcol[2 * s + r];
+                v = b.fadd(v, b.shfl_xor(v, 1));
+                v = b.fadd(v, b.shfl_xor(v, 2));
+                let mut ok = b.and(b.icmp(IntPredicate::SLT, rj[r], t_len), b.icmpc(IntPredicate::EQ, tq, 0));
+                if let Some(f) = first_part {
+                    ok = b.and(ok, f);
+                }
+                b.if_then(ok, |b| {
+                    let p = b.gep(f32t, gb, b.sext64(rj[r]));
+                    b.store(p, b.fadd(b.load_f32(p), v));
+                });
+            }
+        }
+        // dc[bh, j] -= colsum_j (the dq kernel wrote the row sums there; a key before the
+        // first query's position has no row: dc = -colsum).
+        if cfg.has_decay {
+            let dcb = b.gep(f32t, dc_p, key_base);
+            for r in 0..2 {
+                let mut s = colsum[r];
+                s = b.fadd(s, b.shfl_xor(s, 1));
+                s = b.fadd(s, b.shfl_xor(s, 2));
+                let mut ok =
+                    b.and(b.icmp(IntPredicate::SLT, rj[r], self.k_len), b.icmpc(IntPredicate::EQ, tq, 0));
+                if let Some(f) = first_part {
+                    ok = b.and(ok, f);
+                }
+                b.if_then(ok, |b| {
+                    let p = b.gep(f32t, dcb, b.sext64(rj[r]));
+                    let rows = match self.off {
+                        Some(off) => {
+                            let has_row = b.icmp(IntPredicate::SGE, rj[r], off);
+                            b.select_f(has_row, b.load_f32(p), b.f32(0.0))
+                        }
+                        None => b.load_f32(p),
+                    };
+                    b.store(p, b.fsub(rows, s));
+                });
+            }
+        }
+    }
+
+    /// Writes this thread's dK (times the scale) and dV of its two keys, as f32 pairs.
+    fn store_dkv(
+        &self,
+        kt: KeyTile<'ctx>,
+        (dkb, dvb): (PointerValue<'ctx>, PointerValue<'ctx>),
+        dk: &[FloatValue<'ctx>],
+        dv: &[FloatValue<'ctx>],
+    ) {
+        let (b, cfg) = (self.b, self.cfg);
+        let (rj, tq, part) = (kt.rj, kt.tq, kt.part);
+        let d = cfg.head_dim as i64;
+        let dt = (cfg.part_dim() / 8) as usize;
+        let f32t = b.f32t().into();
         let sc = b.f32(cfg.scale as f64);
         let mut t2 = b.mulc(tq, 2);
         if let Some(p) = part {
