@@ -225,6 +225,66 @@ def run_prefill(dtype):
             check(label, ok, **{f"rel_l2_{n}": f"{e:.2e}" for n, e in errs.items()})
 
 
+GATE = """attention fox_gate(q: bf16[B, H, T, D], k: bf16[B, H, T, D], v: bf16[B, H, T, D], fgate: f32[B, H, T], g: bf16[B, H, T, D]) -> bf16[B, H, T, D] {
+    c[b, h, t]      = cumsum(t, logsigmoid(fgate[b, h, t]))
+    s[b, h, i, j]   = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D) + c[b, h, i] - c[b, h, j]
+    p[b, h, i, j]   = softmax(j, causal(i, j, s[b, h, i, j]))
+    o[b, h, i, d]   = sum(j, p[b, h, i, j] * v[b, h, j, d])
+    out[b, h, i, d] = o[b, h, i, d] * sigmoid(g[b, h, i, d])
+    return out
+}
+"""
+
+
+def run_programs():
+    """Programs whose output is not an attention's own through the torch op (`foxc::forward`,
+    its backward recomputing the forward): FoX with an output gate, and FoX in the tokens-first
+    layout (`foxc.fox.load(head_first=False)` called directly), pruned and dense, output and
+    every gradient against torch autograd of an eager f32 reference."""
+    B, H, T, D = 2, 4, 1027, 64
+    g = torch.Generator(device="cuda").manual_seed(11)
+    rms = lambda a: a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True))  # noqa: E731
+    x = {
+        "q": rms(torch.randn(B, H, T, D, generator=g, device="cuda")).bfloat16(),
+        "k": rms(torch.randn(B, H, T, D, generator=g, device="cuda")).bfloat16(),
+        "v": torch.randn(B, H, T, D, generator=g, device="cuda").bfloat16(),
+        "fgate": (torch.randn(B, H, T, generator=g, device="cuda") + torch.linspace(-2.0, 6.0, H, device="cuda").view(1, H, 1)).contiguous(),
+        "g": torch.randn(B, H, T, D, generator=g, device="cuda").bfloat16(),
+    }
+    dout = torch.randn(B, H, T, D, generator=g, device="cuda").bfloat16()
+
+    def gate_ref(x):
+        return reference("fox", x) * torch.sigmoid(x["g"].float())
+
+    def tokens_first(x):  # the head-first reference on swapped axes
+        xs = {n: x[n].transpose(1, 2) for n in ("q", "k", "v", "fgate")}
+        return reference("fox", xs).transpose(1, 2)
+
+    swapped = {n: x[n].transpose(1, 2).contiguous() for n in ("q", "k", "v", "fgate")}
+    cases = [
+        ("output gate", lambda np_: foxc.load(GATE, no_prune=np_), x, gate_ref, dout),
+        ("tokens-first layout", lambda np_: foxc.fox.load(head_first=False, no_prune=np_), swapped, tokens_first, dout.transpose(1, 2).contiguous()),
+    ]
+    for name, load, inp, ref_fn, dy in cases:
+        for no_prune in (False, True):
+            attn = load(no_prune)
+            label = f"program {name} {'dense' if no_prune else 'acp'}"
+            try:
+                assert not attn._program.output_is_attention, "expected a program whose output is not the attention's"
+                out = attn(**inp)
+                grads = foxc_grads(attn, inp, dy)
+            except Exception as e:
+                check(label, False, error=f"{type(e).__name__}: {str(e)[:300]}")
+                continue
+            xr = {n: t.detach().float().requires_grad_(True) for n, t in inp.items()}
+            ref = ref_fn(xr)
+            ref.backward(dy.float())
+            errs = {"out": rel_l2(out, ref)}
+            errs.update({n: rel_l2(grads[n], xr[n].grad) for n in grads})
+            ok = all(torch.isfinite(t).all().item() for t in [out, *grads.values()]) and all(e <= 1e-2 for e in errs.values())
+            check(label, ok, **{f"rel_l2_{n}": f"{e:.2e}" for n, e in errs.items()})
+
+
 def foxc_grads(attn, x, dout):
     """Gradients of sum(out * dout) w.r.t. every float input, through torch autograd."""
     leaves = {n: t.detach().clone().requires_grad_(True) for n, t in x.items()}
@@ -409,7 +469,7 @@ def run_torch_features():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
-    ap.add_argument("--only", choices=["prefill"])
+    ap.add_argument("--only", choices=["prefill", "programs"])
     a = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, foxc {foxc.__version__}")
     if a.only is None:
@@ -419,8 +479,11 @@ def main():
         run_plan_choices()
         run_kept_workspace()
         run_torch_features()
-    for dtype in ("bf16", "f16"):
-        run_prefill(dtype)
+    if a.only in (None, "prefill"):
+        for dtype in ("bf16", "f16"):
+            run_prefill(dtype)
+    if a.only in (None, "programs"):
+        run_programs()
     failed = [r for r in results if "check" in r and not r["ok"]]
     print(f"{len([r for r in results if 'check' in r]) - len(failed)} passed, {len(failed)} failed")
     if a.json:

@@ -25,6 +25,12 @@ picks at that shape; the training forward and the backward share the backward's 
 ops have fake implementations, so ``torch.compile(fullgraph=True)`` traces forward and backward
 without graph breaks.
 
+A program whose output is not an attention's own (an output gate or another epilogue after the
+attention, a tokens-first layout's transposed copy; ``Program.output_is_attention``) runs through
+``torch.ops.foxc.forward(program_id, [tensors]) -> out`` instead: the whole program's plan, no
+``lse``; its autograd runs ``torch.ops.foxc.forward_backward(program_id, inputs, dout)``, the
+gradient program that recomputes the forward (``passes::grad::gradient``).
+
 torch CPU tensors run on foxc's CPU backend through a host copy (for tests and small runs; the
 GPU path copies nothing).
 """
@@ -338,10 +344,98 @@ def attention(attn, **tensors: torch.Tensor) -> torch.Tensor:
         # Eager: check here, before the dispatcher picks a device; traced, the fake does.
         _check(attn, inputs)
         _bind(attn, [t.shape for t in inputs])
+    if not attn._program.output_is_attention:
+        # An epilogue or a layout copy after the attention: the program as it is.
+        return forward_op(attn.id, inputs)
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
         # Training: the op that also keeps the attention's unrounded output for the backward.
         return attention_train_op(attn.id, inputs)[0]
     return attention_op(attn.id, inputs)[0]
+
+
+# Programs whose output is not an attention's own (an epilogue such as an output gate, a layout
+# copy): `foxc::forward` runs the program as it is and returns its output; its backward,
+# `foxc::forward_backward`, runs the gradient program that recomputes the forward
+# (`passes::grad::gradient`), on the same device and stream.
+
+
+@torch.library.custom_op("foxc::forward", mutates_args=(), device_types="cuda")
+def forward_op(program: int, inputs: List[torch.Tensor]) -> torch.Tensor:
+    """Run compiled program ``program`` on ``inputs``; its output (no log-sum-exp)."""
+    attn = _attention_of(program)
+    _check(attn, inputs)
+    inputs = _as_read(attn, inputs)
+    dev = inputs[0].device
+    key = ("program", dev.index, tuple(tuple(t.shape) for t in inputs))
+    plan = attn._gpu_plans.get(key)
+    if plan is None:
+        plan = attn._program.cuda_plan(_metas(attn.params, inputs), dev.index)
+        attn._gpu_plans[key] = plan
+    return _launch(plan, inputs, dev)[0]
+
+
+@forward_op.register_kernel("cpu")
+def _forward_cpu(program: int, inputs: List[torch.Tensor]) -> torch.Tensor:
+    attn = _attention_of(program)
+    _check(attn, inputs)
+    r = attn._program.forward_cpu(_wires(attn.params, inputs))
+    return _from_wire(r["out"], _TORCH_DTYPES[attn.output[0]])
+
+
+@forward_op.register_fake
+def _forward_fake(program: int, inputs: List[torch.Tensor]) -> torch.Tensor:
+    attn = _attention_of(program)
+    _check(attn, inputs)
+    out_shape, _ = _out_shapes(attn, [t.shape for t in inputs])
+    return inputs[0].new_empty(out_shape, dtype=_TORCH_DTYPES[attn.output[0]])
+
+
+@torch.library.custom_op("foxc::forward_backward", mutates_args=(), device_types="cuda")
+def forward_backward_op(program: int, inputs: List[torch.Tensor], dout: torch.Tensor) -> List[torch.Tensor]:
+    """The gradient of every float input of ``foxc::forward`` (in parameter order) from its
+    inputs and ``dout``: the gradient program that recomputes the forward."""
+    attn = _attention_of(program)
+    dev = inputs[0].device
+    tensors = _as_read(attn, inputs) + [dout]
+    key = ("recomputed", dev.index, tuple(tuple(t.shape) for t in inputs))
+    plan = attn._grad_plans.get(key)
+    if plan is None:
+        plan = attn._program.cuda_grad_plan(_metas(list(attn.params) + ["dout"], tensors), dev.index, False)
+        attn._grad_plans[key] = plan
+    outs = dict(zip([o[0] for o in plan.outputs], _launch(plan, tensors, dev)))
+    return [outs[f"grad_{attn.params[i]}"] for i in _float_params(attn)]
+
+
+@forward_backward_op.register_kernel("cpu")
+def _forward_backward_cpu(program, inputs, dout):
+    attn = _attention_of(program)
+    r = attn._program.grad_cpu(_wires(list(attn.params) + ["dout"], list(inputs) + [dout]), saved=False)
+    return [_from_wire(r[f"grad_{attn.params[i]}"], inputs[i].dtype) for i in _float_params(attn)]
+
+
+@forward_backward_op.register_fake
+def _forward_backward_fake(program, inputs, dout):
+    attn = _attention_of(program)
+    return [torch.empty_like(inputs[i]) for i in _float_params(attn)]
+
+
+def _setup_forward(ctx, inputs, output):
+    program, tensors = inputs
+    ctx.program = program
+    ctx.save_for_backward(*tensors)
+
+
+def _backward_forward(ctx, grad_out):
+    attn = _attention_of(ctx.program)
+    tensors = list(ctx.saved_tensors)
+    grads = forward_backward_op(ctx.program, tensors, grad_out.contiguous().to(_TORCH_DTYPES[attn.output[0]]))
+    result: List[Optional[torch.Tensor]] = [None] * len(tensors)
+    for i, g in zip(_float_params(attn), grads):
+        result[i] = g
+    return None, result
+
+
+forward_op.register_autograd(_backward_forward, setup_context=_setup_forward)
 
 
 def _register() -> None:

@@ -251,20 +251,27 @@ pub fn plan(
     build(py, cache, (&f.0, &spec), &f.1, &metas, device, device_name)
 }
 
-/// The backward: the saved-forward gradient program (`passes::grad::gradient_from_saved`) of
-/// the GPU graph optimized as the training forward's (its tiles); `metas` name the forward's
-/// tensors plus `dout`, `out` (f32) and `lse`.
+/// The backward, of the GPU graph optimized as the training forward's (its tiles): the
+/// saved-forward gradient program (`passes::grad::gradient_from_saved`; `metas` name the
+/// forward's tensors plus `dout`, `out` (f32) and `lse`), or the one that recomputes the forward
+/// (`passes::grad::gradient`; the forward's tensors plus `dout`).
 pub fn grad_plan(
     py: Python<'_>,
     loaded: &Arc<Loaded>,
     metas: BTreeMap<String, (String, Vec<usize>)>,
     device: usize,
+    kind: crate::grad::Kind,
 ) -> PyResult<GpuPlan> {
     let (target, device_name) = target_of(device)?;
     // The gradient program's signature (and so the binding) is the same for every
     // specialization: bind with the plain one's.
-    let bind = check_metas(&loaded.saved_gradient(target, &Specialization::default())?.graph, &metas)?;
+    let plain = crate::grad::program(loaded, target, kind, &Specialization::default())?;
+    let bind = check_metas(&plain.graph, &metas)?;
     let spec = specialization(loaded, &bind, true);
-    let gp = loaded.saved_gradient(target, &spec)?;
-    build(py, &loaded.grad_kernels, (&gp.graph, &spec), &gp.outputs, &metas, device, device_name)
+    let gp = crate::grad::program(loaded, target, kind, &spec)?;
+    let cache = match kind {
+        crate::grad::Kind::Saved => &loaded.grad_kernels,
+        crate::grad::Kind::Recomputed => &loaded.recomputed_grad_kernels,
+    };
+    build(py, cache, (&gp.graph, &spec), &gp.outputs, &metas, device, device_name)
 }

@@ -53,6 +53,9 @@ pub struct Loaded {
     pub train_kernels: Mutex<HashMap<KernelKey, Arc<foxc_driver::cuda_backend::ExternalKernels>>>,
     /// GPU kernels of the saved-forward gradient program, as `kernels`.
     pub grad_kernels: Mutex<HashMap<KernelKey, Arc<foxc_driver::cuda_backend::ExternalKernels>>>,
+    /// GPU kernels of the recomputing gradient program (the backward of a program whose output
+    /// is not an attention's own), as `kernels`.
+    pub recomputed_grad_kernels: Mutex<HashMap<KernelKey, Arc<foxc_driver::cuda_backend::ExternalKernels>>>,
     /// Explanations of the CPU pipeline (why attention was or was not pruned).
     pub(crate) explanations: Vec<String>,
 }
@@ -163,6 +166,7 @@ pub fn load(
                 kernels: Mutex::new(HashMap::new()),
                 gradients: Mutex::new(HashMap::new()),
                 grad_kernels: Mutex::new(HashMap::new()),
+                recomputed_grad_kernels: Mutex::new(HashMap::new()),
                 forwards: Mutex::new(HashMap::new()),
                 train_kernels: Mutex::new(HashMap::new()),
                 explanations,
@@ -363,15 +367,30 @@ impl Program {
             .collect())
     }
 
-    /// GPU plan of the saved-forward gradient program (the torch op's backward) for tensors of
-    /// these dtypes and shapes on GPU `device`: the forward's, `dout`, `out` (f32) and `lse`.
+    /// GPU plan of a gradient program for tensors of these dtypes and shapes on GPU `device`:
+    /// `saved=True` the saved-forward one (the torch op's backward), whose tensors are the
+    /// forward's, `dout`, `out` (f32) and `lse`; `saved=False` the one that recomputes the
+    /// forward (the backward of a program whose output is not an attention's own), whose tensors
+    /// are the forward's and `dout`, and which writes `out` and `grad_<param>`.
+    #[pyo3(signature = (metas, device, saved = true))]
     fn cuda_grad_plan(
         &self,
         py: Python<'_>,
         metas: BTreeMap<String, (String, Vec<usize>)>,
         device: usize,
+        saved: bool,
     ) -> PyResult<crate::gpu::GpuPlan> {
-        crate::gpu::grad_plan(py, &self.inner, metas, device)
+        crate::gpu::grad_plan(py, &self.inner, metas, device, GradKind::of(saved))
+    }
+
+    /// Whether the program's output is a fused attention's own (or its cast): then the torch
+    /// op returns its row log-sum-exp and its backward reads the saved forward; otherwise (an
+    /// epilogue, a layout copy) the torch path runs the program as it is and differentiates it
+    /// by recomputing the forward.
+    #[getter]
+    fn output_is_attention(&self) -> PyResult<bool> {
+        let g = self.inner.optimized_for(Target::Cpu, &Specialization::default())?;
+        Ok(foxc_passes::grad::forward_for_saved(&g).is_ok())
     }
 
     /// GPU plan for tensors of these dtypes and shapes on GPU `device` (see `GpuPlan`);

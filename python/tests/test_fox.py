@@ -181,3 +181,19 @@ def test_packed_shapes_are_checked():
         foxc.fox.attention(q[None], k[None], v[None], g[None], cu_seqlens=cu)
     with pytest.raises(ValueError, match="k has 9 tokens"):
         foxc.fox.attention(q, k[:9], v, g, cu_seqlens=cu)
+
+
+def test_which_programs_the_torch_op_runs_as_an_attention():
+    """`output_is_attention`: the torch path's choice between the attention op (its row
+    log-sum-exp, a backward from the saved forward) and the plain program op (an epilogue or a
+    layout copy after the attention, a backward that recomputes the forward)."""
+    import pathlib
+
+    fox = pathlib.Path(__file__).resolve().parents[2] / "examples" / "fox.attn"
+    assert foxc.load(str(fox))._program.output_is_attention
+    assert foxc.fox.load(head_first=True)._program.output_is_attention
+    assert not foxc.fox.load(head_first=False)._program.output_is_attention
+    gate = fox.read_text()
+    gate = gate.replace("fgate: f32[B, H, T])", "fgate: f32[B, H, T], g: bf16[B, H, T, D])")
+    gate = gate.replace("return out", "gated[b, h, i, d] = out[b, h, i, d] * sigmoid(g[b, h, i, d])\n    return gated")
+    assert not foxc.load(gate)._program.output_is_attention
