@@ -51,13 +51,14 @@ CACHE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "fox_cache.at
 LOG_EPS = -10.0
 
 
-def workload(B, H, M, D, seed=0):
+def workload(B, H, M, D, seed=0, N=1):
+    """q `[B, H, N, D]` (N queries, one for a decode step) and k, v, fgate of M keys."""
     g = torch.Generator(device="cuda").manual_seed(seed)
 
     def rms(x):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))
 
-    q = rms(torch.randn(B, H, 1, D, generator=g, device="cuda")).bfloat16()
+    q = rms(torch.randn(B, H, N, D, generator=g, device="cuda")).bfloat16()
     k = rms(torch.randn(B, H, M, D, generator=g, device="cuda")).bfloat16()
     v = torch.randn(B, H, M, D, generator=g, device="cuda").bfloat16()
     a = 10.0 ** (-4.0 + 4.0 * torch.arange(H, device="cuda", dtype=torch.float64) / (H - 1))

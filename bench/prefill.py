@@ -4,7 +4,7 @@
 
 Inputs follow the standard workload (BENCHMARKS.md): B = 1, H = 16, D = 128, q and k
 RMS-normalized, v ~ N(0, 1), bf16; gate logits `logit(exp(-a_h)) + N(0, 1)` (decode.py's
-generator). Contestants, forward and forward + backward (every gradient, the gate's included),
+`workload`). Contestants, forward and forward + backward (every gradient, the gate's included),
 medians of `triton.testing.do_bench`:
 
 - foxc prefill: bench/fox_prefill.attn through the torch op (pruned; `no_prune=True` dense);
@@ -35,6 +35,7 @@ import triton
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import flex_acp  # noqa: E402
+from decode import workload  # noqa: E402  (the standard workload's distributions)
 
 import foxc  # noqa: E402
 import foxc.torch  # noqa: E402,F401
@@ -43,21 +44,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PREFILL = ROOT / "bench" / "fox_prefill.attn"
 SQUARE = ROOT / "examples" / "fox.attn"
 LOG_EPS = -10.0
-
-
-def workload(B, H, N, M, D, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-
-    def rms(x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))
-
-    q = rms(torch.randn(B, H, N, D, generator=g, device="cuda")).bfloat16()
-    k = rms(torch.randn(B, H, M, D, generator=g, device="cuda")).bfloat16()
-    v = torch.randn(B, H, M, D, generator=g, device="cuda").bfloat16()
-    a = 10.0 ** (-4.0 + 4.0 * torch.arange(H, device="cuda", dtype=torch.float64) / (H - 1))
-    logit = -a - torch.log(-torch.expm1(-a))
-    fgate = (logit.view(1, H, 1) + torch.randn(B, H, M, generator=g, device="cuda", dtype=torch.float64)).float()
-    return q, k, v, fgate.contiguous()
 
 
 def starts(c, delta, off, N, bm, bn):
@@ -135,14 +121,14 @@ def main():
     B, H, N, M, D = 1, a.H, a.N, a.M, a.D
     off = M - N
     flex = torch.compile(flex_attention, dynamic=False)
-    q, k, v, fgate = workload(B, H, N, M, D)
+    q, k, v, fgate = workload(B, H, M, D, N=N)
     c = flex_acp.gate_cumsum(fgate)
     delta = flex_acp.paper_delta(flex_acp.qk_bound(q, k), LOG_EPS, M)
     ref = reference(q, k, v, fgate, off)
     gen = torch.Generator(device="cuda").manual_seed(5)
     dout = torch.randn(B, H, N, D, device="cuda", generator=gen).bfloat16()
     # The square run: M queries against M keys of the same distributions (its own workload).
-    qs, ks, vs, fs = workload(B, H, M, M, D, seed=1)
+    qs, ks, vs, fs = workload(B, H, M, D, seed=1, N=M)
     dout_sq = torch.randn(B, H, M, D, device="cuda", generator=gen).bfloat16()
 
     pre, pre_dense, sq = foxc.load(PREFILL), foxc.load(PREFILL, no_prune=True), foxc.load(SQUARE)

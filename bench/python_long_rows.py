@@ -60,7 +60,7 @@ def main():
         for _ in range(ROUNDS):
             times["pruned"].append(round_ms(lambda: pruned(**x)))
             times["dense"].append(round_ms(lambda: dense(**x)))
-        ptx = pruned._gpu_plans[(dev, tuple(tuple(x[n].shape) for n in pruned.params))].ptx
+        ptx = pruned._gpu_plans[("attention", dev, tuple(tuple(x[n].shape) for n in pruned.params))].ptx
         kernel = "split" if "threshold_with_split_scan" in ptx else "whole rows"
         p, q = (statistics.median(times[k]) for k in ("pruned", "dense"))
         print(f"torch op {shape}: pruned {p:.4f} ms, dense {q:.4f} ms ({1000 * (p - q):+.1f} us; prelude: {kernel})")

@@ -107,6 +107,24 @@ def _launch(plan, tensors: Dict, dev) -> List[torch.Tensor]:
     return outs
 
 
+def _plan(cache: dict, kind: str, names: Sequence[str], tensors: Sequence[torch.Tensor], make):
+    """The GPU plan of this kind for tensors `names` of these shapes on their device: made by
+    `make(metas, device_index)` on first use, then kept in `cache` (one of the program's)."""
+    dev = tensors[0].device
+    key = (kind, dev.index, tuple(tuple(t.shape) for t in tensors))
+    plan = cache.get(key)
+    if plan is None:
+        plan = cache[key] = make(_metas(names, tensors), dev.index)
+    return plan
+
+
+def _fused(attn, plan):
+    """`plan` if its outputs start with the attention's `out` and `lse`, else a RuntimeError."""
+    if [o[0] for o in plan.outputs][:2] != ["out", "lse"]:
+        raise RuntimeError(f"foxc: `{attn.name}` has no fused attention on the GPU (no log-sum-exp)")
+    return plan
+
+
 def _as_read(attn, inputs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
     """The inputs as the program reads them: an ``i64`` parameter's tensor narrowed to int32,
     saturating as the extension narrows host tensors (``Param::stored``), on the tensor's device
@@ -128,15 +146,9 @@ def attention_op(program: int, inputs: List[torch.Tensor]) -> Tuple[torch.Tensor
     attn = _attention_of(program)
     _check(attn, inputs)
     inputs = _as_read(attn, inputs)
-    dev = inputs[0].device
-    key = (dev.index, tuple(tuple(t.shape) for t in inputs))
-    plan = attn._gpu_plans.get(key)
-    if plan is None:
-        plan = attn._program.cuda_plan(_metas(attn.params, inputs), dev.index)
-        if [o[0] for o in plan.outputs] != ["out", "lse"]:
-            raise RuntimeError(f"foxc: `{attn.name}` has no fused attention on the GPU (no log-sum-exp)")
-        attn._gpu_plans[key] = plan
-    out, lse = _launch(plan, inputs, dev)
+    make = lambda metas, dev: _fused(attn, attn._program.cuda_plan(metas, dev))  # noqa: E731
+    plan = _plan(attn._gpu_plans, "attention", attn.params, inputs, make)
+    out, lse = _launch(plan, inputs, inputs[0].device)
     return out, lse
 
 
@@ -168,16 +180,9 @@ def attention_train_op(program: int, inputs: List[torch.Tensor]) -> Tuple[torch.
     attn = _attention_of(program)
     _check(attn, inputs)
     inputs = _as_read(attn, inputs)
-    dev = inputs[0].device
-    key = ("train", dev.index, tuple(tuple(t.shape) for t in inputs))
-    plan = attn._gpu_plans.get(key)
-    if plan is None:
-        plan = attn._program.cuda_plan(_metas(attn.params, inputs), dev.index, True)
-        if [o[0] for o in plan.outputs][:2] != ["out", "lse"]:
-            raise RuntimeError(f"foxc: `{attn.name}` has no fused attention on the GPU (no log-sum-exp)")
-        attn._gpu_plans[key] = plan
-    outs = _launch(plan, inputs, dev)
-    return _train_results(outs)
+    make = lambda metas, dev: _fused(attn, attn._program.cuda_plan(metas, dev, True))  # noqa: E731
+    plan = _plan(attn._gpu_plans, "train", attn.params, inputs, make)
+    return _train_results(_launch(plan, inputs, inputs[0].device))
 
 
 def _train_results(outs) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -218,14 +223,9 @@ def attention_backward_op(
     forward's inputs, its results ``out`` and ``lse`` and the upstream gradient ``dout``: the
     saved-forward gradient program (no forward recomputed), on torch's current stream."""
     attn = _attention_of(program)
-    dev = inputs[0].device
     tensors = _as_read(attn, inputs) + [dout, out.float(), lse]
-    key = (dev.index, tuple(tuple(t.shape) for t in inputs))
-    plan = attn._grad_plans.get(key)
-    if plan is None:
-        plan = attn._program.cuda_grad_plan(_metas(_grad_names(attn), tensors), dev.index)
-        attn._grad_plans[key] = plan
-    return _launch(plan, tensors, dev)
+    plan = _plan(attn._grad_plans, "saved", _grad_names(attn), tensors, attn._program.cuda_grad_plan)
+    return _launch(plan, tensors, tensors[0].device)
 
 
 @attention_backward_op.register_kernel("cpu")
@@ -365,13 +365,8 @@ def forward_op(program: int, inputs: List[torch.Tensor]) -> torch.Tensor:
     attn = _attention_of(program)
     _check(attn, inputs)
     inputs = _as_read(attn, inputs)
-    dev = inputs[0].device
-    key = ("program", dev.index, tuple(tuple(t.shape) for t in inputs))
-    plan = attn._gpu_plans.get(key)
-    if plan is None:
-        plan = attn._program.cuda_plan(_metas(attn.params, inputs), dev.index)
-        attn._gpu_plans[key] = plan
-    return _launch(plan, inputs, dev)[0]
+    plan = _plan(attn._gpu_plans, "program", attn.params, inputs, attn._program.cuda_plan)
+    return _launch(plan, inputs, inputs[0].device)[0]
 
 
 @forward_op.register_kernel("cpu")
@@ -395,14 +390,10 @@ def forward_backward_op(program: int, inputs: List[torch.Tensor], dout: torch.Te
     """The gradient of every float input of ``foxc::forward`` (in parameter order) from its
     inputs and ``dout``: the gradient program that recomputes the forward."""
     attn = _attention_of(program)
-    dev = inputs[0].device
     tensors = _as_read(attn, inputs) + [dout]
-    key = ("recomputed", dev.index, tuple(tuple(t.shape) for t in inputs))
-    plan = attn._grad_plans.get(key)
-    if plan is None:
-        plan = attn._program.cuda_grad_plan(_metas(list(attn.params) + ["dout"], tensors), dev.index, False)
-        attn._grad_plans[key] = plan
-    outs = dict(zip([o[0] for o in plan.outputs], _launch(plan, tensors, dev)))
+    make = lambda metas, dev: attn._program.cuda_grad_plan(metas, dev, False)  # noqa: E731
+    plan = _plan(attn._grad_plans, "recomputed", list(attn.params) + ["dout"], tensors, make)
+    outs = dict(zip([o[0] for o in plan.outputs], _launch(plan, tensors, tensors[0].device)))
     return [outs[f"grad_{attn.params[i]}"] for i in _float_params(attn)]
 
 
