@@ -80,7 +80,11 @@ def test_the_inference_example_decodes_like_one_whole_run():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     seed = int(np.random.default_rng().integers(1 << 30))
-    for evict in (False, True):  # dict caches, then foxc.KVCache with bounds from the weights
-        diff, scale, same = mod.main(prompt=40, new=8, layers=2, seed=seed, quiet=True, evict=evict)
-        assert diff <= 1e-2 * scale, (diff, scale, seed, evict)
-        assert same >= 6, (same, seed, evict)
+    # dict caches, then foxc.KVCache with bounds from the weights; each keeping the gates, then
+    # the decay cumsum (examples/fox_cache.attn).
+    for evict, keep_cumsum in ((False, False), (True, False), (False, True), (True, True)):
+        diff, scale, same = mod.main(
+            prompt=40, new=8, layers=2, seed=seed, quiet=True, evict=evict, keep_cumsum=keep_cumsum
+        )
+        assert diff <= 1e-2 * scale, (diff, scale, seed, evict, keep_cumsum)
+        assert same >= 6, (same, seed, evict, keep_cumsum)
