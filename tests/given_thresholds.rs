@@ -20,7 +20,7 @@ fn compile(name: &str) -> Graph {
 }
 
 fn given(d: &[f64]) -> PruneRule {
-    foxc_driver::options::given_rule(d).unwrap()
+    foxc_ir::PruneRule::given_thresholds(d).unwrap()
 }
 
 fn optimize(src: &Graph, rule: PruneRule) -> Graph {

@@ -125,7 +125,8 @@ fn plan(g: &Graph, p: &CpuProgram, outputs: &[Value]) -> Result<(CpuPlan, Vec<us
 
 /// A compiled program with its runtime plan: what one compilation runs any number of times.
 struct Compiled {
-    program: CpuProgram,
+    /// Never read: it owns the JIT memory the plan's entry points lie in (freed on drop).
+    _program: CpuProgram,
     plan: CpuPlan,
     outputs: Vec<usize>,
 }
@@ -134,8 +135,8 @@ impl Compiled {
     /// Run the plan on `inputs` (read as the graph reads them): the buffers of its outputs.
     fn run(&self, g: &Graph, inputs: &TensorMap, opts: rt::ExecOptions) -> Result<Vec<HostTensor>, Error> {
         let inputs = crate::validate::as_read(g, inputs);
-        // SAFETY: the plan's entries come from `self.program`, compiled for these buffers, alive here.
-        let _alive = &self.program;
+        // SAFETY: the plan's entries come from `self._program`, compiled for these buffers, alive
+        // while `self` is borrowed.
         unsafe { rt::execute(&self.plan, &inputs, &self.outputs, opts) }.map_err(rt_err)
     }
 }
@@ -158,7 +159,7 @@ fn compile_outputs(
     let program =
         cg::compile_outputs(&cg_graph, dims, kernels_for, cg::CpuOptions::default()).map_err(cg_err)?;
     let (plan, outputs) = plan(g, &program, outputs)?;
-    Ok((Compiled { program, plan, outputs }, t0.elapsed().as_secs_f64() * 1e3))
+    Ok((Compiled { _program: program, plan, outputs }, t0.elapsed().as_secs_f64() * 1e3))
 }
 
 /// `g` with the `contract` pass's decision for exactly the values `outputs` (empty: the

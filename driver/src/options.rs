@@ -120,15 +120,10 @@ pub fn pass_options(
 /// are 131072 keys a block, one block per head at the longest decode benchmarked.
 pub const MAX_SPLIT_KEY_TILES: u32 = 1024;
 
-/// The rule of per-head thresholds `values` (one per query head, each `<= 0`, `-inf`: never
-/// prune the head): the CLI's `--thresholds` and Python's `thresholds=`. Not a safety proof
-/// (docs/RULES.md, "Given thresholds"); a program of another head count is refused when its
-/// dims are bound (`validate::check_inputs`).
-pub fn given_rule(values: &[f64]) -> Result<PruneRule, String> {
-    foxc_passes::rules::given(values)
-}
-
-/// Parse `-8,-12,-inf` (the CLI's `--thresholds`) into the rule of per-head thresholds.
+/// Parse `-8,-12,-inf` (the CLI's `--thresholds`) into the rule of per-head thresholds
+/// (`PruneRule::given_thresholds`, also Python's `thresholds=`: one per query head, each `<= 0`,
+/// `-inf` never prunes the head). Not a safety proof (docs/RULES.md, "Given thresholds"); a
+/// program of another head count is refused when its dims are bound (`validate::check_inputs`).
 pub fn parse_thresholds(s: &str) -> Result<PruneRule, String> {
     let values = s
         .split(',')
@@ -139,7 +134,7 @@ pub fn parse_thresholds(s: &str) -> Result<PruneRule, String> {
             })
         })
         .collect::<Result<Vec<f64>, String>>()?;
-    given_rule(&values)
+    PruneRule::given_thresholds(&values)
 }
 
 /// A tile size foxc's kernels take: a power of two from 8 to 256.

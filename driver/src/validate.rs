@@ -166,7 +166,8 @@ pub fn check_inputs(g: &Graph, inputs: &TensorMap) -> Result<DimBindings, InputE
         // (Integer tensors compare with the bounds as written: truncating them would widen.)
         let rounded = |x: f64| if t.dtype.is_float() { foxc_ir::interp::cast(t.dtype, x) } else { x };
         let range = p.range.map(|(lo, hi)| (rounded(lo), rounded(hi)));
-        for (l, v) in t.to_f64_vec().into_iter().enumerate() {
+        let values = t.to_f64_vec();
+        for (l, &v) in values.iter().enumerate() {
             let in_range = range.is_some_and(|(lo, hi)| v >= lo && v <= hi);
             if v.is_nan() || (v.is_infinite() && !in_range) {
                 return Err(InputError::NonFinite {
@@ -189,7 +190,7 @@ pub fn check_inputs(g: &Graph, inputs: &TensorMap) -> Result<DimBindings, InputE
             }
         }
         if let Some(axis) = p.nonincreasing {
-            check_nonincreasing(p, axis, &t.shape, &t.to_f64_vec())?;
+            check_nonincreasing(p, axis, &t.shape, &values)?;
         }
     }
     Ok(dims)
@@ -202,7 +203,7 @@ fn check_nonincreasing(
     shape: &[usize],
     v: &[f64],
 ) -> Result<(), InputError> {
-    let len = shape.get(axis).copied().unwrap_or(1);
+    let len = shape[axis];
     let stride: usize = shape[axis + 1..].iter().product();
     for (l, &x) in v.iter().enumerate() {
         if !(l / stride).is_multiple_of(len) && x > v[l - stride] {

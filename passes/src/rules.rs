@@ -90,14 +90,8 @@ pub const RULES: &[RuleDef] = &[
     },
 ];
 
-/// Thresholds given per head by the user (`--thresholds`, Python's `thresholds=`): not an
-/// entry of the table, which holds the rules with a safety argument. `foxc rules` lists it
-/// after the table with [`GIVEN_SUMMARY`] and [`GIVEN_NOTE`].
-pub fn given(values: &[f64]) -> Result<PruneRule, String> {
-    PruneRule::given_thresholds(values)
-}
-
-/// What `foxc rules` says of the user's thresholds.
+/// What `foxc rules` says of the user's thresholds (`PruneRule::given_thresholds`: not an
+/// entry of the table, which holds the rules with a safety argument; listed after it).
 pub const GIVEN_SUMMARY: &str = "the user's choice: delta[b, h, m] = d_h, one number <= 0 per query head \
     (--thresholds d0,d1,...; -inf never prunes the head)";
 /// Why it is not safe (docs/RULES.md, "Given thresholds").

@@ -477,7 +477,7 @@ fn dumps_only_on_request_and_optimize_is_idempotent() {
 /// no norm statistic: the two-launch plan's delta kernel alone).
 #[test]
 fn given_thresholds_print_in_the_ir_and_the_explanations() {
-    let rule = foxc_passes::rules::given(&[-8.0, -12.5, f64::NEG_INFINITY, -0.25]).unwrap();
+    let rule = foxc_ir::PruneRule::given_thresholds(&[-8.0, -12.5, f64::NEG_INFINITY, -0.25]).unwrap();
     let mut s = String::new();
     for target in [Target::Cpu, Target::Sm90a] {
         let opts = PassOptions { rule: rule.clone(), target, ..PassOptions::default() };

@@ -27,3 +27,8 @@ def cat(xs, axis: int):
 
 def contiguous(x):
     return x.contiguous() if is_torch(x) else np.ascontiguousarray(x)
+
+
+def swap_axes(x, a: int, b: int):
+    """``x`` with axes ``a`` and ``b`` swapped, contiguous (a torch tensor's stays differentiable)."""
+    return x.transpose(a, b).contiguous() if is_torch(x) else np.ascontiguousarray(np.swapaxes(x, a, b))

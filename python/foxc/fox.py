@@ -8,9 +8,9 @@ FoX kernel: foxc writes the DSL program for the choice and compiles it once.
 - ``head_first``: ``[B, H, T, D]`` tensors (and gates ``[B, H, T]``), else ``[B, T, H, D]``
   (gates ``[B, T, H]``); the program reads them in place (its fused attention works head-first,
   the other layout costs a copy in and out, as the IR shows). ``attention()`` on torch tensors
-  in the tokens-first layout swaps the axes in torch around the head-first program instead (the
-  torch op runs programs whose output is the attention's own, whose log-sum-exp the backward
-  takes): the same two copies, differentiable.
+  in the tokens-first layout swaps the axes in torch around the head-first program instead: the
+  same two copies, and the attention op's backward, which reads the saved forward (the
+  tokens-first program's would recompute it).
 - ``gate``: ``"logits"`` (parameter ``fgate``, ``log f = logsigmoid(fgate)``) or ``"log"``
   (parameter ``logf``, the log forget gate itself, declared in ``[-inf, 0]``: a gate in (0, 1]).
 - ``sm_scale``: the score's scale (default ``1 / sqrt(D)``).
@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import math
 from typing import Optional
+
+from ._arrays import is_torch, swap_axes
 
 __all__ = ["program", "load", "attention", "first_keys"]
 
@@ -131,7 +133,7 @@ def first_keys(cu_seqlens, total: int):
     0, never decrease and end at ``total``."""
     import numpy as np
 
-    if hasattr(cu_seqlens, "detach"):  # torch: read on the host
+    if is_torch(cu_seqlens):  # read on the host
         cu_seqlens = cu_seqlens.detach().cpu().numpy()
     cu = np.asarray(cu_seqlens)
     if cu.dtype == object or not (np.issubdtype(cu.dtype, np.integer) or cu.size == 0):
@@ -152,19 +154,6 @@ def first_keys(cu_seqlens, total: int):
     return np.repeat(cu[:-1], steps).astype(np.int32)
 
 
-def _swap(x, a: int, b: int):
-    """``x`` with axes ``a`` and ``b`` swapped, contiguous (NumPy or torch; differentiable)."""
-    if hasattr(x, "detach"):
-        return x.transpose(a, b).contiguous()
-    import numpy as np
-
-    return np.ascontiguousarray(np.swapaxes(x, a, b))
-
-
-def _on_torch(x) -> bool:
-    return hasattr(x, "detach") and hasattr(x, "device")
-
-
 def _packed(q, k, v, gate, cu_seqlens, head_first, gate_kind, sm_scale, load_kwargs):
     """:func:`attention` of tensors without a batch axis, packed by ``cu_seqlens``."""
     axis = 1 if head_first else 0
@@ -178,21 +167,21 @@ def _packed(q, k, v, gate, cu_seqlens, head_first, gate_kind, sm_scale, load_kwa
         if x.shape[axis] != total:
             raise ValueError(f"with cu_seqlens, {name} has {x.shape[axis]} tokens but q has {total} (queries take their own keys)")
     first = first_keys(cu_seqlens, total).reshape(1, total)
-    if _on_torch(q):  # torch: the first keys beside q
+    if is_torch(q):  # the first keys beside q
         import torch
 
         first = torch.from_numpy(first).to(q.device)
-    # torch tensors run the head-first program on tokens-first inputs swapped in torch (the torch
-    # op runs programs whose output is the attention's own; see attention()).
-    swap = _on_torch(q) and not head_first
+    # torch tensors run the head-first program on tokens-first inputs swapped in torch (see
+    # attention()).
+    swap = is_torch(q) and not head_first
     if swap:
-        q, k, v, gate = (_swap(t, 0, 1) for t in (q, k, v, gate))
+        q, k, v, gate = (swap_axes(t, 0, 1) for t in (q, k, v, gate))
     attn = load(head_first or swap, gate_kind, sm_scale, False, packed=True, **load_kwargs)
     # A batch of one: views, no copy.
     x = {n: t.reshape((1,) + tuple(t.shape)) for n, t in (("q", q), ("k", k), ("v", v))}
     out = attn(first=first, **x, **{_GATES[gate_kind][0]: gate.reshape((1,) + tuple(gate.shape))})
     out = out.reshape(tuple(out.shape[1:]))
-    return _swap(out, 0, 1) if swap else out
+    return swap_axes(out, 0, 1) if swap else out
 
 
 def attention(
@@ -209,12 +198,14 @@ def attention(
     head_first = True if head_first is None else head_first
     axis = 2 if head_first else 1
     fewer = q.shape[axis] != k.shape[axis]
-    if _on_torch(q) and not head_first:
-        # The torch op runs programs whose output is the attention's own (its log-sum-exp feeds
-        # the backward); the tokens-first program's output is a transposed copy of it. So torch
-        # swaps the axes around the head-first program (the same two copies the IR would make).
-        q, k, v = (_swap(t, 1, 2) for t in (q, k, v))
+    if is_torch(q) and not head_first:
+        # The tokens-first program's output is a transposed copy of its attention's, which the
+        # torch path runs as a whole program whose backward recomputes the forward
+        # (`foxc::forward`). Swapping the axes in torch around the head-first program (the same
+        # two copies the IR would make) keeps the attention op, whose backward reads the saved
+        # forward instead.
+        q, k, v = (swap_axes(t, 1, 2) for t in (q, k, v))
         attn = load(True, gate_kind, sm_scale, fewer, **load_kwargs)
-        return _swap(attn(q=q, k=k, v=v, **{_GATES[gate_kind][0]: _swap(gate, 1, 2)}), 1, 2)
+        return swap_axes(attn(q=q, k=k, v=v, **{_GATES[gate_kind][0]: swap_axes(gate, 1, 2)}), 1, 2)
     attn = load(head_first, gate_kind, sm_scale, fewer, **load_kwargs)
     return attn(q=q, k=k, v=v, **{_GATES[gate_kind][0]: gate})

@@ -128,7 +128,7 @@ pub fn load(
             )))
         }
         Some(v) => {
-            foxc_driver::options::given_rule(v).map_err(|e| value_error(format!("thresholds: {e}")))?
+            PruneRule::given_thresholds(v).map_err(|e| value_error(format!("thresholds: {e}")))?
         }
     };
     let tiles = tiles.map(|(m, n)| foxc_driver::options::tiles(m, n)).transpose().map_err(value_error)?;
