@@ -127,9 +127,7 @@ pub fn load(
                 "thresholds= replaces the pruning rule; prune_rule=`{prune_rule}` cannot be given with it"
             )))
         }
-        Some(v) => {
-            PruneRule::given_thresholds(v).map_err(|e| value_error(format!("thresholds: {e}")))?
-        }
+        Some(v) => PruneRule::given_thresholds(v).map_err(|e| value_error(format!("thresholds: {e}")))?,
     };
     let tiles = tiles.map(|(m, n)| foxc_driver::options::tiles(m, n)).transpose().map_err(value_error)?;
     let rule_key = rule.to_string();
