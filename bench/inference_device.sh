@@ -7,7 +7,7 @@
 #           cumsum, and compute-sanitizer memcheck of the new kernels;
 #   rows    (ROWS=1) f16 against bf16, forward and forward + backward, with SDPA and FlexAttention
 #           + ACP in the same dtype in the same run; the prefill's fwd + bwd against the square
-#           kernel's at the same keys;
+#           kernel's at the same keys (and FOXC_BASE's, interleaved, where given);
 #   decode  (DECODE=1) checks of the split gate scan, split keys at several slice sizes and the
 #           merge; a decode step against FOXC_BASE's (interleaved, the CLI's plan; SPLIT_TILES: the
 #           slice sizes also timed); NCU=1: ncu of one step; bench/decode.py (the foxc wheel on
@@ -15,7 +15,7 @@
 # CHECKS: "all" (default), "0" (none) or the groups to run: f16 fq long given packed cache memcheck
 #   (and split, the decode section's).
 # Usage (GPU machine): FOXC=target/release/foxc[.gz] [FOXC_BASE=old/foxc[.gz]] [ROWS=0] [CHECKS=0]
-#   [DECODE=1] [NCU=1] [DECODE_PY=0] bench/inference_device.sh
+#   [ROWS_F16=0] [DECODE=1] [NCU=1] [DECODE_PY=0] bench/inference_device.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . bench/device_lib.sh
@@ -65,6 +65,17 @@ if [ "${CHECKS:-all}" != 0 ]; then
   done
   chk grad "$TMP/prefill_f16.attn" B=1,H=4,N=300,M=1000,D=64
   chk grad "$TMP/prefill_f16.attn" B=1,H=2,N=1,M=3000,D=128
+  echo "## more than 64 queries on the warp-specialized kernel: its loads, grids, turns, D = 64"
+  for flags in "--ws-loads cp-async" "--ws-grid persistent" "--ws-turns none" "--attn-kernel standard" \
+    "--ws-grid persistent --ws-loads cp-async" "--no-prune"; do
+    # shellcheck disable=SC2086
+    chk run $PRE B=1,H=4,N=700,M=5000,D=128 $flags
+  done
+  chk run $PRE B=2,H=2,N=65,M=4097,D=128
+  chk run $PRE B=1,H=2,N=4096,M=16384,D=128
+  chk run "$TMP/prefill_f16.attn" B=1,H=2,N=1000,M=7000,D=128
+  chk run $PRE B=1,H=4,N=300,M=1000,D=64 --attn-kernel warp-specialized
+  chk run $PRE B=1,H=4,N=1000,M=3001,D=64 --attn-kernel warp-specialized --tiles 64x128
   fi
   if want long; then
   echo "## long context against the f64 reference"
@@ -120,7 +131,8 @@ EOF
   echo "## compute-sanitizer memcheck"
   for args in "run examples/fox_cache.attn --shape B=1,H=2,N=2,M=3000,D=128" \
     "grad $PRE --shape B=1,H=2,N=100,M=700,D=64" "grad $PRE --shape B=1,H=2,N=1,M=333,D=128" \
-    "run $F16 --shape B=1,H=2,T=300,D=128" "grad $F16 --shape B=1,H=2,T=300,D=64"; do
+    "run $F16 --shape B=1,H=2,T=300,D=128" "grad $F16 --shape B=1,H=2,T=300,D=64" \
+    "run $PRE --shape B=1,H=2,N=300,M=1000,D=128" "run $PRE --shape B=1,H=2,N=300,M=1000,D=128 --ws-loads cp-async --ws-grid persistent"; do
     log="$OUT/memcheck_$(tr ' =,/' '____' <<<"$args").log"
     # shellcheck disable=SC2086
     t 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$FOXC" $args --backend cuda >"$log" 2>&1
@@ -133,23 +145,34 @@ EOF
 fi
 
 if [ "${ROWS:-1}" = 1 ]; then
-  echo "## rows: f16 against bf16, peers in the same dtype (ms; foxc bench median of 50)"
-  shape=B=2,H=16,T=16384,D=128
-  "$FOXC" inputs examples/fox.attn --shape $shape --seed 0 -o "$TMP/in_bf16.safetensors" >/dev/null
-  "$FOXC" inputs $F16 --shape $shape --seed 0 -o "$TMP/in_f16.safetensors" >/dev/null
-  for f in examples/fox.attn $F16; do
-    t 200 "$FOXC" bench $f --backend cuda --shape $shape --seed 0 --iters 50 --format csv 2>&1 | sed "s|^|$(basename $f),|"
-    t 200 "$FOXC" bench $f --backend cuda --shape B=1,H=16,T=8192,D=128 --seed 0 --iters 20 --grad --format csv 2>&1 |
-      sed "s|^|$(basename $f),grad,|"
-  done | tee "$OUT/f16_foxc.csv"
-  for dt in bf16 f16; do
-    t 300 python3 bench/peers.py "$TMP/in_$dt.safetensors" --no-dense-flex 2>&1 | sed "s|^|$dt,|"
-  done | tee "$OUT/f16_peers.csv"
+  if [ "${ROWS_F16:-1}" = 1 ]; then
+    echo "## rows: f16 against bf16, peers in the same dtype (ms; foxc bench median of 50)"
+    shape=B=2,H=16,T=16384,D=128
+    "$FOXC" inputs examples/fox.attn --shape $shape --seed 0 -o "$TMP/in_bf16.safetensors" >/dev/null
+    "$FOXC" inputs $F16 --shape $shape --seed 0 -o "$TMP/in_f16.safetensors" >/dev/null
+    for f in examples/fox.attn $F16; do
+      t 200 "$FOXC" bench $f --backend cuda --shape $shape --seed 0 --iters 50 --format csv 2>&1 | sed "s|^|$(basename $f),|"
+      t 200 "$FOXC" bench $f --backend cuda --shape B=1,H=16,T=8192,D=128 --seed 0 --iters 20 --grad --format csv 2>&1 |
+        sed "s|^|$(basename $f),grad,|"
+    done | tee "$OUT/f16_foxc.csv"
+    for dt in bf16 f16; do
+      t 300 python3 bench/peers.py "$TMP/in_$dt.safetensors" --no-dense-flex 2>&1 | sed "s|^|$dt,|"
+    done | tee "$OUT/f16_peers.csv"
+  fi
   echo "## rows: prefill N = 4096 of M = 16384 against the square T = 16384, forward and fwd + bwd"
-  for args in "$PRE --shape B=1,H=16,N=4096,M=16384,D=128" "examples/fox.attn --shape B=1,H=16,T=16384,D=128"; do
-    for g in "" --grad; do
-      # shellcheck disable=SC2086
-      t 200 "$FOXC" bench $args --backend cuda --seed 0 --iters 20 $g --format csv 2>&1 | sed "s|^|${g:-fwd},|"
+  # With FOXC_BASE: its prefill rows too, interleaved with this binary's, twice.
+  BASE=${FOXC_BASE:+$(unpack "$FOXC_BASE")}
+  for rep in 1 2; do
+    for args in "$PRE --shape B=1,H=16,N=4096,M=16384,D=128" "examples/fox.attn --shape B=1,H=16,T=16384,D=128"; do
+      for g in "" --grad; do
+        for v in ${BASE:+base} new; do
+          bin=$FOXC
+          [ $v = base ] && bin=$BASE
+          # shellcheck disable=SC2086
+          t 200 "$bin" bench $args --backend cuda --seed 0 --iters 20 $g --format csv 2>&1 |
+            grep -v '^program' | sed "s|^|$v,rep$rep,${g:-fwd},|"
+        done
+      done
     done
   done | tee "$OUT/prefill_rows.csv"
 fi

@@ -193,10 +193,17 @@ def prefill_reference(x):
 def run_prefill(dtype):
     """Queries fewer than keys through the torch op: output and every gradient (torch autograd
     through foxc's `_fq` backward) against autograd of the eager f32 reference, pruned and
-    dense; shapes from a prefill to a decode step past one gate-scan segment."""
+    dense; shapes from a prefill (700 x 5000 at D = 128 on the warp-specialized forward) to a
+    decode step past one gate-scan segment."""
     text = PREFILL.read_text().replace("bf16", dtype)
     tdt = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
-    for B, H, N, M, D in ((2, 4, 300, 1000, 64), (1, 4, 64, 2049, 128), (1, 2, 1, 20000, 128), (1, 3, 130, 3000, 96)):
+    for B, H, N, M, D in (
+        (2, 4, 300, 1000, 64),
+        (1, 4, 64, 2049, 128),
+        (1, 2, 1, 20000, 128),
+        (1, 3, 130, 3000, 96),
+        (1, 4, 700, 5000, 128),
+    ):
         for no_prune in (False, True):
             attn = foxc.load(text, no_prune=no_prune)
             g = torch.Generator(device="cuda").manual_seed(B * N + M)

@@ -1,6 +1,7 @@
 //! Queries fewer than keys on the GPU forward (`bench/fox_prefill.attn`: N queries at the end of
-//! M keys): the standard attention kernel's `_fq` variant, whose last parameter is the keys'
-//! length `Tk` (the queries' `T` stays the fixed one), and the threshold's norms (over the keys'
+//! M keys): the attention kernels' `_fq` variants (the warp-specialized one on sm_90a where a
+//! square attention would take it, the standard one otherwise), which take the keys' length `Tk`
+//! (the queries' `T` stays the fixed one), and the threshold's norms (over the keys'
 //! tiles, a last parameter `Tq`) and delta (`T` the queries', `lnT` the keys', a last parameter
 //! `Tk`) kernels. Square programs keep their kernels (no `_fq`, no extra parameter). The PTX
 //! assembles for sm_90a and sm_80 without spills on sm_90a. The kernels' numbers are checked on
@@ -31,7 +32,8 @@ fn kernel<'a>(a: &'a NvptxArtifact, prefix: &str) -> &'a foxc_codegen::nvptx::Ke
     a.kernels.iter().find(|k| k.name.contains(prefix)).unwrap_or_else(|| panic!("a {prefix} kernel"))
 }
 
-/// The forward fuses on the GPU targets (pruned, the in-kernel boundary, the standard kernel),
+/// The forward fuses on the GPU targets (pruned, the in-kernel boundary; on sm_90a the
+/// warp-specialized kernel at D = 128, as a square attention, and the standard one on sm_80),
 /// and so does a gradient program's (its backward has `_fq` kernels).
 #[test]
 fn prefill_fuses_for_the_gpu_forward_and_backward() {
@@ -41,22 +43,33 @@ fn prefill_fuses_for_the_gpu_forward_and_backward() {
         assert_eq!(a.len(), 1, "{t:?}");
         let Op::Attention(at) = g.op(a[0]) else { unreachable!() };
         assert_eq!(at.prune, foxc_ir::Prune::Boundary, "{t:?}");
-        assert_eq!(at.kernel, foxc_ir::attention::AttnKernel::Standard, "{t:?}");
+        let ws = at.kernel.runs_warp_specialized(128);
+        assert_eq!(ws, t == Target::Sm90a, "{t:?}: {:?}", at.kernel);
+        assert!(!at.kernel.runs_warp_specialized(64), "{t:?}: {:?}", at.kernel);
         let g = graph("bench/fox_prefill.attn", t, true);
         assert_eq!(g.find(|op| matches!(op, Op::Attention(_))).len(), 1, "{t:?}: a gradient program");
     }
 }
 
-/// The kernels and their last arguments: `Tk` = M for the attention and the delta, `Tq` = N for
-/// the norms (launched over the keys' tiles); the square example has none of them.
+/// The kernels and their last arguments: `Tk` = M for the attention (the warp-specialized one at
+/// D = 128, after its tensor maps over M key rows; the standard one at D = 64) and the delta,
+/// `Tq` = N for the norms (launched over the keys' tiles); the square example has none of them.
 #[test]
 fn kernels_take_the_other_length_last() {
     let (n, m) = (Dim::sym("N"), Dim::sym("M"));
     let g = graph("bench/fox_prefill.attn", Target::Sm90a, false);
+    let std_fwd = artifact(&g, NvptxTarget::Sm90a, 64);
+    let fwd = kernel(&std_fwd, "foxc_attn_fwd");
+    assert!(fwd.name.contains("_fq_") && !fwd.name.contains("_ws"), "{}", fwd.name);
+    assert_eq!(fwd.args.last(), Some(&KernelArg::I32(vec![m.clone()])), "{:?}", fwd.args);
     let a = artifact(&g, NvptxTarget::Sm90a, 128);
     let fwd = kernel(&a, "foxc_attn_fwd");
-    assert!(fwd.name.contains("_fq_"), "{}", fwd.name);
+    assert!(fwd.name.contains("_ws_tma_") && fwd.name.contains("_fq_"), "{}", fwd.name);
     assert_eq!(fwd.args.last(), Some(&KernelArg::I32(vec![m.clone()])), "{:?}", fwd.args);
+    for map in &fwd.args[8..10] {
+        let KernelArg::TensorMap(map) = map else { panic!("a tensor map: {:?}", fwd.args) };
+        assert_eq!(map.dims[1], vec![m.clone()], "{map:?}");
+    }
     let norms = kernel(&a, "threshold_norms");
     assert_eq!(norms.args.last(), Some(&KernelArg::I32(vec![n.clone()])), "{:?}", norms.args);
     assert_eq!(norms.args[3], KernelArg::I32(vec![m.clone()]), "{:?}", norms.args);
@@ -90,7 +103,8 @@ fn prefill_kernels_assemble_with_ptxas() {
 /// A GPU graph with the query count bound at most one block (a decode step) splits its keys:
 /// the attention kernel's `_sk16` variant, launched over `(1, BH, ceil(M / 2048))`, writes f32
 /// partials that a merge launch (over the rows, `Tk` last) combines into the bf16 output. More
-/// queries, or the CPU, keep one launch. The PTX assembles without spills on sm_90a.
+/// queries (the kernel a square attention would take), or the CPU, keep one launch. The PTX
+/// assembles without spills on sm_90a.
 #[test]
 fn a_decode_step_splits_its_keys() {
     let bound = |n: u64, t: Target| {
@@ -108,7 +122,8 @@ fn a_decode_step_splits_its_keys() {
     use foxc_ir::attention::AttnKernel;
     assert_eq!(kernel_of(&bound(1, Target::Sm90a)), AttnKernel::SplitKeys { tiles: 16 });
     assert_eq!(kernel_of(&bound(64, Target::Sm80)), AttnKernel::SplitKeys { tiles: 16 });
-    assert_eq!(kernel_of(&bound(65, Target::Sm90a)), AttnKernel::Standard);
+    assert!(kernel_of(&bound(65, Target::Sm90a)).runs_warp_specialized(128));
+    assert_eq!(kernel_of(&bound(65, Target::Sm80)), AttnKernel::Standard);
     assert_eq!(kernel_of(&bound(1, Target::Cpu)), AttnKernel::Standard);
     let g = bound(1, Target::Sm90a);
     assert!(foxc_ir::print::print_graph(&g).contains("kernel = split_keys(tiles = 16)"));

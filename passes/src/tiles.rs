@@ -147,21 +147,21 @@ pub const SPLIT_KEY_TILES: u32 = 16;
 /// 64-row block of queries (a decode step, a few speculative tokens).
 pub const SPLIT_KEYS_ROWS: u64 = 64;
 
-/// The forward kernel of an attention of `rows` queries fewer than its keys: split keys on a
-/// GPU when the rows are known to fit one block ([`SPLIT_KEYS_ROWS`]), `split_tiles` key tiles
-/// a block (default [`SPLIT_KEY_TILES`]); the standard kernel otherwise (the warp-specialized
-/// one runs as many queries as keys only).
-pub fn fewer_queries_kernel(target: Target, rows: Option<u64>, split_tiles: Option<u32>) -> AttnKernel {
+/// The split-keys kernel for an attention of `rows` queries fewer than its keys, on a GPU when
+/// the rows are known to fit one block ([`SPLIT_KEYS_ROWS`]), `split_tiles` key tiles a block
+/// (default [`SPLIT_KEY_TILES`]); `None` otherwise (more queries get the kernel a square
+/// attention would, [`kernel_for`]: the queries sit at the end of the keys in either).
+pub fn split_keys_kernel(target: Target, rows: Option<u64>, split_tiles: Option<u32>) -> Option<AttnKernel> {
     match rows {
         Some(r) if target != Target::Cpu && r <= SPLIT_KEYS_ROWS => {
-            AttnKernel::SplitKeys { tiles: split_tiles.unwrap_or(SPLIT_KEY_TILES) }
+            Some(AttnKernel::SplitKeys { tiles: split_tiles.unwrap_or(SPLIT_KEY_TILES) })
         }
-        _ => AttnKernel::Standard,
+        _ => None,
     }
 }
 
 /// The query dims a caller that compiles once per class of shapes (the Python op) binds so
-/// that [`fewer_queries_kernel`] can split keys: each symbolic query-row dim of an attention
+/// that [`split_keys_kernel`] can split keys: each symbolic query-row dim of an attention
 /// of fewer queries than keys that `len` puts at most [`SPLIT_KEYS_ROWS`], with its size.
 pub fn split_keys_dims(g: &Graph, len: &dyn Fn(&str) -> Option<u64>) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
@@ -207,11 +207,10 @@ pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(
                 _ => None,
             }
             .or_else(|| crate::key_bound::keys_from_score(&a.score));
-            a.kernel = if fewer_queries {
-                fewer_queries_kernel(opts.target, rows, opts.split_key_tiles)
-            } else {
+            let split = fewer_queries.then(|| split_keys_kernel(opts.target, rows, opts.split_key_tiles));
+            a.kernel = split.flatten().unwrap_or_else(|| {
                 kernel_for(opts.target, head_dim, a, tiles, WsOptions::of(opts), opts.attn_kernel)
-            };
+            });
         }
     }
     Ok(())

@@ -251,9 +251,9 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             });
         }
         if cfg.tma {
-            // Tensor maps of K and V over their [B, H_kv, T, D] buffers (attention_ws::tma).
+            // Tensor maps of K and V over their [B, H_kv, Tk, D] buffers (attention_ws::tma).
             let (kv_heads, _, _) = self.bhtd(o.k, "attention's k")?;
-            args.extend(attention_ws::tma::args(cfg, bufs.qkv[1], bufs.qkv[2], &geo.t, &kv_heads));
+            args.extend(attention_ws::tma::args(cfg, bufs.qkv[1], bufs.qkv[2], &geo.tk, &kv_heads));
         }
         if cfg.debug_starts {
             let mut shape = geo.bh.clone();

@@ -121,7 +121,7 @@ pub struct AttnKernelConfig {
     pub debug_starts: bool,
     /// K, V and c have their own length `Tk >= T` (the last parameter, `Tk`): the `T` queries
     /// sit at the end of the keys, row `i` at key position `i + Tk - T` (its causal diagonal and
-    /// its `c`). Standard kernel only.
+    /// its `c`).
     pub fewer_queries: bool,
     /// Split keys (the attention's `kernel = split_keys(tiles = S)`): block `z` (`ctaid.z`) walks
     /// the kept tiles among `z S ..= z S + S - 1` only and writes its partial, the rows' output
@@ -275,9 +275,6 @@ impl AttnKernelConfig {
         }
         if self.window == Some(0) {
             return Err("GPU attention: window must be at least 1".into());
-        }
-        if self.fewer_queries && self.ws {
-            return Err("GPU attention: queries fewer than keys run on the standard kernel".into());
         }
         if self.split_tiles.is_some() && (self.ws || self.out_half || self.debug_starts) {
             return Err(

@@ -56,7 +56,7 @@ pub(crate) mod tma;
 
 use super::attention::score::ScoreMod;
 use super::attention::{AttnKernelConfig, LaunchGeometry};
-use super::builder::KernelBuilder;
+use super::builder::{KernelBuilder, ParamTy};
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::FunctionValue;
@@ -270,6 +270,9 @@ pub(crate) fn build<'ctx>(
     params.extend(extra.iter().map(|(n, t)| (n.as_str(), *t)));
     if cfg.tma {
         params.extend(tma::PARAMS);
+    }
+    if cfg.fewer_queries {
+        params.push(("Tk", ParamTy::I32));
     }
     if cfg.persistent {
         params.extend(persist::PARAMS);

@@ -37,18 +37,17 @@
 
 use super::consumer::{first_turn, last_turn};
 use super::roles::{
-    block_at, consumer_item, consumers, load_q, producer_barrier, producer_drain, producer_item, walk_hi,
-    Block,
+    block_at, consumer_item, consumers, load_q, producer_barrier, producer_drain, producer_item, tk_param,
+    walk_hi, Block,
 };
 use super::sync::{mbar_arrive, mbar_init, mbar_wait, named_barrier};
 use super::{residency, WsLayout};
-use crate::nvptx::attention::score::FIRST_PARAM;
 use crate::nvptx::attention::{Attn, AttnKernelConfig};
 use crate::nvptx::builder::{KernelBuilder, ParamTy};
 use inkwell::values::{BasicValueEnum, IntValue, PointerValue};
 use inkwell::IntPredicate;
 
-/// The parameters after the score hook's and the tensor maps: `B H` and the work counter.
+/// The parameters after the score hook's, the tensor maps and `Tk`: `B H` and the work counter.
 pub(super) const PARAMS: [(&str, ParamTy); 2] = [("BH", ParamTy::I32), ("work", ParamTy::Ptr)];
 
 /// Sentinel item: past the last one.
@@ -56,7 +55,7 @@ const DONE: i64 = -1;
 
 /// Index of the `BH` parameter (the counter is the next one).
 fn first_param(a: &Attn<'_, '_, '_>, cfg: &AttnKernelConfig) -> u32 {
-    FIRST_PARAM + a.score.params().len() as u32 + if cfg.tma { 2 } else { 0 }
+    tk_param(cfg, a.score) + cfg.fewer_queries as u32
 }
 
 /// Query rows of an item: the block's ([`residency`]; 128 with two consumers).
@@ -214,7 +213,7 @@ pub(super) fn producer<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, lay
         |b, v| {
             let [w, k, fills] = [0, 1, 2].map(|i| v[i].into_int_value());
             let (bh, m) = decode(a, cfg, w);
-            let blk = block_at(b, cfg, a.t_len, bh, m);
+            let blk = block_at(a, cfg, bh, m);
             let lo = producer_item(a, cfg, lay, &blk, fills, true, |st| {
                 post(a, lay, k, w, st);
                 prefetch_q(a, cfg, &blk);
@@ -247,7 +246,7 @@ pub(super) fn consumer<'ctx>(
     }
     let zero = b.i32(0);
     let (bh, m) = decode(a, cfg, b.sreg("ctaid.x"));
-    load_q(a, cfg, lay, &block_at(b, cfg, a.t_len, bh, m), cw);
+    load_q(a, cfg, lay, &block_at(a, cfg, bh, m), cw);
     let it = take(a, cfg, lay, zero);
     // Carried: the item, its start tiles, k, fills.
     let mut carried: Vec<(&str, BasicValueEnum)> = vec![("w", it[0].into())];
@@ -262,7 +261,7 @@ pub(super) fn consumer<'ctx>(
             let iv: Vec<IntValue> = v.iter().map(|x| x.into_int_value()).collect();
             let (w, st, k, fills) = (iv[0], &iv[1..=n], iv[n + 1], iv[n + 2]);
             let (bh, m) = decode(a, cfg, w);
-            let blk = block_at(b, cfg, a.t_len, bh, m);
+            let blk = block_at(a, cfg, bh, m);
             let len = consumer_item(a, cfg, lay, &blk, cw, fills, Some(st));
             let k = b.addc(k, 1);
             let it = take(a, cfg, lay, k);
@@ -272,7 +271,7 @@ pub(super) fn consumer<'ctx>(
                 // warpgroup has read it back before the next Q lands there.
                 named_barrier(b, b.addc(cw, 1), 128);
                 let (bh, m) = decode(a, cfg, it[0]);
-                load_q(a, cfg, lay, &block_at(b, cfg, a.t_len, bh, m), cw);
+                load_q(a, cfg, lay, &block_at(a, cfg, bh, m), cw);
             });
             let mut next: Vec<BasicValueEnum> = it.iter().map(|x| (*x).into()).collect();
             next.extend::<[BasicValueEnum; 2]>([k.into(), b.add(fills, len).into()]);

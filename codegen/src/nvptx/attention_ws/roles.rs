@@ -9,7 +9,7 @@ use super::sync::{
 use super::{persist, tma};
 use super::{residency, xch_stride, WsLayout};
 use crate::nvptx::attention::params::FWD;
-use crate::nvptx::attention::score::ScoreMod;
+use crate::nvptx::attention::score::{ScoreMod, FIRST_PARAM};
 use crate::nvptx::attention::{Attn, AttnKernelConfig, Rows, LOG2E};
 use crate::nvptx::builder::KernelBuilder;
 use crate::nvptx::heads;
@@ -29,7 +29,12 @@ pub(super) struct Block<'ctx> {
     kv_head: IntValue<'ctx>,
     /// First row of the block's 128-row tile.
     pub(super) i0: IntValue<'ctx>,
+    /// The last query row `T - 1`, and the last key `Tk - 1` (the same value unless queries are
+    /// fewer than keys).
     tmax: IntValue<'ctx>,
+    kmax: IntValue<'ctx>,
+    /// `Tk - T` with queries fewer than keys: query row `i` sits at key position `i + off`.
+    off: Option<IntValue<'ctx>>,
     /// Base pointers of this head's q, k, v, c, out, lse.
     pub(super) qb: PointerValue<'ctx>,
     kb: PointerValue<'ctx>,
@@ -60,8 +65,16 @@ pub(super) fn emit<'ctx>(
     let wg = b.named(b.lshrc(tid, 7), "wg");
     let wtid = b.named(b.andc(tid, 127), "wtid");
     let t_len = b.param_int(FWD.t);
+    // Queries fewer than keys: `Tk` follows the score hook's parameters and the tensor maps.
+    let (k_len, off) = if cfg.fewer_queries {
+        let k_len = b.param_int(tk_param(cfg, score));
+        (k_len, Some(b.named(b.sub(k_len, t_len), "qoff")))
+    } else {
+        (t_len, None)
+    };
+    let a = Attn { b, cfg: view, smem, tid: wtid, lane, t_len, k_len, off, wg: true, score };
     // The tiles grid's block (the persistent kernel derives one per work item instead).
-    let blk = (!cfg.persistent).then(|| block(b, cfg, t_len));
+    let blk = (!cfg.persistent).then(|| block(&a, cfg));
     let res = residency(cfg.head_dim, cfg.bn);
 
     // Barriers: one thread initializes them, everyone waits for that.
@@ -79,7 +92,6 @@ pub(super) fn emit<'ctx>(
     });
     b.barrier();
 
-    let a = Attn { b, cfg: view, smem, tid: wtid, lane, t_len, k_len: t_len, off: None, wg: true, score };
     let is_producer = b.icmpc(IntPredicate::EQ, wg, 0);
     b.if_else(
         is_producer,
@@ -106,47 +118,69 @@ pub(super) fn emit<'ctx>(
     );
 }
 
+/// The index of the `Tk` parameter (queries fewer than keys): after the fixed ones, the score
+/// hook's and the tensor maps (the order of `module_attention`'s `attention_args`).
+pub(super) fn tk_param(cfg: &AttnKernelConfig, score: &dyn ScoreMod) -> u32 {
+    FIRST_PARAM + score.params().len() as u32 + if cfg.tma { tma::PARAMS.len() as u32 } else { 0 }
+}
+
 /// The tiles grid's block: query tile and head from the block index.
-fn block<'ctx>(b: &KernelBuilder<'_, 'ctx>, cfg: &AttnKernelConfig, t_len: IntValue<'ctx>) -> Block<'ctx> {
+fn block<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig) -> Block<'ctx> {
+    let b = a.b;
     let bx = b.sreg("ctaid.x");
     let nbx = b.sreg("nctaid.x");
     let bh = b.sreg("ctaid.y");
     // Longest first: blockIdx.x = 0 takes the last query tile.
     let m = b.sub(b.addc(nbx, -1), bx);
-    block_at(b, cfg, t_len, bh, m)
+    block_at(a, cfg, bh, m)
 }
 
 /// The block of query tile `m` (of the residency's rows) of flat head `bh`.
 pub(super) fn block_at<'ctx>(
-    b: &KernelBuilder<'_, 'ctx>,
+    a: &Attn<'_, '_, 'ctx>,
     cfg: &AttnKernelConfig,
-    t_len: IntValue<'ctx>,
     bh: IntValue<'ctx>,
     m: IntValue<'ctx>,
 ) -> Block<'ctx> {
+    let (b, t_len, k_len) = (a.b, a.t_len, a.k_len);
     let d = cfg.head_dim as i64;
     let i0 = b.named(b.mulc(m, residency(cfg.head_dim, cfg.bn).rows() as i64), "i0");
     let tmax = b.addc(t_len, -1);
+    let kmax = if a.off.is_some() { b.addc(k_len, -1) } else { tmax };
     let bh64 = b.sext64(bh);
     let row_base = b.mul(bh64, b.sext64(t_len));
+    // c is per key position: [B, H, Tk].
+    let c_base = if a.off.is_some() { b.mul(bh64, b.sext64(k_len)) } else { row_base };
     let mat_base = b.mulc(row_base, d);
     let i16t = b.i16t().into();
     let f32t = b.f32t().into();
     // Key/value head of query head `bh` (GQA: `kv_group` query heads share one).
     let kv_head = heads::kv_head(b, bh, cfg.kv_group);
-    let kv_base = b.mulc(heads::kv_rows(b, bh, t_len, cfg.kv_group), d);
+    let kv_base = b.mulc(heads::kv_rows(b, bh, k_len, cfg.kv_group), d);
     let o_elt = if cfg.out_half { i16t } else { f32t };
     Block {
         bh,
         kv_head,
         i0,
         tmax,
+        kmax,
+        off: a.off,
         qb: b.gep(i16t, b.param_ptr(FWD.q), mat_base),
         kb: b.gep(i16t, b.param_ptr(FWD.k), kv_base),
         vb: b.gep(i16t, b.param_ptr(FWD.v), kv_base),
-        cb: b.gep(f32t, b.param_ptr(FWD.c), row_base),
+        cb: b.gep(f32t, b.param_ptr(FWD.c), c_base),
         ob: b.gep(o_elt, b.param_ptr(FWD.out), mat_base),
         lb: b.gep(f32t, b.param_ptr(FWD.lse), row_base),
+    }
+}
+
+impl<'ctx> Block<'ctx> {
+    /// The key position of query row `i`: `i + Tk - T` (`i` itself when queries and keys are one).
+    fn pos(&self, b: &KernelBuilder<'_, 'ctx>, i: IntValue<'ctx>) -> IntValue<'ctx> {
+        match self.off {
+            Some(off) => b.add(i, off),
+            None => i,
+        }
     }
 }
 
@@ -185,7 +219,7 @@ fn consumer_rows<'ctx>(
     let i0w = b.add(blk.i0, b.mulc(w, 64));
     let i0c = b.smin(i0w, blk.tmax);
     let last = b.smin(b.addc(i0w, 63), blk.tmax);
-    let end = b.sdivc(last, cfg.bn as i64);
+    let end = b.sdivc(blk.pos(b, last), cfg.bn as i64);
     (i0w, i0c, end)
 }
 
@@ -374,7 +408,7 @@ fn fill<'ctx>(
         mbar_arrive_on_copies(b, full);
     }
     let cj = cfg.has_decay.then(|| {
-        let j = b.smin(b.add(j0, a.tid), blk.tmax);
+        let j = b.smin(b.add(j0, a.tid), blk.kmax);
         b.load_f32(b.gep(b.f32t().into(), blk.cb, b.sext64(j)))
     });
     Fill { slot: s, cj }
@@ -468,17 +502,16 @@ pub(super) fn consumer_item<'ctx>(
     }
     let f32t = b.f32t().into();
     let l2e = b.f32(LOG2E);
-    let c_ref = cfg.has_decay.then(|| b.load_f32(b.gep(f32t, blk.cb, b.sext64(i0c))));
+    let c_ref = cfg.has_decay.then(|| b.load_f32(b.gep(f32t, blk.cb, b.sext64(blk.pos(b, i0c)))));
     let warp = b.lshrc(a.tid, 5);
     let g = b.lshrc(a.lane, 2);
     let tq = b.andc(a.lane, 3);
     let iw0 = b.add(i0w, b.mulc(warp, 16));
     let i = [b.add(iw0, g), b.addc(b.add(iw0, g), 8)];
-    // As many queries as keys: each row is its own key position.
-    let rows = Rows { iw0, i, pw0: iw0, p: i, tq };
+    let rows = Rows { iw0, i, pw0: blk.pos(b, iw0), p: i.map(|i| blk.pos(b, i)), tq };
     let cir = match c_ref {
         Some(cr) => rows.i.map(|i| {
-            let ci = b.load_f32(b.gep(f32t, blk.cb, b.sext64(b.smin(i, blk.tmax))));
+            let ci = b.load_f32(b.gep(f32t, blk.cb, b.sext64(blk.pos(b, b.smin(i, blk.tmax)))));
             b.fmul(b.fsub(ci, cr), l2e)
         }),
         None => [b.f32(0.0); 2],

@@ -286,3 +286,44 @@ fn persistent_grid_needs_two_consumers() {
     c.persistent = false;
     assert_eq!(check_persistent(&c), Ok(()));
 }
+
+/// Queries fewer than keys: the `_fq` kernel takes `Tk` right after the tensor maps (before the
+/// persistent grid's `BH` and counter), reads it, and assembles with the square kernel's
+/// register and spill bounds: TMA and cp.async loads, the tiles and persistent grids, three
+/// consumers at D = 64, dense too.
+#[test]
+fn fewer_queries_take_tk_after_the_maps_and_assemble() {
+    use crate::nvptx::ptxas;
+    let fq = |mut c: AttnKernelConfig| {
+        c.fewer_queries = true;
+        c
+    };
+    let dense = AttnKernelConfig { prune: false, has_decay: false, ..tuned() };
+    let cp_async = AttnKernelConfig { tma: false, ..tuned() };
+    let tma = AttnKernelConfig { tma: true, ..tuned() };
+    let cfgs = [fq(tma.clone()), fq(cp_async), fq(persistent(true)), fq(cfg(64)), fq(dense)];
+    let ptxas = ptxas::find();
+    for c in cfgs {
+        let name = c.kernel_name();
+        let square = AttnKernelConfig { fewer_queries: false, ..c.clone() };
+        assert_eq!(square.kernel_name().replace("_fq", ""), name.replace("_fq", ""));
+        assert!(name.contains("_fq_"), "{name}");
+        let ptx = ptx_for(&c);
+        let at = ptx.find(&format!(".entry {name}(")).unwrap();
+        let sig = &ptx[at..at + ptx[at..].find(')').unwrap()];
+        let maps = if c.tma { 2 } else { 0 };
+        let grid = if c.persistent { 2 } else { 0 };
+        assert_eq!(sig.matches(".param").count(), 8 + maps + 1 + grid, "{name}");
+        let tk = format!("{name}_param_{}", 8 + maps);
+        assert!(sig.contains(&format!(".param .u32 {tk}")), "{name}: no u32 Tk at {tk}\n{sig}");
+        assert!(ptx.contains(&format!("[{tk}]")), "{name}: Tk is never read");
+        let Some(ptxas) = &ptxas else { continue };
+        let log = ptxas::assemble(ptxas, &ptx, "sm_90a")
+            .unwrap_or_else(|log| panic!("ptxas failed on {name}:\n{log}"));
+        assert!(!log.contains("C7508") && !log.contains("warning"), "{name}: {log}");
+        let r = residency(c.head_dim, c.bn);
+        assert!(used_registers(&log) <= r.entry_regs, "{name}: {log}");
+        let limit = if c.bn == 64 { 0 } else { 64 };
+        assert!(ptxas::spill_stores(&log) <= limit, "{name}: {log}");
+    }
+}

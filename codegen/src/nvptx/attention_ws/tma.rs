@@ -9,12 +9,13 @@
 //! rows with the 128-byte swizzle writes exactly that, so a tile is `D / 64` copies, panel `p`
 //! at `p * bn * 128` bytes into the tile.
 //!
-//! **Tails.** The maps are 3-D, `(D, T, B H_kv)` with a `(64, bn, 1)` box, so rows of a box past
-//! `T` arrive as zeros (a 2-D map over the flattened rows would bring the next head's rows).
-//! `cp.async` clamped them to row `T - 1` instead; both are keys past every query row, masked
-//! before the softmax (probability exactly 0), so the output is the same.
+//! **Tails.** The maps are 3-D, `(D, Tk, B H_kv)` (`Tk` the keys, `T` unless queries are fewer)
+//! with a `(64, bn, 1)` box, so rows of a box past `Tk` arrive as zeros (a 2-D map over the
+//! flattened rows would bring the next head's rows). `cp.async` clamped them to row `Tk - 1`
+//! instead; both are keys past every query row, masked before the softmax (probability exactly
+//! 0), so the output is the same.
 //!
-//! **Parameters.** The kernel takes the maps of K and V last, after the score hook's.
+//! **Parameters.** The kernel takes the maps of K and V right after the score hook's.
 
 use super::WsLayout;
 use crate::nvptx::attention::score::FIRST_PARAM;
@@ -52,9 +53,9 @@ pub(super) fn after_barrier_init(b: &KernelBuilder<'_, '_>, cfg: &AttnKernelConf
     }
 }
 
-/// The launch arguments: maps of the K and V buffers, `[B, H_kv, T, D]` contiguous 16-bit
+/// The launch arguments: maps of the K and V buffers, `[B, H_kv, Tk, D]` contiguous 16-bit
 /// elements (bf16 or f16: the maps say bf16, and the copies move bits, zeros out of bounds) with
-/// `B H_kv` the product of `kv_heads`, each as `(D, T, B H_kv)` with a `(64, bn, 1)` box.
+/// `B H_kv` the product of `kv_heads`, each as `(D, Tk, B H_kv)` with a `(64, bn, 1)` box.
 pub(crate) fn args(cfg: &AttnKernelConfig, k: usize, v: usize, t: &Dim, kv_heads: &[Dim]) -> [KernelArg; 2] {
     let map = |buffer| {
         KernelArg::TensorMap(TmaMap {
