@@ -9,6 +9,7 @@
 use crate::attention::{Attention, RId, RNode, Region};
 use crate::ops::{BinaryOp, UnaryOp};
 use crate::types::{DType, Dim, ValueType};
+use crate::unary::{Arg, Chain, Step};
 
 /// The derivatives of a region `R`.
 #[derive(Clone, Debug, PartialEq)]
@@ -130,64 +131,33 @@ impl Region {
     }
 }
 
-/// `d u(a) / d a`, given the node `me = u(a)` (to reuse its value where the rule allows).
+/// `d u(a) / d a`, given the node `me = u(a)`: the op's derivative (`crate::unary`) as the
+/// local factor the adjoint is multiplied by.
 fn unary_derivative(b: &mut Builder, u: UnaryOp, a: RId, me: RId) -> RId {
-    match u {
-        UnaryOp::Neg => b.c(-1.0),
-        UnaryOp::Exp => me,
-        UnaryOp::Log => {
+    let d = &u.def().derivative;
+    let mut steps: Vec<RId> = Vec::with_capacity(d.steps.len());
+    let arg = |steps: &[RId], x: Arg| match x {
+        Arg::X => a,
+        Arg::Y => me,
+        Arg::Step(k) => steps[k],
+    };
+    for s in d.steps {
+        let v = match *s {
+            Step::Const(c) => b.c(c),
+            Step::Unary(op, x) => b.un(op, arg(&steps, x)),
+            Step::Binary(op, x, y) => b.bin(op, arg(&steps, x), arg(&steps, y)),
+        };
+        steps.push(v);
+    }
+    match d.chain {
+        Chain::Scale(s) => arg(&steps, s),
+        Chain::Divide(s) => {
             let one = b.c(1.0);
-            b.bin(BinaryOp::Div, one, a)
+            b.bin(BinaryOp::Div, one, arg(&steps, s))
         }
-        // d sqrt(a) = 1 / (2 sqrt(a)).
-        UnaryOp::Sqrt => {
-            let half = b.c(0.5);
-            b.bin(BinaryOp::Div, half, me)
-        }
-        // d a^(-1/2) = -1/2 a^(-3/2) = -1/2 r^3.
-        UnaryOp::Rsqrt => {
-            let r2 = b.bin(BinaryOp::Mul, me, me);
-            let r3 = b.bin(BinaryOp::Mul, r2, me);
-            let h = b.c(-0.5);
-            b.bin(BinaryOp::Mul, h, r3)
-        }
-        UnaryOp::Sigmoid => {
-            let one = b.c(1.0);
-            let om = b.bin(BinaryOp::Sub, one, me);
-            b.bin(BinaryOp::Mul, me, om)
-        }
-        // d logsigmoid(a) = sigmoid(-a).
-        UnaryOp::LogSigmoid => {
-            let na = b.un(UnaryOp::Neg, a);
-            b.un(UnaryOp::Sigmoid, na)
-        }
-        UnaryOp::Softplus => b.un(UnaryOp::Sigmoid, a),
-        UnaryOp::Relu => {
-            let z = b.c(0.0);
-            b.bin(BinaryOp::Gt, a, z)
-        }
-        UnaryOp::Tanh => {
-            let one = b.c(1.0);
-            let t2 = b.bin(BinaryOp::Mul, me, me);
-            b.bin(BinaryOp::Sub, one, t2)
-        }
-        // sign(a), 0 at 0.
-        UnaryOp::Abs => {
-            let z = b.c(0.0);
-            let p = b.bin(BinaryOp::Gt, a, z);
-            let n = b.bin(BinaryOp::Lt, a, z);
-            b.bin(BinaryOp::Sub, p, n)
-        }
-        UnaryOp::Exp2 => {
-            let l = b.c(std::f64::consts::LN_2);
-            b.bin(BinaryOp::Mul, me, l)
-        }
-        UnaryOp::Log2 => {
-            let l = b.c(std::f64::consts::LN_2);
-            let al = b.bin(BinaryOp::Mul, a, l);
-            let one = b.c(1.0);
-            b.bin(BinaryOp::Div, one, al)
-        }
+        Chain::Negate => b.c(-1.0),
+        Chain::Where { cond, .. } => arg(&steps, cond),
+        Chain::Sign { pos, neg, .. } => b.bin(BinaryOp::Sub, arg(&steps, pos), arg(&steps, neg)),
     }
 }
 

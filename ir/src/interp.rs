@@ -222,44 +222,11 @@ pub fn nan_min(a: f64, b: f64) -> f64 {
     }
 }
 
-/// `log(sigmoid(z))`, stable for large |z|.
-pub fn logsigmoid(z: f64) -> f64 {
-    if z.is_nan() {
-        return z;
-    }
-    z.min(0.0) - (-z.abs()).exp().ln_1p()
-}
+pub use crate::unary::logsigmoid;
 
-/// `op(x)`: the definition every backend calls for elementwise math.
+/// `op(x)`: the definition every backend calls for elementwise math (the op's row, `crate::unary`).
 pub fn unary(u: UnaryOp, x: f64) -> f64 {
-    match u {
-        UnaryOp::Neg => -x,
-        UnaryOp::Exp => x.exp(),
-        UnaryOp::Log => x.ln(),
-        UnaryOp::Sqrt => x.sqrt(),
-        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
-        UnaryOp::Sigmoid => {
-            if x >= 0.0 {
-                1.0 / (1.0 + (-x).exp())
-            } else {
-                let e = x.exp();
-                e / (1.0 + e)
-            }
-        }
-        UnaryOp::LogSigmoid => logsigmoid(x),
-        UnaryOp::Softplus => -logsigmoid(-x),
-        UnaryOp::Relu => {
-            if x.is_nan() {
-                x
-            } else {
-                x.max(0.0)
-            }
-        }
-        UnaryOp::Tanh => x.tanh(),
-        UnaryOp::Abs => x.abs(),
-        UnaryOp::Exp2 => x.exp2(),
-        UnaryOp::Log2 => x.log2(),
-    }
+    u.eval(x)
 }
 
 /// `x op y`: the definition every backend calls (comparisons give 1 or 0).

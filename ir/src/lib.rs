@@ -31,6 +31,7 @@ pub mod print;
 pub mod prune_rule;
 pub mod shapes;
 pub mod types;
+pub mod unary;
 pub mod verify;
 
 pub use graph::{Graph, Node, Param, Use, Value, ValueId};

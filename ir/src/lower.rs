@@ -59,22 +59,8 @@ use std::collections::{HashMap, HashSet};
 /// Epsilon of `rmsnorm` in the DSL.
 pub const RMSNORM_EPS: f64 = 1e-6;
 
-const UNARY_FUNCS: [(&str, UnaryOp); 12] = [
-    ("exp", UnaryOp::Exp),
-    ("log", UnaryOp::Log),
-    ("sqrt", UnaryOp::Sqrt),
-    ("rsqrt", UnaryOp::Rsqrt),
-    ("sigmoid", UnaryOp::Sigmoid),
-    ("logsigmoid", UnaryOp::LogSigmoid),
-    ("softplus", UnaryOp::Softplus),
-    ("relu", UnaryOp::Relu),
-    ("tanh", UnaryOp::Tanh),
-    ("abs", UnaryOp::Abs),
-    ("exp2", UnaryOp::Exp2),
-    ("log2", UnaryOp::Log2),
-];
-
-/// Every function name of the DSL ("did you mean" hints; the fuzz tests' vocabulary).
+/// Every function name of the DSL ("did you mean" hints; the fuzz tests' vocabulary), in the
+/// order the hint lists them. The unary built-ins are the rows of `crate::unary` with `dsl`.
 pub const FUNCTIONS: [&str; 22] = [
     "exp",
     "log",
@@ -1393,11 +1379,11 @@ impl<'a> Lowerer<'a> {
 
     fn call(&mut self, e: &Expr, f: &Ident, args: &[Expr], cx: &StmtCtx) -> LResult<(ValueId, ValueType)> {
         let name = f.name.as_str();
-        if let Some((_, u)) = UNARY_FUNCS.iter().find(|(n, _)| *n == name) {
+        if let Some(u) = UnaryOp::from_dsl(name) {
             self.arity(e, f, args, 1)?;
             let (v, t) = self.expr(&args[0], cx)?;
             self.need_float(&t, args[0].span, &format!("`{name}`"))?;
-            return self.add(Op::Unary(*u), &[v], e.span);
+            return self.add(Op::Unary(u), &[v], e.span);
         }
         match name {
             "float" => {

@@ -10,45 +10,7 @@ use crate::index::IndexExpr;
 use crate::types::{DType, Dim};
 use std::fmt;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum UnaryOp {
-    Neg,
-    Exp,
-    Log,
-    Sqrt,
-    Rsqrt,
-    Sigmoid,
-    /// `log(sigmoid(x))`, computed stably.
-    LogSigmoid,
-    /// `log(1 + exp(x))`, computed stably.
-    Softplus,
-    Relu,
-    Tanh,
-    Abs,
-    /// `2^x`.
-    Exp2,
-    /// `log2(x)` (`-inf` at 0, NaN below).
-    Log2,
-}
-
-impl UnaryOp {
-    /// Every unary op, in declaration order (tests and backends that enumerate them use this list).
-    pub const ALL: [UnaryOp; 13] = [
-        UnaryOp::Neg,
-        UnaryOp::Exp,
-        UnaryOp::Log,
-        UnaryOp::Sqrt,
-        UnaryOp::Rsqrt,
-        UnaryOp::Sigmoid,
-        UnaryOp::LogSigmoid,
-        UnaryOp::Softplus,
-        UnaryOp::Relu,
-        UnaryOp::Tanh,
-        UnaryOp::Abs,
-        UnaryOp::Exp2,
-        UnaryOp::Log2,
-    ];
-}
+pub use crate::unary::UnaryOp;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
@@ -265,21 +227,7 @@ impl Op {
             Op::Bind { .. } => "bind",
             Op::Gather { .. } => "gather",
             Op::Store { .. } => "store",
-            Op::Unary(u) => match u {
-                UnaryOp::Neg => "neg",
-                UnaryOp::Exp => "exp",
-                UnaryOp::Log => "log",
-                UnaryOp::Sqrt => "sqrt",
-                UnaryOp::Rsqrt => "rsqrt",
-                UnaryOp::Sigmoid => "sigmoid",
-                UnaryOp::LogSigmoid => "logsigmoid",
-                UnaryOp::Softplus => "softplus",
-                UnaryOp::Relu => "relu",
-                UnaryOp::Tanh => "tanh",
-                UnaryOp::Abs => "abs",
-                UnaryOp::Exp2 => "exp2",
-                UnaryOp::Log2 => "log2",
-            },
+            Op::Unary(u) => u.name(),
             Op::Binary(b) => match b {
                 BinaryOp::Add => "add",
                 BinaryOp::Sub => "sub",

@@ -14,6 +14,7 @@
 
 use foxc_ir::check::infer;
 use foxc_ir::index::IndexExpr;
+use foxc_ir::unary::{Arg, Chain, Step};
 use foxc_ir::{
     Attention, Axis, BinaryOp, DType, GateKind, Graph, Op, ReduceKind, Span, UnaryOp, Use, Value, ValueId,
     ValueType, LOG_F_FLOOR,
@@ -624,67 +625,32 @@ impl Builder {
         self.bin(BinaryOp::Add, d, v)
     }
 
+    /// `dx` of `y = u(x)` from `dy`: the op's derivative (`foxc_ir::unary`) built as graph nodes.
     fn unary_grad(&mut self, u: UnaryOp, x: Value, y: Value, dy: Value) -> Result<Value, GradError> {
-        use BinaryOp::*;
-        Ok(match u {
-            UnaryOp::Neg => self.un(UnaryOp::Neg, dy)?,
-            UnaryOp::Exp => self.bin(Mul, dy, y)?,
-            UnaryOp::Log => self.bin(Div, dy, x)?,
-            UnaryOp::Sqrt => {
-                let h = self.cnst(0.5);
-                let d = self.bin(Div, h, y)?;
-                self.bin(Mul, dy, d)?
-            }
-            UnaryOp::Rsqrt => {
-                let y2 = self.bin(Mul, y, y)?;
-                let y3 = self.bin(Mul, y2, y)?;
-                let h = self.cnst(-0.5);
-                let d = self.bin(Mul, h, y3)?;
-                self.bin(Mul, dy, d)?
-            }
-            UnaryOp::Sigmoid => {
-                let one = self.cnst(1.0);
-                let om = self.bin(Sub, one, y)?;
-                let d = self.bin(Mul, y, om)?;
-                self.bin(Mul, dy, d)?
-            }
-            UnaryOp::LogSigmoid => {
-                let nx = self.un(UnaryOp::Neg, x)?;
-                let s = self.un(UnaryOp::Sigmoid, nx)?;
-                self.bin(Mul, dy, s)?
-            }
-            UnaryOp::Softplus => {
-                let s = self.un(UnaryOp::Sigmoid, x)?;
-                self.bin(Mul, dy, s)?
-            }
-            UnaryOp::Relu => {
-                let zero = self.cnst(0.0);
-                let pos = self.bin(Gt, x, zero)?;
-                self.select(pos, dy, zero)?
-            }
-            UnaryOp::Tanh => {
-                let one = self.cnst(1.0);
-                let y2 = self.bin(Mul, y, y)?;
-                let d = self.bin(Sub, one, y2)?;
-                self.bin(Mul, dy, d)?
-            }
-            UnaryOp::Abs => {
-                let zero = self.cnst(0.0);
-                let pos = self.bin(Gt, x, zero)?;
-                let neg = self.bin(Lt, x, zero)?;
+        let d = &u.def().derivative;
+        let mut steps: Vec<Value> = Vec::with_capacity(d.steps.len());
+        let arg = |steps: &[Value], a: Arg| match a {
+            Arg::X => x,
+            Arg::Y => y,
+            Arg::Step(k) => steps[k],
+        };
+        for s in d.steps {
+            let v = match *s {
+                Step::Const(c) => self.cnst(c),
+                Step::Unary(op, a) => self.un(op, arg(&steps, a))?,
+                Step::Binary(op, a, b) => self.bin(op, arg(&steps, a), arg(&steps, b))?,
+            };
+            steps.push(v);
+        }
+        Ok(match d.chain {
+            Chain::Scale(s) => self.bin(BinaryOp::Mul, dy, arg(&steps, s))?,
+            Chain::Divide(s) => self.bin(BinaryOp::Div, dy, arg(&steps, s))?,
+            Chain::Negate => self.un(UnaryOp::Neg, dy)?,
+            Chain::Where { cond, zero } => self.select(arg(&steps, cond), dy, arg(&steps, zero))?,
+            Chain::Sign { pos, neg, zero } => {
                 let ndy = self.un(UnaryOp::Neg, dy)?;
-                let inner = self.select(neg, ndy, zero)?;
-                self.select(pos, dy, inner)?
-            }
-            UnaryOp::Exp2 => {
-                let l = self.cnst(std::f64::consts::LN_2);
-                let d = self.bin(Mul, y, l)?;
-                self.bin(Mul, dy, d)?
-            }
-            UnaryOp::Log2 => {
-                let l = self.cnst(std::f64::consts::LN_2);
-                let d = self.bin(Mul, x, l)?;
-                self.bin(Div, dy, d)?
+                let inner = self.select(arg(&steps, neg), ndy, arg(&steps, zero))?;
+                self.select(arg(&steps, pos), dy, inner)?
             }
         })
     }

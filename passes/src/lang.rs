@@ -10,6 +10,8 @@ use egg::{
     define_language, rewrite, Analysis, Applier, AstSize, DidMerge, EGraph, Extractor, Id, Language, Pattern,
     PatternAst, RecExpr, Rewrite, Subst, Symbol, Var,
 };
+use foxc_ir::unary::{nan_hi, nan_lo};
+use foxc_ir::UnaryOp;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
@@ -53,20 +55,11 @@ define_language! {
         "-" = Sub([Id; 2]),
         "*" = Mul([Id; 2]),
         "/" = Div([Id; 2]),
-        "neg" = Neg(Id),
         "recip" = Recip(Id),
-        "exp" = Exp(Id),
-        "log" = Log(Id),
-        "sqrt" = Sqrt(Id),
-        "rsqrt" = Rsqrt(Id),
-        "sigmoid" = Sigmoid(Id),
-        "logsigmoid" = LogSigmoid(Id),
-        "softplus" = Softplus(Id),
-        "relu" = Relu(Id),
-        "tanh" = Tanh(Id),
-        "abs" = Abs(Id),
-        "exp2" = Exp2(Id),
-        "log2" = Log2(Id),
+        // Every unary built-in (`foxc_ir::unary`), spelled by its mnemonic: `(exp ?x)`,
+        // `(neg ?x)`. Nodes sort by variant, then by op in declaration order: extraction breaks
+        // cost ties by that order.
+        Unary(UnaryOp, [Id; 1]),
         "min" = Min([Id; 2]),
         "max" = Max([Id; 2]),
         "<" = Lt([Id; 2]),
@@ -118,34 +111,12 @@ pub struct AttnAnalysis {
 
 pub type AttnGraph = EGraph<Attn, AttnAnalysis>;
 
-fn nan_lo(x: f64) -> f64 {
-    if x.is_nan() {
-        f64::NEG_INFINITY
-    } else {
-        x
-    }
-}
-fn nan_hi(x: f64) -> f64 {
-    if x.is_nan() {
-        f64::INFINITY
-    } else {
-        x
-    }
-}
-
 /// Interval product; `0 * inf` counts as 0 (a factor that is exactly 0 kills any finite value,
 /// and interval ends are limits, never attained infinities of real data).
 fn mul_iv(a: (f64, f64), b: (f64, f64)) -> (f64, f64) {
     let m = |x: f64, y: f64| if x == 0.0 || y == 0.0 { 0.0 } else { x * y };
     let c = [m(a.0, b.0), m(a.0, b.1), m(a.1, b.0), m(a.1, b.1)];
     (c.iter().cloned().fold(f64::INFINITY, f64::min), c.iter().cloned().fold(f64::NEG_INFINITY, f64::max))
-}
-
-fn logsigmoid(x: f64) -> f64 {
-    x.min(0.0) - (-x.abs()).exp().ln_1p()
-}
-fn softplus(x: f64) -> f64 {
-    x.max(0.0) + (-x.abs()).exp().ln_1p()
 }
 
 const FULL: (f64, f64) = (f64::NEG_INFINITY, f64::INFINITY);
@@ -201,70 +172,15 @@ impl Analysis<Attn> for AttnAnalysis {
                 let r = if blo > 0.0 || bhi < 0.0 { mul_iv(iv(a), (1.0 / bhi, 1.0 / blo)) } else { FULL };
                 (union(&[*a, *b]), r)
             }
-            Attn::Neg(a) => {
-                konst = k(a).map(|x| -x);
-                (union(&[*a]), (-iv(a).1, -iv(a).0))
-            }
             Attn::Recip(a) => {
                 konst = k(a).filter(|x| *x != 0.0).map(|x| 1.0 / x);
                 let (lo, hi) = iv(a);
                 (union(&[*a]), if lo > 0.0 || hi < 0.0 { (1.0 / hi, 1.0 / lo) } else { FULL })
             }
-            Attn::Exp(a) => {
-                konst = k(a).map(f64::exp);
-                (union(&[*a]), (iv(a).0.exp(), iv(a).1.exp()))
-            }
-            Attn::Log(a) => {
-                // log(0) = -inf is how the DSL spells the masked value.
-                konst = k(a).filter(|x| *x >= 0.0).map(f64::ln);
-                let (lo, hi) = iv(a);
-                (union(&[*a]), if lo >= 0.0 { (lo.ln(), hi.ln()) } else { FULL })
-            }
-            Attn::Sqrt(a) => {
-                konst = k(a).filter(|x| *x >= 0.0).map(f64::sqrt);
-                let (lo, hi) = iv(a);
-                (union(&[*a]), if lo >= 0.0 { (lo.sqrt(), hi.sqrt()) } else { (0.0, nan_hi(hi.sqrt())) })
-            }
-            Attn::Rsqrt(a) => {
-                konst = k(a).filter(|x| *x > 0.0).map(|x| 1.0 / x.sqrt());
-                let (lo, hi) = iv(a);
-                (
-                    union(&[*a]),
-                    if lo > 0.0 { (1.0 / hi.sqrt(), 1.0 / lo.sqrt()) } else { (0.0, f64::INFINITY) },
-                )
-            }
-            Attn::Sigmoid(a) => (union(&[*a]), (0.0, 1.0)),
-            Attn::LogSigmoid(a) => {
-                (union(&[*a]), (nan_lo(logsigmoid(iv(a).0)), nan_hi(logsigmoid(iv(a).1)).min(0.0)))
-            }
-            Attn::Softplus(a) => {
-                (union(&[*a]), (nan_lo(softplus(iv(a).0)).max(0.0), nan_hi(softplus(iv(a).1))))
-            }
-            Attn::Relu(a) => (union(&[*a]), (iv(a).0.max(0.0), iv(a).1.max(0.0))),
-            Attn::Tanh(a) => {
-                konst = k(a).map(f64::tanh);
-                (union(&[*a]), (nan_lo(iv(a).0.tanh()), nan_hi(iv(a).1.tanh())))
-            }
-            Attn::Abs(a) => {
-                konst = k(a).map(f64::abs);
-                let (lo, hi) = iv(a);
-                let r = if lo >= 0.0 {
-                    (lo, hi)
-                } else if hi <= 0.0 {
-                    (-hi, -lo)
-                } else {
-                    (0.0, nan_hi((-lo).max(hi)))
-                };
-                (union(&[*a]), r)
-            }
-            Attn::Exp2(a) => {
-                konst = k(a).map(f64::exp2);
-                (union(&[*a]), (nan_lo(iv(a).0.exp2()), nan_hi(iv(a).1.exp2())))
-            }
-            Attn::Log2(a) => {
-                konst = k(a).filter(|x| *x >= 0.0).map(f64::log2);
-                let (lo, hi) = iv(a);
-                (union(&[*a]), if lo >= 0.0 { (lo.log2(), hi.log2()) } else { FULL })
+            Attn::Unary(u, [a]) => {
+                let def = u.def();
+                konst = k(a).filter(|x| def.folds.admits(*x)).map(def.eval);
+                (union(&[*a]), (def.interval)(iv(a).0, iv(a).1))
             }
             Attn::Min([a, b]) => {
                 konst = k(a).zip(k(b)).map(|(x, y)| x.min(y));
@@ -536,7 +452,8 @@ pub fn alpha_eq(eg: &AttnGraph, a: Id, b: Id, ren: &mut Vec<(Symbol, Symbol)>, f
                 return false;
             }
             *fuel -= 1;
-            if std::mem::discriminant(na) != std::mem::discriminant(nb) || na.len() != nb.len() {
+            // Same node kind, same data (the op of a unary node), same arity.
+            if !na.matches(nb) {
                 continue;
             }
             if let (Attn::Num(x), Attn::Num(y)) = (na, nb) {

@@ -4,6 +4,7 @@
 //! An unsound rule or interval rule would show up as a value outside its class's interval.
 
 use egg::{Id, RecExpr, Symbol};
+use foxc_ir::UnaryOp;
 use foxc_passes::lang::{rules, runner, Attn, AttnAnalysis, AttnGraph, Num};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
@@ -45,19 +46,19 @@ fn build(t: &T, e: &mut RecExpr<Attn>) -> Id {
         T::Un(o, a) => {
             let a = build(a, e);
             e.add(match o {
-                0 => Attn::Neg(a),
-                1 => Attn::Exp(a),
-                2 => Attn::Log(a),
-                3 => Attn::Sigmoid(a),
-                4 => Attn::LogSigmoid(a),
-                5 => Attn::Softplus(a),
-                6 => Attn::Relu(a),
-                7 => Attn::Sqrt(a),
+                0 => Attn::Unary(UnaryOp::Neg, [a]),
+                1 => Attn::Unary(UnaryOp::Exp, [a]),
+                2 => Attn::Unary(UnaryOp::Log, [a]),
+                3 => Attn::Unary(UnaryOp::Sigmoid, [a]),
+                4 => Attn::Unary(UnaryOp::LogSigmoid, [a]),
+                5 => Attn::Unary(UnaryOp::Softplus, [a]),
+                6 => Attn::Unary(UnaryOp::Relu, [a]),
+                7 => Attn::Unary(UnaryOp::Sqrt, [a]),
                 8 => Attn::Recip(a),
-                9 => Attn::Tanh(a),
-                10 => Attn::Abs(a),
-                11 => Attn::Exp2(a),
-                _ => Attn::Log2(a),
+                9 => Attn::Unary(UnaryOp::Tanh, [a]),
+                10 => Attn::Unary(UnaryOp::Abs, [a]),
+                11 => Attn::Unary(UnaryOp::Exp2, [a]),
+                _ => Attn::Unary(UnaryOp::Log2, [a]),
             })
         }
         T::Bin(o, a, b) => {

@@ -57,24 +57,7 @@ fn classes(r: &Region, caps: &[CaptureInfo]) -> (AttnGraph, Vec<Id>) {
             RNode::Index(v) => Attn::Iota(eg.add(Attn::Symbol(Symbol::from(v.name())))),
             RNode::Dim(d) => Attn::Dim(eg.add(Attn::Symbol(Symbol::from(d.to_string().as_str())))),
             RNode::Const(c) => Attn::Num(Num::new(*c)),
-            RNode::Unary(u, a) => {
-                let a = at(*a);
-                match u {
-                    UnaryOp::Neg => Attn::Neg(a),
-                    UnaryOp::Exp => Attn::Exp(a),
-                    UnaryOp::Log => Attn::Log(a),
-                    UnaryOp::Sqrt => Attn::Sqrt(a),
-                    UnaryOp::Rsqrt => Attn::Rsqrt(a),
-                    UnaryOp::Sigmoid => Attn::Sigmoid(a),
-                    UnaryOp::LogSigmoid => Attn::LogSigmoid(a),
-                    UnaryOp::Softplus => Attn::Softplus(a),
-                    UnaryOp::Relu => Attn::Relu(a),
-                    UnaryOp::Tanh => Attn::Tanh(a),
-                    UnaryOp::Abs => Attn::Abs(a),
-                    UnaryOp::Exp2 => Attn::Exp2(a),
-                    UnaryOp::Log2 => Attn::Log2(a),
-                }
-            }
+            RNode::Unary(u, a) => Attn::Unary(*u, [at(*a)]),
             RNode::Binary(b, x, y) => {
                 let xy = [at(*x), at(*y)];
                 match b {

@@ -3,7 +3,7 @@
 use crate::lang::{Attn, AttnAnalysis, AttnGraph, Num};
 use egg::{Id, Symbol};
 use foxc_ir::index::IndexExpr;
-use foxc_ir::{BinaryOp, Dim, Graph, Op, ReduceKind, Span, UnaryOp, ValueId};
+use foxc_ir::{BinaryOp, Dim, Graph, Op, ReduceKind, Span, ValueId};
 use std::collections::{BTreeMap, HashMap};
 
 /// Renaming of axis names while inlining a statement.
@@ -308,22 +308,7 @@ impl<'a> Builder<'a> {
             }
             Op::Unary(u) => {
                 let x = sub(0);
-                let e = match u {
-                    UnaryOp::Neg => Attn::Neg(x),
-                    UnaryOp::Exp => Attn::Exp(x),
-                    UnaryOp::Log => Attn::Log(x),
-                    UnaryOp::Sqrt => Attn::Sqrt(x),
-                    UnaryOp::Rsqrt => Attn::Rsqrt(x),
-                    UnaryOp::Sigmoid => Attn::Sigmoid(x),
-                    UnaryOp::LogSigmoid => Attn::LogSigmoid(x),
-                    UnaryOp::Softplus => Attn::Softplus(x),
-                    UnaryOp::Relu => Attn::Relu(x),
-                    UnaryOp::Tanh => Attn::Tanh(x),
-                    UnaryOp::Abs => Attn::Abs(x),
-                    UnaryOp::Exp2 => Attn::Exp2(x),
-                    UnaryOp::Log2 => Attn::Log2(x),
-                };
-                self.add(e, span)
+                self.add(Attn::Unary(*u, [x]), span)
             }
             Op::Binary(b) => {
                 let x = [sub(0), sub(1)];

@@ -5,7 +5,7 @@ use crate::lang::{Attn, AttnAnalysis};
 use egg::{CostFunction, Extractor, Id, Language, Symbol};
 use foxc_ir::check::infer;
 use foxc_ir::index::IndexExpr;
-use foxc_ir::{BinaryOp, DType, Dim, Graph, Op, ReduceKind, Span, UnaryOp, ValueId, ValueType};
+use foxc_ir::{BinaryOp, DType, Dim, Graph, Op, ReduceKind, Span, ValueId, ValueType};
 use std::collections::HashMap;
 
 /// Extraction cost of operands: AST size (`logsigmoid` is preferred over its longer spellings).
@@ -92,41 +92,9 @@ impl Emit<'_, '_> {
                 let x = self.emit(*x)?;
                 self.node(bin(BinaryOp::Div), &[one, x], span)?
             }
-            Attn::Neg(x)
-            | Attn::Exp(x)
-            | Attn::Log(x)
-            | Attn::Sqrt(x)
-            | Attn::Rsqrt(x)
-            | Attn::Sigmoid(x) => {
-                let u = match &n {
-                    Attn::Neg(_) => UnaryOp::Neg,
-                    Attn::Exp(_) => UnaryOp::Exp,
-                    Attn::Log(_) => UnaryOp::Log,
-                    Attn::Sqrt(_) => UnaryOp::Sqrt,
-                    Attn::Rsqrt(_) => UnaryOp::Rsqrt,
-                    _ => UnaryOp::Sigmoid,
-                };
+            Attn::Unary(u, [x]) => {
                 let x = self.emit(*x)?;
-                self.node(un(u), &[x], span)?
-            }
-            Attn::LogSigmoid(x)
-            | Attn::Softplus(x)
-            | Attn::Relu(x)
-            | Attn::Tanh(x)
-            | Attn::Abs(x)
-            | Attn::Exp2(x)
-            | Attn::Log2(x) => {
-                let u = match &n {
-                    Attn::LogSigmoid(_) => UnaryOp::LogSigmoid,
-                    Attn::Softplus(_) => UnaryOp::Softplus,
-                    Attn::Tanh(_) => UnaryOp::Tanh,
-                    Attn::Abs(_) => UnaryOp::Abs,
-                    Attn::Exp2(_) => UnaryOp::Exp2,
-                    Attn::Log2(_) => UnaryOp::Log2,
-                    _ => UnaryOp::Relu,
-                };
-                let x = self.emit(*x)?;
-                self.node(un(u), &[x], span)?
+                self.node(un(*u), &[x], span)?
             }
             Attn::Add(x) | Attn::Sub(x) | Attn::Mul(x) | Attn::Div(x) | Attn::Min(x) | Attn::Max(x) => {
                 let b = match &n {

@@ -9,6 +9,7 @@ use super::score::T;
 use crate::lang::{Attn, Num};
 use egg::{Id, Symbol};
 use foxc_ir::index::IndexExpr;
+use foxc_ir::UnaryOp;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
@@ -36,7 +37,7 @@ fn linear(t: &T) -> Option<(BTreeMap<Symbol, f64>, f64)> {
         Attn::Dim(_) => Some((BTreeMap::from([(dim_key(t.kids.first()?.sym()?), 1.0)]), 0.0)),
         Attn::Add(_) => Some(sum(kid(0)?, kid(1)?)),
         Attn::Sub(_) => Some(sum(kid(0)?, scaled(kid(1)?, -1.0))),
-        Attn::Neg(_) => Some(scaled(kid(0)?, -1.0)),
+        Attn::Unary(UnaryOp::Neg, _) => Some(scaled(kid(0)?, -1.0)),
         Attn::Mul(_) => {
             let (a, b) = (kid(0)?, kid(1)?);
             match (a.0.is_empty(), b.0.is_empty()) {

@@ -13,7 +13,7 @@ use crate::lang::{pat, Attn, AttnGraph};
 use egg::{Id, Searcher, Symbol};
 use foxc_ir::attention::{IndexVar, RId, RNode, Region, Scale};
 use foxc_ir::index::IndexExpr;
-use foxc_ir::{BinaryOp, Dim, UnaryOp, ValueId};
+use foxc_ir::{BinaryOp, Dim, ValueId};
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
@@ -131,36 +131,9 @@ impl<'a> RegionBuilder<'a> {
                     _ => return self.materialize(eg, t, mat),
                 }
             }
-            Attn::Neg(_)
-            | Attn::Exp(_)
-            | Attn::Log(_)
-            | Attn::Sqrt(_)
-            | Attn::Rsqrt(_)
-            | Attn::Sigmoid(_)
-            | Attn::LogSigmoid(_)
-            | Attn::Softplus(_)
-            | Attn::Relu(_)
-            | Attn::Tanh(_)
-            | Attn::Abs(_)
-            | Attn::Exp2(_)
-            | Attn::Log2(_) => {
-                let u = match &t.op {
-                    Attn::Neg(_) => UnaryOp::Neg,
-                    Attn::Exp(_) => UnaryOp::Exp,
-                    Attn::Log(_) => UnaryOp::Log,
-                    Attn::Sqrt(_) => UnaryOp::Sqrt,
-                    Attn::Rsqrt(_) => UnaryOp::Rsqrt,
-                    Attn::Sigmoid(_) => UnaryOp::Sigmoid,
-                    Attn::LogSigmoid(_) => UnaryOp::LogSigmoid,
-                    Attn::Softplus(_) => UnaryOp::Softplus,
-                    Attn::Relu(_) => UnaryOp::Relu,
-                    Attn::Tanh(_) => UnaryOp::Tanh,
-                    Attn::Abs(_) => UnaryOp::Abs,
-                    Attn::Exp2(_) => UnaryOp::Exp2,
-                    _ => UnaryOp::Log2,
-                };
+            Attn::Unary(u, _) => {
                 let a = kid(self, mat, 0)?;
-                RNode::Unary(u, a)
+                RNode::Unary(*u, a)
             }
             Attn::Recip(_) => {
                 let one = self.push(RNode::Const(1.0), None);

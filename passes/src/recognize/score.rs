@@ -14,6 +14,7 @@ use super::build::Shifted;
 use crate::lang::{rename, Attn, AttnGraph, Num};
 use egg::{Id, Language, RecExpr, Symbol};
 use foxc_ir::index::IndexExpr;
+use foxc_ir::UnaryOp;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::rc::Rc;
 
@@ -303,7 +304,7 @@ fn expand_within(t: &T, coef: f64, out: &mut Terms, limit: usize) -> bool {
     match &t.op {
         Attn::Add(_) => expand(&t.kids[0], coef, out) && expand(&t.kids[1], coef, out),
         Attn::Sub(_) => expand(&t.kids[0], coef, out) && expand(&t.kids[1], -coef, out),
-        Attn::Neg(_) => expand(&t.kids[0], -coef, out),
+        Attn::Unary(UnaryOp::Neg, _) => expand(&t.kids[0], -coef, out),
         Attn::Mul(_) => {
             let (a, b) = (&t.kids[0], &t.kids[1]);
             if let Some(c) = a.konst().filter(|c| c.is_finite()) {
@@ -349,7 +350,7 @@ pub(crate) fn sum_of(terms: &[(f64, T)]) -> Option<T> {
         let scaled =
             if mag == 1.0 { t.clone() } else { T::node(Attn::Mul([z; 2]), vec![T::num(mag), t.clone()]) };
         acc = Some(match acc {
-            None if neg => T::node(Attn::Neg(z), vec![scaled]),
+            None if neg => T::node(Attn::Unary(UnaryOp::Neg, [z]), vec![scaled]),
             None => scaled,
             Some(a) if neg => T::node(Attn::Sub([z; 2]), vec![a, scaled]),
             Some(a) => T::node(Attn::Add([z; 2]), vec![a, scaled]),
