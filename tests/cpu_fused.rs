@@ -462,6 +462,7 @@ fn region(name: &str) -> Region {
                 (UnaryOp::Exp2, x, 0.1),
                 (UnaryOp::Softplus, x, -0.4),
                 (UnaryOp::LogSigmoid, x, 0.25),
+                (UnaryOp::Silu, x, 0.15),
             ] {
                 let f = r.push(RNode::Unary(u, arg));
                 let k = r.push(RNode::Const(c));

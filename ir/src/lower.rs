@@ -61,7 +61,7 @@ pub const RMSNORM_EPS: f64 = 1e-6;
 
 /// Every function name of the DSL ("did you mean" hints; the fuzz tests' vocabulary), in the
 /// order the hint lists them. The unary built-ins are the rows of `crate::unary` with `dsl`.
-pub const FUNCTIONS: [&str; 22] = [
+pub const FUNCTIONS: [&str; 23] = [
     "exp",
     "log",
     "tanh",
@@ -74,6 +74,7 @@ pub const FUNCTIONS: [&str; 22] = [
     "logsigmoid",
     "softplus",
     "relu",
+    "silu",
     "min",
     "max",
     "select",

@@ -10,7 +10,7 @@ use crate::ops::BinaryOp;
 use std::fmt;
 use std::str::FromStr;
 use Arg::{Step as S, X, Y};
-use BinaryOp::{Div as DIV, Gt as GT, Lt as LT, Mul as MUL, Sub as SUB};
+use BinaryOp::{Add as ADD, Div as DIV, Gt as GT, Lt as LT, Mul as MUL, Sub as SUB};
 
 /// A unary elementwise op. The derived order (declaration order) is how users that sort ops
 /// (the e-graph's nodes) order them.
@@ -33,6 +33,8 @@ pub enum UnaryOp {
     Exp2,
     /// `log2(x)` (`-inf` at 0, NaN below).
     Log2,
+    /// `x * sigmoid(x)`.
+    Silu,
 }
 
 /// Everything the compiler knows about one unary op apart from its machine code.
@@ -306,7 +308,35 @@ pub const ROWS: &[UnaryDef] = &[
         interval: |lo, hi| if lo >= 0.0 { (lo.log2(), hi.log2()) } else { FULL },
         folds: Fold::NonNegative,
     },
+    UnaryDef {
+        op: UnaryOp::Silu,
+        name: "silu",
+        dsl: true,
+        eval: |x| x * sigmoid(x),
+        // s (1 + x (1 - s)) with s = sigmoid(x): bounded factors, no overflow for any x.
+        derivative: scale(&[
+            Step::Unary(UnaryOp::Sigmoid, X),
+            Step::Const(1.0),
+            Step::Binary(SUB, S(1), S(0)),
+            Step::Binary(MUL, X, S(2)),
+            Step::Binary(ADD, S(1), S(3)),
+            Step::Binary(MUL, S(0), S(4)),
+        ]),
+        // Falls to its minimum at SILU_ARGMIN, then rises: the maximum is at an end.
+        interval: |lo, hi| {
+            let end = |x: f64| if x == f64::NEG_INFINITY { 0.0 } else { x * sigmoid(x) };
+            let (a, b) = (end(lo), end(hi));
+            let min = if lo <= SILU_ARGMIN && SILU_ARGMIN <= hi { SILU_MIN } else { a.min(b) };
+            (min, a.max(b))
+        },
+        folds: Fold::Always,
+    },
 ];
+
+/// Where `silu` is least (`1 + x (1 - sigmoid(x)) = 0`), and a value just below that least value
+/// (`SILU_ARGMIN + 1`, rounded down).
+const SILU_ARGMIN: f64 = -1.278464542761074;
+const SILU_MIN: f64 = -0.2784645427611;
 
 // Interval ends of the log-gate functions: `logsigmoid` and `softplus` without the NaN guard
 // (an infinite end stays infinite; a NaN end is widened by `nan_lo`/`nan_hi`).

@@ -175,6 +175,10 @@ fn unary(fx: &mut Fx, u: UnaryOp, a: Value) -> Value {
             let l = fx.vlog1p_exp_neg_abs(a);
             fx.b.ins().fsub(m, l)
         }
+        UnaryOp::Silu => {
+            let s = unary(fx, UnaryOp::Sigmoid, a);
+            fx.b.ins().fmul(a, s)
+        }
     }
 }
 

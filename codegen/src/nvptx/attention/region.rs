@@ -585,6 +585,7 @@ pub(crate) fn unary<'ctx>(b: &KernelBuilder<'_, 'ctx>, u: UnaryOp, a: FloatValue
         UnaryOp::Softplus => b.fneg(logsigmoid(b, b.fneg(a))),
         // max(a, 0) keeping NaN (maxnum would drop it).
         UnaryOp::Relu => b.select_f(b.fcmp(FloatPredicate::OLT, a, b.f32(0.0)), b.f32(0.0), a),
+        UnaryOp::Silu => b.fmul(a, unary(b, UnaryOp::Sigmoid, a)),
     }
 }
 
