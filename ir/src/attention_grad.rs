@@ -9,7 +9,7 @@
 use crate::attention::{Attention, RId, RNode, Region};
 use crate::ops::{BinaryOp, UnaryOp};
 use crate::types::{DType, Dim, ValueType};
-use crate::unary::{Arg, Chain, Step};
+use crate::unary::{Chain, StepBuilder};
 
 /// The derivatives of a region `R`.
 #[derive(Clone, Debug, PartialEq)]
@@ -135,29 +135,31 @@ impl Region {
 /// local factor the adjoint is multiplied by.
 fn unary_derivative(b: &mut Builder, u: UnaryOp, a: RId, me: RId) -> RId {
     let d = &u.def().derivative;
-    let mut steps: Vec<RId> = Vec::with_capacity(d.steps.len());
-    let arg = |steps: &[RId], x: Arg| match x {
-        Arg::X => a,
-        Arg::Y => me,
-        Arg::Step(k) => steps[k],
-    };
-    for s in d.steps {
-        let v = match *s {
-            Step::Const(c) => b.c(c),
-            Step::Unary(op, x) => b.un(op, arg(&steps, x)),
-            Step::Binary(op, x, y) => b.bin(op, arg(&steps, x), arg(&steps, y)),
-        };
-        steps.push(v);
-    }
+    let Ok(s) = d.build(b, a, me);
     match d.chain {
-        Chain::Scale(s) => arg(&steps, s),
-        Chain::Divide(s) => {
+        Chain::Scale(x) => s.arg(x),
+        Chain::Divide(x) => {
             let one = b.c(1.0);
-            b.bin(BinaryOp::Div, one, arg(&steps, s))
+            b.bin(BinaryOp::Div, one, s.arg(x))
         }
         Chain::Negate => b.c(-1.0),
-        Chain::Where { cond, .. } => arg(&steps, cond),
-        Chain::Sign { pos, neg, .. } => b.bin(BinaryOp::Sub, arg(&steps, pos), arg(&steps, neg)),
+        Chain::Where { cond, .. } => s.arg(cond),
+        Chain::Sign { pos, neg, .. } => b.bin(BinaryOp::Sub, s.arg(pos), s.arg(neg)),
+    }
+}
+
+/// The region builder builds derivative steps infallibly.
+impl StepBuilder for Builder {
+    type Value = RId;
+    type Error = std::convert::Infallible;
+    fn step_const(&mut self, c: f64) -> Result<RId, Self::Error> {
+        Ok(self.c(c))
+    }
+    fn step_unary(&mut self, op: UnaryOp, x: RId) -> Result<RId, Self::Error> {
+        Ok(self.un(op, x))
+    }
+    fn step_binary(&mut self, op: BinaryOp, x: RId, y: RId) -> Result<RId, Self::Error> {
+        Ok(self.bin(op, x, y))
     }
 }
 

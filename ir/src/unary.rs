@@ -114,6 +114,60 @@ pub struct Derivative {
     pub chain: Chain,
 }
 
+/// What a derivative's steps are built with: the score region's builder and the gradient
+/// program's each implement it, so that [`Derivative::steps`] is interpreted in one place.
+pub trait StepBuilder {
+    type Value: Copy;
+    type Error;
+    fn step_const(&mut self, c: f64) -> Result<Self::Value, Self::Error>;
+    fn step_unary(&mut self, op: UnaryOp, x: Self::Value) -> Result<Self::Value, Self::Error>;
+    fn step_binary(
+        &mut self,
+        op: BinaryOp,
+        x: Self::Value,
+        y: Self::Value,
+    ) -> Result<Self::Value, Self::Error>;
+}
+
+/// A derivative's steps as built, with the op's input and output: what its [`Chain`] reads.
+pub struct Built<V> {
+    x: V,
+    y: V,
+    steps: Vec<V>,
+}
+
+impl<V: Copy> Built<V> {
+    /// The value an [`Arg`] names.
+    pub fn arg(&self, a: Arg) -> V {
+        match a {
+            Arg::X => self.x,
+            Arg::Y => self.y,
+            Arg::Step(k) => self.steps[k],
+        }
+    }
+}
+
+impl Derivative {
+    /// Builds the steps in order with `b`, from the op's input `x` and output `y`.
+    pub fn build<B: StepBuilder>(
+        &self,
+        b: &mut B,
+        x: B::Value,
+        y: B::Value,
+    ) -> Result<Built<B::Value>, B::Error> {
+        let mut built = Built { x, y, steps: Vec::with_capacity(self.steps.len()) };
+        for s in self.steps {
+            let v = match *s {
+                Step::Const(c) => b.step_const(c)?,
+                Step::Unary(op, a) => b.step_unary(op, built.arg(a))?,
+                Step::Binary(op, a, c) => b.step_binary(op, built.arg(a), built.arg(c))?,
+            };
+            built.steps.push(v);
+        }
+        Ok(built)
+    }
+}
+
 /// `1 / (1 + exp(-x))`, without overflow for either sign of `x`.
 pub fn sigmoid(x: f64) -> f64 {
     if x >= 0.0 {

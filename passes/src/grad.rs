@@ -14,7 +14,7 @@
 
 use foxc_ir::check::infer;
 use foxc_ir::index::IndexExpr;
-use foxc_ir::unary::{Arg, Chain, Step};
+use foxc_ir::unary::{Chain, StepBuilder};
 use foxc_ir::{
     Attention, Axis, BinaryOp, DType, GateKind, Graph, Op, ReduceKind, Span, UnaryOp, Use, Value, ValueId,
     ValueType, LOG_F_FLOOR,
@@ -628,29 +628,16 @@ impl Builder {
     /// `dx` of `y = u(x)` from `dy`: the op's derivative (`foxc_ir::unary`) built as graph nodes.
     fn unary_grad(&mut self, u: UnaryOp, x: Value, y: Value, dy: Value) -> Result<Value, GradError> {
         let d = &u.def().derivative;
-        let mut steps: Vec<Value> = Vec::with_capacity(d.steps.len());
-        let arg = |steps: &[Value], a: Arg| match a {
-            Arg::X => x,
-            Arg::Y => y,
-            Arg::Step(k) => steps[k],
-        };
-        for s in d.steps {
-            let v = match *s {
-                Step::Const(c) => self.cnst(c),
-                Step::Unary(op, a) => self.un(op, arg(&steps, a))?,
-                Step::Binary(op, a, b) => self.bin(op, arg(&steps, a), arg(&steps, b))?,
-            };
-            steps.push(v);
-        }
+        let s = d.build(self, x, y)?;
         Ok(match d.chain {
-            Chain::Scale(s) => self.bin(BinaryOp::Mul, dy, arg(&steps, s))?,
-            Chain::Divide(s) => self.bin(BinaryOp::Div, dy, arg(&steps, s))?,
+            Chain::Scale(a) => self.bin(BinaryOp::Mul, dy, s.arg(a))?,
+            Chain::Divide(a) => self.bin(BinaryOp::Div, dy, s.arg(a))?,
             Chain::Negate => self.un(UnaryOp::Neg, dy)?,
-            Chain::Where { cond, zero } => self.select(arg(&steps, cond), dy, arg(&steps, zero))?,
+            Chain::Where { cond, zero } => self.select(s.arg(cond), dy, s.arg(zero))?,
             Chain::Sign { pos, neg, zero } => {
                 let ndy = self.un(UnaryOp::Neg, dy)?;
-                let inner = self.select(arg(&steps, neg), ndy, arg(&steps, zero))?;
-                self.select(arg(&steps, pos), dy, inner)?
+                let inner = self.select(s.arg(neg), ndy, s.arg(zero))?;
+                self.select(s.arg(pos), dy, inner)?
             }
         })
     }
@@ -854,5 +841,20 @@ impl Builder {
             }
         }
         Ok(())
+    }
+}
+
+/// Gradient programs build derivative steps as graph nodes.
+impl StepBuilder for Builder {
+    type Value = Value;
+    type Error = GradError;
+    fn step_const(&mut self, c: f64) -> Result<Value, GradError> {
+        Ok(self.cnst(c))
+    }
+    fn step_unary(&mut self, op: UnaryOp, x: Value) -> Result<Value, GradError> {
+        self.un(op, x)
+    }
+    fn step_binary(&mut self, op: BinaryOp, x: Value, y: Value) -> Result<Value, GradError> {
+        self.bin(op, x, y)
     }
 }
