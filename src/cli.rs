@@ -1,5 +1,6 @@
 //! The command line (DESIGN.md section 4 is the contract).
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use foxc_driver::{BackendKind, PruneOptions, Target};
 use foxc_ir::attention::{KvLoads, WsGrid, WsTurns};
@@ -82,8 +83,8 @@ pub enum Command {
         png: PathBuf,
         #[command(flatten)]
         prune: PruneArgs,
-        #[arg(long, value_enum, default_value_t = TargetArg::Sm90a)]
-        target: TargetArg,
+        #[arg(long, value_parser = target_arg(), default_value = "sm_90a")]
+        target: Target,
         /// Draw these rules side by side (one column of panels each), e.g. --rules paper,tight;
         /// each with its kept fraction and max pruned mass (default: --prune-rule alone).
         #[arg(long, value_parser = parse_rule, value_delimiter = ',')]
@@ -198,8 +199,8 @@ pub struct CompileArgs {
     pub emit: EmitArg,
     /// The target the passes optimize for (default: the CPU, or sm_90a for `--emit llvm|ptx`);
     /// `--emit clif` needs the CPU, `--emit llvm|ptx` a GPU target.
-    #[arg(long, value_enum)]
-    pub target: Option<TargetArg>,
+    #[arg(long, value_parser = target_arg())]
+    pub target: Option<Target>,
     #[command(flatten)]
     pub prune: PruneArgs,
     /// Print the IR after every pass (to stderr).
@@ -221,8 +222,8 @@ pub struct CompileArgs {
 #[derive(Args, Debug)]
 pub struct RunArgs {
     pub file: Option<PathBuf>,
-    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
-    pub backend: BackendArg,
+    #[arg(long, value_parser = backend_arg(), default_value = "cpu")]
+    pub backend: BackendKind,
     #[arg(long, conflicts_with = "shape")]
     pub inputs: Option<PathBuf>,
     #[arg(long)]
@@ -246,8 +247,8 @@ pub struct RunArgs {
 #[derive(Args, Debug)]
 pub struct GradArgs {
     pub file: PathBuf,
-    #[arg(long, value_enum, default_value_t = BackendArg::Reference)]
-    pub backend: BackendArg,
+    #[arg(long, value_parser = backend_arg(), default_value = "reference")]
+    pub backend: BackendKind,
     #[arg(long, conflicts_with = "shape")]
     pub inputs: Option<PathBuf>,
     #[arg(long)]
@@ -285,8 +286,8 @@ pub struct VerifyArgs {
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     pub file: PathBuf,
-    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
-    pub backend: BackendArg,
+    #[arg(long, value_parser = backend_arg(), default_value = "cpu")]
+    pub backend: BackendKind,
     #[arg(long)]
     pub shape: String,
     #[arg(long, default_value_t = 0)]
@@ -315,40 +316,16 @@ pub enum EmitArg {
     Ptx,
 }
 
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TargetArg {
-    Cpu,
-    #[value(name = "sm_90a")]
-    Sm90a,
-    #[value(name = "sm_80")]
-    Sm80,
+/// `--target NAME`: a target of the driver's table (`cpu`, `sm_90a`, `sm_80`).
+fn target_arg() -> impl TypedValueParser<Value = Target> {
+    let names = foxc_driver::target::TARGETS.map(|(_, n)| n);
+    PossibleValuesParser::new(names).map(|n| foxc_driver::target::parse(&n).expect("a listed target"))
 }
 
-impl From<TargetArg> for Target {
-    fn from(t: TargetArg) -> Target {
-        match t {
-            TargetArg::Cpu => Target::Cpu,
-            TargetArg::Sm90a => Target::Sm90a,
-            TargetArg::Sm80 => Target::Sm80,
-        }
-    }
-}
-
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BackendArg {
-    Reference,
-    Cpu,
-    Cuda,
-}
-
-impl From<BackendArg> for BackendKind {
-    fn from(b: BackendArg) -> BackendKind {
-        match b {
-            BackendArg::Reference => BackendKind::Reference,
-            BackendArg::Cpu => BackendKind::Cpu,
-            BackendArg::Cuda => BackendKind::Cuda,
-        }
-    }
+/// `--backend NAME`: a backend of the driver's list (`reference`, `cpu`, `cuda`).
+fn backend_arg() -> impl TypedValueParser<Value = BackendKind> {
+    let names = BackendKind::ALL.map(BackendKind::name);
+    PossibleValuesParser::new(names).map(|n| BackendKind::parse(&n).expect("a listed backend"))
 }
 
 /// `--prune-rule NAME`: an entry of the rule table; a usage error lists the names otherwise.

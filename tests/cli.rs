@@ -404,3 +404,25 @@ fn ws_turns_flag_reaches_the_kernel() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("possible values: ring, none"), "{}", text(&o));
 }
+
+/// `--target` and `--backend` take the driver's names: a wrong one is a usage error (exit 1)
+/// listing them, the right ones run.
+#[test]
+fn targets_and_backends_are_the_drivers_names() {
+    let o = foxc(&["compile", "examples/fox.attn", "--target", "sm90a"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("possible values: cpu, sm_90a, sm_80") && text(&o).contains("'sm_90a'"),
+        "{}",
+        text(&o)
+    );
+    let o = foxc(&["run", "examples/fox.attn", "--backend", "gpu", "--shape", "B=1,H=1,T=8,D=4"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("possible values: reference, cpu, cuda"), "{}", text(&o));
+    for t in ["cpu", "sm_90a", "sm_80"] {
+        let o = foxc(&["compile", "examples/fox.attn", "--target", t]);
+        assert!(o.status.success(), "{t}: {}", text(&o));
+    }
+    let o = foxc(&["run", "examples/fox.attn", "--backend", "reference", "--shape", "B=1,H=1,T=8,D=4"]);
+    assert!(o.status.success(), "{}", text(&o));
+}

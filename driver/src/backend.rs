@@ -3,6 +3,11 @@
 //! [`BackendKind`], optimizes for its [`Backend::target`], then runs, times and checks through
 //! the trait, so that no front end knows which glue module a backend uses.
 
+// Each backend's glue, from its compiled artifact to its runtime: a new backend is a module
+// here, its `BackendKind` and its arm of [`backend`].
+pub mod cpu;
+pub mod cuda;
+
 use crate::timing::Summary;
 use crate::{check, cpu_backend, cuda_backend, tensors, Error, Target};
 use foxc_ir::interp::{self, Tensor};
@@ -20,6 +25,9 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
+    /// Every backend, in the order front ends list them.
+    pub const ALL: [BackendKind; 3] = [BackendKind::Reference, BackendKind::Cpu, BackendKind::Cuda];
+
     /// `reference`, `cpu` or `cuda`.
     pub fn name(self) -> &'static str {
         match self {
@@ -27,6 +35,11 @@ impl BackendKind {
             BackendKind::Cpu => "cpu",
             BackendKind::Cuda => "cuda",
         }
+    }
+
+    /// The backend named `s` (see [`Self::name`]).
+    pub fn parse(s: &str) -> Option<BackendKind> {
+        Self::ALL.into_iter().find(|k| k.name() == s)
     }
 }
 
@@ -269,5 +282,19 @@ impl Backend for Cuda {
             cuda_backend::bench_outputs(g, outputs, inputs, opts, GPU_WARMUP_RUNS, iters)?
         };
         Ok(Summary { median_ms: s.median_ms, min_ms: s.min_ms, max_ms: s.max_ms })
+    }
+}
+
+#[cfg(test)]
+mod kind_tests {
+    use super::*;
+
+    /// Every backend's name parses back to it (the CLI's `--backend` values are these names).
+    #[test]
+    fn names_round_trip() {
+        for k in BackendKind::ALL {
+            assert_eq!(BackendKind::parse(k.name()), Some(k));
+        }
+        assert_eq!(BackendKind::parse("gpu"), None);
     }
 }

@@ -78,7 +78,7 @@ pub fn pass_options(
     target: Target,
     print_after_all: bool,
 ) -> Result<PassOptions, Error> {
-    if target == Target::Cpu {
+    if !target.is_gpu() {
         if let Some(flag) = prune.gpu_only_given() {
             return Err(Error::user(format!(
                 "error: {flag} chooses how a GPU forward kernel runs; this command's target is the CPU (use --backend cuda, or --target sm_90a with compile)"

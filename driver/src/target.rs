@@ -32,3 +32,20 @@ pub fn nvptx(t: Target) -> Option<NvptxTarget> {
         Target::Sm80 => Some(NvptxTarget::Sm80),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every target's name parses back to it, and the GPU targets are those with an NVPTX
+    /// architecture (what the passes' `is_gpu` and the glue must agree on).
+    #[test]
+    fn names_round_trip_and_gpus_have_an_architecture() {
+        for (t, n) in TARGETS {
+            assert_eq!(parse(n), Some(t));
+            assert_eq!(name(t), n);
+            assert_eq!(nvptx(t).is_some(), t.is_gpu(), "{n}");
+        }
+        assert_eq!(parse("sm90a"), None);
+    }
+}

@@ -128,7 +128,7 @@ pub fn run(g: &mut Graph, opts: &PassOptions, cx: &mut PassContext) -> Result<()
         // other regions fall back to the default rule (which reads no row statistic).
         // A GPU's threshold of queries fewer than keys folds whole key tiles: it has no k_causal
         // (the keys up to each tile's last query position).
-        let gpu_fewer = opts.target != crate::Target::Cpu && ops.fewer_queries(g);
+        let gpu_fewer = opts.target.is_gpu() && ops.fewer_queries(g);
         let no_k_causal =
             gpu_fewer && opts.rule.formula.stats_under(&score).contains(&foxc_ir::prune_rule::Stat::KCausal);
         let fits = opts.rule.fits(&score) && !no_k_causal;

@@ -16,13 +16,13 @@
 //! reaches ~1e5, and keep the single `c` (this pass is the decision; backends obey it).
 
 use crate::acp::add_attention;
-use crate::{PassContext, PassError, PassOptions, Target};
+use crate::{PassContext, PassError, PassOptions};
 use foxc_ir::{Attention, Graph, Op, ValueId};
 use std::collections::BTreeMap;
 
 /// The `compensate-decay` pass.
 pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
-    if opts.target != Target::Cpu {
+    if opts.target.is_gpu() {
         return Ok(());
     }
     // One residual per cumsum, however many attentions read it.

@@ -11,13 +11,13 @@
 //! the CPU backend's glue (the driver) decides again for the values it computes, since a
 //! gradient program is built after the pipeline and its own products have no decision yet.
 
-use crate::{PassContext, PassError, PassOptions, Target};
+use crate::{PassContext, PassError, PassOptions};
 use foxc_ir::{BinaryOp, Graph, Op, ReduceKind, Value, ValueId};
 use std::collections::HashSet;
 
 /// The `contract` pass.
 pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
-    if opts.target == Target::Cpu {
+    if !opts.target.is_gpu() {
         mark(g, &[]);
     }
     Ok(())

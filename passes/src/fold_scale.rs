@@ -18,13 +18,13 @@
 //! read as q). Code generation evaluates the factor with `foxc_ir::fold`'s arithmetic, so the
 //! kernels get the number they got when code generation folded the product itself.
 
-use crate::{PassContext, PassError, PassOptions, Target};
+use crate::{PassContext, PassError, PassOptions};
 use foxc_ir::{BinaryOp, Graph, Op, RId, RNode, Region, ValueId};
 use std::collections::{BTreeMap, HashMap};
 
 /// The `fold-q-scale` pass.
 pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
-    if opts.target == Target::Cpu {
+    if !opts.target.is_gpu() {
         return Ok(());
     }
     let mut folded = false;

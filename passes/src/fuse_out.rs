@@ -17,7 +17,7 @@
 //!   rows)`).
 
 use crate::acp::add_attention;
-use crate::{PassContext, PassError, PassOptions, Target};
+use crate::{PassContext, PassError, PassOptions};
 use foxc_ir::{
     Attention, Dim, GateKind, Graph, NormBound, Op, Prelude, Prune, PruneRule, ScoreBound, ThresholdPlan,
 };
@@ -49,7 +49,7 @@ pub fn output_cast(g: &mut Graph, _opts: &PassOptions, _cx: &mut PassContext) ->
 
 /// The `fuse-boundary` pass (GPU targets only).
 pub fn boundary(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
-    if opts.target == Target::Cpu {
+    if !opts.target.is_gpu() {
         return Ok(());
     }
     for n in g.find(|op| matches!(op, Op::Attention(a) if a.prune == Prune::Start)) {
@@ -88,7 +88,7 @@ pub fn threshold_plan(rule: &PruneRule, score: &ScoreBound, bound: NormBound) ->
 
 /// The `fuse-threshold` pass (GPU targets only): [`threshold_plan`] on every threshold.
 pub fn threshold(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
-    if opts.target == Target::Cpu {
+    if !opts.target.is_gpu() {
         return Ok(());
     }
     for n in g.find(|op| matches!(op, Op::Threshold { .. })) {
@@ -152,7 +152,7 @@ fn splittable_scan(op: &Op) -> bool {
 
 /// The `fuse-prelude` pass (GPU targets only).
 pub fn prelude(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
-    if opts.target == Target::Cpu {
+    if !opts.target.is_gpu() {
         return Ok(());
     }
     for n in g.find(|op| matches!(op, Op::Attention(a) if a.prune == Prune::Boundary)) {

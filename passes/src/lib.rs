@@ -51,6 +51,14 @@ pub enum Target {
     Sm80,
 }
 
+impl Target {
+    /// A GPU target: the passes that shape work for GPU kernels (the fused threshold and
+    /// boundary, the folded scale, contractions read through, split keys) run for it.
+    pub fn is_gpu(self) -> bool {
+        self != Target::Cpu
+    }
+}
+
 /// Options of the pass pipeline (`foxc compile` flags).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PassOptions {

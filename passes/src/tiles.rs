@@ -60,7 +60,7 @@ pub fn tiles_for(target: Target, head_dim: Option<u64>, gradient: bool) -> Tiles
         Target::Sm90a if !gradient && head_dim.is_some_and(|d| WIDE_KEY_HEAD_DIMS.contains(&d)) => {
             Tiles { bm: 64, bn: 128 }
         }
-        Target::Cpu | Target::Sm80 | Target::Sm90a => Tiles { bm: 64, bn: 64 },
+        _ => Tiles { bm: 64, bn: 64 },
     }
 }
 
@@ -153,7 +153,7 @@ pub const SPLIT_KEYS_ROWS: u64 = 64;
 /// attention would, [`kernel_for`]: the queries sit at the end of the keys in either).
 pub fn split_keys_kernel(target: Target, rows: Option<u64>, split_tiles: Option<u32>) -> Option<AttnKernel> {
     match rows {
-        Some(r) if target != Target::Cpu && r <= SPLIT_KEYS_ROWS => {
+        Some(r) if target.is_gpu() && r <= SPLIT_KEYS_ROWS => {
             Some(AttnKernel::SplitKeys { tiles: split_tiles.unwrap_or(SPLIT_KEY_TILES) })
         }
         _ => None,

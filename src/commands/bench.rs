@@ -4,7 +4,7 @@
 
 use crate::cli::{BenchArgs, FormatArg};
 use foxc_driver::pipeline::{self, parse_shape, Source};
-use foxc_driver::{acp_stats, tensors, Backend, BackendKind, Error};
+use foxc_driver::{acp_stats, tensors, Backend, Error};
 use foxc_ir::Graph;
 use foxc_runtime::TensorMap;
 
@@ -42,7 +42,7 @@ pub fn bench(a: &BenchArgs) -> Result<(), Error> {
     let dims = parse_shape(&a.shape)?;
     let inputs = tensors::generate(&c.graph, &dims, a.seed)?;
     tensors::validate(&c.graph, &inputs)?;
-    let kind = BackendKind::from(a.backend);
+    let kind = a.backend;
     let backend = foxc_driver::backend(kind);
     let interp_inputs = tensors::to_interp(&inputs);
     let mut rows = Vec::new();

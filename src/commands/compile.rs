@@ -1,6 +1,6 @@
 //! `foxc compile FILE --emit ast|ir|opt|clif|llvm|ptx`
 
-use crate::cli::{CompileArgs, EmitArg, TargetArg};
+use crate::cli::{CompileArgs, EmitArg};
 use foxc_driver::pipeline::{self, parse_shape, Source};
 use foxc_driver::{cpu_backend, cuda_backend, target, Error, Target};
 use foxc_ir::print::{print_graph, to_dot};
@@ -21,18 +21,18 @@ pub fn compile(a: &CompileArgs) -> Result<(), Error> {
             let c = src.compile()?;
             let target: Target = match (a.emit, a.target) {
                 (EmitArg::Llvm | EmitArg::Ptx, None) => target::DEFAULT_GPU,
-                (EmitArg::Llvm | EmitArg::Ptx, Some(TargetArg::Cpu)) => {
+                (EmitArg::Llvm | EmitArg::Ptx, Some(t)) if !t.is_gpu() => {
                     return Err(Error::user(
                         "error: --emit llvm and --emit ptx generate GPU code: give --target sm_90a or sm_80 (or --emit clif for the CPU)",
                     ))
                 }
-                (EmitArg::Clif, None | Some(TargetArg::Cpu)) => Target::Cpu,
-                (EmitArg::Clif, Some(_)) => {
+                (EmitArg::Clif, None) => Target::Cpu,
+                (EmitArg::Clif, Some(t)) if t.is_gpu() => {
                     return Err(Error::user(
                         "error: --emit clif generates CPU code: give --target cpu (or --emit ptx for a GPU target)",
                     ))
                 }
-                (_, t) => t.map_or(Target::Cpu, Target::from),
+                (_, t) => t.unwrap_or(Target::Cpu),
             };
             let mut opts = pipeline::pass_options(&a.prune.options(), target, a.print_after_all)?;
             if let Some(shape) = &a.shape {

@@ -58,7 +58,7 @@ pub fn grad(a: &GradArgs) -> Result<(), Error> {
         }
     };
     tensors::validate(&c.graph, &inputs)?;
-    let kind = BackendKind::from(a.backend);
+    let kind = a.backend;
     let backend = foxc_driver::backend(kind);
     let mut opts = pipeline::pass_options(&a.prune.options(), backend.target(), false)?;
     opts.dims = pipeline::bound_dims(&c.graph, &inputs)?;

@@ -3,9 +3,9 @@
 //! With `--rules a,b` the rules' maps stand side by side (a column of panels per rule, heads
 //! down the rows), each reported with its kept fraction and its largest pruned mass.
 
-use crate::cli::{PruneArgs, TargetArg};
+use crate::cli::PruneArgs;
 use foxc_driver::pipeline::{self, Source};
-use foxc_driver::{acp_stats, tensors, Error};
+use foxc_driver::{acp_stats, tensors, Error, Target};
 use foxc_ir::interp::{self, Tensor};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -40,7 +40,7 @@ pub fn mask(
     inputs: &Path,
     png_path: &Path,
     prune: &PruneArgs,
-    target: TargetArg,
+    target: Target,
     rules: &[foxc_ir::PruneRule],
 ) -> Result<(), Error> {
     let src = Source::read(file)?;
@@ -53,7 +53,7 @@ pub fn mask(
     let mut maps = vec![];
     for rule in &rules {
         let p = foxc_driver::PruneOptions { prune_rule: rule.clone(), ..prune.options() };
-        let (opt, _) = pipeline::optimize(&c.graph, &pipeline::pass_options(&p, target.into(), false)?)?;
+        let (opt, _) = pipeline::optimize(&c.graph, &pipeline::pass_options(&p, target, false)?)?;
         let stats = acp_stats::measure(&opt, &interp_inputs)?.ok_or_else(|| {
             Error::user("error: no decay attention recognized: nothing to draw (see foxc compile --explain)")
         })?;

@@ -1,6 +1,6 @@
 //! `foxc run`: the main job. Compile, get inputs, run on a backend, report, optionally check.
 
-use crate::cli::{BackendArg, RunArgs};
+use crate::cli::RunArgs;
 use foxc_driver::pipeline::{self, parse_shape, Source, DEFAULT_SHAPE};
 use foxc_driver::{acp_stats, check, starts_check, tensors, BackendKind, Error, RunOptions, Timing};
 use foxc_ir::Op;
@@ -36,7 +36,7 @@ fn source_and_inputs(a: &RunArgs) -> Result<(Source, foxc_ir::frontend::Compiled
 pub fn run(a: &RunArgs) -> Result<(), Error> {
     let (src, c, inputs, origin) = source_and_inputs(a)?;
     tensors::validate(&c.graph, &inputs)?;
-    let kind = BackendKind::from(a.backend);
+    let kind = a.backend;
     let backend = foxc_driver::backend(kind);
     let mut opts = pipeline::pass_options(&a.prune.options(), backend.target(), false)?;
     opts.dims = pipeline::bound_dims(&c.graph, &inputs)?;
@@ -50,7 +50,7 @@ pub fn run(a: &RunArgs) -> Result<(), Error> {
     // The kept set the backend itself used: the CPU reports its block starts; the GPU kernel
     // reports its in-kernel starts only from a debug build (--check-starts, one more run, checked
     // against the reference's); otherwise the reference's stand in.
-    if a.check_starts && a.backend != BackendArg::Cuda {
+    if a.check_starts && a.backend != BackendKind::Cuda {
         return Err(Error::user(
             "error: --check-starts needs --backend cuda (the CPU's starts are always checked by --check)",
         ));
@@ -61,9 +61,9 @@ pub fn run(a: &RunArgs) -> Result<(), Error> {
         backend.block_starts(&opt, &inputs)?
     };
     let kept_by = match (a.backend, &backend_starts) {
-        (BackendArg::Cpu, Some(_)) => "the CPU kernels' block starts",
-        (BackendArg::Cuda, Some(_)) => "the GPU kernel's in-kernel block starts (--check-starts)",
-        (BackendArg::Cuda, _) => "the reference's block starts (the GPU kernel does not report its own)",
+        (BackendKind::Cpu, Some(_)) => "the CPU kernels' block starts",
+        (BackendKind::Cuda, Some(_)) => "the GPU kernel's in-kernel block starts (--check-starts)",
+        (BackendKind::Cuda, _) => "the reference's block starts (the GPU kernel does not report its own)",
         _ => "the reference's block starts",
     };
     let stats = acp_stats::measure_with(&opt, &interp_inputs, backend_starts.as_ref())?;

@@ -503,7 +503,7 @@ mod tests {
     fn tma_attention_gets_tensor_maps_of_k_and_v() {
         let src = crate::pipeline::Source {
             name: "fox_gqa.attn".into(),
-            bytes: include_bytes!("../../examples/fox_gqa.attn").to_vec(),
+            bytes: include_bytes!("../../../examples/fox_gqa.attn").to_vec(),
         };
         let g = src.compile().unwrap().graph;
         let sizes = [("B", 2), ("H", 4), ("G", 2), ("T", 1000), ("D", 128)];
