@@ -5,7 +5,7 @@
 //! (`delta` operand); with the `split_keys` kernel attribute, a second launch merging the
 //! partials of the key slices.
 
-use super::attention::params::FwdParams;
+use super::attention::params::{FwdParams, FwdTail, Tail};
 use super::attention::region::{RegionMod, ScoreArg};
 use super::attention::{self, AttnKernelConfig};
 use super::attention_ws;
@@ -250,30 +250,40 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 ScoreArg::Dim(n) => KernelArg::I32(score.dim_arg(n).cloned().into_iter().collect()),
             });
         }
-        if cfg.tma {
+        // The tail after the score hook's, in the kernel's own order (`FwdTail`).
+        let mut zero_first = vec![];
+        let tail = FwdTail::of(cfg, score.args().len());
+        let maps = if cfg.tma {
             // Tensor maps of K and V over their [B, H_kv, Tk, D] buffers (attention_ws::tma).
             let (kv_heads, _, _) = self.bhtd(o.k, "attention's k")?;
-            args.extend(attention_ws::tma::args(cfg, bufs.qkv[1], bufs.qkv[2], &geo.tk, &kv_heads));
-        }
-        if cfg.debug_starts {
-            let mut shape = geo.bh.clone();
-            shape.push(Dim::Tiles(Box::new(geo.t.clone()), cfg.bm));
-            let what = format!("debug: in-kernel block starts of %{}", n.index());
-            let dbg = self.scratch(DType::I32, shape, what);
-            args.push(KernelArg::Buffer(dbg));
-            self.debug_starts = Some(dbg);
-        }
-        if cfg.fewer_queries {
-            args.push(KernelArg::I32(vec![geo.tk.clone()]));
-        }
-        // The persistent kernel: the head count and its work-item counter, zeroed right before
-        // every launch (attention_ws::persist).
-        let mut zero_first = vec![];
-        if cfg.persistent {
-            let work = self.scratch(DType::I32, vec![], format!("work-item counter of %{}", n.index()));
-            args.push(KernelArg::I32(geo.bh.clone()));
-            args.push(KernelArg::Buffer(work));
-            zero_first.push(work);
+            Some(attention_ws::tma::args(cfg, bufs.qkv[1], bufs.qkv[2], &geo.tk, &kv_heads))
+        } else {
+            None
+        };
+        for &p in tail.params() {
+            let map = |k: usize| maps.as_ref().map(|m| m[k].clone()).expect("tensor maps with `loads = tma`");
+            args.push(match p {
+                Tail::KMap => map(0),
+                Tail::VMap => map(1),
+                Tail::DebugStarts => {
+                    let mut shape = geo.bh.clone();
+                    shape.push(Dim::Tiles(Box::new(geo.t.clone()), cfg.bm));
+                    let what = format!("debug: in-kernel block starts of %{}", n.index());
+                    let dbg = self.scratch(DType::I32, shape, what);
+                    self.debug_starts = Some(dbg);
+                    KernelArg::Buffer(dbg)
+                }
+                Tail::Tk => KernelArg::I32(vec![geo.tk.clone()]),
+                // The persistent kernel: the head count and its work-item counter, zeroed right
+                // before every launch (attention_ws::persist).
+                Tail::Heads => KernelArg::I32(geo.bh.clone()),
+                Tail::Work => {
+                    let work =
+                        self.scratch(DType::I32, vec![], format!("work-item counter of %{}", n.index()));
+                    zero_first.push(work);
+                    KernelArg::Buffer(work)
+                }
+            });
         }
         Ok((args, zero_first))
     }

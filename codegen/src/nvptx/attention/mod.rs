@@ -354,16 +354,11 @@ pub(crate) fn build_attention_kernel_with<'ctx>(
         return Ok(f);
     }
     let mut params = fixed_params();
-    // The score modification's own parameters (captured tensors) follow T.
+    // The score modification's own parameters (captured tensors) follow T, then the tail.
     let extra = score.params();
     params.extend(extra.iter().map(|(n, t)| (n.as_str(), *t)));
-    if cfg.debug_starts {
-        params.push(("starts", ParamTy::Ptr));
-    }
-    if cfg.fewer_queries {
-        params.push(("Tk", ParamTy::I32));
-    }
-    let tk_param = params.len() as u32 - 1;
+    let tail = params::FwdTail::of(cfg, extra.len());
+    params.extend(tail.signature());
     // Dynamic shared memory: one extern array per kernel name (PTX aliases them anyway); 1024:
     // the wgmma 128-byte swizzle atom is 8 rows x 128 B.
     let b = KernelBuilder::kernel(ctx, module, &name, &params)?;
@@ -372,7 +367,7 @@ pub(crate) fn build_attention_kernel_with<'ctx>(
     let lane = b.named(b.andc(tid, 31), "lane");
     let t_len = b.param_int(params::FWD.t);
     let (k_len, off) = if cfg.fewer_queries {
-        let k_len = b.param_int(tk_param);
+        let k_len = b.param_int(tail.at(params::Tail::Tk));
         (k_len, Some(b.named(b.sub(k_len, t_len), "qoff")))
     } else {
         (t_len, None)

@@ -52,6 +52,72 @@ pub(crate) fn fwd_signature() -> Vec<(&'static str, ParamTy)> {
     .into_vec()
 }
 
+/// A forward kernel's parameter after the score hook's; which are present depends on the
+/// configuration ([`FwdTail::of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Tail {
+    /// The tensor maps of K and V (`loads = tma`).
+    KMap,
+    VMap,
+    /// Debug: where the standard kernel writes its in-kernel start tiles.
+    DebugStarts,
+    /// The keys' length, when queries are fewer than keys.
+    Tk,
+    /// The persistent grid's head count `B H` and work-item counter.
+    Heads,
+    Work,
+}
+
+/// The forward kernels' parameters after the fixed ones and the score hook's, in order: the
+/// kernel's signature, its body (parameter numbers, [`FwdTail::at`]) and the launcher (its
+/// arguments, [`FwdTail::params`]) all read this one list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct FwdTail {
+    /// The number of the first of them: after the fixed and the score hook's parameters.
+    first: u32,
+    params: Vec<Tail>,
+}
+
+impl FwdTail {
+    /// The tail of the kernel for `cfg` whose score hook takes `score_params` parameters.
+    pub fn of(cfg: &super::AttnKernelConfig, score_params: usize) -> FwdTail {
+        let present = [
+            (Tail::KMap, cfg.ws && cfg.tma),
+            (Tail::VMap, cfg.ws && cfg.tma),
+            (Tail::DebugStarts, cfg.debug_starts),
+            (Tail::Tk, cfg.fewer_queries),
+            (Tail::Heads, cfg.ws && cfg.persistent),
+            (Tail::Work, cfg.ws && cfg.persistent),
+        ];
+        let params = present.into_iter().filter(|p| p.1).map(|p| p.0).collect();
+        FwdTail { first: FIRST_FWD_PARAM + score_params as u32, params }
+    }
+
+    /// The parameters, in order.
+    pub fn params(&self) -> &[Tail] {
+        &self.params
+    }
+
+    /// The number of parameter `p` (which the configuration must have).
+    pub fn at(&self, p: Tail) -> u32 {
+        let k = self.params.iter().position(|&x| x == p);
+        self.first + k.unwrap_or_else(|| panic!("the kernel has no {p:?} parameter")) as u32
+    }
+
+    /// Their names and types, for the kernel's signature (beside the score hook's, whose names
+    /// live as long as the hook: `'n`).
+    pub fn signature<'n>(&self) -> impl Iterator<Item = (&'n str, ParamTy)> + '_ {
+        self.params.iter().map(|p| match p {
+            Tail::KMap => ("tmap_k", ParamTy::TensorMap),
+            Tail::VMap => ("tmap_v", ParamTy::TensorMap),
+            Tail::DebugStarts => ("starts", ParamTy::Ptr),
+            Tail::Tk => ("Tk", ParamTy::I32),
+            Tail::Heads => ("BH", ParamTy::I32),
+            Tail::Work => ("work", ParamTy::Ptr),
+        })
+    }
+}
+
 /// The backward's dq kernel's fixed parameters; the regions' own follow (as the dkv kernel's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct DqParams<T> {
@@ -137,5 +203,28 @@ mod tests {
     fn the_signature_names_every_parameter_once() {
         let names: Vec<&str> = fwd_signature().iter().map(|(n, _)| *n).collect();
         assert_eq!(names, ["q", "k", "v", "c", "delta", "out", "lse", "T"]);
+    }
+
+    /// The tail's order: maps, debug starts, `Tk`, the persistent grid's; numbered after the
+    /// score hook's parameters, and only what the configuration has.
+    #[test]
+    fn the_tail_numbers_what_the_configuration_has_in_one_order() {
+        use super::super::AttnKernelConfig;
+        let mut std = AttnKernelConfig::new(64, true, true);
+        (std.debug_starts, std.fewer_queries) = (true, true);
+        let t = FwdTail::of(&std, 2);
+        assert_eq!((t.at(Tail::DebugStarts), t.at(Tail::Tk)), (10, 11));
+        assert_eq!(t.params(), [Tail::DebugStarts, Tail::Tk]);
+        let mut ws = AttnKernelConfig::new(128, true, true);
+        (ws.ws, ws.tma, ws.persistent, ws.fewer_queries) = (true, true, true, true);
+        let t = FwdTail::of(&ws, 0);
+        let at: Vec<u32> =
+            [Tail::KMap, Tail::VMap, Tail::Tk, Tail::Heads, Tail::Work].map(|p| t.at(p)).to_vec();
+        assert_eq!(at, [8, 9, 10, 11, 12]);
+        let names: Vec<&str> = t.signature().map(|(n, _)| n).collect();
+        assert_eq!(names, ["tmap_k", "tmap_v", "Tk", "BH", "work"]);
+        // The consumers' view (not warp-specialized) has no maps or grid parameters.
+        ws.ws = false;
+        assert_eq!(FwdTail::of(&ws, 0).params(), [Tail::Tk]);
     }
 }

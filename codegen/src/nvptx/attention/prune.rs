@@ -51,7 +51,8 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         ps: IntValue<'ctx>,
     ) {
         let b = self.b;
-        let p = b.param_ptr(super::score::FIRST_PARAM + self.score.params().len() as u32);
+        let tail = super::params::FwdTail::of(self.cfg, self.score.params().len());
+        let p = b.param_ptr(tail.at(super::params::Tail::DebugStarts));
         let bm = self.cfg.bm as i64;
         let mt = b.sdivc(b.addc(self.t_len, bm - 1), bm);
         let t0 = b.icmpc(IntPredicate::EQ, self.tid, 0);

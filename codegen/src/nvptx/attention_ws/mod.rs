@@ -54,9 +54,10 @@ mod roles;
 mod sync;
 pub(crate) mod tma;
 
+use super::attention::params::FwdTail;
 use super::attention::score::ScoreMod;
 use super::attention::{AttnKernelConfig, LaunchGeometry};
-use super::builder::{KernelBuilder, ParamTy};
+use super::builder::KernelBuilder;
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::FunctionValue;
@@ -268,15 +269,7 @@ pub(crate) fn build<'ctx>(
     let mut params = super::attention::fixed_params();
     let extra = score.params();
     params.extend(extra.iter().map(|(n, t)| (n.as_str(), *t)));
-    if cfg.tma {
-        params.extend(tma::PARAMS);
-    }
-    if cfg.fewer_queries {
-        params.push(("Tk", ParamTy::I32));
-    }
-    if cfg.persistent {
-        params.extend(persist::PARAMS);
-    }
+    params.extend(FwdTail::of(cfg, extra.len()).signature());
     let lay = layout(cfg)?;
     let view = consumer_view(cfg);
     let b = KernelBuilder::kernel(ctx, module, name, &params)?;

@@ -37,26 +37,19 @@
 
 use super::consumer::{first_turn, last_turn};
 use super::roles::{
-    block_at, consumer_item, consumers, load_q, producer_barrier, producer_drain, producer_item, tk_param,
+    block_at, consumer_item, consumers, load_q, producer_barrier, producer_drain, producer_item, tail_param,
     walk_hi, Block,
 };
 use super::sync::{mbar_arrive, mbar_init, mbar_wait, named_barrier};
 use super::{residency, WsLayout};
+use crate::nvptx::attention::params::Tail;
 use crate::nvptx::attention::{Attn, AttnKernelConfig};
-use crate::nvptx::builder::{KernelBuilder, ParamTy};
+use crate::nvptx::builder::KernelBuilder;
 use inkwell::values::{BasicValueEnum, IntValue, PointerValue};
 use inkwell::IntPredicate;
 
-/// The parameters after the score hook's, the tensor maps and `Tk`: `B H` and the work counter.
-pub(super) const PARAMS: [(&str, ParamTy); 2] = [("BH", ParamTy::I32), ("work", ParamTy::Ptr)];
-
 /// Sentinel item: past the last one.
 const DONE: i64 = -1;
-
-/// Index of the `BH` parameter (the counter is the next one).
-fn first_param(a: &Attn<'_, '_, '_>, cfg: &AttnKernelConfig) -> u32 {
-    tk_param(cfg, a.score) + cfg.fewer_queries as u32
-}
 
 /// Query rows of an item: the block's ([`residency`]; 128 with two consumers).
 fn item_rows(cfg: &AttnKernelConfig) -> i64 {
@@ -191,7 +184,7 @@ fn next_item<'ctx>(
     let at = b.smem_at(a.smem, b.addc(b.mulc(b.andc(k, 1), 4), lay.item0 as i64 + 64));
     let t0 = b.icmpc(IntPredicate::EQ, a.tid, 0);
     b.if_then_named(t0, ("fetch_item", "item_fetched"), |b| {
-        let counter = b.param_ptr(first_param(a, cfg) + 1);
+        let counter = b.param_ptr(tail_param(cfg, a.score, Tail::Work));
         let w = b.add(b.sreg("nctaid.x"), b.atomic_add_i32(counter, b.i32(1)));
         b.store(at, w);
     });
@@ -203,7 +196,7 @@ fn next_item<'ctx>(
 /// with its start tiles (and asking L2 for its Q rows), then the end sentinel.
 pub(super) fn producer<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, lay: &WsLayout) {
     let b = a.b;
-    let total = b.mul(tiles_per_head(a, cfg), b.param_int(first_param(a, cfg)));
+    let total = b.mul(tiles_per_head(a, cfg), b.param_int(tail_param(cfg, a.score, Tail::Heads)));
     let zero = b.i32(0);
     let carried = [("w", b.sreg("ctaid.x").into()), ("k", zero.into()), ("fills", zero.into())];
     let fin = b.while_loop(

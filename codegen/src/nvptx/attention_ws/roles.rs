@@ -9,7 +9,8 @@ use super::sync::{
 use super::{persist, tma};
 use super::{residency, xch_stride, WsLayout};
 use crate::nvptx::attention::params::FWD;
-use crate::nvptx::attention::score::{ScoreMod, FIRST_PARAM};
+use crate::nvptx::attention::params::{FwdTail, Tail};
+use crate::nvptx::attention::score::ScoreMod;
 use crate::nvptx::attention::{Attn, AttnKernelConfig, Rows, LOG2E};
 use crate::nvptx::builder::KernelBuilder;
 use crate::nvptx::heads;
@@ -65,9 +66,9 @@ pub(super) fn emit<'ctx>(
     let wg = b.named(b.lshrc(tid, 7), "wg");
     let wtid = b.named(b.andc(tid, 127), "wtid");
     let t_len = b.param_int(FWD.t);
-    // Queries fewer than keys: `Tk` follows the score hook's parameters and the tensor maps.
+    // Queries fewer than keys: the keys' own length.
     let (k_len, off) = if cfg.fewer_queries {
-        let k_len = b.param_int(tk_param(cfg, score));
+        let k_len = b.param_int(tail_param(cfg, score, Tail::Tk));
         (k_len, Some(b.named(b.sub(k_len, t_len), "qoff")))
     } else {
         (t_len, None)
@@ -118,10 +119,9 @@ pub(super) fn emit<'ctx>(
     );
 }
 
-/// The index of the `Tk` parameter (queries fewer than keys): after the fixed ones, the score
-/// hook's and the tensor maps (the order of `module_attention`'s `attention_args`).
-pub(super) fn tk_param(cfg: &AttnKernelConfig, score: &dyn ScoreMod) -> u32 {
-    FIRST_PARAM + score.params().len() as u32 + if cfg.tma { tma::PARAMS.len() as u32 } else { 0 }
+/// The number of the kernel's parameter `p` after the score hook's.
+pub(super) fn tail_param(cfg: &AttnKernelConfig, score: &dyn ScoreMod, p: Tail) -> u32 {
+    FwdTail::of(cfg, score.params().len()).at(p)
 }
 
 /// The tiles grid's block: query tile and head from the block index.

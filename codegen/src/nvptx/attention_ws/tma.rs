@@ -18,9 +18,9 @@
 //! **Parameters.** The kernel takes the maps of K and V right after the score hook's.
 
 use super::WsLayout;
-use crate::nvptx::attention::score::FIRST_PARAM;
+use crate::nvptx::attention::params::{FwdTail, Tail};
 use crate::nvptx::attention::{Attn, AttnKernelConfig};
-use crate::nvptx::builder::{KernelBuilder, ParamTy};
+use crate::nvptx::builder::KernelBuilder;
 use crate::nvptx::{KernelArg, TmaMap};
 use foxc_ir::Dim;
 use inkwell::values::{IntValue, PointerValue};
@@ -28,10 +28,6 @@ use inkwell::IntPredicate;
 
 /// Columns of one copy: one 128-byte swizzle row of bf16.
 const PANEL: u32 = 64;
-
-/// The tensor map parameters (K, V), appended after the score hook's.
-pub(super) const PARAMS: [(&str, ParamTy); 2] =
-    [("tmap_k", ParamTy::TensorMap), ("tmap_v", ParamTy::TensorMap)];
 
 /// Arrivals that complete a slot's `full` barrier: with TMA, the armed arrival of the thread
 /// that issues the copies (the bytes complete it) and the 128 producer threads' arrivals
@@ -88,11 +84,11 @@ pub(super) fn fill_kv<'ctx>(
 ) {
     let b = a.b;
     let first = b.icmpc(IntPredicate::EQ, a.tid, 0);
-    let map0 = FIRST_PARAM + a.score.params().len() as u32;
+    let tail = FwdTail::of(cfg, a.score.params().len());
     b.if_then_named(first, ("tma_fill", "tma_filled"), |b| {
         arrive_expect_tx(b, full, fill_bytes(lay));
         for (m, base) in [(0u32, 0i64), (1, lay.kv_bytes as i64)] {
-            let map = b.param_ptr(map0 + m);
+            let map = b.param_ptr(tail.at([Tail::KMap, Tail::VMap][m as usize]));
             for p in 0..(cfg.head_dim / PANEL) as i64 {
                 let off = b.addc(koff, base + p * cfg.bn as i64 * 128);
                 copy_box(b, b.smem_at(a.smem, off), full, map, [b.i32(p * PANEL as i64), j0, kv_head]);
