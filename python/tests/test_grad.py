@@ -18,6 +18,11 @@ CASES = ["fox.attn", "fox_qknorm.attn", "alibi.attn", "causal.attn", "fox_loggat
 
 
 def random_inputs(attn, rng, **shape):
+    # D = 64, not the default 16: a weight gradient has D elements (fox_qknorm's wq, wk), and its
+    # rel L2 against the f64 reference (from q and k rounded to bf16 after the norm) spread over
+    # 0.0047-0.0095 at D = 16 in 60 seeds, one seed reaching 0.0100, past the 1e-2 bound; at
+    # D = 64, 0.0047-0.0069.
+    shape.setdefault("D", 64)
     x = _random_inputs(attn, rng, **shape)
     if "logf" in x:
         # Log forget gates are <= 0 (declared range); spread over heads as the logits are.
