@@ -24,6 +24,7 @@
 //! parameter's declared range, if any, and written in the declared dtype.
 
 use foxc_ir::shapes::{concrete_shape, DimBindings, ShapeError};
+use foxc_ir::unary::logsigmoid;
 use foxc_ir::{Dim, Graph, Param};
 use foxc_runtime::{HostTensor, TensorMap};
 
@@ -119,10 +120,6 @@ impl Rng {
         self.spare = Some(r * th.sin());
         r * th.cos()
     }
-}
-
-fn logsigmoid(z: f64) -> f64 {
-    z.min(0.0) - (-z.abs()).exp().ln_1p()
 }
 
 /// Target mean decay per token of head `h` of `nh`.

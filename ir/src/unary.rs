@@ -186,6 +186,11 @@ pub fn logsigmoid(z: f64) -> f64 {
     z.min(0.0) - (-z.abs()).exp().ln_1p()
 }
 
+/// `log(1 + exp(x))`, stable for large |x|.
+pub fn softplus(x: f64) -> f64 {
+    -logsigmoid(-x)
+}
+
 /// An interval end that is NaN (the math of an infinite end) as the widest lower end.
 pub fn nan_lo(x: f64) -> f64 {
     if x.is_nan() {
@@ -284,16 +289,16 @@ pub const ROWS: &[UnaryDef] = &[
         eval: logsigmoid,
         // sigmoid(-x).
         derivative: scale(&[Step::Unary(UnaryOp::Neg, X), Step::Unary(UnaryOp::Sigmoid, S(0))]),
-        interval: |lo, hi| (nan_lo(logsigmoid_iv(lo)), nan_hi(logsigmoid_iv(hi)).min(0.0)),
+        interval: |lo, hi| (nan_lo(logsigmoid(lo)), nan_hi(logsigmoid(hi)).min(0.0)),
         folds: Fold::Never,
     },
     UnaryDef {
         op: UnaryOp::Softplus,
         name: "softplus",
         dsl: true,
-        eval: |x| -logsigmoid(-x),
+        eval: softplus,
         derivative: scale(&[Step::Unary(UnaryOp::Sigmoid, X)]),
-        interval: |lo, hi| (nan_lo(softplus_iv(lo)).max(0.0), nan_hi(softplus_iv(hi))),
+        interval: |lo, hi| (nan_lo(softplus(lo)).max(0.0), nan_hi(softplus(hi))),
         folds: Fold::Never,
     },
     UnaryDef {
@@ -391,15 +396,6 @@ pub const ROWS: &[UnaryDef] = &[
 /// (`SILU_ARGMIN + 1`, rounded down).
 const SILU_ARGMIN: f64 = -1.278464542761074;
 const SILU_MIN: f64 = -0.2784645427611;
-
-// Interval ends of the log-gate functions: `logsigmoid` and `softplus` without the NaN guard
-// (an infinite end stays infinite; a NaN end is widened by `nan_lo`/`nan_hi`).
-fn logsigmoid_iv(x: f64) -> f64 {
-    x.min(0.0) - (-x.abs()).exp().ln_1p()
-}
-fn softplus_iv(x: f64) -> f64 {
-    x.max(0.0) + (-x.abs()).exp().ln_1p()
-}
 
 impl UnaryOp {
     /// Every unary op, in declaration order (tests and backends that enumerate them use this list).

@@ -261,10 +261,11 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             None
         };
         for &p in tail.params() {
-            let map = |k: usize| maps.as_ref().map(|m| m[k].clone()).expect("tensor maps with `loads = tma`");
             args.push(match p {
-                Tail::KMap => map(0),
-                Tail::VMap => map(1),
+                Tail::KMap | Tail::VMap => {
+                    let maps = maps.as_ref().expect("tensor maps with `loads = tma`");
+                    maps[(p == Tail::VMap) as usize].clone()
+                }
                 Tail::DebugStarts => {
                     let mut shape = geo.bh.clone();
                     shape.push(Dim::Tiles(Box::new(geo.t.clone()), cfg.bm));

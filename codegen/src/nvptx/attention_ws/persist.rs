@@ -211,7 +211,7 @@ pub(super) fn producer<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, lay
                 post(a, lay, k, w, st);
                 prefetch_q(a, cfg, &blk);
             });
-            let fills = b.add(fills, b.addc(b.sub(walk_hi(b, cfg, &blk), lo), 1));
+            let fills = b.add(fills, b.addc(b.sub(walk_hi(a, cfg, &blk), lo), 1));
             let w = next_item(a, cfg, lay, k);
             vec![w.into(), b.addc(k, 1).into(), fills.into()]
         },

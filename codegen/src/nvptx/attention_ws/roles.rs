@@ -34,8 +34,6 @@ pub(super) struct Block<'ctx> {
     /// fewer than keys).
     tmax: IntValue<'ctx>,
     kmax: IntValue<'ctx>,
-    /// `Tk - T` with queries fewer than keys: query row `i` sits at key position `i + off`.
-    off: Option<IntValue<'ctx>>,
     /// Base pointers of this head's q, k, v, c, out, lse.
     pub(super) qb: PointerValue<'ctx>,
     kb: PointerValue<'ctx>,
@@ -164,23 +162,12 @@ pub(super) fn block_at<'ctx>(
         i0,
         tmax,
         kmax,
-        off: a.off,
         qb: b.gep(i16t, b.param_ptr(FWD.q), mat_base),
         kb: b.gep(i16t, b.param_ptr(FWD.k), kv_base),
         vb: b.gep(i16t, b.param_ptr(FWD.v), kv_base),
         cb: b.gep(f32t, b.param_ptr(FWD.c), c_base),
         ob: b.gep(o_elt, b.param_ptr(FWD.out), mat_base),
         lb: b.gep(f32t, b.param_ptr(FWD.lse), row_base),
-    }
-}
-
-impl<'ctx> Block<'ctx> {
-    /// The key position of query row `i`: `i + Tk - T` (`i` itself when queries and keys are one).
-    fn pos(&self, b: &KernelBuilder<'_, 'ctx>, i: IntValue<'ctx>) -> IntValue<'ctx> {
-        match self.off {
-            Some(off) => b.add(i, off),
-            None => i,
-        }
     }
 }
 
@@ -211,25 +198,27 @@ pub(super) fn bar_at<'ctx>(
 /// Row range of consumer `w` (0 to `consumers - 1`): its first row (clamped into the sequence,
 /// for the start search of a tail block whose last rows are past T) and its diagonal key tile.
 fn consumer_rows<'ctx>(
-    b: &KernelBuilder<'_, 'ctx>,
+    a: &Attn<'_, '_, 'ctx>,
     cfg: &AttnKernelConfig,
     blk: &Block<'ctx>,
     w: IntValue<'ctx>,
 ) -> (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>) {
+    let b = a.b;
     let i0w = b.add(blk.i0, b.mulc(w, 64));
     let i0c = b.smin(i0w, blk.tmax);
     let last = b.smin(b.addc(i0w, 63), blk.tmax);
-    let end = b.sdivc(blk.pos(b, last), cfg.bn as i64);
+    let end = b.sdivc(a.pos(last), cfg.bn as i64);
     (i0w, i0c, end)
 }
 
 /// The walk's first tile: the diagonal tile of the block's last row (no search needed).
 pub(super) fn walk_hi<'ctx>(
-    b: &KernelBuilder<'_, 'ctx>,
+    a: &Attn<'_, '_, 'ctx>,
     cfg: &AttnKernelConfig,
     blk: &Block<'ctx>,
 ) -> IntValue<'ctx> {
-    let ends: Vec<IntValue> = (0..consumers(cfg)).map(|w| consumer_rows(b, cfg, blk, b.i32(w)).2).collect();
+    let b = a.b;
+    let ends: Vec<IntValue> = (0..consumers(cfg)).map(|w| consumer_rows(a, cfg, blk, b.i32(w)).2).collect();
     ends[1..].iter().fold(ends[0], |hi, &e| b.smax(hi, e))
 }
 
@@ -261,7 +250,7 @@ fn starts<'ctx>(
         sync(b);
         return (0..consumers(cfg))
             .map(|w| {
-                let (_, i0c, _) = consumer_rows(b, cfg, blk, b.i32(w));
+                let (_, i0c, _) = consumer_rows(a, cfg, blk, b.i32(w));
                 a.start_tile(blk.cb, b.param_ptr(FWD.delta), blk.bh, i0c)
             })
             .collect();
@@ -287,7 +276,7 @@ fn post_start<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, blk: &Block<
     // Thread 0 of each half is the search's thread 0 (it also writes the debug starts).
     let ah = Attn { tid: b.andc(a.tid, 63), ..*a };
     let search = |w: IntValue<'ctx>| {
-        let (_, i0c, _) = consumer_rows(b, cfg, blk, w);
+        let (_, i0c, _) = consumer_rows(a, cfg, blk, w);
         let st = ah.start_tile(blk.cb, b.param_ptr(FWD.delta), blk.bh, i0c);
         let first = b.icmpc(IntPredicate::EQ, ah.tid, 0);
         b.if_then_named(first, ("post_start", "post_start_done"), |b| {
@@ -346,7 +335,7 @@ pub(super) fn producer_item<'ctx>(
     post: impl FnOnce(&[IntValue<'ctx>]),
 ) -> IntValue<'ctx> {
     let b = a.b;
-    let hi = walk_hi(b, cfg, blk);
+    let hi = walk_hi(a, cfg, blk);
     let first = fill(a, cfg, lay, blk, fills, hi, hi, first_waits);
     let st = starts(a, cfg, lay, blk, b.i32(0), |b| {
         if cfg.prune {
@@ -453,7 +442,7 @@ pub(super) fn load_q<'ctx>(
 ) {
     let b = a0.b;
     let (_, a) = consumer_view_of(a0, lay, cw);
-    let (i0w, _, _) = consumer_rows(b, cfg, blk, cw);
+    let (i0w, _, _) = consumer_rows(a0, cfg, blk, cw);
     a.load_tile(blk.qb, i0w, 64, b.i32(0), a.t_len);
     b.cp_async_commit();
 }
@@ -495,23 +484,23 @@ pub(super) fn consumer_item<'ctx>(
 ) -> IntValue<'ctx> {
     let b = a0.b;
     let (qoff, a) = consumer_view_of(a0, lay, cw);
-    let (i0w, i0c, my_end) = consumer_rows(b, cfg, blk, cw);
+    let (i0w, i0c, my_end) = consumer_rows(a0, cfg, blk, cw);
 
     if given.is_none() {
         load_q(a0, cfg, lay, blk, cw);
     }
     let f32t = b.f32t().into();
     let l2e = b.f32(LOG2E);
-    let c_ref = cfg.has_decay.then(|| b.load_f32(b.gep(f32t, blk.cb, b.sext64(blk.pos(b, i0c)))));
+    let c_ref = cfg.has_decay.then(|| b.load_f32(b.gep(f32t, blk.cb, b.sext64(a.pos(i0c)))));
     let warp = b.lshrc(a.tid, 5);
     let g = b.lshrc(a.lane, 2);
     let tq = b.andc(a.lane, 3);
     let iw0 = b.add(i0w, b.mulc(warp, 16));
     let i = [b.add(iw0, g), b.addc(b.add(iw0, g), 8)];
-    let rows = Rows { iw0, i, pw0: blk.pos(b, iw0), p: i.map(|i| blk.pos(b, i)), tq };
+    let rows = Rows { iw0, i, pw0: a.pos(iw0), p: i.map(|i| a.pos(i)), tq };
     let cir = match c_ref {
         Some(cr) => rows.i.map(|i| {
-            let ci = b.load_f32(b.gep(f32t, blk.cb, b.sext64(blk.pos(b, b.smin(i, blk.tmax)))));
+            let ci = b.load_f32(b.gep(f32t, blk.cb, b.sext64(a.pos(b.smin(i, blk.tmax)))));
             b.fmul(b.fsub(ci, cr), l2e)
         }),
         None => [b.f32(0.0); 2],
@@ -529,7 +518,7 @@ pub(super) fn consumer_item<'ctx>(
         }
         None => starts(a0, cfg, lay, blk, b.addc(cw, 1), q_landed),
     };
-    let walk = Walk { hi: walk_hi(b, cfg, blk), lo: walk_lo(b, &st) };
+    let walk = Walk { hi: walk_hi(a0, cfg, blk), lo: walk_lo(b, &st) };
     let my_start =
         (1..st.len()).fold(st[0], |my, w| b.select_i(b.icmpc(IntPredicate::EQ, cw, w as i64), st[w], my));
 
