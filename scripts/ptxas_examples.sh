@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Emit the PTX of every example that compiles to a GPU kernel and assemble it with ptxas
-# for sm_90a and sm_80 at every head dimension the GPU kernel takes (D = 32, 64, 96, 128, 256).
-# Invalid PTX fails; spills are printed (D = 256 on the mma.sync path may spill).
+# for sm_90a and sm_80 at every head dimension the GPU kernel takes (D = 32, 64, 96, 128, 256),
+# then the PTX of every example's gradient program (the backward kernels `foxc grad` runs) at
+# D = 64 and 128. Invalid PTX fails; spills are printed (D = 256 on the mma.sync path may spill).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PTXAS=${PTXAS:-.tools/nvcc/nvidia/cu13/bin/ptxas}
@@ -32,6 +33,23 @@ for f in examples/*.attn; do
         echo "ok: $name $target D=$d${flags[*]:+ ${flags[*]}}${spill:+  (spills: $spill)}"
         n=$((n+1))
       done
+    done
+  done
+done
+for f in examples/*.attn; do
+  name=$(basename "$f" .attn)
+  for target in sm_90a sm_80; do
+    for d in ${GRAD_DIMS:-64 128}; do
+      shape="D=$d"
+      case "$name" in *gqa*) shape="$shape,H=4,G=2";; esac
+      ptx="$out/$name.$target.d$d.grad.ptx"
+      if ! "$FOXC" compile "$f" --emit grad-ptx --target "$target" --shape "$shape" -o "$ptx" 2>"$out/err"; then
+        echo "FAIL: foxc could not emit the gradient program's PTX for $f ($target, D=$d):"; cat "$out/err"; exit 1
+      fi
+      "$PTXAS" -arch="$target" -v "$ptx" -o "$out/a.cubin" 2>"$out/ptxas.log" || { echo "FAIL: ptxas $ptx"; cat "$out/ptxas.log"; exit 1; }
+      spill=$(grep -E "spill" "$out/ptxas.log" | grep -v " 0 bytes spill stores, 0 bytes spill loads" || true)
+      echo "ok: $name $target D=$d gradient${spill:+  (spills: $spill)}"
+      n=$((n+1))
     done
   done
 done

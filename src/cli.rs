@@ -314,6 +314,9 @@ pub enum EmitArg {
     Clif,
     Llvm,
     Ptx,
+    /// The PTX of the gradient program: the forward and backward kernels `foxc grad --backend
+    /// cuda` runs.
+    GradPtx,
 }
 
 /// `--target NAME`: a target of the driver's table (`cpu`, `sm_90a`, `sm_80`).

@@ -426,3 +426,18 @@ fn targets_and_backends_are_the_drivers_names() {
     let o = foxc(&["run", "examples/fox.attn", "--backend", "reference", "--shape", "B=1,H=1,T=8,D=4"]);
     assert!(o.status.success(), "{}", text(&o));
 }
+
+/// `--emit grad-ptx` is the PTX of the gradient program: the forward kernel and the three
+/// backward kernels `foxc grad --backend cuda` launches; `--emit ptx` has the forward only.
+#[test]
+fn emit_grad_ptx_has_the_backward_kernels() {
+    let grad = fox_sm90a("128", "grad-ptx", &[]);
+    for k in ["foxc_attn_fwd_", "foxc_attn_bwd_pre_d128", "foxc_attn_bwd_dq_d128", "foxc_attn_bwd_dkv_d128"] {
+        assert!(grad.contains(&format!(".entry {k}")), "{k}");
+    }
+    let fwd = fox_sm90a("128", "ptx", &[]);
+    assert!(fwd.contains(".entry foxc_attn_fwd_") && !fwd.contains("foxc_attn_bwd_"));
+    let o = foxc(&["compile", "examples/fox.attn", "--emit", "grad-ptx", "--target", "cpu"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("generate GPU code"), "{}", text(&o));
+}

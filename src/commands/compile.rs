@@ -1,4 +1,4 @@
-//! `foxc compile FILE --emit ast|ir|opt|clif|llvm|ptx`
+//! `foxc compile FILE --emit ast|ir|opt|grad|clif|llvm|ptx|grad-ptx`
 
 use crate::cli::{CompileArgs, EmitArg};
 use foxc_driver::pipeline::{self, parse_shape, Source};
@@ -20,10 +20,10 @@ pub fn compile(a: &CompileArgs) -> Result<(), Error> {
         _ => {
             let c = src.compile()?;
             let target: Target = match (a.emit, a.target) {
-                (EmitArg::Llvm | EmitArg::Ptx, None) => target::DEFAULT_GPU,
-                (EmitArg::Llvm | EmitArg::Ptx, Some(t)) if !t.is_gpu() => {
+                (EmitArg::Llvm | EmitArg::Ptx | EmitArg::GradPtx, None) => target::DEFAULT_GPU,
+                (EmitArg::Llvm | EmitArg::Ptx | EmitArg::GradPtx, Some(t)) if !t.is_gpu() => {
                     return Err(Error::user(
-                        "error: --emit llvm and --emit ptx generate GPU code: give --target sm_90a or sm_80 (or --emit clif for the CPU)",
+                        "error: --emit llvm, ptx and grad-ptx generate GPU code: give --target sm_90a or sm_80 (or --emit clif for the CPU)",
                     ))
                 }
                 (EmitArg::Clif, None) => Target::Cpu,
@@ -38,7 +38,7 @@ pub fn compile(a: &CompileArgs) -> Result<(), Error> {
             if let Some(shape) = &a.shape {
                 opts.dims = parse_shape(shape)?;
             }
-            opts.gradient = matches!(a.emit, EmitArg::Grad);
+            opts.gradient = matches!(a.emit, EmitArg::Grad | EmitArg::GradPtx);
             let (opt, report) = pipeline::optimize(&c.graph, &opts)?;
             if a.print_after_all {
                 for (pass, ir) in &report.dumps {
@@ -60,8 +60,13 @@ pub fn compile(a: &CompileArgs) -> Result<(), Error> {
                 EmitArg::Opt => print_graph(&opt),
                 EmitArg::Grad => super::grad::emit_text(&foxc_driver::grad::grad_program(&opt)?),
                 EmitArg::Clif => cpu_backend::emit_clif(&opt, &dims)?,
-                EmitArg::Llvm => cuda_backend::emit(&opt, &dims, target, cuda_backend::Emit::Llvm)?,
-                EmitArg::Ptx => cuda_backend::emit(&opt, &dims, target, cuda_backend::Emit::Ptx)?,
+                EmitArg::Llvm => cuda_backend::emit(&opt, &[], &dims, target, cuda_backend::Emit::Llvm)?,
+                EmitArg::Ptx => cuda_backend::emit(&opt, &[], &dims, target, cuda_backend::Emit::Ptx)?,
+                EmitArg::GradPtx => {
+                    let program = foxc_driver::grad::grad_program(&opt)?;
+                    let outputs: Vec<_> = program.outputs.iter().map(|(_, v)| *v).collect();
+                    cuda_backend::emit(&program.graph, &outputs, &dims, target, cuda_backend::Emit::Ptx)?
+                }
                 EmitArg::Ast | EmitArg::Ir => unreachable!("handled above"),
             }
         }

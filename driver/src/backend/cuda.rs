@@ -105,9 +105,15 @@ fn compile_spec(
     cg::compile(g, &spec).map_err(codegen_err)
 }
 
-/// The LLVM IR or PTX of the whole program.
-pub fn emit(g: &Graph, dims: &BTreeMap<String, u64>, target: Target, what: Emit) -> Result<String, Error> {
-    let a = compile(g, dims, target)?;
+/// The LLVM IR or PTX of the program computing `outputs` (empty: the graph's output).
+pub fn emit(
+    g: &Graph,
+    outputs: &[Value],
+    dims: &BTreeMap<String, u64>,
+    target: Target,
+    what: Emit,
+) -> Result<String, Error> {
+    let a = compile_outputs(g, outputs, dims, target)?;
     Ok(match what {
         Emit::Llvm => a.llvm_ir,
         Emit::Ptx => a.ptx,
