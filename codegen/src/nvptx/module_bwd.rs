@@ -6,10 +6,10 @@
 //! yet, nor their gradients), a separate `block_boundary`, a decay pair. A head dim above
 //! [`attention_bwd::BWD_PART_DIM`] runs `d_parts` blocks per tile and head (grid y).
 
-use super::attention::params::{DkvParams, DqParams};
+use super::attention::params::{BwdTailParam, DkvParams, DqParams};
 use super::attention::region::{RegionMod, ScoreArg};
 use super::attention_bwd::{
-    self, BwdConfig, BwdKernel, CaptureRead, Regions, BWD_FIXED_PARAMS, DQ_ROWS, PRE_ROWS,
+    self, BwdConfig, BwdKernel, CaptureRead, Regions, DQ_ROWS, FIRST_BWD_PARAM, PRE_ROWS,
 };
 use super::module::{user, Assembler};
 use super::{CodegenError, GridDim, KernelArg, Launch};
@@ -92,7 +92,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         // No keys_from: the backward skips no tile below the bound (see `Regions`).
         let score = RegionMod::with_mask(&a.score, mask, None, &dim, heads, &caps)
             .map_err(|e| Self::not_yet(n, &e))?
-            .with_first_param(BWD_FIXED_PARAMS);
+            .with_first_param(FIRST_BWD_PARAM);
         let grad = a.score.grad();
         let dx = if a.score.is_identity() {
             None
@@ -123,8 +123,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             Ok(f.get_name().to_string_lossy().into_owned())
         };
         let names = [build(BwdKernel::Pre)?, build(BwdKernel::Dq)?, build(BwdKernel::Dkv)?];
-        // After T: the regions' arguments (head count, captures and their sizes), then the
-        // captured tensors' gradients (results after dc).
+        // After T: the regions' arguments (head count, captures and their sizes), then the tail:
+        // the captured tensors' gradients (results after dc) and `Tk`.
         let mut extra = vec![];
         for arg in score.args() {
             extra.push(match *arg {
@@ -136,10 +136,10 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 ScoreArg::Dim(n) => KernelArg::I32(score.dim_arg(n).cloned().into_iter().collect()),
             });
         }
-        extra.extend(bufs.caps.iter().copied().map(KernelArg::Buffer));
-        if cfg.fewer_queries {
-            extra.push(KernelArg::I32(vec![tk.clone()]));
-        }
+        extra.extend(regions.tail(cfg.fewer_queries).params().iter().map(|p| match *p {
+            BwdTailParam::Grad(s) => KernelArg::Buffer(bufs.caps[s]),
+            BwdTailParam::Tk => KernelArg::I32(vec![tk.clone()]),
+        }));
         self.push_bwd_launches(n, &cfg, names, &bufs, extra, [bh, bhk], [t, tk]);
         Ok(())
     }
@@ -229,8 +229,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
     }
 
     /// The three launches: the row sums `D = rowsum(dout * out)`, then the dq kernel (query
-    /// tiles), then the dkv kernel (key tiles), each with the regions' arguments `extra` after T
-    /// (and `Tk` last where queries are fewer than keys).
+    /// tiles), then the dkv kernel (key tiles), each with the regions' arguments and the tail `extra`
+    /// after T.
     #[allow(clippy::too_many_arguments)]
     fn push_bwd_launches(
         &mut self,

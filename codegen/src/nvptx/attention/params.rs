@@ -181,6 +181,58 @@ impl<T> DkvParams<T> {
 pub(crate) const DKV: DkvParams<u32> =
     DkvParams { q: 0, k: 1, v: 2, c: 3, dout: 4, lse: 5, dd: 6, start: 7, dk: 8, dv: 9, dc: 10, t: 11 };
 
+/// The dq and dkv kernels' first parameter after the fixed ones (the same count in both).
+pub(crate) const FIRST_BWD_PARAM: u32 = DQ.t + 1;
+
+/// A dq or dkv kernel's parameter after the score region's ([`BwdTail::of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BwdTailParam {
+    /// The gradient output of captured tensor slot `s` (f32 `[B, H, T]`).
+    Grad(usize),
+    /// The keys' length, when queries are fewer than keys.
+    Tk,
+}
+
+/// The dq and dkv kernels' parameters after the fixed ones and the score region's, in order:
+/// the kernels' signatures, their bodies ([`BwdTail::at`]) and the launcher's arguments
+/// ([`BwdTail::params`]) all read this one list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct BwdTail {
+    first: u32,
+    params: Vec<BwdTailParam>,
+}
+
+impl BwdTail {
+    /// The tail after a score region of `score_params` parameters: `grads` gradient outputs,
+    /// then `Tk` with `fewer_queries`.
+    pub fn of(fewer_queries: bool, score_params: usize, grads: usize) -> BwdTail {
+        let mut params: Vec<BwdTailParam> = (0..grads).map(BwdTailParam::Grad).collect();
+        if fewer_queries {
+            params.push(BwdTailParam::Tk);
+        }
+        BwdTail { first: FIRST_BWD_PARAM + score_params as u32, params }
+    }
+
+    /// The parameters, in order.
+    pub fn params(&self) -> &[BwdTailParam] {
+        &self.params
+    }
+
+    /// The number of parameter `p` (which the kernel must have).
+    pub fn at(&self, p: BwdTailParam) -> u32 {
+        let k = self.params.iter().position(|&x| x == p);
+        self.first + k.unwrap_or_else(|| panic!("the kernel has no {p:?} parameter")) as u32
+    }
+
+    /// Their names and types, for the kernels' signatures.
+    pub fn signature(&self) -> impl Iterator<Item = (String, ParamTy)> + '_ {
+        self.params.iter().map(|p| match p {
+            BwdTailParam::Grad(s) => (format!("dcap{s}"), ParamTy::Ptr),
+            BwdTailParam::Tk => ("Tk".to_string(), ParamTy::I32),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,6 +249,7 @@ mod tests {
         let dkv = DKV.into_vec();
         assert_eq!(dkv, (0..dkv.len() as u32).collect::<Vec<_>>());
         assert_eq!(dq.len(), dkv.len());
+        assert_eq!(dq.len() as u32, FIRST_BWD_PARAM);
     }
 
     #[test]
@@ -226,5 +279,18 @@ mod tests {
         // The consumers' view (not warp-specialized) has no maps or grid parameters.
         ws.ws = false;
         assert_eq!(FwdTail::of(&ws, 0).params(), [Tail::Tk]);
+    }
+
+    /// The backward's tail: the gradient outputs, then `Tk`; numbered after the score
+    /// region's parameters.
+    #[test]
+    fn the_backward_tail_numbers_gradients_then_tk() {
+        let t = BwdTail::of(true, 3, 2);
+        assert_eq!(t.params(), [BwdTailParam::Grad(0), BwdTailParam::Grad(1), BwdTailParam::Tk]);
+        let at: Vec<u32> = t.params().iter().map(|&p| t.at(p)).collect();
+        assert_eq!(at, [15, 16, 17]);
+        let names: Vec<String> = t.signature().map(|(n, _)| n).collect();
+        assert_eq!(names, ["dcap0", "dcap1", "Tk"]);
+        assert_eq!(BwdTail::of(false, 0, 0).params(), []);
     }
 }

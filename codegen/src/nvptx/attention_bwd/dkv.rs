@@ -10,7 +10,7 @@
 use super::probs::{ElemFn, PosFn};
 use super::wg::WG_ROWS;
 use super::{Bwd, BwdConfig, Regions, LOG2E};
-use crate::nvptx::attention::params::{DkvParams, DKV};
+use crate::nvptx::attention::params::{BwdTailParam, DkvParams, DKV};
 use crate::nvptx::attention::score::ScoreMod;
 use crate::nvptx::builder::control::{basic, floats};
 use crate::nvptx::builder::{KernelBuilder, ParamTy};
@@ -235,7 +235,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let dc_p = b.param_ptr(DKV.dc);
         // d cap[bh, j] += the column sums of its key reads (the dq kernel wrote the rows').
         for (s, slot) in self.regions.slots(true).into_iter().enumerate() {
-            let gb = b.gep(f32t, b.param_ptr(self.regions.grad_param(slot)), row_base);
+            let gb = b.gep(f32t, b.param_ptr(self.tail.at(BwdTailParam::Grad(slot))), row_base);
             for r in 0..2 {
                 let mut v = capcol[2 * s + r];
                 v = b.fadd(v, b.shfl_xor(v, 1));

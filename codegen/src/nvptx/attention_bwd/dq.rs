@@ -5,7 +5,7 @@
 
 use super::probs::{ElemFn, PosFn};
 use super::{Bwd, BwdConfig, Regions, DQ_ROWS, LOG2E};
-use crate::nvptx::attention::params::{DqParams, DQ};
+use crate::nvptx::attention::params::{BwdTailParam, DqParams, DQ};
 use crate::nvptx::attention::prune::{search_start, SearchAt};
 use crate::nvptx::attention::score::ScoreMod;
 use crate::nvptx::builder::control::{basic, floats};
@@ -458,7 +458,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                     if let Some(f) = blk.first_part {
                         w = b.and(w, f);
                     }
-                    let gp = b.gep(f32t, b.param_ptr(self.regions.grad_param(slot)), blk.row_base);
+                    let gp = b.gep(f32t, b.param_ptr(self.tail.at(BwdTailParam::Grad(slot))), blk.row_base);
                     b.if_then(w, |b| b.store(b.gep(f32t, gp, b.sext64(ri[r])), v));
                 }
                 if cfg.has_decay {

@@ -48,6 +48,7 @@ pub(crate) mod pre;
 mod probs;
 mod wg;
 
+use super::attention::params::{BwdTail, BwdTailParam};
 use super::attention::region::RegionMod;
 use super::attention::score::ScoreMod;
 use super::builder::{Half, KernelBuilder, ParamTy};
@@ -251,9 +252,7 @@ impl BwdConfig {
     }
 }
 
-/// Parameters of the dq and dkv kernels before the regions' own ([`super::attention::params`]:
-/// `DqParams`, `DkvParams`; `T` is the last of them).
-pub(crate) const BWD_FIXED_PARAMS: u32 = super::attention::params::DQ.t + 1;
+pub(crate) use super::attention::params::FIRST_BWD_PARAM;
 
 /// A read of a captured tensor in the score region whose gradient the kernels sum
 /// (`d cap = sum dS dR/d(read)` over the entries reading it): by query row (`kb[b, h, i]`: the
@@ -269,7 +268,7 @@ pub(crate) struct CaptureRead<'r> {
 
 /// The score region and its derivatives as the kernels emit them; they read captured tensors
 /// (and a head count not fixed at compile time) through the score region's kernel parameters,
-/// after the [`BWD_FIXED_PARAMS`], followed by the `grads` gradient outputs.
+/// after the [`FIRST_BWD_PARAM`], followed by the `grads` gradient outputs.
 /// An expression mask's condition rides on `score` ([`RegionMod::with_mask`], no `keys_from`:
 /// the backward visits every tile of a non-causal mask and evaluates the condition on each
 /// element, so it keeps exactly the forward's entries and skips no tile the forward visited).
@@ -285,7 +284,7 @@ pub(crate) struct Regions<'r> {
 }
 
 impl<'r> Regions<'r> {
-    /// `score` and `dx` must read through parameters from [`BWD_FIXED_PARAMS`] on
+    /// `score` and `dx` must read through parameters from [`FIRST_BWD_PARAM`] on
     /// ([`RegionMod::with_first_param`], [`RegionMod::sharing_params`]).
     pub(crate) fn new(
         score: &'r RegionMod,
@@ -296,16 +295,10 @@ impl<'r> Regions<'r> {
         Regions { score, dx, reads, grads }
     }
 
-    /// The kernel parameters after `T`: the score region's arguments, then the gradients.
-    fn extra_params(&self) -> Vec<(String, ParamTy)> {
-        let mut p = self.score.params();
-        p.extend((0..self.grads).map(|s| (format!("dcap{s}"), ParamTy::Ptr)));
-        p
-    }
-
-    /// The parameter of gradient output `slot`.
-    fn grad_param(&self, slot: usize) -> u32 {
-        BWD_FIXED_PARAMS + self.score.args().len() as u32 + slot as u32
+    /// The kernel parameters after the score region's: the gradients, then `Tk` with
+    /// `fewer_queries`.
+    pub(crate) fn tail(&self, fewer_queries: bool) -> BwdTail {
+        BwdTail::of(fewer_queries, self.score.args().len(), self.grads)
     }
 
     /// The gradient slots that have reads `by_key` (or by query row when false).
@@ -352,6 +345,8 @@ pub(crate) struct Bwd<'k, 'a, 'ctx> {
     b: &'k KernelBuilder<'a, 'ctx>,
     cfg: &'k BwdConfig,
     regions: &'k Regions<'k>,
+    /// The parameters after the score region's (gradient outputs, `Tk`).
+    tail: &'k BwdTail,
     /// The dynamic shared memory (byte-addressed with `smem_at`).
     smem: PointerValue<'ctx>,
     tid: IntValue<'ctx>,
@@ -379,15 +374,14 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         threads: u32,
         body: impl FnOnce(&Bwd<'_, 'a, 'ctx>),
     ) -> Result<FunctionValue<'ctx>, String> {
-        if fixed.len() != BWD_FIXED_PARAMS as usize {
-            return Err(format!("{name}: {} fixed parameters, not {BWD_FIXED_PARAMS}", fixed.len()));
+        if fixed.len() != FIRST_BWD_PARAM as usize {
+            return Err(format!("{name}: {} fixed parameters, not {FIRST_BWD_PARAM}", fixed.len()));
         }
-        let extra = regions.extra_params();
+        let tail = regions.tail(cfg.fewer_queries);
+        let extra: Vec<(String, ParamTy)> =
+            regions.score.params().into_iter().chain(tail.signature()).collect();
         let mut params = fixed.to_vec();
         params.extend(extra.iter().map(|(n, t)| (n.as_str(), *t)));
-        if cfg.fewer_queries {
-            params.push(("Tk", ParamTy::I32));
-        }
         let b = KernelBuilder::kernel(ctx, module, name, &params)?;
         // 1024: the wgmma 128-byte swizzle atom is 8 rows x 128 B.
         let wg = cfg.uses_wgmma();
@@ -397,12 +391,12 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         // The dq and dkv kernels both take T last of their fixed parameters.
         let t_len = b.param_int(crate::nvptx::attention::params::DQ.t);
         let (k_len, off) = if cfg.fewer_queries {
-            let k_len = b.param_int(params.len() as u32 - 1);
+            let k_len = b.param_int(tail.at(BwdTailParam::Tk));
             (k_len, Some(b.sub(k_len, t_len)))
         } else {
             (t_len, None)
         };
-        body(&Bwd { b: &b, cfg, regions, smem, tid, lane, t_len, k_len, off, threads, wg });
+        body(&Bwd { b: &b, cfg, regions, tail: &tail, smem, tid, lane, t_len, k_len, off, threads, wg });
         b.finish()
     }
 }

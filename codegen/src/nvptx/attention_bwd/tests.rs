@@ -232,7 +232,7 @@ fn fewer_queries_kernels_take_tk_last_and_assemble() {
                 let last = sig.lines().rfind(|l| l.contains(".param")).unwrap();
                 assert!(last.contains(".u32") || last.contains(".b32"), "{name}: {last}");
                 let params = sig.matches(".param").count();
-                assert_eq!(params, BWD_FIXED_PARAMS as usize + 1, "{name}");
+                assert_eq!(params, FIRST_BWD_PARAM as usize + 1, "{name}");
             }
         }
         let arch = if sm == 90 { "sm_90a" } else { "sm_80" };
