@@ -2,6 +2,7 @@
 //! with the runtime's CPU executor (`foxc_runtime::cpu`), which receives the kernels as raw
 //! entry points (the runtime never links a compiler).
 
+use crate::timing::Summary;
 use crate::Error;
 use foxc_codegen::cpu::{self as cg, CpuError, CpuProgram};
 use foxc_ir::{Graph, Value};
@@ -16,17 +17,6 @@ pub struct CpuRun {
     pub out: HostTensor,
     pub compile_ms: f64,
     pub run_ms: f64,
-}
-
-/// Timing of repeated runs of one compiled program (compilation excluded).
-#[derive(Clone, Debug)]
-pub struct BenchStats {
-    pub median_ms: f64,
-    pub min_ms: f64,
-    pub max_ms: f64,
-    pub iters: usize,
-    pub compile_ms: f64,
-    pub threads: usize,
 }
 
 fn cg_err(e: CpuError) -> Error {
@@ -214,20 +204,16 @@ pub fn bench_outputs(
     outputs: &[(String, Value)],
     inputs: &TensorMap,
     iters: usize,
-) -> Result<BenchStats, Error> {
+) -> Result<Summary, Error> {
     let dims = bind(g, inputs)?;
     let vals: Vec<Value> = outputs.iter().map(|(_, v)| *v).collect();
-    let (c, compile_ms) = compile_outputs(g, &dims, &vals, &vals)?;
+    let (c, _) = compile_outputs(g, &dims, &vals, &vals)?;
     let opts = rt::ExecOptions { threads: rt::default_threads(), poison: false };
-    time_runs(iters, compile_ms, || c.run(g, inputs, opts).map(drop))
+    time_runs(iters, || c.run(g, inputs, opts).map(drop))
 }
 
 /// Run once to warm up, then time `iters` runs.
-fn time_runs(
-    iters: usize,
-    compile_ms: f64,
-    mut run: impl FnMut() -> Result<(), Error>,
-) -> Result<BenchStats, Error> {
+fn time_runs(iters: usize, mut run: impl FnMut() -> Result<(), Error>) -> Result<Summary, Error> {
     run()?;
     let mut ts = vec![];
     for _ in 0..iters.max(1) {
@@ -235,15 +221,7 @@ fn time_runs(
         run()?;
         ts.push(t0.elapsed().as_secs_f64() * 1e3);
     }
-    let s = crate::timing::summarize(&mut ts);
-    Ok(BenchStats {
-        median_ms: s.median_ms,
-        min_ms: s.min_ms,
-        max_ms: s.max_ms,
-        iters: ts.len(),
-        compile_ms,
-        threads: rt::default_threads(),
-    })
+    Ok(crate::timing::summarize(&mut ts))
 }
 
 /// Compile `g` (an optimized graph) for the shapes of `inputs` and run it on all cores.
@@ -307,9 +285,9 @@ pub fn emit_clif_outputs(
 }
 
 /// Compile once, run once to warm up, then time `iters` runs.
-pub fn bench(g: &Graph, inputs: &TensorMap, iters: usize) -> Result<BenchStats, Error> {
+pub fn bench(g: &Graph, inputs: &TensorMap, iters: usize) -> Result<Summary, Error> {
     let dims = bind(g, inputs)?;
-    let (c, compile_ms) = compile(g, &dims)?;
+    let (c, _) = compile(g, &dims)?;
     let opts = rt::ExecOptions { threads: rt::default_threads(), poison: false };
-    time_runs(iters, compile_ms, || c.run(g, inputs, opts).map(drop))
+    time_runs(iters, || c.run(g, inputs, opts).map(drop))
 }

@@ -2,6 +2,7 @@
 //! turn its launch plan into the runtime's concrete launches once the input shapes bind the
 //! dimensions, and run it with the CUDA runtime (`foxc_runtime::cuda`), which never links LLVM.
 
+use crate::timing::Summary;
 use crate::{target, Error, Target};
 use foxc_codegen::nvptx::{self as cg, CodegenError, KernelArg, NvptxArtifact, NvptxSpec, NvptxTarget};
 use foxc_ir::shapes::DimBindings;
@@ -38,15 +39,6 @@ pub struct RunOptions {
     /// run and the inputs hold none, so a NaN is an element no kernel wrote (or a fault). Only a
     /// program that can make NaN from finite inputs (a `gather` out of range) turns it on.
     pub allow_nan: bool,
-}
-
-/// Timing of repeated forward passes (events around the whole forward, per iteration).
-#[derive(Clone, Debug)]
-pub struct BenchStats {
-    pub median_ms: f64,
-    pub min_ms: f64,
-    pub max_ms: f64,
-    pub iters: usize,
 }
 
 fn codegen_err(e: CodegenError) -> Error {
@@ -400,7 +392,7 @@ pub fn bench_outputs(
     _opts: RunOptions,
     warmup: usize,
     iters: usize,
-) -> Result<BenchStats, Error> {
+) -> Result<Summary, Error> {
     if iters == 0 {
         return Err(Error::user("error: bench needs at least one iteration"));
     }
@@ -422,12 +414,11 @@ pub fn bench_outputs(
     for _ in 0..iters {
         times.push(s.timed_run().map_err(cuda_err)?);
     }
-    let s = crate::timing::summarize(&mut times);
-    Ok(BenchStats { median_ms: s.median_ms, min_ms: s.min_ms, max_ms: s.max_ms, iters })
+    Ok(crate::timing::summarize(&mut times))
 }
 
 /// [`bench_outputs`] of the graph's output.
-pub fn bench(g: &Graph, inputs: &TensorMap, warmup: usize, iters: usize) -> Result<BenchStats, Error> {
+pub fn bench(g: &Graph, inputs: &TensorMap, warmup: usize, iters: usize) -> Result<Summary, Error> {
     bench_outputs(g, &single_output(g)?, inputs, RunOptions::default(), warmup, iters)
 }
 
