@@ -9,6 +9,14 @@
 //! Layering: this crate sits above `foxc-ir`, `foxc-passes`, `foxc-codegen` and `foxc-runtime`;
 //! none of them depends on it. The backend glue modules connect a backend's compiled artifact
 //! to the runtime that runs it (the runtime never links LLVM).
+//!
+//! One caller goes around the [`Backend`] trait on purpose: the Python extension's GPU path.
+//! The trait runs host tensors on memory and a stream it owns; torch tensors live in torch's
+//! allocator and run on torch's current stream, with no copy and no synchronization. So the
+//! extension takes the CUDA glue's two steps for callers that own memory and stream,
+//! [`cuda_backend::load_external_outputs`] (compile and load) and [`cuda_backend::plan`]
+//! (buffers and launches at the bound sizes), and launches them itself. It compiles and plans
+//! exactly what the trait's CUDA backend runs.
 
 pub mod acp_stats;
 pub mod backend;
