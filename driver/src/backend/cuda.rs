@@ -488,7 +488,7 @@ mod tests {
     #[test]
     fn the_cpu_is_not_a_gpu_target() {
         let g = Graph::new("empty");
-        let e = emit(&g, &BTreeMap::new(), Target::Cpu, Emit::Ptx).unwrap_err();
+        let e = emit(&g, &[], &BTreeMap::new(), Target::Cpu, Emit::Ptx).unwrap_err();
         assert_eq!(e.kind, crate::ErrorKind::User);
         assert!(e.message.contains("`cpu`"));
     }
