@@ -149,6 +149,12 @@ pub fn read_through(g: &Graph, n: ValueId) -> bool {
         && g.users(n).iter().any(|&u| matches!(g.op(u), Op::Reduce { contract: true, .. }))
 }
 
+/// Whether node `n` is computed inside its users' loops (the `fuse-loops` pass's decision):
+/// it needs no loop of its own unless the caller reads it back.
+pub fn inlined(g: &Graph, n: ValueId) -> bool {
+    g.node(n).inline
+}
+
 /// Each distinct product of dims once.
 struct Scalars(Vec<Vec<Dim>>);
 
@@ -201,10 +207,46 @@ impl Inputs<'_> {
         Ok(self.srcs.len() - 1)
     }
 
-    /// Input for `v` under its own axis names.
+    /// Input for `v` under its own axis names; an `inline` value is computed here instead
+    /// ([`inline_value`]).
     fn named(&mut self, v: Value) -> Result<Expr, PlanError> {
+        if inlined(self.g, v.node) {
+            return self.inline_value(v.node);
+        }
         let names: Vec<String> = self.g.value_ty(v).axes.iter().map(|a| a.name.clone()).collect();
         Ok(Expr::In(self.add(v, &names)?))
+    }
+
+    /// The value of the `inline` node `n` in this loop, from its operands (the `fuse-loops`
+    /// pass checked that its axes are this loop's). A computed value is rounded to its dtype,
+    /// as its buffer would have held it: the loop's result is the one unfused loops give.
+    fn inline_value(&mut self, n: ValueId) -> Result<Expr, PlanError> {
+        let ops = self.g.operand_values(n);
+        let dtype = self.g.ty(n).dtype;
+        let rounded = |e: Expr| Expr::Cast(dtype, Box::new(e));
+        Ok(match self.g.op(n) {
+            Op::Bind { axes } => Expr::In(self.add(ops[0], axes)?),
+            Op::Gather { index, .. } => self.gather(ops[0], index)?,
+            Op::Iota { axis } => {
+                Expr::Index(self.axes.iter().position(|a| a == axis).ok_or_else(|| {
+                    invalid(format!("inline iota axis `{axis}` is not an axis of the loop"))
+                })?)
+            }
+            Op::Cast => rounded(self.named(ops[0])?),
+            Op::Unary(u) => rounded(Expr::Unary(*u, Box::new(self.named(ops[0])?))),
+            Op::Binary(b) => {
+                let x = self.named(ops[0])?;
+                let y = self.named(ops[1])?;
+                rounded(Expr::Binary(*b, Box::new(x), Box::new(y)))
+            }
+            Op::Select => {
+                let c = self.named(ops[0])?;
+                let x = self.named(ops[1])?;
+                let y = self.named(ops[2])?;
+                rounded(Expr::Select(Box::new(c), Box::new(x), Box::new(y)))
+            }
+            op => return Err(invalid(format!("`{}` cannot be inline", op.mnemonic()))),
+        })
     }
 
     /// `gather`'s operand `v` read positionally at `index` (a variable that is not an iteration

@@ -7,11 +7,16 @@ use foxc_passes::grad::{gradient, GradError, GradProgram, DOUT};
 use foxc_runtime::{HostTensor, TensorMap};
 
 /// The gradient program of the optimized `graph` (`foxc grad`, `foxc compile --emit grad`).
+/// Its elementwise values carry `fuse-loops`' decision for its outputs (the backends' glue
+/// makes the same one again for the values a run computes).
 pub fn grad_program(opt: &foxc_ir::Graph) -> Result<GradProgram, Error> {
-    gradient(opt).map_err(|e| match e {
+    let mut p = gradient(opt).map_err(|e| match e {
         GradError::Unsupported(_) => Error::user(format!("error: {e}")),
         GradError::Internal(_) => Error::internal(format!("error: {e}")),
-    })
+    })?;
+    let outputs: Vec<foxc_ir::Value> = p.outputs.iter().map(|(_, v)| *v).collect();
+    foxc_passes::fuse_loops::mark(&mut p.graph, &outputs);
+    Ok(p)
 }
 
 /// Relative L2 tolerance of a CPU gradient against the interpreter (see [`tolerance`]).

@@ -57,6 +57,10 @@ pub struct Node {
     pub span: Span,
     /// The DSL name of a statement result (`c`, `s`, `out`), if it is one.
     pub name: Option<String>,
+    /// Computed inside each user's loop, with no buffer and no loop of its own: the
+    /// `fuse-loops` pass's decision (docs/SEMANTICS.md, "inline"); printed `inline` before the
+    /// op.
+    pub inline: bool,
 }
 
 /// A tensor parameter of the graph as declared in the DSL.
@@ -157,7 +161,7 @@ impl Graph {
     pub fn add_multi(&mut self, op: Op, tys: Vec<ValueType>, operands: &[Value], span: Span) -> ValueId {
         let mut tys = tys.into_iter();
         let ty = tys.next().expect("a node has at least one result");
-        let id = self.g.add_node(Node { op, ty, more: tys.collect(), span, name: None });
+        let id = self.g.add_node(Node { op, ty, more: tys.collect(), span, name: None, inline: false });
         for (k, o) in operands.iter().enumerate() {
             self.g.add_edge(o.node, id, Use { pos: k as u32, result: o.result });
         }

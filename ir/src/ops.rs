@@ -217,6 +217,42 @@ pub enum Op {
 pub const LOG_F_FLOOR: f64 = -100.0;
 
 impl Op {
+    /// An op whose element at a point depends only on its operands at that point (by axis name)
+    /// or on a read of a buffer there: it can be computed inside a user's loop ([`Node::inline`](crate::graph::Node::inline)).
+    pub fn is_elementwise(&self) -> bool {
+        matches!(
+            self,
+            Op::Bind { .. }
+                | Op::Gather { .. }
+                | Op::Iota { .. }
+                | Op::Unary(_)
+                | Op::Binary(_)
+                | Op::Select
+                | Op::Cast
+        )
+    }
+
+    /// Whether this op reads operand `pos` element by element by axis name, in a loop over
+    /// its own iteration space (the result's axes and a reduced or line axis), so that an
+    /// elementwise operand can be computed there instead of read from a buffer. Positional
+    /// reads (`bind`, `gather`), a norm's weight and every fused op read buffers.
+    pub fn reads_by_name(&self, pos: usize) -> bool {
+        match self {
+            Op::Store { .. }
+            | Op::Cast
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Reduce { .. }
+            | Op::Cumsum { .. }
+            | Op::Softmax { .. }
+            | Op::Causal { .. }
+            | Op::Window { .. } => true,
+            Op::RmsNorm { .. } => pos == 0,
+            _ => false,
+        }
+    }
+
     /// The mnemonic used by the printer.
     pub fn mnemonic(&self) -> &'static str {
         match self {

@@ -72,7 +72,8 @@ pub fn print_graph(g: &Graph) -> String {
             },
             op => op.to_string(),
         };
-        let mut line = format!("  {lhs} = {op}");
+        let inline = if node.inline { "inline " } else { "" };
+        let mut line = format!("  {lhs} = {inline}{op}");
         if !ops.is_empty() {
             line.push(' ');
             line.push_str(&ops.join(", "));

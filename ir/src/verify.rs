@@ -12,6 +12,7 @@ use crate::graph::{Graph, ValueId};
 use crate::ops::{BinaryOp, GateKind, Op, ReduceKind};
 use crate::print::print_graph;
 use crate::types::{DType, ValueType};
+use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 use std::fmt;
 
@@ -116,6 +117,9 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
                 ));
             }
         }
+        if node.inline {
+            check_inline(g, id, out).map_err(|m| err(g, id, m))?;
+        }
         if matches!(node.op, Op::GateCumsum { kind: GateKind::Slope, split_rows: true }) {
             return Err(err(g, id, "a slope's gate_cumsum has no scan to split".into()));
         }
@@ -218,6 +222,32 @@ fn check_contract(g: &Graph, id: ValueId, kind: ReduceKind) -> Result<(), String
 /// Verify, and on failure append the printed graph (for pass debugging and internal errors).
 pub fn verify_verbose(g: &Graph) -> Result<(), String> {
     verify(g).map_err(|e| format!("{e}\n{}", print_graph(g)))
+}
+
+/// An `inline` node: elementwise, not the output, not a scalar, and every use a read by name
+/// in a loop (so that each user can compute it in place of a buffer it no longer has).
+fn check_inline(g: &Graph, id: ValueId, out: ValueId) -> Result<(), String> {
+    let node = g.node(id);
+    if !node.op.is_elementwise() {
+        return Err(format!(
+            "inline `{}`: only elementwise ops are computed in their users' loops",
+            node.op.mnemonic()
+        ));
+    }
+    if id == out || node.ty.rank() == 0 {
+        return Err("inline: the output and scalars keep a buffer".into());
+    }
+    for e in g.g.edges_directed(id, Direction::Outgoing) {
+        let user = g.op(e.target());
+        if !user.reads_by_name(e.weight().pos as usize) {
+            return Err(format!(
+                "inline: used as operand {} of `{}`, which reads a buffer",
+                e.weight().pos,
+                user.mnemonic()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `gather`: a positional operand of rank `index.len()`; the result has exactly the named axes

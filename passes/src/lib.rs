@@ -23,11 +23,14 @@
 //!    product `x * s` with a compile-time scalar `s` reads `x`, `s` in its scale attribute.
 //! 10. `contract` ([`contract`], CPU target): a `sum` of a `mul` that only it uses reads the
 //!     mul's operands (`sum {contract}`); the product is never written.
+//! 11. `fuse-loops` ([`fuse_loops`]): an elementwise value that its users can compute in their
+//!     own loops becomes `inline` (no buffer, no loop of its own).
 
 pub mod acp;
 pub mod compensate;
 pub mod contract;
 pub mod fold_scale;
+pub mod fuse_loops;
 pub mod fuse_out;
 pub mod grad;
 pub mod key_bound;
@@ -185,6 +188,7 @@ pub const PASSES: &[(&str, PassFn)] = &[
     ("compensate-decay", compensate::run),
     ("fold-q-scale", fold_scale::run),
     ("contract", contract::run),
+    ("fuse-loops", fuse_loops::run),
 ];
 
 /// The smallest `log_eps` accepted: `exp(-708)` is about 3e-308, just above the smallest normal

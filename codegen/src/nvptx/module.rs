@@ -124,8 +124,10 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             if !live.contains(&n) || matches!(g.op(n), Op::Param { .. }) {
                 continue;
             }
-            // A product that a `sum {contract}` reads through has no kernel, unless read back.
-            if crate::loop_plan::read_through(g, n) && !self.is_output(n) {
+            // A product that a `sum {contract}` reads through, or an inline value, has no
+            // kernel, unless read back.
+            if (crate::loop_plan::read_through(g, n) || crate::loop_plan::inlined(g, n)) && !self.is_output(n)
+            {
                 continue;
             }
             self.lower(n)?;
@@ -307,7 +309,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
     /// factor in its scale attribute).
     fn as_scaled(&self, n: ValueId) -> Option<(ValueId, f64)> {
         let ops = self.g.operands(n);
-        if ops.len() != 2 || self.ty(n).rank() == 0 || self.reads_later_results(n) {
+        if ops.len() != 2 || self.ty(n).rank() == 0 || self.reads_later_results(n) || self.reads_inline(n) {
             return None;
         }
         match self.g.op(n) {
@@ -322,6 +324,12 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             },
             _ => None,
         }
+    }
+
+    /// Whether node `n` reads an inline value (one its loop computes: it has no buffer), so
+    /// that only the generic loop, not a kernel that reads buffers, can compute `n`.
+    fn reads_inline(&self, n: ValueId) -> bool {
+        self.g.operands(n).into_iter().any(|x| crate::loop_plan::inlined(self.g, x) && !self.is_output(x))
     }
 
     /// Whether node `n` reads a result other than the first of some node (a backward's dk, a
@@ -381,11 +389,14 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             Op::GateCumsum { .. } | Op::Threshold { .. } | Op::Attention(_) => {}
             // The row kernel for the last axis of a static size, in any float dtype.
             Op::RmsNorm { axis, .. }
-                if !self.reads_later_results(n) && self.last_static_axis(ops[0], axis) => {}
+                if !self.reads_later_results(n)
+                    && !self.reads_inline(n)
+                    && self.last_static_axis(ops[0], axis) => {}
             // Float to float in the same layout: the flat cast kernel (of any result); the rest:
             // a generic loop.
             Op::Cast
-                if g.value_ty(g.operand_values(n)[0]).dtype.is_float()
+                if !self.reads_inline(n)
+                    && g.value_ty(g.operand_values(n)[0]).dtype.is_float()
                     && node.ty.dtype.is_float()
                     && g.value_ty(g.operand_values(n)[0]).axes == node.ty.axes => {}
             Op::AttentionBackward(a) => {

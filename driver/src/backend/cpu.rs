@@ -152,13 +152,15 @@ fn compile_outputs(
     Ok((Compiled { _program: program, plan, outputs }, t0.elapsed().as_secs_f64() * 1e3))
 }
 
-/// `g` with the `contract` pass's decision for exactly the values `outputs` (empty: the
-/// output): which sums read their products through. The pipeline made it for the output of a
-/// forward graph; a gradient program is built after the pipeline, and a run may read back
-/// more than the output. Only attributes change: the node ids the kernels name are `g`'s.
+/// `g` with the `contract` and `fuse-loops` passes' decisions for exactly the values
+/// `outputs` (empty: the output): which sums read their products through, which values their
+/// users compute. The pipeline made them for the output of a forward graph; a gradient program
+/// is built after the pipeline, and a run may read back more than the output. Only attributes
+/// change: the node ids the kernels name are `g`'s.
 fn contracted(g: &Graph, outputs: &[Value]) -> Graph {
     let mut g = g.clone();
     foxc_passes::contract::mark(&mut g, outputs);
+    foxc_passes::fuse_loops::mark(&mut g, outputs);
     g
 }
 

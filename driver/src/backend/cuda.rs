@@ -94,7 +94,12 @@ fn compile_spec(
         debug_starts,
         sms,
     };
-    cg::compile(g, &spec).map_err(codegen_err)
+    // The `fuse-loops` decision for exactly these outputs (as the CPU glue's `contracted`):
+    // a gradient program is built after the pipeline, and a run may read back more than the
+    // output. Only attributes change: the node ids the kernels name are `g`'s.
+    let mut g = g.clone();
+    foxc_passes::fuse_loops::mark(&mut g, outputs);
+    cg::compile(&g, &spec).map_err(codegen_err)
 }
 
 /// The LLVM IR or PTX of the program computing `outputs` (empty: the graph's output).

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The elementwise programs around an attention on the GPU, NEW against OLD in one call: RoPE on q
+# and k (bench/fox_rope.attn) and an output gate (bench/fox_gate.attn). Checks (`--check`
+# against the f64 interpreter, forward and gradients) of NEW, then `foxc bench` of both builds
+# interleaved, with examples/fox.attn as the control (the same kernel in both programs).
+#   NEW=foxc.gz OLD=foxc.gz [EXTRA="prog.attn ..."] [SHAPE=B=2,H=16,T=8192,D=128] bench/epilogue_device.sh
+# EXTRA programs get the forward check only (at the check shape).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source bench/device_lib.sh
+OUT=${OUT:-/tmp}
+new=$(unpack "$NEW")
+old=$(unpack "$OLD")
+shape=${SHAPE:-B=2,H=16,T=8192,D=128}
+small=B=1,H=4,T=1000,D=128
+fail=0
+for f in bench/fox_rope.attn bench/fox_gate.attn; do
+  for what in run grad; do
+    out=$(t 120 "$new" "$what" "$f" --backend cuda --check --shape "$small" 2>&1)
+    rc=$?
+    echo "check $what $f [$small] rc=$rc $(grep -iE 'check|error|rel' <<<"$out" | tail -8 | tr '\n' ' ')"
+    [ $rc -eq 0 ] || fail=1
+  done
+done
+for f in ${EXTRA:-}; do
+  out=$(t 120 "$new" run "$f" --backend cuda --check --shape "$small" 2>&1)
+  rc=$?
+  echo "check run $f [$small] rc=$rc $(grep -iE 'check|error|rel' <<<"$out" | tail -8 | tr '\n' ' ')"
+  [ $rc -eq 0 ] || fail=1
+done
+echo "== bench $shape (median ms of ${ITERS:-30}; NEW and OLD interleaved, twice)"
+for rep in 1 2; do
+  for f in examples/fox.attn bench/fox_gate.attn bench/fox_rope.attn; do
+    for tag in new old; do
+      bin=$new; [ $tag = old ] && bin=$old
+      t 120 "$bin" bench "$f" --backend cuda --shape "$shape" --seed 0 --iters "${ITERS:-30}" --format csv 2>&1 |
+        grep -v '^program' | sed "s|^|$rep,$tag,|"
+    done
+  done
+done
+exit $fail
