@@ -272,11 +272,30 @@ fn cumsum_term(x: f64) -> f64 {
     }
 }
 
+/// `x` rounded to nearest, ties to even, to a binary float of `mantissa` stored bits whose normal
+/// exponents run `min_exp..=max_exp` (subnormals below, infinity above); infinities, NaN and the
+/// sign of zero kept. Not `half`'s `from_f64`: it looks at the f64's upper 32 bits only, so a
+/// value just above a tie whose extra bits sit in the lower word rounds down (1 + 2^-8 + 2^-23
+/// to bf16 gave 1, not 1 + 2^-7: about 1 value in 10^4 of random f32 ones).
+pub fn round_to_float(x: f64, mantissa: i32, min_exp: i32, max_exp: i32) -> f64 {
+    if !x.is_finite() || x == 0.0 {
+        return x;
+    }
+    // The exponent of x (f64 subnormals are far below every target's range: they round to 0).
+    let e = ((x.to_bits() >> 52) & 0x7ff) as i32 - 1023;
+    let q = (e.max(min_exp) - mantissa).clamp(-1022, 1023);
+    let r = (x * 2f64.powi(-q)).round_ties_even() * 2f64.powi(q);
+    if r.abs() >= 2f64.powi(max_exp + 1) {
+        return f64::INFINITY.copysign(x);
+    }
+    r
+}
+
 /// `x` rounded to `dt` as `cast` defines it.
 pub fn cast(dt: DType, x: f64) -> f64 {
     match dt {
-        DType::BF16 => half::bf16::from_f64(x).to_f64(),
-        DType::F16 => half::f16::from_f64(x).to_f64(),
+        DType::BF16 => round_to_float(x, 7, -126, 127),
+        DType::F16 => round_to_float(x, 10, -14, 15),
         DType::F32 => x as f32 as f64,
         DType::I32 => (x as i32) as f64,
         DType::I64 => (x as i64) as f64,

@@ -48,7 +48,7 @@ pub extern "C" fn foxc_f16_to_f64(bits: i32) -> f64 {
 
 /// `x` rounded to f16, as bits in the low 16 bits.
 pub extern "C" fn foxc_f64_to_f16(x: f64) -> i32 {
-    half::f16::from_f64(x).to_bits() as i32
+    half::f16::from_f64(interp::cast(DType::F16, x)).to_bits() as i32
 }
 
 /// Import name, address and signature shape (`true`: `(i64, f64) -> f64`) of each helper.
