@@ -33,7 +33,10 @@ fn kernels(f: &str, emit: &str) -> Vec<String> {
     let (code, t) = run(&["compile", f, "--emit", emit, "--shape", SHAPE]);
     assert_eq!(code, Some(0), "{f}: {t}");
     let prefix = if emit == "ptx" { ".visible .entry " } else { "function %" };
-    t.lines().filter_map(|l| l.strip_prefix(prefix)).map(|l| l.split('(').next().unwrap().to_string()).collect()
+    t.lines()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .map(|l| l.split('(').next().unwrap().to_string())
+        .collect()
 }
 
 #[test]
@@ -48,9 +51,10 @@ fn each_elementwise_chain_is_one_kernel_on_both_backends() {
             assert_eq!(named(op), 0, "{emit}: a `{op}` kernel is left: {rope:?}");
         }
         assert_eq!(named("lt"), 1, "{emit}: {rope:?}");
-        // The gate: the attention, then one store of `out * sigmoid(g)` and the output's cast.
+        // The gate: the attention, then one store of `out * sigmoid(g)` cast to bf16 (the
+        // output's cast stored directly, `fuse-output-cast`).
         let gate = kernels("bench/fox_gate.attn", emit);
-        for op in ["bind", "sigmoid", "mul"] {
+        for op in ["bind", "sigmoid", "mul", "cast"] {
             assert!(!gate.iter().any(|k| k.contains(&format!("_{op}"))), "{emit}: {gate:?}");
         }
         assert_eq!(gate.iter().filter(|k| k.contains("_store")).count(), 1, "{emit}: {gate:?}");

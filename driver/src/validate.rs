@@ -241,7 +241,7 @@ fn check_subscripts(g: &Graph, dims: &DimBindings) -> Result<(), InputError> {
     Ok(())
 }
 
-/// [`check_query_positions`] and [`check_given_heads`] at the sizes of `inputs` (the reference
+/// `check_query_positions` and [`check_given_heads`] at the sizes of `inputs` (the reference
 /// backend, which takes inputs as they are otherwise); sizes that do not bind are left to the
 /// interpreter's own report.
 pub fn check_positions_of(g: &Graph, inputs: &TensorMap) -> Result<(), InputError> {

@@ -122,7 +122,13 @@ pub fn infer(op: &Op, ops: &[&ValueType]) -> Result<Option<ValueType>, String> {
                     axes.join(", ")
                 ));
             }
-            let dtype = if t.dtype == DType::Bool { DType::Bool } else { DType::F32 };
+            // A statement's value is f32 (bool for a condition); a 16-bit float stays one (the
+            // output's cast stored directly, `fuse-output-cast`; a copy of a 16-bit parameter
+            // holds the same values).
+            let dtype = match t.dtype {
+                DType::Bool | DType::BF16 | DType::F16 => t.dtype,
+                _ => DType::F32,
+            };
             let d = axes.iter().map(|a| t.axis(a).map(|(_, x)| x.dim.clone()).unwrap_or(Dim::Const(0)));
             Some(ValueType::tensor(dtype, d))
         }

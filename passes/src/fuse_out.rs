@@ -1,7 +1,10 @@
 //! Decisions the backends used to make by matching IR shapes, made once here as attributes:
 //!
 //! - `fuse-output-cast`: an attention whose output's only user is a `cast` to another float
-//!   dtype writes that dtype itself (`out_dtype`); the cast disappears.
+//!   dtype writes that dtype itself (`out_dtype`); the cast disappears. A statement's `store`
+//!   whose only user is a `cast` (an output gate's result cast to bf16) stores the cast of its
+//!   value instead (the same elements: a cast is elementwise), so that `fuse-loops` computes the
+//!   cast in the store's loop.
 //! - `fuse-boundary` (GPU targets): a pruned attention whose `start` is a `block_boundary` of its
 //!   own `c` reads the threshold `delta` instead and finds `start[m]` itself (a binary search
 //!   over the monotone `c`, the same value: docs/SEMANTICS.md), saving a launch.
@@ -42,6 +45,24 @@ pub fn output_cast(g: &mut Graph, _opts: &PassOptions, _cx: &mut PassContext) ->
         node.ty.dtype = to;
         node.name = name;
         g.replace_all_uses(u, n);
+        g.remove_dead();
+    }
+    for n in g.find(|op| matches!(op, Op::Store { .. })) {
+        let users = g.users(n);
+        let [u] = users[..] else { continue };
+        let once = g.g.edges_directed(n, petgraph::Direction::Outgoing).count() == 1;
+        if !matches!(g.op(u), Op::Cast) || !once || g.ty(u).axes != g.ty(n).axes || Some(n) == g.output {
+            continue;
+        }
+        let Op::Store { axes } = g.op(n).clone() else { continue };
+        let x = g.operand_values(n)[0];
+        let mut cast_ty = g.value_ty(x).clone();
+        cast_ty.dtype = g.ty(u).dtype;
+        let span = g.node(u).span;
+        let cast = g.add_multi(Op::Cast, vec![cast_ty], &[x], span);
+        let store = g.add(Op::Store { axes }, g.ty(u).clone(), &[cast], g.node(n).span);
+        g.node_mut(store).name = g.node(u).name.clone().or_else(|| g.node(n).name.clone());
+        g.replace_all_uses(u, store);
         g.remove_dead();
     }
     Ok(())

@@ -334,8 +334,9 @@ fn run_prepared(p: Prepared, opts: RunOptions) -> Result<(TensorMap, f64, String
 }
 
 /// Interface I1: compiles for the GPU present the values `outputs` (each under its name), runs
-/// (twice, see [`run_prepared`]) and returns them. Every buffer is poisoned (NaN) before each
-/// run; a NaN left in an output is an error unless `opts.allow_nan`.
+/// them twice (kernels that keep state must give the same result again) and returns them. Every
+/// buffer is poisoned (NaN) before each run; a NaN left in an output is an error unless
+/// `opts.allow_nan`.
 pub fn run_outputs(
     g: &Graph,
     outputs: &[(String, Value)],
@@ -388,7 +389,7 @@ pub fn run(g: &Graph, inputs: &TensorMap) -> Result<CudaRun, Error> {
 const WARMUP: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Interface I1: median and minimum time of `iters` runs of the program computing `outputs`
-/// after at least `warmup` untimed ones lasting [`WARMUP`] together, each timed by CUDA events
+/// after at least `warmup` untimed ones lasting 200 ms together, each timed by CUDA events
 /// around all of its launches.
 pub fn bench_outputs(
     g: &Graph,
