@@ -313,16 +313,32 @@ impl Graph {
         order
     }
 
-    /// Remove every node the output does not depend on (parameters always stay).
-    pub fn remove_dead(&mut self) {
+    /// The nodes `roots` depend on, themselves included.
+    pub fn live_from(&self, roots: &[ValueId]) -> std::collections::HashSet<ValueId> {
         let mut live = std::collections::HashSet::new();
-        let mut stack: Vec<ValueId> = self.output.into_iter().collect();
-        stack.extend(self.params.iter().map(|p| p.node));
+        let mut stack = roots.to_vec();
         while let Some(n) = stack.pop() {
             if live.insert(n) {
                 stack.extend(self.g.neighbors_directed(n, Direction::Incoming));
             }
         }
+        live
+    }
+
+    /// The nodes of `outputs`, or the output's when it is empty: what a caller reads back.
+    pub fn roots(&self, outputs: &[Value]) -> Vec<ValueId> {
+        if outputs.is_empty() {
+            self.output.into_iter().collect()
+        } else {
+            outputs.iter().map(|o| o.node).collect()
+        }
+    }
+
+    /// Remove every node the output does not depend on (parameters always stay).
+    pub fn remove_dead(&mut self) {
+        let mut roots: Vec<ValueId> = self.output.into_iter().collect();
+        roots.extend(self.params.iter().map(|p| p.node));
+        let live = self.live_from(&roots);
         let dead: Vec<ValueId> = self.g.node_indices().filter(|n| !live.contains(n)).collect();
         for n in dead {
             self.g.remove_node(n);

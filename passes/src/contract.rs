@@ -13,7 +13,6 @@
 
 use crate::{PassContext, PassError, PassOptions};
 use foxc_ir::{BinaryOp, Graph, Op, ReduceKind, Value, ValueId};
-use std::collections::HashSet;
 
 /// The `contract` pass.
 pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
@@ -27,18 +26,8 @@ pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(
 /// graph's output) need the sum, its operand is a `mul` of rank > 0 that nothing else uses,
 /// and that mul is not one of the outputs.
 pub fn mark(g: &mut Graph, outputs: &[Value]) {
-    let roots: Vec<ValueId> = if outputs.is_empty() {
-        g.output.into_iter().collect()
-    } else {
-        outputs.iter().map(|o| o.node).collect()
-    };
-    let mut live = HashSet::new();
-    let mut stack = roots.clone();
-    while let Some(n) = stack.pop() {
-        if live.insert(n) {
-            stack.extend(g.operands(n));
-        }
-    }
+    let roots = g.roots(outputs);
+    let live = g.live_from(&roots);
     let sums = g.find(|op| matches!(op, Op::Reduce { kind: ReduceKind::Sum, .. }));
     let decided: Vec<(ValueId, bool)> = sums
         .into_iter()

@@ -30,18 +30,8 @@ pub fn run(g: &mut Graph, _opts: &PassOptions, _cx: &mut PassContext) -> Result<
 /// Sets `inline` on every node of `g`: true exactly where the values `outputs` (empty: the
 /// graph's output) need it and the rules above allow it.
 pub fn mark(g: &mut Graph, outputs: &[Value]) {
-    let roots: Vec<ValueId> = if outputs.is_empty() {
-        g.output.into_iter().collect()
-    } else {
-        outputs.iter().map(|o| o.node).collect()
-    };
-    let mut live = HashSet::new();
-    let mut stack = roots.clone();
-    while let Some(n) = stack.pop() {
-        if live.insert(n) {
-            stack.extend(g.operands(n));
-        }
-    }
+    let roots = g.roots(outputs);
+    let live = g.live_from(&roots);
     let decided: Vec<(ValueId, bool)> =
         g.g.node_indices()
             .map(|n| (n, live.contains(&n) && !roots.contains(&n) && inlinable(g, n)))
