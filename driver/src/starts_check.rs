@@ -49,16 +49,25 @@ pub fn compare(g: &Graph, inputs: &BTreeMap<String, Tensor>, got: &Tensor) -> Re
     let vals = foxc_ir::interp::eval(g, inputs, &[c, delta])
         .map_err(|e| Error::user(format!("error: computing the reference starts: {e}")))?;
     let (c, delta) = (&vals[&c], &vals[&delta]);
+    // Keys `t` (c's length) and query rows `tq` (q's; fewer than the keys in a prefill, whose
+    // query row i sits at key position i + t - tq).
     let (heads, t) = (c.shape[0] * c.shape[1], c.shape[2]);
+    let shapes: Vec<(String, Vec<usize>)> =
+        inputs.iter().map(|(k, v)| (k.clone(), v.shape.clone())).collect();
+    let q_rows = foxc_ir::shapes::bind_dims(g, &shapes)
+        .and_then(|dims| foxc_ir::shapes::concrete_shape(g.ty(ops.q), &dims))
+        .map_err(|e| Error::user(format!("error: --check-starts: {e}")))?;
+    let tq = q_rows[q_rows.len() - 2];
+    let offset = t - tq.min(t);
     let (bm, bn) = (tiles.bm as usize, tiles.bn as usize);
-    let mt = t.div_ceil(bm);
+    let mt = tq.div_ceil(bm);
     if got.shape != delta.shape {
         return Err(Error::internal(format!(
             "internal error: the backend's starts are {:?}, the threshold {:?}",
             got.shape, delta.shape
         )));
     }
-    let want = acp::boundary(&c.data, &delta.data, heads, t, bm, bn);
+    let want = acp::boundary(&c.data, &delta.data, heads, tq, bm, bn);
     let mut r = StartsReport { tiles: want.len(), equal: 0, near_ties: 0, bad: vec![], bad_count: 0 };
     for bh in 0..heads {
         let cr = &c.data[bh * t..(bh + 1) * t];
@@ -70,7 +79,7 @@ pub fn compare(g: &Graph, inputs: &BTreeMap<String, Tensor>, got: &Tensor) -> Re
                 continue;
             }
             let dl = delta.data[k];
-            let i0 = m * bm;
+            let i0 = m * bm + offset;
             // The tiles decided differently: the lower start's tile, and for a later backend start
             // every tile in between that the reference keeps.
             let near = |n: usize| {
@@ -115,7 +124,11 @@ mod tests {
     use super::*;
 
     fn pruned_fox() -> (Graph, BTreeMap<String, Tensor>) {
-        let src = crate::pipeline::Source::embedded_default();
+        pruned(crate::pipeline::Source::embedded_default(), "B=1,H=4,T=256,D=16")
+    }
+
+    /// `src` optimized for sm_90a with 16x16 tiles, and seeded inputs at `shape`.
+    fn pruned(src: crate::pipeline::Source, shape: &str) -> (Graph, BTreeMap<String, Tensor>) {
         let c = src.compile().unwrap();
         let args = crate::PruneOptions {
             tiles: Some(foxc_ir::Tiles { bm: 16, bn: 16 }),
@@ -123,7 +136,7 @@ mod tests {
         };
         let opts = crate::pipeline::pass_options(&args, crate::Target::Sm90a, false).unwrap();
         let (opt, _) = crate::pipeline::optimize(&c.graph, &opts).unwrap();
-        let dims = crate::pipeline::parse_shape("B=1,H=4,T=256,D=16").unwrap();
+        let dims = crate::pipeline::parse_shape(shape).unwrap();
         let x = crate::tensors::generate(&c.graph, &dims, 3).unwrap();
         (opt, crate::tensors::to_interp(&x))
     }
@@ -144,5 +157,21 @@ mod tests {
         let mut poisoned = st.clone();
         poisoned.data[0] = -1.0;
         assert_eq!(compare(&g, &x, &poisoned).unwrap().bad_count, 1);
+    }
+
+    /// Queries fewer than keys: the starts are per query tile, each at its key position (this
+    /// panicked, reading 70 / 16 query tiles as 256 / 16).
+    #[test]
+    fn a_prefill_compares_per_query_tile() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/fox_prefill.attn");
+        let (g, x) = pruned(crate::pipeline::Source::read(&path).unwrap(), "B=1,H=4,N=70,M=256,D=16");
+        let st = crate::acp_stats::measure(&g, &x).unwrap().unwrap().start;
+        assert_eq!(st.shape, [1, 4, 5]);
+        let r = compare(&g, &x, &st).unwrap();
+        assert_eq!((r.equal, r.bad_count), (20, 0), "{r:?}");
+        let mut moved = st.clone();
+        let k = (0..st.data.len()).find(|&k| st.data[k] >= 2.0).expect("some tile prunes");
+        moved.data[k] -= 2.0;
+        assert_eq!(compare(&g, &x, &moved).unwrap().bad_count, 1);
     }
 }
