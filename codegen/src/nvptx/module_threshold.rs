@@ -4,6 +4,7 @@
 //! scans the attention's gate: one launch computes `delta` and `c`.
 
 use super::module::{user, Assembler};
+use super::threshold::params::{DeltaParams, FusedParams, GateScan, NormsParams};
 use super::{threshold, CodegenError, GridDim, KernelArg, Launch};
 use foxc_ir::{Attention, DType, Dim, GateKind, NormBound, Op, Prelude, ThresholdPlan, ValueId};
 
@@ -133,18 +134,23 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         norms_shape.push(Dim::Const(2));
         let nb = self.scratch(DType::F32, norms_shape, norms_what(n));
         let arrived = self.counters(bh.clone(), format!("blocks of each head done with %{}", n.index()));
-        let mut args = vec![
-            KernelArg::Buffer(qb),
-            KernelArg::Buffer(kb),
-            KernelArg::Buffer(nb),
-            KernelArg::Buffer(res),
-            KernelArg::Buffer(arrived),
-            KernelArg::I32(vec![t.clone()]),
-            KernelArg::LnF32(vec![t.clone()]),
-        ];
+        let args = |scan: Option<GateScan<KernelArg>>| {
+            FusedParams {
+                q: KernelArg::Buffer(qb),
+                k: KernelArg::Buffer(kb),
+                norms: KernelArg::Buffer(nb),
+                delta: KernelArg::Buffer(res),
+                arrived: KernelArg::Buffer(arrived),
+                t: KernelArg::I32(vec![t.clone()]),
+                ln_t: KernelArg::LnF32(vec![t.clone()]),
+                scan,
+            }
+            .into_vec()
+        };
         let Some((JointPrelude { gate, split_rows, .. }, c)) = joint else {
             let name = self.name(n, "threshold_norms_delta");
             threshold::build_threshold_fused(self.ctx, self.module, &name, spec).map_err(ie)?;
+            let args = args(None);
             let launch = Launch::Grid {
                 x: GridDim::Ceil(vec![t], bm),
                 y: GridDim::Ceil(bh, 1),
@@ -171,7 +177,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             split_rows,
         )
         .map_err(ie)?;
-        args.extend([KernelArg::Buffer(self.buf(x)?), KernelArg::Buffer(c)]);
+        let args = args(Some(GateScan { gate: KernelArg::Buffer(self.buf(x)?), c: KernelArg::Buffer(c) }));
         let launch = Launch::Grid {
             x: GridDim::Sum(vec![scans, GridDim::Ceil(vec![t], bm)]),
             y: GridDim::Ceil(bh, 1),
@@ -210,15 +216,14 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             let mut shape = bh.clone();
             shape.extend([Dim::Tiles(Box::new(rows.clone()), bm), Dim::Const(2)]);
             let nb = self.scratch(DType::F32, shape, norms_what(n));
-            let mut args = vec![
-                KernelArg::Buffer(qb),
-                KernelArg::Buffer(kb),
-                KernelArg::Buffer(nb),
-                KernelArg::I32(vec![rows.clone()]),
-            ];
-            if fewer_queries {
-                args.push(KernelArg::I32(vec![t.clone()]));
+            let args = NormsParams {
+                q: KernelArg::Buffer(qb),
+                k: KernelArg::Buffer(kb),
+                norms: KernelArg::Buffer(nb),
+                rows: KernelArg::I32(vec![rows.clone()]),
+                tq: fewer_queries.then(|| KernelArg::I32(vec![t.clone()])),
             }
+            .into_vec();
             let x = GridDim::Ceil(vec![rows.clone()], bm);
             let launch = Launch::Grid { x, y: GridDim::Ceil(bh.clone(), 1), block: threshold::NORM_THREADS };
             self.push(n, name, args, launch, vec![]);
@@ -228,18 +233,17 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         };
         let name = self.name(n, "threshold_delta");
         threshold::build_threshold_delta(self.ctx, self.module, &name, spec).map_err(ie)?;
-        let mut args = vec![
-            KernelArg::Buffer(qb),
-            KernelArg::Buffer(kb),
-            KernelArg::Buffer(norms),
-            KernelArg::Buffer(res),
-            KernelArg::I32(vec![t.clone()]),
+        let args = DeltaParams {
+            q: KernelArg::Buffer(qb),
+            k: KernelArg::Buffer(kb),
+            norms: KernelArg::Buffer(norms),
+            delta: KernelArg::Buffer(res),
+            t: KernelArg::I32(vec![t.clone()]),
             // ln of the keys a row may see.
-            KernelArg::LnF32(vec![tk.clone()]),
-        ];
-        if fewer_queries {
-            args.push(KernelArg::I32(vec![tk]));
+            ln_t: KernelArg::LnF32(vec![tk.clone()]),
+            tk: fewer_queries.then(|| KernelArg::I32(vec![tk])),
         }
+        .into_vec();
         let launch = Launch::Grid {
             x: GridDim::Ceil(vec![t], bm),
             y: GridDim::Ceil(bh, 1),

@@ -20,11 +20,12 @@
 //! multiplied by `|s|` and `s_ii` by `s` here; a static bound is already a bound on `s q'`.
 
 mod formula;
+pub(crate) mod params;
 mod tile_norms;
 
 pub use tile_norms::NORM_THREADS;
 
-use super::builder::{KernelBuilder, ParamTy};
+use super::builder::KernelBuilder;
 use super::heads::kv_rows;
 use super::kernels::{
     lane_warp, load_row, row_prefix, scan_gate_row, GateRow, RowPart, ScanScratch, ScanShape, ROW_THREADS,
@@ -65,14 +66,11 @@ pub fn build_threshold_norms<'ctx>(
     bm: u32,
     fewer_queries: bool,
 ) -> R<FunctionValue<'ctx>> {
-    let mut params =
-        vec![("q", ParamTy::Ptr), ("k", ParamTy::Ptr), ("norms", ParamTy::Ptr), ("T", ParamTy::I32)];
-    if fewer_queries {
-        params.push(("Tq", ParamTy::I32));
-    }
-    let k = Kb::kernel(ctx, module, name, &params)?;
-    let (q, kk, norms, t_len) = (k.param_ptr(0), k.param_ptr(1), k.param_ptr(2), k.param_int(3));
-    let tq = fewer_queries.then(|| k.param_int(4));
+    let k = Kb::kernel(ctx, module, name, &params::norms_signature(fewer_queries))?;
+    let p = params::NormsParams::numbers(fewer_queries);
+    let (q, kk, norms, t_len) =
+        (k.param_ptr(p.q), k.param_ptr(p.k), k.param_ptr(p.norms), k.param_int(p.rows));
+    let tq = p.tq.map(|n| k.param_int(n));
     let tid = k.sreg("tid.x");
     let lw = lane_warp(&k, tid);
     let (m, bh, mt) = (k.sreg("ctaid.x"), k.sreg("ctaid.y"), k.sreg("nctaid.x"));
@@ -132,25 +130,16 @@ pub fn build_threshold_delta<'ctx>(
     name: &str,
     s: &DeltaSpec,
 ) -> R<FunctionValue<'ctx>> {
-    let mut params = vec![
-        ("q", ParamTy::Ptr),
-        ("k", ParamTy::Ptr),
-        ("norms", ParamTy::Ptr),
-        ("delta", ParamTy::Ptr),
-        ("T", ParamTy::I32),
-        ("lnT", ParamTy::F32),
-    ];
-    if s.fewer_queries {
-        params.push(("Tk", ParamTy::I32));
-    }
     let f = &s.rule.formula;
     if s.fewer_queries && f.stats_under(&s.score).contains(&Stat::KCausal) {
         return Err(format!("{name}: k_causal with queries fewer than keys"));
     }
-    let k = Kb::kernel(ctx, module, name, &params)?;
-    let (q, kk, norms, delta) = (k.param_ptr(0), k.param_ptr(1), k.param_ptr(2), k.param_ptr(3));
-    let (t_len, ln_t) = (k.param_int(4), k.param_f32(5));
-    let k_len = if s.fewer_queries { k.param_int(6) } else { t_len };
+    let k = Kb::kernel(ctx, module, name, &params::delta_signature(s.fewer_queries))?;
+    let p = params::DeltaParams::numbers(s.fewer_queries);
+    let (q, kk, norms, delta) =
+        (k.param_ptr(p.q), k.param_ptr(p.k), k.param_ptr(p.norms), k.param_ptr(p.delta));
+    let (t_len, ln_t) = (k.param_int(p.t), k.param_f32(p.ln_t));
+    let k_len = p.tk.map_or(t_len, |n| k.param_int(n));
     let tid = k.sreg("tid.x");
     let lw = lane_warp(&k, tid);
     let (lane, warp) = lw;
@@ -253,7 +242,7 @@ pub fn build_threshold_fused<'ctx>(
     if !fuses_delta(s) {
         return Err(format!("{name}: the formula is not one of norm statistics only"));
     }
-    let k = Kb::kernel(ctx, module, name, &FUSED_PARAMS)?;
+    let k = Kb::kernel(ctx, module, name, &params::fused_signature(false))?;
     let io = FusedIo::params(&k);
     let (m, bh, mt) = (k.sreg("ctaid.x"), k.sreg("ctaid.y"), k.sreg("nctaid.x"));
     norms_then_delta(&k, name, s, io, (m, bh, mt));
@@ -279,9 +268,7 @@ pub fn build_threshold_with_scan<'ctx>(
     if !fuses_delta(s) {
         return Err(format!("{name}: the formula is not one of norm statistics only"));
     }
-    let mut params = FUSED_PARAMS.to_vec();
-    params.extend([("gate", ParamTy::Ptr), ("c", ParamTy::Ptr)]);
-    let k = Kb::kernel(ctx, module, name, &params)?;
+    let k = Kb::kernel(ctx, module, name, &params::fused_signature(true))?;
     let io = FusedIo::params(&k);
     k.launch_bounds(NORM_THREADS, JOINT_BLOCKS);
     scans_then_tiles(&k, name, s, io, (kind, gate_dt), split);
@@ -313,7 +300,8 @@ fn scans_then_tiles<'ctx>(
         k.icmp(IntPredicate::ULT, lin, nscan),
         "prelude",
         |k| {
-            let (gate, c) = (k.param_ptr(7), k.param_ptr(8));
+            let scan = params::FusedParams::numbers(true).scan.expect("the joint prelude's parameters");
+            let (gate, c) = (k.param_ptr(scan.gate), k.param_ptr(scan.c));
             let whole_row = GateRow { gate, c, t_len: io.t_len, bh: lin };
             // Both shapes share one scratch (the longer's).
             let scratch = ScanScratch::new(k, name, PRELUDE_SCAN);
@@ -405,17 +393,7 @@ const SHORT_SCAN: ScanShape = ScanShape { threads: NORM_THREADS, elems: 16 };
 pub const SPLIT_SEGMENT: i64 = (PRELUDE_SCAN.threads * PRELUDE_SCAN.elems) as i64;
 
 /// The parameters of the one-kernel threshold.
-const FUSED_PARAMS: [(&str, ParamTy); 7] = [
-    ("q", ParamTy::Ptr),
-    ("k", ParamTy::Ptr),
-    ("norms", ParamTy::Ptr),
-    ("delta", ParamTy::Ptr),
-    ("arrived", ParamTy::Ptr),
-    ("T", ParamTy::I32),
-    ("lnT", ParamTy::F32),
-];
-
-/// The one-kernel threshold's buffers and sizes ([`FUSED_PARAMS`]).
+/// The one-kernel threshold's buffers and sizes ([`params::FusedParams`]).
 #[derive(Clone, Copy)]
 struct FusedIo<'ctx> {
     q: PointerValue<'ctx>,
@@ -429,14 +407,15 @@ struct FusedIo<'ctx> {
 
 impl<'ctx> FusedIo<'ctx> {
     fn params(k: &Kb<'_, 'ctx>) -> FusedIo<'ctx> {
+        let p = params::FusedParams::numbers(false);
         FusedIo {
-            q: k.param_ptr(0),
-            k: k.param_ptr(1),
-            norms: k.param_ptr(2),
-            delta: k.param_ptr(3),
-            arrived: k.param_ptr(4),
-            t_len: k.param_int(5),
-            ln_t: k.param_f32(6),
+            q: k.param_ptr(p.q),
+            k: k.param_ptr(p.k),
+            norms: k.param_ptr(p.norms),
+            delta: k.param_ptr(p.delta),
+            arrived: k.param_ptr(p.arrived),
+            t_len: k.param_int(p.t),
+            ln_t: k.param_f32(p.ln_t),
         }
     }
 }
