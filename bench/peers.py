@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time the peers of foxc on the inputs `foxc inputs` wrote (the standard workload, BENCHMARKS.md).
 
-    python3 bench/peers.py in.safetensors [--variant fox|softcap|gqa] [--foxc-out out.safetensors]
+    python3 bench/peers.py in.safetensors [--variant fox|softcap|gqa|gate|rope] [--foxc-out out.safetensors]
                            [--log-eps -10] [--block 128]
     python3 bench/peers.py in4k.safetensors in8k.safetensors ... --grad [--foxc]
 
@@ -21,6 +21,12 @@ Variants (the same score_mod foxc compiles from examples/fox_softcap.attn and ex
   (delta = log_eps - 2 U - ln T), as foxc's interval analysis does;
 - `gqa`: k and v have G < H heads (kv head = h / (H / G)), FlexAttention with enable_gqa=True; the block
   mask's U uses each query head's kv head.
+- `gate` (bench/fox_gate.attn, input `g`): FoX times `sigmoid(g)`: `flex_gate_acp_eager` multiplies
+  FlexAttention's output in eager torch, `flex_gate_acp_compiled` compiles attention and gate as one
+  function (torch.compile may fuse the epilogue);
+- `rope` (bench/fox_rope.attn, inputs `cos`, `sin` [T, D]): q and k rotated (rotate-half, f32, then
+  bf16) before FlexAttention FoX, in one compiled function (`flex_rope_acp_compiled`); the block mask
+  from the rotated q and k.
 Times: triton.testing.do_bench(warmup=50, rep=300, return_mode="median"), in ms.
 
 `--grad` (FoX only): forward + backward (out.backward(dout), dout fixed N(0, 1)), every gradient
@@ -104,7 +110,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("inputs", nargs="+", help="safetensors files of `foxc inputs` (one row set each)")
     ap.add_argument("--foxc-out", help="foxc's output safetensors (tensor `out`) to check against the reference")
-    ap.add_argument("--variant", choices=["fox", "softcap", "gqa"], default="fox")
+    ap.add_argument("--variant", choices=["fox", "softcap", "gqa", "gate", "rope"], default="fox")
     ap.add_argument("--log-eps", type=float, default=-10.0)
     ap.add_argument("--block", type=int, default=128)
     ap.add_argument("--no-dense-flex", action="store_true", help="skip FlexAttention without the block mask")
@@ -126,8 +132,64 @@ def main():
         return 0
     print("peer,shape,ms,kept,rel_l2", flush=True)
     for path in args.inputs:
-        run_forward(path, args)
+        if args.variant in ("gate", "rope"):
+            run_elementwise(path, args)
+        else:
+            run_forward(path, args)
     return 0
+
+
+def rotate(x, cos, sin):
+    """RoPE's rotate-half as bench/fox_rope.attn writes it: x cos + [-x2, x1] sin, in f32."""
+    d = x.shape[-1] // 2
+    xf = x.float()
+    rot = torch.cat([-xf[..., d:], xf[..., :d]], dim=-1)
+    return xf * cos + rot * sin
+
+
+def run_elementwise(path, args):
+    """FlexAttention FoX + ACP with an output gate or RoPE around it (see the variants above)."""
+    import triton.testing
+    from torch.nn.attention.flex_attention import flex_attention
+
+    t = load_file(path, device="cuda")
+    q, k, v, fgate = t["q"], t["k"], t["v"], t["fgate"]
+    B, H, T, D = q.shape
+    shape = f"{B}x{H}x{T}x{D}"
+    c = gate_cumsum(fgate)
+    flex = torch.compile(flex_attention, dynamic=False)
+    mod = fox_score_mod(c, c)
+    if args.variant == "gate":
+        g = t["g"]
+        start, kept = acp_starts(q, k, c, args)
+        mask = acp_block_mask(start, T, args.block, args.block)
+
+        def whole():
+            return flex_attention(q, k, v, score_mod=mod, block_mask=mask) * torch.sigmoid(g)
+
+        runs = {
+            "flex_gate_acp_eager": lambda: flex(q, k, v, score_mod=mod, block_mask=mask) * torch.sigmoid(g),
+            "flex_gate_acp_compiled": torch.compile(whole, dynamic=False),
+        }
+        ref = None if args.no_ref else reference(q, k, v, c) * torch.sigmoid(g.float())
+    else:
+        cos, sin = t["cos"], t["sin"]
+        qr, kr = rotate(q, cos, sin).to(q.dtype), rotate(k, cos, sin).to(k.dtype)
+        start, kept = acp_starts(qr, kr, c, args)
+        mask = acp_block_mask(start, T, args.block, args.block)
+
+        def whole():
+            a, b = rotate(q, cos, sin).to(q.dtype), rotate(k, cos, sin).to(k.dtype)
+            return flex_attention(a, b, v, score_mod=mod, block_mask=mask)
+
+        runs = {"flex_rope_acp_compiled": torch.compile(whole, dynamic=False)}
+        ref = None if args.no_ref else reference(rotate(q, cos, sin), rotate(k, cos, sin), v, c)
+    for name, fn in runs.items():
+        out = fn()
+        torch.cuda.synchronize()
+        ms = triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
+        err = rel_l2(out, ref) if ref is not None else float("nan")
+        print(f"{name},{shape},{ms:.4f},{kept:.4f},{err:.3e}", flush=True)
 
 
 def acp_starts(q, k, c, args, group=1, softcap=None):
