@@ -118,27 +118,11 @@ pub enum PlanError {
     Invalid(String),
 }
 
-/// Whether `op` is one [`plan`] lowers.
+/// Whether `op` is one [`plan`] lowers: a scalar, an elementwise op, or an op that reads its
+/// operand by name in a loop (the IR's two classes, [`Op::is_elementwise`] and
+/// [`Op::reads_by_name`], which `fuse-loops` decides by).
 pub fn handles(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Const(_)
-            | Op::DimSize(_)
-            | Op::Iota { .. }
-            | Op::Bind { .. }
-            | Op::Gather { .. }
-            | Op::Store { .. }
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Select
-            | Op::Reduce { .. }
-            | Op::Cumsum { .. }
-            | Op::Softmax { .. }
-            | Op::RmsNorm { .. }
-            | Op::Causal { .. }
-            | Op::Window { .. }
-            | Op::Cast
-    )
+    matches!(op, Op::Const(_) | Op::DimSize(_)) || op.is_elementwise() || op.reads_by_name(0)
 }
 
 /// Whether `n` is a `mul` that a `sum {contract}` reads through (the `contract` pass's
