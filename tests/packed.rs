@@ -41,3 +41,35 @@ fn packed_sequences_are_one_pruned_attention() {
         assert!(t.contains("check grad_fgate"), "{t}");
     }
 }
+
+/// Packed sequences prefilled against a cache: `N` new tokens at the end of `M` keys (a chunk
+/// of a packed batch whose earlier tokens are cached), each query's first key `first[b, i]` a
+/// key position. One fused, pruned attention with the key bound, forward and gradients against
+/// the reference, pruned and dense; rows whose sequence starts after their own position have no
+/// key and are 0.
+#[test]
+fn packed_sequences_against_a_cache_are_one_pruned_attention() {
+    const PACKED_CACHE: &str = include_str!("../bench/fox_packed_cache.attn");
+    let p = common::write_program("packed", "packed_cache.attn", PACKED_CACHE);
+    for target in ["cpu", "sm_90a"] {
+        let (code, t) = run(&["compile", &p, "--emit", "opt", "--target", target, "--shape", "D=64"]);
+        assert_eq!(code, Some(0), "{t}");
+        let attn: Vec<&str> = t.lines().filter(|l| l.contains("= attention {")).collect();
+        assert_eq!(attn.len(), 1, "{target}: {t}");
+        assert!(
+            attn[0].contains("mask = causal")
+                && attn[0].contains("keys_from = ")
+                && attn[0].contains("pruned"),
+            "{target}: {t}"
+        );
+    }
+    let s = seed();
+    for shape in ["B=2,H=2,N=100,M=300,D=16", "B=1,H=2,N=7,M=450,D=8"] {
+        for prune in [true, false] {
+            let t = cpu_check("run", &p, shape, &s, prune);
+            assert!(t.contains("all rows"), "{t}");
+        }
+        let t = cpu_check("grad", &p, shape, &s, true);
+        assert!(t.contains("check grad_fgate"), "{t}");
+    }
+}
