@@ -290,6 +290,19 @@ impl Graph {
         }
     }
 
+    /// Make operand `pos` of `id` read `new` instead (its other operands and every other use
+    /// of the old value stay). False when `id` has no operand at `pos`.
+    pub fn set_operand(&mut self, id: ValueId, pos: u32, new: Value) -> bool {
+        let Some(e) =
+            self.g.edges_directed(id, Direction::Incoming).find(|e| e.weight().pos == pos).map(|e| e.id())
+        else {
+            return false;
+        };
+        self.g.remove_edge(e);
+        self.g.add_edge(new.node, id, Use { pos, result: new.result });
+        true
+    }
+
     /// Nodes in a deterministic topological order (ties broken by node index).
     pub fn topo_order(&self) -> Vec<ValueId> {
         let mut indeg: std::collections::BTreeMap<ValueId, usize> =

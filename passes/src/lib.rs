@@ -33,6 +33,7 @@ pub mod fold_scale;
 pub mod fuse_loops;
 pub mod fuse_out;
 pub mod grad;
+pub mod half_operands;
 pub mod key_bound;
 pub mod lang;
 pub mod monotone;
@@ -101,7 +102,7 @@ pub struct PassOptions {
     /// ([`tiles::kernel_for`]).
     pub attn_kernel: Option<tiles::ForwardKernel>,
     /// Key tiles per block of a GPU split-keys kernel (`--split-key-tiles`, a decode step's);
-    /// `None`: [`tiles::SPLIT_KEY_TILES`].
+    /// `None`: [`tiles::SPLIT_KEYS_PER_BLOCK`] keys.
     pub split_key_tiles: Option<u32>,
     /// Bounds `(q_max, k_max)` the caller guarantees on the Euclidean norm of every query and
     /// key row the attention reads: ACP's threshold takes them as a static bound (as QK-norm's)
@@ -181,12 +182,14 @@ pub const PASSES: &[(&str, PassFn)] = &[
     ("monotonicity", monotone::run),
     ("tiles", tiles::run),
     ("acp", acp::run),
+    // Before half-operands: a q scaled in f32 is folded into the scale, not cast.
+    ("fold-q-scale", fold_scale::run),
+    ("half-operands", half_operands::run),
     ("fuse-output-cast", fuse_out::output_cast),
     ("fuse-boundary", fuse_out::boundary),
     ("fuse-threshold", fuse_out::threshold),
     ("fuse-prelude", fuse_out::prelude),
     ("compensate-decay", compensate::run),
-    ("fold-q-scale", fold_scale::run),
     ("contract", contract::run),
     ("fuse-loops", fuse_loops::run),
 ];

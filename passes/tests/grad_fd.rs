@@ -223,7 +223,12 @@ fn folded_q_scale_matches_finite_differences() {
     let &[a] = opt.find(|op| matches!(op, Op::Attention(_))).as_slice() else { panic!("one attention") };
     let Op::Attention(attn) = opt.op(a) else { unreachable!() };
     assert_eq!(attn.scale.to_string(), "1 * q_factor(rsqrt(2 * dim(D)))");
-    assert!(matches!(opt.op(opt.operands(a)[0]), Op::Param { .. }), "the attention reads q itself");
+    // q itself, cast to the kernels' 16-bit type by the half-operands pass (an f32 parameter).
+    let q_read = opt.operands(a)[0];
+    assert!(
+        matches!(opt.op(q_read), Op::Cast) && matches!(opt.op(opt.operands(q_read)[0]), Op::Param { .. }),
+        "the attention reads q itself"
+    );
     let dims = BTreeMap::from([("B", 1), ("H", 2), ("T", 7), ("D", 3)]);
     for seed in 0..2 {
         let (checked, _) = check_fd("folded q scale", &smooth(&opt), &dims, seed, 0.0, None);

@@ -366,10 +366,18 @@ fn options_reach_the_attributes() {
             assert!(bb.is_empty());
             assert_eq!(a.prune, Prune::Boundary);
         }
-        // q and k of QK-norm are positional rmsnorms over axis 3 (the scale is an attribute).
+        // q and k of QK-norm are positional rmsnorms over axis 3 (the scale is an attribute),
+        // f32 on the CPU, cast to bf16 for the GPU kernels (the half-operands pass).
         let ops = Attention::operands(&o, pa[0]).unwrap();
-        assert!(matches!(o.op(ops.q), Op::RmsNorm { axis, .. } if axis == "3"));
-        assert!(matches!(o.op(ops.k), Op::RmsNorm { axis, .. } if axis == "3"));
+        let normed = |v| match target {
+            Target::Cpu => v,
+            _ => {
+                assert!(matches!(o.op(v), Op::Cast) && o.ty(v).dtype == foxc_ir::DType::BF16);
+                o.operands(v)[0]
+            }
+        };
+        assert!(matches!(o.op(normed(ops.q)), Op::RmsNorm { axis, .. } if axis == "3"));
+        assert!(matches!(o.op(normed(ops.k)), Op::RmsNorm { axis, .. } if axis == "3"));
     }
     let t64 = foxc_ir::Tiles { bm: 64, bn: 64 };
     assert_eq!(tiles_for(Target::Cpu, Some(64), false), t64);

@@ -167,39 +167,29 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             .map_err(|e| Self::not_yet(n, &e))
     }
 
-    /// The 16-bit type the attention kernels read q, k, v in: f16 when one of them is f16 and
-    /// none is bf16, else bf16. Operands of another dtype are cast to it first
-    /// ([`Self::half_operands`]): f32 ones to bf16 keep their range; to f16 only beside f16
-    /// operands (an f16 program's RMS-normed q and k, bounded by `sqrt(D) max|w|`).
+    /// The 16-bit type the attention kernels read q, k, v in: the operands' own, which the
+    /// `half-operands` pass made one 16-bit type (`passes::half_operands::kernel_half`).
     pub(super) fn kernel_half(&self, operands: &[ValueId]) -> Half {
-        let has = |d: DType| operands.iter().any(|&v| self.ty(v).dtype == d);
-        if has(DType::F16) && !has(DType::BF16) {
+        if operands.iter().any(|&v| self.ty(v).dtype == DType::F16) {
             Half::F16
         } else {
             Half::Bf16
         }
     }
 
-    /// q, k, v in `half`: others are cast into scratch copies first.
-    fn half_operands(
-        &mut self,
-        n: ValueId,
-        vs: [ValueId; 3],
-        half: Half,
-    ) -> Result<[usize; 3], CodegenError> {
-        let to = half.dtype();
+    /// The buffers of q, k, v, each in `half` (the `half-operands` pass casts others in the IR).
+    fn half_operands(&self, n: ValueId, vs: [ValueId; 3], half: Half) -> Result<[usize; 3], CodegenError> {
         let mut qkv = [0; 3];
         for (i, &v) in vs.iter().enumerate() {
-            let b = self.buf(v)?;
-            qkv[i] = if self.ty(v).dtype == to {
-                b
-            } else {
-                let shape: Vec<Dim> = self.ty(v).dims().cloned().collect();
-                let s = self.scratch(to, shape, format!("{to} copy of operand {i} of %{}", n.index()));
-                let name = self.name(n, &format!("attn_in{i}_to_{to}"));
-                self.cast(n, name, v, b, s, to, None)?;
-                s
-            };
+            if self.ty(v).dtype != half.dtype() {
+                return Err(CodegenError::Internal(format!(
+                    "operand {i} of attention %{} is {}, not {} (the half-operands pass did not run)",
+                    n.index(),
+                    self.ty(v).dtype,
+                    half.dtype()
+                )));
+            }
+            qkv[i] = self.buf(v)?;
         }
         Ok(qkv)
     }
