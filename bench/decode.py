@@ -165,6 +165,13 @@ def main():
     ap.add_argument("--D", type=int, default=128)
     ap.add_argument("--json")
     ap.add_argument("--check-only", action="store_true", help="only the KVCache check, no timings")
+    ap.add_argument(
+        "--foxc-tiles",
+        nargs="*",
+        default=[],
+        metavar="BMxBN",
+        help="more rows of the cache keeping c, each at these tiles (foxc.load(tiles=...))",
+    )
     a = ap.parse_args()
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -175,10 +182,12 @@ def main():
     pruned, dense = foxc.load(PREFILL), foxc.load(PREFILL, no_prune=True)
     bounded = norms_bounded(pruned, a.D)
     kept_c = norms_bounded(foxc.load(CACHE), a.D)
+    tiled = [tuple(int(x) for x in t.split("x")) for t in a.foxc_tiles]
+    kept_c_at = {t: norms_bounded(foxc.load(CACHE, tiles=t), a.D) for t in tiled}
     cache_ok = check_cache(pruned)
     if a.check_only:
         sys.exit(0 if cache_ok else 1)
-    # The key block of foxc's kernel at this D, from its own IR (`bn = 128`).
+    # The key block of foxc's kernel at this D, from its own IR (`bn = 64` for a decode step).
     ir = pruned.ir("opt", "sm_90a", {"D": a.D, "N": 1})
     bn_foxc = int(re.search(r"\bbn = (\d+)", ir).group(1))
     print(f"foxc GPU attention: bn = {bn_foxc}")
@@ -207,6 +216,14 @@ def main():
                 ("foxc pruned", lambda: pruned(q=q, k=k, v=v, fgate=fgate), kept_keys(first_foxc, bn_foxc)),
                 ("foxc pruned, norms bounded", lambda: bounded(q=q, k=k, v=v, fgate=fgate), kept_keys(first_foxc, bn_foxc)),
                 ("foxc cache keeping c", lambda: kept_c(q=q, k=k, v=v, c=c), kept_keys(first_foxc, bn_foxc)),
+                *[
+                    (
+                        f"foxc cache keeping c, tiles {t[0]}x{t[1]}",
+                        lambda f=f: f(q=q, k=k, v=v, c=c),
+                        kept_keys(kept_start(c, q, k, t[1], M), t[1]),
+                    )
+                    for t, f in kept_c_at.items()
+                ],
                 ("foxc dense", lambda: dense(q=q, k=k, v=v, fgate=fgate), M),
                 ("Flex + ACP", lambda: flex(q, k, v, score_mod=score, block_mask=bm), kept_keys(first128, 128)),
                 ("Flex dense", lambda: flex(q, k, v, score_mod=score), M),

@@ -108,7 +108,8 @@ pub struct PruneArgs {
     /// The user's choice, NOT a safety proof (docs/RULES.md, "Given thresholds").
     #[arg(long, value_parser = foxc_driver::options::parse_thresholds, allow_hyphen_values = true, conflicts_with = "prune_rule")]
     pub thresholds: Option<foxc_ir::PruneRule>,
-    /// ACP tile shape BMxBN (default: the target's choice: 64x64; 64x128 on sm_90a for a forward with D = 64 or 128).
+    /// ACP tile shape BMxBN (default: the target's choice: 64x64; 64x128 on sm_90a for a forward with D = 64 or 128,
+    /// except a decode step's split-keys attention, 64x64).
     #[arg(long, value_parser = foxc_driver::options::parse_tiles)]
     pub tiles: Option<foxc_ir::Tiles>,
     /// How the sm_90a warp-specialized forward loads K and V: `tma` (one thread issues tensor
@@ -132,7 +133,8 @@ pub struct PruneArgs {
     pub attn_kernel: Option<AttnKernelArg>,
     /// Key tiles per block of a GPU decode step's split-keys kernel (queries fewer than keys,
     /// at most 64 of them): each block walks this many key tiles, a merge launch combines the
-    /// blocks. Default: the tiles pass's choice (16).
+    /// blocks. Default: the tiles pass's choice (2048 keys a block: 16 tiles of 128 keys, 32 of
+    /// 64).
     #[arg(long)]
     pub split_key_tiles: Option<u32>,
 }

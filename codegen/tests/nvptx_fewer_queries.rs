@@ -101,7 +101,7 @@ fn prefill_kernels_assemble_with_ptxas() {
 }
 
 /// A GPU graph with the query count bound at most one block (a decode step) splits its keys:
-/// the attention kernel's `_sk16` variant, launched over `(1, BH, ceil(M / 2048))`, writes f32
+/// the attention kernel's `_sk32` variant (32 key tiles of 64), launched over `(1, BH, ceil(M / 2048))`, writes f32
 /// partials that a merge launch (over the rows, `Tk` last) combines into the bf16 output. More
 /// queries (the kernel a square attention would take), or the CPU, keep one launch. The PTX
 /// assembles without spills on sm_90a.
@@ -120,22 +120,23 @@ fn a_decode_step_splits_its_keys() {
         at.kernel.clone()
     };
     use foxc_ir::attention::AttnKernel;
-    assert_eq!(kernel_of(&bound(1, Target::Sm90a)), AttnKernel::SplitKeys { tiles: 16 });
-    assert_eq!(kernel_of(&bound(64, Target::Sm80)), AttnKernel::SplitKeys { tiles: 16 });
+    // A decode step's tiles, 64x64: 2048 keys a block are 32 key tiles.
+    assert_eq!(kernel_of(&bound(1, Target::Sm90a)), AttnKernel::SplitKeys { tiles: 32 });
+    assert_eq!(kernel_of(&bound(64, Target::Sm80)), AttnKernel::SplitKeys { tiles: 32 });
     assert!(kernel_of(&bound(65, Target::Sm90a)).runs_warp_specialized(128));
     assert_eq!(kernel_of(&bound(65, Target::Sm80)), AttnKernel::Standard);
     assert_eq!(kernel_of(&bound(1, Target::Cpu)), AttnKernel::Standard);
     let g = bound(1, Target::Sm90a);
-    assert!(foxc_ir::print::print_graph(&g).contains("kernel = split_keys(tiles = 16)"));
+    assert!(foxc_ir::print::print_graph(&g).contains("kernel = split_keys(tiles = 32)"));
     let a = artifact(&g, NvptxTarget::Sm90a, 128);
     let fwd = kernel(&a, "foxc_attn_fwd");
-    assert!(fwd.name.contains("_sk16_") && !fwd.name.contains("_obf16"), "{}", fwd.name);
+    assert!(fwd.name.contains("_sk32_") && !fwd.name.contains("_obf16"), "{}", fwd.name);
     let bind = |s: &str| {
         [("B", 2), ("H", 16), ("N", 1), ("M", 131072 + 5), ("D", 128)].iter().find(|p| p.0 == s).map(|p| p.1)
     };
     let foxc_codegen::nvptx::Launch::Attention { cfg, .. } = &fwd.launch else { panic!("not attention") };
     let bn = cfg.bn as usize;
-    assert_eq!(fwd.geometry(&bind).unwrap().grid, (1, 32, (131072 / (16 * bn) + 1) as u32), "bn = {bn}");
+    assert_eq!(fwd.geometry(&bind).unwrap().grid, (1, 32, (131072 / (32 * bn) + 1) as u32), "bn = {bn}");
     let merge = kernel(&a, "split_merge");
     assert_eq!(merge.args.last(), Some(&KernelArg::I32(vec![Dim::sym("M")])), "{:?}", merge.args);
     let merge_geo = merge.geometry(&bind).unwrap();

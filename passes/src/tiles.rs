@@ -138,26 +138,43 @@ pub fn few_queries_rows(target: Target, tq: Option<u64>, tk: Option<u64>) -> Opt
     }
 }
 
-/// Key tiles per block of the split-keys kernel ([`AttnKernel::SplitKeys`]): 16 tiles (2048
-/// keys at bn = 128, 1 MiB of bf16 K and V at D = 128), so a decode step of 16 heads against
-/// 128k keys runs 1024 blocks, about eight per multiprocessor of an H200.
-pub const SPLIT_KEY_TILES: u32 = 16;
+/// Keys per block of the split-keys kernel ([`AttnKernel::SplitKeys`]) unless `--split-key-tiles`
+/// says otherwise: 2048 (16 tiles at bn = 128, 32 at bn = 64; 1 MiB of bf16 K and V at D = 128),
+/// so a decode step of 16 heads against 128k keys runs 1024 blocks, about eight per
+/// multiprocessor of an H100. Counted in keys, not tiles, so the tiles do not change how much
+/// one block streams.
+pub const SPLIT_KEYS_PER_BLOCK: u32 = 2048;
 
 /// Query rows up to which a GPU attention of fewer queries than keys splits its keys: one
 /// 64-row block of queries (a decode step, a few speculative tokens).
 pub const SPLIT_KEYS_ROWS: u64 = 64;
 
-/// The split-keys kernel for an attention of `rows` queries fewer than its keys, on a GPU when
-/// the rows are known to fit one block ([`SPLIT_KEYS_ROWS`]), `split_tiles` key tiles a block
-/// (default [`SPLIT_KEY_TILES`]); `None` otherwise (more queries get the kernel a square
+/// The tiles of a split-keys attention unless `--tiles` says otherwise: 64x64, whose block needs
+/// 82 KB of shared memory at D = 128 (148 KB with 128-key tiles), so two blocks share a
+/// multiprocessor and one's search and first loads overlap the other's stream. Measured on the
+/// H100 (BENCHMARKS.md, "Decode"): 8% faster than 64x128 at 128k keys, B = 1, 6% at B = 8, and
+/// 7% slower at 32k keys, B = 1.
+pub const SPLIT_KEYS_TILES: Tiles = Tiles { bm: 64, bn: 64 };
+
+/// Whether an attention of `rows` queries fewer than its keys splits its keys on `target`: on a
+/// GPU when the rows are known to fit one block ([`SPLIT_KEYS_ROWS`]).
+pub fn splits_keys(target: Target, rows: Option<u64>) -> bool {
+    target.is_gpu() && rows.is_some_and(|r| r <= SPLIT_KEYS_ROWS)
+}
+
+/// The split-keys kernel for an attention of `rows` queries fewer than its keys where it
+/// [`splits_keys`], `split_tiles` key tiles of `bn` keys a block (default
+/// [`SPLIT_KEYS_PER_BLOCK`] keys); `None` otherwise (more queries get the kernel a square
 /// attention would, [`kernel_for`]: the queries sit at the end of the keys in either).
-pub fn split_keys_kernel(target: Target, rows: Option<u64>, split_tiles: Option<u32>) -> Option<AttnKernel> {
-    match rows {
-        Some(r) if target.is_gpu() && r <= SPLIT_KEYS_ROWS => {
-            Some(AttnKernel::SplitKeys { tiles: split_tiles.unwrap_or(SPLIT_KEY_TILES) })
-        }
-        _ => None,
-    }
+pub fn split_keys_kernel(
+    target: Target,
+    rows: Option<u64>,
+    split_tiles: Option<u32>,
+    bn: u32,
+) -> Option<AttnKernel> {
+    splits_keys(target, rows).then(|| AttnKernel::SplitKeys {
+        tiles: split_tiles.unwrap_or((SPLIT_KEYS_PER_BLOCK / bn.max(1)).max(1)),
+    })
 }
 
 /// The query dims a caller that compiles once per class of shapes (the Python op) binds so
@@ -193,7 +210,11 @@ pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(
         let fewer_queries = foxc_ir::attention::fewer_queries(g, q, k);
         let head_dim = bound(q, 3);
         let rows = bound(q, 2);
+        let splits = fewer_queries && splits_keys(opts.target, rows);
         let tiles = opts.tiles.unwrap_or_else(|| {
+            if splits {
+                return SPLIT_KEYS_TILES;
+            }
             let t = tiles_for(opts.target, head_dim, opts.gradient);
             match few_queries_rows(opts.target, rows, bound(k, 2)) {
                 Some(bm) => Tiles { bm, ..t },
@@ -207,7 +228,7 @@ pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(
                 _ => None,
             }
             .or_else(|| crate::key_bound::keys_from_score(&a.score));
-            let split = fewer_queries.then(|| split_keys_kernel(opts.target, rows, opts.split_key_tiles));
+            let split = splits.then(|| split_keys_kernel(opts.target, rows, opts.split_key_tiles, tiles.bn));
             a.kernel = split.flatten().unwrap_or_else(|| {
                 kernel_for(opts.target, head_dim, a, tiles, WsOptions::of(opts), opts.attn_kernel)
             });

@@ -521,9 +521,16 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         self.load_tile(qb, i0, bm as u32, lay.q, t_len);
         b.cp_async_commit();
         let j_end0 = b.mulc(n_hi, bn);
-        self.load_tile(kb, j_end0, cfg.bn, lay.k[0], self.k_len);
-        self.load_tile(vb, j_end0, cfg.bn, lay.v[0], self.k_len);
-        b.cp_async_commit();
+        let load_first_tile = |_: &KernelBuilder<'a, 'ctx>| {
+            self.load_tile(kb, j_end0, cfg.bn, lay.k[0], self.k_len);
+            self.load_tile(vb, j_end0, cfg.bn, lay.v[0], self.k_len);
+        };
+        // The first tile (the diagonal's, always kept) flies while the block searches its start;
+        // a split-keys block's may be pruned, so it waits for the search (below).
+        if split.is_none() {
+            load_first_tile(b);
+            b.cp_async_commit();
+        }
 
         // Per-column bias in log2 units relative to c_ref = c[i0]: b_j = (c_ref - c_j) * log2 e.
         // Kept keys have |c_ref - c_j| bounded by |delta| + the tile span, so the relative value
@@ -538,11 +545,18 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         });
 
         // ---- start tile: window bound and the in-kernel pruning search ----
-        let n_start = self.start_tile(cb, delta_p, bh, i0);
+        let n_start = self.start_tile(cb, delta_p, bh, i0, split.map(|(_, first, last)| (first, last)));
         // Under an expression mask with a proven key bound: no tile below the block's bound.
         let n_start = self.key_bound_start(n_start, n_end, bh, i0);
-        // Split keys: no tile before the slice's first.
+        // Split keys: no tile before the slice's first; a slice may hold no kept tile (below the
+        // pruning start, or past the diagonal), and then loads none of its keys (most blocks of
+        // a long decode step: the copies were 23% more bytes than the kept tiles').
         let n_start = split.map_or(n_start, |(_, first, _)| b.named(b.smax(n_start, first), "n_lo"));
+        let any = split.map(|_| b.named(b.icmp(IntPredicate::SGE, n_hi, n_start), "slice_kept"));
+        if let Some(any) = any {
+            b.if_then(any, load_first_tile);
+            b.cp_async_commit();
+        }
 
         // Q fragments: wait for the Q group only (K/V of the first tile may still fly).
         b.cp_async_wait(1);
@@ -580,17 +594,10 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         let walk_tiles = |b: &KernelBuilder<'a, 'ctx>| {
             b.do_while(("tile", "epilogue"), &carried, |_, vals| self.tile_step(&walk, vals))
         };
-        let last = match split {
+        let last = match any {
             None => walk_tiles(b),
-            Some(_) => {
-                // A slice may hold no kept tile (below the pruning start, or past the
-                // diagonal): its partial is the empty row's (zeros, LSE -inf).
-                let any = b.icmp(IntPredicate::SGE, n_hi, n_start);
-                let last = b.if_then_carry(any, ("slice", "slice_done"), &carried, walk_tiles);
-                // The first tile's copies are still in flight where the walk did not run.
-                b.cp_async_wait(0);
-                last
-            }
+            // A slice with no kept tile writes the empty row's partial (zeros, LSE -inf).
+            Some(any) => b.if_then_carry(any, ("slice", "slice_done"), &carried, walk_tiles),
         };
 
         // ---- epilogue: O / l and LSE ----

@@ -8,13 +8,16 @@ use inkwell::{FloatPredicate, IntPredicate};
 
 impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
     /// The first key tile this block computes: 0, raised by the window (tiles wholly before the
-    /// first row's window) and by pruning (`start` of the IR tile holding row `i0`).
+    /// first row's window) and by pruning (`start` of the IR tile holding row `i0`). With split
+    /// keys, `slice` is the block's tiles `[first, last]`: the search looks at those only, so a
+    /// block learns in one round whether its slice holds a kept tile (`last + 1` if none).
     pub(crate) fn start_tile(
         &self,
         cb: PointerValue<'ctx>,
         delta_p: PointerValue<'ctx>,
         bh: IntValue<'ctx>,
         i0: IntValue<'ctx>,
+        slice: Option<(IntValue<'ctx>, IntValue<'ctx>)>,
     ) -> IntValue<'ctx> {
         let b = self.b;
         let bn = self.cfg.bn as i64;
@@ -31,7 +34,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
             let bm = self.cfg.bm as i64;
             let m_ir = b.named(b.udivc(i0, bm), "m_ir");
             let i0_ir = b.mulc(m_ir, bm);
-            let ps = self.prune_search(cb, delta_p, bh, m_ir, i0_ir);
+            let ps = self.prune_search(cb, delta_p, bh, m_ir, i0_ir, slice);
             if self.cfg.debug_starts {
                 self.write_debug_start(bh, m_ir, b.icmp(IntPredicate::EQ, i0, i0_ir), ps);
             }
@@ -62,7 +65,8 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         });
     }
 
-    /// start[m] of IR tile `m` (first row `i0`): [`search_start`] with this kernel's tiles.
+    /// start[m] of IR tile `m` (first row `i0`): [`search_start`] with this kernel's tiles,
+    /// within `slice` where given.
     fn prune_search(
         &self,
         cb: PointerValue<'ctx>,
@@ -70,16 +74,18 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         bh: IntValue<'ctx>,
         m: IntValue<'ctx>,
         i0: IntValue<'ctx>,
+        slice: Option<(IntValue<'ctx>, IntValue<'ctx>)>,
     ) -> IntValue<'ctx> {
         let (p0, t_len, k_len) = (self.pos(i0), self.t_len, self.k_len);
-        let at = SearchAt { cb, delta_p, bh, m, p0, t_len, k_len, lane: self.lane };
+        let at = SearchAt { cb, delta_p, bh, m, p0, t_len, k_len, lane: self.lane, slice };
         search_start(self.b, self.cfg.bm, self.cfg.bn, &at)
     }
 }
 
 /// Where [`search_start`] searches: the gate cumsum `cb` and threshold `delta_p` of flat head
 /// `bh`, IR query tile `m` whose first row sits at key position `p0` (the row itself when
-/// queries and keys are one), the query and key counts and this thread's lane.
+/// queries and keys are one), the query and key counts, this thread's lane, and the tiles
+/// `[first, last]` of a split-keys block (`None`: every tile up to the diagonal).
 #[derive(Clone, Copy)]
 pub(crate) struct SearchAt<'ctx> {
     pub cb: PointerValue<'ctx>,
@@ -90,6 +96,7 @@ pub(crate) struct SearchAt<'ctx> {
     pub t_len: IntValue<'ctx>,
     pub k_len: IntValue<'ctx>,
     pub lane: IntValue<'ctx>,
+    pub slice: Option<(IntValue<'ctx>, IntValue<'ctx>)>,
 }
 
 /// start[m] by a 32-ary search per warp: the first key tile n in [0, floor(p0/bn)] with
@@ -97,13 +104,18 @@ pub(crate) struct SearchAt<'ctx> {
 /// `m` is the IR tile's index (tiles of `bm` rows), `p0` its first row's key position. Called by every lane
 /// of a warp (a ballot); the forward and the backward kernels (attention_bwd) both use it, so
 /// they keep the same tiles.
+///
+/// With a slice `[first, last]` the search starts at `first` and ends at the cap or at
+/// `last + 1`, whichever is lower: "kept" is monotone in the tile (`c` is non-increasing), so
+/// the answer is `max(start[m], first)` when the slice holds a kept tile and `last + 1` when it
+/// holds none, in one round for a slice of at most 32 tiles.
 pub(crate) fn search_start<'ctx>(
     b: &KernelBuilder<'_, 'ctx>,
     bm: u32,
     bn: u32,
     at: &SearchAt<'ctx>,
 ) -> IntValue<'ctx> {
-    let SearchAt { cb, delta_p, bh, m, p0: i0, t_len, k_len, lane } = *at;
+    let SearchAt { cb, delta_p, bh, m, p0: i0, t_len, k_len, lane, slice } = *at;
     let (bn, bm) = (bn as i64, bm as i64);
     let f32t = b.f32t().into();
     let tmax = b.addc(k_len, -1);
@@ -112,9 +124,13 @@ pub(crate) fn search_start<'ctx>(
     let dl = b.load_f32(b.gep(f32t, delta_p, b.sext64(didx)));
     let ci0 = b.load_f32(b.gep(f32t, cb, b.sext64(i0)));
     let cap = b.named(b.sdivc(i0, bn), "cap");
+    let (lo0, hi0) = match slice {
+        None => (b.i32(0), cap),
+        Some((first, last)) => (first, b.smin(cap, b.addc(last, 1))),
+    };
     let out = b.while_loop(
         ("search", "search_step", "search_done"),
-        &[("lo", b.i32(0).into()), ("hi", cap.into())],
+        &[("lo", lo0.into()), ("hi", hi0.into())],
         |b, v| b.icmp(IntPredicate::SLT, v[0].into_int_value(), v[1].into_int_value()),
         |b, v| {
             let (lo, hi) = (v[0].into_int_value(), v[1].into_int_value());

@@ -229,7 +229,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             let m_ir = b.udivc(i0, bm);
             let i0_ir = b.mulc(m_ir, bm);
             let (p0, k_len) = (self.pos(i0_ir), self.k_len);
-            let at = SearchAt { cb, delta_p, bh, m: m_ir, p0, t_len, k_len, lane: self.lane };
+            let at = SearchAt { cb, delta_p, bh, m: m_ir, p0, t_len, k_len, lane: self.lane, slice: None };
             let ps = search_start(b, cfg.bm, cfg.bn, &at);
             let mut first =
                 b.and(b.icmp(IntPredicate::EQ, i0, i0_ir), b.icmpc(IntPredicate::EQ, self.tid, 0));

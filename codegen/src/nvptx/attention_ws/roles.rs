@@ -251,7 +251,7 @@ fn starts<'ctx>(
         return (0..consumers(cfg))
             .map(|w| {
                 let (_, i0c, _) = consumer_rows(a, cfg, blk, b.i32(w));
-                a.start_tile(blk.cb, b.param_ptr(FWD.delta), blk.bh, i0c)
+                a.start_tile(blk.cb, b.param_ptr(FWD.delta), blk.bh, i0c, None)
             })
             .collect();
     }
@@ -277,7 +277,7 @@ fn post_start<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, blk: &Block<
     let ah = Attn { tid: b.andc(a.tid, 63), ..*a };
     let search = |w: IntValue<'ctx>| {
         let (_, i0c, _) = consumer_rows(a, cfg, blk, w);
-        let st = ah.start_tile(blk.cb, b.param_ptr(FWD.delta), blk.bh, i0c);
+        let st = ah.start_tile(blk.cb, b.param_ptr(FWD.delta), blk.bh, i0c, None);
         let first = b.icmpc(IntPredicate::EQ, ah.tid, 0);
         b.if_then_named(first, ("post_start", "post_start_done"), |b| {
             b.store(b.smem_at(a.smem, b.add(xch, b.mulc(w, 4))), st);
