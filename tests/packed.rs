@@ -23,21 +23,31 @@ const PACKED: &str = "attention packed(q: bf16[B, H, T, D], k: bf16[B, H, T, D],
 #[test]
 fn packed_sequences_are_one_pruned_attention() {
     let p = common::write_program("packed", "packed.attn", PACKED);
-    let (code, t) = run(&["compile", &p, "--emit", "opt"]);
+    assert_one_pruned_attention(&p, "cpu");
+    check_against_the_reference(&p, &["B=2,H=4,T=300,D=16", "B=1,H=2,T=70,D=8"]);
+}
+
+/// `p` optimized for `target` (D = 64) is one causal attention, pruned, with a key bound.
+fn assert_one_pruned_attention(p: &str, target: &str) {
+    let (code, t) = run(&["compile", p, "--emit", "opt", "--target", target, "--shape", "D=64"]);
     assert_eq!(code, Some(0), "{t}");
     let attn: Vec<&str> = t.lines().filter(|l| l.contains("= attention {")).collect();
-    assert_eq!(attn.len(), 1, "{t}");
+    assert_eq!(attn.len(), 1, "{target}: {t}");
     assert!(
         attn[0].contains("mask = causal") && attn[0].contains("keys_from = ") && attn[0].contains("pruned"),
-        "{t}"
+        "{target}: {t}"
     );
+}
+
+/// Forward (pruned and dense, every row) and gradients of `p` on the CPU against the reference.
+fn check_against_the_reference(p: &str, shapes: &[&str]) {
     let s = seed();
-    for shape in ["B=2,H=4,T=300,D=16", "B=1,H=2,T=70,D=8"] {
+    for shape in shapes {
         for prune in [true, false] {
-            let t = cpu_check("run", &p, shape, &s, prune);
+            let t = cpu_check("run", p, shape, &s, prune);
             assert!(t.contains("all rows"), "{t}");
         }
-        let t = cpu_check("grad", &p, shape, &s, true);
+        let t = cpu_check("grad", p, shape, &s, true);
         assert!(t.contains("check grad_fgate"), "{t}");
     }
 }
@@ -52,24 +62,7 @@ fn packed_sequences_against_a_cache_are_one_pruned_attention() {
     const PACKED_CACHE: &str = include_str!("../bench/fox_packed_cache.attn");
     let p = common::write_program("packed", "packed_cache.attn", PACKED_CACHE);
     for target in ["cpu", "sm_90a"] {
-        let (code, t) = run(&["compile", &p, "--emit", "opt", "--target", target, "--shape", "D=64"]);
-        assert_eq!(code, Some(0), "{t}");
-        let attn: Vec<&str> = t.lines().filter(|l| l.contains("= attention {")).collect();
-        assert_eq!(attn.len(), 1, "{target}: {t}");
-        assert!(
-            attn[0].contains("mask = causal")
-                && attn[0].contains("keys_from = ")
-                && attn[0].contains("pruned"),
-            "{target}: {t}"
-        );
+        assert_one_pruned_attention(&p, target);
     }
-    let s = seed();
-    for shape in ["B=2,H=2,N=100,M=300,D=16", "B=1,H=2,N=7,M=450,D=8"] {
-        for prune in [true, false] {
-            let t = cpu_check("run", &p, shape, &s, prune);
-            assert!(t.contains("all rows"), "{t}");
-        }
-        let t = cpu_check("grad", &p, shape, &s, true);
-        assert!(t.contains("check grad_fgate"), "{t}");
-    }
+    check_against_the_reference(&p, &["B=2,H=2,N=100,M=300,D=16", "B=1,H=2,N=7,M=450,D=8"]);
 }
