@@ -139,6 +139,20 @@ pub fn inlined(g: &Graph, n: ValueId) -> bool {
     g.node(n).inline
 }
 
+/// Whether `n` has no buffer of its own: a product a `sum {contract}` reads through, or an
+/// inline value, unless the caller reads it back (`is_output`). Such a value exists only inside
+/// the loops of its users.
+pub fn unbuffered(g: &Graph, n: ValueId, is_output: &dyn Fn(ValueId) -> bool) -> bool {
+    (read_through(g, n) || inlined(g, n)) && !is_output(n)
+}
+
+/// Whether node `n` reads an [`unbuffered`] value, so that only the generic loop, which computes
+/// it in place, can compute `n` (the backends' fast kernels read buffers). Both backends ask
+/// this one question.
+pub fn reads_unbuffered(g: &Graph, n: ValueId, is_output: &dyn Fn(ValueId) -> bool) -> bool {
+    g.operands(n).into_iter().any(|x| unbuffered(g, x, is_output))
+}
+
 /// Each distinct product of dims once.
 struct Scalars(Vec<Vec<Dim>>);
 

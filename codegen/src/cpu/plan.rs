@@ -31,15 +31,10 @@ pub(super) fn plan(
     // Scalar subgraphs (`rsqrt(dim D)`) fold to constants at compile time: dims are concrete.
     let mut consts: HashMap<ValueId, f64> = HashMap::new();
     let mut specs = vec![];
-    // Values computed in their users' loops: a node reading one takes the generic loop.
-    let mut no_buffer: HashSet<ValueId> = HashSet::new();
+    let is_output = |x: ValueId| out_nodes.contains(&x);
     for &n in &order {
-        // A product that a `sum {contract}` reads through, or an inline value, has no kernel,
-        // unless read back.
-        let read_through = (crate::loop_plan::read_through(g, n) || crate::loop_plan::inlined(g, n))
-            && !out_nodes.contains(&n);
-        if !live.contains(&n) || read_through {
-            no_buffer.insert(n);
+        // A product that a `sum {contract}` reads through, or an inline value, has no kernel.
+        if !live.contains(&n) || crate::loop_plan::unbuffered(g, n, &is_output) {
             continue;
         }
         let op = g.op(n);
@@ -57,8 +52,12 @@ pub(super) fn plan(
             let gcx = generic::Ctx { g, dims, consts: &consts, num: &num };
             Ok(SpecKind::Generic(generic::plan(&gcx, n)?))
         };
-        let reads_inline = g.operands(n).iter().any(|x| no_buffer.contains(x));
-        let fused = if reads_inline { None } else { cx.fused(&consts, &used)? };
+        // A node reading a value its loop computes in place takes the generic loop.
+        let fused = if crate::loop_plan::reads_unbuffered(g, n, &is_output) {
+            None
+        } else {
+            cx.fused(&consts, &used)?
+        };
         let Some(kind) = fused else {
             if matches!(op, Op::Param { .. }) {
                 continue;

@@ -326,10 +326,9 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         }
     }
 
-    /// Whether node `n` reads an inline value (one its loop computes: it has no buffer), so
-    /// that only the generic loop, not a kernel that reads buffers, can compute `n`.
+    /// [`crate::loop_plan::reads_unbuffered`] with this module's outputs.
     fn reads_inline(&self, n: ValueId) -> bool {
-        self.g.operands(n).into_iter().any(|x| crate::loop_plan::inlined(self.g, x) && !self.is_output(x))
+        crate::loop_plan::reads_unbuffered(self.g, n, &|x| self.is_output(x))
     }
 
     /// Whether node `n` reads a result other than the first of some node (a backward's dk, a
