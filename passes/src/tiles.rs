@@ -162,23 +162,14 @@ pub fn splits_keys(target: Target, rows: Option<u64>) -> bool {
     target.is_gpu() && rows.is_some_and(|r| r <= SPLIT_KEYS_ROWS)
 }
 
-/// The split-keys kernel for an attention of `rows` queries fewer than its keys where it
-/// [`splits_keys`], `split_tiles` key tiles of `bn` keys a block (default
-/// [`SPLIT_KEYS_PER_BLOCK`] keys); `None` otherwise (more queries get the kernel a square
-/// attention would, [`kernel_for`]: the queries sit at the end of the keys in either).
-pub fn split_keys_kernel(
-    target: Target,
-    rows: Option<u64>,
-    split_tiles: Option<u32>,
-    bn: u32,
-) -> Option<AttnKernel> {
-    splits_keys(target, rows).then(|| AttnKernel::SplitKeys {
-        tiles: split_tiles.unwrap_or((SPLIT_KEYS_PER_BLOCK / bn.max(1)).max(1)),
-    })
+/// The split-keys kernel of an attention that [`splits_keys`]: `split_tiles` key tiles of `bn`
+/// keys a block (default [`SPLIT_KEYS_PER_BLOCK`] keys).
+pub fn split_keys_kernel(split_tiles: Option<u32>, bn: u32) -> AttnKernel {
+    AttnKernel::SplitKeys { tiles: split_tiles.unwrap_or((SPLIT_KEYS_PER_BLOCK / bn.max(1)).max(1)) }
 }
 
 /// The query dims a caller that compiles once per class of shapes (the Python op) binds so
-/// that [`split_keys_kernel`] can split keys: each symbolic query-row dim of an attention
+/// that the attention [`splits_keys`]: each symbolic query-row dim of an attention
 /// of fewer queries than keys that `len` puts at most [`SPLIT_KEYS_ROWS`], with its size.
 pub fn split_keys_dims(g: &Graph, len: &dyn Fn(&str) -> Option<u64>) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
@@ -228,10 +219,13 @@ pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(
                 _ => None,
             }
             .or_else(|| crate::key_bound::keys_from_score(&a.score));
-            let split = splits.then(|| split_keys_kernel(opts.target, rows, opts.split_key_tiles, tiles.bn));
-            a.kernel = split.flatten().unwrap_or_else(|| {
+            // More queries get the kernel a square attention would (the queries sit at the end
+            // of the keys in either).
+            a.kernel = if splits {
+                split_keys_kernel(opts.split_key_tiles, tiles.bn)
+            } else {
                 kernel_for(opts.target, head_dim, a, tiles, WsOptions::of(opts), opts.attn_kernel)
-            });
+            };
         }
     }
     Ok(())
