@@ -30,9 +30,12 @@ pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(
     }
     // One cast per (value, type), shared by every attention and threshold that reads it.
     let mut casts: BTreeMap<(ValueId, DType), ValueId> = BTreeMap::new();
+    // Each attention's q and k as they were, and the type its kernels read them in.
+    let mut qk_in: Vec<([ValueId; 2], DType)> = vec![];
     for n in g.find(|op| matches!(op, Op::Attention(_))) {
         let qkv: Vec<ValueId> = g.operands(n).into_iter().take(3).collect();
         let half = kernel_half(g, &qkv);
+        qk_in.push(([qkv[0], qkv[1]], half));
         for (pos, &x) in qkv.iter().enumerate() {
             if g.ty(x).dtype == half {
                 continue;
@@ -46,10 +49,12 @@ pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(
             g.set_operand(n, pos as u32, Value::of(cast));
         }
     }
-    // The thresholds' q and k (operands 0 and 1) are their attention's.
+    // A threshold's q and k (operands 0 and 1) are its attention's: it reads the same casts.
     for t in g.find(|op| matches!(op, Op::Threshold { .. })) {
-        for (pos, x) in g.operands(t).into_iter().take(2).enumerate() {
-            if let Some((_, &cast)) = casts.iter().find(|((v, _), _)| *v == x) {
+        let qk: Vec<ValueId> = g.operands(t).into_iter().take(2).collect();
+        let Some(&(_, half)) = qk_in.iter().find(|(a, _)| a[..] == qk[..]) else { continue };
+        for (pos, x) in qk.into_iter().enumerate() {
+            if let Some(&cast) = casts.get(&(x, half)) {
                 g.set_operand(t, pos as u32, Value::of(cast));
             }
         }
