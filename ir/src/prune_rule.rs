@@ -453,13 +453,27 @@ pub struct Whole<'a> {
     pub stats: &'a dyn Fn(usize) -> [f64; 3],
 }
 
+/// Lanes of [`row_norm`]'s partial sums.
+pub const NORM_LANES: usize = 4;
+
+/// `|x|` in f64, in the order the CPU threshold kernel reproduces bit for bit with two f64x2
+/// accumulators: element `j` is added to partial sum `j % 4` (each from 0, in order of `j`), and
+/// `|x| = sqrt((s0 + s1) + (s2 + s3))`. Every threshold's row norms are this one.
+pub fn row_norm(x: &[f64]) -> f64 {
+    let mut s = [0.0f64; NORM_LANES];
+    for (j, v) in x.iter().enumerate() {
+        s[j % NORM_LANES] += v * v;
+    }
+    ((s[0] + s[1]) + (s[2] + s[3])).sqrt()
+}
+
 /// `delta [heads, ceil(T / bm)]` of `rule` (docs/RULES.md): the reference every backend matches.
 /// NaN in q or k propagates into delta (and a NaN delta keeps every tile).
 pub fn threshold(rule: &RuleExpr, a: &ThresholdArgs) -> Vec<f64> {
     let (t, tk, d, bm) = (a.t, a.tk, a.d, a.bm.max(1));
     let off = tk.saturating_sub(t);
     let mt = t.div_ceil(bm);
-    let norm = |x: &[f64]| x.iter().map(|v| v * v).sum::<f64>().sqrt();
+    let norm = row_norm;
     // A row sees at most Tk keys (the whole sequence's, for a chunk).
     let ln_t = (a.whole.as_ref().map_or(tk, |w| w.len) as f64).ln();
     let per_row = rule.per_row();

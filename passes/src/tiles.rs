@@ -129,11 +129,12 @@ impl WsOptions {
 
 /// The CPU's query tile for `tq` queries against `tk` keys when both are bound and the queries
 /// are fewer than a 64-row tile and than the keys (a decode step, a short prefill against a
-/// cache): their own count rounded up to a power of two, at least 8, where a 64-row tile would
-/// compute 64 rows for each (BENCHMARKS.md, CPU: a decode step).
+/// cache): their own count rounded up to a power of two, where a 64-row tile would compute 64
+/// rows for each (BENCHMARKS.md, CPU: a decode step). The CPU kernel's register blocks are of
+/// up to 4 rows, so a tile of 1 or 2 rows computes only those.
 pub fn few_queries_rows(target: Target, tq: Option<u64>, tk: Option<u64>) -> Option<u32> {
     match (target, tq, tk) {
-        (Target::Cpu, Some(tq), Some(tk)) if tq < tk && tq < 64 => Some(tq.next_power_of_two().max(8) as u32),
+        (Target::Cpu, Some(tq), Some(tk)) if tq < tk && tq < 64 => Some(tq.next_power_of_two() as u32),
         _ => None,
     }
 }
@@ -253,7 +254,8 @@ mod tests {
     /// A few queries against more keys get a query tile of their own size on the CPU only.
     #[test]
     fn few_queries_get_a_small_query_tile() {
-        assert_eq!(few_queries_rows(Target::Cpu, Some(1), Some(4096)), Some(8));
+        assert_eq!(few_queries_rows(Target::Cpu, Some(1), Some(4096)), Some(1));
+        assert_eq!(few_queries_rows(Target::Cpu, Some(3), Some(4096)), Some(4));
         assert_eq!(few_queries_rows(Target::Cpu, Some(9), Some(4096)), Some(16));
         assert_eq!(few_queries_rows(Target::Cpu, Some(63), Some(64)), Some(64));
         assert_eq!(few_queries_rows(Target::Cpu, Some(64), Some(4096)), None);

@@ -269,17 +269,13 @@ fn local_norm_stats<'py>(
         let m: Vec<f64> = (0..b * h)
             .map(|bh| {
                 (0..l)
-                    .map(|i| row_norm(&t.data[(bh * l + i) * d..(bh * l + i + 1) * d]))
+                    .map(|i| foxc_ir::prune_rule::row_norm(&t.data[(bh * l + i) * d..(bh * l + i + 1) * d]))
                     .fold(0.0, interp::nan_max)
             })
             .collect();
         Ok((vec![b, h], PyBytes::new(py, &f64_bytes(&m))))
     };
     Ok((stat(&q)?, stat(&k)?))
-}
-
-fn row_norm(x: &[f64]) -> f64 {
-    x.iter().map(|v| v * v).sum::<f64>().sqrt()
 }
 
 /// The name of the parameter an attention operand reads directly.

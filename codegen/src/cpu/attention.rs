@@ -222,7 +222,7 @@ fn init_tile(fx: &mut Fx, cx: &Cx) {
     }
     let ninf = fx.splat_c(f32::NEG_INFINITY);
     let zv = fx.splat_c(0.0);
-    for r in (0..sc.bmp).step_by(4) {
+    for r in (0..sc.bmp.next_multiple_of(4)).step_by(4) {
         fx.store(ninf, bufs.mrow, (r * 4) as i32);
         fx.store(zv, bufs.lrow, (r * 4) as i32);
     }
@@ -341,24 +341,24 @@ fn stage_keys(fx: &mut Fx, cx: &Cx, tile: &QueryTile, n: Value) -> (Value, Value
 /// `S = (scale Q) K^T` into scratch, register blocks of 4 rows x 8 columns.
 fn score_block(fx: &mut Fx, cx: &Cx) {
     let (a, sc, bufs) = (cx.a, &cx.sc, &cx.bufs);
-    let (d, bmp, bnp) = (a.d, sc.bmp, sc.bnp);
-    fx.for_n(0, bmp as i64, 4, |fx, rb| {
-        let qrow = fx.addr(bufs.qs, rb, (d * 16) as i64);
-        let srow = fx.addr(bufs.s, rb, (bnp * 4) as i64);
+    let (d, rb, bnp) = (a.d, sc.rb, sc.bnp);
+    fx.for_n(0, sc.bmp as i64, rb as i64, |fx, rblk| {
+        let qrow = fx.addr(bufs.qs, rblk, (d * 16) as i64);
+        let srow = fx.addr(bufs.s, rblk, (bnp * 4) as i64);
         fx.for_n(0, bnp as i64, 8, |fx, cb| {
             let ktc = fx.addr(bufs.kt, cb, 4);
-            let mut acc = [fx.splat_c(0.0); 8];
+            let mut acc = vec![fx.splat_c(0.0); 2 * rb as usize];
             for j in 0..d {
                 let k0 = fx.load(F32X4, ktc, (j * bnp * 4) as i32);
                 let k1 = fx.load(F32X4, ktc, (j * bnp * 4 + 16) as i32);
-                for r in 0..4 {
+                for r in 0..rb {
                     let qv = fx.load(F32X4, qrow, ((r * d + j) * 16) as i32);
                     acc[2 * r as usize] = fx.fmadd(qv, k0, acc[2 * r as usize]);
                     acc[2 * r as usize + 1] = fx.fmadd(qv, k1, acc[2 * r as usize + 1]);
                 }
             }
             let sdst = fx.addr(srow, cb, 4);
-            for r in 0..4u64 {
+            for r in 0..rb {
                 fx.store(acc[2 * r as usize], sdst, (r * bnp * 4) as i32);
                 fx.store(acc[2 * r as usize + 1], sdst, (r * bnp * 4 + 16) as i32);
             }
@@ -479,24 +479,25 @@ fn online_softmax_step(fx: &mut Fx, bufs: &Bufs, r: Value, srow: Value, bnp: u64
     fx.store(alpha, aa, 0);
 }
 
-/// `O = alpha O + P V`, register blocks of 4 rows x 8 head dims.
+/// `O = alpha O + P V`, register blocks of [`AttnScratch::rb`] rows x 8 head dims.
 fn accumulate_pv(fx: &mut Fx, cx: &Cx) {
     let (sc, bufs) = (&cx.sc, &cx.bufs);
-    let (bmp, bnp, dp) = (sc.bmp, sc.bnp, sc.dp);
-    fx.for_n(0, bmp as i64, 4, |fx, rb| {
-        let prow = fx.addr(bufs.s, rb, (bnp * 4) as i64);
-        let orow = fx.addr(bufs.o, rb, (dp * 4) as i64);
-        let arb = fx.addr(bufs.arow, rb, 4);
-        let mut al = [fx.splat_c(0.0); 4];
-        for (r, x) in al.iter_mut().enumerate() {
-            let s = fx.load(F32, arb, (r * 4) as i32);
-            *x = fx.splat(s);
-        }
+    let (rb, bnp, dp) = (sc.rb, sc.bnp, sc.dp);
+    fx.for_n(0, sc.bmp as i64, rb as i64, |fx, rblk| {
+        let prow = fx.addr(bufs.s, rblk, (bnp * 4) as i64);
+        let orow = fx.addr(bufs.o, rblk, (dp * 4) as i64);
+        let arb = fx.addr(bufs.arow, rblk, 4);
+        let al: Vec<Value> = (0..rb)
+            .map(|r| {
+                let s = fx.load(F32, arb, (r * 4) as i32);
+                fx.splat(s)
+            })
+            .collect();
         fx.for_n(0, dp as i64, 8, |fx, db| {
             let oc = fx.addr(orow, db, 4);
             let vc = fx.addr(bufs.vp, db, 4);
-            let mut acc = [al[0]; 8];
-            for r in 0..4u64 {
+            let mut acc = vec![al[0]; 2 * rb as usize];
+            for r in 0..rb {
                 for hh in 0..2u64 {
                     let o = fx.load(F32X4, oc, (r * dp * 4 + hh * 16) as i32);
                     acc[(2 * r + hh) as usize] = fx.b.ins().fmul(o, al[r as usize]);
@@ -505,14 +506,14 @@ fn accumulate_pv(fx: &mut Fx, cx: &Cx) {
             for cc in 0..bnp {
                 let v0 = fx.load(F32X4, vc, (cc * dp * 4) as i32);
                 let v1 = fx.load(F32X4, vc, (cc * dp * 4 + 16) as i32);
-                for r in 0..4u64 {
+                for r in 0..rb {
                     let p = fx.load(F32, prow, ((r * bnp + cc) * 4) as i32);
                     let p = fx.splat(p);
                     acc[2 * r as usize] = fx.fmadd(p, v0, acc[2 * r as usize]);
                     acc[2 * r as usize + 1] = fx.fmadd(p, v1, acc[2 * r as usize + 1]);
                 }
             }
-            for r in 0..4u64 {
+            for r in 0..rb {
                 for hh in 0..2u64 {
                     fx.store(acc[(2 * r + hh) as usize], oc, (r * dp * 4 + hh * 16) as i32);
                 }

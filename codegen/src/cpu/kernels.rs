@@ -123,6 +123,10 @@ fn round_up(x: u64, m: u64) -> u64 {
 
 /// Byte offsets of the attention kernel's per-thread scratch areas.
 pub struct AttnScratch {
+    /// Query rows of one register block of the score and `P V` products: 4, or the tile's rows
+    /// when fewer (a decode step's tile of 1 row computes 1 row, not 4).
+    pub rb: u64,
+    /// The tile's rows rounded up to whole register blocks.
     pub bmp: u64,
     pub bnp: u64,
     pub dp: u64,
@@ -153,7 +157,8 @@ impl AttnKernel {
     }
 
     pub fn scratch(&self) -> AttnScratch {
-        let bmp = round_up(self.bm, 4);
+        let rb = self.bm.clamp(1, 4);
+        let bmp = round_up(self.bm, rb);
         let bnp = round_up(self.bn, 8);
         let dp = round_up(self.d, 8);
         let mut off = 0u64;
@@ -174,10 +179,30 @@ impl AttnKernel {
         let pair = self.c_lo as u64;
         let li = take(bmp * pair);
         let lj = take(bnp * pair);
-        let mrow = take(bmp);
-        let lrow = take(bmp);
-        let arow = take(bmp);
-        AttnScratch { bmp, bnp, dp, qs, kt, vp, s, o, ci, cj, li, lj, mrow, lrow, arow, bytes: off as usize }
+        // Whole f32x4 vectors: the running max and sum are initialized four rows at a time.
+        let rows4 = round_up(bmp, 4);
+        let mrow = take(rows4);
+        let lrow = take(rows4);
+        let arow = take(rows4);
+        AttnScratch {
+            rb,
+            bmp,
+            bnp,
+            dp,
+            qs,
+            kt,
+            vp,
+            s,
+            o,
+            ci,
+            cj,
+            li,
+            lj,
+            mrow,
+            lrow,
+            arow,
+            bytes: off as usize,
+        }
     }
 }
 

@@ -1,13 +1,14 @@
 //! The CPU `threshold` kernel: for one (b, h) per task, `delta` of every query tile from the
 //! rule's formula. The formula is rendered by the one walk over it (`RuleExpr::emit`) with
 //! Cranelift f64 instructions; this file only computes the statistics the formula reads. They
-//! are computed in f64 in the interpreter's order (`foxc_ir::prune_rule::threshold`: sequential
-//! sums of squares, NaN-keeping maxima from 0, the tile's minimum over rows), so that delta
-//! equals the interpreter's bit for bit before the f32 store.
+//! are computed in f64 in the interpreter's order (`foxc_ir::prune_rule::threshold`: row norms
+//! as `row_norm` sums the squares, NaN-keeping maxima from 0, the tile's minimum over rows), so
+//! that delta equals the interpreter's bit for bit before the f32 store.
 
-use super::emit::{Fx, F32, F64};
-use cranelift_codegen::ir::{InstBuilder, Value};
-use foxc_ir::prune_rule::{RuleEmitter, Stat};
+use super::emit::{Fx, F32, F32X4, F64};
+use cranelift_codegen::ir::types::{F64X2, I8X16};
+use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Value};
+use foxc_ir::prune_rule::{RuleEmitter, Stat, NORM_LANES};
 use foxc_ir::{DType, NormBound, PruneRule, ScoreBound};
 
 /// The kernel's compile-time parameters (`kernels::Kind::Threshold`).
@@ -56,21 +57,50 @@ impl RuleEmitter for Clif<'_, '_> {
     }
 }
 
-/// `|x|` of the row of `d` elements at element `base`, in f64 (sum of squares from 0, then sqrt).
+/// `|x|` of the row of `d` elements at element `base`, in f64, bit for bit
+/// [`foxc_ir::prune_rule::row_norm`]: partial sums of squares `s[j % 4]` in two f64x2
+/// accumulators (`(s0, s1)`, `(s2, s3)`; each group of four elements loaded as one f32x4 and
+/// promoted exactly), the tail's elements added to their own lane, then
+/// `sqrt((s0 + s1) + (s2 + s3))`.
 fn norm(fx: &mut Fx, dt: DType, p: Value, base: Value, d: u64) -> Value {
-    let ss = fx.b.declare_var(F64);
-    let z = fx.f64c(0.0);
-    fx.b.def_var(ss, z);
-    fx.for_n(0, d as i64, 1, |fx, j| {
-        let idx = fx.b.ins().iadd(base, j);
+    let lanes = NORM_LANES as u64;
+    let zero = fx.f64c(0.0);
+    let zero2 = fx.b.ins().splat(F64X2, zero);
+    let (mut s01, mut s23) = (zero2, zero2);
+    // Bytes 8..16 of an f32x4 (lanes 2, 3) moved to bytes 0..8, for the low-lane promote.
+    let high_half: Vec<u8> = (8..16).chain(8..16).collect();
+    let high_half = fx.b.func.dfg.immediates.push(ConstantData::from(high_half));
+    let bytes = MemFlagsData::new().with_endianness(Endianness::Little);
+    for g in 0..d / lanes {
+        let idx = fx.b.ins().iadd_imm_s(base, (g * lanes) as i64);
+        let x = fx.load4_f32(dt, p, idx);
+        let lo = fx.b.ins().fvpromote_low(x);
+        let xb = fx.b.ins().bitcast(I8X16, bytes, x);
+        let hb = fx.b.ins().shuffle(xb, xb, high_half);
+        let hx = fx.b.ins().bitcast(F32X4, bytes, hb);
+        let hi = fx.b.ins().fvpromote_low(hx);
+        let lo2 = fx.b.ins().fmul(lo, lo);
+        let hi2 = fx.b.ins().fmul(hi, hi);
+        s01 = fx.b.ins().fadd(s01, lo2);
+        s23 = fx.b.ins().fadd(s23, hi2);
+    }
+    let mut s: Vec<Value> = vec![
+        fx.b.ins().extractlane(s01, 0),
+        fx.b.ins().extractlane(s01, 1),
+        fx.b.ins().extractlane(s23, 0),
+        fx.b.ins().extractlane(s23, 1),
+    ];
+    for j in d / lanes * lanes..d {
+        let idx = fx.b.ins().iadd_imm_s(base, j as i64);
         let v = fx.load_f64(dt, p, idx);
-        let a = fx.b.use_var(ss);
         let sq = fx.b.ins().fmul(v, v);
-        let a = fx.b.ins().fadd(a, sq);
-        fx.b.def_var(ss, a);
-    });
-    let a = fx.b.use_var(ss);
-    fx.b.ins().sqrt(a)
+        let lane = (j % lanes) as usize;
+        s[lane] = fx.b.ins().fadd(s[lane], sq);
+    }
+    let a = fx.b.ins().fadd(s[0], s[1]);
+    let b = fx.b.ins().fadd(s[2], s[3]);
+    let ss = fx.b.ins().fadd(a, b);
+    fx.b.ins().sqrt(ss)
 }
 
 /// Fold `max(acc, |x_j|)` over rows `lo..hi` of the head at element `head` into variable `acc`
@@ -251,39 +281,29 @@ fn row_stats(
 ) {
     let off = fx.b.ins().imul_imm_s(i, p.d as i64);
     let base = fx.b.ins().iadd(bhbase, off);
+    if want_q {
+        stats[Stat::QRow as usize] = Some(norm(fx, p.q, q, base, p.d));
+    }
+    if !want_s {
+        return;
+    }
     // The row's diagonal key sits at i + Tk - Tq.
     let kb = fx.b.ins().iadd(kbase, off);
     let kb = if p.tk == p.t { kb } else { fx.b.ins().iadd_imm_s(kb, ((p.tk - p.t) * p.d) as i64) };
-    let qq = fx.b.declare_var(F64);
     let qk = fx.b.declare_var(F64);
     let z = fx.f64c(0.0);
-    fx.b.def_var(qq, z);
     fx.b.def_var(qk, z);
     fx.for_n(0, p.d as i64, 1, |fx, j| {
         let idx = fx.b.ins().iadd(base, j);
         let a = fx.load_f64(p.q, q, idx);
-        if want_q {
-            let x = fx.b.use_var(qq);
-            let aa = fx.b.ins().fmul(a, a);
-            let x = fx.b.ins().fadd(x, aa);
-            fx.b.def_var(qq, x);
-        }
-        if want_s {
-            let kidx = fx.b.ins().iadd(kb, j);
-            let b = fx.load_f64(p.k, k, kidx);
-            let y = fx.b.use_var(qk);
-            let ab = fx.b.ins().fmul(a, b);
-            let y = fx.b.ins().fadd(y, ab);
-            fx.b.def_var(qk, y);
-        }
+        let kidx = fx.b.ins().iadd(kb, j);
+        let b = fx.load_f64(p.k, k, kidx);
+        let y = fx.b.use_var(qk);
+        let ab = fx.b.ins().fmul(a, b);
+        let y = fx.b.ins().fadd(y, ab);
+        fx.b.def_var(qk, y);
     });
-    if want_q {
-        let qq = fx.b.use_var(qq);
-        stats[Stat::QRow as usize] = Some(fx.b.ins().sqrt(qq));
-    }
-    if want_s {
-        let sc = fx.f64c(p.scale);
-        let qk = fx.b.use_var(qk);
-        stats[Stat::Sii as usize] = Some(fx.b.ins().fmul(sc, qk));
-    }
+    let sc = fx.f64c(p.scale);
+    let qk = fx.b.use_var(qk);
+    stats[Stat::Sii as usize] = Some(fx.b.ins().fmul(sc, qk));
 }
