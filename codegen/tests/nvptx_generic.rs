@@ -51,15 +51,21 @@ fn every_corner_lowers_with_runtime_sizes() {
         let (g, a) = compiled(&src, NvptxTarget::Sm90a);
         assert!(!a.kernels.is_empty(), "{name}");
         for k in &a.kernels {
-            // A product with a compile-time scalar is the scaled-copy kernel.
+            // A product with a compile-time scalar is the scaled-copy kernel; a cumsum along the
+            // last axis of a buffer, the gate scan's two launches.
             let op = g.op(k.node).mnemonic();
-            let scale = k.name.ends_with(&format!("_scale_n{}", k.node.index()));
-            assert!(scale || k.name.ends_with(&format!("_{op}_n{}", k.node.index())), "{name}: {}", k.name);
+            let n = k.node.index();
+            let special = [
+                format!("_scale_n{n}"),
+                format!("_gate_segment_sums_n{n}"),
+                format!("_gate_scan_segments_n{n}"),
+            ];
+            let ok = special.iter().any(|x| k.name.ends_with(x)) || k.name.ends_with(&format!("_{op}_n{n}"));
+            assert!(ok, "{name}: {}", k.name);
             assert!(a.ptx.contains(&format!(".entry {}", k.name)), "{name}: PTX lacks {}", k.name);
             assert!(matches!(k.launch, Launch::Grid { .. }), "{name}");
             // Sizes are kernel arguments: some argument is a product of symbolic dims.
-            let runtime =
-                |a: &KernelArg| matches!(a, KernelArg::I64(d) if d.iter().any(|d| !d.symbols().is_empty()));
+            let runtime = |a: &KernelArg| matches!(a, KernelArg::I64(d) | KernelArg::I32(d) if d.iter().any(|d| !d.symbols().is_empty()));
             assert!(g.ty(k.node).rank() == 0 || k.args.iter().any(runtime), "{name}: {:?}", k.args);
         }
         assert_eq!(a.outputs.len(), 1);
@@ -69,16 +75,18 @@ fn every_corner_lowers_with_runtime_sizes() {
 /// The sizes are runtime values: binding other dims changes launch grids, not the PTX.
 #[test]
 fn sizes_are_runtime_arguments() {
-    // The launch of the (only) cumsum of `name` with the dims bound by `bind`.
+    // The launch of the (last) kernel of the (only) cumsum of `name` with the dims bound by
+    // `bind`.
     let grid = |name: &str, bind: &[(&str, u64)]| {
         let (g, a) = compiled(&source(name), NvptxTarget::Sm90a);
-        let k = a.kernels.iter().find(|k| matches!(g.op(k.node), Op::Cumsum { .. })).unwrap();
+        let k = a.kernels.iter().rfind(|k| matches!(g.op(k.node), Op::Cumsum { .. })).unwrap();
         let bind: BTreeMap<String, u64> = bind.iter().map(|(k, v)| (k.to_string(), *v)).collect();
         (k.geometry(&|s: &str| bind.get(s).copied()).unwrap().grid, k.geometry(&|_| None).is_err())
     };
-    // Along the innermost axis t of [B, H, T]: one warp per (b, h) line, 4 lines per block.
-    assert_eq!(grid("fox_alibi_gate", &[("B", 2), ("H", 3), ("T", 100)]), ((2, 1, 1), true));
-    assert_eq!(grid("fox_alibi_gate", &[("B", 5), ("H", 16), ("T", 7)]), ((20, 1, 1), true));
+    // Along the innermost axis t of [B, H, T]: the gate scan, a block per segment of 8192 and
+    // (b, h) line.
+    assert_eq!(grid("fox_alibi_gate", &[("B", 2), ("H", 3), ("T", 100)]), ((1, 6, 1), true));
+    assert_eq!(grid("fox_alibi_gate", &[("B", 5), ("H", 16), ("T", 9000)]), ((2, 80, 1), true));
     // Along the outer axis t of [T, N]: one thread per line (n), 128 lines per block.
     assert_eq!(grid("cumsum_outer", &[("T", 1000), ("N", 8)]), ((1, 1, 1), true));
     assert_eq!(grid("cumsum_outer", &[("T", 3), ("N", 300)]), ((3, 1, 1), true));

@@ -403,6 +403,16 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 self.result_buffers(n);
                 return self.attention_backward(n, &a);
             }
+            // An f32 prefix sum along the last axis of a buffered float tensor (the gradient of
+            // a gate cumsum reads one of dc): the gate scan's launches, each row split in
+            // segments (`LogGate` reads the values as they are), not a loop of one thread per row.
+            Op::Cumsum { axis } if self.scans_rows(n, axis) => {
+                let res = self.result_buffers(n);
+                let dims: Vec<Dim> = node.ty.dims().cloned().collect();
+                let (t, rows) = dims.split_last().ok_or_else(|| ie("a cumsum of rank 0".into()))?;
+                let x = g.operand_values(n)[0];
+                return self.split_gate_scan(n, GateKind::LogGate, x, res, (rows.to_vec(), t.clone()));
+            }
             op if generic::handles(op) => {
                 let res = self.result_buffers(n);
                 return self.generic(n, res);
@@ -523,6 +533,18 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
 
     /// Whether `axis` is the last axis of `x` and its size is static (what the rmsnorm row
     /// kernel needs; other rmsnorms run in a generic loop).
+    /// Whether `cumsum` node `n` along `axis` runs as the row scan: its operand has a buffer, a
+    /// float dtype and the result's axes, `axis` is the last of them, and the result is f32.
+    fn scans_rows(&self, n: ValueId, axis: &str) -> bool {
+        let x = self.g.operand_values(n)[0];
+        let (xt, nt) = (self.g.value_ty(x), self.ty(n));
+        !self.reads_inline(n)
+            && xt.dtype.is_float()
+            && nt.dtype == DType::F32
+            && xt.axes == nt.axes
+            && nt.axes.last().is_some_and(|a| a.name == axis)
+    }
+
     fn last_static_axis(&self, x: ValueId, axis: &str) -> bool {
         let ax = &self.ty(x).axes;
         ax.last().is_some_and(|a| {
@@ -611,12 +633,13 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         &mut self,
         n: ValueId,
         kind: GateKind,
-        x: ValueId,
+        x: impl Into<Value>,
         res: usize,
         (bh, t): (Vec<Dim>, Dim),
     ) -> Result<(), CodegenError> {
         let ie = CodegenError::Internal;
-        let xdt = self.ty(x).dtype;
+        let x = x.into();
+        let xdt = self.g.value_ty(x).dtype;
         let segments = GridDim::Ceil(vec![t.clone()], kernels::SCAN_SEGMENT);
         let mut shape = bh.clone();
         shape.extend([Dim::Tiles(Box::new(t.clone()), kernels::SCAN_SEGMENT), Dim::Const(2)]);
