@@ -473,15 +473,15 @@ pub fn threshold(rule: &RuleExpr, a: &ThresholdArgs) -> Vec<f64> {
     let (t, tk, d, bm) = (a.t, a.tk, a.d, a.bm.max(1));
     let off = tk.saturating_sub(t);
     let mt = t.div_ceil(bm);
-    let norm = row_norm;
     // A row sees at most Tk keys (the whole sequence's, for a chunk).
     let ln_t = (a.whole.as_ref().map_or(tk, |w| w.len) as f64).ln();
     let per_row = rule.per_row();
     let mut out = Vec::with_capacity(a.heads * mt);
     for bh in 0..a.heads {
         let kvh = (a.kv_head)(bh);
-        let qn: Vec<f64> = (0..t).map(|i| norm(&a.q[(bh * t + i) * d..(bh * t + i + 1) * d])).collect();
-        let kn: Vec<f64> = (0..tk).map(|j| norm(&a.k[(kvh * tk + j) * d..(kvh * tk + j + 1) * d])).collect();
+        let qn: Vec<f64> = (0..t).map(|i| row_norm(&a.q[(bh * t + i) * d..(bh * t + i + 1) * d])).collect();
+        let kn: Vec<f64> =
+            (0..tk).map(|j| row_norm(&a.k[(kvh * tk + j) * d..(kvh * tk + j + 1) * d])).collect();
         // The maxima over the sequence, and over the keys before these rows (none but a
         // chunk's).
         let [seq_q, seq_k, k_before] = match &a.whole {

@@ -531,8 +531,6 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         Ok(())
     }
 
-    /// Whether `axis` is the last axis of `x` and its size is static (what the rmsnorm row
-    /// kernel needs; other rmsnorms run in a generic loop).
     /// Whether `cumsum` node `n` along `axis` runs as the row scan: its operand has a buffer, a
     /// float dtype and the result's axes, `axis` is the last of them, and the result is f32.
     fn scans_rows(&self, n: ValueId, axis: &str) -> bool {
@@ -545,6 +543,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             && nt.axes.last().is_some_and(|a| a.name == axis)
     }
 
+    /// Whether `axis` is the last axis of `x` and its size is static (what the rmsnorm row
+    /// kernel needs; other rmsnorms run in a generic loop).
     fn last_static_axis(&self, x: ValueId, axis: &str) -> bool {
         let ax = &self.ty(x).axes;
         ax.last().is_some_and(|a| {
