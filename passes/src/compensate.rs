@@ -21,10 +21,7 @@ use foxc_ir::{Attention, Graph, Op, ValueId};
 use std::collections::BTreeMap;
 
 /// The `compensate-decay` pass.
-pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
-    if opts.target.is_gpu() {
-        return Ok(());
-    }
+pub fn run(g: &mut Graph, _opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
     // One residual per cumsum, however many attentions read it.
     let mut residual: BTreeMap<ValueId, ValueId> = BTreeMap::new();
     for n in g.find(|op| matches!(op, Op::Attention(a) if a.decay && !a.decay_lo)) {

@@ -15,10 +15,8 @@ use crate::{PassContext, PassError, PassOptions};
 use foxc_ir::{BinaryOp, Graph, Op, ReduceKind, Value, ValueId};
 
 /// The `contract` pass.
-pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
-    if !opts.target.is_gpu() {
-        mark(g, &[]);
-    }
+pub fn run(g: &mut Graph, _opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
+    mark(g, &[]);
     Ok(())
 }
 

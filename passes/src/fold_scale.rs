@@ -24,9 +24,6 @@ use std::collections::{BTreeMap, HashMap};
 
 /// The `fold-q-scale` pass.
 pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
-    if !opts.target.is_gpu() {
-        return Ok(());
-    }
     let mut folded = false;
     for n in g.topo_order() {
         let Some((x, q)) = foldable(g, n, &opts.dims) else { continue };

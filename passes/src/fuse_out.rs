@@ -69,10 +69,7 @@ pub fn output_cast(g: &mut Graph, _opts: &PassOptions, _cx: &mut PassContext) ->
 }
 
 /// The `fuse-boundary` pass (GPU targets only).
-pub fn boundary(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
-    if !opts.target.is_gpu() {
-        return Ok(());
-    }
+pub fn boundary(g: &mut Graph, _opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
     for n in g.find(|op| matches!(op, Op::Attention(a) if a.prune == Prune::Start)) {
         let Op::Attention(a) = g.op(n).clone() else { continue };
         let ops = Attention::operands(g, n).map_err(PassError::Internal)?;
@@ -108,10 +105,7 @@ pub fn threshold_plan(rule: &PruneRule, score: &ScoreBound, bound: NormBound) ->
 }
 
 /// The `fuse-threshold` pass (GPU targets only): [`threshold_plan`] on every threshold.
-pub fn threshold(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
-    if !opts.target.is_gpu() {
-        return Ok(());
-    }
+pub fn threshold(g: &mut Graph, _opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
     for n in g.find(|op| matches!(op, Op::Threshold { .. })) {
         // The one-launch threshold takes q and k tiles of one length (and so the joint prelude).
         let ops = g.operands(n);
@@ -173,9 +167,6 @@ fn splittable_scan(op: &Op) -> bool {
 
 /// The `fuse-prelude` pass (GPU targets only).
 pub fn prelude(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
-    if !opts.target.is_gpu() {
-        return Ok(());
-    }
     for n in g.find(|op| matches!(op, Op::Attention(a) if a.prune == Prune::Boundary)) {
         let ops = Attention::operands(g, n).map_err(PassError::Internal)?;
         let (Some(c), Some(delta)) = (ops.decay, ops.delta) else { continue };

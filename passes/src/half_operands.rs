@@ -24,10 +24,7 @@ pub fn kernel_half(g: &Graph, qkv: &[ValueId]) -> DType {
 }
 
 /// The `half-operands` pass.
-pub fn run(g: &mut Graph, opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
-    if !opts.target.is_gpu() {
-        return Ok(());
-    }
+pub fn run(g: &mut Graph, _opts: &PassOptions, _cx: &mut PassContext) -> Result<(), PassError> {
     // One cast per (value, type), shared by every attention and threshold that reads it.
     let mut casts: BTreeMap<(ValueId, DType), ValueId> = BTreeMap::new();
     // Each attention's q and k as they were, and the type its kernels read them in.

@@ -176,30 +176,81 @@ pub struct PassContext {
 
 type PassFn = fn(&mut Graph, &PassOptions, &mut PassContext) -> Result<(), PassError>;
 
-/// The passes in order.
-pub const PASSES: &[(&str, PassFn)] = &[
-    ("recognize-attention", |g, _, cx| recognize::recognize(g, cx).map(|_| ())),
-    ("monotonicity", monotone::run),
-    ("tiles", tiles::run),
-    ("acp", acp::run),
+/// The targets a pass runs for: a decision that shapes work for one kind of backend is made
+/// for that kind only, here, not by a test inside the pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Runs {
+    Always,
+    /// GPU targets ([`Target::is_gpu`]).
+    Gpu,
+    Cpu,
+}
+
+impl Runs {
+    pub fn on(self, target: Target) -> bool {
+        match self {
+            Runs::Always => true,
+            Runs::Gpu => target.is_gpu(),
+            Runs::Cpu => !target.is_gpu(),
+        }
+    }
+}
+
+/// One entry of [`PASSES`].
+pub struct Pass {
+    pub name: &'static str,
+    pub runs: Runs,
+    pub run: PassFn,
+}
+
+const fn pass(name: &'static str, runs: Runs, run: PassFn) -> Pass {
+    Pass { name, runs, run }
+}
+
+/// The passes in order, with the targets each runs for.
+pub const PASSES: &[Pass] = &[
+    pass("recognize-attention", Runs::Always, |g, _, cx| recognize::recognize(g, cx).map(|_| ())),
+    pass("monotonicity", Runs::Always, monotone::run),
+    pass("tiles", Runs::Always, tiles::run),
+    pass("acp", Runs::Always, acp::run),
     // Before half-operands: a q scaled in f32 is folded into the scale, not cast.
-    ("fold-q-scale", fold_scale::run),
-    ("half-operands", half_operands::run),
-    ("fuse-output-cast", fuse_out::output_cast),
-    ("fuse-boundary", fuse_out::boundary),
-    ("fuse-threshold", fuse_out::threshold),
-    ("fuse-prelude", fuse_out::prelude),
-    ("compensate-decay", compensate::run),
-    ("contract", contract::run),
-    ("fuse-loops", fuse_loops::run),
+    pass("fold-q-scale", Runs::Gpu, fold_scale::run),
+    pass("half-operands", Runs::Gpu, half_operands::run),
+    pass("fuse-output-cast", Runs::Always, fuse_out::output_cast),
+    pass("fuse-boundary", Runs::Gpu, fuse_out::boundary),
+    pass("fuse-threshold", Runs::Gpu, fuse_out::threshold),
+    pass("fuse-prelude", Runs::Gpu, fuse_out::prelude),
+    pass("compensate-decay", Runs::Cpu, compensate::run),
+    pass("contract", Runs::Cpu, contract::run),
+    pass("fuse-loops", Runs::Always, fuse_loops::run),
 ];
+
+/// Runs the pass `name` of [`PASSES`] on `g` if it runs for `opts.target` (one-pass tests);
+/// whether it ran. An unknown name is an [`PassError::InvalidOption`].
+pub fn run_pass(
+    name: &str,
+    g: &mut Graph,
+    opts: &PassOptions,
+    cx: &mut PassContext,
+) -> Result<bool, PassError> {
+    let p = PASSES
+        .iter()
+        .find(|p| p.name == name)
+        .ok_or_else(|| PassError::InvalidOption(format!("no pass is named `{name}`")))?;
+    if !p.runs.on(opts.target) {
+        return Ok(false);
+    }
+    (p.run)(g, opts, cx)?;
+    Ok(true)
+}
 
 /// The smallest `log_eps` accepted: `exp(-708)` is about 3e-308, just above the smallest normal
 /// f64; below about -745 eps is 0 and every bound that multiplies by it (the check's ACP bound)
 /// would be 0 too.
 pub const MIN_LOG_EPS: f64 = -708.0;
 
-/// Run the pipeline on `g` in place, verifying after every pass.
+/// Run the pipeline on `g` in place: the passes of [`PASSES`] that run for `opts.target`,
+/// verifying after each (and, with `print_after_all`, recording the IR after each).
 pub fn optimize(g: &mut Graph, opts: &PassOptions) -> Result<PassReport, PassError> {
     if !(opts.log_eps >= MIN_LOG_EPS && opts.log_eps < 0.0) {
         return Err(PassError::InvalidOption(format!(
@@ -209,11 +260,11 @@ pub fn optimize(g: &mut Graph, opts: &PassOptions) -> Result<PassReport, PassErr
     }
     let mut cx = PassContext::default();
     let mut report = PassReport::default();
-    for (name, pass) in PASSES {
-        pass(g, opts, &mut cx)?;
-        foxc_ir::verify::verify(g).map_err(|error| PassError::Verify { pass: name.to_string(), error })?;
+    for p in PASSES.iter().filter(|p| p.runs.on(opts.target)) {
+        (p.run)(g, opts, &mut cx)?;
+        foxc_ir::verify::verify(g).map_err(|error| PassError::Verify { pass: p.name.to_string(), error })?;
         if opts.print_after_all {
-            report.dumps.push((name.to_string(), print_graph(g)));
+            report.dumps.push((p.name.to_string(), print_graph(g)));
         }
     }
     report.explanations = cx.explanations;

@@ -1,12 +1,13 @@
 //! One-line tests of the lowering decisions the passes make per target (`fold-q-scale`,
-//! `contract`), in the style of the rule tests: each applies one pass to a small graph and
-//! reads off whether it fired.
+//! `contract`), in the style of the rule tests: each applies one pass of the pipeline's table
+//! (`run_pass`, which honours the table's target column) to a small graph and reads off whether
+//! it fired.
 
 use foxc_ir::check::infer;
 use foxc_ir::{
     Attention, BinaryOp, DType, Dim, Graph, Mask, Op, ReduceKind, Scale, Span, UnaryOp, ValueId, ValueType,
 };
-use foxc_passes::{contract, fold_scale, PassContext, PassOptions, Target};
+use foxc_passes::{run_pass, PassContext, PassOptions, Target};
 
 fn opts(target: Target) -> PassOptions {
     PassOptions { target, ..PassOptions::default() }
@@ -24,7 +25,7 @@ fn fold(target: Target, s: f64) -> (String, bool) {
     let a = Attention::new(Scale::inv_sqrt(1.0, Dim::sym("D")), Mask::Causal, false);
     let o = g.add_attention(a, &[qs, k, v], sp).unwrap();
     g.output = Some(o);
-    fold_scale::run(&mut g, &opts(target), &mut PassContext::default()).unwrap();
+    run_pass("fold-q-scale", &mut g, &opts(target), &mut PassContext::default()).unwrap();
     foxc_ir::verify::verify(&g).unwrap();
     let Op::Attention(a) = g.op(o) else { unreachable!() };
     (a.scale.to_string(), g.operands(o)[0] == q)
@@ -45,7 +46,7 @@ fn contracts(target: Target, shared: bool) -> bool {
         let out = add(&mut g, Op::Store { axes: vec!["i".into(), "j".into()] }, &[both]);
         g.output = Some(out);
     }
-    contract::run(&mut g, &opts(target), &mut PassContext::default()).unwrap();
+    run_pass("contract", &mut g, &opts(target), &mut PassContext::default()).unwrap();
     foxc_ir::verify::verify(&g).unwrap();
     matches!(g.op(sum), Op::Reduce { contract: true, .. })
 }
