@@ -282,6 +282,14 @@ fn positive(x: &'static str) -> impl Fn(&mut AttnGraph, Id, &Subst) -> bool {
     move |eg, _, subst| eg[subst[xv]].data.lo > 0.0
 }
 
+/// `?w` is a whole constant >= 1 (a window's size).
+fn window_size(w: &'static str) -> impl Fn(&mut AttnGraph, Id, &Subst) -> bool {
+    let wv = var(w);
+    move |eg, _, subst| {
+        eg[subst[wv]].data.konst.is_some_and(|k| k >= 1.0 && k.fract() == 0.0 && k < 2f64.powi(53))
+    }
+}
+
 /// The rewrite rules, as data: spellings that change form but not meaning.
 pub fn rules() -> Vec<Rewrite<Attn, AttnAnalysis>> {
     let mut r: Vec<Rewrite<Attn, AttnAnalysis>> = vec![
@@ -321,6 +329,19 @@ pub fn rules() -> Vec<Rewrite<Attn, AttnAnalysis>> {
         // commute (both keep s where both hold), and the causal one outside is what fuses.
         rewrite!("mask-into-causal"; "(select ?c (causal ?i ?j ?s) -inf)" => "(causal ?i ?j (select ?c ?s -inf))"),
     ];
+    // A sliding window spelled as a select inside the causal mask: `i - j < W` (also `j > i - W`,
+    // or `-inf` where `i - j >= W`) for a whole constant `W >= 1` is `window(i, j, W, s)`
+    // (`j <= i && i - j < W`). The conditions compare indices, never NaN, so the flipped
+    // select is the same mask.
+    // (A keep-select outside the causal mask moves inside it by `mask-into-causal`.)
+    for (name, from) in [
+        ("select-window", "(causal ?i ?j (select (< (- (iota ?i) (iota ?j)) ?w) ?s -inf))"),
+        ("select-window-gt", "(causal ?i ?j (select (> (iota ?j) (- (iota ?i) ?w)) ?s -inf))"),
+        ("select-window-flip", "(causal ?i ?j (select (>= (- (iota ?i) (iota ?j)) ?w) -inf ?s))"),
+        ("select-window-flip-out", "(select (>= (- (iota ?i) (iota ?j)) ?w) -inf (causal ?i ?j ?s))"),
+    ] {
+        r.push(rewrite!(name; {pat(from)} => "(window ?i ?j ?w ?s)" if window_size("?w")));
+    }
     // A hand-written softmax: exp(a) / sum(l, exp(a with j renamed to l)) is softmax(j, a), and
     // subtracting a row maximum (free of j) does not change a softmax over j.
     r.push(rewrite!("hand-softmax"; "(* (exp ?a) (recip (sum ?l (exp ?b))))" => {HandSoftmax}));

@@ -117,3 +117,50 @@ fn both_select_orders_are_one_expression_mask() {
         }
     }
 }
+
+/// The mask of the one attention node: `causal`, `window(W)` or `expr`.
+fn mask_kind(g: &Graph) -> String {
+    let n = g.find(|op| matches!(op, Op::Attention(_)));
+    assert_eq!(n.len(), 1, "{}", print_graph(g));
+    let Op::Attention(a) = g.op(n[0]) else { unreachable!() };
+    match &a.mask {
+        Mask::Causal => "causal".into(),
+        Mask::Window(w) => format!("window({w})"),
+        Mask::None => "none".into(),
+        Mask::Expr(_) => "expr".into(),
+    }
+}
+
+/// A sliding window spelled as a select inside or around `causal`, in each order of the select,
+/// is the `window` mask (so the attention is pruned: window masks are); a window of no whole
+/// size stays an expression. Each fused graph computes what the program as written computes.
+#[test]
+fn a_select_window_around_causal_is_the_window_mask() {
+    let cases = [
+        ("causal(i, j, select(i - j < 3, {}, -inf))", "window(3)"),
+        ("select(i - j < 3, causal(i, j, {}), -inf)", "window(3)"),
+        ("causal(i, j, select(j > i - 3, {}, -inf))", "window(3)"),
+        ("causal(i, j, select(i - j >= 3, -inf, {}))", "window(3)"),
+        ("select(i - j >= 3, -inf, causal(i, j, {}))", "window(3)"),
+        // Not windows of the causal mask's kind: a fractional size, the other side of the key.
+        ("causal(i, j, select(i - j < 2.5, {}, -inf))", "causal"),
+        ("causal(i, j, select(j - i < 3, {}, -inf))", "causal"),
+    ];
+    for (mask, want) in cases {
+        let g = compile(&program(mask));
+        let o = optimized(&g);
+        assert_eq!(mask_kind(&o), want, "{mask}");
+        let pruned = !o.find(|op| matches!(op, Op::Threshold { .. })).is_empty();
+        assert_eq!(pruned, want.starts_with("window"), "{mask}: pruned {pruned}");
+        let fresh =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+        for seed in fresh..fresh + 3 {
+            let x = inputs(seed);
+            let a = interp::run(&g, &x).unwrap().output;
+            let b = interp::run(&o, &x).unwrap().output;
+            for (p, q) in a.data.iter().zip(&b.data) {
+                assert!((p - q).abs() <= 1e-12, "{mask} seed {seed:#x}: {p} vs {q}");
+            }
+        }
+    }
+}

@@ -25,6 +25,14 @@ test_fn! { mask_into_causal, rules(), runner = runner(12, 20_000),
 "(select (>= (iota j) (in start b)) (select (<= (iota j) (iota i)) (in s i j) -inf) -inf)"
 => "(causal i j (select (>= (iota j) (in start b)) (in s i j) -inf))" }
 
+// A sliding window spelled as a select inside or around the causal mask.
+test_fn! { select_window, rules(), runner = runner(12, 20_000),
+"(causal i j (select (< (- (iota i) (iota j)) 3) (in s i j) -inf))" => "(window i j 3 (in s i j))" }
+test_fn! { select_window_outside, rules(), runner = runner(12, 20_000),
+"(select (< (- (iota i) (iota j)) 3) (causal i j (in s i j)) -inf)" => "(window i j 3 (in s i j))" }
+test_fn! { select_window_flip_outside, rules(), runner = runner(12, 20_000),
+"(select (>= (- (iota i) (iota j)) 3) -inf (causal i j (in s i j)))" => "(window i j 3 (in s i j))" }
+
 // ALiBi spellings: m (j - i) = -(m i) - -(m j) after distribution.
 test_fn! { alibi_distributes, rules(), runner = runner(12, 20_000),
 "(* (in m h) (- (iota j) (iota i)))" => "(- (* (in m h) (iota j)) (* (in m h) (iota i)))" }
@@ -55,6 +63,15 @@ fn look_alikes_stay_apart() {
     not_equal("(/ (exp (in s i j)) (sum l (exp (in t i l))))", "(softmax j (in s i j))");
     // The subtracted maximum depends on j: not a shift.
     not_equal("(softmax j (- (in s i j) (rmax m (in s j m))))", "(softmax j (in s i j))");
+    // Keys after the query within 3, or a window of no whole size: not windows.
+    not_equal(
+        "(causal i j (select (< (- (iota j) (iota i)) 3) (in s i j) -inf))",
+        "(window i j 3 (in s i j))",
+    );
+    not_equal(
+        "(causal i j (select (< (- (iota i) (iota j)) 2.5) (in s i j) -inf))",
+        "(window i j 2.5 (in s i j))",
+    );
     // The mask keeps j >= i: not causal.
     not_equal("(select (>= (iota j) (iota i)) (in s i j) -inf)", "(causal i j (in s i j))");
 }
