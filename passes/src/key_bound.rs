@@ -13,7 +13,7 @@
 //! also bound, but a product with a value could be `0 * NaN = NaN`, kept.)
 
 use foxc_ir::attention::{IndexVar, RId, RNode, Region};
-use foxc_ir::BinaryOp;
+use foxc_ir::{BinaryOp, UnaryOp};
 
 /// The region `E` with every key `j < E` masked, when `mask` is `j >= E` in one of its forms.
 pub fn keys_from(mask: &Region) -> Option<Region> {
@@ -42,6 +42,69 @@ pub fn kept_score(score: &Region) -> Option<RId> {
         RNode::Select(_, x, _) => Some(x),
         _ => None,
     }
+}
+
+/// Whether node `n` of region `r` provably is not `-inf` at `j = i` (every row keeps its
+/// diagonal): a select whose condition holds there (or fails there) by the affine values of
+/// its two sides, or whose branches both keep it; a leaf other than the constant `-inf` (a
+/// score, finite where it is bounded).
+pub fn keeps_diagonal(r: &Region, n: RId) -> bool {
+    match r.nodes[n as usize] {
+        RNode::Select(c, x, y) => match holds_on_diagonal(r, c) {
+            Some(true) => keeps_diagonal(r, x),
+            Some(false) => keeps_diagonal(r, y),
+            None => keeps_diagonal(r, x) && keeps_diagonal(r, y),
+        },
+        RNode::Const(c) => c != f64::NEG_INFINITY,
+        _ => true,
+    }
+}
+
+/// The value of comparison `n` at `j = i` when both sides are affine in `i` and `j` with the
+/// same coefficient of `i` there (`i - j < 64`: `0 < 64`); `None` otherwise.
+fn holds_on_diagonal(r: &Region, n: RId) -> Option<bool> {
+    let RNode::Binary(op, a, b) = r.nodes[n as usize] else { return None };
+    let (ca, ka) = diagonal_affine(r, a)?;
+    let (cb, kb) = diagonal_affine(r, b)?;
+    if ca != cb {
+        return None;
+    }
+    Some(match op {
+        BinaryOp::Lt => ka < kb,
+        BinaryOp::Le => ka <= kb,
+        BinaryOp::Gt => ka > kb,
+        BinaryOp::Ge => ka >= kb,
+        BinaryOp::Eq => ka == kb,
+        BinaryOp::Ne => ka != kb,
+        _ => return None,
+    })
+}
+
+/// Node `n` at `j = i` as `a i + k` (integers and finite constants), when it is one.
+fn diagonal_affine(r: &Region, n: RId) -> Option<(f64, f64)> {
+    let f = |x: RId| diagonal_affine(r, x);
+    let v = match r.nodes[n as usize] {
+        RNode::Index(IndexVar::I | IndexVar::J) => (1.0, 0.0),
+        RNode::Const(c) if c.is_finite() => (0.0, c),
+        RNode::Unary(UnaryOp::Neg, x) => {
+            let (a, k) = f(x)?;
+            (-a, -k)
+        }
+        RNode::Binary(BinaryOp::Add, x, y) => {
+            let ((a, k), (b, l)) = (f(x)?, f(y)?);
+            (a + b, k + l)
+        }
+        RNode::Binary(BinaryOp::Sub, x, y) => {
+            let ((a, k), (b, l)) = (f(x)?, f(y)?);
+            (a - b, k - l)
+        }
+        RNode::Binary(BinaryOp::Mul, x, y) => match (f(x)?, f(y)?) {
+            ((0.0, c), (a, k)) | ((a, k), (0.0, c)) => (a * c, k * c),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    (v.0.is_finite() && v.1.is_finite()).then_some(v)
 }
 
 /// `E` when node `n` of `r` is the comparison `j >= E` (`E <= j`, `j > E`, `E < j`).

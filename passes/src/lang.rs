@@ -328,6 +328,10 @@ pub fn rules() -> Vec<Rewrite<Attn, AttnAnalysis>> {
         // A mask around the causal mask, as `select(c and j <= i, s, -inf)` lowers: the two masks
         // commute (both keep s where both hold), and the causal one outside is what fuses.
         rewrite!("mask-into-causal"; "(select ?c (causal ?i ?j ?s) -inf)" => "(causal ?i ?j (select ?c ?s -inf))"),
+        // Both branches under the same causal mask (`select(c1 or c2, causal(s), -inf)` lowers to
+        // `select(c1, causal(s), causal(select(c2, s, -inf)))`): -inf either way above the
+        // diagonal.
+        rewrite!("causal-out-of-select"; "(select ?c (causal ?i ?j ?a) (causal ?i ?j ?b))" => "(causal ?i ?j (select ?c ?a ?b))"),
     ];
     // A sliding window spelled as a select inside the causal mask: `i - j < W` (also `j > i - W`,
     // or `-inf` where `i - j >= W`) for a whole constant `W >= 1` is `window(i, j, W, s)`

@@ -132,8 +132,8 @@ fn mask_kind(g: &Graph) -> String {
 }
 
 /// A sliding window spelled as a select inside or around `causal`, in each order of the select,
-/// is the `window` mask (so the attention is pruned: window masks are); a window of no whole
-/// size stays an expression. Each fused graph computes what the program as written computes.
+/// is the `window` mask; a window of no whole size, or on the other side of the key, stays a
+/// select of the score under the causal mask. All are pruned. Each fused graph computes what the program as written computes.
 #[test]
 fn a_select_window_around_causal_is_the_window_mask() {
     let cases = [
@@ -150,8 +150,9 @@ fn a_select_window_around_causal_is_the_window_mask() {
         let g = compile(&program(mask));
         let o = optimized(&g);
         assert_eq!(mask_kind(&o), want, "{mask}");
-        let pruned = !o.find(|op| matches!(op, Op::Threshold { .. })).is_empty();
-        assert_eq!(pruned, want.starts_with("window"), "{mask}: pruned {pruned}");
+        // Pruned either way: the window mask is prunable, and a select that keeps the diagonal
+        // (`i - j < 2.5` at j = i is 0 < 2.5) has the bound of the score it keeps.
+        assert!(!o.find(|op| matches!(op, Op::Threshold { .. })).is_empty(), "{mask}: not pruned");
         let fresh =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
         for seed in fresh..fresh + 3 {

@@ -25,6 +25,11 @@ test_fn! { mask_into_causal, rules(), runner = runner(12, 20_000),
 "(select (>= (iota j) (in start b)) (select (<= (iota j) (iota i)) (in s i j) -inf) -inf)"
 => "(causal i j (select (>= (iota j) (in start b)) (in s i j) -inf))" }
 
+// Both branches of a select under one causal mask (an `or` of masks around `causal`).
+test_fn! { causal_out_of_select, rules(), runner = runner(12, 20_000),
+"(select (< (iota j) 2) (causal i j (in s i j)) (causal i j (select (< (- (iota i) (iota j)) 3) (in s i j) -inf)))"
+=> "(causal i j (select (< (iota j) 2) (in s i j) (select (< (- (iota i) (iota j)) 3) (in s i j) -inf)))" }
+
 // A sliding window spelled as a select inside or around the causal mask.
 test_fn! { select_window, rules(), runner = runner(12, 20_000),
 "(causal i j (select (< (- (iota i) (iota j)) 3) (in s i j) -inf))" => "(window i j 3 (in s i j))" }

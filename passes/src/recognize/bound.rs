@@ -172,10 +172,75 @@ pub fn attention_bound(g: &Graph, n: ValueId) -> Result<ScoreBound, Unbounded> {
         .collect();
     // Under `select(j >= E, X, -inf)` only `X` is ever weighted (crate::key_bound::kept_score);
     // the node ids stay those of the region, for the explanation's span.
-    let kept = crate::key_bound::kept_score(&a.score)
-        .map(|x| Region { nodes: a.score.nodes.clone(), root: x })
-        .unwrap_or_else(|| a.score.clone());
-    score_bound(&kept, &caps)
+    if let Some(x) = crate::key_bound::kept_score(&a.score) {
+        return score_bound(&Region { nodes: a.score.nodes.clone(), root: x }, &caps);
+    }
+    let masks = |r: &Region| r.nodes.iter().any(|n| matches!(n, RNode::Const(c) if *c == f64::NEG_INFINITY));
+    if matches!(a.score.nodes[a.score.root as usize], RNode::Select(..))
+        && masks(&a.score)
+        && !crate::key_bound::keeps_diagonal(&a.score, a.score.root)
+    {
+        let text =
+            a.score.display_with(&|k| caps.get(k).map(|c| c.name.clone()).unwrap_or_else(|| "?".into()));
+        return Err(Unbounded {
+            message: format!(
+                "the score `{text}` may mask a row's diagonal entry (j = i: its condition is not provably true \
+                 there), and ACP's threshold needs every row that keeps a key to keep its diagonal, so no \
+                 threshold can be derived"
+            ),
+            term: Some(a.score.root),
+        });
+    }
+    match weighted_leaves(&a.score) {
+        Some(leaves) if leaves.len() > 1 || leaves[0] != a.score.root => {
+            let mut bounds = vec![];
+            for x in leaves {
+                bounds.push(score_bound(&Region { nodes: a.score.nodes.clone(), root: x }, &caps)?);
+            }
+            Ok(largest(&bounds))
+        }
+        _ => score_bound(&a.score, &caps),
+    }
+}
+
+/// The scores a region of selects weights, when every row keeps its diagonal: the leaves of
+/// its tree of `select`s that are not `-inf` (an entry whose value is `-inf` has weight 0, so
+/// only the leaves need a bound), provided the region at `j = i` provably is not `-inf`.
+/// ACP's denominator argument needs that diagonal, whose decay is 0 (docs/SEMANTICS.md,
+/// `threshold`): a condition that may drop it (`select(j < i, s, -inf)`) gives `None`, and the
+/// whole region must then be bounded (it cannot: `-inf` has no bound), so it stays dense.
+fn weighted_leaves(r: &Region) -> Option<Vec<RId>> {
+    fn leaves(r: &Region, n: RId, out: &mut Vec<RId>) {
+        match r.nodes[n as usize] {
+            RNode::Select(_, x, y) => {
+                leaves(r, x, out);
+                leaves(r, y, out);
+            }
+            RNode::Const(c) if c == f64::NEG_INFINITY => {}
+            _ => out.push(n),
+        }
+    }
+    if !crate::key_bound::keeps_diagonal(r, r.root) {
+        return None;
+    }
+    let mut out = vec![];
+    leaves(r, r.root, &mut out);
+    (!out.is_empty()).then_some(out)
+}
+
+/// The largest of several bounds: `Static` when all are, else `gain X + extra` with the largest
+/// gain and the largest extra (a `Static(u)` is `0 X + u`).
+fn largest(bounds: &[ScoreBound]) -> ScoreBound {
+    let parts = |b: &ScoreBound| match *b {
+        ScoreBound::Static(u) => (0.0, u),
+        ScoreBound::Data { gain, extra } => (gain, extra),
+    };
+    if bounds.iter().all(|b| matches!(b, ScoreBound::Static(_))) {
+        return ScoreBound::Static(bounds.iter().map(|b| parts(b).1).fold(0.0, f64::max));
+    }
+    let (gain, extra) =
+        bounds.iter().map(parts).fold((0.0, 0.0), |(g, e), (g2, e2)| (f64::max(g, g2), f64::max(e, e2)));
+    ScoreBound::Data { gain, extra }
 }
 
 #[cfg(test)]

@@ -381,6 +381,57 @@ fn shifted_read<'s>(
     shifted.iter().find(|(k, s)| eg.find(**k) == c && s.var == i).map(|(_, s)| s)
 }
 
+/// `select(cond, A + decay, B + decay)` is `select(cond, A, B) + decay`, and `-inf` as a branch
+/// takes any decay (`-inf + decay` is `-inf`): equal wherever the decay is finite or `-inf`
+/// (only a NaN decay, from a NaN gate, now reaches the row, where it belongs). So a padding or
+/// packing mask spelled around the whole score keeps its decay provable, and so does an `or`
+/// of conditions (nested selects, `select(c1, s, select(c2, s, -inf))`: a sliding window with
+/// attention sinks).
+fn split_select(
+    eg: &mut AttnGraph,
+    e: &T,
+    ij: (Symbol, Symbol),
+    batch: [Symbol; 2],
+    shifted: &BTreeMap<Id, Shifted>,
+) -> Option<Split> {
+    let Attn::Select(_) = &e.op else { return None };
+    let ninf = |t: &T| t.konst() == Some(f64::NEG_INFINITY);
+    // Each branch split, or `None` for a `-inf` branch.
+    let mut branch = |t: &T| -> Option<Option<Split>> {
+        if ninf(t) {
+            return Some(None);
+        }
+        let s = split(eg, t, ij, batch, shifted);
+        (!s.decay.is_empty()).then_some(Some(s))
+    };
+    let (a, b) = (branch(&e.kids[1])?, branch(&e.kids[2])?);
+    let decay_of = |s: &Option<Split>| s.as_ref().map(|s| (s.decay.clone(), s.offset.clone()));
+    let (da, db) = (decay_of(&a), decay_of(&b));
+    let (decay, offset) = match (da, db) {
+        (Some(x), Some(y)) => {
+            let same = x.0.len() == y.0.len()
+                && x.1 == y.1
+                && x.0
+                    .iter()
+                    .zip(&y.0)
+                    .all(|((c1, t1), (c2, t2))| c1 == c2 && t1.class_in(eg) == t2.class_in(eg));
+            if !same {
+                return None;
+            }
+            x
+        }
+        (Some(x), None) | (None, Some(x)) => x,
+        (None, None) => return None,
+    };
+    let kept = |s: Option<Split>| match s {
+        Some(s) => sum_of(&s.region),
+        None => Some(T::num(f64::NEG_INFINITY)),
+    };
+    let (ka, kb) = (kept(a)?, kept(b)?);
+    let region = T::node(Attn::Select([Id::from(0); 3]), vec![(*e.kids[0]).clone(), ka, kb]);
+    Some(Split { region: vec![(1.0, region)], decay, offset })
+}
+
 /// Split the extracted score `e` (see the module doc). `batch` are the batch and head indices;
 /// `shifted` the builder's shifted reads.
 pub(crate) fn split(
@@ -390,20 +441,8 @@ pub(crate) fn split(
     batch: [Symbol; 2],
     shifted: &BTreeMap<Id, Shifted>,
 ) -> Split {
-    // `select(cond, A + decay, -inf)` is `select(cond, A, -inf) + decay`: equal where the
-    // condition holds, and `-inf` either way where it fails (the decay is finite or `-inf`;
-    // only a NaN decay, from a NaN gate, now reaches the row, where it belongs). So a padding
-    // or packing mask spelled around the whole score keeps its decay provable.
-    if let (Attn::Select(_), Some(ninf)) = (&e.op, e.kids.get(2).and_then(|k| k.konst())) {
-        if ninf == f64::NEG_INFINITY {
-            let inner = split(eg, &e.kids[1], (i, j), batch, shifted);
-            if let (false, Some(kept)) = (inner.decay.is_empty(), sum_of(&inner.region)) {
-                let cond = e.kids[0].clone();
-                let region =
-                    T::node(Attn::Select([Id::from(0); 3]), vec![(*cond).clone(), kept, T::num(ninf)]);
-                return Split { region: vec![(1.0, region)], decay: inner.decay, offset: inner.offset };
-            }
-        }
+    if let Some(s) = split_select(eg, e, (i, j), batch, shifted) {
+        return s;
     }
     let mut terms = vec![];
     expand(e, 1.0, &mut terms);
