@@ -95,3 +95,46 @@ fn a_row_that_may_lose_its_diagonal_stays_dense() {
     assert_eq!(code, Some(0), "{t}");
     assert!(t.contains("check: ok"), "{t}");
 }
+
+/// A rule that reads the diagonal logit `s_ii = scale q_i . k_i` needs the row's diagonal entry
+/// to be that logit: `select(i - j > 0, x, -x)` has a bound of the identity's size (`|R| <= |x|`)
+/// but a diagonal entry `-x_ii`, so `--prune-rule tight` falls back to the paper rule, and the
+/// run reports the rule the threshold uses. (Shown failing: with the region test removed from
+/// the rule's fit, the graph used `tight`.) The sinks' region, whose diagonal entry is `x_ii`,
+/// keeps the tight rule.
+#[test]
+fn a_rule_reading_the_diagonal_logit_needs_the_diagonal_to_be_it() {
+    let negated = common::write_program(
+        "window_sinks",
+        "negdiag.attn",
+        "attention negdiag(q: bf16[B, H, T, D], k: bf16[B, H, T, D], v: bf16[B, H, T, D], fgate: f32[B, H, T]) -> f32[B, H, T, D] {
+    c[b, h, t]      = cumsum(t, logsigmoid(fgate[b, h, t]))
+    x[b, h, i, j]   = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D)
+    s[b, h, i, j]   = select(i - j > 0, x[b, h, i, j], -x[b, h, i, j]) + c[b, h, i] - c[b, h, j]
+    p[b, h, i, j]   = softmax(j, causal(i, j, s[b, h, i, j]))
+    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
+    return out
+}
+",
+    );
+    let sinks = write("sink_tight.attn", "causal(i, j, select(i - j < 96 or j < 4, s[b, h, i, j], -inf))");
+    for (p, rule) in [(&negated, "paper"), (&sinks, "tight")] {
+        let (code, t) = run(&["compile", p, "--emit", "opt", "--explain", "--prune-rule", "tight"]);
+        assert_eq!(code, Some(0), "{t}");
+        assert!(t.contains(&format!("threshold {{rule = {rule}:")), "{p}: {t}");
+        let args = [
+            "run",
+            p,
+            "--backend",
+            "cpu",
+            "--check",
+            "--prune-rule",
+            "tight",
+            "--shape",
+            "B=1,H=4,T=400,D=16",
+        ];
+        let (code, t) = run(&args);
+        assert_eq!(code, Some(0), "{p}: {t}");
+        assert!(t.contains(&format!("pruning: {rule} rule")) && t.contains("check: ok"), "{p}: {t}");
+    }
+}

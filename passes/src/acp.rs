@@ -124,14 +124,17 @@ pub fn run(g: &mut Graph, opts: &PassOptions, cx: &mut PassContext) -> Result<()
         let ops = Attention::operands(g, n).map_err(PassError::Internal)?;
         let c = ops.decay.ok_or_else(|| PassError::Internal("acp: decay verdict without c".into()))?;
         let bound = norm_bound(static_norm(g, ops.q), static_norm(g, ops.k), opts.norm_bounds);
-        // A rule reading the diagonal logit s_ii = scale q_i . k_i fits the identity score only;
-        // other regions fall back to the default rule (which reads no row statistic).
+        // A rule reading the diagonal logit s_ii = scale q_i . k_i fits the identity score only
+        // (a bound of its size, and a region whose diagonal entry is x itself); other regions
+        // fall back to the default rule (which reads no row statistic).
         // A GPU's threshold of queries fewer than keys folds whole key tiles: it has no k_causal
         // (the keys up to each tile's last query position).
         let gpu_fewer = opts.target.is_gpu() && ops.fewer_queries(g);
         let no_k_causal =
             gpu_fewer && opts.rule.formula.stats_under(&score).contains(&foxc_ir::prune_rule::Stat::KCausal);
-        let fits = opts.rule.fits(&score) && !no_k_causal;
+        let reads_sii = opts.rule.formula.uses(foxc_ir::prune_rule::Stat::Sii);
+        let sii_is_diagonal = !reads_sii || crate::key_bound::diagonal_is_score(&attn.score);
+        let fits = opts.rule.fits(&score) && sii_is_diagonal && !no_k_causal;
         if no_k_causal {
             explain(
                 cx,

@@ -60,6 +60,27 @@ pub fn keeps_diagonal(r: &Region, n: RId) -> bool {
     }
 }
 
+/// Whether region `r` at `j = i` is the score `x` itself or `-inf` (following the selects whose
+/// condition is decided there, both branches of the others): with [`keeps_diagonal`], a row's
+/// diagonal entry is `x_ii = scale q_i . k_i`, what a rule reading `s_ii` assumes. (A bound of
+/// the identity's size does not say it: `select(i - j > 0, x, -x)` has `|R| <= |x|` and a
+/// diagonal of `-x_ii`.)
+pub fn diagonal_is_score(r: &Region) -> bool {
+    fn at(r: &Region, n: RId) -> bool {
+        match r.nodes[n as usize] {
+            RNode::Score => true,
+            RNode::Const(c) => c == f64::NEG_INFINITY,
+            RNode::Select(c, x, y) => match holds_on_diagonal(r, c) {
+                Some(true) => at(r, x),
+                Some(false) => at(r, y),
+                None => at(r, x) && at(r, y),
+            },
+            _ => false,
+        }
+    }
+    at(r, r.root)
+}
+
 /// The value of comparison `n` at `j = i` when both sides are affine in `i` and `j` with the
 /// same coefficient of `i` there (`i - j < 64`: `0 < 64`); `None` otherwise.
 fn holds_on_diagonal(r: &Region, n: RId) -> Option<bool> {

@@ -68,10 +68,20 @@ pub fn run(a: &RunArgs) -> Result<(), Error> {
     };
     let stats = acp_stats::measure_with(&opt, &interp_inputs, backend_starts.as_ref())?;
     let attn_op = acp_stats::attention_node(&opt).map(|n| opt.op(n));
+    // The rule the graph's threshold uses: the one asked for, or the default where it does not
+    // fit the score region (`--explain` says so).
+    let rule = opt
+        .find(|op| matches!(op, Op::Threshold { .. }))
+        .first()
+        .and_then(|&n| match opt.op(n) {
+            Op::Threshold { rule, .. } => Some(rule.name.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| opts.rule.name.clone());
     match (&stats, attn_op) {
         (Some(s), Some(Op::Attention(at))) if at.prune != foxc_ir::Prune::Dense => println!(
-            "  pruning: {} rule, ln eps = {}, tiles {}x{}: kept {:.3} of causal tiles, {:.3} of causal pairs (from {kept_by})",
-            opts.rule.name, opts.log_eps, s.bm, s.bn, s.kept_tile_fraction, s.kept_pair_fraction
+            "  pruning: {rule} rule, ln eps = {}, tiles {}x{}: kept {:.3} of causal tiles, {:.3} of causal pairs (from {kept_by})",
+            opts.log_eps, s.bm, s.bn, s.kept_tile_fraction, s.kept_pair_fraction
         ),
         (Some(_), _) => println!("  pruning: off (dense attention)"),
         _ => println!("  pruning: no decay attention recognized (see foxc compile --explain)"),
