@@ -33,6 +33,17 @@ fn optimized(path: &str) -> String {
     t
 }
 
+/// `foxc WHAT path --backend cpu --check --shape SHAPE --seed SEED` (and `extra`): it must pass;
+/// the text.
+fn checked(what: &str, path: &str, shape: &str, seed: &str, extra: &[&str]) -> String {
+    let mut args = vec![what, path, "--backend", "cpu", "--check", "--shape", shape, "--seed", seed];
+    args.extend_from_slice(extra);
+    let (code, t) = run(&args);
+    assert_eq!(code, Some(0), "{path}: {t}");
+    assert!(t.contains("check: ok"), "{path}: {t}");
+    t
+}
+
 #[test]
 fn a_select_window_is_the_window_mask_and_pruned() {
     for (name, mask) in [
@@ -43,19 +54,8 @@ fn a_select_window_is_the_window_mask_and_pruned() {
         let p = write(name, mask);
         let t = optimized(&p);
         assert!(t.contains("mask = window(96)") && t.contains("pruned"), "{name}: {t}");
-        let (code, t) = run(&[
-            "run",
-            &p,
-            "--backend",
-            "cpu",
-            "--check",
-            "--shape",
-            "B=1,H=4,T=400,D=16",
-            "--seed",
-            &seed(),
-        ]);
-        assert_eq!(code, Some(0), "{name}: {t}");
-        assert!(t.contains("pruning: paper rule") && t.contains("check: ok"), "{name}: {t}");
+        let t = checked("run", &p, "B=1,H=4,T=400,D=16", &seed(), &[]);
+        assert!(t.contains("pruning: paper rule"), "{name}: {t}");
     }
 }
 
@@ -71,14 +71,10 @@ fn sinks_beside_a_window_keep_the_decay_and_are_pruned() {
         assert!(t.contains("mask = causal") && t.contains("pruned"), "{name}: {t}");
         assert!(t.contains("nothing to explain"), "{name}: {t}");
         let s = seed();
-        let (code, t) =
-            run(&["run", &p, "--backend", "cpu", "--check", "--shape", "B=1,H=4,T=400,D=16", "--seed", &s]);
-        assert_eq!(code, Some(0), "{name}: {t}");
-        assert!(t.contains("pruning: paper rule") && t.contains("check: ok"), "{name}: {t}");
-        let (code, t) =
-            run(&["grad", &p, "--backend", "cpu", "--check", "--shape", "B=1,H=2,T=200,D=16", "--seed", &s]);
-        assert_eq!(code, Some(0), "{name}: {t}");
-        assert!(t.contains("check grad_fgate") && t.contains("check: ok"), "{name}: {t}");
+        let t = checked("run", &p, "B=1,H=4,T=400,D=16", &s, &[]);
+        assert!(t.contains("pruning: paper rule"), "{name}: {t}");
+        let t = checked("grad", &p, "B=1,H=2,T=200,D=16", &s, &[]);
+        assert!(t.contains("check grad_fgate"), "{name}: {t}");
     }
 }
 
@@ -90,10 +86,7 @@ fn a_row_that_may_lose_its_diagonal_stays_dense() {
     let t = optimized(&p);
     assert!(!t.contains("= threshold") && !t.contains(", pruned"), "{t}");
     assert!(t.contains("may mask a row's diagonal entry"), "{t}");
-    let (code, t) =
-        run(&["run", &p, "--backend", "cpu", "--check", "--shape", "B=1,H=4,T=300,D=16", "--seed", &seed()]);
-    assert_eq!(code, Some(0), "{t}");
-    assert!(t.contains("check: ok"), "{t}");
+    checked("run", &p, "B=1,H=4,T=300,D=16", &seed(), &[]);
 }
 
 /// A rule that reads the diagonal logit `s_ii = scale q_i . k_i` needs the row's diagonal entry
@@ -122,19 +115,7 @@ fn a_rule_reading_the_diagonal_logit_needs_the_diagonal_to_be_it() {
         let (code, t) = run(&["compile", p, "--emit", "opt", "--explain", "--prune-rule", "tight"]);
         assert_eq!(code, Some(0), "{t}");
         assert!(t.contains(&format!("threshold {{rule = {rule}:")), "{p}: {t}");
-        let args = [
-            "run",
-            p,
-            "--backend",
-            "cpu",
-            "--check",
-            "--prune-rule",
-            "tight",
-            "--shape",
-            "B=1,H=4,T=400,D=16",
-        ];
-        let (code, t) = run(&args);
-        assert_eq!(code, Some(0), "{p}: {t}");
-        assert!(t.contains(&format!("pruning: {rule} rule")) && t.contains("check: ok"), "{p}: {t}");
+        let t = checked("run", p, "B=1,H=4,T=400,D=16", &seed(), &["--prune-rule", "tight"]);
+        assert!(t.contains(&format!("pruning: {rule} rule")), "{p}: {t}");
     }
 }
