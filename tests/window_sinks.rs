@@ -119,3 +119,32 @@ fn a_rule_reading_the_diagonal_logit_needs_the_diagonal_to_be_it() {
         assert!(t.contains(&format!("pruning: {rule} rule")), "{p}: {t}");
     }
 }
+
+/// A prefill against a cache (queries aligned to the end of the keys) with a window and sinks:
+/// the diagonal is the key at the query's position, `j = i + M - N`, where the window's
+/// condition `i + M - N - j < W` holds, so the attention is pruned; at a decode step (N = 1)
+/// too. (Shown failing: with the diagonal taken at `j = i`, the condition was undecided and the
+/// attention stayed dense.)
+#[test]
+fn a_prefill_with_a_window_and_sinks_is_pruned() {
+    let p = common::write_program(
+        "window_sinks",
+        "prefill_sinks.attn",
+        "attention prefill_sinks(q: bf16[B, H, N, D], k: bf16[B, H, M, D], v: bf16[B, H, M, D], fgate: f32[B, H, M]) -> f32[B, H, N, D] {
+    c[b, h, t]      = cumsum(t, logsigmoid(fgate[b, h, t]))
+    s[b, h, i, j]   = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D) + c[b, h, i + M - N] - c[b, h, j]
+    p[b, h, i, j]   = softmax(j, select(j <= i + M - N and (i + M - N - j < 96 or j < 4), s[b, h, i, j], -inf))
+    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
+    return out
+}
+",
+    );
+    let t = optimized(&p);
+    assert!(t.contains("mask = causal") && t.contains(", pruned") && t.contains("nothing to explain"), "{t}");
+    let s = seed();
+    for shape in ["B=1,H=4,N=100,M=600,D=16", "B=1,H=4,N=1,M=600,D=16"] {
+        let t = checked("run", &p, shape, &s, &[]);
+        assert!(t.contains("pruning: paper rule"), "{shape}: {t}");
+    }
+    checked("grad", &p, "B=1,H=2,N=50,M=300,D=16", &s, &[]);
+}

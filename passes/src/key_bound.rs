@@ -13,7 +13,8 @@
 //! also bound, but a product with a value could be `0 * NaN = NaN`, kept.)
 
 use foxc_ir::attention::{IndexVar, RId, RNode, Region};
-use foxc_ir::{BinaryOp, UnaryOp};
+use foxc_ir::{BinaryOp, Dim, Graph, UnaryOp, ValueId};
+use std::collections::BTreeMap;
 
 /// The region `E` with every key `j < E` masked, when `mask` is `j >= E` in one of its forms.
 pub fn keys_from(mask: &Region) -> Option<Region> {
@@ -44,88 +45,140 @@ pub fn kept_score(score: &Region) -> Option<RId> {
     }
 }
 
-/// Whether node `n` of region `r` provably is not `-inf` at `j = i` (every row keeps its
-/// diagonal): a select whose condition holds there (or fails there) by the affine values of
-/// its two sides, or whose branches both keep it; a leaf other than the constant `-inf` (a
-/// score, finite where it is bounded).
-pub fn keeps_diagonal(r: &Region, n: RId) -> bool {
-    match r.nodes[n as usize] {
-        RNode::Select(c, x, y) => match holds_on_diagonal(r, c) {
-            Some(true) => keeps_diagonal(r, x),
-            Some(false) => keeps_diagonal(r, y),
-            None => keeps_diagonal(r, x) && keeps_diagonal(r, y),
-        },
-        RNode::Const(c) => c != f64::NEG_INFINITY,
-        _ => true,
-    }
+/// A row's diagonal: the key at its position `j = p(i) = i + Tk - Tq` (`i` when square), the
+/// entry whose decay is 0 and on which ACP's threshold argument rests.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Diagonal {
+    /// `Tk - Tq`, affine in the dims.
+    shift: Affine,
 }
 
-/// Whether region `r` at `j = i` is the score `x` itself or `-inf` (following the selects whose
-/// condition is decided there, both branches of the others): with [`keeps_diagonal`], a row's
-/// diagonal entry is `x_ii = scale q_i . k_i`, what a rule reading `s_ii` assumes. (A bound of
-/// the identity's size does not say it: `select(i - j > 0, x, -x)` has `|R| <= |x|` and a
-/// diagonal of `-x_ii`.)
-pub fn diagonal_is_score(r: &Region) -> bool {
-    fn at(r: &Region, n: RId) -> bool {
+impl Diagonal {
+    /// The diagonal of an attention whose queries `q` and keys `k` have their positions on
+    /// axis 2; `None` where a length is not a plain dim or constant.
+    pub fn of(g: &Graph, q: ValueId, k: ValueId) -> Option<Diagonal> {
+        let len = |v: ValueId| Affine::of_dim(g.ty(v).dims().nth(2)?);
+        Some(Diagonal { shift: len(k)?.sub(&len(q)?) })
+    }
+
+    /// Whether node `n` of region `r` provably is not `-inf` on the diagonal (every row keeps
+    /// it): a select whose condition is decided there takes that branch, an undecided one must
+    /// keep it on both; a leaf other than the constant `-inf` is a score (finite where it is
+    /// bounded).
+    pub fn kept(&self, r: &Region, n: RId) -> bool {
         match r.nodes[n as usize] {
-            RNode::Score => true,
-            RNode::Const(c) => c == f64::NEG_INFINITY,
-            RNode::Select(c, x, y) => match holds_on_diagonal(r, c) {
-                Some(true) => at(r, x),
-                Some(false) => at(r, y),
-                None => at(r, x) && at(r, y),
+            RNode::Select(c, x, y) => match self.holds(r, c) {
+                Some(true) => self.kept(r, x),
+                Some(false) => self.kept(r, y),
+                None => self.kept(r, x) && self.kept(r, y),
             },
-            _ => false,
+            RNode::Const(c) => c != f64::NEG_INFINITY,
+            _ => true,
         }
     }
-    at(r, r.root)
-}
 
-/// The value of comparison `n` at `j = i` when both sides are affine in `i` and `j` with the
-/// same coefficient of `i` there (`i - j < 64`: `0 < 64`); `None` otherwise.
-fn holds_on_diagonal(r: &Region, n: RId) -> Option<bool> {
-    let RNode::Binary(op, a, b) = r.nodes[n as usize] else { return None };
-    let (ca, ka) = diagonal_affine(r, a)?;
-    let (cb, kb) = diagonal_affine(r, b)?;
-    if ca != cb {
-        return None;
+    /// Whether region `r` on the diagonal is the score `x` itself or `-inf` (following the
+    /// selects decided there, both branches of the others): with [`Diagonal::kept`], a row's
+    /// diagonal entry is `x_ii = scale q_i . k_p(i)`, what a rule reading `s_ii` assumes. (A
+    /// bound of the identity's size does not say it: `select(i - j > 0, x, -x)` has
+    /// `|R| <= |x|` and a diagonal of `-x_ii`.)
+    pub fn is_score(&self, r: &Region) -> bool {
+        fn at(d: &Diagonal, r: &Region, n: RId) -> bool {
+            match r.nodes[n as usize] {
+                RNode::Score => true,
+                RNode::Const(c) => c == f64::NEG_INFINITY,
+                RNode::Select(c, x, y) => match d.holds(r, c) {
+                    Some(true) => at(d, r, x),
+                    Some(false) => at(d, r, y),
+                    None => at(d, r, x) && at(d, r, y),
+                },
+                _ => false,
+            }
+        }
+        at(self, r, r.root)
     }
-    Some(match op {
-        BinaryOp::Lt => ka < kb,
-        BinaryOp::Le => ka <= kb,
-        BinaryOp::Gt => ka > kb,
-        BinaryOp::Ge => ka >= kb,
-        BinaryOp::Eq => ka == kb,
-        BinaryOp::Ne => ka != kb,
-        _ => return None,
-    })
-}
 
-/// Node `n` at `j = i` as `a i + k` (integers and finite constants), when it is one.
-fn diagonal_affine(r: &Region, n: RId) -> Option<(f64, f64)> {
-    let f = |x: RId| diagonal_affine(r, x);
-    let v = match r.nodes[n as usize] {
-        RNode::Index(IndexVar::I | IndexVar::J) => (1.0, 0.0),
-        RNode::Const(c) if c.is_finite() => (0.0, c),
-        RNode::Unary(UnaryOp::Neg, x) => {
-            let (a, k) = f(x)?;
-            (-a, -k)
-        }
-        RNode::Binary(BinaryOp::Add, x, y) => {
-            let ((a, k), (b, l)) = (f(x)?, f(y)?);
-            (a + b, k + l)
-        }
-        RNode::Binary(BinaryOp::Sub, x, y) => {
-            let ((a, k), (b, l)) = (f(x)?, f(y)?);
-            (a - b, k - l)
-        }
-        RNode::Binary(BinaryOp::Mul, x, y) => match (f(x)?, f(y)?) {
-            ((0.0, c), (a, k)) | ((a, k), (0.0, c)) => (a * c, k * c),
+    /// The value of comparison `n` on the diagonal, when its two sides there differ by a
+    /// constant (`i - j < 64` is `0 < 64`; `i + M - N - j < 64` with `p = i + M - N` too).
+    fn holds(&self, r: &Region, n: RId) -> Option<bool> {
+        let RNode::Binary(op, a, b) = r.nodes[n as usize] else { return None };
+        let d = self.value(r, a)?.sub(&self.value(r, b)?).constant()?;
+        Some(match op {
+            BinaryOp::Lt => d < 0.0,
+            BinaryOp::Le => d <= 0.0,
+            BinaryOp::Gt => d > 0.0,
+            BinaryOp::Ge => d >= 0.0,
+            BinaryOp::Eq => d == 0.0,
+            BinaryOp::Ne => d != 0.0,
             _ => return None,
-        },
-        _ => return None,
-    };
-    (v.0.is_finite() && v.1.is_finite()).then_some(v)
+        })
+    }
+
+    /// Node `n` on the diagonal as an affine form of `i` and the dims, when it is one.
+    fn value(&self, r: &Region, n: RId) -> Option<Affine> {
+        let f = |x: RId| self.value(r, x);
+        let v = match &r.nodes[n as usize] {
+            RNode::Index(IndexVar::I) => Affine { i: 1.0, ..Affine::default() },
+            RNode::Index(IndexVar::J) => Affine { i: 1.0, ..Affine::default() }.add(&self.shift),
+            RNode::Dim(d) => Affine::of_dim(d)?,
+            RNode::Const(c) if c.is_finite() => Affine { k: *c, ..Affine::default() },
+            RNode::Unary(UnaryOp::Neg, x) => f(*x)?.scale(-1.0),
+            RNode::Binary(BinaryOp::Add, x, y) => f(*x)?.add(&f(*y)?),
+            RNode::Binary(BinaryOp::Sub, x, y) => f(*x)?.sub(&f(*y)?),
+            RNode::Binary(BinaryOp::Mul, x, y) => {
+                let (x, y) = (f(*x)?, f(*y)?);
+                match (x.constant(), y.constant()) {
+                    (Some(c), _) => y.scale(c),
+                    (_, Some(c)) => x.scale(c),
+                    _ => return None,
+                }
+            }
+            _ => return None,
+        };
+        v.finite().then_some(v)
+    }
+}
+
+/// `i * i_coef + sum dims[name] * name + k`.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Affine {
+    i: f64,
+    dims: BTreeMap<String, f64>,
+    k: f64,
+}
+
+impl Affine {
+    fn of_dim(d: &Dim) -> Option<Affine> {
+        match d {
+            Dim::Sym(s) => Some(Affine { dims: BTreeMap::from([(s.clone(), 1.0)]), ..Affine::default() }),
+            Dim::Const(c) => Some(Affine { k: *c as f64, ..Affine::default() }),
+            _ => None,
+        }
+    }
+    fn scale(mut self, c: f64) -> Affine {
+        self.i *= c;
+        self.k *= c;
+        self.dims.values_mut().for_each(|v| *v *= c);
+        self
+    }
+    fn add(mut self, o: &Affine) -> Affine {
+        self.i += o.i;
+        self.k += o.k;
+        for (d, v) in &o.dims {
+            *self.dims.entry(d.clone()).or_default() += v;
+        }
+        self
+    }
+    fn sub(self, o: &Affine) -> Affine {
+        self.add(&o.clone().scale(-1.0))
+    }
+    /// The constant, when no `i` or dim remains.
+    fn constant(&self) -> Option<f64> {
+        (self.i == 0.0 && self.dims.values().all(|v| *v == 0.0)).then_some(self.k)
+    }
+    fn finite(&self) -> bool {
+        self.i.is_finite() && self.k.is_finite() && self.dims.values().all(|v| v.is_finite())
+    }
 }
 
 /// `E` when node `n` of `r` is the comparison `j >= E` (`E <= j`, `j > E`, `E < j`).

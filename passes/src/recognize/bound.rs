@@ -176,22 +176,24 @@ pub fn attention_bound(g: &Graph, n: ValueId) -> Result<ScoreBound, Unbounded> {
         return score_bound(&Region { nodes: a.score.nodes.clone(), root: x }, &caps);
     }
     let masks = |r: &Region| r.nodes.iter().any(|n| matches!(n, RNode::Const(c) if *c == f64::NEG_INFINITY));
+    let diagonal = crate::key_bound::Diagonal::of(g, ops.q, ops.k);
+    let keeps = |r: &Region| diagonal.as_ref().is_some_and(|d| d.kept(r, r.root));
     if matches!(a.score.nodes[a.score.root as usize], RNode::Select(..))
         && masks(&a.score)
-        && !crate::key_bound::keeps_diagonal(&a.score, a.score.root)
+        && !keeps(&a.score)
     {
         let text =
             a.score.display_with(&|k| caps.get(k).map(|c| c.name.clone()).unwrap_or_else(|| "?".into()));
         return Err(Unbounded {
             message: format!(
-                "the score `{text}` may mask a row's diagonal entry (j = i: its condition is not provably true \
-                 there), and ACP's threshold needs every row that keeps a key to keep its diagonal, so no \
-                 threshold can be derived"
+                "the score `{text}` may mask a row's diagonal entry (the key at the query's position, \
+                 j = i + Tk - Tq: its condition is not provably true there), and ACP's threshold needs \
+                 every row that keeps a key to keep its diagonal, so no threshold can be derived"
             ),
             term: Some(a.score.root),
         });
     }
-    match weighted_leaves(&a.score) {
+    match weighted_leaves(&a.score, keeps(&a.score)) {
         Some(leaves) if leaves.len() > 1 || leaves[0] != a.score.root => {
             let mut bounds = vec![];
             for x in leaves {
@@ -205,11 +207,12 @@ pub fn attention_bound(g: &Graph, n: ValueId) -> Result<ScoreBound, Unbounded> {
 
 /// The scores a region of selects weights, when every row keeps its diagonal: the leaves of
 /// its tree of `select`s that are not `-inf` (an entry whose value is `-inf` has weight 0, so
-/// only the leaves need a bound), provided the region at `j = i` provably is not `-inf`.
+/// only the leaves need a bound), provided (`keeps_diagonal`) the region on the diagonal
+/// provably is not `-inf` ([`crate::key_bound::Diagonal::kept`]).
 /// ACP's denominator argument needs that diagonal, whose decay is 0 (docs/SEMANTICS.md,
 /// `threshold`): a condition that may drop it (`select(j < i, s, -inf)`) gives `None`, and the
 /// whole region must then be bounded (it cannot: `-inf` has no bound), so it stays dense.
-fn weighted_leaves(r: &Region) -> Option<Vec<RId>> {
+fn weighted_leaves(r: &Region, keeps_diagonal: bool) -> Option<Vec<RId>> {
     fn leaves(r: &Region, n: RId, out: &mut Vec<RId>) {
         match r.nodes[n as usize] {
             RNode::Select(_, x, y) => {
@@ -220,7 +223,7 @@ fn weighted_leaves(r: &Region) -> Option<Vec<RId>> {
             _ => out.push(n),
         }
     }
-    if !crate::key_bound::keeps_diagonal(r, r.root) {
+    if !keeps_diagonal {
         return None;
     }
     let mut out = vec![];
