@@ -20,6 +20,7 @@ const EXAMPLES: &[&str] = &[
     "fox_keybias",
     "fox_handwritten",
     "fox_cache",
+    "fox_sinks",
     "alibi",
     "alibi_m",
     "causal",
@@ -42,6 +43,7 @@ const PRUNED: &[&str] = &[
     "fox_keybias",
     "fox_handwritten",
     "fox_cache",
+    "fox_sinks",
     "alibi",
     "alibi_m",
 ];
