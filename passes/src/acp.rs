@@ -133,10 +133,8 @@ pub fn run(g: &mut Graph, opts: &PassOptions, cx: &mut PassContext) -> Result<()
         let no_k_causal =
             gpu_fewer && opts.rule.formula.stats_under(&score).contains(&foxc_ir::prune_rule::Stat::KCausal);
         let reads_sii = opts.rule.formula.uses(foxc_ir::prune_rule::Stat::Sii);
-        let identity = matches!(attn.score.nodes[attn.score.root as usize], foxc_ir::attention::RNode::Score);
-        let sii_is_diagonal = !reads_sii
-            || identity
-            || crate::key_bound::Diagonal::of(g, ops.q, ops.k).is_some_and(|d| d.is_score(&attn.score));
+        let sii_is_diagonal =
+            !reads_sii || crate::key_bound::Diagonal::of(g, ops.q, ops.k).is_score(&attn.score);
         let fits = opts.rule.fits(&score) && sii_is_diagonal && !no_k_causal;
         if no_k_causal {
             explain(

@@ -49,53 +49,55 @@ pub fn kept_score(score: &Region) -> Option<RId> {
 /// entry whose decay is 0 and on which ACP's threshold argument rests.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Diagonal {
-    /// `Tk - Tq`, affine in the dims.
-    shift: Affine,
+    /// `Tk - Tq`, affine in the dims (`None` where a length is not a plain dim or constant:
+    /// then no condition that reads `j` is decided).
+    shift: Option<Affine>,
 }
 
 impl Diagonal {
     /// The diagonal of an attention whose queries `q` and keys `k` have their positions on
-    /// axis 2; `None` where a length is not a plain dim or constant.
-    pub fn of(g: &Graph, q: ValueId, k: ValueId) -> Option<Diagonal> {
+    /// axis 2.
+    pub fn of(g: &Graph, q: ValueId, k: ValueId) -> Diagonal {
         let len = |v: ValueId| Affine::of_dim(g.ty(v).dims().nth(2)?);
-        Some(Diagonal { shift: len(k)?.sub(&len(q)?) })
+        Diagonal { shift: len(k).zip(len(q)).map(|(k, q)| k.sub(&q)) }
     }
 
-    /// Whether node `n` of region `r` provably is not `-inf` on the diagonal (every row keeps
-    /// it): a select whose condition is decided there takes that branch, an undecided one must
-    /// keep it on both; a leaf other than the constant `-inf` is a score (finite where it is
-    /// bounded).
-    pub fn kept(&self, r: &Region, n: RId) -> bool {
-        match r.nodes[n as usize] {
-            RNode::Select(c, x, y) => match self.holds(r, c) {
-                Some(true) => self.kept(r, x),
-                Some(false) => self.kept(r, y),
-                None => self.kept(r, x) && self.kept(r, y),
-            },
-            RNode::Const(c) => c != f64::NEG_INFINITY,
-            _ => true,
-        }
+    /// Whether region `r` provably is not `-inf` on the diagonal (every row keeps it): no leaf
+    /// it can take there is the constant `-inf` (a score leaf is finite where it is bounded).
+    pub fn kept(&self, r: &Region) -> bool {
+        self.leaves(r)
+            .iter()
+            .all(|&n| !matches!(r.nodes[n as usize], RNode::Const(c) if c == f64::NEG_INFINITY))
     }
 
-    /// Whether region `r` on the diagonal is the score `x` itself or `-inf` (following the
-    /// selects decided there, both branches of the others): with [`Diagonal::kept`], a row's
-    /// diagonal entry is `x_ii = scale q_i . k_p(i)`, what a rule reading `s_ii` assumes. (A
-    /// bound of the identity's size does not say it: `select(i - j > 0, x, -x)` has
-    /// `|R| <= |x|` and a diagonal of `-x_ii`.)
+    /// Whether region `r` on the diagonal is the score `x` itself or `-inf`: with
+    /// [`Diagonal::kept`], a row's diagonal entry is `x_ii = scale q_i . k_p(i)`, what a rule
+    /// reading `s_ii` assumes. (A bound of the identity's size does not say it:
+    /// `select(i - j > 0, x, -x)` has `|R| <= |x|` and a diagonal of `-x_ii`.)
     pub fn is_score(&self, r: &Region) -> bool {
-        fn at(d: &Diagonal, r: &Region, n: RId) -> bool {
+        self.leaves(r).iter().all(|&n| match r.nodes[n as usize] {
+            RNode::Score => true,
+            RNode::Const(c) => c == f64::NEG_INFINITY,
+            _ => false,
+        })
+    }
+
+    /// The leaves of `r`'s tree of selects that its value on the diagonal can be: a select whose
+    /// condition is decided there leads to one branch, an undecided one to both.
+    fn leaves(&self, r: &Region) -> Vec<RId> {
+        let mut out = vec![];
+        let mut todo = vec![r.root];
+        while let Some(n) = todo.pop() {
             match r.nodes[n as usize] {
-                RNode::Score => true,
-                RNode::Const(c) => c == f64::NEG_INFINITY,
-                RNode::Select(c, x, y) => match d.holds(r, c) {
-                    Some(true) => at(d, r, x),
-                    Some(false) => at(d, r, y),
-                    None => at(d, r, x) && at(d, r, y),
+                RNode::Select(c, x, y) => match self.holds(r, c) {
+                    Some(true) => todo.push(x),
+                    Some(false) => todo.push(y),
+                    None => todo.extend([x, y]),
                 },
-                _ => false,
+                _ => out.push(n),
             }
         }
-        at(self, r, r.root)
+        out
     }
 
     /// The value of comparison `n` on the diagonal, when its two sides there differ by a
@@ -119,7 +121,7 @@ impl Diagonal {
         let f = |x: RId| self.value(r, x);
         let v = match &r.nodes[n as usize] {
             RNode::Index(IndexVar::I) => Affine { i: 1.0, ..Affine::default() },
-            RNode::Index(IndexVar::J) => Affine { i: 1.0, ..Affine::default() }.add(&self.shift),
+            RNode::Index(IndexVar::J) => Affine { i: 1.0, ..Affine::default() }.add(self.shift.as_ref()?),
             RNode::Dim(d) => Affine::of_dim(d)?,
             RNode::Const(c) if c.is_finite() => Affine { k: *c, ..Affine::default() },
             RNode::Unary(UnaryOp::Neg, x) => f(*x)?.scale(-1.0),

@@ -175,13 +175,13 @@ pub fn attention_bound(g: &Graph, n: ValueId) -> Result<ScoreBound, Unbounded> {
     if let Some(x) = crate::key_bound::kept_score(&a.score) {
         return score_bound(&Region { nodes: a.score.nodes.clone(), root: x }, &caps);
     }
-    let masks = |r: &Region| r.nodes.iter().any(|n| matches!(n, RNode::Const(c) if *c == f64::NEG_INFINITY));
-    let diagonal = crate::key_bound::Diagonal::of(g, ops.q, ops.k);
-    let keeps = |r: &Region| diagonal.as_ref().is_some_and(|d| d.kept(r, r.root));
-    if matches!(a.score.nodes[a.score.root as usize], RNode::Select(..))
-        && masks(&a.score)
-        && !keeps(&a.score)
-    {
+    // A tree of selects weighs only its leaves other than `-inf` (an entry of value `-inf` has
+    // weight 0), provided every row keeps its diagonal, whose decay is 0: ACP's denominator
+    // argument (docs/SEMANTICS.md, `threshold`).
+    if !matches!(a.score.nodes[a.score.root as usize], RNode::Select(..)) {
+        return score_bound(&a.score, &caps);
+    }
+    if !crate::key_bound::Diagonal::of(g, ops.q, ops.k).kept(&a.score) {
         let text =
             a.score.display_with(&|k| caps.get(k).map(|c| c.name.clone()).unwrap_or_else(|| "?".into()));
         return Err(Unbounded {
@@ -193,42 +193,25 @@ pub fn attention_bound(g: &Graph, n: ValueId) -> Result<ScoreBound, Unbounded> {
             term: Some(a.score.root),
         });
     }
-    match weighted_leaves(&a.score, keeps(&a.score)) {
-        Some(leaves) if leaves.len() > 1 || leaves[0] != a.score.root => {
-            let mut bounds = vec![];
-            for x in leaves {
-                bounds.push(score_bound(&Region { nodes: a.score.nodes.clone(), root: x }, &caps)?);
-            }
-            Ok(largest(&bounds))
-        }
-        _ => score_bound(&a.score, &caps),
+    let mut bounds = vec![];
+    for x in weighted_leaves(&a.score) {
+        bounds.push(score_bound(&Region { nodes: a.score.nodes.clone(), root: x }, &caps)?);
     }
+    Ok(largest(&bounds))
 }
 
-/// The scores a region of selects weights, when every row keeps its diagonal: the leaves of
-/// its tree of `select`s that are not `-inf` (an entry whose value is `-inf` has weight 0, so
-/// only the leaves need a bound), provided (`keeps_diagonal`) the region on the diagonal
-/// provably is not `-inf` ([`crate::key_bound::Diagonal::kept`]).
-/// ACP's denominator argument needs that diagonal, whose decay is 0 (docs/SEMANTICS.md,
-/// `threshold`): a condition that may drop it (`select(j < i, s, -inf)`) gives `None`, and the
-/// whole region must then be bounded (it cannot: `-inf` has no bound), so it stays dense.
-fn weighted_leaves(r: &Region, keeps_diagonal: bool) -> Option<Vec<RId>> {
-    fn leaves(r: &Region, n: RId, out: &mut Vec<RId>) {
+/// The leaves of a region's tree of `select`s other than the constant `-inf`.
+fn weighted_leaves(r: &Region) -> Vec<RId> {
+    let mut out = vec![];
+    let mut todo = vec![r.root];
+    while let Some(n) = todo.pop() {
         match r.nodes[n as usize] {
-            RNode::Select(_, x, y) => {
-                leaves(r, x, out);
-                leaves(r, y, out);
-            }
+            RNode::Select(_, x, y) => todo.extend([y, x]),
             RNode::Const(c) if c == f64::NEG_INFINITY => {}
             _ => out.push(n),
         }
     }
-    if !keeps_diagonal {
-        return None;
-    }
-    let mut out = vec![];
-    leaves(r, r.root, &mut out);
-    (!out.is_empty()).then_some(out)
+    out
 }
 
 /// The largest of several bounds: `Static` when all are, else `gain X + extra` with the largest

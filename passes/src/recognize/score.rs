@@ -405,22 +405,17 @@ fn split_select(
         (!s.decay.is_empty()).then_some(Some(s))
     };
     let (a, b) = (branch(&e.kids[1])?, branch(&e.kids[2])?);
-    let decay_of = |s: &Option<Split>| s.as_ref().map(|s| (s.decay.clone(), s.offset.clone()));
-    let (da, db) = (decay_of(&a), decay_of(&b));
-    let (decay, offset) = match (da, db) {
-        (Some(x), Some(y)) => {
-            let same = x.0.len() == y.0.len()
-                && x.1 == y.1
-                && x.0
-                    .iter()
-                    .zip(&y.0)
-                    .all(|((c1, t1), (c2, t2))| c1 == c2 && t1.class_in(eg) == t2.class_in(eg));
-            if !same {
-                return None;
-            }
-            x
-        }
-        (Some(x), None) | (None, Some(x)) => x,
+    let same = |eg: &mut AttnGraph, x: &Split, y: &Split| {
+        x.offset == y.offset
+            && x.decay.len() == y.decay.len()
+            && x.decay
+                .iter()
+                .zip(&y.decay)
+                .all(|((c1, t1), (c2, t2))| c1 == c2 && t1.class_in(eg) == t2.class_in(eg))
+    };
+    let (decay, offset) = match (&a, &b) {
+        (Some(x), Some(y)) if !same(eg, x, y) => return None,
+        (Some(x), _) | (None, Some(x)) => (x.decay.clone(), x.offset.clone()),
         (None, None) => return None,
     };
     let kept = |s: Option<Split>| match s {
