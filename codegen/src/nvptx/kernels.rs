@@ -24,6 +24,8 @@ pub const SCAN_THREADS: u32 = 1024;
 pub const SCAN_ELEMS: u32 = 8;
 /// Threads per block of the elementwise kernels (cast, slope cumsum).
 pub const ELEM_THREADS: u32 = 256;
+/// Consecutive elements each cast thread converts (one 16-byte f32 vector, 8 bytes of bf16).
+pub const CAST_ELEMS: u32 = 4;
 /// Threads per block of the row kernels (RMSNorm, threshold): 4 warps, one row per warp at a time.
 pub const ROW_THREADS: u32 = 128;
 
@@ -595,7 +597,10 @@ pub fn build_rmsnorm<'ctx>(
 }
 
 /// `cast` (and `x * s` for a compile-time scalar `s`): params `(x, y, n: i64)`;
-/// grid `(ceil(n / ELEM_THREADS))`.
+/// grid `(ceil(n / (ELEM_THREADS * CAST_ELEMS)))`. A thread converts [`CAST_ELEMS`] consecutive
+/// elements: with one vector load and one vector store where the group is whole and both
+/// pointers are aligned to it (a buffer's base always is; a view into one may not be), else one
+/// element at a time.
 pub fn build_cast<'ctx>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
@@ -611,16 +616,38 @@ pub fn build_cast<'ctx>(
     }
     let k = Kb::kernel(ctx, module, name, &[("x", ParamTy::Ptr), ("y", ParamTy::Ptr), ("n", ParamTy::I64)])?;
     let (x, y, n) = (k.param_ptr(0), k.param_ptr(1), k.param_int(2));
+    let elems = CAST_ELEMS as i64;
     let bx = k.sext64(k.sreg("ctaid.x"));
     let tid = k.sext64(k.sreg("tid.x"));
-    let i = k.add(k.mulc(bx, ELEM_THREADS as i64), tid);
-    let inb = k.icmp(IntPredicate::SLT, i, n);
-    k.if_then(inb, |k| {
-        let mut v = k.load_f(from, x, i);
-        if let Some(m) = mul {
-            v = k.fmul(v, k.f32(m));
-        }
-        k.store_f(to, y, i, v);
-    });
+    let first = k.mulc(k.add(k.mulc(bx, ELEM_THREADS as i64), tid), elems);
+    let convert = |k: &Kb<'_, 'ctx>, v: FloatValue<'ctx>| match mul {
+        Some(m) => k.fmul(v, k.f32(m)),
+        None => v,
+    };
+    let aligned = |p: PointerValue<'ctx>, dt: DType| {
+        k.icmpc(IntPredicate::EQ, k.andc(k.ptr_to_i64(p), elems * dt.size_bytes() as i64 - 1), 0)
+    };
+    let whole = k.icmp(IntPredicate::SLE, k.addc(first, elems), n);
+    let vector = k.and(whole, k.and(aligned(x, from), aligned(y, to)));
+    k.if_else(
+        vector,
+        "cast",
+        |k| {
+            let vals: Vec<_> =
+                k.load_vec_f(from, x, first, CAST_ELEMS).into_iter().map(|v| convert(k, v)).collect();
+            k.store_vec_f(to, y, first, &vals);
+            vec![]
+        },
+        |k| {
+            for e in 0..elems {
+                let i = k.addc(first, e);
+                k.if_then(k.icmp(IntPredicate::SLT, i, n), |k| {
+                    let v = convert(k, k.load_f(from, x, i));
+                    k.store_f(to, y, i, v);
+                });
+            }
+            vec![]
+        },
+    );
     k.finish()
 }

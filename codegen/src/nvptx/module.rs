@@ -573,7 +573,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         args.extend(p.scalars.iter().map(|d| KernelArg::I64(d.clone())));
         let launch = match p.kernel.body {
             generic::Body::Map => Launch::Grid {
-                x: GridDim::Ceil(p.sizes.clone(), generic::MAP_THREADS),
+                x: GridDim::Ceil(p.sizes.clone(), generic::MAP_THREADS * generic::MAP_ELEMS),
                 y: GridDim::Const(1),
                 block: generic::MAP_THREADS,
             },
@@ -621,8 +621,11 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         }
         kernels::build_cast(self.ctx, self.module, &name, from, to, mul).map_err(CodegenError::Internal)?;
         let args = vec![KernelArg::Buffer(src), KernelArg::Buffer(dst), KernelArg::I64(dims.clone())];
-        let launch =
-            Launch::Grid { x: GridDim::Ceil(dims, ELEM_THREADS), y: GridDim::Const(1), block: ELEM_THREADS };
+        let launch = Launch::Grid {
+            x: GridDim::Ceil(dims, ELEM_THREADS * kernels::CAST_ELEMS),
+            y: GridDim::Const(1),
+            block: ELEM_THREADS,
+        };
         self.push(n, name, args, launch, vec![]);
         Ok(())
     }

@@ -136,6 +136,64 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
         self.store(a, v);
     }
 
+    /// Elements `idx .. idx + n` of a float tensor of dtype `dt` in one vector load, widened to
+    /// f32. The caller guarantees the address is aligned to the vector (`n` times the element).
+    pub fn load_vec_f(
+        &self,
+        dt: DType,
+        p: PointerValue<'ctx>,
+        idx: IntValue<'ctx>,
+        n: u32,
+    ) -> Vec<FloatValue<'ctx>> {
+        let elem = self.float_elem(dt);
+        let v =
+            self.load_aligned(elem.vec_type(n).into(), self.gep_dt(dt, p, idx), n * dt.size_bytes() as u32);
+        (0..n)
+            .map(|e| {
+                let x = self.b.build_extract_element(v.into_vector_value(), self.i32(e as i64), "");
+                let x = self.keep(x, || elem.const_zero().into()).into_float_value();
+                if dt == DType::F32 {
+                    x
+                } else {
+                    self.fpext(x)
+                }
+            })
+            .collect()
+    }
+
+    /// Stores f32 values as elements `idx ..` of a float tensor of dtype `dt` in one vector store
+    /// (round to nearest even). The caller guarantees the address is aligned to the vector.
+    pub fn store_vec_f(
+        &self,
+        dt: DType,
+        p: PointerValue<'ctx>,
+        idx: IntValue<'ctx>,
+        vals: &[FloatValue<'ctx>],
+    ) {
+        let elem = self.float_elem(dt);
+        let n = vals.len() as u32;
+        let mut v = elem.vec_type(n).get_undef();
+        for (e, &x) in vals.iter().enumerate() {
+            let x = if dt == DType::F32 { x } else { self.fptrunc(x, elem) };
+            let r = self.b.build_insert_element(v, x, self.i32(e as i64), "");
+            v = self.keep(r, || v);
+        }
+        self.store_aligned(self.gep_dt(dt, p, idx), v, n * dt.size_bytes() as u32);
+    }
+
+    /// The LLVM type of a float dtype's elements.
+    fn float_elem(&self, dt: DType) -> inkwell::types::FloatType<'ctx> {
+        match dt {
+            DType::BF16 => self.ctx.bf16_type(),
+            DType::F16 => self.ctx.f16_type(),
+            DType::F32 => self.ctx.f32_type(),
+            _ => {
+                self.fail(format!("expected a float tensor, got {dt}"));
+                self.ctx.f32_type()
+            }
+        }
+    }
+
     // ---- shared memory -------------------------------------------------------------------
 
     /// A kernel-private shared-memory array of `n` f32 named `name` (16-byte aligned).

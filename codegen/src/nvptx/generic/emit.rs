@@ -1,6 +1,6 @@
 //! LLVM IR of one [`Generic`] kernel, written with the NVPTX kernel builder.
 
-use super::{Body, Expr, Generic, Src, LINES_PER_BLOCK, LINE_THREADS, MAP_THREADS};
+use super::{Body, Expr, Generic, Src, LINES_PER_BLOCK, LINE_THREADS, MAP_ELEMS, MAP_THREADS};
 use crate::nvptx::attention::region::{binary, unary};
 use crate::nvptx::builder::{KernelBuilder, ParamTy};
 use foxc_ir::{BinaryOp, DType, ReduceKind, UnaryOp};
@@ -12,8 +12,8 @@ use std::cell::Cell;
 
 type Kb<'a, 'ctx> = KernelBuilder<'a, 'ctx>;
 
-/// Builds kernel `name` for `k`: parameters as [`Generic`] documents them. Launch: `Map`, one
-/// thread per element, blocks of [`MAP_THREADS`]; line bodies, one warp per line,
+/// Builds kernel `name` for `k`: parameters as [`Generic`] documents them. Launch: `Map`,
+/// [`MAP_ELEMS`] elements per thread, blocks of [`MAP_THREADS`]; line bodies, one warp per line,
 /// [`LINES_PER_BLOCK`] lines per block.
 pub(crate) fn build<'ctx>(
     ctx: &'ctx Context,
@@ -126,21 +126,66 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
         (0..n).fold(b.i64(1), |acc, a| b.mul(acc, self.size(a)))
     }
 
-    /// One thread per element.
+    /// [`MAP_ELEMS`] consecutive elements per thread. Where the group is whole and the
+    /// innermost axis a multiple of [`MAP_ELEMS`] (so the group lies in one line), its elements
+    /// share one coordinate split, the divisions that made RoPE's rotation loops compute-bound;
+    /// the thread computes every value before it stores any, so a store that may alias an input
+    /// does not hold up the next element's loads. Elsewhere (the tail, odd innermost sizes) each
+    /// element splits its own coordinates.
     fn map(&self, out: PointerValue<'ctx>) {
         let b = self.b;
         let rank = self.k.rank;
-        let gid =
+        let elems = MAP_ELEMS as i64;
+        let thread =
             b.add(b.mul(b.zext64(b.sreg("ctaid.x")), b.i64(MAP_THREADS as i64)), b.zext64(b.sreg("tid.x")));
-        let inside = b.icmp(IntPredicate::SLT, gid, self.count(rank));
-        b.if_then(inside, |_| {
-            // The iteration order is the result's own: its offset is the flat index.
-            self.flat.set(Some(gid));
-            let coord = if self.k.needs_coords() { self.split(gid, rank) } else { vec![] };
-            let v = self.eval(&self.k.value, &coord);
-            self.store(out, gid, v);
-            self.flat.set(None);
-        });
+        let first = b.mulc(thread, elems);
+        let n = self.count(rank);
+        let needs = self.k.needs_coords();
+        let mut grouped = b.icmp(IntPredicate::SLE, b.addc(first, elems), n);
+        if needs {
+            let inner_fits = b.icmpc(IntPredicate::EQ, b.srem(self.size(rank - 1), b.i64(elems)), 0);
+            grouped = b.and(grouped, inner_fits);
+        }
+        b.if_else(
+            grouped,
+            "map",
+            |_| {
+                let base = if needs { self.split(first, rank) } else { vec![] };
+                let values: Vec<FloatValue<'ctx>> = (0..elems)
+                    .map(|e| {
+                        let mut coord = base.clone();
+                        if let Some(last) = coord.last_mut() {
+                            *last = b.addc(*last, e);
+                        }
+                        self.flat_value(b.addc(first, e), &coord)
+                    })
+                    .collect();
+                for (e, v) in values.into_iter().enumerate() {
+                    self.store(out, b.addc(first, e as i64), v);
+                }
+                vec![]
+            },
+            |_| {
+                for e in 0..elems {
+                    let idx = b.addc(first, e);
+                    b.if_then(b.icmp(IntPredicate::SLT, idx, n), |_| {
+                        let coord = if needs { self.split(idx, rank) } else { vec![] };
+                        let v = self.flat_value(idx, &coord);
+                        self.store(out, idx, v);
+                    });
+                }
+                vec![]
+            },
+        );
+    }
+
+    /// The kernel's value at flat index `flat` (the result's own order, so also the offset of
+    /// every input laid out like it) and coordinates `coord`.
+    fn flat_value(&self, flat: IntValue<'ctx>, coord: &[IntValue<'ctx>]) -> FloatValue<'ctx> {
+        self.flat.set(Some(flat));
+        let v = self.eval(&self.k.value, coord);
+        self.flat.set(None);
+        v
     }
 
     /// This thread's line: one warp per line (lanes strided by 32), or one thread per line in a

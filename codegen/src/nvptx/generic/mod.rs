@@ -15,7 +15,8 @@
 //!
 //! Layout: a kernel iterates an *iteration space*, named axes whose last one is the *line* (the
 //! axis of a cumsum, softmax or rmsnorm, the reduced axis of a sum, else the result's last axis).
-//! `Map` kernels use one thread per element (reading the result's layout at the flat index);
+//! `Map` kernels give each thread 4 consecutive elements (reading the result's layout at the
+//! flat index);
 //! line kernels one warp per line, parallel enough for `[B, H]` lines of length `T`, or one
 //! thread per line when the line runs across the operand's innermost axis (coalesced, and fine
 //! for short lines such as a sum over `B`). Either way the order of a reduction is fixed: the
@@ -35,6 +36,8 @@ use foxc_ir::DType;
 
 /// Threads per block of the elementwise (`Map`) kernels.
 pub(crate) const MAP_THREADS: u32 = 256;
+/// Consecutive elements per thread of a `Map` kernel (blocks cover `MAP_THREADS * MAP_ELEMS`).
+pub(crate) const MAP_ELEMS: u32 = 4;
 /// Threads per block of the line kernels: one warp per line.
 pub(crate) const LINE_THREADS: u32 = 128;
 /// Lines per block of the line kernels in warp mode.
