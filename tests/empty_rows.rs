@@ -153,7 +153,7 @@ fn cpu_backward_gives_zero_gradients_through_empty_rows() {
         for prune in [false, true] {
             let what = format!("cpu grad {name} prune={prune} seed {seed}");
             let opt = optimize(&src, Target::Cpu, prune);
-            let p = grad_program(&opt).unwrap();
+            let p = grad_program(&opt, Target::Cpu).unwrap();
             let mut x = inputs(&src, seed, 16);
             x.insert(DOUT.into(), seeded_dout(&p, &src, &x, seed ^ 0x5eed).unwrap());
             let outs: Vec<(String, Value)> =
@@ -213,7 +213,7 @@ fn gpu_forward_and_backward_give_zero_rows() {
                 // starts can be declared integers (issue 25) its backward runs on the CPU alone.
                 continue;
             }
-            let p = grad_program(&opt).unwrap();
+            let p = grad_program(&opt, target).unwrap();
             let mut x = x;
             x.insert(DOUT.into(), seeded_dout(&p, &src, &x, seed ^ 0x5eed).unwrap());
             let got = cuda_backend::run_outputs(&p.graph, &p.outputs, &x, Default::default())

@@ -83,7 +83,7 @@ fn f16_ptx(target: Target, d: u64) -> (String, String) {
         pipeline::optimize(&g, &opts).unwrap().0
     };
     let fwd = cuda_backend::compile(&optimized(false), &dims, target).unwrap().ptx;
-    let p = grad_program(&optimized(true)).unwrap();
+    let p = grad_program(&optimized(true), target).unwrap();
     let outs: Vec<_> = p.outputs.iter().map(|(_, v)| *v).collect();
     let bwd = cuda_backend::compile_outputs(&p.graph, &outs, &dims, target).unwrap().ptx;
     (fwd, bwd)

@@ -160,7 +160,7 @@ fn another_head_count_is_refused_by_the_cpu_and_the_reference() {
 fn the_gradient_program_runs_with_given_thresholds() {
     let src = compile("fox");
     let opt = optimize(&src, given(&[-0.3, NEG_INF]));
-    let gp = foxc_driver::grad::grad_program(&opt).unwrap();
+    let gp = foxc_driver::grad::grad_program(&opt, Target::Cpu).unwrap();
     let th = gp.graph.find(|op| matches!(op, Op::Threshold { .. }));
     assert!(!th.is_empty(), "no threshold in the gradient program");
     for n in th {

@@ -49,7 +49,7 @@ fn gradient_ops_compile_for_the_gpu() {
             let (opt, _) =
                 pipeline::optimize(&c.graph, &pipeline::pass_options(&prune, target, false).unwrap())
                     .unwrap();
-            let mut p = grad_program(&opt).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let mut p = grad_program(&opt, target).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(cut_backward(&mut p.graph, &mut p.outputs), 1, "{name}: one attention_backward");
             let outs: Vec<Value> = p.outputs.iter().map(|(_, v)| *v).collect();
             let dims = BTreeMap::from([("D".to_string(), 64), ("H".to_string(), 4), ("G".to_string(), 2)]);

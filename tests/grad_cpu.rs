@@ -95,7 +95,7 @@ struct Case {
 fn case(path: &Path, t: u64, seed: u64, prune: Option<f64>) -> Option<Case> {
     let src = pipeline::Source::read(path).unwrap().compile().ok()?.graph;
     let opt = optimize(&src, prune);
-    let program = grad_program(&opt).ok()?;
+    let program = grad_program(&opt, Target::Cpu).ok()?;
     let dims = small_dims(&src, t);
     let mut inputs = tensors::generate(&src, &dims, seed).unwrap();
     if prune.is_some_and(|e| e > -1.0) {
@@ -269,7 +269,7 @@ fn gradients_have_the_same_bits_on_every_run_and_thread_count() {
 fn clif_of_the_fox_backward_kernel() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/fox.attn");
     let src = pipeline::Source::read(&path).unwrap().compile().unwrap().graph;
-    let program = grad_program(&optimize(&src, Some(-10.0))).unwrap();
+    let program = grad_program(&optimize(&src, Some(-10.0)), Target::Cpu).unwrap();
     let outs: Vec<Value> = program.outputs.iter().map(|(_, v)| *v).collect();
     let dims: BTreeMap<String, u64> =
         [("B", 1), ("H", 2), ("T", 16), ("D", 4)].iter().map(|(k, v)| (k.to_string(), *v)).collect();

@@ -26,7 +26,7 @@ fn grad_artifact_at(path: &Path, target: Target, d: u64) -> Result<(Graph, Nvptx
     let prune = PruneOptions::default();
     let (opt, _) = pipeline::optimize(&c.graph, &pipeline::pass_options(&prune, target, false).unwrap())
         .map_err(|e| e.to_string())?;
-    let p = grad_program(&opt).map_err(|e| e.to_string())?;
+    let p = grad_program(&opt, target).map_err(|e| e.to_string())?;
     let outs: Vec<_> = p.outputs.iter().map(|(_, v)| *v).collect();
     let dims = BTreeMap::from([("D".to_string(), d), ("H".to_string(), 4), ("G".to_string(), 2)]);
     let a = cuda_backend::compile_outputs(&p.graph, &outs, &dims, target).map_err(|e| e.to_string())?;

@@ -27,7 +27,7 @@ fn artifacts(example: &str, no_prune: bool) -> Vec<(String, NvptxArtifact)> {
     if let Ok(a) = cuda_backend::compile(&opt, &dims, Target::Sm90a) {
         out.push((format!("{example} forward"), a));
     }
-    if let Ok(p) = grad_program(&opt) {
+    if let Ok(p) = grad_program(&opt, Target::Sm90a) {
         let outs: Vec<_> = p.outputs.iter().map(|(_, v)| *v).collect();
         if let Ok(a) = cuda_backend::compile_outputs(&p.graph, &outs, &dims, Target::Sm90a) {
             out.push((format!("{example} gradient"), a));

@@ -184,7 +184,7 @@ fn gpu_gradient_programs_compile_and_assemble() {
                 dims.insert("N".into(), n);
                 opts.dims = dims.clone();
             }
-            let p = grad_program(&pipeline::optimize(&g, &opts).unwrap().0).unwrap();
+            let p = grad_program(&pipeline::optimize(&g, &opts).unwrap().0, target).unwrap();
             let outs: Vec<_> = p.outputs.iter().map(|(_, v)| *v).collect();
             let a = cuda_backend::compile_outputs(&p.graph, &outs, &dims, target).unwrap();
             let at = format!("{arch} D={d} N={n:?}");

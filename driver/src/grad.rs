@@ -6,14 +6,17 @@ use foxc_ir::shapes::{bind_dims, concrete_shape};
 use foxc_passes::grad::{gradient, GradError, GradProgram, DOUT};
 use foxc_runtime::{HostTensor, TensorMap};
 
-/// The gradient program of the optimized `graph` (`foxc grad`, `foxc compile --emit grad`).
-/// Its elementwise values carry `fuse-loops`' decision for its outputs (the backends' glue
-/// makes the same one again for the values a run computes).
-pub fn grad_program(opt: &foxc_ir::Graph) -> Result<GradProgram, Error> {
+/// The gradient program of `opt` (a graph optimized for `target`) for `target` (`foxc grad`,
+/// `foxc compile --emit grad`): the gradient program's own passes for the target
+/// ([`foxc_passes::fuse_grad::optimize_gradient`]), then its elementwise values carry
+/// `fuse-loops`' decision for its outputs (the backends' glue makes the same one again for the
+/// values a run computes).
+pub fn grad_program(opt: &foxc_ir::Graph, target: crate::Target) -> Result<GradProgram, Error> {
     let mut p = gradient(opt).map_err(|e| match e {
         GradError::Unsupported(_) => Error::user(format!("error: {e}")),
         GradError::Internal(_) => Error::internal(format!("error: {e}")),
     })?;
+    foxc_passes::fuse_grad::optimize_gradient(&mut p, target);
     let outputs: Vec<foxc_ir::Value> = p.outputs.iter().map(|(_, v)| *v).collect();
     foxc_passes::fuse_loops::mark(&mut p.graph, &outputs);
     Ok(p)

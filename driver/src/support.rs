@@ -59,7 +59,7 @@ pub fn gpu_unsupported(g: &Graph, target: Target) -> Vec<Unsupported> {
         out.push(Unsupported { path: "forward", gpu_only: true, reason: reason(e) });
         return out;
     }
-    let program = match optimized(true).and_then(|opt| grad_program(&opt)) {
+    let program = match optimized(true).and_then(|opt| grad_program(&opt, target)) {
         Ok(p) => p,
         Err(e) => {
             out.push(Unsupported { path: "backward", gpu_only: false, reason: reason(e) });

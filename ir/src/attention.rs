@@ -669,6 +669,10 @@ pub struct Attention {
     pub kv_group: Dim,
     /// The dtype of result 0 (a pass fuses a following cast into it).
     pub out_dtype: DType,
+    /// In `attention_backward`, the dtype of `dq`, `dk` and `dv` (f32 unless the
+    /// `fuse-gradient-casts` step fused their casts into it; printed `grads = DTYPE`). The
+    /// forward ignores it.
+    pub grad_dtype: DType,
     /// `bm x bn` tiles, chosen by the tiles pass for every attention (backends never choose).
     pub tiles: Option<Tiles>,
     pub prune: Prune,
@@ -711,6 +715,7 @@ impl Attention {
             decay_lo: false,
             kv_group: Dim::Const(1),
             out_dtype: DType::F32,
+            grad_dtype: DType::F32,
             tiles: None,
             prune: Prune::Dense,
             kernel: AttnKernel::Standard,
@@ -902,6 +907,9 @@ impl Attention {
         }
         if self.out_dtype != DType::F32 {
             s.push_str(&format!(", out = {}", self.out_dtype));
+        }
+        if self.grad_dtype != DType::F32 {
+            s.push_str(&format!(", grads = {}", self.grad_dtype));
         }
         if let Some(t) = self.tiles {
             s.push_str(&format!(", bm = {}, bn = {}", t.bm, t.bn));

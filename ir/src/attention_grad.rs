@@ -189,7 +189,8 @@ impl Attention {
     /// The result types of `attention_backward` with these attributes, for operands of types
     /// `ops` = the forward's operands, then `out`, `lse`, `dout` (docs/SEMANTICS.md,
     /// "attention_backward"): `dq`, `dk`, `dv`, then `dc` if `decay`, then one gradient per float
-    /// capture, all f32 and shaped like what they differentiate.
+    /// capture, shaped like what they differentiate: `dq`, `dk`, `dv` in `grad_dtype`, the rest
+    /// f32.
     pub fn backward_result_types(&self, ops: &[&ValueType]) -> Result<Vec<ValueType>, String> {
         if ops.len() < self.fixed_operands() + 3 {
             return Err(format!(
@@ -214,8 +215,15 @@ impl Attention {
                 want[0]
             ));
         }
+        if !self.grad_dtype.is_float() {
+            return Err(format!(
+                "attention_backward's grads dtype must be floating point, found {}",
+                self.grad_dtype
+            ));
+        }
         let f32_like = |t: &ValueType| ValueType::tensor(DType::F32, t.dims().cloned());
-        let mut res = vec![f32_like(fwd[0]), f32_like(fwd[1]), f32_like(fwd[2])];
+        let grad_like = |t: &ValueType| ValueType::tensor(self.grad_dtype, t.dims().cloned());
+        let mut res = vec![grad_like(fwd[0]), grad_like(fwd[1]), grad_like(fwd[2])];
         if self.decay {
             res.push(f32_like(fwd[3]));
         }

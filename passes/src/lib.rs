@@ -25,11 +25,16 @@
 //!     mul's operands (`sum {contract}`); the product is never written.
 //! 11. `fuse-loops` ([`fuse_loops`]): an elementwise value that its users can compute in their
 //!     own loops becomes `inline` (no buffer, no loop of its own).
+//!
+//! A gradient program ([`grad`], made from an optimized graph) has its own step for GPU
+//! targets, `fuse-gradient-casts` ([`fuse_grad::optimize_gradient`]): the backward writes its
+//! dq, dk, dv in the dtype they are cast to.
 
 pub mod acp;
 pub mod compensate;
 pub mod contract;
 pub mod fold_scale;
+pub mod fuse_grad;
 pub mod fuse_loops;
 pub mod fuse_out;
 pub mod grad;

@@ -60,6 +60,8 @@ pub fn program(
         Kind::Saved => foxc_passes::grad::gradient_from_saved(&g),
     }
     .map_err(grad_error)?;
+    let mut p = p;
+    foxc_passes::fuse_grad::optimize_gradient(&mut p, target);
     let p = Arc::new(p);
     m.insert(key, p.clone());
     Ok(p)

@@ -28,7 +28,7 @@ fn time_grad(
     seed: u64,
     iters: usize,
 ) -> Result<(f64, f64), Error> {
-    let program = foxc_driver::grad::grad_program(opt)?;
+    let program = foxc_driver::grad::grad_program(opt, backend.target())?;
     let mut inputs = inputs.clone();
     let dout = foxc_driver::grad::seeded_dout(&program, fwd, &inputs, seed)?;
     inputs.insert(foxc_passes::grad::DOUT.to_string(), dout);

@@ -58,12 +58,12 @@ pub fn compile(a: &CompileArgs) -> Result<(), Error> {
             match a.emit {
                 EmitArg::Opt if a.dot => to_dot(&opt),
                 EmitArg::Opt => print_graph(&opt),
-                EmitArg::Grad => super::grad::emit_text(&foxc_driver::grad::grad_program(&opt)?),
+                EmitArg::Grad => super::grad::emit_text(&foxc_driver::grad::grad_program(&opt, target)?),
                 EmitArg::Clif => cpu_backend::emit_clif(&opt, &dims)?,
                 EmitArg::Llvm => cuda_backend::emit(&opt, &[], &dims, target, cuda_backend::Emit::Llvm)?,
                 EmitArg::Ptx => cuda_backend::emit(&opt, &[], &dims, target, cuda_backend::Emit::Ptx)?,
                 EmitArg::GradPtx => {
-                    let program = foxc_driver::grad::grad_program(&opt)?;
+                    let program = foxc_driver::grad::grad_program(&opt, target)?;
                     let outputs: Vec<_> = program.outputs.iter().map(|(_, v)| *v).collect();
                     cuda_backend::emit(&program.graph, &outputs, &dims, target, cuda_backend::Emit::Ptx)?
                 }

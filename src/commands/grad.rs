@@ -64,7 +64,7 @@ pub fn grad(a: &GradArgs) -> Result<(), Error> {
     opts.dims = pipeline::bound_dims(&c.graph, &inputs)?;
     opts.gradient = true;
     let (opt, _) = pipeline::optimize(&c.graph, &opts)?;
-    let program = grad_program(&opt)?;
+    let program = grad_program(&opt, backend.target())?;
     let g = &program.graph;
     // The upstream gradient: shaped and typed like the output.
     let dout = upstream(a, &program, &c.graph, &inputs)?;

@@ -352,6 +352,13 @@ impl NodeCx<'_> {
         used: &HashSet<Value>,
     ) -> Result<Kind, CpuError> {
         let backward = matches!(self.op, Op::AttentionBackward(_));
+        if backward && attn.grad_dtype != foxc_ir::DType::F32 {
+            // `fuse-gradient-casts` runs for GPU targets only.
+            return Err(self.invalid(format!(
+                "the CPU backward writes f32 gradients, not {} (compile the gradient program for the CPU target)",
+                attn.grad_dtype
+            )));
+        }
         // The backward's operands are the forward's, then out, lse, dout.
         let fwd_ops = &ops[..ops.len() - if backward { 3.min(ops.len()) } else { 0 }];
         let ao = foxc_ir::AttnOperands::from_positional(attn, fwd_ops).map_err(|m| self.invalid(m))?;

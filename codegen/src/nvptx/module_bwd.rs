@@ -11,6 +11,7 @@ use super::attention::region::{RegionMod, ScoreArg};
 use super::attention_bwd::{
     self, BwdConfig, BwdKernel, CaptureRead, Regions, DQ_ROWS, FIRST_BWD_PARAM, PRE_ROWS,
 };
+use super::builder::Half;
 use super::module::{user, Assembler};
 use super::{CodegenError, GridDim, KernelArg, Launch};
 use foxc_ir::attention::{AttnOperands, RId, RNode, Region};
@@ -77,6 +78,11 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             kv_group: self.static_dim(&a.kv_group, "the query heads per key/value head")?,
             dtype: half,
             fewer_queries: tk != t,
+            grads: match a.grad_dtype {
+                DType::BF16 => Some(Half::Bf16),
+                DType::F16 => Some(Half::F16),
+                _ => None,
+            },
         };
         cfg.validate().map_err(|e| Self::not_yet(n, &e))?;
         if o.decay_lo.is_some() {

@@ -290,7 +290,11 @@ impl super::Evaluator<'_> {
             return Err(self.err(id, format!("{} result types for {} results", tys.len(), results.len())));
         }
         let mut vals_out = vec![];
-        for (ty, data) in tys.into_iter().zip(results) {
+        for (ty, mut data) in tys.into_iter().zip(results) {
+            // A result narrower than f32 (`grad_dtype`) is rounded as a `cast` rounds.
+            if ty.dtype != crate::types::DType::F32 {
+                data.iter_mut().for_each(|x| *x = super::cast(ty.dtype, *x));
+            }
             let shape = crate::shapes::concrete_shape(ty, &self.dims)?;
             if shape.iter().product::<usize>() != data.len() {
                 return Err(self.err(id, format!("a result of shape {shape:?} got {} values", data.len())));

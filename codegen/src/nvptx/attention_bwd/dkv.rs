@@ -140,7 +140,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let k64 = if self.off.is_some() { b.sext64(self.k_len) } else { t64 };
         let kv_base = b.mulc(b.mul(b.sext64(bhk), k64), d);
         let (kb, vb) = (b.gep(i16t, k_p, kv_base), b.gep(i16t, v_p, kv_base));
-        let (dkb, dvb) = (b.gep(f32t, dk_p, kv_base), b.gep(f32t, dv_p, kv_base));
+        let (dkb, dvb) = (b.gep(self.grad_elem(), dk_p, kv_base), b.gep(self.grad_elem(), dv_p, kv_base));
 
         let kvt = bn * d * 2;
         let qt = bq * d * 2;
@@ -278,7 +278,8 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         }
     }
 
-    /// Writes this thread's dK (times the scale) and dV of its two keys, as f32 pairs.
+    /// Writes this thread's dK (times the scale) and dV of its two keys, as pairs in the
+    /// gradients' dtype.
     fn store_dkv(
         &self,
         kt: KeyTile<'ctx>,
@@ -290,7 +291,6 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let (rj, tq, part) = (kt.rj, kt.tq, kt.part);
         let d = cfg.head_dim as i64;
         let dt = (cfg.part_dim() / 8) as usize;
-        let f32t = b.f32t().into();
         let sc = b.f32(cfg.scale as f64);
         let mut t2 = b.mulc(tq, 2);
         if let Some(p) = part {
@@ -302,9 +302,9 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                 for dtile in 0..dt {
                     let idx = b.sext64(b.add(rowoff, b.addc(t2, 8 * dtile as i64)));
                     let (k0, k1) = (dk[dtile * 4 + 2 * r], dk[dtile * 4 + 2 * r + 1]);
-                    b.store_aligned(b.gep(f32t, dkb, idx), b.vec2_f32(b.fmul(k0, sc), b.fmul(k1, sc)), 8);
+                    self.store_grad_pair(dkb, idx, b.fmul(k0, sc), b.fmul(k1, sc));
                     let (v0, v1) = (dv[dtile * 4 + 2 * r], dv[dtile * 4 + 2 * r + 1]);
-                    b.store_aligned(b.gep(f32t, dvb, idx), b.vec2_f32(v0, v1), 8);
+                    self.store_grad_pair(dvb, idx, v0, v1);
                 }
             });
         }

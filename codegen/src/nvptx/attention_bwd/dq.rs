@@ -132,7 +132,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let kv_base = b.mulc(heads::kv_rows(b, bh, self.k_len, cfg.kv_group), d);
         let (qb, dob) = (b.gep(i16t, q_p, mat_base), b.gep(i16t, do_p, mat_base));
         let (kb, vb) = (b.gep(i16t, k_p, kv_base), b.gep(i16t, v_p, kv_base));
-        let dqb = b.gep(f32t, dq_p, mat_base);
+        let dqb = b.gep(self.grad_elem(), dq_p, mat_base);
         let (cb, lb) = (b.gep(f32t, c_p, c_base), b.gep(f32t, lse_p, row_base));
         let (ddb, dcb) = (b.gep(f32t, dd_p, row_base), b.gep(f32t, dc_p, c_base));
 
@@ -448,7 +448,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
                     let x0 = b.fmul(dq[dtile * 4 + 2 * r], sc);
                     let x1 = b.fmul(dq[dtile * 4 + 2 * r + 1], sc);
                     let idx = b.add(rowoff, b.addc(t2, 8 * dtile as i64));
-                    b.store_aligned(b.gep(f32t, blk.dqb, b.sext64(idx)), b.vec2_f32(x0, x1), 8);
+                    self.store_grad_pair(blk.dqb, b.sext64(idx), x0, x1);
                 }
                 // Every gradient of a captured tensor: its row sums (0 without a query read);
                 // the dkv kernel adds the column sums.

@@ -33,11 +33,11 @@
 //!
 //! `dq`: `q, k, v` (bf16; k, v of kv head `bh / kv_group`), `c` (f32 `[BH, T]`), `delta`
 //! (f32 `[BH, Mt]`, read when pruned), `dout` (bf16), `lse` (f32 `[BH, T]`), `dd` (launch 1),
-//! `dq` (f32 out), `dc` (f32 out, the row sums; written when decay), `start` (i32 `[BH, Mt]`
+//! `dq` (out: f32, or [`BwdConfig::grads`]), `dc` (f32 out, the row sums; written when decay), `start` (i32 `[BH, Mt]`
 //! scratch, written when pruned), `T` (i32).
 //!
-//! `dkv`: `q, k, v, c, dout, lse, dd, start` (as above, start read), `dk`, `dv` (f32
-//! `[BHk, T, D]` out), `dc` (read-modify-write when decay), `T`.
+//! `dkv`: `q, k, v, c, dout, lse, dd, start` (as above, start read), `dk`, `dv` (`[BHk, T, D]`
+//! out, as dq), `dc` (read-modify-write when decay), `T`.
 //!
 //! Pointer parameters a configuration does not read may be any valid buffer.
 
@@ -54,7 +54,8 @@ use super::attention::score::ScoreMod;
 use super::builder::{Half, KernelBuilder, ParamTy};
 use inkwell::context::Context;
 use inkwell::module::Module;
-use inkwell::values::{FunctionValue, IntValue, PointerValue};
+use inkwell::types::BasicTypeEnum;
+use inkwell::values::{FloatValue, FunctionValue, IntValue, PointerValue};
 
 /// Head dimensions of the backward kernels. At D = 256 the accumulators of a warp's 16 rows
 /// (dQ, or dK and dV: 128 / 256 f32 registers per thread) do not fit the register file with
@@ -94,6 +95,9 @@ pub struct BwdConfig {
     /// diagonal, its window and its `c`; dc's row sum lands there), as the forward's `_fq`
     /// kernel.
     pub fewer_queries: bool,
+    /// The 16-bit type dq, dk and dv are written in (rounded to nearest even, as a `cast`
+    /// rounds: the IR's `grads = DTYPE`), or `None` for f32.
+    pub grads: Option<Half>,
 }
 
 /// Which of the three kernels.
@@ -113,7 +117,7 @@ impl BwdConfig {
             BwdKernel::Dkv => "dkv",
         };
         format!(
-            "foxc_attn_bwd_{k}_d{}_bm{}_bn{}{}{}{}{}{}{}{}_s{:08x}_sm{}",
+            "foxc_attn_bwd_{k}_d{}_bm{}_bn{}{}{}{}{}{}{}{}{}_s{:08x}_sm{}",
             self.head_dim,
             self.bm,
             self.bn,
@@ -124,6 +128,11 @@ impl BwdConfig {
             if self.causal { "" } else { "_bidir" },
             self.half_tag(),
             if self.fewer_queries { "_fq" } else { "" },
+            match self.grads {
+                None => "",
+                Some(Half::Bf16) => "_gbf16",
+                Some(Half::F16) => "_gf16",
+            },
             self.scale.to_bits(),
             self.sm
         )
@@ -402,6 +411,31 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
 }
 
 impl<'ctx> Bwd<'_, '_, 'ctx> {
+    /// Stores `x0, x1` as elements `idx, idx + 1` (i64, even) of a gradient (dq, dk or dv) in
+    /// its dtype ([`BwdConfig::grads`]): one 8-byte f32 pair, or one 4-byte 16-bit pair.
+    fn store_grad_pair(
+        &self,
+        p: PointerValue<'ctx>,
+        idx: IntValue<'ctx>,
+        x0: FloatValue<'ctx>,
+        x1: FloatValue<'ctx>,
+    ) {
+        let b = self.b;
+        let at = b.gep(self.grad_elem(), p, idx);
+        match self.cfg.grads {
+            None => b.store_aligned(at, b.vec2_f32(x0, x1), 8),
+            Some(h) => b.store_aligned(at, b.pack_half2(h, x0, x1), 4),
+        }
+    }
+
+    /// The element type of dq, dk and dv ([`BwdConfig::grads`]).
+    fn grad_elem(&self) -> BasicTypeEnum<'ctx> {
+        match self.cfg.grads {
+            None => self.b.f32t().into(),
+            Some(h) => h.float_type(self.b.ctx).into(),
+        }
+    }
+
     /// The key position of query row `i`: `i + Tk - T` (`i` itself when queries and keys are
     /// one).
     fn pos(&self, i: IntValue<'ctx>) -> IntValue<'ctx> {

@@ -21,6 +21,7 @@ fn cfg(d: u32, sm: u32) -> BwdConfig {
         kv_group: 1,
         dtype: Half::Bf16,
         fewer_queries: false,
+        grads: None,
     }
 }
 
