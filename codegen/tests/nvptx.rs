@@ -519,7 +519,7 @@ fn scalar_scale_of_q_is_folded() {
     let Launch::Attention { cfg, .. } = &product.kernels[2].launch else { panic!("not attention") };
     assert_eq!(cfg.scale, 1.0);
     let opts = foxc_passes::PassOptions { target: foxc_passes::Target::Sm90a, ..Default::default() };
-    foxc_passes::fold_scale::run(&mut g, &opts, &mut Default::default()).unwrap();
+    assert!(foxc_passes::run_pass("fold-q-scale", &mut g, &opts, &mut Default::default()).unwrap());
     let a = compile(&g, &spec(NvptxTarget::Sm90a, 64)).expect("compiles");
     assert_eq!(a.kernels.len(), 1, "{:?}", a.kernels.iter().map(|k| &k.name).collect::<Vec<_>>());
     let Launch::Attention { cfg, .. } = &a.kernels[0].launch else { panic!("not attention") };
