@@ -310,3 +310,31 @@ fn saved_forward_gradients_equal_recomputed_ones_on_the_cpu() {
         }
     }
 }
+
+/// A gradient program made for a GPU target (its backward writes bf16 gradients,
+/// `fuse-gradient-casts`) is refused by the CPU backend with a message, not run with f32
+/// gradients written into bf16 buffers. (Shown failing: without the CPU planner's check the
+/// test process aborted, `munmap_chunk(): invalid pointer`: f32 written past the bf16 buffers.)
+#[test]
+fn the_cpu_refuses_a_backward_with_16_bit_gradients() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/fox.attn");
+    let src = pipeline::Source::read(&path).unwrap().compile().unwrap().graph;
+    // Dense: a pruned GPU program would first be refused for its in-kernel block boundary.
+    let dense = PruneOptions { no_prune: true, ..PruneOptions::default() };
+    let mut opts = pipeline::pass_options(&dense, Target::Sm90a, false).unwrap();
+    opts.gradient = true;
+    let program = grad_program(&pipeline::optimize(&src, &opts).unwrap().0, Target::Sm90a).unwrap();
+    assert!(foxc_ir::print::print_graph(&program.graph).contains("grads = bf16"));
+    let dims = small_dims(&src, 16);
+    let mut inputs = tensors::generate(&src, &dims, 1).unwrap();
+    let dout = foxc_driver::grad::seeded_dout(&program, &src, &inputs, 2).unwrap();
+    inputs.insert(DOUT.to_string(), dout);
+    let e = cpu_backend::run_outputs(
+        &program.graph,
+        &program.outputs,
+        &inputs,
+        ExecOptions { threads: 1, poison: true },
+    )
+    .expect_err("the CPU ran a backward with bf16 gradients");
+    assert!(e.to_string().contains("the CPU backward writes f32 gradients, not bf16"), "{e}");
+}
