@@ -12,7 +12,7 @@
 
 use crate::grad::GradProgram;
 use crate::Target;
-use foxc_ir::{DType, Graph, Op, Value, ValueId};
+use foxc_ir::{DType, Graph, Op, Value, ValueId, ValueType};
 
 /// Runs the gradient program's passes for `target` (today the one above, on GPU targets).
 pub fn optimize_gradient(p: &mut GradProgram, target: Target) {
@@ -25,14 +25,16 @@ pub fn optimize_gradient(p: &mut GradProgram, target: Target) {
 pub fn gradient_casts(p: &mut GradProgram) {
     for n in p.graph.find(|op| matches!(op, Op::AttentionBackward(a) if a.grad_dtype == DType::F32)) {
         let Some((casts, to)) = fusable_casts(p, n) else { continue };
+        let Op::AttentionBackward(mut a) = p.graph.op(n).clone() else { continue };
+        a.grad_dtype = to;
+        // The results' types are the op's rule's for the new attribute.
+        let tys: Vec<ValueType> =
+            p.graph.operand_values(n).iter().map(|&v| p.graph.value_ty(v).clone()).collect();
+        let Ok(mut rt) = a.backward_result_types(&tys.iter().collect::<Vec<_>>()) else { continue };
         let node = p.graph.node_mut(n);
-        if let Op::AttentionBackward(a) = &mut node.op {
-            a.grad_dtype = to;
-        }
-        node.ty.dtype = to;
-        for t in node.more.iter_mut().take(2) {
-            t.dtype = to;
-        }
+        node.op = Op::AttentionBackward(a);
+        node.ty = rt.remove(0);
+        node.more = rt;
         for (r, &cast) in casts.iter().enumerate() {
             let result = Value { node: n, result: r as u32 };
             p.graph.replace_value_uses(Value::of(cast), result);

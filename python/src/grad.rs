@@ -55,12 +55,11 @@ pub fn program(
         return Ok(p.clone());
     }
     let g = loaded.optimized_for(target, spec)?;
-    let p = match kind {
+    let mut p = match kind {
         Kind::Recomputed => foxc_passes::grad::gradient(&g),
         Kind::Saved => foxc_passes::grad::gradient_from_saved(&g),
     }
     .map_err(grad_error)?;
-    let mut p = p;
     foxc_passes::fuse_grad::optimize_gradient(&mut p, target);
     let p = Arc::new(p);
     m.insert(key, p.clone());

@@ -56,6 +56,15 @@ pub enum Half {
 }
 
 impl Half {
+    /// The 16-bit float type of a tensor dtype (`None` for any other dtype).
+    pub fn of(dt: foxc_ir::DType) -> Option<Half> {
+        match dt {
+            foxc_ir::DType::BF16 => Some(Half::Bf16),
+            foxc_ir::DType::F16 => Some(Half::F16),
+            _ => None,
+        }
+    }
+
     /// The PTX type name (`bf16`, `f16`), as wgmma's operand types spell it.
     pub fn ptx(self) -> &'static str {
         match self {

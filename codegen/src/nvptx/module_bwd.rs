@@ -78,11 +78,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             kv_group: self.static_dim(&a.kv_group, "the query heads per key/value head")?,
             dtype: half,
             fewer_queries: tk != t,
-            grads: match a.grad_dtype {
-                DType::BF16 => Some(Half::Bf16),
-                DType::F16 => Some(Half::F16),
-                _ => None,
-            },
+            grads: Half::of(a.grad_dtype),
         };
         cfg.validate().map_err(|e| Self::not_yet(n, &e))?;
         if o.decay_lo.is_some() {

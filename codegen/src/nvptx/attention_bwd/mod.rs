@@ -128,11 +128,7 @@ impl BwdConfig {
             if self.causal { "" } else { "_bidir" },
             self.half_tag(),
             if self.fewer_queries { "_fq" } else { "" },
-            match self.grads {
-                None => "",
-                Some(Half::Bf16) => "_gbf16",
-                Some(Half::F16) => "_gf16",
-            },
+            self.grads.map_or(String::new(), |h| format!("_g{}", h.ptx())),
             self.scale.to_bits(),
             self.sm
         )

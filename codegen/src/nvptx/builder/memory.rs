@@ -181,12 +181,10 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
         self.store_aligned(self.gep_dt(dt, p, idx), v, n * dt.size_bytes() as u32);
     }
 
-    /// The LLVM type of a float dtype's elements.
+    /// The LLVM type of a float dtype's elements ([`Self::elem_type`], which must be a float).
     fn float_elem(&self, dt: DType) -> inkwell::types::FloatType<'ctx> {
-        match dt {
-            DType::BF16 => self.ctx.bf16_type(),
-            DType::F16 => self.ctx.f16_type(),
-            DType::F32 => self.ctx.f32_type(),
+        match self.elem_type(dt) {
+            BasicTypeEnum::FloatType(t) => t,
             _ => {
                 self.fail(format!("expected a float tensor, got {dt}"));
                 self.ctx.f32_type()
