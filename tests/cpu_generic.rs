@@ -103,6 +103,20 @@ fn cumsum_along_an_outer_axis() {
 }
 
 #[test]
+fn cumsum_sums_large_negative_terms_and_floors_neg_inf() {
+    // Terms far below LOG_F_FLOOR (-100) are summed as they are; only a -inf term (made by
+    // the program: inputs must be finite) counts as the floor, as in the interpreter.
+    let src = "attention c(x: f32[T, N]) -> f32[T, N] {
+  c[t, n] = cumsum(t, select(t == 3, -inf, x[t, n] * 300))
+  return c
+}";
+    let mut rng = Rng::fresh();
+    let x = random(&mut rng, &[29, 3]);
+    let want = check(src, [("x".to_string(), x)].into(), 1e-6);
+    assert!(want.iter().all(|c| c.is_finite()));
+}
+
+#[test]
 fn softmax_of_fully_masked_rows_is_zero() {
     // Row i keeps keys j <= i - 2: rows 0 and 1 are fully masked.
     let src = "attention p(x: f32[T, T]) -> f32[T, T] {\n  p[i, j] = softmax(j, select(j + 2 <= i, x[i, j], -inf))\n  return p\n}";

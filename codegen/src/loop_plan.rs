@@ -47,8 +47,9 @@ pub enum Body {
     Map,
     /// The line is reduced into one result element (sum: 0 for an empty line; max: -inf).
     Reduce(ReduceKind),
-    /// Inclusive prefix sum along the line.
-    Cumsum,
+    /// Inclusive prefix sum along the line (`reverse`: suffix sum, the line walked from its
+    /// end); a `-inf` term counts as `LOG_F_FLOOR`, as in the interpreter.
+    Cumsum { reverse: bool },
     /// Softmax along the line (`-inf` weighs 0; a line of only `-inf` gives zeros; a NaN makes
     /// the line NaN).
     Softmax,
@@ -327,7 +328,7 @@ pub fn plan(g: &Graph, n: ValueId, folded: &dyn Fn(Value) -> Option<f64>) -> Res
     let mut order: Vec<usize> = (0..rdims.len()).collect();
     let mut extra: Option<(String, Dim)> = None;
     match op {
-        Op::Cumsum { axis } | Op::Softmax { axis } | Op::RmsNorm { axis, .. } => {
+        Op::Cumsum { axis, .. } | Op::Softmax { axis } | Op::RmsNorm { axis, .. } => {
             let p = rnames
                 .iter()
                 .position(|a| a == axis)
@@ -409,8 +410,8 @@ pub fn plan(g: &Graph, n: ValueId, folded: &dyn Fn(Value) -> Option<f64>) -> Res
                 inp.named(ops[0])?
             }
         }
-        Op::Cumsum { .. } => {
-            body = Body::Cumsum;
+        Op::Cumsum { reverse, .. } => {
+            body = Body::Cumsum { reverse: *reverse };
             inp.named(ops[0])?
         }
         Op::Softmax { .. } => {

@@ -158,7 +158,7 @@ pub fn infer(op: &Op, ops: &[&ValueType]) -> Result<Option<ValueType>, String> {
             has_axis(ops[0], axis, op.mnemonic())?;
             f32_with(ops[0].axes.iter().filter(|a| a.name != *axis).cloned().collect())
         }
-        Op::Cumsum { axis } | Op::Softmax { axis } => {
+        Op::Cumsum { axis, .. } | Op::Softmax { axis } => {
             float(ops[0], "operand")?;
             has_axis(ops[0], axis, op.mnemonic())?;
             f32_with(ops[0].axes.clone())

@@ -775,17 +775,27 @@ impl<'a> Evaluator<'a> {
                 let r = Val { axes: raxes, shape: rshape, data: Rc::new(data) };
                 self.conform(id, &r, &axes, &shape)?
             }
-            Op::Cumsum { axis } => {
+            Op::Cumsum { axis, reverse } => {
                 let a = self.conform(id, self.val(ops[0], id)?, &axes, &shape)?;
                 let p = a
                     .pos(axis)
                     .ok_or_else(|| self.err(id, format!("cumsum axis `{axis}` not in the value")))?;
                 let stride = a.strides()[p];
                 let mut d: Vec<f64> = a.data.iter().map(|&x| cumsum_term(x)).collect();
-                // Row-major order visits `l - stride` before `l`, so one pass is a prefix sum.
-                for l in 0..d.len() {
-                    if (l / stride) % shape[p] > 0 {
-                        d[l] += d[l - stride];
+                // Row-major order visits `l - stride` before `l`, so one pass is a prefix sum;
+                // the reverse order visits `l + stride` first, so one pass is a suffix sum.
+                let n = shape[p];
+                if *reverse {
+                    for l in (0..d.len()).rev() {
+                        if (l / stride) % n + 1 < n {
+                            d[l] += d[l + stride];
+                        }
+                    }
+                } else {
+                    for l in 0..d.len() {
+                        if (l / stride) % n > 0 {
+                            d[l] += d[l - stride];
+                        }
                     }
                 }
                 mk(d)

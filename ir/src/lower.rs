@@ -1523,7 +1523,7 @@ impl<'a> Lowerer<'a> {
         let op = match f.name.as_str() {
             "sum" => Op::Reduce { kind: ReduceKind::Sum, axis, contract: false },
             "max" => Op::Reduce { kind: ReduceKind::Max, axis, contract: false },
-            "cumsum" => Op::Cumsum { axis },
+            "cumsum" => Op::Cumsum { axis, reverse: false },
             _ => Op::Softmax { axis },
         };
         if matches!(op, Op::Reduce { .. }) && cx.lhs.iter().any(|l| l.name == ix.name) {

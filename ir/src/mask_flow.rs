@@ -94,7 +94,7 @@ fn walk(
                 walk(g, u, i.clone(), j.clone(), seen)?
             }
             Op::Reduce { axis, .. }
-            | Op::Cumsum { axis }
+            | Op::Cumsum { axis, .. }
             | Op::Softmax { axis }
             | Op::RmsNorm { axis, .. } => {
                 if *axis == i || *axis == j {

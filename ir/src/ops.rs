@@ -137,9 +137,12 @@ pub enum Op {
         /// (CPU target); printed `{axis = d, contract}` (docs/SEMANTICS.md, "sum {contract}").
         contract: bool,
     },
-    /// Inclusive prefix sum of operand 0 along the named axis.
+    /// Inclusive prefix sum of operand 0 along the named axis; `reverse`: the inclusive suffix
+    /// sum `r_t = sum_{s >= t} x_s` (the gradient of a cumsum, without the cancellation of
+    /// `total - prefix + x` where the prefix nears the total). Printed `{axis = t, reverse}`.
     Cumsum {
         axis: String,
+        reverse: bool,
     },
     /// Softmax of operand 0 along the named axis (entries of -inf get weight 0).
     Softmax {
@@ -346,7 +349,8 @@ impl fmt::Display for Op {
                 write!(f, " [{}] {{axes = [{}]}}", ix.join(", "), axes.join(", "))
             }
             Op::Reduce { axis, contract: true, .. } => write!(f, " {{axis = {axis}, contract}}"),
-            Op::Reduce { axis, .. } | Op::Cumsum { axis } | Op::Softmax { axis } => {
+            Op::Cumsum { axis, reverse: true } => write!(f, " {{axis = {axis}, reverse}}"),
+            Op::Reduce { axis, .. } | Op::Cumsum { axis, .. } | Op::Softmax { axis } => {
                 write!(f, " {{axis = {axis}}}")
             }
             Op::Causal { i, j } => write!(f, " {{i = {i}, j = {j}}}"),

@@ -89,7 +89,7 @@ fn unfused_fox() -> Graph {
     let bht_t = named(&[("b", "B"), ("h", "H"), ("t", "T")]);
     let fb = g.add(Op::Bind { axes: vec!["b".into(), "h".into(), "t".into()] }, bht_t.clone(), &[f], SP);
     let ls = g.add(Op::Unary(UnaryOp::LogSigmoid), bht_t.clone(), &[fb], SP);
-    let cs = g.add(Op::Cumsum { axis: "t".into() }, bht_t, &[ls], SP);
+    let cs = g.add(Op::Cumsum { axis: "t".into(), reverse: false }, bht_t, &[ls], SP);
     let c = g.add(Op::Store { axes: vec!["b".into(), "h".into(), "t".into()] }, bht(), &[cs], SP);
     g.node_mut(c).name = Some("c".into());
     let ax = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
@@ -318,6 +318,45 @@ fn hand_computed_gate_cumsum_floor_and_slope() {
     ]);
     let r = interp::run(&g, &ins).unwrap();
     assert_eq!(r.output.data, vec![-0.5, -1.0, -1.5, -0.25, -0.5, -0.75]);
+}
+
+#[test]
+fn cumsum_both_directions_against_loops() {
+    // Each (b, h) line of [2, 3, 5] summed along its last axis, forward and reverse, against
+    // sums written out here; a -inf term counts as LOG_F_FLOOR in both directions.
+    let mut rng = StdRng::seed_from_u64(11);
+    let mut x = randn(&mut rng, &[2, 3, 5], 3.0);
+    x.data[7] = f64::NEG_INFINITY;
+    let term = |v: f64| if v == f64::NEG_INFINITY { LOG_F_FLOOR } else { v };
+    for reverse in [false, true] {
+        let mut g = Graph::new("cs");
+        let p = g.add_param("x", bht(), SP);
+        let b = g.add(
+            Op::Bind { axes: vec!["b".into(), "h".into(), "t".into()] },
+            named(&[("b", "B"), ("h", "H"), ("t", "T")]),
+            &[p],
+            SP,
+        );
+        let c = g.add(
+            Op::Cumsum { axis: "t".into(), reverse },
+            named(&[("b", "B"), ("h", "H"), ("t", "T")]),
+            &[b],
+            SP,
+        );
+        g.output = Some(g.add(Op::Store { axes: vec!["b".into(), "h".into(), "t".into()] }, bht(), &[c], SP));
+        let r = interp::run(&g, &inputs(vec![("x", x.clone())])).unwrap();
+        for line in 0..6 {
+            for t in 0..5 {
+                let range = if reverse { t..5 } else { 0..t + 1 };
+                let want: f64 = range.map(|s| term(x.data[line * 5 + s])).sum();
+                let got = r.output.data[line * 5 + t];
+                assert!(
+                    (got - want).abs() <= 1e-12 * want.abs().max(1.0),
+                    "reverse {reverse}, line {line}, t {t}: {got} vs {want}"
+                );
+            }
+        }
+    }
 }
 
 #[test]

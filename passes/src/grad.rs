@@ -554,9 +554,10 @@ impl Builder {
                     self.accumulate(ops[0], d)?;
                 }
             }
-            Op::Cumsum { axis } => {
+            Op::Cumsum { axis, reverse } => {
                 if wants(0) {
-                    let d = self.reverse_cumsum(dy, &axis)?;
+                    // The adjoint of a prefix sum is the suffix sum, and the other way round.
+                    let d = self.op(Op::Cumsum { axis, reverse: !reverse }, &[dy])?;
                     self.accumulate(ops[0], d)?;
                 }
             }
@@ -613,16 +614,6 @@ impl Builder {
             }
         }
         Ok(())
-    }
-
-    /// `r_t = sum_{s >= t} v_s` along `axis`: the total minus the inclusive prefix plus `v`.
-    fn reverse_cumsum(&mut self, v: Value, axis: &str) -> Result<Value, GradError> {
-        let vt = self.g.value_ty(v).clone();
-        let total = self.reduce_sum(v, axis)?;
-        let total = self.broadcast_to(total, &vt)?;
-        let pre = self.op(Op::Cumsum { axis: axis.to_string() }, &[v])?;
-        let d = self.bin(BinaryOp::Sub, total, pre)?;
-        self.bin(BinaryOp::Add, d, v)
     }
 
     /// `dx` of `y = u(x)` from `dy`: the op's derivative (`foxc_ir::unary`) built as graph nodes.
@@ -770,7 +761,7 @@ impl Builder {
     /// then through the gate (zero where the floor is active).
     fn gate_cumsum_grad(&mut self, kind: GateKind, x: Value, dc: Value) -> Result<(), GradError> {
         use BinaryOp::*;
-        let g = self.reverse_cumsum(dc, "2")?;
+        let g = self.op(Op::Cumsum { axis: "2".into(), reverse: true }, &[dc])?;
         let floor = self.cnst(LOG_F_FLOOR);
         let zero = self.cnst(0.0);
         let d = match kind {

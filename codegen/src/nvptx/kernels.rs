@@ -37,6 +37,27 @@ pub(super) fn lane_warp<'ctx>(k: &Kb<'_, 'ctx>, tid: IntValue<'ctx>) -> (IntValu
     (k.andc(tid, 31), k.lshrc(tid, 5))
 }
 
+/// What a scan adds per element of its input row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScanTerm {
+    /// `log f` of a gate input, clamped below at `LOG_F_FLOOR` (`gate_cumsum`).
+    Gate(GateKind),
+    /// The element itself (a generic `cumsum`): only a `-inf` term counts as `LOG_F_FLOOR`,
+    /// as in the interpreter; every finite value is summed as it is.
+    Plain,
+}
+
+/// The term a scan adds for input element `x` ([`ScanTerm`]).
+fn scan_term<'ctx>(k: &Kb<'_, 'ctx>, term: ScanTerm, x: FloatValue<'ctx>) -> FloatValue<'ctx> {
+    match term {
+        ScanTerm::Gate(kind) => log_gate(k, kind, x),
+        ScanTerm::Plain => {
+            let reset = k.fcmp(FloatPredicate::OEQ, x, k.f32(f64::NEG_INFINITY));
+            k.select_f(reset, k.f32(LOG_F_FLOOR), x)
+        }
+    }
+}
+
 /// `log f` of one gate input element, clamped below at `LOG_F_FLOOR` (SEMANTICS.md).
 fn log_gate<'ctx>(k: &Kb<'_, 'ctx>, kind: GateKind, x: FloatValue<'ctx>) -> FloatValue<'ctx> {
     let lf = match kind {
@@ -136,10 +157,15 @@ pub fn build_gate_scan<'ctx>(
 ) -> R<FunctionValue<'ctx>> {
     let k =
         Kb::kernel(ctx, module, name, &[("gate", ParamTy::Ptr), ("c", ParamTy::Ptr), ("T", ParamTy::I32)])?;
-    let row =
-        GateRow { gate: k.param_ptr(0), c: k.param_ptr(1), t_len: k.param_int(2), bh: k.sreg("ctaid.x") };
+    let row = GateRow {
+        gate: k.param_ptr(0),
+        c: k.param_ptr(1),
+        t_len: k.param_int(2),
+        bh: k.sreg("ctaid.x"),
+        reverse: false,
+    };
     let scratch = ScanScratch::new(&k, name, SCAN_BLOCK);
-    scan_gate_row(&k, scratch, (kind, in_dt), SCAN_BLOCK, row, None);
+    scan_gate_row(&k, scratch, (ScanTerm::Gate(kind), in_dt), SCAN_BLOCK, row, None);
     k.finish()
 }
 
@@ -162,16 +188,16 @@ pub fn build_gate_segment_sums<'ctx>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
     name: &str,
-    kind: GateKind,
-    in_dt: DType,
+    (term, in_dt): (ScanTerm, DType),
+    reverse: bool,
 ) -> R<FunctionValue<'ctx>> {
     let params = [("gate", ParamTy::Ptr), ("totals", ParamTy::Ptr), ("T", ParamTy::I32)];
     let (k, s, bh, scratch) = split_scan_block(ctx, module, name, &params)?;
     let (gate, totals, t_len) = (k.param_ptr(0), k.param_ptr(1), k.param_int(2));
-    let row = GateRow { gate, c: totals, t_len, bh };
+    let row = GateRow { gate, c: totals, t_len, bh, reverse };
     let last = k.addc(k.sreg("nctaid.x"), -1);
     k.if_then(k.icmp(IntPredicate::SLT, s, last), |k| {
-        let (hi, lo) = row_prefix(k, scratch, (kind, in_dt), SPLIT_SCAN, row, (s, k.addc(s, 1)));
+        let (hi, lo) = row_prefix(k, scratch, (term, in_dt), SPLIT_SCAN, row, (s, k.addc(s, 1)));
         k.if_then(k.icmpc(IntPredicate::EQ, k.sreg("tid.x"), 0), |k| {
             let at = k.mulc(k.sext64(k.add(k.mul(bh, k.sreg("nctaid.x")), s)), 2);
             k.store_f(DType::F32, totals, at, hi);
@@ -189,8 +215,8 @@ pub fn build_gate_scan_segments<'ctx>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
     name: &str,
-    kind: GateKind,
-    in_dt: DType,
+    (term, in_dt): (ScanTerm, DType),
+    reverse: bool,
 ) -> R<FunctionValue<'ctx>> {
     let params = [("gate", ParamTy::Ptr), ("totals", ParamTy::Ptr), ("c", ParamTy::Ptr), ("T", ParamTy::I32)];
     let (k, s, bh, scratch) = split_scan_block(ctx, module, name, &params)?;
@@ -211,9 +237,9 @@ pub fn build_gate_scan_segments<'ctx>(
         },
     );
     let carry = (out[1].into_float_value(), out[2].into_float_value());
-    let row = GateRow { gate, c, t_len, bh };
+    let row = GateRow { gate, c, t_len, bh, reverse };
     let part = RowPart { first: s, end: k.addc(s, 1), carry };
-    scan_gate_row(&k, scratch, (kind, in_dt), SPLIT_SCAN, row, Some(part));
+    scan_gate_row(&k, scratch, (term, in_dt), SPLIT_SCAN, row, Some(part));
     k.finish()
 }
 
@@ -234,12 +260,23 @@ fn split_scan_block<'a, 'ctx>(
 }
 
 /// One (b, h) row of a gate scan: the gate input, the cumsum `c`, their row length and index.
+/// `reverse` walks the row from its end (position `t` of the scan is element `T - 1 - t` of
+/// both arrays): the scan is then the suffix sum.
 #[derive(Clone, Copy)]
 pub(super) struct GateRow<'ctx> {
     pub gate: PointerValue<'ctx>,
     pub c: PointerValue<'ctx>,
     pub t_len: IntValue<'ctx>,
     pub bh: IntValue<'ctx>,
+    pub reverse: bool,
+}
+
+impl<'ctx> GateRow<'ctx> {
+    /// The flat index (i64) of the row's element at scan position `t` (i32).
+    fn at(&self, k: &Kb<'_, 'ctx>, t: IntValue<'ctx>) -> IntValue<'ctx> {
+        let t = if self.reverse { k.sub(k.addc(self.t_len, -1), t) } else { t };
+        k.add(k.mul(k.sext64(self.bh), k.sext64(self.t_len)), k.sext64(t))
+    }
 }
 
 /// The shared memory of a block's gate scan: the segment's stage and the warps' totals. One
@@ -298,13 +335,13 @@ pub(super) struct RowPart<'ctx> {
 pub(super) fn scan_gate_row<'ctx>(
     k: &Kb<'_, 'ctx>,
     scratch: ScanScratch<'ctx>,
-    (kind, in_dt): (GateKind, DType),
+    (term, in_dt): (ScanTerm, DType),
     shape: ScanShape,
     r: GateRow<'ctx>,
     part: Option<RowPart<'ctx>>,
 ) {
     assert!(scratch.fits(shape), "scan scratch smaller than a {shape:?} segment");
-    let GateRow { gate, c: out, t_len, bh } = r;
+    let GateRow { gate, c: out, t_len, .. } = r;
     let carry0 = part.map_or((k.f32(0.0), k.f32(0.0)), |p| p.carry);
     let carry = [k.declare_var(carry0.0.into()), k.declare_var(carry0.1.into())];
     let tid = k.sreg("tid.x");
@@ -315,7 +352,6 @@ pub(super) fn scan_gate_row<'ctx>(
     let staged = |k: &Kb<'_, 'ctx>, e: IntValue<'ctx>| k.shared_at(stage, k.add(e, k.lshrc(e, 5)));
     let nwarps = shape.threads / 32;
     let sh = scratch.warp_totals;
-    let base = k.mul(k.sext64(bh), k.sext64(t_len));
     let (first, end) = match part {
         Some(p) => (p.first, p.end),
         None => (k.i32(0), k.sdivc(k.addc(t_len, seg - 1), seg)),
@@ -337,11 +373,11 @@ pub(super) fn scan_gate_row<'ctx>(
                     let (e, inb) = element(j);
                     let t = k.add(seg0, e);
                     let t = if clamp { k.smin(t, k.addc(t_len, -1)) } else { t };
-                    (e, inb, k.load_f(in_dt, gate, k.add(base, k.sext64(t))))
+                    (e, inb, k.load_f(in_dt, gate, r.at(k, t)))
                 })
                 .collect();
             for (e, inb, x) in loaded {
-                let lf = log_gate(k, kind, x);
+                let lf = scan_term(k, term, x);
                 k.store(staged(k, e), if clamp { k.select_f(inb, lf, zero) } else { lf });
             }
         };
@@ -437,7 +473,7 @@ pub(super) fn scan_gate_row<'ctx>(
         for (e, inb) in (0..elems).map(element) {
             let t = k.add(seg0, e);
             k.if_then(inb, |k| {
-                k.store_f(DType::F32, out, k.add(base, k.sext64(t)), k.load_f32(staged(k, e)));
+                k.store_f(DType::F32, out, r.at(k, t), k.load_f32(staged(k, e)));
             });
         }
         k.barrier();
@@ -453,7 +489,7 @@ pub(super) fn scan_gate_row<'ctx>(
 pub(super) fn row_prefix<'ctx>(
     k: &Kb<'_, 'ctx>,
     scratch: ScanScratch<'ctx>,
-    (kind, in_dt): (GateKind, DType),
+    (term, in_dt): (ScanTerm, DType),
     shape: ScanShape,
     r: GateRow<'ctx>,
     (first, end): (IntValue<'ctx>, IntValue<'ctx>),
@@ -466,16 +502,14 @@ pub(super) fn row_prefix<'ctx>(
     let chains = (elems + RUN_CHAIN - 1) / RUN_CHAIN;
     let acc: Vec<[Var<'ctx>; 2]> =
         (0..chains).map(|_| [k.declare_var(zero.into()), k.declare_var(zero.into())]).collect();
-    let base = k.mul(k.sext64(r.bh), k.sext64(r.t_len));
     k.for_range(first, end, k.i32(1), |k, s| {
         let at = k.add(k.mulc(s, nthreads * elems), tid);
-        let xs: Vec<_> = (0..elems)
-            .map(|j| k.load_f(in_dt, r.gate, k.add(base, k.sext64(k.addc(at, j * nthreads)))))
-            .collect();
+        let xs: Vec<_> =
+            (0..elems).map(|j| k.load_f(in_dt, r.gate, r.at(k, k.addc(at, j * nthreads)))).collect();
         for (c, a) in acc.iter().enumerate() {
             let mut t = (k.use_f(a[0]), k.use_f(a[1]));
             for &x in &xs[c * RUN_CHAIN as usize..((c + 1) * RUN_CHAIN as usize).min(xs.len())] {
-                t = pair_add1(k, t, log_gate(k, kind, x));
+                t = pair_add1(k, t, scan_term(k, term, x));
             }
             k.def_var(a[0], t.0);
             k.def_var(a[1], t.1);

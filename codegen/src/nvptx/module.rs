@@ -5,7 +5,7 @@
 use super::attention::region::{CaptureTy, RegionMod};
 use super::attention::{self, AttnKernelConfig};
 use super::generic;
-use super::kernels::{self, ELEM_THREADS, ROW_THREADS, SCAN_THREADS};
+use super::kernels::{self, ScanTerm, ELEM_THREADS, ROW_THREADS, SCAN_THREADS};
 use super::target;
 use super::{
     BufferInfo, BufferKind, CodegenError, GridDim, KernelArg, KernelInfo, Launch, NvptxArtifact, NvptxSpec,
@@ -403,15 +403,17 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 self.result_buffers(n);
                 return self.attention_backward(n, &a);
             }
-            // An f32 prefix sum along the last axis of a buffered float tensor (the gradient of
-            // a gate cumsum reads one of dc): the gate scan's launches, each row split in
-            // segments (`LogGate` reads the values as they are), not a loop of one thread per row.
-            Op::Cumsum { axis } if self.scans_rows(n, axis) => {
+            // An f32 prefix (or suffix) sum along the last axis of a buffered float tensor (the
+            // gradient of a gate cumsum reads the suffix sums of dc): the gate scan's launches,
+            // each row split in segments, its elements summed as they are (`ScanTerm::Plain`),
+            // not a loop of one thread per row.
+            Op::Cumsum { axis, reverse } if self.scans_rows(n, axis) => {
                 let res = self.result_buffers(n);
                 let dims: Vec<Dim> = node.ty.dims().cloned().collect();
                 let (t, rows) = dims.split_last().ok_or_else(|| ie("a cumsum of rank 0".into()))?;
                 let x = g.operand_values(n)[0];
-                return self.split_gate_scan(n, GateKind::LogGate, x, res, (rows.to_vec(), t.clone()));
+                let scan = (ScanTerm::Plain, *reverse);
+                return self.split_gate_scan(n, scan, x, res, (rows.to_vec(), t.clone()));
             }
             op if generic::handles(op) => {
                 let res = self.result_buffers(n);
@@ -455,7 +457,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         let xdt = self.ty(x).dtype;
         let (bh, t) = self.gate_dims(n)?;
         if split_rows && kind != GateKind::Slope {
-            return self.split_gate_scan(n, kind, x, res, (bh, t));
+            return self.split_gate_scan(n, (ScanTerm::Gate(kind), false), x, res, (bh, t));
         }
         let name = self.name(n, "gate_cumsum");
         match kind {
@@ -630,12 +632,13 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         Ok(())
     }
 
-    /// `gate_cumsum` with split rows: the segments' sums into a scratch `[BH, S, 2]`, then a
-    /// block per segment scans it from the sum of the segments before it.
+    /// `gate_cumsum` with split rows, or a generic `cumsum` (`ScanTerm::Plain`; `reverse`: the
+    /// suffix sum): the segments' sums into a scratch `[BH, S, 2]`, then a block per segment
+    /// scans it from the sum of the segments before it.
     fn split_gate_scan(
         &mut self,
         n: ValueId,
-        kind: GateKind,
+        (term, reverse): (ScanTerm, bool),
         x: impl Into<Value>,
         res: usize,
         (bh, t): (Vec<Dim>, Dim),
@@ -650,12 +653,12 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         let launch =
             Launch::Grid { x: segments, y: GridDim::Ceil(bh, 1), block: kernels::SPLIT_SCAN_THREADS };
         let sums = self.name(n, "gate_segment_sums");
-        kernels::build_gate_segment_sums(self.ctx, self.module, &sums, kind, xdt).map_err(ie)?;
+        kernels::build_gate_segment_sums(self.ctx, self.module, &sums, (term, xdt), reverse).map_err(ie)?;
         let xb = self.buf(x)?;
         let args = vec![KernelArg::Buffer(xb), KernelArg::Buffer(totals), KernelArg::I32(vec![t.clone()])];
         self.push(n, sums, args, launch.clone(), vec![]);
         let scan = self.name(n, "gate_scan_segments");
-        kernels::build_gate_scan_segments(self.ctx, self.module, &scan, kind, xdt).map_err(ie)?;
+        kernels::build_gate_scan_segments(self.ctx, self.module, &scan, (term, xdt), reverse).map_err(ie)?;
         let args = vec![
             KernelArg::Buffer(xb),
             KernelArg::Buffer(totals),

@@ -129,7 +129,7 @@ impl Emit<'_, '_> {
                 let op = match &n {
                     Attn::Sum(_) => Op::Reduce { kind: ReduceKind::Sum, axis, contract: false },
                     Attn::RMax(_) => Op::Reduce { kind: ReduceKind::Max, axis, contract: false },
-                    Attn::Cumsum(_) => Op::Cumsum { axis },
+                    Attn::Cumsum(_) => Op::Cumsum { axis, reverse: false },
                     _ => Op::Softmax { axis },
                 };
                 let x = self.emit(*x)?;

@@ -554,7 +554,8 @@ impl Emit<'_, '_> {
                 // A gate or ramp among non-gates: its c_i term itself.
                 DecaySrc::Gate { g, .. } => {
                     let gv = self.emit(*g)?;
-                    let v = self.node(Op::Cumsum { axis: order[2].to_string() }, &[gv], span)?;
+                    let v =
+                        self.node(Op::Cumsum { axis: order[2].to_string(), reverse: false }, &[gv], span)?;
                     let v = self.scaled(*c, v, span)?;
                     acc = Some(match acc {
                         None => v,

@@ -7,7 +7,7 @@ use super::{Body, Expr, Generic, Src, Sub};
 use crate::cpu::emit::{Fx, F32, F64, I32, I64};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, FuncRef, InstBuilder, MemFlagsData, Value};
-use foxc_ir::{BinaryOp, DType, ReduceKind, UnaryOp};
+use foxc_ir::{BinaryOp, DType, ReduceKind, UnaryOp, LOG_F_FLOOR};
 
 impl Generic {
     /// Which helpers of [`Helper::ALL`] the kernel calls (only those get declared).
@@ -133,12 +133,22 @@ pub fn emit(fx: &mut Fx, k: &Generic, args: Value, begin: Value, end: Value, hel
                 let zero = fx.ic(0);
                 ln.store(fx, zero, a);
             }
-            Body::Cumsum => {
+            Body::Cumsum { reverse } => {
                 let acc = fx.b.declare_var(F64);
                 let init = fx.f64c(0.0);
                 fx.b.def_var(acc, init);
+                let last = k.line() as i64 - 1;
                 fx.for_n(0, k.line() as i64, 1, |fx, t| {
+                    let t = if *reverse {
+                        let end = fx.ic(last);
+                        fx.b.ins().isub(end, t)
+                    } else {
+                        t
+                    };
                     let v = ln.eval(fx, &k.value, t);
+                    let (ninf, floor) = (fx.f64c(f64::NEG_INFINITY), fx.f64c(LOG_F_FLOOR));
+                    let reset = fx.b.ins().fcmp(FloatCC::Equal, v, ninf);
+                    let v = fx.b.ins().select(reset, floor, v);
                     let a = fx.b.use_var(acc);
                     let a = fx.b.ins().fadd(a, v);
                     fx.b.def_var(acc, a);

@@ -3,7 +3,7 @@
 use super::{Body, Expr, Generic, Src, LINES_PER_BLOCK, LINE_THREADS, MAP_ELEMS, MAP_THREADS};
 use crate::nvptx::attention::region::{binary, unary};
 use crate::nvptx::builder::{KernelBuilder, ParamTy};
-use foxc_ir::{BinaryOp, DType, ReduceKind, UnaryOp};
+use foxc_ir::{BinaryOp, DType, ReduceKind, UnaryOp, LOG_F_FLOOR};
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
@@ -41,7 +41,7 @@ pub(crate) fn build<'ctx>(
     match k.body {
         Body::Map => e.map(out),
         Body::Reduce(kind) => e.reduce(out, kind),
-        Body::Cumsum => e.cumsum(out),
+        Body::Cumsum { reverse } => e.cumsum(out, reverse),
         Body::Softmax => e.softmax(out),
         Body::RmsNorm { w, eps } => e.rmsnorm(out, w, eps),
     }
@@ -335,15 +335,23 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
 
     /// Inclusive prefix sum. Serial: a running sum. Warp mode: 32 elements at a time, an
     /// inclusive warp scan plus the total of the chunks before (lane 31's sum, broadcast).
-    fn cumsum(&self, out: PointerValue<'ctx>) {
+    /// The inclusive prefix sum of each line (`reverse`: its suffix sum, the line walked from
+    /// its end: position `p` of the walk is element `len - 1 - p`); a `-inf` term counts as
+    /// `LOG_F_FLOOR`, as in the interpreter.
+    fn cumsum(&self, out: PointerValue<'ctx>, reverse: bool) {
         let b = self.b;
         let len = self.size(self.k.rank - 1);
+        let elem = |pos: IntValue<'ctx>| if reverse { b.sub(b.addc(len, -1), pos) } else { pos };
+        let term = |x: FloatValue<'ctx>| {
+            let reset = b.fcmp(FloatPredicate::OEQ, x, b.f32(f64::NEG_INFINITY));
+            b.select_f(reset, b.f32(LOG_F_FLOOR), x)
+        };
         self.for_line(|line, lane| {
             let carry = b.declare_var(b.f32(0.0).into());
             if self.k.serial {
                 b.for_range(b.i64(0), len, b.i64(1), |_, pos| {
-                    let c = self.at(line, pos);
-                    let s = b.fadd(b.use_f(carry), self.value_at(&c));
+                    let c = self.at(line, elem(pos));
+                    let s = b.fadd(b.use_f(carry), term(self.value_at(&c)));
                     self.store(out, self.offset(&self.k.out_strides, &c), s);
                     b.def_var(carry, s);
                 });
@@ -354,7 +362,7 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
                 let pos = b.add(start, lane);
                 let here = b.icmp(IntPredicate::SLT, pos, len);
                 let x = b.if_then_carry(here, ("load", "loaded"), &[("x", b.f32(0.0).into())], |_| {
-                    vec![self.value_at(&self.at(line, pos)).into()]
+                    vec![term(self.value_at(&self.at(line, elem(pos)))).into()]
                 });
                 let mut s = x[0].into_float_value();
                 for d in [1i64, 2, 4, 8, 16] {
@@ -368,7 +376,7 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
                     &[b.i32(-1).into(), s.into(), b.i32(31).into(), b.i32(31).into()],
                 );
                 b.if_then(here, |_| {
-                    let off = self.offset(&self.k.out_strides, &self.at(line, pos));
+                    let off = self.offset(&self.k.out_strides, &self.at(line, elem(pos)));
                     self.store(out, off, b.fadd(before, s));
                 });
                 b.def_var(carry, b.fadd(before, total));

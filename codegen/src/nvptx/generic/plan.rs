@@ -38,7 +38,7 @@ pub(crate) fn plan(
     })?;
     // A sum or cumsum along an axis that is not the operand's innermost: one thread per line.
     let serial = match op {
-        Op::Reduce { axis, .. } | Op::Cumsum { axis } => {
+        Op::Reduce { axis, .. } | Op::Cumsum { axis, .. } => {
             let operand = g.operand_values(n)[0];
             g.value_ty(operand).axes.last().is_some_and(|last| last.name != *axis)
         }

@@ -28,7 +28,8 @@ pub use tile_norms::NORM_THREADS;
 use super::builder::KernelBuilder;
 use super::heads::kv_rows;
 use super::kernels::{
-    lane_warp, load_row, row_prefix, scan_gate_row, GateRow, RowPart, ScanScratch, ScanShape, ROW_THREADS,
+    lane_warp, load_row, row_prefix, scan_gate_row, GateRow, RowPart, ScanScratch, ScanShape, ScanTerm,
+    ROW_THREADS,
 };
 use crate::nvptx::block_reduce::{block_reduce, block_scan_max};
 use formula::{constant_stats, set_given_stat, set_norm_stats, Llvm};
@@ -302,7 +303,8 @@ fn scans_then_tiles<'ctx>(
         |k| {
             let scan = params::FusedParams::numbers(true).scan.expect("the joint prelude's parameters");
             let (gate, c) = (k.param_ptr(scan.gate), k.param_ptr(scan.c));
-            let whole_row = GateRow { gate, c, t_len: io.t_len, bh: lin };
+            let whole_row = GateRow { gate, c, t_len: io.t_len, bh: lin, reverse: false };
+            let term = ScanTerm::Gate(kind);
             // Both shapes share one scratch (the longer's).
             let scratch = ScanScratch::new(k, name, PRELUDE_SCAN);
             // A row of at most SHORT_ROW elements (one segment) takes 16-element runs
@@ -312,12 +314,12 @@ fn scans_then_tiles<'ctx>(
                 short,
                 "scan",
                 |k| {
-                    scan_gate_row(k, scratch, (kind, gate_dt), SHORT_SCAN, whole_row, None);
+                    scan_gate_row(k, scratch, (term, gate_dt), SHORT_SCAN, whole_row, None);
                     vec![]
                 },
                 |k| {
                     let Some(nseg) = nseg else {
-                        scan_gate_row(k, scratch, (kind, gate_dt), PRELUDE_SCAN, whole_row, None);
+                        scan_gate_row(k, scratch, (term, gate_dt), PRELUDE_SCAN, whole_row, None);
                         return vec![];
                     };
                     let (bh, seg) = row_segment(k, lin, nbh, nseg);
@@ -331,13 +333,13 @@ fn scans_then_tiles<'ctx>(
                         &[("carry_hi", zero.into()), ("carry_lo", zero.into())],
                         |k| {
                             let (hi, lo) =
-                                row_prefix(k, scratch, (kind, gate_dt), PRELUDE_SCAN, row, (k.i32(0), seg));
+                                row_prefix(k, scratch, (term, gate_dt), PRELUDE_SCAN, row, (k.i32(0), seg));
                             vec![hi.into(), lo.into()]
                         },
                     );
                     let carry = (carry[0].into_float_value(), carry[1].into_float_value());
                     let part = RowPart { first: seg, end: k.addc(seg, 1), carry };
-                    scan_gate_row(k, scratch, (kind, gate_dt), PRELUDE_SCAN, row, Some(part));
+                    scan_gate_row(k, scratch, (term, gate_dt), PRELUDE_SCAN, row, Some(part));
                     vec![]
                 },
             );
