@@ -3,23 +3,46 @@
 
 use crate::{check, BackendKind, Error};
 use foxc_ir::shapes::{bind_dims, concrete_shape};
-use foxc_passes::grad::{gradient, GradError, GradProgram, DOUT};
+use foxc_passes::grad::{gradient, gradient_from_saved, GradError, GradProgram, DOUT};
 use foxc_runtime::{HostTensor, TensorMap};
 
-/// The gradient program of `opt` (a graph optimized for `target`) for `target` (`foxc grad`,
-/// `foxc compile --emit grad`): the gradient program's own passes for the target
-/// ([`foxc_passes::fuse_grad::optimize_gradient`]), then its elementwise values carry
-/// `fuse-loops`' decision for its outputs (the backends' glue makes the same one again for the
-/// values a run computes).
-pub fn grad_program(opt: &foxc_ir::Graph, target: crate::Target) -> Result<GradProgram, Error> {
-    let mut p = gradient(opt).map_err(|e| match e {
-        GradError::Unsupported(_) => Error::user(format!("error: {e}")),
-        GradError::Internal(_) => Error::internal(format!("error: {e}")),
-    })?;
+/// Which gradient program of a forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GradKind {
+    /// The forward recomputed inside it (`foxc grad`, the Python `attn.grad`).
+    Recomputed,
+    /// The forward's results given (torch autograd's backward of a saved forward:
+    /// `passes::grad::gradient_from_saved`).
+    Saved,
+}
+
+/// The gradient program of kind `kind` of `opt` (a graph optimized for `target`) for `target`,
+/// what every caller runs (the CLI, the Python extension): the gradient pass, the gradient
+/// program's own passes for the target ([`foxc_passes::fuse_grad::optimize_gradient`]), then
+/// its elementwise values carry `fuse-loops`' decision for its outputs (the backends' glue
+/// makes the same one again for the values a run computes).
+pub fn gradient_program(
+    opt: &foxc_ir::Graph,
+    target: crate::Target,
+    kind: GradKind,
+) -> Result<GradProgram, GradError> {
+    let mut p = match kind {
+        GradKind::Recomputed => gradient(opt)?,
+        GradKind::Saved => gradient_from_saved(opt)?,
+    };
     foxc_passes::fuse_grad::optimize_gradient(&mut p, target);
     let outputs: Vec<foxc_ir::Value> = p.outputs.iter().map(|(_, v)| *v).collect();
     foxc_passes::fuse_loops::mark(&mut p.graph, &outputs);
     Ok(p)
+}
+
+/// The recomputing gradient program of `opt` for `target` ([`gradient_program`]; `foxc grad`,
+/// `foxc compile --emit grad`), its errors the CLI's.
+pub fn grad_program(opt: &foxc_ir::Graph, target: crate::Target) -> Result<GradProgram, Error> {
+    gradient_program(opt, target, GradKind::Recomputed).map_err(|e| match e {
+        GradError::Unsupported(_) => Error::user(format!("error: {e}")),
+        GradError::Internal(_) => Error::internal(format!("error: {e}")),
+    })
 }
 
 /// Relative L2 tolerance of a CPU gradient against the interpreter (see [`tolerance`]).

@@ -7,6 +7,7 @@ use crate::program::{KernelKey, Loaded, Specialization};
 use crate::registry::{KERNEL_BUILDS, KERNEL_HITS};
 use foxc_codegen::nvptx::BufferKind;
 use foxc_driver::cuda_backend::{self, ExternalKernels};
+use foxc_driver::grad::GradKind;
 use foxc_driver::Target;
 use foxc_ir::{Dim, Graph, Value};
 use foxc_passes::fuse_out::split_rows_bounds;
@@ -260,7 +261,7 @@ pub fn grad_plan(
     loaded: &Arc<Loaded>,
     metas: BTreeMap<String, (String, Vec<usize>)>,
     device: usize,
-    kind: crate::grad::Kind,
+    kind: GradKind,
 ) -> PyResult<GpuPlan> {
     let (target, device_name) = target_of(device)?;
     // The gradient program's signature (and so the binding) is the same for every
@@ -270,8 +271,8 @@ pub fn grad_plan(
     let spec = specialization(loaded, &bind, true);
     let gp = crate::grad::program(loaded, target, kind, &spec)?;
     let cache = match kind {
-        crate::grad::Kind::Saved => &loaded.grad_kernels,
-        crate::grad::Kind::Recomputed => &loaded.recomputed_grad_kernels,
+        GradKind::Saved => &loaded.grad_kernels,
+        GradKind::Recomputed => &loaded.recomputed_grad_kernels,
     };
     build(py, cache, (&gp.graph, &spec), &gp.outputs, &metas, device, device_name)
 }

@@ -6,6 +6,7 @@
 use crate::errors::{to_py, value_error};
 use crate::program::{Loaded, Specialization};
 use crate::tensors::{host_inputs, Wire};
+use foxc_driver::grad::{gradient_program, GradKind};
 use foxc_driver::{BackendKind, RunOptions, Target};
 use foxc_ir::interp::{self, Tensor};
 use foxc_ir::{Attention, Graph, Op, Value};
@@ -16,20 +17,13 @@ use pyo3::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// Which gradient program: the forward recomputed inside, or its results given.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Kind {
-    Recomputed,
-    Saved,
-}
-
-impl Kind {
-    pub fn of(saved: bool) -> Kind {
-        if saved {
-            Kind::Saved
-        } else {
-            Kind::Recomputed
-        }
+/// The gradient program a call runs: the saved-forward one when torch autograd gives the
+/// forward's results, else the recomputing one.
+pub fn kind_of(saved: bool) -> GradKind {
+    if saved {
+        GradKind::Saved
+    } else {
+        GradKind::Recomputed
     }
 }
 
@@ -46,7 +40,7 @@ pub fn grad_error(e: GradError) -> PyErr {
 pub fn program(
     loaded: &Loaded,
     target: Target,
-    kind: Kind,
+    kind: GradKind,
     spec: &Specialization,
 ) -> PyResult<Arc<GradProgram>> {
     let mut m = loaded.gradients.lock().unwrap_or_else(|e| e.into_inner());
@@ -55,13 +49,7 @@ pub fn program(
         return Ok(p.clone());
     }
     let g = loaded.optimized_for(target, spec)?;
-    let mut p = match kind {
-        Kind::Recomputed => foxc_passes::grad::gradient(&g),
-        Kind::Saved => foxc_passes::grad::gradient_from_saved(&g),
-    }
-    .map_err(grad_error)?;
-    foxc_passes::fuse_grad::optimize_gradient(&mut p, target);
-    let p = Arc::new(p);
+    let p = Arc::new(gradient_program(&g, target, kind).map_err(grad_error)?);
     m.insert(key, p.clone());
     Ok(p)
 }
@@ -127,7 +115,7 @@ pub fn grad_cpu(
     py: Python<'_>,
     loaded: &Loaded,
     inputs: BTreeMap<String, Wire>,
-    kind: Kind,
+    kind: GradKind,
 ) -> PyResult<TensorMap> {
     let p = program(loaded, Target::Cpu, kind, &Specialization::default())?;
     let inputs = host_inputs(&p.graph, inputs)?;
@@ -139,7 +127,7 @@ pub fn grad_reference(
     py: Python<'_>,
     loaded: &Loaded,
     inputs: BTreeMap<String, Wire>,
-    kind: Kind,
+    kind: GradKind,
 ) -> PyResult<BTreeMap<String, Tensor>> {
     let p = program(loaded, Target::Cpu, kind, &Specialization::default())?;
     let inputs = host_inputs(&p.graph, inputs)?;

@@ -2,9 +2,9 @@
 //! (made on first use) and the GPU kernels per (head dims, device).
 
 use crate::errors::{compile_error, to_py, value_error};
-use crate::grad::Kind as GradKind;
 use crate::registry::{self, Key};
 use crate::tensors::{f32_bytes, f64_bytes, host_inputs, Wire};
+use foxc_driver::grad::GradKind;
 use foxc_driver::pipeline::{self, Source};
 use foxc_driver::{tensors as ftensors, BackendKind, PruneOptions, RunOptions, Target};
 use foxc_ir::{Graph, PruneRule, Tiles};
@@ -337,7 +337,7 @@ impl Program {
         inputs: BTreeMap<String, Wire>,
         saved: bool,
     ) -> PyResult<NamedBytes<'py>> {
-        let r = crate::grad::grad_cpu(py, &self.inner, inputs, GradKind::of(saved))?;
+        let r = crate::grad::grad_cpu(py, &self.inner, inputs, crate::grad::kind_of(saved))?;
         Ok(f32_outs(py, r))
     }
 
@@ -349,7 +349,7 @@ impl Program {
         inputs: BTreeMap<String, Wire>,
         saved: bool,
     ) -> PyResult<NamedBytes<'py>> {
-        let r = crate::grad::grad_reference(py, &self.inner, inputs, GradKind::of(saved))?;
+        let r = crate::grad::grad_reference(py, &self.inner, inputs, crate::grad::kind_of(saved))?;
         Ok(r.into_iter().map(|(n, t)| (n, (t.shape, PyBytes::new(py, &f64_bytes(&t.data))))).collect())
     }
 
@@ -378,7 +378,7 @@ impl Program {
         device: usize,
         saved: bool,
     ) -> PyResult<crate::gpu::GpuPlan> {
-        crate::gpu::grad_plan(py, &self.inner, metas, device, GradKind::of(saved))
+        crate::gpu::grad_plan(py, &self.inner, metas, device, crate::grad::kind_of(saved))
     }
 
     /// Whether the program's output is a fused attention's own (or its cast): then the torch
