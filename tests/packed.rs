@@ -71,3 +71,68 @@ fn packed_sequences_against_a_cache_are_one_pruned_attention() {
     }
     check_against_the_reference(&p, &["B=2,H=2,N=100,M=300,D=16", "B=1,H=2,N=7,M=450,D=8"]);
 }
+
+/// A packed batch of whole sequences, as a varlen batch gives them (each token's first key is
+/// its sequence's start: `cu_seqlens` expanded per token), on the CPU: every row matches the
+/// reference, pruned and dense, while the kernel starts each query tile at its earliest
+/// sequence's first key tile (`keys_from`), and the kept tiles `foxc run` reports are the ones
+/// walked: at most those from each query tile's earliest sequence start to its diagonal.
+/// Shown failing: with the key bound left out of the count, the report gave 1.000 of causal
+/// tiles against a bound of 0.765; with the kernel starting at the tile of the rows' largest
+/// `E` instead of the smallest, the check failed (rel L2 0.415).
+#[test]
+fn packed_whole_sequences_walk_only_their_own_keys() {
+    use foxc_ir::DType;
+    use foxc_runtime::HostTensor;
+    let p =
+        common::write_program("packed", "packed_seqs.attn", &PACKED.replace("in [0, 200]", "in [0, 100000]"));
+    let inp = common::tmp("packed", "seqs.safetensors");
+    // B H T^2 under the size the check runs every row at (check::FULL_CHECK_LIMIT).
+    let t = 700usize;
+    let (code, out) =
+        run(&["inputs", &p, "--shape", "B=2,H=1,T=700,D=16", "--seed", &seed(), "-o", inp.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{out}");
+    // Batch 0: sequences of 200, 1, 319 and 180 tokens; batch 1: one sequence of 700.
+    let cuts = [vec![0, 200, 201, 520], vec![0]];
+    let first: Vec<Vec<usize>> = cuts
+        .iter()
+        .map(|c| (0..t).map(|i| *c.iter().filter(|&&s| s <= i).max().unwrap()).collect())
+        .collect();
+    let mut m = foxc_driver::tensors::read(&inp).unwrap();
+    let flat: Vec<f32> = first.iter().flatten().map(|&s| s as f32).collect();
+    m.insert("first".into(), HostTensor::from_f32_as(DType::I32, &[2, t], &flat));
+    foxc_driver::tensors::write(&inp, &m).unwrap();
+    let run_check = |extra: &[&str]| {
+        let mut args = vec!["run", &p, "--backend", "cpu", "--inputs", inp.to_str().unwrap(), "--check"];
+        args.extend_from_slice(extra);
+        let (code, out) = run(&args);
+        assert!(code == Some(0) && out.contains("check: ok") && out.contains("all rows"), "{extra:?}: {out}");
+        out
+    };
+    run_check(&["--no-prune"]);
+    let out = run_check(&[]);
+    // "pruning: ... tiles BMxBN: kept F of causal tiles ..."
+    let line = out.lines().find(|l| l.contains("of causal tiles")).unwrap_or_else(|| panic!("{out}"));
+    let field =
+        |after: &str| line.split(after).nth(1).unwrap().split_whitespace().next().unwrap().to_string();
+    let tiles = field("tiles ").trim_end_matches(':').to_string();
+    let (bm, bn) = tiles
+        .split_once('x')
+        .map(|(a, b)| (a.parse::<usize>().unwrap(), b.parse::<usize>().unwrap()))
+        .unwrap();
+    let kept: f64 = field("kept ").parse().unwrap();
+    // Per head, per query tile: the tiles from its first row's sequence start to its diagonal.
+    let (mut walk, mut all) = (0usize, 0usize);
+    for f in &first {
+        for i0 in (0..t).step_by(bm) {
+            let diag = (i0 + bm).min(t).saturating_sub(1) / bn;
+            walk += diag + 1 - f[i0] / bn;
+            all += diag + 1;
+        }
+    }
+    let bound = walk as f64 / all as f64;
+    assert!(
+        kept <= bound + 1e-3,
+        "kept {kept} of causal tiles, the sequences allow at most {bound:.3}: {line}"
+    );
+}

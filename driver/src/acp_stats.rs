@@ -4,8 +4,10 @@
 //! boundary, through the reference interpreter): never the attention itself.
 
 use crate::Error;
+use foxc_ir::attention::AttnOperands;
+use foxc_ir::interp::region::{Capture, RegionEval};
 use foxc_ir::interp::Tensor;
-use foxc_ir::{Attention, Graph, Mask, Op, Prune, ValueId};
+use foxc_ir::{Attention, Dim, Graph, Mask, Op, Prune, Tiles, ValueId};
 use std::collections::BTreeMap;
 
 /// Pruning statistics of one attention node.
@@ -32,6 +34,46 @@ pub fn attention_node(g: &Graph) -> Option<ValueId> {
 /// Dense work of an attention node (causal pairs, window applied) when nothing is pruned.
 fn pairs_for_row(i: u64, first_key: u64) -> u64 {
     i + 1 - first_key.min(i + 1)
+}
+
+/// Per (b, h, query tile), the first key tile the kernels may start at under the attention's
+/// key bound `keys_from` (every key `j < E(b, h, i)` of row `i` is masked), `None` without one:
+/// the tile of the smallest `E` over the tile's rows, NaN rows left out, clamped to `[0, Tk]`,
+/// as the kernels compute it (codegen: cpu/attention.rs, nvptx/attention/key_bound.rs).
+fn key_bound_tiles(
+    g: &Graph,
+    a: &Attention,
+    ops: &AttnOperands,
+    inputs: &BTreeMap<String, Tensor>,
+    [b, h, t, tk]: [u64; 4],
+    tiles: Tiles,
+) -> Result<Option<Vec<u64>>, Error> {
+    let Some(e) = &a.keys_from else { return Ok(None) };
+    let vals = foxc_ir::interp::eval(g, inputs, &ops.captures)
+        .map_err(|e| Error::user(format!("error: evaluating the key bound's captures: {e}")))?;
+    let caps: Vec<Capture> =
+        ops.captures.iter().map(|c| Capture { shape: &vals[c].shape, data: &vals[c].data }).collect();
+    let shapes: Vec<(String, Vec<usize>)> =
+        inputs.iter().map(|(n, v)| (n.clone(), v.shape.clone())).collect();
+    let dims = foxc_ir::shapes::bind_dims_partial(g, &shapes)
+        .map_err(|e| Error::user(format!("error: binding the dims of the key bound: {e}")))?;
+    let dim = |d: &Dim| dims.eval(d);
+    let mut ev = RegionEval::new(e, &caps, &dim).map_err(Error::internal)?;
+    let (bm, bn) = (tiles.bm as u64, tiles.bn as u64);
+    let mut out = Vec::with_capacity((b * h * t.div_ceil(bm)) as usize);
+    for bi in 0..b as usize {
+        for hi in 0..h as usize {
+            for m in 0..t.div_ceil(bm) {
+                let rows = m * bm..((m + 1) * bm).min(t);
+                let e_min = rows
+                    .map(|i| ev.eval(0.0, [bi, hi, i as usize, 0]))
+                    .filter(|x| !x.is_nan())
+                    .fold(f64::INFINITY, f64::min);
+                out.push(e_min.clamp(0.0, tk as f64).floor() as u64 / bn);
+            }
+        }
+    }
+    Ok(Some(out))
 }
 
 /// Statistics for the attention node of `g` on `inputs` (None when there is none), with the
@@ -86,6 +128,8 @@ pub fn measure_with(
         _ => None,
     };
     let mt = t.div_ceil(tiles.bm as u64);
+    let tk = qk[&ops.k].shape[2] as u64;
+    let key_bound = key_bound_tiles(g, a, &ops, inputs, [b, h, t, tk], tiles)?;
     let start = start.unwrap_or_else(|| Tensor {
         shape: vec![b as usize, h as usize, mt as usize],
         data: vec![0.0; (b * h * mt) as usize],
@@ -97,6 +141,9 @@ pub fn measure_with(
             let i0 = m * tiles.bm as u64;
             let last = (i0 + tiles.bm as u64 - 1).min(t - 1);
             let diag = (last + offset) / tiles.bn as u64;
+            // The kernels walk from the later of the pruned start and the key bound's tile,
+            // never past the diagonal.
+            let s = key_bound.as_ref().map_or(s, |kb| s.max(kb[(bh * mt + m) as usize]).min(diag));
             kept_tiles += diag + 1 - s.min(diag + 1);
             all_tiles += diag + 1;
             for i in i0 + offset..=last + offset {

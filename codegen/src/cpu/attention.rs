@@ -196,7 +196,10 @@ pub(super) fn emit(fx: &mut Fx, a: &AttnKernel, f: &Frame, h: &Helpers) {
     let bufs = Bufs::at(fx, &sc, f.scratch, args.c_lo.is_some());
     let cx = Cx { a, sc, args, bufs };
     fx.for_range(f.begin, f.end, 1, |fx, task| {
-        let tile = QueryTile::at(fx, a, &cx.args, task);
+        let mut tile = QueryTile::at(fx, a, &cx.args, task);
+        if let Some(e) = &a.keys_from {
+            tile.n_lo = key_bound_start(fx, &cx, &tile, e);
+        }
         init_tile(fx, &cx);
         stage_queries(fx, &cx, &tile);
         let diag1 = fx.b.ins().iadd_imm_s(tile.diag, 1);
@@ -208,6 +211,43 @@ pub(super) fn emit(fx: &mut Fx, a: &AttnKernel, f: &Frame, h: &Helpers) {
         });
         finish_rows(fx, &cx, &tile, h);
     });
+}
+
+/// The tile's first key tile raised to the first one that reaches `min E_i` over its rows, `E`
+/// the attention's key bound `keys_from` (every key `j < E_i` of row `i` is masked, so a key
+/// tile below the minimum holds nothing any row keeps), never past the diagonal tile (the walk
+/// visits at least one). The mask is still applied on every visited entry: the kept set is the
+/// interpreter's. A NaN `E_i` (`j >= NaN` keeps nothing) is left out of the minimum, as in the
+/// GPU kernel (nvptx/attention/key_bound.rs).
+fn key_bound_start(fx: &mut Fx, cx: &Cx, tile: &QueryTile, e: &region::RegionCode) -> Value {
+    let a = cx.a;
+    let e_min = fx.b.declare_var(F32);
+    let inf = fx.b.ins().f32const(f32::INFINITY);
+    fx.b.def_var(e_min, inf);
+    let zero = fx.ic(0);
+    fx.for_range(zero, tile.rows, 1, |fx, r| {
+        let i = fx.b.ins().iadd(tile.i0, r);
+        let j0 = fx.ic(0);
+        let at = Lanes { b: tile.bi, h: tile.hi, i, j0 };
+        let x0 = fx.splat_c(0.0);
+        let lanes = region::emit(fx, e, &cx.args.caps, &at, x0);
+        let ei = fx.b.ins().extractlane(lanes, 0);
+        // `ei < min ? ei : min`: a NaN `ei` keeps the minimum.
+        let m = fx.b.use_var(e_min);
+        let m = fx.fmin_s(ei, m);
+        fx.b.def_var(e_min, m);
+    });
+    // Clamped to [0, Tk] before the conversion (every row NaN leaves +inf: nothing is kept).
+    let m = fx.b.use_var(e_min);
+    let zf = fx.b.ins().f32const(0.0);
+    let m = fx.fmax_s(m, zf);
+    let tk = fx.b.ins().f32const(a.tk as f32);
+    let m = fx.fmin_s(m, tk);
+    // Key tile floor(floor(E) / bn) (E >= 0: truncation floors).
+    let e = fx.b.ins().fcvt_to_sint_sat(I64, m);
+    let kt = fx.b.ins().sdiv_imm_s(e, a.bn as i64);
+    let n = fx.imax(tile.n_lo, kt);
+    fx.imin(n, tile.diag)
 }
 
 /// Per-task init: zero the Q, O, V and `c_i` areas; running max `-inf` and sum 0 per row.

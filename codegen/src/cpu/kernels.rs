@@ -105,6 +105,10 @@ pub struct AttnKernel {
     /// The score region (`None`: identity) and the expression mask (non-zero keeps).
     pub score: Option<RegionCode>,
     pub mask: Option<RegionCode>,
+    /// The key bound `keys_from` (`E(b, h, i)`: every key `j < E` of row `i` is masked, set by
+    /// the tiles pass): the forward walks each query tile's keys from the first tile that
+    /// reaches the smallest `E` of its rows.
+    pub keys_from: Option<RegionCode>,
     /// The captured tensors (operands after start).
     pub captures: Vec<CaptureCode>,
     /// Result 0's dtype (f32 or bf16).

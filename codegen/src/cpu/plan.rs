@@ -417,6 +417,13 @@ impl NodeCx<'_> {
             return Err(self.invalid("T and D must be at least 1".into()));
         }
         let (score, causal, window, mask) = self.regions(attn)?;
+        let dim = |x: &Dim| self.dim(x);
+        let keys_from = attn
+            .keys_from
+            .as_ref()
+            .map(|e| region::RegionCode::new(e, &dim))
+            .transpose()
+            .map_err(|m| self.invalid(m))?;
         let captures = self.captures(&ao.captures)?;
         let scale = attn
             .scale
@@ -442,6 +449,7 @@ impl NodeCx<'_> {
             window,
             score,
             mask,
+            keys_from,
             captures,
             out: attn.out_dtype,
             lse: !backward && used.contains(&Value { node: self.n, result: 1 }),
