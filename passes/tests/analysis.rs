@@ -162,3 +162,26 @@ fn rounding_apart_derivations_do_not_empty_an_interval() {
     let d = &runner.egraph[runner.egraph.find(root)].data;
     assert!(d.lo <= 0.0 && 0.0 <= d.hi, "root [{}, {}]", d.lo, d.hi);
 }
+
+/// A NaN literal (what constant folding leaves of `inf - inf`) in a class that becomes its own
+/// descendant through unions (`x = -(-x)`: a cycle, as the rewrite rules make them):
+/// rebuilding terminates. The literal's interval was `[NaN, NaN]`, and the analysis compared
+/// its data with `!=`, to which NaN is never equal to itself, so every merge reported a change
+/// and the rebuild re-queued the cycle forever (a random near-miss program of `fuzz_programs`
+/// hung the recognizer for over 20 minutes).
+#[test]
+fn a_nan_literal_on_a_cycle_rebuilds() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut eg = AttnGraph::default();
+        let nan = eg.add(Attn::Num(Num::new(f64::NAN)));
+        let neg = eg.add(Attn::Unary(UnaryOp::Neg, [nan]));
+        let negneg = eg.add(Attn::Unary(UnaryOp::Neg, [neg]));
+        eg.union(nan, negneg);
+        eg.rebuild();
+        let d = eg[eg.find(nan)].data.clone();
+        tx.send(d).unwrap();
+    });
+    let d = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("the rebuild ends within 20 s");
+    assert!(!d.lo.is_nan() && !d.hi.is_nan(), "{d:?}");
+}
