@@ -75,11 +75,13 @@ fn packed_sequences_against_a_cache_are_one_pruned_attention() {
 /// A packed batch of whole sequences, as a varlen batch gives them (each token's first key is
 /// its sequence's start: `cu_seqlens` expanded per token), on the CPU: every row matches the
 /// reference, pruned and dense, while the kernel starts each query tile at its earliest
-/// sequence's first key tile (`keys_from`), and the kept tiles `foxc run` reports are the ones
-/// walked: at most those from each query tile's earliest sequence start to its diagonal.
+/// sequence's first key tile (`keys_from`), the backward each row at its own first key, and the
+/// kept tiles `foxc run` reports are the ones walked: at most those from each query tile's
+/// earliest sequence start to its diagonal.
 /// Shown failing: with the key bound left out of the count, the report gave 1.000 of causal
 /// tiles against a bound of 0.765; with the kernel starting at the tile of the rows' largest
-/// `E` instead of the smallest, the check failed (rel L2 0.415).
+/// `E` instead of the smallest, the check failed (rel L2 0.415); with the backward starting
+/// each row one key past `floor(E_i)`, the gradient check failed (grad_q rel L2 0.283).
 #[test]
 fn packed_whole_sequences_walk_only_their_own_keys() {
     use foxc_ir::DType;
@@ -110,6 +112,9 @@ fn packed_whole_sequences_walk_only_their_own_keys() {
         out
     };
     run_check(&["--no-prune"]);
+    // The backward walks each row from its own first key (`floor(E_i)`).
+    let (code, grads) = run(&["grad", &p, "--backend", "cpu", "--inputs", inp.to_str().unwrap(), "--check"]);
+    assert!(code == Some(0) && grads.contains("check grad_q"), "{grads}");
     let out = run_check(&[]);
     // "pruning: ... tiles BMxBN: kept F of causal tiles ..."
     let line = out.lines().find(|l| l.contains("of causal tiles")).unwrap_or_else(|| panic!("{out}"));

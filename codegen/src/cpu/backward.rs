@@ -598,7 +598,7 @@ fn row_body(fx: &mut Fx, a: &BwdKernel, sc: &Scratch, r: RowCtx, bf: &Bufs, (mt,
     }
     let delta_v = fx.splat(delta);
     let lse_v = fx.splat(r.lse);
-    let (jlo, jhi) = key_range(fx, fw, &r, bf.start, (mt, bm, bn));
+    let (jlo, jhi) = key_range(fx, fw, &r, (bf.start, bf.caps), (mt, bm, bn));
     let jlo_v = {
         let x = fx.b.ins().fcvt_from_sint(F32, jlo);
         fx.splat(x)
@@ -702,12 +702,12 @@ fn row_body(fx: &mut Fx, a: &BwdKernel, sc: &Scratch, r: RowCtx, bf: &Bufs, (mt,
 }
 
 /// Row `r`'s key range `[jlo, jhi)`: the mask's, raised to pruning's first kept tile, exactly
-/// as the forward kernel keeps tiles.
+/// as the forward kernel keeps tiles, then to the row's key bound (`keys_from`).
 fn key_range(
     fx: &mut Fx,
     fw: &AttnKernel,
     r: &RowCtx,
-    start: Option<Value>,
+    (start, caps): (Option<Value>, &[(Value, CaptureCode)]),
     (mt, bm, bn): (u64, u64, u64),
 ) -> (Value, Value) {
     let (t, tk) = (fw.t, fw.tk);
@@ -743,6 +743,23 @@ fn key_range(
         let s = fx.imin(s, diag);
         let s = fx.b.ins().imul_imm_s(s, bn as i64);
         jlo = fx.imax(jlo, s);
+    }
+    if let Some(e) = &fw.keys_from {
+        // Every key j < E_i of this row is masked (P = 0, no gradient), so its walk starts at
+        // floor(E_i), clamped to [0, jhi]; the forward started at the tile of its query tile's
+        // smallest E, at or below it. A NaN E_i masks the whole row: its lse is -inf and it
+        // does not get here (a NaN compares false: the clamp gives 0, the walk stays whole).
+        let j0 = fx.ic(0);
+        let at = Lanes { b: r.bi, h: r.hq, i: r.i, j0 };
+        let x0 = fx.splat_c(0.0);
+        let lanes = region::emit(fx, e, caps, &at, x0);
+        let ei = fx.b.ins().extractlane(lanes, 0);
+        let zf = fx.f32c(0.0);
+        let ei = fx.fmax_s(ei, zf);
+        let hi = fx.b.ins().fcvt_from_sint(F32, jhi);
+        let ei = fx.fmin_s(ei, hi);
+        let ej = fx.b.ins().fcvt_to_sint_sat(I64, ei);
+        jlo = fx.imax(jlo, ej);
     }
     (jlo, jhi)
 }
