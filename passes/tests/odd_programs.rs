@@ -109,3 +109,37 @@ fn keys_of_another_length_fuse_as_cross_attention() {
     assert!(!ex.iter().any(|m| m.starts_with("not fused:")), "{ex:?}");
     assert!(ex.iter().any(|m| m.starts_with("not pruned:") && m.contains("not causally masked")), "{ex:?}");
 }
+
+/// An infinite scale of `q . k` stays unfused: recognition moves a scale it cannot spell onto
+/// q, and `inf (q . k) = (inf q) . k` is false (an infinity of the dot's sign against a sum of
+/// infinities of both signs, NaN). The optimized program gives the source's values, NaN where
+/// the source has NaN and nowhere else. Found by `fuzz_programs` ("optimized dense graph
+/// differs: 0 vs NaN", a random near-miss spelling with `* inf`); shown failing: without the
+/// refusal the program fused.
+#[test]
+fn an_infinite_scale_stays_unfused() {
+    let src = "attention a(q: f32[B, H, T, D], k: f32[B, H, T, D], v: f32[B, H, T, D]) -> f32[B, H, T, D] {
+        s[b, h, i, j] = sum(d, q[b, h, i, d] * k[b, h, j, d]) * inf
+        out[b, h, i, e] = sum(j, softmax(j, causal(i, j, s[b, h, i, j])) * v[b, h, j, e])
+        return out
+    }";
+    let g = foxc_ir::frontend::compile("odd.attn", src.as_bytes()).unwrap().graph;
+    let mut o = g.clone();
+    let report = optimize(&mut o, &PassOptions::default()).unwrap();
+    assert!(o.find(|op| matches!(op, Op::Attention(_))).is_empty());
+    assert!(
+        report.explanations.iter().any(|e| e.message.contains("scale of `q . k` is infinite")),
+        "{:?}",
+        report.explanations
+    );
+    for seed in 0..3 {
+        let (want, got) = (output(&g, seed), output(&o, seed));
+        assert!(want.data.iter().any(|x| x.is_nan()) && want.data.iter().any(|x| !x.is_nan()));
+        for (a, b) in want.data.iter().zip(&got.data) {
+            assert!(
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()) || (a - b).abs() < 1e-9,
+                "{a} vs {b}"
+            );
+        }
+    }
+}

@@ -630,8 +630,8 @@ fn grouped(b: &Builder, c: Id, order: [Symbol; 4]) -> Option<(ValueId, Dim)> {
 /// Why [`emit`] built no attention node.
 pub(crate) enum EmitFail {
     /// The recognized operands do not fit the fused op (e.g. keys of another length than the
-    /// queries): the program stays unfused, with this as its explanation.
-    Unfusable(String),
+    /// queries): the program stays unfused, with this as its explanation (and hint).
+    Unfusable(String, Option<&'static str>),
     /// A bug in the emitter.
     Internal(String),
 }
@@ -673,6 +673,16 @@ pub(crate) fn emit(em: &mut Emit, r: &Recognized, span: Span) -> Result<(ValueId
     let scale = match scale_of(&em.b.eg, r.sc) {
         Some(s) => s,
         None => {
+            // `s (q . k) = (s q) . k` holds for a finite `s` only: with `s = inf` the source's
+            // score is an infinity of the dot's sign, the product's a sum of infinities of
+            // mixed signs (NaN). Such a program stays unfused and computes what it says.
+            let d = &em.b.eg[r.sc].data;
+            if d.konst.is_some_and(|c| !c.is_finite()) || d.lo == f64::INFINITY || d.hi == f64::NEG_INFINITY {
+                return Err(EmitFail::Unfusable(
+                    "the scale of `q . k` is infinite: moving it onto q would turn each score (an infinity of the dot's sign) into a sum of infinities of both signs, NaN".into(),
+                    None,
+                ));
+            }
             let s = em.emit(r.sc)?;
             q = em.node(Op::Binary(BinaryOp::Mul), &[q, s], span)?;
             Scale::constant(1.0)
@@ -712,7 +722,8 @@ pub(crate) fn emit(em: &mut Emit, r: &Recognized, span: Span) -> Result<(ValueId
     let mut operands: Vec<ValueId> = vec![q, k, v];
     operands.extend(c);
     operands.extend(captures);
-    Ok((em.g.add_attention(a, &operands, span).map_err(EmitFail::Unfusable)?, spans))
+    let hint = "the fused attention reads k and v of one length, queries aligned to the end of the keys";
+    Ok((em.g.add_attention(a, &operands, span).map_err(|why| EmitFail::Unfusable(why, Some(hint)))?, spans))
 }
 
 /// The source span of each node of `r`: that of the IR value its e-class was built from; a node
@@ -792,8 +803,7 @@ pub(crate) fn run(
     let store_name = g_ro.node(store).name.clone();
     let extractor = egg::Extractor::new(&b.eg, FusedCost);
     let mut em = Emit { g, b: &b, ex: extractor, span: store_span, memo: HashMap::new() };
-    let hint = "the fused attention reads k and v of one length, queries aligned to the end of the keys";
-    let Some((node, spans)) = emit_one(&mut em, &rec, store_span, Some(hint), ex)? else { return Ok(None) };
+    let Some((node, spans)) = emit_one(&mut em, &rec, store_span, ex)? else { return Ok(None) };
     let canonical: Vec<Symbol> = vec![rec.batch[0], rec.batch[1], rec.i, rec.e];
     let out = if canonical == out_syms {
         node
@@ -829,12 +839,11 @@ fn emit_one(
     em: &mut Emit,
     rec: &Recognized,
     span: Span,
-    hint: Option<&str>,
     ex: &mut Vec<Explanation>,
 ) -> Result<Option<(ValueId, Vec<Span>)>, PassError> {
     match emit(em, rec, span) {
         Ok(x) => Ok(Some(x)),
-        Err(EmitFail::Unfusable(why)) => {
+        Err(EmitFail::Unfusable(why, hint)) => {
             em.g.remove_dead();
             ex.push(Explanation { message: format!("not fused: {why}"), span, hint: hint.map(String::from) });
             Ok(None)
@@ -924,7 +933,7 @@ fn epilogue(
     for (class, rec) in &found {
         let span = b.span_of(*class).unwrap_or(store_span);
         explain_unmasked(b, rec, span, ex);
-        let Some((node, spans)) = emit_one(&mut em, rec, span, None, ex)? else { return Ok(None) };
+        let Some((node, spans)) = emit_one(&mut em, rec, span, ex)? else { return Ok(None) };
         let bound = bind_as(em.g, node, &[rec.batch[0], rec.batch[1], rec.i, rec.e], span);
         em.memo.insert(b.eg.find(*class), bound);
         first.get_or_insert((node, spans));
