@@ -101,23 +101,6 @@ pub struct Data {
     pub konst: Option<f64>,
 }
 
-impl Data {
-    /// Equal as data: the floats compared by value with NaN equal to NaN (`==` on a NaN is never
-    /// true, so a merge would report a change on every visit and the e-graph's rebuild would
-    /// re-queue a cycle forever).
-    fn same(&self, o: &Data) -> bool {
-        let eq = |x: f64, y: f64| x == y || (x.is_nan() && y.is_nan());
-        self.sym == o.sym
-            && self.axes == o.axes
-            && eq(self.lo, o.lo)
-            && eq(self.hi, o.hi)
-            && match (self.konst, o.konst) {
-                (Some(x), Some(y)) => eq(x, y),
-                (x, y) => x.is_none() && y.is_none(),
-            }
-    }
-}
-
 /// The e-graph analysis: free axes, interval bounds (the monotonicity proofs rest on `hi <= 0`
 /// of a gate term) and constant folding.
 #[derive(Default)]
@@ -246,7 +229,9 @@ impl Analysis<Attn> for AttnAnalysis {
             _ => (lo, hi),
         };
         // A NaN end (a NaN literal, what folding leaves of `inf - inf`, through an op that
-        // keeps it) knows nothing: the widest end. The merge's change test relies on it.
+        // keeps it) knows nothing: the widest end. No NaN reaches the merge, whose change test
+        // is `!=`: a NaN, never equal to itself, would count as a change on every visit and
+        // the rebuild would go round a cycle forever.
         Data { sym: sym_out, axes, lo: nan_lo(lo), hi: nan_hi(hi), konst: konst.filter(|c| !c.is_nan()) }
     }
 
@@ -273,8 +258,8 @@ impl Analysis<Attn> for AttnAnalysis {
         if a.sym.is_none() {
             a.sym = b.sym;
         }
-        let changed = !a.same(&before);
-        DidMerge(changed, !a.same(&b))
+        let changed = *a != before;
+        DidMerge(changed, *a != b)
     }
 
     fn modify(egraph: &mut AttnGraph, id: Id) {

@@ -227,11 +227,7 @@ fn key_bound_start(fx: &mut Fx, cx: &Cx, tile: &QueryTile, e: &region::RegionCod
     let zero = fx.ic(0);
     fx.for_range(zero, tile.rows, 1, |fx, r| {
         let i = fx.b.ins().iadd(tile.i0, r);
-        let j0 = fx.ic(0);
-        let at = Lanes { b: tile.bi, h: tile.hi, i, j0 };
-        let x0 = fx.splat_c(0.0);
-        let lanes = region::emit(fx, e, &cx.args.caps, &at, x0);
-        let ei = fx.b.ins().extractlane(lanes, 0);
+        let ei = region::emit_row(fx, e, &cx.args.caps, (tile.bi, tile.hi, i));
         // `ei < min ? ei : min`: a NaN `ei` keeps the minimum.
         let m = fx.b.use_var(e_min);
         let m = fx.fmin_s(ei, m);

@@ -749,11 +749,7 @@ fn key_range(
         // floor(E_i), clamped to [0, jhi]; the forward started at the tile of its query tile's
         // smallest E, at or below it. A NaN E_i masks the whole row: its lse is -inf and it
         // does not get here (a NaN compares false: the clamp gives 0, the walk stays whole).
-        let j0 = fx.ic(0);
-        let at = Lanes { b: r.bi, h: r.hq, i: r.i, j0 };
-        let x0 = fx.splat_c(0.0);
-        let lanes = region::emit(fx, e, caps, &at, x0);
-        let ei = fx.b.ins().extractlane(lanes, 0);
+        let ei = region::emit_row(fx, e, caps, (r.bi, r.hq, r.i));
         let zf = fx.f32c(0.0);
         let ei = fx.fmax_s(ei, zf);
         let hi = fx.b.ins().fcvt_from_sint(F32, jhi);

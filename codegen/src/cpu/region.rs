@@ -57,6 +57,20 @@ pub struct Lanes {
     pub j0: Value,
 }
 
+/// The value (f32) at row `(b, h, i)` of a region that reads neither `j` nor the score, such as
+/// an attention's key bound `keys_from`.
+pub fn emit_row(
+    fx: &mut Fx,
+    rc: &RegionCode,
+    caps: &[(Value, CaptureCode)],
+    (b, h, i): (Value, Value, Value),
+) -> Value {
+    let j0 = fx.ic(0);
+    let x0 = fx.splat_c(0.0);
+    let lanes = emit(fx, rc, caps, &Lanes { b, h, i, j0 }, x0);
+    fx.b.ins().extractlane(lanes, 0)
+}
+
 /// The region's value on the four lanes, with `x` (f32x4) the scaled products.
 pub fn emit(fx: &mut Fx, rc: &RegionCode, caps: &[(Value, CaptureCode)], at: &Lanes, x: Value) -> Value {
     let mut vals: Vec<Value> = Vec::with_capacity(rc.region.nodes.len());

@@ -51,11 +51,15 @@ pub enum ScanTerm {
 fn scan_term<'ctx>(k: &Kb<'_, 'ctx>, term: ScanTerm, x: FloatValue<'ctx>) -> FloatValue<'ctx> {
     match term {
         ScanTerm::Gate(kind) => log_gate(k, kind, x),
-        ScanTerm::Plain => {
-            let reset = k.fcmp(FloatPredicate::OEQ, x, k.f32(f64::NEG_INFINITY));
-            k.select_f(reset, k.f32(LOG_F_FLOOR), x)
-        }
+        ScanTerm::Plain => cumsum_term(k, x),
     }
+}
+
+/// A generic `cumsum`'s term for element `x`: `x`, but `LOG_F_FLOOR` for `-inf` (the
+/// interpreter's `cumsum_term`); the row scan and the generic loop both add this.
+pub(crate) fn cumsum_term<'ctx>(k: &Kb<'_, 'ctx>, x: FloatValue<'ctx>) -> FloatValue<'ctx> {
+    let reset = k.fcmp(FloatPredicate::OEQ, x, k.f32(f64::NEG_INFINITY));
+    k.select_f(reset, k.f32(LOG_F_FLOOR), x)
 }
 
 /// `log f` of one gate input element, clamped below at `LOG_F_FLOOR` (SEMANTICS.md).

@@ -3,7 +3,8 @@
 use super::{Body, Expr, Generic, Src, LINES_PER_BLOCK, LINE_THREADS, MAP_ELEMS, MAP_THREADS};
 use crate::nvptx::attention::region::{binary, unary};
 use crate::nvptx::builder::{KernelBuilder, ParamTy};
-use foxc_ir::{BinaryOp, DType, ReduceKind, UnaryOp, LOG_F_FLOOR};
+use crate::nvptx::kernels;
+use foxc_ir::{BinaryOp, DType, ReduceKind, UnaryOp};
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
@@ -333,19 +334,15 @@ impl<'ctx> Elem<'_, '_, '_, 'ctx> {
         });
     }
 
-    /// Inclusive prefix sum. Serial: a running sum. Warp mode: 32 elements at a time, an
+    /// Inclusive prefix sum of each line (`reverse`: its suffix sum, the line walked from its
+    /// end: position `p` of the walk is element `len - 1 - p`), each term a
+    /// [`kernels::cumsum_term`]. Serial: a running sum. Warp mode: 32 elements at a time, an
     /// inclusive warp scan plus the total of the chunks before (lane 31's sum, broadcast).
-    /// The inclusive prefix sum of each line (`reverse`: its suffix sum, the line walked from
-    /// its end: position `p` of the walk is element `len - 1 - p`); a `-inf` term counts as
-    /// `LOG_F_FLOOR`, as in the interpreter.
     fn cumsum(&self, out: PointerValue<'ctx>, reverse: bool) {
         let b = self.b;
         let len = self.size(self.k.rank - 1);
         let elem = |pos: IntValue<'ctx>| if reverse { b.sub(b.addc(len, -1), pos) } else { pos };
-        let term = |x: FloatValue<'ctx>| {
-            let reset = b.fcmp(FloatPredicate::OEQ, x, b.f32(f64::NEG_INFINITY));
-            b.select_f(reset, b.f32(LOG_F_FLOOR), x)
-        };
+        let term = |x: FloatValue<'ctx>| kernels::cumsum_term(b, x);
         self.for_line(|line, lane| {
             let carry = b.declare_var(b.f32(0.0).into());
             if self.k.serial {
