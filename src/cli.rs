@@ -290,8 +290,14 @@ pub struct BenchArgs {
     pub file: PathBuf,
     #[arg(long, value_parser = backend_arg(), default_value = "cpu")]
     pub backend: BackendKind,
-    #[arg(long)]
-    pub shape: String,
+    /// The standard workload at these sizes.
+    #[arg(long, required_unless_present = "inputs")]
+    pub shape: Option<String>,
+    /// Time these inputs instead (a safetensors file, as `foxc run --inputs`; its sizes bind
+    /// the dims): a packed batch's own sequence starts, say.
+    #[arg(long, conflicts_with = "shape")]
+    pub inputs: Option<PathBuf>,
+    /// The standard workload's seed, and `dout`'s with `--grad`.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     #[arg(long, value_enum, default_value_t = FormatArg::Table)]

@@ -140,4 +140,11 @@ fn packed_whole_sequences_walk_only_their_own_keys() {
         kept <= bound + 1e-3,
         "kept {kept} of causal tiles, the sequences allow at most {bound:.3}: {line}"
     );
+    // `foxc bench --inputs` times these inputs, not the standard workload's: its pruned row
+    // keeps what the run kept (the standard `first`, uniform in [0, 100000], keeps far less).
+    let (code, b) = run(&["bench", &p, "--inputs", inp.to_str().unwrap(), "--iters", "1", "--format", "csv"]);
+    assert_eq!(code, Some(0), "{b}");
+    let row = b.lines().find(|l| l.contains(",pruned,")).unwrap_or_else(|| panic!("{b}"));
+    let bench_kept: f64 = row.rsplit(',').nth(1).unwrap().parse().unwrap();
+    assert!((bench_kept - kept).abs() < 1e-3, "bench kept {bench_kept}, run kept {kept}: {row}");
 }

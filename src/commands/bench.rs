@@ -1,5 +1,5 @@
 //! `foxc bench`: median time of the pruned and the dense (`--no-prune`) program on the
-//! standard workload, in one process, with the kept fraction and the rate on kept work.
+//! standard workload (or given inputs), in one process, with the kept fraction and the rate on kept work.
 //! `--grad` times the gradient program instead (forward + backward, every gradient).
 
 use crate::cli::{BenchArgs, FormatArg};
@@ -39,8 +39,18 @@ fn time_grad(
 pub fn bench(a: &BenchArgs) -> Result<(), Error> {
     let src = Source::read(&a.file)?;
     let c = src.compile()?;
-    let dims = parse_shape(&a.shape)?;
-    let inputs = tensors::generate(&c.graph, &dims, a.seed)?;
+    let (inputs, dims, shape) = match (&a.inputs, &a.shape) {
+        (Some(path), _) => {
+            let inputs = tensors::read(path)?;
+            let dims = pipeline::bound_dims(&c.graph, &inputs)?;
+            (inputs, dims, format!("inputs {}", path.display()))
+        }
+        (None, Some(shape)) => {
+            let dims = parse_shape(shape)?;
+            (tensors::generate(&c.graph, &dims, a.seed)?, dims, shape.clone())
+        }
+        (None, None) => return Err(Error::user("error: `foxc bench` needs --shape or --inputs")),
+    };
     tensors::validate(&c.graph, &inputs)?;
     let kind = a.backend;
     let backend = foxc_driver::backend(kind);
@@ -79,7 +89,7 @@ pub fn bench(a: &BenchArgs) -> Result<(), Error> {
     let pass = if a.grad { "forward+backward" } else { "forward" };
     match a.format {
         FormatArg::Table => {
-            println!("foxc bench: {} {pass} on {backend}, {} (seed {})", src.name, a.shape, a.seed);
+            println!("foxc bench: {} {pass} on {backend}, {shape} (seed {})", src.name, a.seed);
             println!(
                 "{:<8} {:>11} {:>11} {:>11} {:>13}",
                 "variant", "median ms", "min ms", "kept tiles", "GFLOP/s kept"
@@ -108,7 +118,7 @@ pub fn bench(a: &BenchArgs) -> Result<(), Error> {
                 println!(
                     "{},{pass},{backend},\"{}\",{},{:.4},{:.4},{:.4},{:.2}",
                     src.name,
-                    a.shape,
+                    shape,
                     r.variant,
                     r.median_ms,
                     r.min_ms,
@@ -122,7 +132,7 @@ pub fn bench(a: &BenchArgs) -> Result<(), Error> {
                 .iter()
                 .map(|r| {
                     serde_json::json!({
-                        "program": src.name, "pass": pass, "backend": backend, "shape": a.shape, "variant": r.variant,
+                        "program": src.name, "pass": pass, "backend": backend, "shape": shape, "variant": r.variant,
                         "median_ms": r.median_ms, "min_ms": r.min_ms, "kept_tiles": r.kept_tiles,
                         "gflops_kept": r.kept_flops / r.median_ms / 1e6,
                     })
