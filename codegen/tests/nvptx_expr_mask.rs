@@ -113,16 +113,23 @@ fn the_partial_skips_tiles_below_its_key_bound() {
 }
 
 /// The own-chunk partial (`DIAG_SOURCE`: causal, `select(j >= lo, s, -inf)` in the score)
-/// carries the bound from its score region: at D = 128 on sm_90a it takes the standard causal
-/// kernel (not the warp-specialized one, which does not skip) with the start computed.
+/// carries the bound from its score region: at D = 128 on sm_90a it takes the warp-specialized
+/// causal kernel, whose producer and consumers raise each consumer's start to the bound (each
+/// role converts its rows' minimum: more `fptosi` than the same kernel without the attribute).
 #[test]
 fn the_own_chunk_partial_skips_below_its_score_bound() {
     let g = graph("diag.attn", &py_source("DIAG_SOURCE"), Target::Sm90a);
     assert_eq!(mask_of(&g), Mask::Causal);
-    let a = compile(&g, &spec(NvptxTarget::Sm90a, 128)).expect("compiles");
-    let k = attn_kernel(&a);
-    assert!(!k.name.contains("_ws") && !k.name.contains("_bidir"), "{}", k.name);
-    assert_eq!(a.llvm_ir.matches("fptosi float").count(), 1);
+    let mut unbounded = g.clone();
+    let n = unbounded.find(|op| matches!(op, Op::Attention(_)))[0];
+    let Op::Attention(a) = &mut unbounded.node_mut(n).op else { unreachable!() };
+    assert!(a.keys_from.take().is_some(), "the tiles pass set no keys_from");
+    let with = compile(&g, &spec(NvptxTarget::Sm90a, 128)).expect("compiles");
+    let without = compile(&unbounded, &spec(NvptxTarget::Sm90a, 128)).expect("compiles");
+    let k = attn_kernel(&with);
+    assert!(k.name.contains("_ws") && !k.name.contains("_bidir"), "{}", k.name);
+    let count = |c: &NvptxArtifact| c.llvm_ir.matches("fptosi float").count();
+    assert!(count(&with) > count(&without), "{} vs {}", count(&with), count(&without));
 }
 
 /// The non-causal kernels differ from the causal ones only where they must: a causal program

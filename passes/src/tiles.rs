@@ -65,8 +65,8 @@ pub fn tiles_for(target: Target, head_dim: Option<u64>, gradient: bool) -> Tiles
 }
 
 /// The forward kernel for an attention on `target` with these tiles: the warp-specialized one
-/// on sm_90a for a causal or window mask without a key bound (only the standard kernel skips
-/// below one), tiles it runs (64- or 128-row query tiles: each of its two consumer warpgroups
+/// on sm_90a for a causal or window mask (both kernels skip the key tiles below a key bound),
+/// tiles it runs (64- or 128-row query tiles: each of its two consumer warpgroups
 /// owns 64 rows; key tiles a multiple of 16 up to 128) and a head dim it is chosen for, or a
 /// symbolic one (the attribute then names the head dims it holds for, and code generation, which
 /// knows the size, reads it: [`AttnKernel::runs_warp_specialized`]); the standard kernel otherwise.
@@ -89,8 +89,6 @@ pub fn kernel_for(
         && !head_dims.is_empty()
         && head_dim.is_none_or(|d| head_dims.contains(&d))
         && matches!(a.mask, Mask::Causal | Mask::Window(_))
-        // A key bound is skipped by the standard kernel only (worth more than the kernel).
-        && a.keys_from.is_none()
         && matches!(tiles.bm, 64 | 128)
         && tiles.bn.is_multiple_of(16)
         && (16..=128).contains(&tiles.bn);

@@ -74,6 +74,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             window,
             causal,
             prune: a.prune == Prune::Boundary,
+            key_bound: a.keys_from.is_some(),
             sm: self.spec.target.sm(),
             kv_group: self.static_dim(&a.kv_group, "the query heads per key/value head")?,
             dtype: half,
@@ -91,8 +92,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         // Captured tensors: read by the regions through kernel parameters after the fixed
         // ones (as the forward's score hook reads them).
         let caps = self.capture_tys(&o.captures);
-        // No keys_from: the backward skips no tile below the bound (see `Regions`).
-        let score = RegionMod::with_mask(&a.score, mask, None, &dim, heads, &caps)
+        // The key bound rides on the score region as the forward's does (`cfg.key_bound`).
+        let score = RegionMod::with_mask(&a.score, mask, a.keys_from.as_ref(), &dim, heads, &caps)
             .map_err(|e| Self::not_yet(n, &e))?
             .with_first_param(FIRST_BWD_PARAM);
         let grad = a.score.grad();
@@ -148,7 +149,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
 
     /// The backward's buffers: q, k, v, dout in the kernels' 16-bit type and out in f32 (cast
     /// copies of other dtypes first), lse, c and delta (or a stand-in that is not read), the
-    /// results, and the scratch of `rowsum(dout * out)` and of the pruned start per query tile.
+    /// results, and the scratch of `rowsum(dout * out)` and of the first key tile per query tile.
     #[allow(clippy::too_many_arguments)]
     fn bwd_buffers(
         &mut self,
@@ -160,7 +161,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         grad_caps: usize,
         cfg: &BwdConfig,
     ) -> Result<BwdBuffers, CodegenError> {
-        let (prune, bm, half) = (cfg.prune, cfg.bm, cfg.dtype.dtype());
+        let (uses_start, bm, half) = (cfg.uses_start(), cfg.bm, cfg.dtype.dtype());
         let mut conv = |v: Value, to: DType, what: &str| -> Result<usize, CodegenError> {
             let b = self.buf(v)?;
             let ty = self.g.result_ty(v.node, v.result).ok_or_else(|| {
@@ -204,7 +205,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
 
         let bht: Vec<Dim> = bh.iter().cloned().chain([t.clone()]).collect();
         let dd_buf = self.scratch(DType::F32, bht.clone(), format!("rowsum(dout * out) of %{}", n.index()));
-        let start = if prune {
+        let start = if uses_start {
             let shape = bh.iter().cloned().chain([Dim::Tiles(Box::new(t.clone()), bm)]).collect();
             self.scratch(DType::I32, shape, format!("start of each query tile of %{}", n.index()))
         } else {

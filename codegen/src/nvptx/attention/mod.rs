@@ -45,7 +45,7 @@
 //! and D is a multiple of 64; the PTX then needs `sm_90a`). Measured on the H200:
 //! docs/GPU_KERNEL.md.
 
-mod key_bound;
+pub(crate) mod key_bound;
 pub(crate) mod mma;
 pub(crate) mod params;
 pub(crate) mod prune;

@@ -199,9 +199,12 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             // Every warp is done with the previous head's chunk buffers.
             b.barrier();
             let kt = KeyTile { n, part, rj, tq };
-            let HeadSums { dk, dv, colsum, capcol } = match self.off {
-                None => self.walk_from(&h, &sm, (q_lo, q_hi), &kt, acc_in),
-                Some(_) => self.walk_kept(&h, &sm, (q_lo, q_hi), &kt, acc_in),
+            // The diagonal's chunk keeps the tile unless the queries are fewer or a key bound
+            // may lie past it.
+            let HeadSums { dk, dv, colsum, capcol } = if self.off.is_none() && !cfg.key_bound {
+                self.walk_from(&h, &sm, (q_lo, q_hi), &kt, acc_in)
+            } else {
+                self.walk_kept(&h, &sm, (q_lo, q_hi), &kt, acc_in)
             };
             self.store_column_sums(&kt, first_part, (row_base, key_base), &colsum, &capcol);
             let gn = b.addc(gi, 1);
@@ -326,10 +329,12 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         self.walk(h, sm, (lo, hi), kt, acc_in)
     }
 
-    /// [`Self::walk_from`] for queries fewer than keys, where the first chunk that can see key
-    /// tile `n` need not keep it: a key of the cache (before the first query's position) is
-    /// seen by every chunk, and pruning may drop it from the first ones, or from all (then
-    /// nothing is walked: dK and dV as they were, no column sums).
+    /// [`Self::walk_from`] where the first chunk that can see key tile `n` need not keep it:
+    /// with queries fewer than keys, a key of the cache (before the first query's position) is
+    /// seen by every chunk, and pruning may drop it from the first ones; under a key bound,
+    /// every row of a chunk may start past the tile (a later packed sequence, or rows before a
+    /// left padding's start). Then it may be dropped from all (nothing is walked: dK and dV as
+    /// they were, no column sums).
     fn walk_kept(
         &self,
         h: &Head<'ctx>,
@@ -341,7 +346,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         let b = self.b;
         let dt = (self.cfg.part_dim() / 8) as usize;
         let ncap = 2 * self.regions.slots(true).len();
-        let lo = if self.cfg.prune { self.next_chunk(h, b.addc(lo, -1), hi, kt.n) } else { lo };
+        let lo = if self.cfg.uses_start() { self.next_chunk(h, b.addc(lo, -1), hi, kt.n) } else { lo };
         let zero = b.f32(0.0);
         let mut carried: Vec<(&str, BasicValueEnum)> = acc_in.iter().map(|v| ("acc", (*v).into())).collect();
         carried.extend((0..2 + ncap).map(|_| ("colsum", zero.into())));
@@ -416,7 +421,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             // Loads whose values are used only at the end of the iteration.
             let row_terms = self.load_row_terms(h, nxt);
             let after = b.addc(nxt, 1);
-            let st_after = self.cfg.prune.then(|| self.start_of(h, after, hi));
+            let st_after = self.cfg.uses_start().then(|| self.start_of(h, after, hi));
             let qcur = b.select_i(is0, sm.q[0], sm.q[1]);
             let docur = b.select_i(is0, sm.dout[0], sm.dout[1]);
             let rcur = b.select_i(is0, sm.rows[0], sm.rows[1]);
@@ -567,7 +572,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
     }
 
     /// The first chunk after `cur` (below `hi`) that keeps key tile `n`: its IR tile's
-    /// `start <= n` (every chunk when not pruned). Uniform over the block.
+    /// `start <= n` (every chunk without a start scratch). Uniform over the block.
     fn next_chunk(
         &self,
         h: &Head<'ctx>,
@@ -577,7 +582,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
     ) -> IntValue<'ctx> {
         let b = self.b;
         let first = b.addc(cur, 1);
-        if !self.cfg.prune {
+        if !self.cfg.uses_start() {
             return first;
         }
         let bq = self.cfg.bq() as i64;

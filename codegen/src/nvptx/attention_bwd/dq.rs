@@ -5,6 +5,7 @@
 
 use super::probs::{ElemFn, PosFn};
 use super::{Bwd, BwdConfig, Regions, DQ_ROWS, LOG2E};
+use crate::nvptx::attention::key_bound::{first_key_tile, BoundRows};
 use crate::nvptx::attention::params::{BwdTailParam, DqParams, DQ};
 use crate::nvptx::attention::prune::{search_start, SearchAt};
 use crate::nvptx::attention::score::ScoreMod;
@@ -162,7 +163,7 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
             self.store_colb(cr, self.col_c(cb, n_end), colb[0]);
             cr
         });
-        let n_start = self.dq_first_tile(cb, (delta_p, st_p), bh, i0, first_part);
+        let n_start = self.dq_first_tile(cb, (delta_p, st_p), (bh, i0, n_end), first_part);
 
         // Q and dO landed (the diagonal's K and V may still be in flight).
         b.cp_async_wait(1);
@@ -207,15 +208,15 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         }
     }
 
-    /// The first key tile of the block: the window's, raised by the forward's pruning search;
-    /// the search's own result is written for the dkv kernel by the block holding the IR tile's
-    /// first row.
+    /// The first key tile of the block: the window's, raised by the forward's pruning search
+    /// and by the key bound of the block's rows. The IR tile's own first tile (the search's,
+    /// raised to the key bound of all its rows) is written for the dkv kernel by the block
+    /// holding the IR tile's first row. Never past the diagonal's `n_end`: the walk visits it.
     fn dq_first_tile(
         &self,
         cb: PointerValue<'ctx>,
         (delta_p, st_p): (PointerValue<'ctx>, PointerValue<'ctx>),
-        bh: IntValue<'ctx>,
-        i0: IntValue<'ctx>,
+        (bh, i0, n_end): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
         first_part: Option<IntValue<'ctx>>,
     ) -> IntValue<'ctx> {
         let (b, cfg) = (self.b, self.cfg);
@@ -224,24 +225,37 @@ impl<'k, 'a, 'ctx> Bwd<'k, 'a, 'ctx> {
         if let Some(w) = cfg.window {
             n_start = b.sdivc(b.smax(b.addc(self.pos(i0), 1 - w as i64), b.i32(0)), bn);
         }
-        if cfg.prune {
-            let bm = cfg.bm as i64;
-            let m_ir = b.udivc(i0, bm);
-            let i0_ir = b.mulc(m_ir, bm);
+        if !cfg.uses_start() {
+            return n_start;
+        }
+        let bm = cfg.bm as i64;
+        let m_ir = b.udivc(i0, bm);
+        let i0_ir = b.mulc(m_ir, bm);
+        let search = cfg.prune.then(|| {
             let (p0, k_len) = (self.pos(i0_ir), self.k_len);
             let at = SearchAt { cb, delta_p, bh, m: m_ir, p0, t_len, k_len, lane: self.lane, slice: None };
-            let ps = search_start(b, cfg.bm, cfg.bn, &at);
-            let mut first =
-                b.and(b.icmp(IntPredicate::EQ, i0, i0_ir), b.icmpc(IntPredicate::EQ, self.tid, 0));
-            if let Some(f) = first_part {
-                first = b.and(first, f);
-            }
-            b.if_then(first, |b| {
-                let mt = b.sdivc(b.addc(t_len, bm - 1), bm);
-                let idx = b.add(b.mul(bh, mt), m_ir);
-                b.store(b.gep(b.i32t().into(), st_p, b.sext64(idx)), ps);
-            });
-            n_start = b.smax(n_start, ps);
+            search_start(b, cfg.bm, cfg.bn, &at)
+        });
+        let bound = |i0, rows| {
+            let at = BoundRows { bh, i0, rows, lane: self.lane, k_len: self.k_len, bn: cfg.bn };
+            cfg.key_bound.then(|| first_key_tile(b, self.regions.score, &at)).flatten()
+        };
+        let tile_start = [search, bound(i0_ir, cfg.bm)].into_iter().flatten().reduce(|x, y| b.smax(x, y));
+        let tile_start = tile_start.expect("uses_start: a search or a key bound");
+        let mut first = b.and(b.icmp(IntPredicate::EQ, i0, i0_ir), b.icmpc(IntPredicate::EQ, self.tid, 0));
+        if let Some(f) = first_part {
+            first = b.and(first, f);
+        }
+        b.if_then(first, |b| {
+            let mt = b.sdivc(b.addc(t_len, bm - 1), bm);
+            let idx = b.add(b.mul(bh, mt), m_ir);
+            b.store(b.gep(b.i32t().into(), st_p, b.sext64(idx)), tile_start);
+        });
+        for s in [search, bound(i0, DQ_ROWS)].into_iter().flatten() {
+            n_start = b.smax(n_start, s);
+        }
+        if cfg.key_bound {
+            n_start = b.smin(n_start, n_end);
         }
         n_start
     }

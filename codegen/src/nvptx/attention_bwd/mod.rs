@@ -8,8 +8,9 @@
 //! 1. [`pre`] `D_i = sum_d dout_id out_id`, one warp per row (f32 `[BH, T]` scratch).
 //! 2. [`dq`] one block of 64 query rows (4 warps, 16 rows each, like the forward) walks the SAME
 //!    kept key tiles as the forward, from the diagonal tile down to `start[m]` (found by the
-//!    forward's own search, [`crate::nvptx::attention::prune::search_start`], and written to a
-//!    scratch `[BH, ceil(T/bm)]` for launch 3): `S = Q K^T`, `dP = dO V^T` (Q and dO fragments
+//!    forward's own search, [`crate::nvptx::attention::prune::search_start`], raised to the
+//!    first tile of the rows' key bound ([`crate::nvptx::attention::key_bound`]), and written
+//!    to a scratch `[BH, ceil(T/bm)]` for launch 3): `S = Q K^T`, `dP = dO V^T` (Q and dO fragments
 //!    held in registers), `dS = P (dP - D)`, `dx = dS R'(x)` (the region's derivative),
 //!    `dQ += dx K`; the row sums of dS are written to dc.
 //! 3. [`dkv`] one block per key tile of `bn` keys and kv head (`bn / 16` warps, 16 keys each)
@@ -34,7 +35,7 @@
 //! `dq`: `q, k, v` (bf16; k, v of kv head `bh / kv_group`), `c` (f32 `[BH, T]`), `delta`
 //! (f32 `[BH, Mt]`, read when pruned), `dout` (bf16), `lse` (f32 `[BH, T]`), `dd` (launch 1),
 //! `dq` (out: f32, or [`BwdConfig::grads`]), `dc` (f32 out, the row sums; written when decay), `start` (i32 `[BH, Mt]`
-//! scratch, written when pruned), `T` (i32).
+//! scratch, written when [`BwdConfig::uses_start`]), `T` (i32).
 //!
 //! `dkv`: `q, k, v, c, dout, lse, dd, start` (as above, start read), `dk`, `dv` (`[BHk, T, D]`
 //! out, as dq), `dc` (read-modify-write when decay), `T`.
@@ -85,6 +86,11 @@ pub struct BwdConfig {
     pub causal: bool,
     /// `start[m]` from `delta` and `c` by the forward's in-kernel search.
     pub prune: bool,
+    /// The score region has a proven key bound `E_i` (`keys_from`: every key `j < E_i` of row
+    /// `i` is masked, as in packed sequences): the dq kernel starts each block's walk at its
+    /// rows' first key tile and raises the start scratch to the IR tile's, so the dkv kernel
+    /// skips the query chunks that keep nothing of its key tile.
+    pub key_bound: bool,
     /// 80 or 90 (the same code; recorded in the kernel names).
     pub sm: u32,
     pub kv_group: u32,
@@ -117,12 +123,13 @@ impl BwdConfig {
             BwdKernel::Dkv => "dkv",
         };
         format!(
-            "foxc_attn_bwd_{k}_d{}_bm{}_bn{}{}{}{}{}{}{}{}{}_s{:08x}_sm{}",
+            "foxc_attn_bwd_{k}_d{}_bm{}_bn{}{}{}{}{}{}{}{}{}{}_s{:08x}_sm{}",
             self.head_dim,
             self.bm,
             self.bn,
             if self.has_decay { "_decay" } else { "" },
             if self.prune { "_prune" } else { "" },
+            if self.key_bound { "_kb" } else { "" },
             self.window.map_or(String::new(), |w| format!("_w{w}")),
             if self.kv_group != 1 { format!("_g{}", self.kv_group) } else { String::new() },
             if self.causal { "" } else { "_bidir" },
@@ -132,6 +139,13 @@ impl BwdConfig {
             self.scale.to_bits(),
             self.sm
         )
+    }
+
+    /// Whether the dq kernel writes each IR tile's first key tile into the start scratch (the
+    /// pruning search's, raised to the key bound's) and the dkv kernel skips the query chunks
+    /// whose start lies past its key tile.
+    pub fn uses_start(&self) -> bool {
+        self.prune || self.key_bound
     }
 
     /// The kernel-name tag of the operand type (none for bf16, whose kernels keep their names).

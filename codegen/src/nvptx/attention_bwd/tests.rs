@@ -17,6 +17,7 @@ fn cfg(d: u32, sm: u32) -> BwdConfig {
         window: None,
         causal: true,
         prune: true,
+        key_bound: false,
         sm,
         kv_group: 1,
         dtype: Half::Bf16,
@@ -59,12 +60,22 @@ fn ptx_of(cfgs: &[BwdConfig], region: &Region) -> String {
 
 /// [`ptx_of`] with an expression mask's condition `mask`.
 fn ptx_masked(cfgs: &[BwdConfig], region: &Region, mask: Option<&Region>) -> String {
+    ptx_bounded(cfgs, region, mask, None)
+}
+
+/// [`ptx_masked`] with the mask's proven key bound `keys_from`.
+fn ptx_bounded(
+    cfgs: &[BwdConfig],
+    region: &Region,
+    mask: Option<&Region>,
+    keys_from: Option<&Region>,
+) -> String {
     let t = if cfgs[0].sm == 90 { NvptxTarget::Sm90a } else { NvptxTarget::Sm80 };
     let tm = target::target_machine(t).unwrap();
     let ctx = Context::create();
     let m = ctx.create_module("bwd");
     target::prepare_module(&m, &tm);
-    let score = RegionMod::with_mask(region, mask, None, &no_dim, Some(4), &[]).unwrap();
+    let score = RegionMod::with_mask(region, mask, keys_from, &no_dim, Some(4), &[]).unwrap();
     let dx_region = region.grad().dx;
     let dx = RegionMod::new(&dx_region, &no_dim, Some(4)).unwrap();
     let regions = Regions::new(&score, (!region.is_identity()).then_some(&dx), vec![], 0);
@@ -354,4 +365,67 @@ fn capture_slots_are_listed_once() {
     let r = Regions::new(&id, None, reads, 2);
     assert_eq!(r.slots(true), [0, 1]);
     assert_eq!(r.slots(false), [0]);
+}
+
+/// `j >= i - 100` (the mask) and `i - 100` (its key bound): rows see their last 101 keys.
+fn lag_mask() -> (Region, Region) {
+    let mut e = Region::new();
+    let i = e.push(RNode::Index(IndexVar::I));
+    let c = e.push(RNode::Const(100.0));
+    e.push(RNode::Binary(BinaryOp::Sub, i, c));
+    let mut m = e.clone();
+    let lo = m.root;
+    let j = m.push(RNode::Index(IndexVar::J));
+    m.push(RNode::Binary(BinaryOp::Ge, j, lo));
+    (m, e)
+}
+
+/// Under a key bound (`keys_from`, packed sequences' first keys) the kernels use the start
+/// scratch whether pruned or not: the dq kernel writes each IR tile's first key tile there and
+/// the dkv kernel skips the query chunks whose start is past its key tile. They assemble on
+/// both targets and paths without spills, causal and not, and the dense kernels hold the
+/// scratch's store (dq) and scan (dkv) the unbounded dense ones lack.
+#[test]
+fn key_bound_kernels_use_the_start_scratch() {
+    let (mask, bound) = lag_mask();
+    for sm in [90, 80] {
+        let arch = if sm == 90 { "sm_90a" } else { "sm_80" };
+        let mut cfgs = vec![];
+        for d in [64, 128, 96, 256] {
+            for (causal, prune) in [(true, true), (true, false), (false, false)] {
+                let mut c = cfg(d, sm);
+                (c.causal, c.prune, c.key_bound) = (causal, prune, true);
+                c.validate().unwrap();
+                cfgs.push(c);
+            }
+        }
+        let bounded = ptx_bounded(&cfgs, &Region::identity(), Some(&mask), Some(&bound));
+        let log = assemble(&bounded, arch, &format!("key_bound{sm}"));
+        for l in log.lines().filter(|l| l.contains("spill")) {
+            assert!(l.contains(" 0 bytes spill stores"), "{arch}: {l}\n{log}");
+        }
+        let dense: Vec<BwdConfig> = cfgs.iter().filter(|c| !c.prune).cloned().collect();
+        let unbounded: Vec<BwdConfig> =
+            dense.iter().map(|c| BwdConfig { key_bound: false, ..c.clone() }).collect();
+        let plain = ptx_masked(&unbounded, &Region::identity(), Some(&mask));
+        let count = |ptx: &str, name: &str, op: &str| {
+            let at = ptx.find(&format!(".entry {name}_r")).unwrap_or_else(|| panic!("no kernel {name}"));
+            let k = &ptx[at..];
+            let k = &k[..k[1..].find(".entry").map_or(k.len(), |e| e + 1)];
+            k.matches(op).count()
+        };
+        for (c, u) in dense.iter().zip(&unbounded) {
+            let (dq, dkv) = (c.kernel_name(BwdKernel::Dq), c.kernel_name(BwdKernel::Dkv));
+            assert!(dq.contains("_kb_") && !u.kernel_name(BwdKernel::Dq).contains("_kb_"), "{dq}");
+            let (udq, udkv) = (u.kernel_name(BwdKernel::Dq), u.kernel_name(BwdKernel::Dkv));
+            assert!(
+                count(&bounded, &dq, "st.global.b32") > count(&plain, &udq, "st.global.b32"),
+                "{dq}: no store of the start scratch"
+            );
+            assert!(
+                count(&bounded, &dkv, "ld.global.b32") > count(&plain, &udkv, "ld.global.b32"),
+                "{dkv}: no read of the start scratch"
+            );
+        }
+    }
 }

@@ -8,6 +8,7 @@ use super::sync::{
 };
 use super::{persist, tma};
 use super::{residency, xch_stride, WsLayout};
+use crate::nvptx::attention::key_bound::{first_key_tile, BoundRows};
 use crate::nvptx::attention::params::FWD;
 use crate::nvptx::attention::params::{FwdTail, Tail};
 use crate::nvptx::attention::score::ScoreMod;
@@ -250,8 +251,9 @@ fn starts<'ctx>(
         sync(b);
         return (0..consumers(cfg))
             .map(|w| {
-                let (_, i0c, _) = consumer_rows(a, cfg, blk, b.i32(w));
-                a.start_tile(blk.cb, b.param_ptr(FWD.delta), blk.bh, i0c, None)
+                let (_, i0c, end) = consumer_rows(a, cfg, blk, b.i32(w));
+                let st = a.start_tile(blk.cb, b.param_ptr(FWD.delta), blk.bh, i0c, None);
+                key_bound_start(a, blk, (i0c, end), st)
             })
             .collect();
     }
@@ -265,6 +267,24 @@ fn starts<'ctx>(
         .collect()
 }
 
+/// A consumer's start tile `st` raised to the first key tile its 64 rows from `i0c` may keep
+/// under the attention's key bound (never past its diagonal tile `end`: every consumer walks
+/// at least that one), or `st` without a bound. Warp-uniform: each warp takes the minimum of
+/// the rows' bounds itself, so every role that computes a start gets the same one.
+fn key_bound_start<'ctx>(
+    a: &Attn<'_, '_, 'ctx>,
+    blk: &Block<'ctx>,
+    (i0c, end): (IntValue<'ctx>, IntValue<'ctx>),
+    st: IntValue<'ctx>,
+) -> IntValue<'ctx> {
+    let b = a.b;
+    let rows = BoundRows { bh: blk.bh, i0: i0c, rows: 64, lane: a.lane, k_len: a.k_len, bn: a.cfg.bn };
+    match first_key_tile(b, a.score, &rows) {
+        Some(kt) => b.smin(b.smax(st, kt), end),
+        None => st,
+    }
+}
+
 /// This warp's half of the start search: warps 0 and 1 of the warpgroup (`a.tid` is the
 /// thread's index in it) search consumer 0's start, warps 2 and 3 consumer 1's, so a
 /// warpgroup has both in the time of one search (a 32-ary search per warp, a chain of
@@ -276,8 +296,9 @@ fn post_start<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, blk: &Block<
     // Thread 0 of each half is the search's thread 0 (it also writes the debug starts).
     let ah = Attn { tid: b.andc(a.tid, 63), ..*a };
     let search = |w: IntValue<'ctx>| {
-        let (_, i0c, _) = consumer_rows(a, cfg, blk, w);
+        let (_, i0c, end) = consumer_rows(a, cfg, blk, w);
         let st = ah.start_tile(blk.cb, b.param_ptr(FWD.delta), blk.bh, i0c, None);
+        let st = key_bound_start(a, blk, (i0c, end), st);
         let first = b.icmpc(IntPredicate::EQ, ah.tid, 0);
         b.if_then_named(first, ("post_start", "post_start_done"), |b| {
             b.store(b.smem_at(a.smem, b.add(xch, b.mulc(w, 4))), st);
