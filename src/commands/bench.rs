@@ -76,10 +76,11 @@ pub fn bench(a: &BenchArgs) -> Result<(), Error> {
             let s = backend.bench(&opt, &[], &inputs, a.iters.max(1))?;
             (s.median_ms, s.min_ms)
         };
-        let (kept_tiles, kept_flops) = match (&stats, no_prune) {
-            (Some(s), false) => (s.kept_tile_fraction, s.kept_flops),
-            (Some(s), true) => (1.0, s.dense_flops),
-            (None, _) => (1.0, 0.0),
+        // The dense program's stats count what its kernels still skip: the tiles below a key
+        // bound (packed sequences), none otherwise.
+        let (kept_tiles, kept_flops) = match &stats {
+            Some(s) => (s.kept_tile_fraction, s.kept_flops),
+            None => (1.0, 0.0),
         };
         // The backward walks the forward's kept set: its work is the forward's times 2.5.
         let kept_flops = if a.grad { kept_flops * (1.0 + BACKWARD_FLOPS) } else { kept_flops };
