@@ -94,6 +94,18 @@ fn the_cp_partial_reads_its_mask_capture_in_the_kernel() {
     }
 }
 
+/// `g` (its attention bounded by the tiles pass) compiled for sm_90a at D = 128, and the same
+/// graph with the attention's `keys_from` taken away.
+fn with_and_without_key_bound(g: &Graph) -> (NvptxArtifact, NvptxArtifact) {
+    let mut unbounded = g.clone();
+    let n = unbounded.find(|op| matches!(op, Op::Attention(_)))[0];
+    let Op::Attention(a) = &mut unbounded.node_mut(n).op else { unreachable!() };
+    assert!(a.keys_from.take().is_some(), "the tiles pass set no keys_from");
+    let with = compile(g, &spec(NvptxTarget::Sm90a, 128)).expect("compiles");
+    let without = compile(&unbounded, &spec(NvptxTarget::Sm90a, 128)).expect("compiles");
+    (with, without)
+}
+
 /// The partial's mask `j >= lo[b, h, i]` carries the key bound `keys_from = lo[b, h, i]` (the
 /// tiles pass): its kernel computes the block's first key tile from `min lo` over the rows
 /// (one `fptosi` of the minimum after a warp butterfly), a kernel of its own; without the
@@ -101,12 +113,7 @@ fn the_cp_partial_reads_its_mask_capture_in_the_kernel() {
 #[test]
 fn the_partial_skips_tiles_below_its_key_bound() {
     let g = graph("partial.attn", &partial_source(), Target::Sm90a);
-    let mut unbounded = g.clone();
-    let n = unbounded.find(|op| matches!(op, Op::Attention(_)))[0];
-    let Op::Attention(a) = &mut unbounded.node_mut(n).op else { unreachable!() };
-    assert!(a.keys_from.take().is_some(), "the tiles pass set no keys_from");
-    let with = compile(&g, &spec(NvptxTarget::Sm90a, 128)).expect("compiles");
-    let without = compile(&unbounded, &spec(NvptxTarget::Sm90a, 128)).expect("compiles");
+    let (with, without) = with_and_without_key_bound(&g);
     assert_ne!(attn_kernel(&with).name, attn_kernel(&without).name);
     assert_eq!(with.llvm_ir.matches("fptosi float").count(), 1, "{}", with.llvm_ir);
     assert_eq!(without.llvm_ir.matches("fptosi float").count(), 0);
@@ -120,12 +127,7 @@ fn the_partial_skips_tiles_below_its_key_bound() {
 fn the_own_chunk_partial_skips_below_its_score_bound() {
     let g = graph("diag.attn", &py_source("DIAG_SOURCE"), Target::Sm90a);
     assert_eq!(mask_of(&g), Mask::Causal);
-    let mut unbounded = g.clone();
-    let n = unbounded.find(|op| matches!(op, Op::Attention(_)))[0];
-    let Op::Attention(a) = &mut unbounded.node_mut(n).op else { unreachable!() };
-    assert!(a.keys_from.take().is_some(), "the tiles pass set no keys_from");
-    let with = compile(&g, &spec(NvptxTarget::Sm90a, 128)).expect("compiles");
-    let without = compile(&unbounded, &spec(NvptxTarget::Sm90a, 128)).expect("compiles");
+    let (with, without) = with_and_without_key_bound(&g);
     let k = attn_kernel(&with);
     assert!(k.name.contains("_ws") && !k.name.contains("_bidir"), "{}", k.name);
     let count = |c: &NvptxArtifact| c.llvm_ir.matches("fptosi float").count();
