@@ -113,6 +113,14 @@ EOF
   chk run "$TMP/packed.attn" B=1,T=3000,H=4,D=64
   chk run "$TMP/packed.attn" B=1,T=3000,H=4,D=128 --no-prune
   chk grad "$TMP/packed.attn" B=1,T=1000,H=2,D=64
+  # The key bound in the backward (dq's start, dkv's chunk skip; dense too) and the
+  # warp-specialized forward's consumers (D = 128 on sm_90a), each of its variants.
+  chk grad "$TMP/packed.attn" B=2,T=700,H=4,D=128
+  chk grad "$TMP/packed.attn" B=2,T=700,H=4,D=128 --no-prune
+  chk grad "$TMP/packed.attn" B=1,T=500,H=3,D=96
+  for fl in "--ws-grid persistent" "--ws-loads cp-async" "--ws-turns none" "--tiles 128x128"; do
+    chk run "$TMP/packed.attn" B=2,T=700,H=4,D=128 $fl
+  done
   echo "## Python on CUDA: foxc.load(thresholds=...) and foxc.fox.attention(cu_seqlens=...)"
   t 600 python3 bench/varlen_thresholds_gpu.py 2>&1 | tee "$OUT/varlen_thresholds_gpu.log" | tail -3
   [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
