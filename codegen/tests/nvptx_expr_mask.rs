@@ -188,3 +188,26 @@ fn expression_masks_assemble_with_ptxas() {
         }
     }
 }
+
+/// A score region that reads the key index (left padding's `select(j >= start[b], x, -inf)`,
+/// pruned) on sm_90a's warp-specialized kernel at D = 128 assembles without spills: a
+/// fragment's columns share one f32 conversion (shown failing when each column was converted
+/// on its own: 68 bytes of spill stores).
+#[test]
+fn a_key_index_region_does_not_spill_the_warp_specialized_kernel() {
+    let Some(ptxas) = ptxas::find() else {
+        eprintln!("note: ptxas not found (set $PTXAS); skipping the PTX assembly check");
+        return;
+    };
+    let mut g = foxc_ir::frontend::compile("fox_leftpad", example("fox_leftpad").as_bytes())
+        .unwrap_or_else(|e| panic!("{e:?}"))
+        .graph;
+    // D bound in the passes too: 64 x 128 tiles, as `foxc run` picks at D = 128.
+    let dims = [("D".to_string(), 128)].into_iter().collect();
+    optimize(&mut g, &PassOptions { target: Target::Sm90a, dims, ..PassOptions::default() }).unwrap();
+    let a = compile(&g, &spec(NvptxTarget::Sm90a, 128)).expect("compiles");
+    let k = attn_kernel(&a);
+    assert!(k.name.contains("_ws") && k.name.contains("_prune") && k.name.contains("_bn128"), "{}", k.name);
+    let log = ptxas::assemble(&ptxas, &a.ptx, "sm_90a").unwrap_or_else(|log| panic!("ptxas failed:\n{log}"));
+    assert_eq!(ptxas::spill_stores(&log), 0, "{log}");
+}

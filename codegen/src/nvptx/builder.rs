@@ -25,7 +25,9 @@ use inkwell::builder::{Builder, BuilderError};
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
 use inkwell::types::{AnyType, BasicMetadataTypeEnum, BasicTypeEnum, FloatType, IntType, PointerType};
-use inkwell::values::{BasicValue, BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
+use inkwell::values::{
+    BasicValue, BasicValueEnum, FloatValue, FunctionValue, InstructionOpcode, IntValue, PointerValue,
+};
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
 use std::cell::RefCell;
 
@@ -424,6 +426,24 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
     }
     pub fn sitofp(&self, a: IntValue<'ctx>) -> FloatValue<'ctx> {
         self.keep(self.b.build_signed_int_to_float(a, self.f32t(), ""), || self.f32(0.0))
+    }
+    /// An index (a row, a key column, below 2^24) as f32. An index built as `x + C` with a
+    /// constant `C` (the columns of a score fragment: its first column plus 0, 1, 8, 9, ...)
+    /// converts as `f32(x) + C`, so a fragment's elements share one conversion of `x` and a
+    /// float add each: the same value (every integer below 2^24 is exact in f32), and one live
+    /// base instead of one conversion per column (the warp-specialized consumer spilled 80
+    /// bytes with `select(j >= first[b, i], x, -inf)` converting each column).
+    pub fn index_f32(&self, ix: IntValue<'ctx>) -> FloatValue<'ctx> {
+        let plus_constant =
+            ix.as_instruction().filter(|i| i.get_opcode() == InstructionOpcode::Add).and_then(|add| {
+                let x = add.get_operand(0)?.value()?.into_int_value();
+                let c = add.get_operand(1)?.value()?.into_int_value().get_sign_extended_constant()?;
+                Some((x, c))
+            });
+        match plus_constant {
+            Some((x, c)) => self.fadd(self.sitofp(x), self.f32(c as f64)),
+            None => self.sitofp(ix),
+        }
     }
     /// Converts an f32 to i32, rounding toward zero (poison outside the i32 range: callers clamp).
     pub fn fptosi(&self, a: FloatValue<'ctx>) -> IntValue<'ctx> {

@@ -400,7 +400,7 @@ impl RegionMod {
                         IndexVar::I => at.i,
                         IndexVar::J => at.j,
                     };
-                    b.sitofp(ix)
+                    b.index_f32(ix)
                 }
                 RNode::Dim(_) => match rs.dims[n] {
                     DimValue::Static(v) => b.f32(v),
