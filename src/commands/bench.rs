@@ -2,6 +2,7 @@
 //! standard workload (or given inputs), in one process, with the kept fraction and the rate on kept work.
 //! `--grad` times the gradient program instead (forward + backward, every gradient).
 
+use super::Given;
 use crate::cli::{BenchArgs, FormatArg};
 use foxc_driver::pipeline::{self, parse_shape, Source};
 use foxc_driver::{acp_stats, tensors, Backend, Error};
@@ -39,19 +40,16 @@ fn time_grad(
 pub fn bench(a: &BenchArgs) -> Result<(), Error> {
     let src = Source::read(&a.file)?;
     let c = src.compile()?;
-    let (inputs, dims, shape) = match (&a.inputs, &a.shape) {
-        (Some(path), _) => {
-            let inputs = tensors::read(path)?;
-            let dims = pipeline::bound_dims(&c.graph, &inputs)?;
-            (inputs, dims, format!("inputs {}", path.display()))
-        }
-        (None, Some(shape)) => {
-            let dims = parse_shape(shape)?;
-            (tensors::generate(&c.graph, &dims, a.seed)?, dims, shape.clone())
-        }
-        (None, None) => return Err(Error::user("error: `foxc bench` needs --shape or --inputs")),
-    };
+    let given = Given::of(a.inputs.as_deref(), a.shape.as_deref())
+        .ok_or_else(|| Error::user("error: `foxc bench` needs --shape or --inputs"))?;
+    let inputs = given.tensors(&c.graph, a.seed)?;
     tensors::validate(&c.graph, &inputs)?;
+    // The shape's own dims (those the standard workload was drawn at), or the ones the given
+    // inputs bind; and how the rows name them.
+    let (dims, shape) = match given {
+        Given::File(path) => (pipeline::bound_dims(&c.graph, &inputs)?, format!("inputs {}", path.display())),
+        Given::Standard(shape) => (parse_shape(shape)?, shape.to_string()),
+    };
     let kind = a.backend;
     let backend = foxc_driver::backend(kind);
     let interp_inputs = tensors::to_interp(&inputs);

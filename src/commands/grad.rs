@@ -2,9 +2,10 @@
 //! upstream gradient `dout` (from `--dout`, or seeded N(0, 1)), on a backend; `--check`
 //! compares every gradient with the f64 interpreter running the same gradient program.
 
+use super::Given;
 use crate::cli::GradArgs;
 use foxc_driver::grad::{dout_type, grad_program, seeded_dout};
-use foxc_driver::pipeline::{self, parse_shape, Source};
+use foxc_driver::pipeline::{self, Source};
 use foxc_driver::{check, tensors, BackendKind, Error, RunOptions};
 use foxc_passes::grad::{GradProgram, DOUT};
 use foxc_runtime::{HostTensor, TensorMap};
@@ -48,15 +49,10 @@ fn upstream(
 pub fn grad(a: &GradArgs) -> Result<(), Error> {
     let src = Source::read(&a.file)?;
     let c = src.compile()?;
-    let inputs = match (&a.inputs, &a.shape) {
-        (Some(path), _) => tensors::read(path)?,
-        (None, Some(shape)) => tensors::generate(&c.graph, &parse_shape(shape)?, a.seed)?,
-        (None, None) => {
-            return Err(Error::user(
-                "error: `foxc grad FILE` needs --inputs FILE.safetensors or --shape B=..,H=..,T=..,D=..",
-            ))
-        }
-    };
+    let given = Given::of(a.inputs.as_deref(), a.shape.as_deref()).ok_or_else(|| {
+        Error::user("error: `foxc grad FILE` needs --inputs FILE.safetensors or --shape B=..,H=..,T=..,D=..")
+    })?;
+    let inputs = given.tensors(&c.graph, a.seed)?;
     tensors::validate(&c.graph, &inputs)?;
     let kind = a.backend;
     let backend = foxc_driver::backend(kind);

@@ -55,6 +55,30 @@ pub fn check(file: &Path) -> Result<(), Error> {
     Ok(())
 }
 
+/// Where the tensors of `run`, `grad` and `bench` come from: the safetensors file `--inputs`,
+/// else the standard workload at `--shape`.
+#[derive(Clone, Copy)]
+pub(crate) enum Given<'a> {
+    File(&'a Path),
+    Standard(&'a str),
+}
+
+impl<'a> Given<'a> {
+    /// `--inputs` if given (it conflicts with `--shape`), else `--shape`; `None` without either
+    /// (each command says what it needs).
+    pub(crate) fn of(inputs: Option<&'a Path>, shape: Option<&'a str>) -> Option<Given<'a>> {
+        inputs.map(Given::File).or(shape.map(Given::Standard))
+    }
+
+    /// The tensors: the file read, or the standard workload drawn with `seed`.
+    pub(crate) fn tensors(self, g: &foxc_ir::Graph, seed: u64) -> Result<foxc_runtime::TensorMap, Error> {
+        match self {
+            Given::File(path) => tensors::read(path),
+            Given::Standard(shape) => tensors::generate(g, &parse_shape(shape)?, seed),
+        }
+    }
+}
+
 /// `foxc inputs FILE --shape ... -o in.safetensors`
 pub fn inputs(file: &Path, shape: &str, seed: u64, o: &Path) -> Result<(), Error> {
     let src = Source::read(file)?;

@@ -1,7 +1,8 @@
 //! `foxc run`: the main job. Compile, get inputs, run on a backend, report, optionally check.
 
+use super::Given;
 use crate::cli::RunArgs;
-use foxc_driver::pipeline::{self, parse_shape, Source, DEFAULT_SHAPE};
+use foxc_driver::pipeline::{self, Source, DEFAULT_SHAPE};
 use foxc_driver::{acp_stats, check, starts_check, tensors, BackendKind, Error, RunOptions, Timing};
 use foxc_ir::Op;
 use foxc_runtime::{HostTensor, TensorMap};
@@ -13,22 +14,15 @@ fn source_and_inputs(a: &RunArgs) -> Result<(Source, foxc_ir::frontend::Compiled
         None => Source::embedded_default(),
     };
     let c = src.compile()?;
-    let (inputs, origin) = match (&a.inputs, &a.shape) {
-        (Some(path), _) => (tensors::read(path)?, format!("from {}", path.display())),
-        (None, shape) => {
-            let shape = match (shape, &a.file) {
-                (Some(s), _) => s.clone(),
-                (None, None) => DEFAULT_SHAPE.to_string(),
-                (None, Some(_)) => return Err(Error::user(
-                    "error: `foxc run FILE` needs --inputs FILE.safetensors or --shape B=..,H=..,T=..,D=..",
-                )),
-            };
-            let dims = parse_shape(&shape)?;
-            (
-                tensors::generate(&c.graph, &dims, a.seed)?,
-                format!("standard workload {shape}, seed {}", a.seed),
-            )
-        }
+    // Without a file the embedded example runs at the default shape.
+    let shape = a.shape.as_deref().or(a.file.is_none().then_some(DEFAULT_SHAPE));
+    let given = Given::of(a.inputs.as_deref(), shape).ok_or_else(|| {
+        Error::user("error: `foxc run FILE` needs --inputs FILE.safetensors or --shape B=..,H=..,T=..,D=..")
+    })?;
+    let inputs = given.tensors(&c.graph, a.seed)?;
+    let origin = match given {
+        Given::File(path) => format!("from {}", path.display()),
+        Given::Standard(shape) => format!("standard workload {shape}, seed {}", a.seed),
     };
     Ok((src, c, inputs, origin))
 }

@@ -58,25 +58,17 @@ pub(crate) fn first_key_tile<'a, 'ctx, S: ScoreMod + ?Sized>(
 }
 
 impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
-    /// `n_start` raised to the first key tile that reaches `min E_i` over the block's rows
-    /// (never past `n_end`: the walk visits at least one tile), or unchanged without a bound.
+    /// `n_start` raised to the first key tile that reaches `min E_i` over the `rows` rows from
+    /// `i0` (a block's, or a warp-specialized consumer's 64), never past `n_end` (the walk
+    /// visits at least one tile); unchanged without a bound.
     pub(crate) fn key_bound_start(
         &self,
-        n_start: IntValue<'ctx>,
-        n_end: IntValue<'ctx>,
-        bh: IntValue<'ctx>,
-        i0: IntValue<'ctx>,
+        (n_start, n_end): (IntValue<'ctx>, IntValue<'ctx>),
+        (bh, i0, rows): (IntValue<'ctx>, IntValue<'ctx>, u32),
     ) -> IntValue<'ctx> {
         let b = self.b;
-        let rows = BoundRows {
-            bh,
-            i0,
-            rows: self.cfg.block_rows(),
-            lane: self.lane,
-            k_len: self.k_len,
-            bn: self.cfg.bn,
-        };
-        match first_key_tile(b, self.score, &rows) {
+        let at = BoundRows { bh, i0, rows, lane: self.lane, k_len: self.k_len, bn: self.cfg.bn };
+        match first_key_tile(b, self.score, &at) {
             Some(kt) => b.smin(b.smax(n_start, kt), n_end),
             None => n_start,
         }

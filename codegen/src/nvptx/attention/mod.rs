@@ -547,7 +547,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         // ---- start tile: window bound and the in-kernel pruning search ----
         let n_start = self.start_tile(cb, delta_p, bh, i0, split.map(|(_, first, last)| (first, last)));
         // Under an expression mask with a proven key bound: no tile below the block's bound.
-        let n_start = self.key_bound_start(n_start, n_end, bh, i0);
+        let n_start = self.key_bound_start((n_start, n_end), (bh, i0, cfg.block_rows()));
         // Split keys: no tile before the slice's first; a slice may hold no kept tile (below the
         // pruning start, or past the diagonal), and then loads none of its keys (most blocks of
         // a long decode step: the copies were 23% more bytes than the kept tiles').

@@ -8,7 +8,6 @@ use super::sync::{
 };
 use super::{persist, tma};
 use super::{residency, xch_stride, WsLayout};
-use crate::nvptx::attention::key_bound::{first_key_tile, BoundRows};
 use crate::nvptx::attention::params::FWD;
 use crate::nvptx::attention::params::{FwdTail, Tail};
 use crate::nvptx::attention::score::ScoreMod;
@@ -253,7 +252,7 @@ fn starts<'ctx>(
             .map(|w| {
                 let (_, i0c, end) = consumer_rows(a, cfg, blk, b.i32(w));
                 let st = a.start_tile(blk.cb, b.param_ptr(FWD.delta), blk.bh, i0c, None);
-                key_bound_start(a, blk, (i0c, end), st)
+                a.key_bound_start((st, end), (blk.bh, i0c, 64))
             })
             .collect();
     }
@@ -265,24 +264,6 @@ fn starts<'ctx>(
     (0..consumers(cfg))
         .map(|h| b.load(i32t, b.smem_at(a.smem, b.addc(xch, 4 * h))).into_int_value())
         .collect()
-}
-
-/// A consumer's start tile `st` raised to the first key tile its 64 rows from `i0c` may keep
-/// under the attention's key bound (never past its diagonal tile `end`: every consumer walks
-/// at least that one), or `st` without a bound. Warp-uniform: each warp takes the minimum of
-/// the rows' bounds itself, so every role that computes a start gets the same one.
-fn key_bound_start<'ctx>(
-    a: &Attn<'_, '_, 'ctx>,
-    blk: &Block<'ctx>,
-    (i0c, end): (IntValue<'ctx>, IntValue<'ctx>),
-    st: IntValue<'ctx>,
-) -> IntValue<'ctx> {
-    let b = a.b;
-    let rows = BoundRows { bh: blk.bh, i0: i0c, rows: 64, lane: a.lane, k_len: a.k_len, bn: a.cfg.bn };
-    match first_key_tile(b, a.score, &rows) {
-        Some(kt) => b.smin(b.smax(st, kt), end),
-        None => st,
-    }
 }
 
 /// This warp's half of the start search: warps 0 and 1 of the warpgroup (`a.tid` is the
@@ -298,7 +279,9 @@ fn post_start<'ctx>(a: &Attn<'_, '_, 'ctx>, cfg: &AttnKernelConfig, blk: &Block<
     let search = |w: IntValue<'ctx>| {
         let (_, i0c, end) = consumer_rows(a, cfg, blk, w);
         let st = ah.start_tile(blk.cb, b.param_ptr(FWD.delta), blk.bh, i0c, None);
-        let st = key_bound_start(a, blk, (i0c, end), st);
+        // Raised to the consumer's 64 rows' key bound (warp-uniform: every role that computes
+        // a start gets the same one).
+        let st = a.key_bound_start((st, end), (blk.bh, i0c, 64));
         let first = b.icmpc(IntPredicate::EQ, ah.tid, 0);
         b.if_then_named(first, ("post_start", "post_start_done"), |b| {
             b.store(b.smem_at(a.smem, b.add(xch, b.mulc(w, 4))), st);
