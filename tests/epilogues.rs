@@ -4,14 +4,21 @@
 //! separate ops on their outputs. Checked against the f64 interpreter (f32 outputs, so that a
 //! wrong epilogue shows above the 1e-5 tolerance) and through the gradients.
 //!
+//! The elementwise function itself is computed where the attention stores its output
+//! (`fuse-epilogue`, attribute `epilogue`) on both backends; the gradient program moves it back
+//! out and differentiates it as IR ops.
+//!
 //! Shown failing: with the two attentions of the differential program bound to each other's
 //! outputs, `differential_attention_fuses_both` failed its check ("max abs diff 4.200e0 vs the
 //! dense reference exceeds the ACP bound + rounding 3.982e-4": the check compares with the
-//! source program, not the optimized graph).
+//! source program, not the optimized graph). With the CPU kernel storing `o` instead of `F(o)`,
+//! the CPU checks of the epilogue failed (rel L2 9.9e-1 on bench/fox_gate.attn); before
+//! `unfuse` dropped the captures only the epilogue read, the gradient program's backward owed
+//! the gate a gradient of its own (`attention_backward` with 5 results; the GPU refused it).
 
 mod common;
 
-use common::{fresh_seed as seed, run_cli as run};
+use common::{cpu_check, fresh_seed as seed, run_cli as run};
 
 fn write(name: &str, src: &str) -> String {
     common::write_program("epilogue", name, src)
@@ -140,4 +147,87 @@ fn a_sequence_first_layout_is_fused() {
         run(&["grad", &p, "--backend", "cpu", "--check", "--shape", "B=1,H=2,T=150,D=16", "--seed", &s]);
     assert_eq!(code, Some(0), "{t}");
     assert!(t.contains("check grad_q") && t.contains("check: ok"), "{t}");
+}
+
+/// An epilogue that reads a per-row gate, a per-column vector and the column index, into an
+/// f32 output (the unrounded store path), at a head dim that is not a multiple of 4.
+const ROWS: &str = "attention gate_rows(q: bf16[B, H, T, D], k: bf16[B, H, T, D], v: bf16[B, H, T, D], fgate: f32[B, H, T], g: f32[B, H, T], w: f32[D]) -> f32[B, H, T, D] {
+    c[b, h, t]      = cumsum(t, logsigmoid(fgate[b, h, t]))
+    s[b, h, i, j]   = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D) + c[b, h, i] - c[b, h, j]
+    p[b, h, i, j]   = softmax(j, causal(i, j, s[b, h, i, j]))
+    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d]) * sigmoid(g[b, h, i]) + w[d] * (d + 1) / D
+    return out
+}
+";
+
+fn opt(file: &str, target: &str) -> String {
+    let (code, t) = run(&["compile", file, "--emit", "opt", "--target", target]);
+    assert_eq!(code, Some(0), "{file} {target}: {t}");
+    t
+}
+
+#[test]
+fn an_output_gate_is_the_attention_s_epilogue_on_every_target() {
+    for target in ["cpu", "sm_90a", "sm_80"] {
+        let t = opt("bench/fox_gate.attn", target);
+        assert!(t.contains("epilogue = o * sigmoid(%4[b, h, i, d])"), "{target}: {t}");
+        assert!(t.contains("out = bf16"), "{target}: the cast is the attention's: {t}");
+        assert!(!t.contains("= store") && !t.contains("sigmoid %"), "{target}: a loop is left: {t}");
+    }
+    let rows = common::write_program("epilogue", "rows.attn", ROWS);
+    let t = opt(&rows, "sm_90a");
+    assert!(t.contains("epilogue = o * sigmoid(%4[b, h, i]) + %5[d] * (1 + d) / dim(D)"), "{t}");
+}
+
+#[test]
+fn fused_epilogues_match_the_reference_on_the_cpu() {
+    let s = seed();
+    let rows = common::write_program("epilogue", "rows_cpu.attn", ROWS);
+    for shape in ["B=1,H=2,T=130,D=6", "B=2,H=3,T=70,D=32"] {
+        for prune in [true, false] {
+            cpu_check("run", &rows, shape, &s, prune);
+            cpu_check("run", "bench/fox_gate.attn", shape, &s, prune);
+        }
+    }
+}
+
+/// A value the epilogue would need that another statement also reads stays a loop of its own,
+/// and `--explain` says why.
+#[test]
+fn a_cone_with_a_reduction_is_explained_not_fused() {
+    let src = "attention shared(q: f32[B, H, T, D], k: f32[B, H, T, D], v: f32[B, H, T, D], g: f32[B, H, T, D]) -> f32[B, H, T, D] {
+    p[b, h, i, j]   = softmax(j, causal(i, j, sum(d, q[b, h, i, d] * k[b, h, j, d])))
+    o[b, h, i, d]   = sum(j, p[b, h, i, j] * v[b, h, j, d])
+    sg[b, h, i, d]  = sigmoid(g[b, h, i, d])
+    out[b, h, i, d] = o[b, h, i, d] * sg[b, h, i, d] + sg[b, h, i, d] * o[b, h, i, d]
+    return out
+}
+";
+    let f = common::write_program("epilogue", "shared.attn", src);
+    let t = opt(&f, "cpu");
+    assert!(t.contains("epilogue = "), "a cone may share its own values: {t}");
+    let src2 = src.replace(
+        "out[b, h, i, d] = o[b, h, i, d] * sg[b, h, i, d] + sg[b, h, i, d] * o[b, h, i, d]",
+        "out[b, h, i, d] = o[b, h, i, d] * sg[b, h, i, d] + sum(e, g[b, h, i, e]) * o[b, h, i, d]",
+    );
+    let f2 = common::write_program("epilogue", "reduced.attn", &src2);
+    let (code, t) = run(&["compile", &f2, "--emit", "opt", "--explain"]);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(!t.contains("epilogue = "), "{t}");
+    assert!(t.contains("stays a loop of its own: it computes a `sum`"), "{t}");
+}
+
+#[test]
+fn the_gradient_program_moves_the_epilogue_out() {
+    for target in ["cpu", "sm_90a"] {
+        let (code, t) = run(&["compile", "bench/fox_gate.attn", "--emit", "grad", "--target", target]);
+        assert_eq!(code, Some(0), "{t}");
+        assert!(!t.contains("epilogue"), "{target}: {t}");
+        let bwd = t.lines().find(|l| l.contains("attention_backward")).expect("a backward");
+        assert!(bwd.contains(":4 = attention_backward"), "{target}: a capture gradient is left: {bwd}");
+    }
+    let s = seed();
+    cpu_check("grad", "bench/fox_gate.attn", "B=1,H=2,T=90,D=16", &s, true);
+    let rows = common::write_program("epilogue", "rows_grad.attn", ROWS);
+    cpu_check("grad", &rows, "B=1,H=2,T=90,D=16", &s, true);
 }

@@ -335,12 +335,22 @@ impl Region {
     /// is printed once, named after its node: `let t1 = x + x, t2 = t1 * t1 in t2 + t2`, so that
     /// the text is as long as the region, not as its tree.
     pub fn display_with(&self, capture: &dyn Fn(usize) -> String) -> String {
+        self.display_named(&Names { capture, x: "x", j: "j" })
+    }
+
+    /// [`Region::display_with`] of an epilogue ([`Attention::epilogue`]): its `x` is the output
+    /// `o` and its `j` the output column `d`, and it prints so.
+    pub fn display_epilogue(&self, capture: &dyn Fn(usize) -> String) -> String {
+        self.display_named(&Names { capture, x: "o", j: "d" })
+    }
+
+    fn display_named(&self, names: &Names) -> String {
         let shared = self.shared();
         let lets: Vec<String> = (0..self.nodes.len())
             .filter(|&n| shared[n])
-            .map(|n| format!("t{n} = {}", self.expr_of(n as RId, capture, 0, &shared)))
+            .map(|n| format!("t{n} = {}", self.expr_of(n as RId, names, 0, &shared)))
             .collect();
-        let body = self.expr(self.root, capture, 0, &shared);
+        let body = self.expr(self.root, names, 0, &shared);
         if lets.is_empty() {
             body
         } else {
@@ -371,7 +381,7 @@ impl Region {
 
     /// Infix rendering of node `id` inside a context of binding power `ctx` (parenthesized
     /// when the node binds less tightly); a shared node is its name.
-    fn expr(&self, id: RId, cap: &dyn Fn(usize) -> String, ctx: u8, shared: &[bool]) -> String {
+    fn expr(&self, id: RId, cap: &Names, ctx: u8, shared: &[bool]) -> String {
         if shared.get(id as usize).copied().unwrap_or(false) {
             return format!("t{id}");
         }
@@ -379,16 +389,17 @@ impl Region {
     }
 
     /// [`Region::expr`] of node `id` itself (its operation, even when shared).
-    fn expr_of(&self, id: RId, cap: &dyn Fn(usize) -> String, ctx: u8, shared: &[bool]) -> String {
+    fn expr_of(&self, id: RId, cap: &Names, ctx: u8, shared: &[bool]) -> String {
         let Some(n) = self.nodes.get(id as usize) else { return format!("<bad %{id}>") };
         let (s, power) = match n {
-            RNode::Score => ("x".to_string(), 9),
+            RNode::Score => (cap.x.to_string(), 9),
+            RNode::Index(IndexVar::J) => (cap.j.to_string(), 9),
             RNode::Index(v) => (v.name().to_string(), 9),
             RNode::Dim(d) => (format!("dim({d})"), 9),
             RNode::Const(c) => (fmt_num(*c), if *c < 0.0 { 5 } else { 9 }),
             RNode::Capture { k, index } => {
-                let ix: Vec<String> = index.iter().map(IndexExpr::to_string).collect();
-                (format!("{}[{}]", cap(*k), ix.join(", ")), 9)
+                let ix: Vec<String> = index.iter().map(|e| cap.index(e)).collect();
+                (format!("{}[{}]", (cap.capture)(*k), ix.join(", ")), 9)
             }
             RNode::Unary(UnaryOp::Neg, a) => (format!("-{}", self.expr(*a, cap, 6, shared)), 5),
             RNode::Unary(u, a) => {
@@ -433,6 +444,29 @@ impl Region {
         } else {
             s
         }
+    }
+}
+
+/// How [`Region::display_named`] names the captures, the score and the fourth index.
+struct Names<'c> {
+    capture: &'c dyn Fn(usize) -> String,
+    x: &'static str,
+    j: &'static str,
+}
+
+impl Names<'_> {
+    /// A capture subscript, its `j` renamed.
+    fn index(&self, e: &IndexExpr) -> String {
+        if self.j == "j" {
+            return e.to_string();
+        }
+        let mut e = e.clone();
+        for (v, _) in &mut e.terms {
+            if v == "j" {
+                *v = self.j.to_string();
+            }
+        }
+        e.to_string()
     }
 }
 
@@ -684,6 +718,15 @@ pub struct Attention {
     /// A kernel may skip the key tiles that lie below `E` on every row of its query tile; the
     /// value is unchanged. Printed `keys_from = E`.
     pub keys_from: Option<Region>,
+    /// An elementwise function of the output, applied where the kernel stores it:
+    /// `out[b, h, i, d] = F(o, b, h, i, d)` with `o` the normalized output (0 on a row without
+    /// kept keys), rounded to `out_dtype` after `F`. A [`Region`] read with the output in place
+    /// of the score: its `x` is `o` and its fourth index `j` is the output column `d` (captures
+    /// are read at `b, h, i, d`: an output gate `o * sigmoid(g[b, h, i, d])`). `lse` stays the
+    /// attention's own. Set by the `fuse-epilogue` pass, so that the output makes one trip to
+    /// memory instead of an f32 write, a read and a write; printed `epilogue = F` (with `o`
+    /// and `d`).
+    pub epilogue: Option<Region>,
     /// How the launches of `c` and `delta` are grouped on a GPU ([`Prelude`]).
     pub prelude: Prelude,
 }
@@ -720,6 +763,7 @@ impl Attention {
             prune: Prune::Dense,
             kernel: AttnKernel::Standard,
             keys_from: None,
+            epilogue: None,
             prelude: Prelude::Launches,
         }
     }
@@ -896,6 +940,9 @@ impl Attention {
         }
         if let Some(e) = &self.keys_from {
             s.push_str(&format!(", keys_from = {}", e.display_with(capture)));
+        }
+        if let Some(e) = &self.epilogue {
+            s.push_str(&format!(", epilogue = {}", e.display_epilogue(capture)));
         }
         if self.has_decay_lo() {
             s.push_str(", decay(pair)");

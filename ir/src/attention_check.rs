@@ -39,8 +39,8 @@ fn check_region(r: &Region, captures: &[&ValueType], what: &str) -> Result<(), S
                     index.len()
                 ));
             }
-            if t.dtype == DType::Bool && what == "score" {
-                return Err(format!("attention's score reads the bool capture {k} as a number"));
+            if t.dtype == DType::Bool && (what == "score" || what == "epilogue") {
+                return Err(format!("attention's {what} reads the bool capture {k} as a number"));
             }
         }
     }
@@ -146,6 +146,9 @@ impl Attention {
             if e.uses_score() || e.nodes.iter().any(reads_j) {
                 return Err("attention's keys_from bound must not use the score x or the key index j".into());
             }
+        }
+        if let Some(e) = &self.epilogue {
+            check_region(e, captures, "epilogue")?;
         }
         if let Mask::Window(0) = self.mask {
             return Err("attention: window must be at least 1".into());

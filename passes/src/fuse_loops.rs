@@ -90,20 +90,20 @@ mod tests {
         g
     }
 
-    /// An output gate: the gate's read, its sigmoid, the attention output's read and the
-    /// product are all computed in the store's loop; the attention and its operands keep
-    /// their buffers.
+    /// RoPE's rotation of q: the reads, the products and the select are computed in the
+    /// store's loop; the attention and its operands keep their buffers.
     #[test]
-    fn an_output_gate_is_one_loop() {
+    fn a_rotation_is_one_loop() {
         let g = opt(
-            "attention gated(q: f32[B, H, T, D], k: f32[B, H, T, D], v: f32[B, H, T, D], g: f32[B, H, T, D]) -> f32[B, H, T, D] {
-    p[b, h, i, j] = softmax(j, causal(i, j, sum(d, q[b, h, i, d] * k[b, h, j, d])))
-    o[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d]) * sigmoid(g[b, h, i, d])
+            "attention rot(q: f32[B, H, T, D], k: f32[B, H, T, D], v: f32[B, H, T, D], cos: f32[T, D], sin: f32[T, D]) -> f32[B, H, T, D] {
+    qr[b, h, t, d] = q[b, h, t, d] * cos[t, d] + select(d < D / 2, -q[b, h, t, d + D / 2], q[b, h, t, d - D / 2]) * sin[t, d]
+    p[b, h, i, j] = softmax(j, causal(i, j, sum(d, qr[b, h, i, d] * k[b, h, j, d])))
+    o[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
     return o
 }",
         );
         let text = print_graph(&g);
-        for op in ["sigmoid", "mul"] {
+        for op in ["gather", "mul", "select"] {
             assert!(text.contains(&format!("= inline {op} ")), "{op}:\n{text}");
         }
         assert!(!text.contains("inline attention") && !text.contains("inline store"), "{text}");

@@ -34,6 +34,7 @@ pub mod acp;
 pub mod compensate;
 pub mod contract;
 pub mod fold_scale;
+pub mod fuse_epilogue;
 pub mod fuse_grad;
 pub mod fuse_loops;
 pub mod fuse_out;
@@ -225,6 +226,7 @@ pub const PASSES: &[Pass] = &[
     pass("fuse-boundary", Runs::Gpu, fuse_out::boundary),
     pass("fuse-threshold", Runs::Gpu, fuse_out::threshold),
     pass("fuse-prelude", Runs::Gpu, fuse_out::prelude),
+    pass("fuse-epilogue", Runs::Always, fuse_epilogue::run),
     pass("compensate-decay", Runs::Cpu, compensate::run),
     pass("contract", Runs::Cpu, contract::run),
     pass("fuse-loops", Runs::Always, fuse_loops::run),

@@ -596,7 +596,23 @@ fn finish_rows(fx: &mut Fx, cx: &Cx, tile: &QueryTile, h: &Helpers) {
         let dst = fx.b.ins().imul_imm_s(row, (d * 4) as i64);
         let dst = fx.b.ins().iadd(args.out, dst);
         let src = fx.addr(bufs.o, r, (dp * 4) as i64);
-        if a.out != DType::F32 {
+        if let Some(ep) = &a.epilogue {
+            // F(o, b, h, i, d) four columns at a time (the accumulator row is padded to dp, a
+            // multiple of 4); lanes past d are computed and dropped.
+            let base = fx.b.ins().imul_imm_s(row, d as i64);
+            let i = fx.b.ins().iadd(tile.i0, r);
+            for j in (0..d).step_by(4) {
+                let x = fx.load(F32X4, src, (j * 4) as i32);
+                let o = fx.b.ins().fmul(x, invv);
+                let j0 = fx.ic(j as i64);
+                let y = region::emit(fx, ep, &args.caps, &Lanes { b: tile.bi, h: tile.hi, i, j0 }, o);
+                for lane in 0..(d - j).min(4) {
+                    let yl = fx.b.ins().extractlane(y, lane as u8);
+                    let idx = fx.b.ins().iadd_imm_s(base, (j + lane) as i64);
+                    fx.store_f32(a.out, args.out, idx, yl);
+                }
+            }
+        } else if a.out != DType::F32 {
             let base = fx.b.ins().imul_imm_s(row, d as i64);
             for j in 0..d {
                 let x = fx.load(F32, src, (j * 4) as i32);

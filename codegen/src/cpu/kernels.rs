@@ -71,7 +71,7 @@ pub enum Kind {
         bm: u64,
         bn: u64,
     },
-    Attention(AttnKernel),
+    Attention(Box<AttnKernel>),
     AttentionBackward(Box<super::backward::BwdKernel>),
 }
 
@@ -109,6 +109,9 @@ pub struct AttnKernel {
     /// the tiles pass): the forward walks each query tile's keys from the first tile that
     /// reaches the smallest `E` of its rows.
     pub keys_from: Option<RegionCode>,
+    /// The epilogue `F(o, b, h, i, d)` applied to each output element before it is stored (its
+    /// `x` is the output, its `j` the column).
+    pub epilogue: Option<RegionCode>,
     /// The captured tensors (operands after start).
     pub captures: Vec<CaptureCode>,
     /// Result 0's dtype (f32 or bf16).

@@ -424,6 +424,12 @@ impl NodeCx<'_> {
             .map(|e| region::RegionCode::new(e, &dim))
             .transpose()
             .map_err(|m| self.invalid(m))?;
+        let epilogue = attn
+            .epilogue
+            .as_ref()
+            .map(|e| region::RegionCode::new(e, &dim))
+            .transpose()
+            .map_err(|m| self.invalid(m))?;
         let captures = self.captures(&ao.captures)?;
         let scale = attn
             .scale
@@ -450,6 +456,7 @@ impl NodeCx<'_> {
             score,
             mask,
             keys_from,
+            epilogue,
             captures,
             out: attn.out_dtype,
             lse: !backward && used.contains(&Value { node: self.n, result: 1 }),
@@ -459,7 +466,7 @@ impl NodeCx<'_> {
             let bwd = backward::plan(self.g, self.n, attn, kernel, &dim, &|m| self.invalid(m))?;
             Ok(Kind::AttentionBackward(Box::new(bwd)))
         } else {
-            Ok(Kind::Attention(kernel))
+            Ok(Kind::Attention(Box::new(kernel)))
         }
     }
 

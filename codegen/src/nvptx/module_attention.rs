@@ -45,6 +45,10 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         let (geo, cfg, mask) = self.attention_config(n, a, &o)?;
         // Keys per split block (the partial planes are `ceil(Tk / keys)`).
         let split_keys = cfg.split_tiles.map(|s| s * cfg.bn);
+        if split_keys.is_some() && a.epilogue.is_some() {
+            // The merge launch writes the output; the fuse-epilogue pass leaves the function out.
+            return Err(Self::not_yet(n, "an epilogue on the split-keys kernel"));
+        }
         let score = self.score_region(n, a, &o, mask, &geo)?;
         let qkv = self.half_operands(n, [geo.q, o.k, o.v], cfg.dtype_in)?;
         if let Some(c) = o.decay {
@@ -164,6 +168,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         let dim = |d: &Dim| d.eval(&|s| self.spec.dims.get(s).copied());
         let caps = self.capture_tys(&o.captures);
         RegionMod::with_mask(&a.score, mask, a.keys_from.as_ref(), &dim, heads, &caps)
+            .and_then(|r| r.with_epilogue(a.epilogue.as_ref(), &dim, &caps))
             .map_err(|e| Self::not_yet(n, &e))
     }
 

@@ -77,10 +77,12 @@ pub fn block_start(c: &[f64], delta: f64, p0: usize, bn: usize) -> usize {
         .unwrap_or(diag)
 }
 
-/// The region evaluators of one worker (score and, for an expression mask, mask).
+/// The region evaluators of one worker (score and, for an expression mask, mask; the
+/// epilogue's).
 pub struct Evals<'a> {
     score: RegionEval<'a>,
     mask: Option<RegionEval<'a>>,
+    epilogue: Option<RegionEval<'a>>,
     /// `E_ij` of the current row (scratch).
     e: Vec<f64>,
     keep: Vec<bool>,
@@ -94,7 +96,11 @@ impl<'a> AttnArgs<'a> {
             Mask::Expr(r) => Some(RegionEval::new(r, &self.captures, self.dim)?),
             _ => None,
         };
-        Ok(Evals { score, mask, e: vec![0.0; self.tk], keep: vec![false; self.tk] })
+        let epilogue = match &self.attn.epilogue {
+            Some(r) => Some(RegionEval::new(r, &self.captures, self.dim)?),
+            None => None,
+        };
+        Ok(Evals { score, mask, epilogue, e: vec![0.0; self.tk], keep: vec![false; self.tk] })
     }
 
     /// The key position of query row 0: queries are aligned to the end of the keys.
@@ -116,8 +122,21 @@ impl<'a> AttnArgs<'a> {
         }
     }
 
-    /// Row `i` of head `bh` (= b * H + h) into `o` (`[Dv]`, overwritten).
+    /// Row `i` of head `bh` (= b * H + h) into `o` (`[Dv]`, overwritten), the epilogue applied.
     pub fn row(&self, ev: &mut Evals, bh: usize, i: usize, o: &mut [f64]) -> Row {
+        let row = self.attend(ev, bh, i, o);
+        if let Some(f) = ev.epilogue.as_mut() {
+            // The epilogue's `x` is the output and its fourth index the column d.
+            let (bi, hi) = (bh / self.h, bh % self.h);
+            for (d, x) in o.iter_mut().enumerate() {
+                *x = f.eval(*x, [bi, hi, i, d]);
+            }
+        }
+        row
+    }
+
+    /// [`AttnArgs::row`] before the epilogue: the normalized output.
+    fn attend(&self, ev: &mut Evals, bh: usize, i: usize, o: &mut [f64]) -> Row {
         let (t, tk, d, dv) = (self.t, self.tk, self.d, self.dv);
         let (bi, hi) = (bh / self.h, bh % self.h);
         let kvh = bi * (self.h / self.group) + hi / self.group;

@@ -54,7 +54,6 @@ pub(crate) mod score;
 mod softmax;
 pub mod split_merge;
 mod tile_io;
-pub(crate) use tile_io::normalized_pair;
 
 use super::builder::control::{basic, floats};
 use super::builder::{Half, KernelBuilder, ParamTy};
@@ -605,7 +604,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         let m_new = [last[2 + dt * 4].into_float_value(), last[3 + dt * 4].into_float_value()];
         let l_new = [last[4 + dt * 4].into_float_value(), last[5 + dt * 4].into_float_value()];
         let (inv, lse) = self.finalize(m_new, l_new, cir);
-        self.store_output(&o, inv, lse, &rows, ob, o_elt, lb);
+        self.store_output(&o, inv, lse, &rows, (ob, o_elt, lb), bh);
     }
 
     /// One kept key tile `n` (carried: `n, parity, o..., m x2, l x2`): prefetch tile `n - 1`,

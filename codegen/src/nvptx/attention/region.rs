@@ -80,6 +80,8 @@ pub(crate) struct RegionMod {
     mask: Option<Resolved>,
     /// The attention's `keys_from` bound `E(b, h, i)`: keys `j < E` are masked on row `i`.
     keys_from: Option<Resolved>,
+    /// The attention's epilogue `F(o, b, h, i, d)` (its `x` the output, its `j` the column).
+    epilogue: Option<Resolved>,
     /// Heads per batch (`H`), to split the kernel's flat `bh` into `b` and `h`, when static.
     heads: Option<u64>,
     /// The extra kernel arguments, in parameter order.
@@ -148,12 +150,33 @@ impl RegionMod {
             region,
             mask,
             keys_from,
+            epilogue: None,
             heads,
             args,
             caps: read,
             dims: dyn_dims,
             first_param: FIRST_PARAM,
         })
+    }
+
+    /// The same regions and the forward kernel's epilogue `e` (if any), whose captured tensors
+    /// and dims join the kernel's arguments.
+    pub(crate) fn with_epilogue(
+        mut self,
+        e: Option<&Region>,
+        dim: &dyn Fn(&Dim) -> Option<u64>,
+        caps: &[CaptureTy],
+    ) -> Result<RegionMod, String> {
+        let Some(e) = e else { return Ok(self) };
+        let mut read = self.caps.clone();
+        read.resize(caps.len().max(read.len()), None);
+        let mut reads_bh = self.args.contains(&ScoreArg::Heads);
+        let mut dyn_dims = self.dims.clone();
+        self.epilogue = Some(resolve(e, dim, caps, &mut read, &mut reads_bh, &mut dyn_dims)?);
+        self.args = layout(&read, reads_bh && self.heads.is_none(), dyn_dims.len());
+        self.caps = read;
+        self.dims = dyn_dims;
+        Ok(self)
     }
 
     /// The same region with its arguments from kernel parameter `first` on.
@@ -186,7 +209,7 @@ impl RegionMod {
         if missing_cap || missing_heads || missing_dim {
             return Err("a derivative region reads what its score region does not".into());
         }
-        Ok(RegionMod { region, mask: None, keys_from: None, ..base.clone() })
+        Ok(RegionMod { region, mask: None, keys_from: None, epilogue: None, ..base.clone() })
     }
 
     /// The kernel arguments the region adds after the attention kernel's own, in order.
@@ -453,12 +476,15 @@ impl ScoreMod for RegionMod {
         let Resolved { region, dims, .. } = &self.region;
         let mut key = format!("{region:?}{dims:?}{:?}{:?}{:?}", self.heads, self.args, self.caps);
         match &self.mask {
-            None if self.is_identity() => return String::new(),
+            None if self.is_identity() && self.epilogue.is_none() => return String::new(),
             None => {}
             Some(m) => key.push_str(&format!("mask{:?}{:?}", m.region, m.dims)),
         }
         if let Some(e) = &self.keys_from {
             key.push_str(&format!("keys_from{:?}{:?}", e.region, e.dims));
+        }
+        if let Some(e) = &self.epilogue {
+            key.push_str(&format!("epilogue{:?}{:?}", e.region, e.dims));
         }
         format!("r{:016x}", fnv1a(&key))
     }
@@ -490,6 +516,22 @@ impl ScoreMod for RegionMod {
         at: ScorePos<'ctx>,
     ) -> Option<FloatValue<'ctx>> {
         Some(self.eval(self.keys_from.as_ref()?, b, b.f32(0.0), at))
+    }
+
+    fn has_epilogue(&self) -> bool {
+        self.epilogue.is_some()
+    }
+
+    fn epilogue<'a, 'ctx>(
+        &self,
+        b: &KernelBuilder<'a, 'ctx>,
+        o: FloatValue<'ctx>,
+        at: ScorePos<'ctx>,
+    ) -> FloatValue<'ctx> {
+        match &self.epilogue {
+            Some(e) => self.eval(e, b, o, at),
+            None => o,
+        }
     }
 
     /// The mask's condition is evaluated with `x = 0` (it does not read it), as the

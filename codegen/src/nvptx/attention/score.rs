@@ -59,6 +59,20 @@ pub(crate) trait ScoreMod {
     ) -> Option<FloatValue<'ctx>> {
         None
     }
+    /// Whether the attention has an epilogue ([`ScoreMod::epilogue`] is not the identity).
+    fn has_epilogue(&self) -> bool {
+        false
+    }
+    /// The epilogue `F(o, b, h, i, d)` on output element `o` at row `at.i`, column `at.j`
+    /// (the attention's `epilogue`); `o` itself without one.
+    fn epilogue<'a, 'ctx>(
+        &self,
+        _: &KernelBuilder<'a, 'ctx>,
+        o: FloatValue<'ctx>,
+        _: ScorePos<'ctx>,
+    ) -> FloatValue<'ctx> {
+        o
+    }
     /// Whether an expression mask keeps the element at `at` (i1); `None` without one.
     fn keeps<'a, 'ctx>(&self, _: &KernelBuilder<'a, 'ctx>, _: ScorePos<'ctx>) -> Option<IntValue<'ctx>> {
         None

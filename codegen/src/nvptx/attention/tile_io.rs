@@ -2,6 +2,7 @@
 //! for `ldmatrix` and for wgmma), the per-column decay bias in shared memory, the `ldmatrix`
 //! addressing of the mma.sync path, and the output epilogue (O / l as f32 or bf16, and the LSE).
 
+use super::score::ScorePos;
 use super::{Attn, Rows, LOG2E};
 use crate::nvptx::builder::KernelBuilder;
 use inkwell::types::BasicTypeEnum;
@@ -179,9 +180,8 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         inv: [FloatValue<'ctx>; 2],
         lse: [FloatValue<'ctx>; 2],
         rows: &Rows<'ctx>,
-        ob: PointerValue<'ctx>,
-        o_elt: BasicTypeEnum<'ctx>,
-        lb: PointerValue<'ctx>,
+        (ob, o_elt, lb): (PointerValue<'ctx>, BasicTypeEnum<'ctx>, PointerValue<'ctx>),
+        bh: IntValue<'ctx>,
     ) {
         let b = self.b;
         let d = self.cfg.head_dim as i64;
@@ -191,8 +191,9 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
             b.if_then_named(inb, ("store", "store_done"), |b| {
                 let rowoff = b.mulc(row, d);
                 for dtile in 0..(d / 8) as usize {
-                    let (x0, x1) = normalized_pair(b, o, inv, dtile, r);
-                    let idx = b.add(rowoff, b.addc(t2, 8 * dtile as i64));
+                    let col = b.addc(t2, 8 * dtile as i64);
+                    let (x0, x1) = self.output_pair(o, inv, (dtile, r), ScorePos { i: row, j: col, bh });
+                    let idx = b.add(rowoff, col);
                     let p = b.gep(o_elt, ob, b.sext64(idx));
                     if self.cfg.out_half {
                         // Two adjacent columns -> one b32 (cvt.rn.bf16x2.f32, or .f16x2).
@@ -211,10 +212,30 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
     }
 }
 
+impl<'ctx> Attn<'_, '_, 'ctx> {
+    /// What every epilogue writes: the thread's two adjacent output columns of D tile `dtile`
+    /// in its row `r` (0 or 1), `O * inv` ([`normalized_pair`]) through the attention's
+    /// epilogue, for the columns `at.j` and `at.j + 1` of row `at.i` of head `at.bh`.
+    pub(crate) fn output_pair(
+        &self,
+        o: &[FloatValue<'ctx>],
+        inv: [FloatValue<'ctx>; 2],
+        (dtile, r): (usize, usize),
+        at: ScorePos<'ctx>,
+    ) -> (FloatValue<'ctx>, FloatValue<'ctx>) {
+        let b = self.b;
+        let (x0, x1) = normalized_pair(b, o, inv, dtile, r);
+        if !self.score.has_epilogue() {
+            return (x0, x1);
+        }
+        let next = ScorePos { j: b.addc(at.j, 1), ..at };
+        (self.score.epilogue(b, x0, at), self.score.epilogue(b, x1, next))
+    }
+}
+
 /// The thread's two adjacent O columns of D tile `dtile` in its row `r` (0 or 1) of the
-/// accumulator fragments `o`, divided by the row's sum (`inv[r] = 1 / l`): what every epilogue
-/// writes.
-pub(crate) fn normalized_pair<'ctx>(
+/// accumulator fragments `o`, divided by the row's sum (`inv[r] = 1 / l`).
+fn normalized_pair<'ctx>(
     b: &KernelBuilder<'_, 'ctx>,
     o: &[FloatValue<'ctx>],
     inv: [FloatValue<'ctx>; 2],

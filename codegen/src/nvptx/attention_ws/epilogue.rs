@@ -15,7 +15,8 @@
 
 use super::sync::{fence_async_shared, named_barrier};
 use super::WsLayout;
-use crate::nvptx::attention::{normalized_pair, Attn};
+use crate::nvptx::attention::score::ScorePos;
+use crate::nvptx::attention::Attn;
 use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
 
@@ -24,6 +25,8 @@ use inkwell::IntPredicate;
 pub(super) struct OutAt<'ctx> {
     pub base: PointerValue<'ctx>,
     pub i0: IntValue<'ctx>,
+    /// The flat batch-head index (the epilogue's `b`, `h`).
+    pub bh: IntValue<'ctx>,
     pub ob: PointerValue<'ctx>,
     pub lb: PointerValue<'ctx>,
 }
@@ -56,11 +59,13 @@ pub(super) fn store_output_half<'ctx>(
     // The wgmmas read Q through the async proxy; order those reads before the generic writes.
     fence_async_shared(b);
     let t4 = b.mulc(tq, 4);
+    let t2 = b.mulc(tq, 2);
     for (r, &row) in rl.iter().enumerate() {
         let r7 = b.andc(row, 7);
         let row_off = b.add(b.add(tile, b.mulc(row, 2 * d)), t4);
         for dtile in 0..cpr as usize {
-            let (x0, x1) = normalized_pair(b, o, inv, dtile, r);
+            let at_col = ScorePos { i: b.add(i0w, row), j: b.add(t2, b.i32(8 * dtile as i64)), bh: at.bh };
+            let (x0, x1) = a.output_pair(o, inv, (dtile, r), at_col);
             let ch = b.xor(b.i32(dtile as i64), r7);
             let off = b.add(row_off, b.mulc(ch, 16));
             // Two adjacent columns -> one b32 (cvt.rn.bf16x2.f32 or .f16x2), as store_output.

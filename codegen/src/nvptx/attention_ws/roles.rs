@@ -546,11 +546,11 @@ pub(super) fn consumer_item<'ctx>(
     let (inv, lse) = a.finalize(m, l, cir);
     if cfg.out_half {
         let (ob, lb) = out_ptrs(b, cfg, blk, given.is_some());
-        let at = OutAt { base: a0.smem, i0: blk.i0, ob, lb };
+        let at = OutAt { base: a0.smem, i0: blk.i0, bh: blk.bh, ob, lb };
         store_output_half(&a, lay, &at, &o, inv, lse);
     } else {
         let (ob, lb) = out_ptrs(b, cfg, blk, given.is_some());
-        a.store_output(&o, inv, lse, &rows, ob, f32t, lb);
+        a.store_output(&o, inv, lse, &rows, (ob, f32t, lb), blk.bh);
     }
     b.addc(b.sub(walk.hi, walk.lo), 1)
 }
