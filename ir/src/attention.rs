@@ -457,16 +457,8 @@ struct Names<'c> {
 impl Names<'_> {
     /// A capture subscript, its `j` renamed.
     fn index(&self, e: &IndexExpr) -> String {
-        if self.j == "j" {
-            return e.to_string();
-        }
-        let mut e = e.clone();
-        for (v, _) in &mut e.terms {
-            if v == "j" {
-                *v = self.j.to_string();
-            }
-        }
-        e.to_string()
+        let renamed = e.rename_vars(|v| Ok::<_, ()>(if v == "j" { self.j } else { v }.to_string()));
+        renamed.unwrap_or_else(|()| e.clone()).to_string()
     }
 }
 

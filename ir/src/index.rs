@@ -103,6 +103,15 @@ impl IndexExpr {
         }
     }
 
+    /// The same subscript with each variable `v` renamed `f(v)` (the first error stops it).
+    pub fn rename_vars<E>(&self, mut f: impl FnMut(&str) -> Result<String, E>) -> Result<IndexExpr, E> {
+        let mut e = self.clone();
+        for (v, _) in &mut e.terms {
+            *v = f(v)?;
+        }
+        Ok(e)
+    }
+
     /// The variables with a non-zero coefficient, in order of appearance, each once.
     pub fn vars(&self) -> Vec<&str> {
         let mut out: Vec<&str> = Vec::new();

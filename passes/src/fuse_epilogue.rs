@@ -133,11 +133,7 @@ impl ConeBuilder<'_> {
 
     /// `e` with the store's axis names replaced by `b, h, i, j`.
     fn rename(&self, e: &IndexExpr) -> Result<IndexExpr, String> {
-        let mut e = e.clone();
-        for (v, _) in &mut e.terms {
-            *v = self.var(v)?.name().to_string();
-        }
-        Ok(e)
+        e.rename_vars(|v| Ok(self.var(v)?.name().to_string()))
     }
 
     fn capture(&mut self, v: Value, index: Vec<IndexExpr>) -> Result<RNode, String> {
@@ -333,18 +329,10 @@ pub fn unfuse(g: &mut Graph, n: ValueId) -> Result<(), String> {
                 let cap = *ops.captures.get(*k).ok_or(format!("capture {k}"))?;
                 let index: Vec<IndexExpr> = index
                     .iter()
-                    .map(|e| {
-                        let mut e = e.clone();
-                        for (v, _) in &mut e.terms {
-                            *v = var_axis(v)?.name.clone();
-                        }
-                        Ok(e)
-                    })
+                    .map(|e| e.rename_vars(|v| Ok(var_axis(v)?.name.clone())))
                     .collect::<Result<_, String>>()?;
-                let plain: Option<Vec<String>> = index
-                    .iter()
-                    .map(|e| (*e == IndexExpr::var(e.vars().first()?)).then(|| e.vars()[0].to_string()))
-                    .collect();
+                let plain: Option<Vec<String>> =
+                    index.iter().map(|e| e.is_plain_var().map(str::to_string)).collect();
                 let distinct =
                     plain.as_ref().is_some_and(|p| p.iter().collect::<BTreeSet<_>>().len() == p.len());
                 match plain.filter(|_| distinct) {

@@ -418,18 +418,11 @@ impl NodeCx<'_> {
         }
         let (score, causal, window, mask) = self.regions(attn)?;
         let dim = |x: &Dim| self.dim(x);
-        let keys_from = attn
-            .keys_from
-            .as_ref()
-            .map(|e| region::RegionCode::new(e, &dim))
-            .transpose()
-            .map_err(|m| self.invalid(m))?;
-        let epilogue = attn
-            .epilogue
-            .as_ref()
-            .map(|e| region::RegionCode::new(e, &dim))
-            .transpose()
-            .map_err(|m| self.invalid(m))?;
+        let code = |r: Option<&foxc_ir::attention::Region>| {
+            r.map(|e| region::RegionCode::new(e, &dim)).transpose().map_err(|m| self.invalid(m))
+        };
+        let keys_from = code(attn.keys_from.as_ref())?;
+        let epilogue = code(attn.epilogue.as_ref())?;
         let captures = self.captures(&ao.captures)?;
         let scale = attn
             .scale

@@ -64,7 +64,7 @@ pub(super) fn store_output_half<'ctx>(
         let r7 = b.andc(row, 7);
         let row_off = b.add(b.add(tile, b.mulc(row, 2 * d)), t4);
         for dtile in 0..cpr as usize {
-            let at_col = ScorePos { i: b.add(i0w, row), j: b.add(t2, b.i32(8 * dtile as i64)), bh: at.bh };
+            let at_col = ScorePos { i: b.add(i0w, row), j: b.addc(t2, 8 * dtile as i64), bh: at.bh };
             let (x0, x1) = a.output_pair(o, inv, (dtile, r), at_col);
             let ch = b.xor(b.i32(dtile as i64), r7);
             let off = b.add(row_off, b.mulc(ch, 16));
