@@ -199,6 +199,11 @@ impl Attention {
                 ops.len()
             ));
         }
+        if self.epilogue.is_some() {
+            // The gradient passes move the epilogue out of the forward (its ops are
+            // differentiated as the rest of the program); the backward has none to undo.
+            return Err("attention_backward has no epilogue".into());
+        }
         let (fwd, rest) = ops.split_at(ops.len() - 3);
         let want = self.result_types(fwd)?;
         let (out, lse, dout) = (rest[0], rest[1], rest[2]);
@@ -290,6 +295,23 @@ mod tests {
         let fdc = (eval(r, x, cap + h) - eval(r, x, cap - h)) / (2.0 * h);
         let dc: f64 = g.captures.iter().map(|(_, cr)| eval(cr, x, cap)).sum();
         assert!((fdc - dc).abs() < 1e-6 * (1.0 + dc.abs()), "d/dcap: fd {fdc} vs {dc} at x = {x}");
+    }
+
+    /// The backward undoes no epilogue: the gradient passes move it out of the forward first,
+    /// and an `attention_backward` that carries one is malformed.
+    #[test]
+    fn a_backward_with_an_epilogue_does_not_verify() {
+        use crate::attention::{Attention, Mask, Scale};
+        use crate::types::{DType, Dim, ValueType};
+        let d4 = |t| ValueType::tensor(t, ["B", "H", "T", "D"].map(Dim::sym));
+        let lse = ValueType::tensor(DType::F32, ["B", "H", "T"].map(Dim::sym));
+        let (q, out) = (d4(DType::BF16), d4(DType::F32));
+        let ops = [&q, &q, &q, &out, &lse, &q];
+        let mut a = Attention::new(Scale::constant(1.0), Mask::Causal, false);
+        assert!(a.backward_result_types(&ops).is_ok());
+        a.epilogue = Some(Region::identity());
+        let e = a.backward_result_types(&ops).unwrap_err();
+        assert!(e.contains("no epilogue"), "{e}");
     }
 
     #[test]
