@@ -144,14 +144,20 @@ pub fn inlined(g: &Graph, n: ValueId) -> bool {
 /// inline value, unless the caller reads it back (`is_output`). Such a value exists only inside
 /// the loops of its users.
 pub fn unbuffered(g: &Graph, n: ValueId, is_output: &dyn Fn(ValueId) -> bool) -> bool {
-    (read_through(g, n) || inlined(g, n)) && !is_output(n)
+    (read_through(g, n) || inlined(g, n)) && !is_output(n) || loaded_through(g, n)
+}
+
+/// Whether `n` is a `load_map`: its readers (attention and threshold kernels) compute it where
+/// they load it (the `fuse-load-maps` pass's decision); it has no buffer, not even as an output.
+pub fn loaded_through(g: &Graph, n: ValueId) -> bool {
+    matches!(g.op(n), Op::LoadMap { .. })
 }
 
 /// Whether node `n` reads an [`unbuffered`] value, so that only the generic loop, which computes
-/// it in place, can compute `n` (the backends' fast kernels read buffers). Both backends ask
-/// this one question.
+/// it in place, can compute `n` (the backends' fast kernels read buffers; a load map is read by
+/// the fused kernels that compute it, never by a loop). Both backends ask this one question.
 pub fn reads_unbuffered(g: &Graph, n: ValueId, is_output: &dyn Fn(ValueId) -> bool) -> bool {
-    g.operands(n).into_iter().any(|x| unbuffered(g, x, is_output))
+    g.operands(n).into_iter().any(|x| unbuffered(g, x, is_output) && !loaded_through(g, x))
 }
 
 /// Each distinct product of dims once.

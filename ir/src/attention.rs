@@ -344,6 +344,12 @@ impl Region {
         self.display_named(&Names { capture, x: "o", j: "d" })
     }
 
+    /// [`Region::display_with`] of a load map ([`crate::Op::LoadMap`]): its `j` is the column
+    /// `d`, and it prints so.
+    pub fn display_load_map(&self, capture: &dyn Fn(usize) -> String) -> String {
+        self.display_named(&Names { capture, x: "x", j: "d" })
+    }
+
     fn display_named(&self, names: &Names) -> String {
         let shared = self.shared();
         let lets: Vec<String> = (0..self.nodes.len())

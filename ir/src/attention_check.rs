@@ -25,22 +25,32 @@ fn float(t: &ValueType, what: &str) -> Result<(), String> {
 
 /// Every capture `k` used in `r` exists and is read with one index per axis.
 fn check_region(r: &Region, captures: &[&ValueType], what: &str) -> Result<(), String> {
+    check_region_of("attention", r, captures, what)
+}
+
+/// [`check_region`] of region `what` of an `owner` op (its errors say so).
+pub(crate) fn check_region_of(
+    owner: &str,
+    r: &Region,
+    captures: &[&ValueType],
+    what: &str,
+) -> Result<(), String> {
     if let Some(m) = r.malformed() {
-        return Err(format!("attention's {what} region: {m}"));
+        return Err(format!("{owner}'s {what} region: {m}"));
     }
     for n in &r.nodes {
         if let RNode::Capture { k, index } = n {
             let t = captures.get(*k).ok_or_else(|| {
-                format!("attention's {what} reads capture {k}, but the node has {} captures", captures.len())
+                format!("{owner}'s {what} reads capture {k}, but the node has {} captures", captures.len())
             })?;
             if !t.is_positional() || t.rank() != index.len() {
                 return Err(format!(
-                    "attention's {what} indexes capture {k} ({t}) with {} subscripts",
+                    "{owner}'s {what} indexes capture {k} ({t}) with {} subscripts",
                     index.len()
                 ));
             }
-            if t.dtype == DType::Bool && (what == "score" || what == "epilogue") {
-                return Err(format!("attention's {what} reads the bool capture {k} as a number"));
+            if t.dtype == DType::Bool && matches!(what, "score" | "epilogue" | "f") {
+                return Err(format!("{owner}'s {what} reads the bool capture {k} as a number"));
             }
         }
     }

@@ -97,7 +97,8 @@ pub fn infer(op: &Op, ops: &[&ValueType]) -> Result<Option<ValueType>, String> {
     let f32_with = |axes: Vec<Axis>| Some(ValueType { dtype: DType::F32, axes });
     Ok(match op {
         // The sizes of a gather's axes are the index variables' sizes, carried on the node.
-        Op::Param { .. } | Op::Iota { .. } | Op::Cast | Op::Gather { .. } => None,
+        // A load map's type is the statement's it replaced (the verifier checks its shape).
+        Op::Param { .. } | Op::Iota { .. } | Op::Cast | Op::Gather { .. } | Op::LoadMap { .. } => None,
         Op::Const(_) | Op::DimSize(_) => Some(ValueType::scalar(DType::F32)),
         Op::Bind { axes } => {
             let t = ops[0];

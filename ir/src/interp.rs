@@ -28,6 +28,7 @@ pub mod backward;
 
 pub mod acp;
 pub mod attention;
+mod load_map;
 pub mod region;
 
 use crate::graph::{Graph, Value, ValueId};
@@ -867,6 +868,7 @@ impl<'a> Evaluator<'a> {
                 self.pending_more = vec![lse];
                 out
             }
+            Op::LoadMap { .. } => mk(self.load_map(id, &ops, &shape)?),
             Op::AttentionBackward(_) => {
                 let mut rs = self.attention_backward_node(id)?;
                 self.pending_more = rs.split_off(1);

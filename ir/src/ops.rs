@@ -213,6 +213,15 @@ pub enum Op {
     /// Results (f32): dq, dk, dv, then dc if `decay`, then one gradient per float capture
     /// ([`Attention::backward_result_types`]).
     AttentionBackward(Attention),
+    /// A `[B, H, T, D]` tensor that its readers compute where they load it, never stored: the
+    /// `fuse-load-maps` pass's decision for a q made by an elementwise statement (RoPE's
+    /// rotation). Element `[b, h, i, d]` is `f` with `x` = operand 0 at `[b, h, i, d]` (`i` the
+    /// row, `j` the column, printed `d`) and capture `k` = operand `k + 1`, rounded to the
+    /// node's dtype as the statement's store was. Only an attention's or a threshold's q reads
+    /// it (docs/SEMANTICS.md, "load_map").
+    LoadMap {
+        f: Region,
+    },
 }
 
 /// Floor applied to `log f` by `gate_cumsum`: `exp(-100)` is 4e-44, a reset in all but name,
@@ -296,6 +305,7 @@ impl Op {
             Op::BlockBoundary(_) => "block_boundary",
             Op::Attention(_) => "attention",
             Op::AttentionBackward(_) => "attention_backward",
+            Op::LoadMap { .. } => "load_map",
         }
     }
 
@@ -308,7 +318,7 @@ impl Op {
             Op::Causal { .. } | Op::Window { .. } | Op::GateCumsum { .. } | Op::GateCumsumLo { .. } => 1,
             Op::Binary(_) | Op::RmsNorm { .. } | Op::Threshold { .. } | Op::BlockBoundary(_) => 2,
             Op::Select => 3,
-            Op::Attention(_) | Op::AttentionBackward(_) => return None,
+            Op::Attention(_) | Op::AttentionBackward(_) | Op::LoadMap { .. } => return None,
         })
     }
 
@@ -375,6 +385,8 @@ impl fmt::Display for Op {
             }
             Op::BlockBoundary(t) => write!(f, " {{bm = {}, bn = {}}}", t.bm, t.bn),
             Op::Attention(a) | Op::AttentionBackward(a) => write!(f, " {{{a}}}"),
+            // Captures print as `$k` here; the graph printer names them by their values.
+            Op::LoadMap { f: r } => write!(f, " {{f = {}}}", r.display_load_map(&|k| format!("${k}"))),
             _ => Ok(()),
         }
     }

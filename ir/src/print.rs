@@ -70,6 +70,10 @@ pub fn print_graph(g: &Graph) -> String {
                 }
                 Err(_) => node.op.to_string(),
             },
+            Op::LoadMap { f } => {
+                let cap = |k: usize| vals.get(k + 1).map_or(format!("${k}"), |v| value_name(&num, *v));
+                format!("load_map {{f = {}}}", f.display_load_map(&cap))
+            }
             op => op.to_string(),
         };
         let inline = if node.inline { "inline " } else { "" };

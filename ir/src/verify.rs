@@ -196,6 +196,7 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
                     return Err(err(g, id, format!("gate_cumsum of slope {} must be f32 [B, H, T]", tys[0])));
                 }
             }
+            (Op::LoadMap { f }, None) => check_load_map(g, id, f, &tys).map_err(|m| err(g, id, m))?,
             (op, None) => return Err(err(g, id, format!("no typing rule for `{}`", op.mnemonic()))),
         }
     }
@@ -291,6 +292,40 @@ fn check_gather(
                     x.axes[p].dim
                 ));
             }
+        }
+    }
+    Ok(())
+}
+
+/// A `load_map`: a float `[B, H, T, D]` with operand 0 (its `x`) of that shape, its function
+/// reading captures that exist, and read only as an attention's or a threshold's q (its readers
+/// compute it as they load it: nothing else could read it).
+fn check_load_map(
+    g: &Graph,
+    id: ValueId,
+    f: &crate::attention::Region,
+    tys: &[&ValueType],
+) -> Result<(), String> {
+    let ty = g.ty(id);
+    let Some((x, caps)) = tys.split_first() else {
+        return Err("a load_map reads at least its x".into());
+    };
+    if !ty.dtype.is_float() || !ty.is_positional() || ty.rank() != 4 {
+        return Err(format!("a load_map is a float [B, H, T, D], not {ty}"));
+    }
+    if !x.dtype.is_float() || !x.is_positional() || x.dims().ne(ty.dims()) {
+        return Err(format!("a load_map's x {x} does not have its shape {ty}"));
+    }
+    crate::attention_check::check_region_of("load_map", f, caps, "f")?;
+    for e in g.g.edges_directed(id, Direction::Outgoing) {
+        let reader = g.op(e.target());
+        let q = e.weight().pos == 0;
+        if !(q && matches!(reader, Op::Attention(_) | Op::Threshold { .. })) {
+            return Err(format!(
+                "a load_map is read as operand {} of a `{}`: only an attention's or a threshold's q loads through one",
+                e.weight().pos,
+                reader.mnemonic()
+            ));
         }
     }
     Ok(())

@@ -83,24 +83,31 @@ mod tests {
     use super::*;
     use foxc_ir::print::print_graph;
 
-    fn opt(src: &str) -> Graph {
+    fn opt_for(src: &str, target: crate::Target) -> Graph {
         let c = foxc_ir::frontend::compile("t.attn", src.as_bytes()).expect("compiles");
         let mut g = c.graph;
-        crate::optimize(&mut g, &crate::PassOptions::default()).expect("optimizes");
+        crate::optimize(&mut g, &crate::PassOptions { target, ..crate::PassOptions::default() })
+            .expect("optimizes");
         g
     }
 
-    /// RoPE's rotation of q: the reads, the products and the select are computed in the
-    /// store's loop; the attention and its operands keep their buffers.
+    fn opt(src: &str) -> Graph {
+        opt_for(src, crate::Target::Cpu)
+    }
+
+    /// RoPE's rotation of q on a GPU target (the CPU's kernels compute it where they load q,
+    /// `fuse-load-maps`): the reads, the products and the select are computed in the store's
+    /// loop; the attention and its operands keep their buffers.
     #[test]
     fn a_rotation_is_one_loop() {
-        let g = opt(
+        let g = opt_for(
             "attention rot(q: f32[B, H, T, D], k: f32[B, H, T, D], v: f32[B, H, T, D], cos: f32[T, D], sin: f32[T, D]) -> f32[B, H, T, D] {
     qr[b, h, t, d] = q[b, h, t, d] * cos[t, d] + select(d < D / 2, -q[b, h, t, d + D / 2], q[b, h, t, d - D / 2]) * sin[t, d]
     p[b, h, i, j] = softmax(j, causal(i, j, sum(d, qr[b, h, i, d] * k[b, h, j, d])))
     o[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
     return o
 }",
+            crate::Target::Sm90a,
         );
         let text = print_graph(&g);
         for op in ["gather", "mul", "select"] {

@@ -174,12 +174,17 @@ fn reserve_names(g: &Graph, names: &[&str]) -> Result<(), GradError> {
 }
 
 /// `fwd` with every attention's epilogue moved back into IR ops after it
-/// ([`crate::fuse_epilogue::unfuse`]): the gradient pass differentiates those.
+/// ([`crate::fuse_epilogue::unfuse`]) and every load map back into the statement it was
+/// ([`crate::fuse_load_map::unfuse`]): the gradient pass differentiates those.
 fn without_epilogues(fwd: &Graph) -> Result<Graph, GradError> {
     let mut g = fwd.clone();
     for n in g.find(|op| matches!(op, Op::Attention(a) if a.epilogue.is_some())) {
         crate::fuse_epilogue::unfuse(&mut g, n)
             .map_err(|e| GradError::Internal(format!("moving the epilogue out of %{}: {e}", n.index())))?;
+    }
+    for m in g.find(|op| matches!(op, Op::LoadMap { .. })) {
+        crate::fuse_load_map::unfuse(&mut g, m)
+            .map_err(|e| GradError::Internal(format!("storing the load map %{}: {e}", m.index())))?;
     }
     Ok(g)
 }

@@ -80,7 +80,8 @@ mod tests {
     }
 
     /// On a GPU the f32 q is stored in bf16 by its own statement's loop (no f32 copy, no cast
-    /// launch); the attention and its threshold read that store. The CPU keeps f32.
+    /// launch); the attention and its threshold read that store. The CPU keeps f32 (and loads
+    /// q through the statement's map, `fuse-load-maps`).
     #[test]
     fn an_f32_operand_is_stored_in_the_kernels_type_on_a_gpu_only() {
         let gpu = optimized(Target::Sm90a);
@@ -92,7 +93,7 @@ mod tests {
         );
         assert!(!gpu.contains(": f32[B, H, T, D]"), "no f32 copy of q: {gpu}");
         let cpu = optimized(Target::Cpu);
-        assert!(cpu.contains("= store") && cpu.contains(": f32[B, H, T, D]"), "{cpu}");
+        assert!(cpu.contains("= load_map") && cpu.contains(": f32[B, H, T, D]"), "{cpu}");
         assert!(!cpu.contains("cast"), "{cpu}");
     }
 }

@@ -32,10 +32,12 @@
 
 pub mod acp;
 pub mod compensate;
+mod cone;
 pub mod contract;
 pub mod fold_scale;
 pub mod fuse_epilogue;
 pub mod fuse_grad;
+pub mod fuse_load_map;
 pub mod fuse_loops;
 pub mod fuse_out;
 pub mod grad;
@@ -227,6 +229,7 @@ pub const PASSES: &[Pass] = &[
     pass("fuse-threshold", Runs::Gpu, fuse_out::threshold),
     pass("fuse-prelude", Runs::Gpu, fuse_out::prelude),
     pass("fuse-epilogue", Runs::Always, fuse_epilogue::run),
+    pass("fuse-load-maps", Runs::Cpu, fuse_load_map::run),
     pass("compensate-decay", Runs::Cpu, compensate::run),
     pass("contract", Runs::Cpu, contract::run),
     pass("fuse-loops", Runs::Always, fuse_loops::run),

@@ -9,6 +9,7 @@
 
 use super::emit::{Fx, F32, F32X4, F64, I32, I64};
 use super::kernels::{copy_row, stage_scalar, zero_fill, AttnKernel, AttnScratch, Frame, Helpers};
+use super::load_map::{Operand, Row};
 use super::region::{self, CaptureCode, Lanes};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, Value};
@@ -181,12 +182,14 @@ impl QueryTile {
     }
 }
 
-/// What every phase reads: the kernel, its scratch layout, its buffers and scratch addresses.
+/// What every phase reads: the kernel, its scratch layout, its buffers and scratch addresses,
+/// and how it reads q (through its load map, if any).
 struct Cx<'k> {
     a: &'k AttnKernel,
     sc: AttnScratch,
     args: Args,
     bufs: Bufs,
+    q: Operand,
 }
 
 /// The fused forward attention kernel.
@@ -194,7 +197,8 @@ pub(super) fn emit(fx: &mut Fx, a: &AttnKernel, f: &Frame, h: &Helpers) {
     let sc = a.scratch();
     let args = Args::load(fx, a, f);
     let bufs = Bufs::at(fx, &sc, f.scratch, args.c_lo.is_some());
-    let cx = Cx { a, sc, args, bufs };
+    let q = Operand { dtype: a.q, map: a.q_map.clone() };
+    let cx = Cx { a, sc, args, bufs, q };
     fx.for_range(f.begin, f.end, 1, |fx, task| {
         let mut tile = QueryTile::at(fx, a, &cx.args, task);
         if let Some(e) = &a.keys_from {
@@ -276,7 +280,20 @@ fn stage_queries(fx: &mut Fx, cx: &Cx, tile: &QueryTile) {
         let row = tile.row(fx, r);
         let src = fx.b.ins().imul_imm_s(row, d as i64);
         let dst = fx.addr(bufs.qs, r, (d * 16) as i64);
-        if d.is_multiple_of(4) {
+        if cx.q.map.is_some() {
+            // Four columns at a time through the map (lanes past d dropped).
+            let i = fx.b.ins().iadd(tile.i0, r);
+            let at = Row { b: tile.bi, h: tile.hi, i, base: src };
+            for j in (0..d).step_by(4) {
+                let x = cx.q.lanes(fx, args.q, &args.caps, &at, j, d);
+                let x = fx.b.ins().fmul(x, scale_v);
+                for l in 0..(d - j).min(4) as u8 {
+                    let e = fx.b.ins().extractlane(x, l);
+                    let sv = fx.splat(e);
+                    fx.store(sv, dst, ((j + l as u64) * 16) as i32);
+                }
+            }
+        } else if d.is_multiple_of(4) {
             for j in (0..d).step_by(4) {
                 let idx = fx.b.ins().iadd_imm_s(src, j as i64);
                 let x = fx.load4_f32(a.q, args.q, idx);
@@ -446,7 +463,7 @@ fn softmax_rows(fx: &mut Fx, cx: &Cx, tile: &QueryTile, j0: Value, cols: Value) 
         for cc in (0..bnp).step_by(4) {
             let mut s = fx.load(F32X4, srow, (cc * 4) as i32);
             let jc = fx.b.ins().iadd_imm_s(j0, cc as i64);
-            let at = Lanes { b: tile.bi, h: tile.hi, i, j0: jc };
+            let at = Lanes { b: tile.bi, h: tile.hi, i, j0: jc, aligned: a.bn % 4 == 0 };
             if let Some(rc) = &a.score {
                 s = region::emit(fx, rc, &args.caps, &at, s);
             }
@@ -605,7 +622,8 @@ fn finish_rows(fx: &mut Fx, cx: &Cx, tile: &QueryTile, h: &Helpers) {
                 let x = fx.load(F32X4, src, (j * 4) as i32);
                 let o = fx.b.ins().fmul(x, invv);
                 let j0 = fx.ic(j as i64);
-                let y = region::emit(fx, ep, &args.caps, &Lanes { b: tile.bi, h: tile.hi, i, j0 }, o);
+                let at = Lanes { b: tile.bi, h: tile.hi, i, j0, aligned: true };
+                let y = region::emit(fx, ep, &args.caps, &at, o);
                 for lane in 0..(d - j).min(4) {
                     let yl = fx.b.ins().extractlane(y, lane as u8);
                     let idx = fx.b.ins().iadd_imm_s(base, (j + lane) as i64);

@@ -624,7 +624,7 @@ fn row_body(fx: &mut Fx, a: &BwdKernel, sc: &Scratch, r: RowCtx, bf: &Bufs, (mt,
     fx.b.def_var(rowsum, zv);
     let j4 = fx.b.ins().band_imm_s(jlo, !3);
     fx.for_range(j4, jhi, 4, |fx, j0| {
-        let at = Lanes { b: r.bi, h: r.hq, i: r.i, j0 };
+        let at = Lanes { b: r.bi, h: r.hq, i: r.i, j0, aligned: true };
         let kr = fx.addr(bf.ks, j0, row_bytes);
         let vr = fx.addr(bf.vs, j0, row_bytes);
         // x = scale q_i . k_j and dp = dout_i . v_j on the four lanes.

@@ -2,6 +2,7 @@
 //! `task_begin..task_end`; see [`super::abi`] for the argument layout.
 
 use super::emit::{Fx, F32, F64, I32, I64};
+use super::load_map::Operand;
 use super::region::{CaptureCode, RegionCode};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{FuncRef, InstBuilder, Value};
@@ -46,6 +47,11 @@ pub enum Kind {
     Threshold {
         q: DType,
         k: DType,
+        /// A q read through its load map (its captures in `captures`; boxed: the other kinds
+        /// are small).
+        q_map: Option<Box<RegionCode>>,
+        /// The map's captured tensors (operands after q and k).
+        captures: Vec<CaptureCode>,
         bh: u64,
         /// Query rows and key rows.
         t: u64,
@@ -77,8 +83,11 @@ pub enum Kind {
 
 #[derive(Clone, Debug)]
 pub struct AttnKernel {
+    /// The dtypes of the q and k buffers, q read through its load map when it has one
+    /// (docs/SEMANTICS.md, "load_map"; the map's captures are in `captures`).
     pub q: DType,
     pub k: DType,
+    pub q_map: Option<RegionCode>,
     pub v: DType,
     /// dtype of the cumsum operand when there is one.
     pub c: Option<DType>,
@@ -280,10 +289,27 @@ pub fn emit(fx: &mut Fx, kind: &Kind, f: &Frame, h: &Helpers) {
         Kind::GateCumsum { kind, src, b: _, h: nh, t, lo } => {
             emit_gate_cumsum(fx, *kind, *src, *nh, *t, *lo, f, h)
         }
-        Kind::Threshold { q, k, bh: _, t, tk, d, h, hk, rule, log_eps, bound, score, scale, bm } => {
+        Kind::Threshold {
+            q,
+            k,
+            q_map,
+            captures,
+            bh: _,
+            t,
+            tk,
+            d,
+            h,
+            hk,
+            rule,
+            log_eps,
+            bound,
+            score,
+            scale,
+            bm,
+        } => {
             let p = super::threshold::Params {
-                q: *q,
-                k: *k,
+                q: Operand { dtype: *q, map: q_map.as_deref().cloned() },
+                k: Operand { dtype: *k, map: None },
                 t: *t,
                 tk: *tk,
                 d: *d,
@@ -296,8 +322,10 @@ pub fn emit(fx: &mut Fx, kind: &Kind, f: &Frame, h: &Helpers) {
                 scale: *scale,
                 bm: *bm,
             };
-            let bufs = (fx.arg(f.args, 0), fx.arg(f.args, 1), fx.arg(f.args, 2));
-            super::threshold::emit(fx, &p, bufs, (f.begin, f.end))
+            let caps: Vec<(Value, CaptureCode)> =
+                captures.iter().enumerate().map(|(n, c)| (fx.arg(f.args, 2 + n), c.clone())).collect();
+            let bufs = (fx.arg(f.args, 0), fx.arg(f.args, 1), fx.arg(f.args, 2 + captures.len()));
+            super::threshold::emit(fx, &p, bufs, &caps, (f.begin, f.end))
         }
         Kind::BlockBoundary { c, delta, bh: _, t, tk, bm, bn } => {
             emit_block_boundary(fx, (*c, *delta), (*t, *tk), (*bm, *bn), f)

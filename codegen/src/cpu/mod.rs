@@ -18,6 +18,7 @@ mod backward;
 mod emit;
 pub mod generic;
 mod kernels;
+mod load_map;
 mod plan;
 mod region;
 mod region_math;

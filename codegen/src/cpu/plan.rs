@@ -2,7 +2,9 @@
 //! and its operands fit, plain loops ([`super::generic`]) otherwise.
 
 use super::kernels::{AttnKernel, Kind};
+use super::load_map::Operand;
 use super::{backward, emit, generic, region, shape, CpuError, Spec, SpecKind};
+use foxc_ir::attention::RNode;
 use foxc_ir::{BinaryOp, DType, Dim, Graph, Op, Value, ValueId};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -33,7 +35,14 @@ pub(super) fn plan(
     let mut specs = vec![];
     let is_output = |x: ValueId| out_nodes.contains(&x);
     for &n in &order {
-        // A product that a `sum {contract}` reads through, or an inline value, has no kernel.
+        if crate::loop_plan::loaded_through(g, n) && is_output(n) {
+            return Err(CpuError::Invalid(format!(
+                "the output %{} is a load_map, which only its readers compute",
+                num[&n]
+            )));
+        }
+        // A product that a `sum {contract}` reads through, an inline value or a load map has no
+        // kernel.
         if !live.contains(&n) || crate::loop_plan::unbuffered(g, n, &is_output) {
             continue;
         }
@@ -158,7 +167,7 @@ impl NodeCx<'_> {
     fn spec(&self, kind: SpecKind) -> Spec {
         let operands = match &kind {
             SpecKind::Generic(p) => p.operands.clone(),
-            SpecKind::Fused(_) => self.g.operand_values(self.n),
+            SpecKind::Fused(_) => fused_operands(self.g, self.n),
         };
         let results = match &kind {
             SpecKind::Fused(k) => k.results(),
@@ -302,6 +311,8 @@ impl NodeCx<'_> {
         let Op::Threshold { rule, log_eps, bound, score, scale, bm, .. } = self.op else {
             unreachable!("threshold() is called on threshold nodes")
         };
+        let mut mapped = vec![];
+        let q = self.through_map(ops[0], 0, &mut mapped)?;
         let [b, h, t, d] = self.rank4(ops[0])?;
         let ks = self.sh(ops[1])?;
         let (hk, tk) = (ks.get(1).copied().unwrap_or(0), ks.get(2).copied().unwrap_or(0));
@@ -326,8 +337,10 @@ impl NodeCx<'_> {
             .value(&|x| self.dims.get(x).copied())
             .ok_or_else(|| self.invalid("the scale's dim is not bound".into()))?;
         Ok(Kind::Threshold {
-            q: self.float_in(ops[0])?,
+            q: q.dtype,
             k: self.float_in(ops[1])?,
+            q_map: q.map.map(Box::new),
+            captures: self.captures(&mapped)?,
             bh: b * h,
             t,
             tk,
@@ -423,14 +436,18 @@ impl NodeCx<'_> {
         };
         let keys_from = code(attn.keys_from.as_ref())?;
         let epilogue = code(attn.epilogue.as_ref())?;
-        let captures = self.captures(&ao.captures)?;
+        // A q read through a load map: its captures after the attention's own.
+        let mut captured = ao.captures.clone();
+        let q = self.through_map(ao.q, captured.len(), &mut captured)?;
+        let captures = self.captures(&captured)?;
         let scale = attn
             .scale
             .value(&|x| self.dims.get(x).copied())
             .ok_or_else(|| self.invalid("the scale's dim is not bound".into()))?;
         let kernel = AttnKernel {
-            q: self.float_in(ao.q)?,
+            q: q.dtype,
             k: self.float_in(ao.k)?,
+            q_map: q.map,
             v: self.float_in(ao.v)?,
             c,
             c_lo: ao.decay_lo.is_some(),
@@ -486,6 +503,35 @@ impl NodeCx<'_> {
         Ok((score, causal, window, mask))
     }
 
+    /// How a kernel reads its q `v`: a load map's `x` with the map's code, its captures
+    /// (appended to `captured`) numbered from `first` in the kernel's list; else `v` itself.
+    fn through_map(
+        &self,
+        v: ValueId,
+        first: usize,
+        captured: &mut Vec<ValueId>,
+    ) -> Result<Operand, CpuError> {
+        let Op::LoadMap { f } = self.g.op(v) else {
+            return Ok(Operand { dtype: self.float_in(v)?, map: None });
+        };
+        if self.dt(v) != DType::F32 {
+            return Err(
+                self.invalid(format!("the CPU kernels compute a load map in f32, not {}", self.dt(v)))
+            );
+        }
+        let ops = self.g.operands(v);
+        let mut f = f.clone();
+        for node in &mut f.nodes {
+            if let RNode::Capture { k, .. } = node {
+                *k += first;
+            }
+        }
+        captured.extend(&ops[1..]);
+        let dim = |x: &Dim| self.dim(x);
+        let map = region::RegionCode::new(&f, &dim).map_err(|m| self.invalid(m))?;
+        Ok(Operand { dtype: self.float_in(ops[0])?, map: Some(map) })
+    }
+
     /// How the kernel reads each captured tensor (f32, bf16, f16 or i32).
     fn captures(&self, caps: &[ValueId]) -> Result<Vec<region::CaptureCode>, CpuError> {
         caps.iter()
@@ -501,4 +547,18 @@ impl NodeCx<'_> {
             })
             .collect()
     }
+}
+
+/// The buffers a fused kernel of `n` reads, in `args` order: its operands, where an attention's
+/// or a threshold's q is a load map its `x` instead and the map's captures after the rest
+/// (`NodeCx::through_map` numbers them so).
+fn fused_operands(g: &Graph, n: ValueId) -> Vec<Value> {
+    let mut ops = g.operand_values(n);
+    let reads_q = matches!(g.op(n), Op::Attention(_) | Op::Threshold { .. });
+    if let Some(q) = ops.first().copied().filter(|q| reads_q && crate::loop_plan::loaded_through(g, q.node)) {
+        let map = g.operand_values(q.node);
+        ops[0] = map[0];
+        ops.extend_from_slice(&map[1..]);
+    }
+    ops
 }

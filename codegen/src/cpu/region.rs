@@ -55,6 +55,9 @@ pub struct Lanes {
     pub h: Value,
     pub i: Value,
     pub j0: Value,
+    /// `j0` is a multiple of 4 (the caller's promise): a capture read along `j` whose four
+    /// elements are all in its axis or all outside it is then one vector load ([`capture`]).
+    pub aligned: bool,
 }
 
 /// The value (f32) at row `(b, h, i)` of a region that reads neither `j` nor the score, such as
@@ -67,7 +70,7 @@ pub fn emit_row(
 ) -> Value {
     let j0 = fx.ic(0);
     let x0 = fx.splat_c(0.0);
-    let lanes = emit(fx, rc, caps, &Lanes { b, h, i, j0 }, x0);
+    let lanes = emit(fx, rc, caps, &Lanes { b, h, i, j0, aligned: true }, x0);
     fx.b.ins().extractlane(lanes, 0)
 }
 
@@ -219,7 +222,10 @@ fn binary(fx: &mut Fx, op: BinaryOp, a: Value, b: Value) -> Value {
 }
 
 /// Lane-wise read of a captured tensor at `index`; NaN where the index is out of range (as the
-/// interpreter defines it).
+/// interpreter defines it). A float tensor read along its last axis at `j + c` (`j` nowhere
+/// else, no division or clamp) whose groups of four cannot straddle that axis' ends (`c` and
+/// the axis' size multiples of 4, `j0` aligned) is one vector load, NaN when the group is
+/// outside.
 fn capture(
     fx: &mut Fx,
     cap: &(Value, CaptureCode),
@@ -228,6 +234,14 @@ fn capture(
     at: &Lanes,
 ) -> Value {
     let (ptr, cc) = cap;
+    if at.aligned && cc.dtype.is_float() && contiguous_in_j(&cc.shape, index, subs) {
+        let (ok, off) = capture_offset(fx, &cc.shape, index, subs, at, 0);
+        let zero = fx.ic(0);
+        let safe = fx.b.ins().select(ok, off, zero);
+        let x = fx.load4_f32(cc.dtype, *ptr, safe);
+        let nan = fx.splat_c(f32::NAN);
+        return fx.b.ins().select(ok, x, nan);
+    }
     let mut out = fx.splat_c(f32::NAN);
     for lane in 0..4u8 {
         let (ok, off) = capture_offset(fx, &cc.shape, index, subs, at, lane);
@@ -239,6 +253,24 @@ fn capture(
         out = fx.b.ins().insertlane(out, x, lane);
     }
     out
+}
+
+/// Whether a read at `index` of a tensor of `shape` takes four consecutive elements of its last
+/// axis for four aligned lanes, all inside the axis or all outside it: see [`capture`].
+fn contiguous_in_j(shape: &[u64], index: &[IndexExpr], subs: &[SubConsts]) -> bool {
+    let j = IndexVar::J.name();
+    let Some(((last, rest), (sub, &n))) = index.split_last().zip(subs.last().zip(shape.last())) else {
+        return false;
+    };
+    let reads_j = |e: &IndexExpr| e.terms.iter().any(|(v, _)| v == j);
+    last.terms.iter().any(|(v, c)| v == j && *c == 1)
+        && last.terms.iter().filter(|(v, _)| v == j).count() == 1
+        && !rest.iter().any(reads_j)
+        && sub.div.is_none()
+        && sub.clamps.is_empty()
+        && sub.offset % 4 == 0
+        && n % 4 == 0
+        && last.terms.iter().all(|(v, _)| v == j)
 }
 
 /// Where lane `lane` reads a captured tensor of `shape` at `index`: (in range (i8 truth),

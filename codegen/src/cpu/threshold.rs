@@ -3,9 +3,13 @@
 //! Cranelift f64 instructions; this file only computes the statistics the formula reads. They
 //! are computed in f64 in the interpreter's order (`foxc_ir::prune_rule::threshold`: row norms
 //! as `row_norm` sums the squares, NaN-keeping maxima from 0, the tile's minimum over rows), so
-//! that delta equals the interpreter's bit for bit before the f32 store.
+//! that delta equals the interpreter's bit for bit before the f32 store. A q read through a load
+//! map is computed where it is loaded, in f32 (the interpreter keeps its f64 value: the two differ
+//! in rounding).
 
 use super::emit::{Fx, F32, F32X4, F64};
+use super::load_map::{Operand, Row};
+use super::region::CaptureCode;
 use cranelift_codegen::ir::types::{F64X2, I8X16};
 use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Value};
 use foxc_ir::prune_rule::{RuleEmitter, Stat, NORM_LANES};
@@ -13,8 +17,8 @@ use foxc_ir::{DType, NormBound, PruneRule, ScoreBound};
 
 /// The kernel's compile-time parameters (`kernels::Kind::Threshold`).
 pub struct Params<'a> {
-    pub q: DType,
-    pub k: DType,
+    pub q: Operand,
+    pub k: Operand,
     /// Query rows and key rows (`t <= tk`: query row `i` sits at key position `i + tk - t`).
     pub t: u64,
     pub tk: u64,
@@ -57,12 +61,37 @@ impl RuleEmitter for Clif<'_, '_> {
     }
 }
 
-/// `|x|` of the row of `d` elements at element `base`, in f64, bit for bit
+/// One of q, k as the kernel reads it: the operand, its buffer, the captures its map reads,
+/// and the task's `(b, h)` when it has a map (q's; k is read as it is).
+#[derive(Clone, Copy)]
+struct Src<'a> {
+    op: &'a Operand,
+    p: Value,
+    caps: &'a [(Value, CaptureCode)],
+    bh: Option<(Value, Value)>,
+}
+
+impl Src<'_> {
+    /// Row `i` of the head whose row 0 is element `head`.
+    fn row(&self, fx: &mut Fx, head: Value, i: Value, d: u64) -> Row {
+        let off = fx.b.ins().imul_imm_s(i, d as i64);
+        let base = fx.b.ins().iadd(head, off);
+        self.row_at(i, base)
+    }
+
+    /// Row `i`, whose first element is `base` (without a map, `b` and `h` are never read).
+    fn row_at(&self, i: Value, base: Value) -> Row {
+        let (b, h) = self.bh.unwrap_or((i, i));
+        Row { b, h, i, base }
+    }
+}
+
+/// `|x|` of row `row` of `d` elements, in f64, bit for bit
 /// [`foxc_ir::prune_rule::row_norm`]: partial sums of squares `s[j % 4]` in two f64x2
 /// accumulators (`(s0, s1)`, `(s2, s3)`; each group of four elements loaded as one f32x4 and
 /// promoted exactly), the tail's elements added to their own lane, then
 /// `sqrt((s0 + s1) + (s2 + s3))`.
-fn norm(fx: &mut Fx, dt: DType, p: Value, base: Value, d: u64) -> Value {
+fn norm(fx: &mut Fx, src: &Src, row: &Row, d: u64) -> Value {
     let lanes = NORM_LANES as u64;
     let zero = fx.f64c(0.0);
     let zero2 = fx.b.ins().splat(F64X2, zero);
@@ -72,8 +101,7 @@ fn norm(fx: &mut Fx, dt: DType, p: Value, base: Value, d: u64) -> Value {
     let high_half = fx.b.func.dfg.immediates.push(ConstantData::from(high_half));
     let bytes = MemFlagsData::new().with_endianness(Endianness::Little);
     for g in 0..d / lanes {
-        let idx = fx.b.ins().iadd_imm_s(base, (g * lanes) as i64);
-        let x = fx.load4_f32(dt, p, idx);
+        let x = src.op.lanes(fx, src.p, src.caps, row, g * lanes, d);
         let lo = fx.b.ins().fvpromote_low(x);
         let xb = fx.b.ins().bitcast(I8X16, bytes, x);
         let hb = fx.b.ins().shuffle(xb, xb, high_half);
@@ -91,8 +119,7 @@ fn norm(fx: &mut Fx, dt: DType, p: Value, base: Value, d: u64) -> Value {
         fx.b.ins().extractlane(s23, 1),
     ];
     for j in d / lanes * lanes..d {
-        let idx = fx.b.ins().iadd_imm_s(base, j as i64);
-        let v = fx.load_f64(dt, p, idx);
+        let v = element_f64(fx, src, row, j);
         let sq = fx.b.ins().fmul(v, v);
         let lane = (j % lanes) as usize;
         s[lane] = fx.b.ins().fadd(s[lane], sq);
@@ -103,21 +130,34 @@ fn norm(fx: &mut Fx, dt: DType, p: Value, base: Value, d: u64) -> Value {
     fx.b.ins().sqrt(ss)
 }
 
+/// Element `j` of `row`, widened to f64.
+fn element_f64(fx: &mut Fx, src: &Src, row: &Row, j: u64) -> Value {
+    let x = match src.op.map {
+        None => {
+            let idx = fx.b.ins().iadd_imm_s(row.base, j as i64);
+            fx.load_f32(src.op.dtype, src.p, idx)
+        }
+        Some(_) => {
+            let jv = fx.ic(j as i64);
+            src.op.element(fx, src.p, src.caps, row, jv)
+        }
+    };
+    fx.b.ins().fpromote(F64, x)
+}
+
 /// Fold `max(acc, |x_j|)` over rows `lo..hi` of the head at element `head` into variable `acc`
 /// (Cranelift's `fmax` keeps a NaN, as the interpreter's `nan_max`).
 fn fold_max_norm(
     fx: &mut Fx,
-    dt: DType,
-    p: Value,
+    src: &Src,
     head: Value,
     (lo, hi): (Value, Value),
     d: u64,
     acc: cranelift_frontend::Variable,
 ) {
     fx.for_range(lo, hi, 1, |fx, j| {
-        let off = fx.b.ins().imul_imm_s(j, d as i64);
-        let base = fx.b.ins().iadd(head, off);
-        let n = norm(fx, dt, p, base, d);
+        let row = src.row(fx, head, j, d);
+        let n = norm(fx, src, &row, d);
         let m = fx.b.use_var(acc);
         let m = fx.b.ins().fmax(m, n);
         fx.b.def_var(acc, m);
@@ -125,16 +165,23 @@ fn fold_max_norm(
 }
 
 /// `max |x_j|` over rows `lo..hi` (from 0).
-fn max_norm(fx: &mut Fx, dt: DType, p: Value, head: Value, range: (Value, Value), d: u64) -> Value {
+fn max_norm(fx: &mut Fx, src: &Src, head: Value, range: (Value, Value), d: u64) -> Value {
     let acc = fx.b.declare_var(F64);
     let z = fx.f64c(0.0);
     fx.b.def_var(acc, z);
-    fold_max_norm(fx, dt, p, head, range, d, acc);
+    fold_max_norm(fx, src, head, range, d, acc);
     fx.b.use_var(acc)
 }
 
-/// The kernel body: tasks `begin..end` are flat heads; q, k, out are the buffers.
-pub fn emit(fx: &mut Fx, p: &Params, (q, k, out): (Value, Value, Value), (begin, end): (Value, Value)) {
+/// The kernel body: tasks `begin..end` are flat heads; q, k, out are the buffers, `caps` the
+/// tensors the load maps of q and k read.
+pub fn emit(
+    fx: &mut Fx,
+    p: &Params,
+    (q, k, out): (Value, Value, Value),
+    caps: &[(Value, CaptureCode)],
+    (begin, end): (Value, Value),
+) {
     let (t, tk, d, bm) = (p.t, p.tk, p.d, p.bm);
     let off = tk - t;
     let formula = &p.rule.formula;
@@ -159,6 +206,13 @@ pub fn emit(fx: &mut Fx, p: &Params, (q, k, out): (Value, Value, Value), (begin,
             let kvh = fx.b.ins().iadd(kvb, kvh);
             fx.b.ins().imul_imm_s(kvh, (tk * d) as i64)
         };
+        // q's map reads the row's b and h.
+        let qbh =
+            p.q.map
+                .is_some()
+                .then(|| (fx.b.ins().udiv_imm_s(bh, p.h as i64), fx.b.ins().urem_imm_s(bh, p.h as i64)));
+        let qs = Src { op: &p.q, p: q, caps, bh: qbh };
+        let ks = Src { op: &p.k, p: k, caps, bh: None };
         let mut stats: [Option<Value>; Stat::ALL.len()] = [None; Stat::ALL.len()];
         // Global and per-head statistics.
         if uses(Stat::LnEps) {
@@ -176,15 +230,13 @@ pub fn emit(fx: &mut Fx, p: &Params, (q, k, out): (Value, Value, Value), (begin,
         }
         let whole = (fx.ic(0), fx.ic(t as i64));
         let keys = if off == 0 { whole } else { (whole.0, fx.ic(tk as i64)) };
-        for (s, dt, ptr, head, whole) in
-            [(Stat::QMax, p.q, q, bhbase, whole), (Stat::KMax, p.k, k, kbase, keys)]
-        {
+        for (s, src, head, whole) in [(Stat::QMax, &qs, bhbase, whole), (Stat::KMax, &ks, kbase, keys)] {
             if uses(s) {
                 stats[s as usize] = Some(match p.bound {
                     NormBound::Static { q_max, k_max } => {
                         fx.f64c(if s == Stat::QMax { q_max } else { k_max })
                     }
-                    NormBound::Data => max_norm(fx, dt, ptr, head, whole, d),
+                    NormBound::Data => max_norm(fx, src, head, whole, d),
                 });
             }
         }
@@ -196,7 +248,7 @@ pub fn emit(fx: &mut Fx, p: &Params, (q, k, out): (Value, Value, Value), (begin,
         if off > 0 && causal_keys {
             // The keys before the first query's position: every tile's rows see them.
             let before = (fx.ic(0), fx.ic(off as i64));
-            fold_max_norm(fx, p.k, k, kbase, before, d, k_causal);
+            fold_max_norm(fx, &ks, kbase, before, d, k_causal);
         }
         fx.for_n(0, mt as i64, 1, |fx, m| {
             let mut stats = stats;
@@ -211,7 +263,7 @@ pub fn emit(fx: &mut Fx, p: &Params, (q, k, out): (Value, Value, Value), (begin,
                 }
                 NormBound::Data => {
                     if uses(Stat::QTile) {
-                        stats[Stat::QTile as usize] = Some(max_norm(fx, p.q, q, bhbase, (i0, i1), d));
+                        stats[Stat::QTile as usize] = Some(max_norm(fx, &qs, bhbase, (i0, i1), d));
                     }
                     if uses(Stat::KCausal) {
                         let keys = if off == 0 {
@@ -219,7 +271,7 @@ pub fn emit(fx: &mut Fx, p: &Params, (q, k, out): (Value, Value, Value), (begin,
                         } else {
                             (fx.b.ins().iadd_imm_s(i0, off as i64), fx.b.ins().iadd_imm_s(i1, off as i64))
                         };
-                        fold_max_norm(fx, p.k, k, kbase, keys, d, k_causal);
+                        fold_max_norm(fx, &ks, kbase, keys, d, k_causal);
                         stats[Stat::KCausal as usize] = Some(fx.b.use_var(k_causal));
                     }
                 }
@@ -233,7 +285,7 @@ pub fn emit(fx: &mut Fx, p: &Params, (q, k, out): (Value, Value, Value), (begin,
                     row_stats(
                         fx,
                         p,
-                        (q, k),
+                        (&qs, &ks),
                         (bhbase, kbase),
                         i,
                         (uses(Stat::QRow), uses(Stat::Sii)),
@@ -273,7 +325,7 @@ fn given(fx: &mut Fx, table: &[f64], bh: Value, h: u64) -> Value {
 fn row_stats(
     fx: &mut Fx,
     p: &Params,
-    (q, k): (Value, Value),
+    (qs, ks): (&Src, &Src),
     (bhbase, kbase): (Value, Value),
     i: Value,
     (want_q, want_s): (bool, bool),
@@ -281,8 +333,9 @@ fn row_stats(
 ) {
     let off = fx.b.ins().imul_imm_s(i, p.d as i64);
     let base = fx.b.ins().iadd(bhbase, off);
+    let row = qs.row_at(i, base);
     if want_q {
-        stats[Stat::QRow as usize] = Some(norm(fx, p.q, q, base, p.d));
+        stats[Stat::QRow as usize] = Some(norm(fx, qs, &row, p.d));
     }
     if !want_s {
         return;
@@ -290,14 +343,15 @@ fn row_stats(
     // The row's diagonal key sits at i + Tk - Tq.
     let kb = fx.b.ins().iadd(kbase, off);
     let kb = if p.tk == p.t { kb } else { fx.b.ins().iadd_imm_s(kb, ((p.tk - p.t) * p.d) as i64) };
+    let krow = ks.row_at(i, kb);
     let qk = fx.b.declare_var(F64);
     let z = fx.f64c(0.0);
     fx.b.def_var(qk, z);
     fx.for_n(0, p.d as i64, 1, |fx, j| {
-        let idx = fx.b.ins().iadd(base, j);
-        let a = fx.load_f64(p.q, q, idx);
-        let kidx = fx.b.ins().iadd(kb, j);
-        let b = fx.load_f64(p.k, k, kidx);
+        let a = qs.op.element(fx, qs.p, qs.caps, &row, j);
+        let a = fx.b.ins().fpromote(F64, a);
+        let b = ks.op.element(fx, ks.p, ks.caps, &krow, j);
+        let b = fx.b.ins().fpromote(F64, b);
         let y = fx.b.use_var(qk);
         let ab = fx.b.ins().fmul(a, b);
         let y = fx.b.ins().fadd(y, ab);

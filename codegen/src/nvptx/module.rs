@@ -380,6 +380,12 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                     node: n.index(),
                 });
             }
+            Op::LoadMap { .. } => {
+                return Err(CodegenError::Unsupported {
+                    op: "load_map (the GPU kernels do not load q and k through a map yet: the fuse-load-maps pass runs for the CPU target)".into(),
+                    node: n.index(),
+                });
+            }
             Op::GateCumsum { .. } | Op::Threshold { .. } | Op::Attention(_)
                 if self.reads_later_results(n) =>
             {

@@ -1,0 +1,128 @@
+//! RoPE applied where the kernels load q (issue 25, item 7): the rotation statement of an
+//! attention's q becomes a `load_map` (`fuse-load-maps`, CPU target), which the attention and
+//! threshold kernels compute per element as they load it, instead of a loop writing the rotated
+//! tensor. k's rotation stays a loop (a map there would be computed once per query tile) and
+//! `--explain` says so. Checked against the f64 interpreter with f32 operands and outputs (a
+//! wrong element shows far above the 1e-5 tolerance), at a head dim with a partial group of
+//! four columns, with grouped kv heads and with queries at the end of longer keys; and through
+//! the gradients, whose program stores the map again.
+//!
+//! Shown failing: with the CPU kernels reading q's `x` without the map (`Operand::lanes`
+//! returning `x`, for the attention and the threshold alike),
+//! `load_maps_match_the_reference_on_the_cpu` failed (rel L2 7.961e-1 on the f32 program at
+//! D = 6).
+
+mod common;
+
+use common::{cpu_check, fresh_seed as seed, run_cli as run};
+
+fn write(name: &str, src: &str) -> String {
+    common::write_program("load_maps", name, src)
+}
+
+/// RoPE's rotate-half on q and k, f32 throughout.
+const ROPE: &str = "attention rope32(q: f32[B, H, T, D], k: f32[B, H, T, D], v: f32[B, H, T, D], fgate: f32[B, H, T], cos: f32[T, D], sin: f32[T, D]) -> f32[B, H, T, D] {
+    c[b, h, t]      = cumsum(t, logsigmoid(fgate[b, h, t]))
+    qr[b, h, t, d]  = q[b, h, t, d] * cos[t, d] + select(d < D / 2, -q[b, h, t, d + D / 2], q[b, h, t, d - D / 2]) * sin[t, d]
+    kr[b, h, t, d]  = k[b, h, t, d] * cos[t, d] + select(d < D / 2, -k[b, h, t, d + D / 2], k[b, h, t, d - D / 2]) * sin[t, d]
+    s[b, h, i, j]   = sum(d, qr[b, h, i, d] * kr[b, h, j, d]) / sqrt(D) + c[b, h, i] - c[b, h, j]
+    p[b, h, i, j]   = softmax(j, causal(i, j, s[b, h, i, j]))
+    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
+    return out
+}
+";
+
+/// Grouped kv heads: q's map reads per-query-head tables, k's rotation runs over its own G
+/// heads.
+const ROPE_GQA: &str = "attention rope_gqa(q: f32[B, H, T, D], k: f32[B, G, T, D], v: f32[B, G, T, D], fgate: f32[B, H, T], cos: f32[T, D], sin: f32[T, D], w: f32[G, D], u: f32[H, D]) -> f32[B, H, T, D] {
+    c[b, h, t]      = cumsum(t, logsigmoid(fgate[b, h, t]))
+    qr[b, h, t, d]  = (q[b, h, t, d] * cos[t, d] + select(d < D / 2, -q[b, h, t, d + D / 2], q[b, h, t, d - D / 2]) * sin[t, d]) * u[h, d]
+    kr[b, g, t, d]  = (k[b, g, t, d] * cos[t, d] + select(d < D / 2, -k[b, g, t, d + D / 2], k[b, g, t, d - D / 2]) * sin[t, d]) * w[g, d]
+    s[b, h, i, j]   = sum(d, qr[b, h, i, d] * kr[b, h / (H / G), j, d]) / sqrt(D) + c[b, h, i] - c[b, h, j]
+    p[b, h, i, j]   = softmax(j, causal(i, j, s[b, h, i, j]))
+    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h / (H / G), j, d])
+    return out
+}
+";
+
+/// Queries at the end of longer keys (prefill against a cache): q's rotation reads the tables at
+/// its rows' key positions.
+const ROPE_PREFILL: &str = "attention rope_prefill(q: f32[B, H, N, D], k: f32[B, H, M, D], v: f32[B, H, M, D], c: f32[B, H, M] nonincreasing along M, cos: f32[M, D], sin: f32[M, D]) -> f32[B, H, N, D] {
+    qr[b, h, t, d]  = q[b, h, t, d] * cos[t + M - N, d] + select(d < D / 2, -q[b, h, t, d + D / 2], q[b, h, t, d - D / 2]) * sin[t + M - N, d]
+    kr[b, h, t, d]  = k[b, h, t, d] * cos[t, d] + select(d < D / 2, -k[b, h, t, d + D / 2], k[b, h, t, d - D / 2]) * sin[t, d]
+    s[b, h, i, j]   = sum(d, qr[b, h, i, d] * kr[b, h, j, d]) / sqrt(D) + c[b, h, i + M - N] - c[b, h, j]
+    p[b, h, i, j]   = softmax(j, select(j <= i + M - N, s[b, h, i, j], -inf))
+    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
+    return out
+}
+";
+
+fn opt(file: &str, target: &str) -> String {
+    let (code, t) = run(&["compile", file, "--emit", "opt", "--target", target]);
+    assert_eq!(code, Some(0), "{file} {target}: {t}");
+    t
+}
+
+#[test]
+fn rope_on_q_is_loaded_through_a_map_on_the_cpu() {
+    let t = opt("bench/fox_rope.attn", "cpu");
+    let map = "= load_map {f = x * %4[i, d] + select(d < dim(D) * 0.5, -%0[b, h, i, d + D / 2], %0[b, h, i, d - D / 2]) * %5[i, d]} %0, %4, %0, %5 : f32[B, H, T, D]";
+    assert_eq!(t.matches(map).count(), 1, "{t}");
+    // The rotated q is not written (the threshold and the attention read the map); k's is.
+    assert_eq!(t.matches("= store").count(), 1, "{t}");
+    assert!(t.contains(", pruned}"), "{t}");
+    let (code, why) = run(&["compile", "bench/fox_rope.attn", "--explain"]);
+    assert_eq!(code, Some(0), "{why}");
+    assert!(
+        why.contains(
+            "the attention's k stays a loop of its own: a kernel loads each key tile once per query tile"
+        ),
+        "{why}"
+    );
+    // The GPU kernels do not compute maps yet: their targets keep the loops.
+    let t = opt("bench/fox_rope.attn", "sm_90a");
+    assert!(!t.contains("load_map") && t.matches("= store").count() == 2, "{t}");
+}
+
+#[test]
+fn load_maps_match_the_reference_on_the_cpu() {
+    let s = seed();
+    let rope = write("rope32.attn", ROPE);
+    for shape in ["B=1,H=2,T=130,D=6", "B=2,H=3,T=70,D=32"] {
+        for prune in [true, false] {
+            cpu_check("run", &rope, shape, &s, prune);
+        }
+    }
+    cpu_check("run", "bench/fox_rope.attn", "B=1,H=2,T=200,D=64", &s, true);
+    let gqa = write("rope_gqa.attn", ROPE_GQA);
+    assert_eq!(opt(&gqa, "cpu").matches("= load_map").count(), 1);
+    cpu_check("run", &gqa, "B=2,H=4,G=2,T=150,D=8", &s, true);
+    let prefill = write("rope_prefill.attn", ROPE_PREFILL);
+    assert_eq!(opt(&prefill, "cpu").matches("= load_map").count(), 1);
+    cpu_check("run", &prefill, "B=1,H=2,N=37,M=160,D=10", &s, true);
+}
+
+#[test]
+fn the_gradient_program_stores_the_maps_again() {
+    let s = seed();
+    let rope = write("rope32_grad.attn", ROPE);
+    let (code, t) = run(&["compile", &rope, "--emit", "grad"]);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(!t.contains("load_map"), "{t}");
+    let t = cpu_check("grad", &rope, "B=1,H=2,T=90,D=6", &s, true);
+    assert!(t.contains("check grad_cos") && t.contains("check grad_q"), "{t}");
+}
+
+/// A GPU codegen handed a load map (a graph optimized for the CPU) refuses it by name: no GPU
+/// kernel computes one yet.
+#[test]
+fn the_gpu_codegen_refuses_a_load_map() {
+    use foxc_driver::{cuda_backend, pipeline, PruneOptions, Target};
+    let src = pipeline::Source::read(std::path::Path::new("bench/fox_rope.attn")).unwrap();
+    let c = src.compile().unwrap();
+    let opts = pipeline::pass_options(&PruneOptions::default(), Target::Cpu, false).unwrap();
+    let (opt, _) = pipeline::optimize(&c.graph, &opts).unwrap();
+    let dims = std::collections::BTreeMap::from([("D".to_string(), 64)]);
+    let e = cuda_backend::compile(&opt, &dims, Target::Sm90a).map(|_| ()).unwrap_err().to_string();
+    assert!(e.contains("load_map (the GPU kernels do not load q"), "{e}");
+}
