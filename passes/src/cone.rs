@@ -105,7 +105,7 @@ impl<'g> ConeBuilder<'g> {
 
 /// Emits `region` as IR ops over the named `axes` (`b, h, i, j` in order), its `x` the value
 /// `x` (read through a `bind` to the axes) and capture `k` the tensor `captures[k]`: the value
-/// of its root, f32 (`None` where a capture is missing or an op does not type).
+/// of its root, f32 (`Err` where a capture is missing or an op does not type).
 pub(crate) fn emit_ops(
     g: &mut Graph,
     region: &Region,

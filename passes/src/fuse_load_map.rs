@@ -13,8 +13,8 @@
 //! else stays a loop, with an explanation.
 //!
 //! k stays a loop: a kernel loads each key tile once per query tile, so a map there is computed
-//! `T / bm` times (on the CPU, RoPE on k as a map made the standard workload 1.35x slower; on q,
-//! 3.5% faster than the loop: BENCHMARKS.md). The GPU kernels do not compute maps yet, so the
+//! `T / bm` times (on the CPU's standard workload, mapping k too made RoPE 1.35x slower than its
+//! loops; q alone is 9% faster: BENCHMARKS.md). The GPU kernels do not compute maps yet, so the
 //! pass runs for the CPU target only. [`unfuse`] is the inverse, for the gradient pass.
 
 use crate::cone::{emit_ops, ConeBuilder};
