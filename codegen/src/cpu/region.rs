@@ -222,10 +222,10 @@ fn binary(fx: &mut Fx, op: BinaryOp, a: Value, b: Value) -> Value {
 }
 
 /// Lane-wise read of a captured tensor at `index`; NaN where the index is out of range (as the
-/// interpreter defines it). A float tensor read along its last axis at `j + c` (`j` nowhere
-/// else, no division or clamp) whose groups of four cannot straddle that axis' ends (`c` and
-/// the axis' size multiples of 4, `j0` aligned) is one vector load, NaN when the group is
-/// outside.
+/// interpreter defines it). A subscript without `j` reads one element for all four lanes; a
+/// float tensor read along its last axis at `j + c` (`j` nowhere else, no division or clamp)
+/// whose groups of four cannot straddle that axis' ends (`c` and the axis' size multiples of 4,
+/// `j0` aligned) is one vector load, NaN when the group is outside.
 fn capture(
     fx: &mut Fx,
     cap: &(Value, CaptureCode),
@@ -234,6 +234,16 @@ fn capture(
     at: &Lanes,
 ) -> Value {
     let (ptr, cc) = cap;
+    if !index.iter().any(|e| e.terms.iter().any(|(v, _)| v == IndexVar::J.name())) {
+        // The same element on every lane (a per-head slope, a per-row bias): one load.
+        let (ok, off) = capture_offset(fx, &cc.shape, index, subs, at, 0);
+        let zero = fx.ic(0);
+        let safe = fx.b.ins().select(ok, off, zero);
+        let x = fx.load_f32(cc.dtype, *ptr, safe);
+        let nan = fx.f32c(f32::NAN);
+        let x = fx.b.ins().select(ok, x, nan);
+        return fx.splat(x);
+    }
     if at.aligned && cc.dtype.is_float() && contiguous_in_j(&cc.shape, index, subs) {
         let (ok, off) = capture_offset(fx, &cc.shape, index, subs, at, 0);
         let zero = fx.ic(0);
