@@ -519,6 +519,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         };
         self.load_tile(qb, i0, bm as u32, lay.q, t_len);
         b.cp_async_commit();
+        self.prefetch_epilogue_rows((i0, bm as u32), (self.tid, cfg.threads()), bh);
         let j_end0 = b.mulc(n_hi, bn);
         let load_first_tile = |_: &KernelBuilder<'a, 'ctx>| {
             self.load_tile(kb, j_end0, cfg.bn, lay.k[0], self.k_len);

@@ -256,9 +256,27 @@ impl RegionMod {
         subs: &[KernelSub],
         at: ScorePos<'ctx>,
     ) -> FloatValue<'ctx> {
+        let Some((ty, ok, off)) = self.capture_at(b, k, index, subs, at) else {
+            return b.f32(f64::NAN);
+        };
+        let v = b.load_f(ty.dtype, b.param_ptr(self.param(ScoreArg::Capture(k))), off);
+        b.select_f(ok, v, b.f32(f64::NAN))
+    }
+
+    /// Where captured tensor `k` is read at `index`: its type, whether every subscript is inside
+    /// its axis (i1), and the element offset (0 where one is not). `None` (reported to the
+    /// builder) when the kernel has no parameter for it.
+    fn capture_at<'ctx>(
+        &self,
+        b: &KernelBuilder<'_, 'ctx>,
+        k: usize,
+        index: &[IndexExpr],
+        subs: &[KernelSub],
+        at: ScorePos<'ctx>,
+    ) -> Option<(CaptureTy, IntValue<'ctx>, IntValue<'ctx>)> {
         let Some(ty) = self.caps.get(k).copied().flatten() else {
             b.fail(format!("capture {k} has no kernel parameter"));
-            return b.f32(f64::NAN);
+            return None;
         };
         let (bi, hi) = self.split_bh(b, at.bh);
         let var = |v: &str| match IndexVar::from_name(v) {
@@ -298,8 +316,7 @@ impl RegionMod {
             let p = b.select_i(inside, p, b.i32(0));
             off = b.add(b.mul(off, b.sext64(n)), b.sext64(p));
         }
-        let v = b.load_f(ty.dtype, b.param_ptr(self.param(ScoreArg::Capture(k))), off);
-        b.select_f(ok, v, b.f32(f64::NAN))
+        Some((ty, ok, off))
     }
 }
 
@@ -531,6 +548,23 @@ impl ScoreMod for RegionMod {
         match &self.epilogue {
             Some(e) => self.eval(e, b, o, at),
             None => o,
+        }
+    }
+
+    fn prefetch_epilogue<'a, 'ctx>(&self, b: &KernelBuilder<'a, 'ctx>, at: ScorePos<'ctx>) {
+        let Some(e) = &self.epilogue else { return };
+        let mut seen = vec![];
+        for (n, node) in e.region.nodes.iter().enumerate() {
+            let RNode::Capture { k, index } = node else { continue };
+            if seen.contains(&(k, index)) {
+                continue;
+            }
+            seen.push((k, index));
+            if let Some((ty, _, off)) = self.capture_at(b, *k, index, &e.subs[n], at) {
+                let p = b.gep_dt(ty.dtype, b.param_ptr(self.param(ScoreArg::Capture(*k))), off);
+                // Inline PTX: LLVM 22 selects its `prefetch.global.L2` intrinsic on sm_90 only.
+                b.asm("prefetch.global.L2 [$0];", "l", None, &[p.into()]);
+            }
         }
     }
 

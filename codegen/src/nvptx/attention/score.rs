@@ -77,6 +77,9 @@ pub(crate) trait ScoreMod {
     fn keeps<'a, 'ctx>(&self, _: &KernelBuilder<'a, 'ctx>, _: ScorePos<'ctx>) -> Option<IntValue<'ctx>> {
         None
     }
+    /// Asks L2 for the line of every tensor the epilogue reads at output element `at` (a hint:
+    /// no value is read, an index outside its axis asks for the tensor's first line).
+    fn prefetch_epilogue<'a, 'ctx>(&self, _: &KernelBuilder<'a, 'ctx>, _: ScorePos<'ctx>) {}
 }
 
 /// The unmodified score (FoX as written today).

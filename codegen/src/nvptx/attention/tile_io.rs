@@ -233,6 +233,33 @@ impl<'ctx> Attn<'_, '_, 'ctx> {
     }
 }
 
+impl<'ctx> Attn<'_, '_, 'ctx> {
+    /// Asks L2 for the lines the epilogue reads in rows `i0 .. i0 + rows` of head `bh` (nothing
+    /// without an epilogue): the calling group's thread `tid` of `threads` takes row
+    /// `i0 + tid / (threads / rows)` and every 32nd column of its share, one request per
+    /// 128-byte line of an f32 row (two of a 16-bit one). Issued when the block starts, the
+    /// epilogue's reads in the block's tail find their lines in L2 instead of HBM.
+    pub(crate) fn prefetch_epilogue_rows(
+        &self,
+        (i0, rows): (IntValue<'ctx>, u32),
+        (tid, threads): (IntValue<'ctx>, u32),
+        bh: IntValue<'ctx>,
+    ) {
+        if !self.score.has_epilogue() {
+            return;
+        }
+        let b = self.b;
+        let per_row = (threads / rows).max(1);
+        let i = b.add(i0, b.udivc(tid, per_row as i64));
+        let share = b.mulc(b.uremc(tid, per_row as i64), 32);
+        let lines = self.cfg.head_dim.div_ceil(32);
+        for l in 0..lines.div_ceil(per_row) {
+            let j = b.addc(share, (l * per_row * 32) as i64);
+            self.score.prefetch_epilogue(b, ScorePos { i, j, bh });
+        }
+    }
+}
+
 /// The thread's two adjacent O columns of D tile `dtile` in its row `r` (0 or 1) of the
 /// accumulator fragments `o`, divided by the row's sum (`inv[r] = 1 / l`).
 fn normalized_pair<'ctx>(

@@ -493,6 +493,7 @@ pub(super) fn consumer_item<'ctx>(
     if given.is_none() {
         load_q(a0, cfg, lay, blk, cw);
     }
+    a.prefetch_epilogue_rows((i0w, 64), (a.tid, 128), blk.bh);
     let f32t = b.f32t().into();
     let l2e = b.f32(LOG2E);
     let c_ref = cfg.has_decay.then(|| b.load_f32(b.gep(f32t, blk.cb, b.sext64(a.pos(i0c)))));
