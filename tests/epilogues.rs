@@ -15,6 +15,7 @@
 //! the CPU checks of the epilogue failed (rel L2 9.9e-1 on bench/fox_gate.attn); before
 //! `unfuse` dropped the captures only the epilogue read, the gradient program's backward owed
 //! the gate a gradient of its own (`attention_backward` with 5 results; the GPU refused it).
+//! Without the warp-specialized consumer's prefetch call, the L2 test failed at sm_90a D = 128.
 
 mod common;
 
@@ -230,4 +231,20 @@ fn the_gradient_program_moves_the_epilogue_out() {
     cpu_check("grad", "bench/fox_gate.attn", "B=1,H=2,T=90,D=16", &s, true);
     let rows = common::write_program("epilogue", "rows_grad.attn", ROWS);
     cpu_check("grad", &rows, "B=1,H=2,T=90,D=16", &s, true);
+}
+
+/// The epilogue's reads are asked of L2 when a block starts (one `prefetch.global.L2` per line
+/// the thread's share covers), in the warp-specialized and the standard kernels; a kernel
+/// without an epilogue asks for nothing.
+#[test]
+fn the_epilogue_s_lines_are_asked_of_l2_when_a_block_starts() {
+    for (target, shape) in [("sm_90a", "D=128"), ("sm_90a", "D=64"), ("sm_80", "D=64")] {
+        let ptx = |f: &str| {
+            let (code, t) = run(&["compile", f, "--emit", "ptx", "--target", target, "--shape", shape]);
+            assert_eq!(code, Some(0), "{f} {target} {shape}: {t}");
+            t.matches("prefetch.global.L2").count()
+        };
+        assert!(ptx("bench/fox_gate.attn") >= 1, "{target} {shape}");
+        assert_eq!(ptx("examples/fox.attn"), 0, "{target} {shape}");
+    }
 }
