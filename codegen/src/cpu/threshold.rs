@@ -174,7 +174,7 @@ fn max_norm(fx: &mut Fx, src: &Src, head: Value, range: (Value, Value), d: u64) 
 }
 
 /// The kernel body: tasks `begin..end` are flat heads; q, k, out are the buffers, `caps` the
-/// tensors the load maps of q and k read.
+/// tensors q's load map reads.
 pub fn emit(
     fx: &mut Fx,
     p: &Params,
