@@ -144,7 +144,7 @@ pub fn inlined(g: &Graph, n: ValueId) -> bool {
 /// inline value, unless the caller reads it back (`is_output`). Such a value exists only inside
 /// the loops of its users.
 pub fn unbuffered(g: &Graph, n: ValueId, is_output: &dyn Fn(ValueId) -> bool) -> bool {
-    (read_through(g, n) || inlined(g, n)) && !is_output(n) || loaded_through(g, n)
+    ((read_through(g, n) || inlined(g, n)) && !is_output(n)) || loaded_through(g, n)
 }
 
 /// Whether `n` is a `load_map`: its readers (attention and threshold kernels) compute it where

@@ -56,7 +56,7 @@ pub const SAVED_OUT_F32: &str = "out_f32";
 
 /// Build the gradient program of `fwd`.
 pub fn gradient(fwd: &Graph) -> Result<GradProgram, GradError> {
-    let mut g = without_epilogues(fwd)?;
+    let mut g = unfused(fwd)?;
     let out = g.output.ok_or_else(|| GradError::Internal("the graph has no output".into()))?;
     reserve_names(&g, &[DOUT])?;
     widen_attention_outputs(&mut g);
@@ -83,7 +83,7 @@ pub fn gradient(fwd: &Graph) -> Result<GradProgram, GradError> {
 ///
 /// `fwd` must be an optimized graph whose output is its one attention's `out`.
 pub fn gradient_from_saved(fwd: &Graph) -> Result<GradProgram, GradError> {
-    let mut g = without_epilogues(fwd)?;
+    let mut g = unfused(fwd)?;
     let n = saved_attention(&g)?;
     reserve_names(&g, &[DOUT, SAVED_OUT, SAVED_LSE])?;
     let out_ty = g.ty(n).clone();
@@ -149,7 +149,7 @@ fn saved_attention(g: &Graph) -> Result<ValueId, GradError> {
 /// reads the unrounded output, as [`gradient`]'s does: a rounded `out` puts its rounding into
 /// `delta`, which the decay gradients (sums of `dS` that cancel) amplify.
 pub fn forward_for_saved(fwd: &Graph) -> Result<(Graph, Vec<(String, Value)>), GradError> {
-    let mut g = without_epilogues(fwd)?;
+    let mut g = unfused(fwd)?;
     let n = saved_attention(&g)?;
     widen_attention_outputs(&mut g);
     let out = g.output.ok_or_else(|| GradError::Internal("the graph has no output".into()))?;
@@ -173,10 +173,10 @@ fn reserve_names(g: &Graph, names: &[&str]) -> Result<(), GradError> {
     }
 }
 
-/// `fwd` with every attention's epilogue moved back into IR ops after it
+/// `fwd` unfused: every attention's epilogue moved back into IR ops after it
 /// ([`crate::fuse_epilogue::unfuse`]) and every load map back into the statement it was
 /// ([`crate::fuse_load_map::unfuse`]): the gradient pass differentiates those.
-fn without_epilogues(fwd: &Graph) -> Result<Graph, GradError> {
+fn unfused(fwd: &Graph) -> Result<Graph, GradError> {
     let mut g = fwd.clone();
     for n in g.find(|op| matches!(op, Op::Attention(a) if a.epilogue.is_some())) {
         crate::fuse_epilogue::unfuse(&mut g, n)

@@ -9,7 +9,7 @@
 
 use super::emit::{Fx, F32, F32X4, F64, I32, I64};
 use super::kernels::{copy_row, stage_scalar, zero_fill, AttnKernel, AttnScratch, Frame, Helpers};
-use super::load_map::{Operand, Row};
+use super::load_map::Operand;
 use super::region::{self, CaptureCode, Lanes};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, Value};
@@ -280,25 +280,14 @@ fn stage_queries(fx: &mut Fx, cx: &Cx, tile: &QueryTile) {
         let row = tile.row(fx, r);
         let src = fx.b.ins().imul_imm_s(row, d as i64);
         let dst = fx.addr(bufs.qs, r, (d * 16) as i64);
-        if cx.q.map.is_some() {
-            // Four columns at a time through the map (lanes past d dropped).
-            let i = fx.b.ins().iadd(tile.i0, r);
-            let at = Row { b: tile.bi, h: tile.hi, i, base: src };
+        if cx.q.map.is_some() || d.is_multiple_of(4) {
+            // Four columns at a time, through q's map if it has one (lanes past d dropped).
+            let at = cx.q.map.is_some().then(|| (tile.bi, tile.hi, fx.b.ins().iadd(tile.i0, r)));
+            let at = cx.q.row(src, at);
             for j in (0..d).step_by(4) {
                 let x = cx.q.lanes(fx, args.q, &args.caps, &at, j, d);
                 let x = fx.b.ins().fmul(x, scale_v);
                 for l in 0..(d - j).min(4) as u8 {
-                    let e = fx.b.ins().extractlane(x, l);
-                    let sv = fx.splat(e);
-                    fx.store(sv, dst, ((j + l as u64) * 16) as i32);
-                }
-            }
-        } else if d.is_multiple_of(4) {
-            for j in (0..d).step_by(4) {
-                let idx = fx.b.ins().iadd_imm_s(src, j as i64);
-                let x = fx.load4_f32(a.q, args.q, idx);
-                let x = fx.b.ins().fmul(x, scale_v);
-                for l in 0..4u8 {
                     let e = fx.b.ins().extractlane(x, l);
                     let sv = fx.splat(e);
                     fx.store(sv, dst, ((j + l as u64) * 16) as i32);

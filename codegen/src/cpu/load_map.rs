@@ -1,6 +1,6 @@
-//! The q and k of the attention and threshold kernels read through a load map
-//! (docs/SEMANTICS.md, "load_map"): where a kernel loads four columns of a row it computes the
-//! map's function there, instead of reading a tensor a loop wrote.
+//! The attention and threshold kernels' q read through a load map (docs/SEMANTICS.md,
+//! "load_map"): where a kernel loads four columns of a row it computes the map's function there,
+//! instead of reading a tensor a loop wrote. k is an [`Operand`] without a map.
 
 use super::emit::Fx;
 use super::region::{self, CaptureCode, Lanes, RegionCode};
@@ -15,17 +15,21 @@ pub struct Operand {
     pub map: Option<RegionCode>,
 }
 
-/// A row of an operand: the map's `b`, `h` (the tensor's own head: a kv head of k) and row `i`,
-/// and the row's first element in the buffer.
+/// A row of an operand: its first element in the buffer, and where the map reads it (`b`, `h`,
+/// row `i`; [`Operand::row`]).
 #[derive(Clone, Copy)]
 pub struct Row {
-    pub b: Value,
-    pub h: Value,
-    pub i: Value,
     pub base: Value,
+    at: Option<(Value, Value, Value)>,
 }
 
 impl Operand {
+    /// The row whose first element is `base`, read by the map (if any) at `at`'s `(b, h, i)`;
+    /// a caller computes `at` only for an operand with a map.
+    pub fn row(&self, base: Value, at: Option<(Value, Value, Value)>) -> Row {
+        Row { base, at: at.filter(|_| self.map.is_some()) }
+    }
+
     /// Columns `j .. j + 4` of `row` of the buffer `p` as f32x4, through the map if there is
     /// one; lanes at or past `d` are read as 0 (never past the row) and their value is the
     /// caller's to drop.
@@ -50,18 +54,12 @@ impl Operand {
             }
             x
         };
-        match &self.map {
-            None => x,
-            Some(rc) => {
+        match (&self.map, row.at) {
+            (Some(rc), Some((b, h, i))) => {
                 let j0 = fx.ic(j as i64);
-                region::emit(
-                    fx,
-                    rc,
-                    caps,
-                    &Lanes { b: row.b, h: row.h, i: row.i, j0, aligned: j.is_multiple_of(4) },
-                    x,
-                )
+                region::emit(fx, rc, caps, &Lanes { b, h, i, j0, aligned: j.is_multiple_of(4) }, x)
             }
+            _ => x,
         }
     }
 
@@ -76,14 +74,13 @@ impl Operand {
     ) -> Value {
         let idx = fx.b.ins().iadd(row.base, j);
         let x = fx.load_f32(self.dtype, p, idx);
-        match &self.map {
-            None => x,
-            Some(rc) => {
+        match (&self.map, row.at) {
+            (Some(rc), Some((b, h, i))) => {
                 let xv = fx.splat(x);
-                let at = Lanes { b: row.b, h: row.h, i: row.i, j0: j, aligned: false };
-                let y = region::emit(fx, rc, caps, &at, xv);
+                let y = region::emit(fx, rc, caps, &Lanes { b, h, i, j0: j, aligned: false }, xv);
                 fx.b.ins().extractlane(y, 0)
             }
+            _ => x,
         }
     }
 }

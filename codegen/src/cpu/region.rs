@@ -234,20 +234,19 @@ fn capture(
     at: &Lanes,
 ) -> Value {
     let (ptr, cc) = cap;
-    if !index.iter().any(|e| e.terms.iter().any(|(v, _)| v == IndexVar::J.name())) {
-        // The same element on every lane (a per-head slope, a per-row bias): one load.
+    // The same element on every lane (a per-head slope, a per-row bias), or four consecutive
+    // ones: lane 0's subscript decides for all four.
+    let uniform = !index.iter().any(|e| e.terms.iter().any(|(v, _)| v == IndexVar::J.name()));
+    if uniform || (at.aligned && cc.dtype.is_float() && contiguous_in_j(&cc.shape, index, subs)) {
         let (ok, off) = capture_offset(fx, &cc.shape, index, subs, at, 0);
         let zero = fx.ic(0);
         let safe = fx.b.ins().select(ok, off, zero);
-        let x = fx.load_f32(cc.dtype, *ptr, safe);
-        let nan = fx.f32c(f32::NAN);
-        let x = fx.b.ins().select(ok, x, nan);
-        return fx.splat(x);
-    }
-    if at.aligned && cc.dtype.is_float() && contiguous_in_j(&cc.shape, index, subs) {
-        let (ok, off) = capture_offset(fx, &cc.shape, index, subs, at, 0);
-        let zero = fx.ic(0);
-        let safe = fx.b.ins().select(ok, off, zero);
+        if uniform {
+            let x = fx.load_f32(cc.dtype, *ptr, safe);
+            let nan = fx.f32c(f32::NAN);
+            let x = fx.b.ins().select(ok, x, nan);
+            return fx.splat(x);
+        }
         let x = fx.load4_f32(cc.dtype, *ptr, safe);
         let nan = fx.splat_c(f32::NAN);
         return fx.b.ins().select(ok, x, nan);
@@ -273,14 +272,12 @@ fn contiguous_in_j(shape: &[u64], index: &[IndexExpr], subs: &[SubConsts]) -> bo
         return false;
     };
     let reads_j = |e: &IndexExpr| e.terms.iter().any(|(v, _)| v == j);
-    last.terms.iter().any(|(v, c)| v == j && *c == 1)
-        && last.terms.iter().filter(|(v, _)| v == j).count() == 1
+    matches!(last.terms.as_slice(), [(v, 1)] if v == j)
         && !rest.iter().any(reads_j)
         && sub.div.is_none()
         && sub.clamps.is_empty()
         && sub.offset % 4 == 0
         && n % 4 == 0
-        && last.terms.iter().all(|(v, _)| v == j)
 }
 
 /// Where lane `lane` reads a captured tensor of `shape` at `index`: (in range (i8 truth),

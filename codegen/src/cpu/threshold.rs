@@ -62,7 +62,7 @@ impl RuleEmitter for Clif<'_, '_> {
 }
 
 /// One of q, k as the kernel reads it: the operand, its buffer, the captures its map reads,
-/// and the task's `(b, h)` when it has a map (q's; k is read as it is).
+/// and the task's `(b, h)`, computed when it has a map (q's; k is read as it is).
 #[derive(Clone, Copy)]
 struct Src<'a> {
     op: &'a Operand,
@@ -79,10 +79,9 @@ impl Src<'_> {
         self.row_at(i, base)
     }
 
-    /// Row `i`, whose first element is `base` (without a map, `b` and `h` are never read).
+    /// Row `i`, whose first element is `base`.
     fn row_at(&self, i: Value, base: Value) -> Row {
-        let (b, h) = self.bh.unwrap_or((i, i));
-        Row { b, h, i, base }
+        self.op.row(base, self.bh.map(|(b, h)| (b, h, i)))
     }
 }
 

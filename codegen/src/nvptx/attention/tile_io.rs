@@ -210,9 +210,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
             });
         }
     }
-}
 
-impl<'ctx> Attn<'_, '_, 'ctx> {
     /// What every epilogue writes: the thread's two adjacent output columns of D tile `dtile`
     /// in its row `r` (0 or 1), `O * inv` ([`normalized_pair`]) through the attention's
     /// epilogue, for the columns `at.j` and `at.j + 1` of row `at.i` of head `at.bh`.
@@ -231,9 +229,7 @@ impl<'ctx> Attn<'_, '_, 'ctx> {
         let next = ScorePos { j: b.addc(at.j, 1), ..at };
         (self.score.epilogue(b, x0, at), self.score.epilogue(b, x1, next))
     }
-}
 
-impl<'ctx> Attn<'_, '_, 'ctx> {
     /// Asks L2 for the lines the epilogue reads in rows `i0 .. i0 + rows` of head `bh` (nothing
     /// without an epilogue): the calling group's thread `tid` of `threads` takes row
     /// `i0 + tid / (threads / rows)` and every 32nd column of its share, one request per
