@@ -1,7 +1,7 @@
 //! RoPE applied where the kernels load q (issue 25, item 7): the rotation statement of an
-//! attention's q becomes a `load_map` (`fuse-load-maps`, CPU target), which the attention and
-//! threshold kernels compute per element as they load it, instead of a loop writing the rotated
-//! tensor. k's rotation stays a loop (a map there would be computed once per query tile) and
+//! attention's q becomes a `load_map` (`fuse-load-maps`), which the attention and threshold
+//! kernels compute per element as they load it, instead of a loop writing the rotated tensor
+//! (f32 on the CPU; on the GPU rounded to the 16-bit type of the Q tile the kernels fill with it). k's rotation stays a loop (a map there would be computed once per query tile) and
 //! `--explain` says so. Checked against the f64 interpreter with f32 operands and outputs (a
 //! wrong element shows far above the 1e-5 tolerance), at a head dim with a partial group of
 //! four columns, with grouped kv heads and with queries at the end of longer keys; and through
@@ -79,9 +79,6 @@ fn rope_on_q_is_loaded_through_a_map_on_the_cpu() {
         ),
         "{why}"
     );
-    // The GPU kernels do not compute maps yet: their targets keep the loops.
-    let t = opt("bench/fox_rope.attn", "sm_90a");
-    assert!(!t.contains("load_map") && t.matches("= store").count() == 2, "{t}");
 }
 
 #[test]
@@ -113,16 +110,74 @@ fn the_gradient_program_stores_the_maps_again() {
     assert!(t.contains("check grad_cos") && t.contains("check grad_q"), "{t}");
 }
 
-/// A GPU codegen handed a load map (a graph optimized for the CPU) refuses it by name: no GPU
-/// kernel computes one yet.
+/// bf16 programs with RoPE on q: plain, with grouped kv heads and a per-position scale of q (a
+/// map that changes q's norms), and with queries at the end of longer keys.
+const GPU_PROGRAMS: [&str; 3] =
+    ["bench/fox_rope.attn", "bench/fox_rope_gqa.attn", "bench/fox_rope_prefill.attn"];
+
+/// The GPU kernels load q through its map: one bf16 `load_map` (the rotation rounded to the Q
+/// tile's type, as the `half-operands` pass made the statement), no kernel writes the rotated q,
+/// and every kernel that reads q (the attention's and the threshold's) takes the map's captured
+/// tensors as parameters after its own, at every kernel shape: warp-specialized (D = 128),
+/// standard wgmma (D = 64 on sm_90a with the standard kernel chosen by the tiles), mma.sync
+/// (D = 96; sm_80), split keys (N = 16 queries), queries fewer than keys (the norms and delta
+/// kernels). The PTX assembles with ptxas where found. Their values are checked on a GPU
+/// (BENCHMARKS.md, "RoPE's q rotation in the GPU kernels' Q loads").
 #[test]
-fn the_gpu_codegen_refuses_a_load_map() {
-    use foxc_driver::{cuda_backend, pipeline, PruneOptions, Target};
-    let src = pipeline::Source::read(std::path::Path::new("bench/fox_rope.attn")).unwrap();
-    let c = src.compile().unwrap();
-    let opts = pipeline::pass_options(&PruneOptions::default(), Target::Cpu, false).unwrap();
-    let (opt, _) = pipeline::optimize(&c.graph, &opts).unwrap();
-    let dims = std::collections::BTreeMap::from([("D".to_string(), 64)]);
-    let e = cuda_backend::compile(&opt, &dims, Target::Sm90a).map(|_| ()).unwrap_err().to_string();
-    assert!(e.contains("load_map (the GPU kernels do not load q"), "{e}");
+fn rope_on_q_is_loaded_through_a_map_on_the_gpu() {
+    use foxc_codegen::nvptx::ptxas;
+    let ptxas = ptxas::find();
+    for f in GPU_PROGRAMS {
+        for target in ["sm_90a", "sm_80"] {
+            let t = opt(f, target);
+            let maps: Vec<_> = t.lines().filter(|l| l.contains("= load_map {f = ")).collect();
+            assert_eq!(maps.len(), 1, "{f} {target}: {t}");
+            assert!(maps[0].contains(": bf16[B, H, "), "{f} {target}: {t}");
+            // k's rotation is the one store of the head dim's rows ([B, G or H, T or M, D]).
+            assert_eq!(t.matches("= store").count(), 1, "{f} {target}: {t}");
+        }
+        for (target, shape) in [
+            ("sm_90a", "D=128,H=4,G=2,N=300,M=2000"),
+            ("sm_90a", "D=96,H=4,G=2,N=300,M=2000"),
+            ("sm_90a", "D=128,H=4,G=2,N=16,M=3000"),
+            ("sm_80", "D=64,H=4,G=2,N=300,M=2000"),
+        ] {
+            let (code, ptx) = run(&["compile", f, "--emit", "ptx", "--target", target, "--shape", shape]);
+            assert_eq!(code, Some(0), "{f} {target} {shape}: {ptx}");
+            // The kernels that read q read the map's tables (`cos`, `sin`, `u`) and q's partner
+            // elements 16 bytes at a time where aligned (`ld.global.nc.v4.b32`, which only a
+            // map's reads emit).
+            let entries: Vec<&str> = ptx.split(".visible .entry ").skip(1).collect();
+            let name = |e: &str| e.split('(').next().unwrap().to_string();
+            let maps_q = |e: &&&str| e.contains("ld.global.nc.v4.b32");
+            let attn: Vec<_> = entries.iter().filter(|e| name(e).starts_with("foxc_attn_fwd")).collect();
+            assert!(!attn.is_empty() && attn.iter().all(maps_q), "{f} {target} {shape}");
+            // The threshold's norms of q (the delta kernel of the paper rule reads no q row).
+            // (At D = 96 they read rows element by element, 12 lanes of 16 bytes not dividing a
+            // warp, and the map's reads are element by element too.)
+            let threshold: Vec<_> = entries.iter().filter(|e| name(e).contains("threshold")).collect();
+            assert!(!threshold.is_empty(), "{f} {target} {shape}");
+            if !shape.starts_with("D=96") {
+                assert!(threshold.iter().any(maps_q), "{f} {target} {shape}");
+            }
+            let stores = entries.iter().filter(|e| name(e).contains("_store_")).count();
+            assert_eq!(stores, 1, "{f} {target} {shape}");
+            if let Some(p) = &ptxas {
+                let arch = if target == "sm_80" { "sm_80" } else { "sm_90a" };
+                ptxas::assemble(p, &ptx, arch).unwrap_or_else(|log| panic!("{f} {shape}: ptxas: {log}"));
+            }
+        }
+    }
+}
+
+/// On a GPU target, a q map whose own element comes from an f32 tensor stays a loop, and
+/// `--explain` says why: the kernels load `x` as their Q tile's 16-bit type.
+#[test]
+fn an_f32_element_keeps_the_gpu_loop() {
+    let src = std::fs::read_to_string("bench/fox_rope.attn").unwrap().replace("q: bf16[", "q: f32[");
+    let f = write("rope_f32_q.attn", &src);
+    assert!(!opt(&f, "sm_90a").contains("load_map"));
+    let (code, why) = run(&["compile", &f, "--explain", "--target", "sm_90a"]);
+    assert_eq!(code, Some(0), "{why}");
+    assert!(why.contains("it reads its own element from a f32 tensor"), "{why}");
 }

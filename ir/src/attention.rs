@@ -226,6 +226,20 @@ impl Region {
         ks
     }
 
+    /// The same region reading capture `k + by` wherever it read capture `k`: a region whose
+    /// captures join another's list after that one's `by` tensors.
+    pub fn shift_captures(&self, by: usize) -> Region {
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|n| match n {
+                RNode::Capture { k, index } => RNode::Capture { k: k + by, index: index.clone() },
+                other => other.clone(),
+            })
+            .collect();
+        Region { nodes, root: self.root }
+    }
+
     /// The value of a region of constants, dims, unary and binary ops (a [`Scale`]'s q factor),
     /// with the interpreter's f64 arithmetic, node by node as `foxc_ir::fold::scalar_value`
     /// folds the graph's scalars (so no count rule: `x * 0` is NaN for an infinite `x`). `None`

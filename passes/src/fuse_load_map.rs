@@ -1,4 +1,4 @@
-//! `fuse-load-maps` (CPU target): an attention's q that an elementwise statement computes from
+//! `fuse-load-maps`: an attention's q that an elementwise statement computes from
 //! tensors read around its own element (RoPE's rotation
 //! `q[b, h, t, d] * cos[t, d] + select(d < D / 2, -q[b, h, t, d + D / 2], q[b, h, t, d - D / 2]) * sin[t, d]`)
 //! becomes a `load_map` (docs/SEMANTICS.md): the attention kernel computes each element where it
@@ -8,14 +8,16 @@
 //! The statement qualifies when it stores a rank-4 value that only attentions and thresholds
 //! read, as their q; its value is a cone of elementwise ops ([`ConeBuilder`]: reads of tensors,
 //! indices, dims, constants, unary, binary and `select` nodes) with at most one float `cast` at
-//! its top (the map's dtype, f32 for the CPU kernels); and it reads some tensor of its own shape
-//! at its own subscripts (the map's `x`, the one read every kernel loads as before). Anything
-//! else stays a loop, with an explanation.
+//! its top (the map's dtype: f32 for the CPU kernels; for the GPU kernels the 16-bit type of
+//! their Q tile, which the `half-operands` pass gave the statement); and it reads some tensor of
+//! its own shape at its own subscripts (the map's `x`, the one read every kernel loads as
+//! before; on the GPU of the map's own dtype: the kernels load it in 16-byte pieces of the
+//! tile's type). Anything else stays a loop, with an explanation.
 //!
 //! k stays a loop: a kernel loads each key tile once per query tile, so a map there is computed
 //! `T / bm` times (on the CPU's standard workload, mapping k too made RoPE 1.35x slower than its
-//! loops; q alone is 9% faster: BENCHMARKS.md). The GPU kernels do not compute maps yet, so the
-//! pass runs for the CPU target only. [`unfuse`] is the inverse, for the gradient pass.
+//! loops; q alone is 9% faster: BENCHMARKS.md). [`unfuse`] is the inverse, for the gradient
+//! pass.
 
 use crate::cone::{emit_ops, ConeBuilder};
 use crate::{Explanation, PassContext, PassError, PassOptions};
@@ -25,18 +27,19 @@ use petgraph::visit::EdgeRef;
 use std::collections::BTreeSet;
 
 /// The `fuse-load-maps` pass.
-pub fn run(g: &mut Graph, _opts: &PassOptions, cx: &mut PassContext) -> Result<(), PassError> {
+pub fn run(g: &mut Graph, opts: &PassOptions, cx: &mut PassContext) -> Result<(), PassError> {
+    let gpu = opts.target.is_gpu();
     let mut seen = BTreeSet::new();
     for n in g.find(|op| matches!(op, Op::Attention(_))) {
         let [q, k] = [0, 1].map(|pos| g.operands(n)[pos]);
         if !seen.insert(q) {
             continue;
         }
-        match plan(g, q, 0) {
+        match plan(g, q, 0, gpu) {
             Ok(Some(p)) => {
                 // k's statement may be a map as well, but a kernel loads each key tile once per
                 // query tile: it would compute the map that many times.
-                let k_too = k != q && matches!(plan(g, k, 1), Ok(Some(_)));
+                let k_too = k != q && matches!(plan(g, k, 1, gpu), Ok(Some(_)));
                 apply(g, q, p);
                 if k_too {
                     let why = "a kernel loads each key tile once per query tile and would compute its map that many times (the loop computes it once)";
@@ -65,10 +68,11 @@ struct Plan {
     captures: Vec<ValueId>,
 }
 
-/// The load map of store `s`, read as operand `pos` of attentions and thresholds: `Ok(None)`
-/// where there is nothing to fuse (`s` is not a statement, or one that only renames a tensor),
-/// `Err` with the reason where a function was there but cannot be fused.
-fn plan(g: &Graph, s: ValueId, pos: u32) -> Result<Option<Plan>, String> {
+/// The load map of store `s`, read as operand `pos` of attentions and thresholds (of the GPU
+/// kernels with `gpu`, else of the CPU's): `Ok(None)` where there is nothing to fuse (`s` is not
+/// a statement, or one that only renames a tensor), `Err` with the reason where a function was
+/// there but cannot be fused.
+fn plan(g: &Graph, s: ValueId, pos: u32, gpu: bool) -> Result<Option<Plan>, String> {
     let Op::Store { axes } = g.op(s) else { return Ok(None) };
     if axes.len() != 4 {
         return Ok(None);
@@ -92,7 +96,10 @@ fn plan(g: &Graph, s: ValueId, pos: u32) -> Result<Option<Plan>, String> {
     if !dtype.is_float() || g.ty(s).dtype != dtype {
         return Err(format!("the stored value is {}, not a float", g.ty(top).dtype));
     }
-    if dtype != DType::F32 {
+    if gpu && !matches!(dtype, DType::BF16 | DType::F16) {
+        return Err(format!("it is {dtype}, and the GPU kernels compute a map into their 16-bit Q tile"));
+    }
+    if !gpu && dtype != DType::F32 {
         return Err(format!("it rounds to {dtype}, and the CPU kernels compute a map in f32"));
     }
     // `x`: the first tensor of the statement's shape that it reads at its own subscripts.
@@ -108,6 +115,12 @@ fn plan(g: &Graph, s: ValueId, pos: u32) -> Result<Option<Plan>, String> {
     };
     if plain_read(root) == Some(x) {
         return Ok(None);
+    }
+    if gpu && g.ty(x).dtype != dtype {
+        return Err(format!(
+            "it reads its own element from a {} tensor, and the GPU kernels load it as the {dtype} of their Q tile",
+            g.ty(x).dtype
+        ));
     }
     let is_x = |v: ValueId| plain_read(v) == Some(x);
     let mut b = ConeBuilder::new(g, axes, &is_x);
@@ -214,10 +227,21 @@ mod tests {
         assert!(e.contains("only an attention's or a threshold's q loads through one"), "{e}");
     }
 
+    /// On a GPU the map is the statement's 16-bit value (the `half-operands` cast at its top)
+    /// of an `x` in that type, which the kernels load into their Q tile; an f32 `x` stays a
+    /// loop, and `--explain` says why.
     #[test]
-    fn the_gpu_targets_keep_the_loop() {
-        let (ir, _) = optimized(ROPE, Target::Sm90a);
+    fn a_gpu_target_maps_q_into_its_16_bit_tile() {
+        for target in [Target::Sm90a, Target::Sm80] {
+            let (ir, _) = optimized(ROPE, target);
+            let maps: Vec<_> = ir.lines().filter(|l| l.contains("= load_map {")).collect();
+            assert!(maps.len() == 1 && maps[0].ends_with(": bf16[B, H, T, D]"), "{ir}");
+        }
+        let src = ROPE.replace("q: bf16[B, H, T, D]", "q: f32[B, H, T, D]");
+        let (ir, why) = optimized(&src, Target::Sm90a);
         assert!(!ir.contains("load_map"), "{ir}");
+        let said = "the attention's q stays a loop of its own: it reads its own element from a f32 tensor, and the GPU kernels load it as the bf16 of their Q tile";
+        assert!(why.iter().any(|m| m == said), "{why:?}");
     }
 
     #[test]

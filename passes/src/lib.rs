@@ -229,7 +229,7 @@ pub const PASSES: &[Pass] = &[
     pass("fuse-threshold", Runs::Gpu, fuse_out::threshold),
     pass("fuse-prelude", Runs::Gpu, fuse_out::prelude),
     pass("fuse-epilogue", Runs::Always, fuse_epilogue::run),
-    pass("fuse-load-maps", Runs::Cpu, fuse_load_map::run),
+    pass("fuse-load-maps", Runs::Always, fuse_load_map::run),
     pass("compensate-decay", Runs::Cpu, compensate::run),
     pass("contract", Runs::Cpu, contract::run),
     pass("fuse-loops", Runs::Always, fuse_loops::run),

@@ -474,6 +474,15 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
         }
         v
     }
+    /// `<n x i32> (xs...)`.
+    pub fn vec_i32(&self, xs: &[IntValue<'ctx>]) -> inkwell::values::VectorValue<'ctx> {
+        let vt = self.i32t().vec_type(xs.len() as u32);
+        let mut v = vt.get_undef();
+        for (i, x) in xs.iter().enumerate() {
+            v = self.keep(self.b.build_insert_element(v, *x, self.i32(i as i64), ""), || v);
+        }
+        v
+    }
     /// Element `i` of a float vector.
     pub fn extract_f(&self, v: inkwell::values::VectorValue<'ctx>, i: i64) -> FloatValue<'ctx> {
         self.keep(self.b.build_extract_element(v, self.i32(i), "").map(|x| x.into_float_value()), || {

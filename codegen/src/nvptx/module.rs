@@ -2,7 +2,7 @@
 //! nodes of a joint prelude) into a single LLVM module and records the launch plan (buffers,
 //! arguments, geometry) that goes with it.
 
-use super::attention::region::{CaptureTy, RegionMod};
+use super::attention::region::{CaptureTy, RegionMod, ScoreArg};
 use super::attention::{self, AttnKernelConfig};
 use super::generic;
 use super::kernels::{self, ScanTerm, ELEM_THREADS, ROW_THREADS, SCAN_THREADS};
@@ -10,11 +10,20 @@ use super::target;
 use super::{
     BufferInfo, BufferKind, CodegenError, GridDim, KernelArg, KernelInfo, Launch, NvptxArtifact, NvptxSpec,
 };
-use foxc_ir::{BinaryOp, DType, Dim, GateKind, Graph, Op, Value, ValueId, ValueType};
+use foxc_ir::{BinaryOp, DType, Dim, GateKind, Graph, Op, Region, Value, ValueId, ValueType};
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::FunctionValue;
 use std::collections::{BTreeMap, HashSet};
+
+/// A `load_map` as its reading kernels take it ([`Assembler::load_map`]).
+pub(super) struct LoadMapOf<'g> {
+    /// The tensor the kernels load (the map's operand 0).
+    pub x: ValueId,
+    /// The function, captures numbered from 0.
+    pub f: &'g Region,
+    pub captures: Vec<ValueId>,
+}
 
 /// The one place the attention kernel builder is called (H5b's flash-attention kernel).
 /// `score` is the region's hook (the identity keeps the fused FMA).
@@ -380,12 +389,9 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                     node: n.index(),
                 });
             }
-            Op::LoadMap { .. } => {
-                return Err(CodegenError::Unsupported {
-                    op: "load_map (the GPU kernels do not load q and k through a map yet: the fuse-load-maps pass runs for the CPU target)".into(),
-                    node: n.index(),
-                });
-            }
+            // Its readers (the attention and threshold kernels of its q) compute it where they
+            // load q ([`Self::load_map`]); it has no kernel or buffer of its own.
+            Op::LoadMap { .. } => return Ok(()),
             Op::GateCumsum { .. } | Op::Threshold { .. } | Op::Attention(_)
                 if self.reads_later_results(n) =>
             {
@@ -700,7 +706,43 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
 
     /// The captured tensors' dtypes and ranks, as a score region's hook reads them.
     pub(super) fn capture_tys(&self, captures: &[ValueId]) -> Vec<CaptureTy> {
-        captures.iter().map(|&c| CaptureTy { dtype: self.ty(c).dtype, rank: self.ty(c).rank() }).collect()
+        let bound = |d: &Dim| d.eval(&|s| self.spec.dims.get(s).copied());
+        captures
+            .iter()
+            .map(|&c| {
+                let ty = self.ty(c);
+                CaptureTy { dtype: ty.dtype, rank: ty.rank(), last: ty.dims().last().and_then(bound) }
+            })
+            .collect()
+    }
+
+    /// The load map that `q` is, if it is one (docs/SEMANTICS.md, "load_map"): its `x`, its
+    /// function and its captured tensors (the verifier admits one only as a q).
+    pub(super) fn load_map(&self, q: ValueId) -> Option<LoadMapOf<'a>> {
+        let g: &'a Graph = self.g;
+        let Op::LoadMap { f } = g.op(q) else { return None };
+        let ops = g.operands(q);
+        Some(LoadMapOf { x: ops[0], f, captures: ops[1..].to_vec() })
+    }
+
+    /// The argument of a region's kernel parameter `arg` (region.rs, [`ScoreArg`]): the head
+    /// count `heads`, a tensor of `captures` (by capture number) or its size, or the dim of
+    /// `dim_arg`.
+    pub(super) fn region_arg(
+        &self,
+        arg: ScoreArg,
+        captures: &[ValueId],
+        heads: &Dim,
+        dim_arg: &dyn Fn(usize) -> Option<Dim>,
+    ) -> Result<KernelArg, CodegenError> {
+        Ok(match arg {
+            ScoreArg::Heads => KernelArg::I32(vec![heads.clone()]),
+            ScoreArg::Capture(k) => KernelArg::Buffer(self.buf(captures[k])?),
+            ScoreArg::CaptureDim(k, ax) => {
+                KernelArg::I32(self.ty(captures[k]).dims().nth(ax).cloned().into_iter().collect())
+            }
+            ScoreArg::Dim(n) => KernelArg::I32(dim_arg(n).into_iter().collect()),
+        })
     }
 
     /// The head count of `q` (its axis 1) where the bound dims give it: a score region's `b`

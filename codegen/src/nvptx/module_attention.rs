@@ -6,7 +6,7 @@
 //! partials of the key slices.
 
 use super::attention::params::{FwdParams, FwdTail, Tail};
-use super::attention::region::{RegionMod, ScoreArg};
+use super::attention::region::RegionMod;
 use super::attention::{self, AttnKernelConfig};
 use super::attention_ws;
 use super::builder::Half;
@@ -49,8 +49,11 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             // The merge launch writes the output; the fuse-epilogue pass leaves the function out.
             return Err(Self::not_yet(n, "an epilogue on the split-keys kernel"));
         }
+        let q_map = self.load_map(geo.q);
         let score = self.score_region(n, a, &o, mask, &geo)?;
-        let qkv = self.half_operands(n, [geo.q, o.k, o.v], cfg.dtype_in)?;
+        // A q loaded through its map: the kernel reads the map's x where it would read q.
+        let q_read = q_map.as_ref().map_or(geo.q, |m| m.x);
+        let qkv = self.half_operands(n, [q_read, o.k, o.v], cfg.dtype_in)?;
         if let Some(c) = o.decay {
             if self.ty(c).dtype != DType::F32 {
                 return Err(user(format!("the gate cumsum c must be f32, got {}", self.ty(c).dtype)));
@@ -166,10 +169,20 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         // The region's dims are specialized like the head dim; `b`, `h` need the head count.
         let heads = self.bound_heads(geo.q);
         let dim = |d: &Dim| d.eval(&|s| self.spec.dims.get(s).copied());
-        let caps = self.capture_tys(&o.captures);
+        let caps = self.capture_tys(&self.kernel_captures(o));
+        // q's load map reads its captures after the attention's.
+        let q_map = self.load_map(geo.q).map(|m| m.f.shift_captures(o.captures.len()));
         RegionMod::with_mask(&a.score, mask, a.keys_from.as_ref(), &dim, heads, &caps)
             .and_then(|r| r.with_epilogue(a.epilogue.as_ref(), &dim, &caps))
+            .and_then(|r| r.with_q_map(q_map.as_ref(), &dim, &caps))
             .map_err(|e| Self::not_yet(n, &e))
+    }
+
+    /// The tensors the kernel's regions capture, by capture number: the attention's, then those
+    /// of q's load map (if any).
+    fn kernel_captures(&self, o: &AttnOperands) -> Vec<ValueId> {
+        let map = self.load_map(o.q).map(|m| m.captures).unwrap_or_default();
+        o.captures.iter().copied().chain(map).collect()
     }
 
     /// The 16-bit type the attention kernels read q, k, v in: the operands' own, which the
@@ -235,15 +248,9 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         }
         .into_vec();
         // The score hook's parameters (region.rs, ScoreArg): head count, captures and their sizes.
+        let captures = self.kernel_captures(o);
         for arg in score.args() {
-            args.push(match *arg {
-                ScoreArg::Heads => KernelArg::I32(vec![geo.bh[1].clone()]),
-                ScoreArg::Capture(k) => KernelArg::Buffer(self.buf(o.captures[k])?),
-                ScoreArg::CaptureDim(k, ax) => {
-                    KernelArg::I32(self.ty(o.captures[k]).dims().nth(ax).cloned().into_iter().collect())
-                }
-                ScoreArg::Dim(n) => KernelArg::I32(score.dim_arg(n).cloned().into_iter().collect()),
-            });
+            args.push(self.region_arg(*arg, &captures, &geo.bh[1], &|n| score.dim_arg(n).cloned())?);
         }
         // The tail after the score hook's, in the kernel's own order (`FwdTail`).
         let mut zero_first = vec![];

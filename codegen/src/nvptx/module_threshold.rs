@@ -10,7 +10,10 @@ use foxc_ir::{Attention, DType, Dim, GateKind, NormBound, Op, Prelude, Threshold
 
 /// The buffers and sizes a threshold's launches read.
 struct Geometry {
+    /// q's buffer (its load map's x where q is one).
     qb: usize,
+    /// The arguments of q's load map, after each kernel's own.
+    q_map_args: Vec<KernelArg>,
     kb: usize,
     /// `[B, H]` of q.
     bh: Vec<Dim>,
@@ -94,10 +97,31 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             return Err(ie("a one-launch threshold of queries fewer than keys".into()));
         }
         let (scale, qscale) = self.scale_parts(scale)?;
+        // A q loaded through its map: the kernels load its x and compute the map.
+        let map = self.load_map(q);
+        let q_read = map.as_ref().map_or(q, |m| m.x);
+        let q_map = match &map {
+            Some(m) => {
+                let dim = |d: &Dim| d.eval(&|s| self.spec.dims.get(s).copied());
+                let caps = self.capture_tys(&m.captures);
+                let qm = threshold::QMap::new(m.f, &dim, self.bound_heads(q), &caps, self.ty(q).dtype)
+                    .map_err(|e| {
+                        user(format!("the threshold's q map: {e} (the GPU backend cannot yet run it)"))
+                    })?;
+                Some(qm)
+            }
+            None => None,
+        };
+        let mut q_map_args = vec![];
+        if let (Some(m), Some(qm)) = (&map, &q_map) {
+            for arg in qm.args() {
+                q_map_args.push(self.region_arg(*arg, &m.captures, &bh[1], &|n| qm.dim_arg(n).cloned())?);
+            }
+        }
         let spec = threshold::DeltaSpec {
             d,
             kv_group,
-            dts: (self.ty(q).dtype, self.ty(k).dtype),
+            dts: (self.ty(q_read).dtype, self.ty(k).dtype),
             rule,
             score: *score,
             log_eps: *log_eps,
@@ -111,8 +135,9 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 NormBound::Data => threshold::BoundSrc::Norms,
             },
             fewer_queries,
+            q_map,
         };
-        let geo = Geometry { qb: self.buf(q)?, kb: self.buf(k)?, bh, t, tk };
+        let geo = Geometry { qb: self.buf(q_read)?, q_map_args, kb: self.buf(k)?, bh, t, tk };
         Ok((spec, geo, *plan))
     }
 
@@ -127,7 +152,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         geo: Geometry,
     ) -> Result<(), CodegenError> {
         let ie = CodegenError::Internal;
-        let Geometry { qb, kb, bh, t, .. } = geo;
+        let Geometry { qb, kb, bh, t, q_map_args, .. } = geo;
         let bm = spec.bm;
         let mut norms_shape = bh.clone();
         norms_shape.push(Dim::Tiles(Box::new(t.clone()), bm));
@@ -146,6 +171,9 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 scan,
             }
             .into_vec()
+            .into_iter()
+            .chain(q_map_args.iter().cloned())
+            .collect::<Vec<_>>()
         };
         let Some((JointPrelude { gate, split_rows, .. }, c)) = joint else {
             let name = self.name(n, "threshold_norms_delta");
@@ -196,7 +224,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         geo: Geometry,
     ) -> Result<(), CodegenError> {
         let ie = CodegenError::Internal;
-        let Geometry { qb, kb, bh, t, tk } = geo;
+        let Geometry { qb, kb, bh, t, tk, q_map_args } = geo;
         let (bm, fewer_queries) = (spec.bm, spec.fewer_queries);
         let norms = if threshold::needs_norms(spec.rule, &spec.score, spec.bound) {
             let name = self.name(n, "threshold_norms");
@@ -209,6 +237,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 spec.dts,
                 bm,
                 fewer_queries,
+                spec.q_map.as_ref(),
             )
             .map_err(ie)?;
             // The norms' tiles: the queries' (one per delta block), or the keys' when fewer.
@@ -223,7 +252,10 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
                 rows: KernelArg::I32(vec![rows.clone()]),
                 tq: fewer_queries.then(|| KernelArg::I32(vec![t.clone()])),
             }
-            .into_vec();
+            .into_vec()
+            .into_iter()
+            .chain(q_map_args.iter().cloned())
+            .collect();
             let x = GridDim::Ceil(vec![rows.clone()], bm);
             let launch = Launch::Grid { x, y: GridDim::Ceil(bh.clone(), 1), block: threshold::NORM_THREADS };
             self.push(n, name, args, launch, vec![]);
@@ -243,7 +275,10 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             ln_t: KernelArg::LnF32(vec![tk.clone()]),
             tk: fewer_queries.then(|| KernelArg::I32(vec![tk])),
         }
-        .into_vec();
+        .into_vec()
+        .into_iter()
+        .chain(q_map_args)
+        .collect();
         let launch = Launch::Grid {
             x: GridDim::Ceil(vec![t], bm),
             y: GridDim::Ceil(bh, 1),

@@ -517,7 +517,7 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
             v: [b.i32(bm * d * 2 + kv_bytes), b.i32(bm * d * 2 + 3 * kv_bytes)],
             colb: [b.i32(bm * d * 2 + 4 * kv_bytes), b.i32(bm * d * 2 + 4 * kv_bytes + bn * 4)],
         };
-        self.load_tile(qb, i0, bm as u32, lay.q, t_len);
+        self.load_q_tile(qb, (i0, bm as u32), lay.q, t_len, bh);
         b.cp_async_commit();
         self.prefetch_epilogue_rows((i0, bm as u32), (self.tid, cfg.threads()), bh);
         let j_end0 = b.mulc(n_hi, bn);

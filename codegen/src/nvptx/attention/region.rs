@@ -15,7 +15,7 @@ use crate::nvptx::builder::{KernelBuilder, ParamTy};
 use foxc_ir::attention::{IndexVar, RNode, Region};
 use foxc_ir::index::IndexExpr;
 use foxc_ir::{BinaryOp, DType, Dim, UnaryOp};
-use inkwell::values::{FloatValue, IntValue};
+use inkwell::values::{BasicValueEnum, FloatValue, IntValue};
 use inkwell::{FloatPredicate, IntPredicate};
 
 const LOG2E: f64 = std::f64::consts::LOG2_E;
@@ -41,6 +41,9 @@ pub(crate) enum ScoreArg {
 pub(crate) struct CaptureTy {
     pub dtype: DType,
     pub rank: usize,
+    /// The size of the last axis where the bound dims give it (reads along it may be vectors:
+    /// [`RegionMod::capture_lanes`]).
+    pub last: Option<u64>,
 }
 
 /// One region with its dims resolved: the score region, or an expression mask's condition.
@@ -82,6 +85,10 @@ pub(crate) struct RegionMod {
     keys_from: Option<Resolved>,
     /// The attention's epilogue `F(o, b, h, i, d)` (its `x` the output, its `j` the column).
     epilogue: Option<Resolved>,
+    /// The load map of the attention's q `M(x, b, h, i, d)` (docs/SEMANTICS.md, "load_map"; its
+    /// `x` the element of q's tensor, its `j` the column `d`): the kernel computes it where it
+    /// loads the Q tile.
+    q_map: Option<Resolved>,
     /// Heads per batch (`H`), to split the kernel's flat `bh` into `b` and `h`, when static.
     heads: Option<u64>,
     /// The extra kernel arguments, in parameter order.
@@ -151,6 +158,7 @@ impl RegionMod {
             mask,
             keys_from,
             epilogue: None,
+            q_map: None,
             heads,
             args,
             caps: read,
@@ -167,16 +175,40 @@ impl RegionMod {
         dim: &dyn Fn(&Dim) -> Option<u64>,
         caps: &[CaptureTy],
     ) -> Result<RegionMod, String> {
-        let Some(e) = e else { return Ok(self) };
+        self.epilogue = e.map(|e| self.join(e, dim, caps)).transpose()?;
+        Ok(self)
+    }
+
+    /// The same regions and the load map `m` of q (if any; its captures numbered after the
+    /// attention's, [`Region::shift_captures`]), whose captured tensors and dims join the
+    /// kernel's arguments.
+    pub(crate) fn with_q_map(
+        mut self,
+        m: Option<&Region>,
+        dim: &dyn Fn(&Dim) -> Option<u64>,
+        caps: &[CaptureTy],
+    ) -> Result<RegionMod, String> {
+        self.q_map = m.map(|m| self.join(m, dim, caps)).transpose()?;
+        Ok(self)
+    }
+
+    /// Resolves region `r` of the same kernel, adding the captures, dims and head count it reads
+    /// to the kernel's arguments.
+    fn join(
+        &mut self,
+        r: &Region,
+        dim: &dyn Fn(&Dim) -> Option<u64>,
+        caps: &[CaptureTy],
+    ) -> Result<Resolved, String> {
         let mut read = self.caps.clone();
         read.resize(caps.len().max(read.len()), None);
         let mut reads_bh = self.args.contains(&ScoreArg::Heads);
         let mut dyn_dims = self.dims.clone();
-        self.epilogue = Some(resolve(e, dim, caps, &mut read, &mut reads_bh, &mut dyn_dims)?);
+        let resolved = resolve(r, dim, caps, &mut read, &mut reads_bh, &mut dyn_dims)?;
         self.args = layout(&read, reads_bh && self.heads.is_none(), dyn_dims.len());
         self.caps = read;
         self.dims = dyn_dims;
-        Ok(self)
+        Ok(resolved)
     }
 
     /// The same region with its arguments from kernel parameter `first` on.
@@ -209,7 +241,19 @@ impl RegionMod {
         if missing_cap || missing_heads || missing_dim {
             return Err("a derivative region reads what its score region does not".into());
         }
-        Ok(RegionMod { region, mask: None, keys_from: None, epilogue: None, ..base.clone() })
+        Ok(RegionMod { region, mask: None, keys_from: None, epilogue: None, q_map: None, ..base.clone() })
+    }
+
+    /// The region on the elements `xs` at the consecutive columns `at.j + e` (`at.j` a multiple
+    /// of their count) of one row: [`ScoreMod::emit`] of each, its captures read along `j` in
+    /// 16-byte loads where they can be.
+    pub(crate) fn emit_lanes<'ctx>(
+        &self,
+        b: &KernelBuilder<'_, 'ctx>,
+        xs: &[FloatValue<'ctx>],
+        at: ScorePos<'ctx>,
+    ) -> Vec<FloatValue<'ctx>> {
+        self.eval_lanes(&self.region, b, xs, at)
     }
 
     /// The kernel arguments the region adds after the attention kernel's own, in order.
@@ -428,53 +472,146 @@ impl RegionMod {
     ) -> FloatValue<'ctx> {
         let mut vals: Vec<FloatValue<'ctx>> = Vec::with_capacity(rs.region.nodes.len());
         let counts = rs.region.counts();
-        for (n, node) in rs.region.nodes.iter().enumerate() {
-            let v = |k: u32| vals[k as usize];
-            let count_product = rs.region.count_product(node, &counts);
-            let val = match node {
-                RNode::Score => x,
-                RNode::Index(var) => {
-                    let ix = match var {
-                        IndexVar::B => self.split_bh(b, at.bh).0,
-                        IndexVar::H => self.split_bh(b, at.bh).1,
-                        IndexVar::I => at.i,
-                        IndexVar::J => at.j,
-                    };
-                    b.index_f32(ix)
-                }
-                RNode::Dim(_) => match rs.dims[n] {
-                    DimValue::Static(v) => b.f32(v),
-                    DimValue::Arg(k) => b.sitofp(b.param_int(self.param(ScoreArg::Dim(k)))),
-                },
-                RNode::Const(c) => b.f32(*c),
-                RNode::Capture { k, index } => self.capture(b, *k, index, &rs.subs[n], at),
-                RNode::Unary(u, a) => unary(b, *u, v(*a)),
-                // Division by a constant (softcap's x / U): a product with the reciprocal,
-                // within 1.5 ulp of the quotient, no division in the score loop.
-                RNode::Binary(BinaryOp::Div, a, c) if rs.constant(*c).is_some_and(|k| k != 0.0) => {
-                    b.fmul(v(*a), b.f32(1.0 / rs.constant(*c).unwrap_or(1.0)))
-                }
-                // `x * n` with a count n: 0 where n = 0 even for an infinite x (the interpreter's
-                // rule, docs/SEMANTICS.md).
-                RNode::Binary(..) if count_product.is_some() => {
-                    let (xk, nk) = count_product.unwrap_or_default();
-                    let (xv, nv) = (v(xk), v(nk));
-                    let inf0 = b.and(
-                        b.fcmp(FloatPredicate::OEQ, b.fabs(xv), b.f32(f64::INFINITY)),
-                        b.fcmp(FloatPredicate::OEQ, nv, b.f32(0.0)),
-                    );
-                    b.select_f(inf0, b.f32(0.0), b.fmul(xv, nv))
-                }
-                RNode::Binary(op, a, c) => binary(b, *op, v(*a), v(*c)),
-                RNode::Select(c, a, e) => {
-                    // NaN counts as non-zero, as in the interpreter (`c != 0`).
-                    let nz = b.fcmp(FloatPredicate::UNE, v(*c), b.f32(0.0));
-                    b.select_f(nz, v(*a), v(*e))
-                }
-            };
+        for n in 0..rs.region.nodes.len() {
+            let val = self.node_value(rs, b, (n, &counts), &|k| vals[k as usize], x, at);
             vals.push(val);
         }
         vals[rs.region.root as usize]
+    }
+
+    /// Region `rs` on the `xs.len()` consecutive columns `at.j + e` of one row (`at.j` a
+    /// multiple of their count), node by node and lane by lane, except that a captured tensor
+    /// read along `j` ([`RegionMod::capture_lanes`]) is read for all lanes at once.
+    fn eval_lanes<'a, 'ctx>(
+        &self,
+        rs: &Resolved,
+        b: &KernelBuilder<'a, 'ctx>,
+        xs: &[FloatValue<'ctx>],
+        at: ScorePos<'ctx>,
+    ) -> Vec<FloatValue<'ctx>> {
+        let lanes = xs.len();
+        let at_lane: Vec<_> = (0..lanes).map(|e| ScorePos { j: b.addc(at.j, e as i64), ..at }).collect();
+        let mut vals: Vec<Vec<FloatValue<'ctx>>> = Vec::with_capacity(rs.region.nodes.len());
+        let counts = rs.region.counts();
+        for (n, node) in rs.region.nodes.iter().enumerate() {
+            let read = match node {
+                RNode::Capture { k, index } => self.capture_lanes(b, *k, index, &rs.subs[n], at, lanes),
+                _ => None,
+            };
+            let val = read.unwrap_or_else(|| {
+                (0..lanes)
+                    .map(|e| {
+                        self.node_value(rs, b, (n, &counts), &|k| vals[k as usize][e], xs[e], at_lane[e])
+                    })
+                    .collect()
+            });
+            vals.push(val);
+        }
+        vals.swap_remove(rs.region.root as usize)
+    }
+
+    /// Node `n` of region `rs` on one element (`counts`: the region's count nodes), its
+    /// operands' values from `v`.
+    fn node_value<'a, 'ctx>(
+        &self,
+        rs: &Resolved,
+        b: &KernelBuilder<'a, 'ctx>,
+        (n, counts): (usize, &[bool]),
+        v: &dyn Fn(u32) -> FloatValue<'ctx>,
+        x: FloatValue<'ctx>,
+        at: ScorePos<'ctx>,
+    ) -> FloatValue<'ctx> {
+        let node = &rs.region.nodes[n];
+        let count_product = rs.region.count_product(node, counts);
+        match node {
+            RNode::Score => x,
+            RNode::Index(var) => {
+                let ix = match var {
+                    IndexVar::B => self.split_bh(b, at.bh).0,
+                    IndexVar::H => self.split_bh(b, at.bh).1,
+                    IndexVar::I => at.i,
+                    IndexVar::J => at.j,
+                };
+                b.index_f32(ix)
+            }
+            RNode::Dim(_) => match rs.dims[n] {
+                DimValue::Static(v) => b.f32(v),
+                DimValue::Arg(k) => b.sitofp(b.param_int(self.param(ScoreArg::Dim(k)))),
+            },
+            RNode::Const(c) => b.f32(*c),
+            RNode::Capture { k, index } => self.capture(b, *k, index, &rs.subs[n], at),
+            RNode::Unary(u, a) => unary(b, *u, v(*a)),
+            // Division by a constant (softcap's x / U): a product with the reciprocal,
+            // within 1.5 ulp of the quotient, no division in the score loop.
+            RNode::Binary(BinaryOp::Div, a, c) if rs.constant(*c).is_some_and(|k| k != 0.0) => {
+                b.fmul(v(*a), b.f32(1.0 / rs.constant(*c).unwrap_or(1.0)))
+            }
+            // `x * n` with a count n: 0 where n = 0 even for an infinite x (the interpreter's
+            // rule, docs/SEMANTICS.md).
+            RNode::Binary(..) if count_product.is_some() => {
+                let (xk, nk) = count_product.unwrap_or_default();
+                let (xv, nv) = (v(xk), v(nk));
+                let inf0 = b.and(
+                    b.fcmp(FloatPredicate::OEQ, b.fabs(xv), b.f32(f64::INFINITY)),
+                    b.fcmp(FloatPredicate::OEQ, nv, b.f32(0.0)),
+                );
+                b.select_f(inf0, b.f32(0.0), b.fmul(xv, nv))
+            }
+            RNode::Binary(op, a, c) => binary(b, *op, v(*a), v(*c)),
+            RNode::Select(c, a, e) => {
+                // NaN counts as non-zero, as in the interpreter (`c != 0`).
+                let nz = b.fcmp(FloatPredicate::UNE, v(*c), b.f32(0.0));
+                b.select_f(nz, v(*a), v(*e))
+            }
+        }
+    }
+
+    /// Captured tensor `k` at `index` on `lanes` consecutive columns `at.j + e` (`at.j` a
+    /// multiple of `lanes`) in 16-byte loads, when `j` is read only by the last subscript, as
+    /// `j + c` with `c` and the last axis' static size multiples of `lanes` (then the lanes'
+    /// elements are adjacent and all inside the axis or all outside, NaN as [`RegionMod::capture`]
+    /// reads them) and the lanes' bytes are whole 16-byte pieces. A tensor whose address is not
+    /// 16-byte aligned (a torch view may start anywhere) is read element by element. `None`
+    /// where the read is not of that form.
+    fn capture_lanes<'ctx>(
+        &self,
+        b: &KernelBuilder<'_, 'ctx>,
+        k: usize,
+        index: &[IndexExpr],
+        subs: &[KernelSub],
+        at: ScorePos<'ctx>,
+        lanes: usize,
+    ) -> Option<Vec<FloatValue<'ctx>>> {
+        let ty = self.caps.get(k).copied().flatten()?;
+        let ((last, rest), sub) = (index.split_last()?, subs.last()?);
+        let along_j = last.terms.iter().map(|(v, c)| (v.as_str(), *c)).eq([("j", 1)]);
+        let plain = sub.consts.div.is_none() && sub.consts.clamps.is_empty() && sub.args.is_empty();
+        let n = lanes as i64;
+        let whole = ty.last.is_some_and(|l| l % lanes as u64 == 0) && sub.consts.offset % n == 0;
+        let bytes = lanes * ty.dtype.size_bytes();
+        let rest_free = rest.iter().all(|e| !e.vars().contains(&"j"));
+        if !(along_j && plain && whole && rest_free && ty.dtype.is_float() && bytes.is_multiple_of(16)) {
+            return None;
+        }
+        let (_, ok, off) = self.capture_at(b, k, index, subs, at)?;
+        let base = b.param_ptr(self.param(ScoreArg::Capture(k)));
+        let aligned = b.icmpc(IntPredicate::EQ, b.andc(b.ptr_to_i64(base), 15), 0);
+        let per_piece = 16 / ty.dtype.size_bytes();
+        let vals = b.if_else(
+            aligned,
+            "capture_lanes",
+            |b| {
+                let mut out: Vec<BasicValueEnum<'ctx>> = vec![];
+                for piece in 0..lanes / per_piece {
+                    let p = b.gep_dt(ty.dtype, base, b.add(off, b.i64((piece * per_piece) as i64)));
+                    out.extend(b.load_16_bytes_f(ty.dtype, p).into_iter().map(BasicValueEnum::from));
+                }
+                out
+            },
+            |b| (0..n).map(|e| b.load_f(ty.dtype, base, b.add(off, b.i64(e))).into()).collect(),
+        );
+        let nan = b.f32(f64::NAN);
+        Some(vals.into_iter().map(|v| b.select_f(ok, v.into_float_value(), nan)).collect())
     }
 }
 
@@ -493,7 +630,9 @@ impl ScoreMod for RegionMod {
         let Resolved { region, dims, .. } = &self.region;
         let mut key = format!("{region:?}{dims:?}{:?}{:?}{:?}", self.heads, self.args, self.caps);
         match &self.mask {
-            None if self.is_identity() && self.epilogue.is_none() => return String::new(),
+            None if self.is_identity() && self.epilogue.is_none() && self.q_map.is_none() => {
+                return String::new()
+            }
             None => {}
             Some(m) => key.push_str(&format!("mask{:?}{:?}", m.region, m.dims)),
         }
@@ -502,6 +641,9 @@ impl ScoreMod for RegionMod {
         }
         if let Some(e) = &self.epilogue {
             key.push_str(&format!("epilogue{:?}{:?}", e.region, e.dims));
+        }
+        if let Some(m) = &self.q_map {
+            key.push_str(&format!("q_map{:?}{:?}", m.region, m.dims));
         }
         format!("r{:016x}", fnv1a(&key))
     }
@@ -548,6 +690,22 @@ impl ScoreMod for RegionMod {
         match &self.epilogue {
             Some(e) => self.eval(e, b, o, at),
             None => o,
+        }
+    }
+
+    fn has_q_map(&self) -> bool {
+        self.q_map.is_some()
+    }
+
+    fn q_map<'a, 'ctx>(
+        &self,
+        b: &KernelBuilder<'a, 'ctx>,
+        xs: &[FloatValue<'ctx>],
+        at: ScorePos<'ctx>,
+    ) -> Vec<FloatValue<'ctx>> {
+        match &self.q_map {
+            Some(m) => self.eval_lanes(m, b, xs, at),
+            None => xs.to_vec(),
         }
     }
 
@@ -816,7 +974,7 @@ mod tests {
         let w2 = r.push(RNode::Dim(Dim::sym("W")));
         let s = r.push(RNode::Binary(BinaryOp::Add, w, x));
         r.push(RNode::Binary(BinaryOp::Mul, s, w2));
-        let f32_1 = [CaptureTy { dtype: DType::F32, rank: 1 }];
+        let f32_1 = [CaptureTy { dtype: DType::F32, rank: 1, last: None }];
         let m = RegionMod::with_captures(&r, &|_| None, None, &f32_1).unwrap();
         assert_eq!(
             m.args(),
@@ -835,17 +993,17 @@ mod tests {
             r.push(RNode::Capture { k: 0, index });
             r
         };
-        let f32_1 = [CaptureTy { dtype: DType::F32, rank: 1 }];
+        let f32_1 = [CaptureTy { dtype: DType::F32, rank: 1, last: None }];
         let e = RegionMod::new(&read(vec![IndexExpr::var("j")]), &|_| None, None).unwrap_err();
         assert!(e.contains("does not have"), "{e}");
         let e = RegionMod::with_captures(&read(vec![]), &|_| None, None, &f32_1).unwrap_err();
         assert!(e.contains("rank 1 but 0 subscripts"), "{e}");
-        let bool_1 = [CaptureTy { dtype: DType::Bool, rank: 1 }];
+        let bool_1 = [CaptureTy { dtype: DType::Bool, rank: 1, last: None }];
         let e =
             RegionMod::with_captures(&read(vec![IndexExpr::var("j")]), &|_| None, None, &bool_1).unwrap_err();
         assert!(e.contains("float or i32 tensors only"), "{e}");
         // An i32 capture (a start, a length) is read as its value.
-        let i32_1 = [CaptureTy { dtype: DType::I32, rank: 1 }];
+        let i32_1 = [CaptureTy { dtype: DType::I32, rank: 1, last: None }];
         RegionMod::with_captures(&read(vec![IndexExpr::var("j")]), &|_| None, None, &i32_1).unwrap();
         let div = IndexExpr {
             terms: vec![("j".into(), 1)],
@@ -882,7 +1040,10 @@ mod tests {
     }
 
     fn key_bias_rel_mod() -> RegionMod {
-        let caps = [CaptureTy { dtype: DType::F32, rank: 3 }, CaptureTy { dtype: DType::BF16, rank: 2 }];
+        let caps = [
+            CaptureTy { dtype: DType::F32, rank: 3, last: None },
+            CaptureTy { dtype: DType::BF16, rank: 2, last: None },
+        ];
         RegionMod::with_captures(&key_bias_rel(), &|d| d.eval(&|_| None), None, &caps).unwrap()
     }
 
@@ -919,9 +1080,9 @@ mod tests {
         );
         // With H static, no head parameter; a capture the region does not read gets none.
         let caps = [
-            CaptureTy { dtype: DType::F32, rank: 1 },
-            CaptureTy { dtype: DType::F32, rank: 3 },
-            CaptureTy { dtype: DType::BF16, rank: 2 },
+            CaptureTy { dtype: DType::F32, rank: 1, last: None },
+            CaptureTy { dtype: DType::F32, rank: 3, last: None },
+            CaptureTy { dtype: DType::BF16, rank: 2, last: None },
         ];
         let mut r = key_bias_rel();
         for n in r.nodes.iter_mut() {
@@ -964,7 +1125,10 @@ mod tests {
     /// when the score is the identity.
     #[test]
     fn mask_condition_reads_its_capture_and_names_the_kernel() {
-        let caps = [CaptureTy { dtype: DType::F32, rank: 3 }, CaptureTy { dtype: DType::F32, rank: 3 }];
+        let caps = [
+            CaptureTy { dtype: DType::F32, rank: 3, last: None },
+            CaptureTy { dtype: DType::F32, rank: 3, last: None },
+        ];
         let mut score = Region::new();
         let x = score.push(RNode::Score);
         let kb = score.push(RNode::Capture {

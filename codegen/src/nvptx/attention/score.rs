@@ -73,6 +73,21 @@ pub(crate) trait ScoreMod {
     ) -> FloatValue<'ctx> {
         o
     }
+    /// Whether q is loaded through a map ([`ScoreMod::q_map`] is not the identity).
+    fn has_q_map(&self) -> bool {
+        false
+    }
+    /// q's load map `M(x, b, h, i, d)` on the elements `xs` of q's tensor at row `at.i`,
+    /// columns `at.j + e` (`at.j` a multiple of their count; docs/SEMANTICS.md, "load_map"), in
+    /// f32; `xs` themselves without one.
+    fn q_map<'a, 'ctx>(
+        &self,
+        _: &KernelBuilder<'a, 'ctx>,
+        xs: &[FloatValue<'ctx>],
+        _: ScorePos<'ctx>,
+    ) -> Vec<FloatValue<'ctx>> {
+        xs.to_vec()
+    }
     /// Whether an expression mask keeps the element at `at` (i1); `None` without one.
     fn keeps<'a, 'ctx>(&self, _: &KernelBuilder<'a, 'ctx>, _: ScorePos<'ctx>) -> Option<IntValue<'ctx>> {
         None

@@ -16,6 +16,18 @@ pub(super) struct LaneParts<'ctx> {
     l16: IntValue<'ctx>,
 }
 
+/// Chunks of a mapped Q tile loaded together ([`Attn::load_q_tile`]).
+const MAPPED_CHUNKS: usize = 2;
+
+/// One 16-byte chunk of a tile ([`Attn::tile_chunks`]): its global row, its chunk in the row
+/// (elements `8 ch ..`), where it is read and its byte offset in shared memory.
+struct TileChunk<'ctx> {
+    row: IntValue<'ctx>,
+    ch: IntValue<'ctx>,
+    src: PointerValue<'ctx>,
+    smem: IntValue<'ctx>,
+}
+
 impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
     /// Issues cp.async of `rows` rows of a [T, D] bf16 matrix starting at row `r0` (rows past
     /// T-1 are clamped to T-1: their values are masked or discarded) into the tile at `dst_off`,
@@ -27,6 +39,59 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         rows: u32,
         dst_off: IntValue<'ctx>,
         len: IntValue<'ctx>,
+    ) {
+        let b = self.b;
+        self.tile_chunks(src, (r0, rows), dst_off, len, |c| {
+            b.cp_async_16(b.smem_at(self.smem, c.smem), c.src)
+        });
+    }
+
+    /// The Q tile of head `bh` ([`Attn::load_tile`]'s rows of q's tensor at `src`): copied by
+    /// cp.async, or where q has a load map, loaded 16 bytes at a time, mapped element by element
+    /// ([`ScoreMod::q_map`], rounded to the tile's 16-bit type) and stored to the tile by this
+    /// thread (the caller's wait and barrier publish both alike; on the wgmma path its
+    /// `fence.proxy.async` covers the stores).
+    pub(crate) fn load_q_tile(
+        &self,
+        src: PointerValue<'ctx>,
+        (r0, rows): (IntValue<'ctx>, u32),
+        dst_off: IntValue<'ctx>,
+        len: IntValue<'ctx>,
+        bh: IntValue<'ctx>,
+    ) {
+        if !self.score.has_q_map() {
+            return self.load_tile(src, r0, rows, dst_off, len);
+        }
+        let b = self.b;
+        let half = self.cfg.dtype_in;
+        let v8 = b.elem_type(half.dtype()).into_float_type().vec_type(8);
+        let mut chunks = vec![];
+        self.tile_chunks(src, (r0, rows), dst_off, len, |c| chunks.push(c));
+        // A few chunks' loads in flight together, then their maps (all of a thread's chunks at
+        // once held too many captured values: the warp-specialized consumer spilled).
+        for group in chunks.chunks(MAPPED_CHUNKS) {
+            let xs: Vec<_> =
+                group.iter().map(|c| b.load_aligned(v8.into(), c.src, 16).into_vector_value()).collect();
+            for (x, c) in xs.into_iter().zip(group) {
+                let xs: Vec<_> = (0..8).map(|e| b.fpext(b.extract_f(x, e))).collect();
+                let mapped = self.score.q_map(b, &xs, ScorePos { i: c.row, j: b.mulc(c.ch, 8), bh });
+                let words: Vec<_> = mapped.chunks(2).map(|p| b.pack_half2(half, p[0], p[1])).collect();
+                b.store_aligned(b.smem_at(self.smem, c.smem), b.vec_i32(&words), 16);
+            }
+        }
+    }
+
+    /// Calls `each` on the 16-byte chunks of a `rows x D` tile of 16-bit elements (a matrix
+    /// at `src`) that this thread moves, in order: chunk `tid + it * threads` for each `it`, of
+    /// tile row `row` (global row `r0 + row`, clamped to `len - 1`), in the tile's layout
+    /// (wgmma panels or the ldmatrix swizzle) at `dst_off`.
+    fn tile_chunks(
+        &self,
+        src: PointerValue<'ctx>,
+        (r0, rows): (IntValue<'ctx>, u32),
+        dst_off: IntValue<'ctx>,
+        len: IntValue<'ctx>,
+        mut each: impl FnMut(TileChunk<'ctx>),
     ) {
         let b = self.b;
         let d = self.cfg.head_dim;
@@ -50,11 +115,10 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
                 (b.udivc(c, cpr as i64), b.uremc(c, cpr as i64))
             };
             let grow = b.smin(b.add(r0, row), tmax);
-            let eidx = b.add(b.mulc(grow, d as i64), b.mulc(ch, 8));
-            let gp = b.gep(b.i16t().into(), src, b.sext64(eidx));
+            let elem = b.add(b.mulc(grow, d as i64), b.mulc(ch, 8));
+            let src = b.gep(b.i16t().into(), src, b.sext64(elem));
             let lo = if self.wg { self.swz_panel(row, ch, rows) } else { self.swz(row, ch) };
-            let so = b.add(dst_off, lo);
-            b.cp_async_16(b.smem_at(self.smem, so), gp);
+            each(TileChunk { row: grow, ch, src, smem: b.add(dst_off, lo) });
         }
     }
 

@@ -436,7 +436,7 @@ fn consumer_view_of<'a, 'b, 'ctx>(
 }
 
 /// Consumer `cw` issues the copy of its 64 Q rows of `blk` into its Q tile (one cp.async
-/// group; [`consumer_item`] waits for it).
+/// group; [`consumer_item`] waits for it), or with q's load map computes them there.
 pub(super) fn load_q<'ctx>(
     a0: &Attn<'_, '_, 'ctx>,
     cfg: &AttnKernelConfig,
@@ -447,7 +447,7 @@ pub(super) fn load_q<'ctx>(
     let b = a0.b;
     let (_, a) = consumer_view_of(a0, lay, cw);
     let (i0w, _, _) = consumer_rows(a0, cfg, blk, cw);
-    a.load_tile(blk.qb, i0w, 64, b.i32(0), a.t_len);
+    a.load_q_tile(blk.qb, (i0w, 64), b.i32(0), a.t_len, blk.bh);
     b.cp_async_commit();
 }
 

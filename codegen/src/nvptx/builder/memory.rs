@@ -105,6 +105,40 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
         self.gep(self.elem_type(dt), p, idx)
     }
 
+    /// The 16 bytes at `p` (16-byte aligned, read-only for the kernel) as the elements of a float
+    /// dtype `dt` widened to f32, by one `ld.global.nc.v4.b32`. Inline PTX: LLVM splits a vector
+    /// load whose elements are all extracted into scalar loads.
+    pub fn load_16_bytes_f(&self, dt: DType, p: PointerValue<'ctx>) -> Vec<FloatValue<'ctx>> {
+        let i32t = self.i32t();
+        let st = self.ctx.struct_type(&[i32t.into(); 4], false);
+        let text = "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];";
+        let words: Vec<IntValue<'ctx>> = match self.asm(text, "=r,=r,=r,=r,l", Some(st.into()), &[p.into()]) {
+            Some(BasicValueEnum::StructValue(v)) => {
+                (0..4).map(|i| self.field(v, i).into_int_value()).collect()
+            }
+            _ => vec![self.i32(0); 4],
+        };
+        let ft = self.elem_type(dt).into_float_type();
+        let per_word = (4 / dt.size_bytes()) as u32;
+        let wt: BasicTypeEnum<'ctx> = if per_word == 1 { ft.into() } else { ft.vec_type(per_word).into() };
+        let mut out = vec![];
+        for w in words {
+            let v = self.keep(self.b.build_bit_cast(w, wt, ""), || self.zero_of(wt));
+            match v {
+                BasicValueEnum::FloatValue(x) => out.push(x),
+                BasicValueEnum::VectorValue(x) => {
+                    out.extend((0..per_word as i64).map(|e| self.extract_f(x, e)))
+                }
+                _ => self.fail(format!("16-byte loads of {dt}")),
+            }
+        }
+        if dt == DType::F32 {
+            out
+        } else {
+            out.into_iter().map(|x| self.fpext(x)).collect()
+        }
+    }
+
     /// Element `idx` of a float tensor of dtype `dt`, widened to f32.
     pub fn load_f(&self, dt: DType, p: PointerValue<'ctx>, idx: IntValue<'ctx>) -> FloatValue<'ctx> {
         let a = self.gep_dt(dt, p, idx);

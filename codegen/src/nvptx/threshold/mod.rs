@@ -18,11 +18,16 @@
 //! The threshold's q may be `s q'` with `s` folded into its scale attribute as the q factor (the
 //! `fold-q-scale` pass, [`foxc_ir::Scale::q`]): the kernels read q', so data statistics of q are
 //! multiplied by `|s|` and `s_ii` by `s` here; a static bound is already a bound on `s q'`.
+//!
+//! Where q is a load map, every kernel computes it on the q elements it loads ([`q_map`]); its
+//! arguments follow each kernel's own.
 
 mod formula;
 pub(crate) mod params;
+mod q_map;
 mod tile_norms;
 
+pub use q_map::QMap;
 pub use tile_norms::NORM_THREADS;
 
 use super::builder::KernelBuilder;
@@ -37,6 +42,7 @@ use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::{FloatValue, FunctionValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
+use q_map::load_q_row;
 use tile_norms::{store_norms, tile_norms};
 
 use foxc_ir::prune_rule::Stat;
@@ -55,7 +61,7 @@ const FOLD_TILES: u32 = 4;
 /// Per-tile maxima of squared norms: params `(q, k, norms: f32 [BH, Mt, 2], T: i32)`.
 /// Grid `(Mt, BH)`, block [`NORM_THREADS`]. With `fewer_queries`, `T` is the keys' length, the
 /// tiles are the keys' and a last parameter `Tq: i32` gives the queries' (q's norms of a tile
-/// past them are of its last row: [`tile_norms`]).
+/// past them are of its last row: [`tile_norms`]). q's load map's arguments follow.
 #[allow(clippy::too_many_arguments)]
 pub fn build_threshold_norms<'ctx>(
     ctx: &'ctx Context,
@@ -66,8 +72,11 @@ pub fn build_threshold_norms<'ctx>(
     dts: (DType, DType),
     bm: u32,
     fewer_queries: bool,
+    q_map: Option<&QMap>,
 ) -> R<FunctionValue<'ctx>> {
-    let k = Kb::kernel(ctx, module, name, &params::norms_signature(fewer_queries))?;
+    let own = params::norms_signature(fewer_queries);
+    let q_map = q_map.map(|m| m.reading_from(own.len()));
+    let k = kernel(ctx, module, name, &QMap::signature(q_map.as_ref(), own))?;
     let p = params::NormsParams::numbers(fewer_queries);
     let (q, kk, norms, t_len) =
         (k.param_ptr(p.q), k.param_ptr(p.k), k.param_ptr(p.norms), k.param_int(p.rows));
@@ -75,7 +84,7 @@ pub fn build_threshold_norms<'ctx>(
     let tid = k.sreg("tid.x");
     let lw = lane_warp(&k, tid);
     let (m, bh, mt) = (k.sreg("ctaid.x"), k.sreg("ctaid.y"), k.sreg("nctaid.x"));
-    let n = tile_norms(&k, name, (q, kk), dts, (d, kv_group, bm), (m, bh, t_len), tq, lw);
+    let n = tile_norms(&k, name, (q, kk, q_map.as_ref()), dts, (d, kv_group, bm), (m, bh, t_len), tq, lw);
     k.if_then(k.icmpc(IntPredicate::EQ, tid, 0), |k| store_norms(k, norms, (m, bh, mt), &n));
     k.finish()
 }
@@ -108,6 +117,8 @@ pub struct DeltaSpec<'a> {
     /// ([`build_threshold_norms`]) and row `i`'s diagonal key is `i + Tk - T`. Not for a formula
     /// reading `k_causal`, whose key tiles would not end at a query tile's last position.
     pub fewer_queries: bool,
+    /// q's load map, when the threshold's q is one: every kernel computes it on q's elements.
+    pub q_map: Option<QMap>,
 }
 
 /// Whether the delta kernel reads the norms buffer ([`PruneRule::reads_norms`]).
@@ -135,7 +146,9 @@ pub fn build_threshold_delta<'ctx>(
     if s.fewer_queries && f.stats_under(&s.score).contains(&Stat::KCausal) {
         return Err(format!("{name}: k_causal with queries fewer than keys"));
     }
-    let k = Kb::kernel(ctx, module, name, &params::delta_signature(s.fewer_queries))?;
+    let own = params::delta_signature(s.fewer_queries);
+    let q_map = s.q_map.as_ref().map(|m| m.reading_from(own.len()));
+    let k = kernel(ctx, module, name, &QMap::signature(q_map.as_ref(), own))?;
     let p = params::DeltaParams::numbers(s.fewer_queries);
     let (q, kk, norms, delta) =
         (k.param_ptr(p.q), k.param_ptr(p.k), k.param_ptr(p.norms), k.param_ptr(p.delta));
@@ -211,7 +224,7 @@ pub fn build_threshold_delta<'ctx>(
     k.for_range(k.add(i0, warp), last, k.i32(WARPS as i64), |k, i| {
         let base = k.mul(k.add(bh_base, k.sext64(i)), k.i64(s.d as i64));
         let kbase = k.mul(k.add(kbh_base, k.sext64(i)), k.i64(s.d as i64));
-        let qv = load_row(k, s.dts.0, q, base, lane, s.d);
+        let qv = load_q_row(k, q_map.as_ref(), s.dts.0, q, base, lane, s.d, (i, bh));
         let kv = load_row(k, s.dts.1, kk, kbase, lane, s.d);
         let (mut qq, mut qk) = (k.f32(0.0), k.f32(0.0));
         for (a, b) in qv.iter().zip(&kv) {
@@ -243,10 +256,12 @@ pub fn build_threshold_fused<'ctx>(
     if !fuses_delta(s) {
         return Err(format!("{name}: the formula is not one of norm statistics only"));
     }
-    let k = Kb::kernel(ctx, module, name, &params::fused_signature(false))?;
-    let io = FusedIo::params(&k);
+    let own = params::fused_signature(false);
+    let q_map = s.q_map.as_ref().map(|m| m.reading_from(own.len()));
+    let k = kernel(ctx, module, name, &QMap::signature(q_map.as_ref(), own))?;
+    let io = FusedIo::params(&k, q_map);
     let (m, bh, mt) = (k.sreg("ctaid.x"), k.sreg("ctaid.y"), k.sreg("nctaid.x"));
-    norms_then_delta(&k, name, s, io, (m, bh, mt));
+    norms_then_delta(&k, name, s, &io, (m, bh, mt));
     k.finish()
 }
 
@@ -269,10 +284,12 @@ pub fn build_threshold_with_scan<'ctx>(
     if !fuses_delta(s) {
         return Err(format!("{name}: the formula is not one of norm statistics only"));
     }
-    let k = Kb::kernel(ctx, module, name, &params::fused_signature(true))?;
-    let io = FusedIo::params(&k);
+    let own = params::fused_signature(true);
+    let q_map = s.q_map.as_ref().map(|m| m.reading_from(own.len()));
+    let k = kernel(ctx, module, name, &QMap::signature(q_map.as_ref(), own))?;
+    let io = FusedIo::params(&k, q_map);
     k.launch_bounds(NORM_THREADS, JOINT_BLOCKS);
-    scans_then_tiles(&k, name, s, io, (kind, gate_dt), split);
+    scans_then_tiles(&k, name, s, &io, (kind, gate_dt), split);
     k.finish()
 }
 
@@ -282,7 +299,7 @@ fn scans_then_tiles<'ctx>(
     k: &Kb<'_, 'ctx>,
     name: &str,
     s: &DeltaSpec,
-    io: FusedIo<'ctx>,
+    io: &FusedIo<'ctx>,
     (kind, gate_dt): (GateKind, DType),
     split: bool,
 ) {
@@ -394,9 +411,9 @@ const SHORT_SCAN: ScanShape = ScanShape { threads: NORM_THREADS, elems: 16 };
 /// plus `ceil(T / SPLIT_SEGMENT)` scan blocks per head.
 pub const SPLIT_SEGMENT: i64 = (PRELUDE_SCAN.threads * PRELUDE_SCAN.elems) as i64;
 
-/// The parameters of the one-kernel threshold.
-/// The one-kernel threshold's buffers and sizes ([`params::FusedParams`]).
-#[derive(Clone, Copy)]
+/// The one-kernel threshold's buffers and sizes ([`params::FusedParams`]), and q's load map
+/// reading its arguments after them.
+#[derive(Clone)]
 struct FusedIo<'ctx> {
     q: PointerValue<'ctx>,
     k: PointerValue<'ctx>,
@@ -405,10 +422,11 @@ struct FusedIo<'ctx> {
     arrived: PointerValue<'ctx>,
     t_len: IntValue<'ctx>,
     ln_t: FloatValue<'ctx>,
+    q_map: Option<QMap>,
 }
 
 impl<'ctx> FusedIo<'ctx> {
-    fn params(k: &Kb<'_, 'ctx>) -> FusedIo<'ctx> {
+    fn params(k: &Kb<'_, 'ctx>, q_map: Option<QMap>) -> FusedIo<'ctx> {
         let p = params::FusedParams::numbers(false);
         FusedIo {
             q: k.param_ptr(p.q),
@@ -418,6 +436,7 @@ impl<'ctx> FusedIo<'ctx> {
             arrived: k.param_ptr(p.arrived),
             t_len: k.param_int(p.t),
             ln_t: k.param_f32(p.ln_t),
+            q_map,
         }
     }
 }
@@ -430,12 +449,13 @@ fn norms_then_delta<'ctx>(
     k: &Kb<'_, 'ctx>,
     name: &str,
     s: &DeltaSpec,
-    io: FusedIo<'ctx>,
+    io: &FusedIo<'ctx>,
     (m, bh, mt): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
 ) {
     let tid = k.sreg("tid.x");
     let lw = lane_warp(k, tid);
-    let n = tile_norms(k, name, (io.q, io.k), s.dts, (s.d, s.kv_group, s.bm), (m, bh, io.t_len), None, lw);
+    let qs = (io.q, io.k, io.q_map.as_ref());
+    let n = tile_norms(k, name, qs, s.dts, (s.d, s.kv_group, s.bm), (m, bh, io.t_len), None, lw);
 
     // Thread 0 writes the norms, then releases them and counts the block in; the last block's
     // thread 0 acquires every other block's norms and hands them on to its block through the
@@ -505,4 +525,15 @@ fn head_delta<'ctx>(
             k.store_f(DType::F32, delta, k.add(row, k.sext64(j)), v);
         });
     });
+}
+
+/// A kernel of parameters `params` (names owned: q's load map adds its own).
+fn kernel<'a, 'ctx>(
+    ctx: &'ctx Context,
+    module: &'a Module<'ctx>,
+    name: &str,
+    params: &[(String, super::builder::ParamTy)],
+) -> R<Kb<'a, 'ctx>> {
+    let named: Vec<_> = params.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+    Kb::kernel(ctx, module, name, &named)
 }

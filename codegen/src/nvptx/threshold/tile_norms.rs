@@ -1,6 +1,7 @@
 //! The largest squared norms of q and k over the rows of one query tile, by one block of
 //! [`NORM_THREADS`]: 16-byte loads where the rows allow, element loads otherwise.
 
+use super::q_map::{load_q_row, QMap};
 use super::Kb;
 use crate::nvptx::block_reduce::block_reduce;
 use crate::nvptx::builder::control::Var;
@@ -24,6 +25,8 @@ const NORM_WARPS: u32 = NORM_THREADS / 32;
 /// Rows per lane group and step of [`vector_rows`] at most (64 registers of loads in flight
 /// per lane, as [`norm_rows`] has).
 const MAX_SLOTS: u32 = 8;
+/// [`MAX_SLOTS`] where q has a load map.
+const MAX_MAPPED_SLOTS: u32 = 2;
 
 /// The largest squared norms of q and k over the rows of a query tile (every thread gets them).
 pub(super) struct TileNorms<'ctx> {
@@ -32,9 +35,10 @@ pub(super) struct TileNorms<'ctx> {
 }
 
 /// Where the norms kernels read: q and k (their dtypes), the first query row of the head,
-/// the first key row of its kv head, the tile's rows `[i0, last)`, the head dim.
+/// the first key row of its kv head, the tile's rows `[i0, last)`, the head dim, and q's load
+/// map with the head `bh` it is computed for.
 #[derive(Clone, Copy)]
-struct Rows<'ctx> {
+struct Rows<'m, 'ctx> {
     q: PointerValue<'ctx>,
     k: PointerValue<'ctx>,
     dts: (DType, DType),
@@ -46,9 +50,11 @@ struct Rows<'ctx> {
     /// past it reads it again, whose norm the maxima hold already.
     q_last: Option<IntValue<'ctx>>,
     d: u32,
+    q_map: Option<&'m QMap>,
+    bh: IntValue<'ctx>,
 }
 
-impl<'ctx> Rows<'ctx> {
+impl<'ctx> Rows<'_, 'ctx> {
     /// The q row read beside key row `row`.
     fn q_row(&self, k: &Kb<'_, 'ctx>, row: IntValue<'ctx>) -> IntValue<'ctx> {
         match self.q_last {
@@ -116,12 +122,14 @@ fn squares<'ctx>(
 fn vector_rows<'ctx>(
     k: &Kb<'_, 'ctx>,
     v: VecRows,
-    r: &Rows<'ctx>,
+    r: &Rows<'_, 'ctx>,
     acc: Maxima<'ctx>,
     (lane, warp): (IntValue<'ctx>, IntValue<'ctx>),
     (warps, bm): (u32, u32),
 ) {
-    let slots = bm.div_ceil(warps * v.rows).clamp(1, MAX_SLOTS);
+    // A map's captured reads and arithmetic hold more per row: fewer rows in flight.
+    let max_slots = if r.q_map.is_some() { MAX_MAPPED_SLOTS } else { MAX_SLOTS };
+    let slots = bm.div_ceil(warps * v.rows).clamp(1, max_slots);
     let per_warp = slots * v.rows;
     let (sub, col) = (k.udivc(lane, v.lanes as i64), k.uremc(lane, v.lanes as i64));
     let col_off = k.sext64(k.mulc(col, v.elems as i64));
@@ -140,14 +148,21 @@ fn vector_rows<'ctx>(
             })
             .collect::<Vec<_>>()
     };
+    // q's elements through its map: column `col * elems + e` of its row.
+    let mapped = |k: &Kb<'_, 'ctx>, xs: Vec<FloatValue<'ctx>>, row: IntValue<'ctx>| match r.q_map {
+        None => xs,
+        Some(m) => m.apply_lanes(k, &xs, (row, k.mulc(col, v.elems as i64), r.bh)),
+    };
     let start = k.add(r.i0, k.mulc(warp, per_warp as i64));
     k.for_range(start, r.last, k.i32((warps * per_warp) as i64), |k, i| {
         let rows: Vec<_> = (0..slots)
             .map(|s| {
                 let row = k.smin(k.add(k.addc(i, (s * v.rows) as i64), sub), k.addc(r.last, -1));
-                (load(k, r.dts.0, r.q, r.q_base, r.q_row(k, row)), load(k, r.dts.1, r.k, r.k_base, row))
+                let q_row = r.q_row(k, row);
+                (load(k, r.dts.0, r.q, r.q_base, q_row), load(k, r.dts.1, r.k, r.k_base, row), q_row)
             })
             .collect();
+        let rows: Vec<_> = rows.into_iter().map(|(qv, kv, q_row)| (mapped(k, qv, q_row), kv)).collect();
         for (qv, kv) in &rows {
             let (mut sq, mut sk) = squares(k, qv, kv);
             let mut m = v.lanes / 2;
@@ -167,7 +182,7 @@ fn vector_rows<'ctx>(
 /// tile's last row (its norms are already in the maxima).
 fn scalar_rows<'ctx>(
     k: &Kb<'_, 'ctx>,
-    r: &Rows<'ctx>,
+    r: &Rows<'_, 'ctx>,
     acc: Maxima<'ctx>,
     (lane, warp): (IntValue<'ctx>, IntValue<'ctx>),
     warps: u32,
@@ -178,9 +193,14 @@ fn scalar_rows<'ctx>(
         let rows: Vec<_> = (0..nrows)
             .map(|n| {
                 let row = k.smin(k.addc(i, (n * warps) as i64), k.addc(r.last, -1));
-                let base = k.mul(k.add(r.q_base, k.sext64(r.q_row(k, row))), k.i64(r.d as i64));
+                let q_row = r.q_row(k, row);
+                let base = k.mul(k.add(r.q_base, k.sext64(q_row)), k.i64(r.d as i64));
                 let kbase = k.mul(k.add(r.k_base, k.sext64(row)), k.i64(r.d as i64));
-                (load_row(k, r.dts.0, r.q, base, lane, r.d), load_row(k, r.dts.1, r.k, kbase, lane, r.d))
+                let at = (q_row, r.bh);
+                (
+                    load_q_row(k, r.q_map, r.dts.0, r.q, base, lane, r.d, at),
+                    load_row(k, r.dts.1, r.k, kbase, lane, r.d),
+                )
             })
             .collect();
         for (qv, kv) in &rows {
@@ -194,12 +214,12 @@ fn scalar_rows<'ctx>(
 /// ([`vector_rows`]) where the layout allows and q and k are 16-byte aligned (a runtime test:
 /// a torch view may start anywhere), element loads ([`scalar_rows`]) otherwise. `t_len` rows of
 /// k (and of q, unless `tq` gives fewer queries: then the tiles are the keys', and q's norms of
-/// a tile past the queries repeat its last row).
+/// a tile past the queries repeat its last row). q's elements go through `q_map` if given.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn tile_norms<'ctx>(
     k: &Kb<'_, 'ctx>,
     name: &str,
-    (q, kk): (PointerValue<'ctx>, PointerValue<'ctx>),
+    (q, kk, q_map): (PointerValue<'ctx>, PointerValue<'ctx>, Option<&QMap>),
     dts: (DType, DType),
     (d, kv_group, bm): (u32, u32, u32),
     (m, bh, t_len): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
@@ -218,6 +238,8 @@ pub(super) fn tile_norms<'ctx>(
         last: k.smin(k.addc(i0, bm as i64), t_len),
         q_last: tq.map(|tq| k.addc(tq, -1)),
         d,
+        q_map,
+        bh,
     };
     match VecRows::of(d, dts) {
         Some(v) => {
