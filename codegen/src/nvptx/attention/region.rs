@@ -628,7 +628,17 @@ impl ScoreMod for RegionMod {
     /// the region (and of the mask's condition).
     fn tag(&self) -> String {
         let Resolved { region, dims, .. } = &self.region;
-        let mut key = format!("{region:?}{dims:?}{:?}{:?}{:?}", self.heads, self.args, self.caps);
+        // The captures' dtypes and ranks, written as they always were (stable kernel names);
+        // their static last sizes matter to q's map only ([`RegionMod::capture_lanes`]).
+        let caps: Vec<String> = self
+            .caps
+            .iter()
+            .map(|c| match c {
+                Some(c) => format!("Some(CaptureTy {{ dtype: {:?}, rank: {} }})", c.dtype, c.rank),
+                None => "None".into(),
+            })
+            .collect();
+        let mut key = format!("{region:?}{dims:?}{:?}{:?}[{}]", self.heads, self.args, caps.join(", "));
         match &self.mask {
             None if self.is_identity() && self.epilogue.is_none() && self.q_map.is_none() => {
                 return String::new()
@@ -643,7 +653,8 @@ impl ScoreMod for RegionMod {
             key.push_str(&format!("epilogue{:?}{:?}", e.region, e.dims));
         }
         if let Some(m) = &self.q_map {
-            key.push_str(&format!("q_map{:?}{:?}", m.region, m.dims));
+            let lasts: Vec<_> = self.caps.iter().map(|c| c.and_then(|c| c.last)).collect();
+            key.push_str(&format!("q_map{:?}{:?}{lasts:?}", m.region, m.dims));
         }
         format!("r{:016x}", fnv1a(&key))
     }
