@@ -16,9 +16,6 @@ pub(super) struct LaneParts<'ctx> {
     l16: IntValue<'ctx>,
 }
 
-/// Chunks of a mapped Q tile loaded together ([`Attn::load_q_tile`]).
-const MAPPED_CHUNKS: usize = 2;
-
 /// One 16-byte chunk of a tile ([`Attn::tile_chunks`]): its global row, its chunk in the row
 /// (elements `8 ch ..`), where it is read and its byte offset in shared memory.
 struct TileChunk<'ctx> {
@@ -47,10 +44,10 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
     }
 
     /// The Q tile of head `bh` ([`Attn::load_tile`]'s rows of q's tensor at `src`): copied by
-    /// cp.async, or where q has a load map, loaded 16 bytes at a time, mapped element by element
-    /// ([`ScoreMod::q_map`], rounded to the tile's 16-bit type) and stored to the tile by this
-    /// thread (the caller's wait and barrier publish both alike; on the wgmma path its
-    /// `fence.proxy.async` covers the stores).
+    /// cp.async, or where q has a load map, loaded 16 bytes (8 columns) at a time, mapped
+    /// ([`ScoreMod::q_map`] on the 8 columns), rounded to the tile's 16-bit type and stored to
+    /// the tile by this thread (the caller's wait and barrier publish both alike; on the wgmma
+    /// path its `fence.proxy.async` covers the stores).
     pub(crate) fn load_q_tile(
         &self,
         src: PointerValue<'ctx>,
@@ -65,19 +62,16 @@ impl<'k, 'a, 'ctx> Attn<'k, 'a, 'ctx> {
         let b = self.b;
         let half = self.cfg.dtype_in;
         let v8 = b.elem_type(half.dtype()).into_float_type().vec_type(8);
+        // Every chunk's load first, then the maps: the loads are in flight together.
         let mut chunks = vec![];
-        self.tile_chunks(src, (r0, rows), dst_off, len, |c| chunks.push(c));
-        // A few chunks' loads in flight together, then their maps (all of a thread's chunks at
-        // once held too many captured values: the warp-specialized consumer spilled).
-        for group in chunks.chunks(MAPPED_CHUNKS) {
-            let xs: Vec<_> =
-                group.iter().map(|c| b.load_aligned(v8.into(), c.src, 16).into_vector_value()).collect();
-            for (x, c) in xs.into_iter().zip(group) {
-                let xs: Vec<_> = (0..8).map(|e| b.fpext(b.extract_f(x, e))).collect();
-                let mapped = self.score.q_map(b, &xs, ScorePos { i: c.row, j: b.mulc(c.ch, 8), bh });
-                let words: Vec<_> = mapped.chunks(2).map(|p| b.pack_half2(half, p[0], p[1])).collect();
-                b.store_aligned(b.smem_at(self.smem, c.smem), b.vec_i32(&words), 16);
-            }
+        self.tile_chunks(src, (r0, rows), dst_off, len, |c| {
+            chunks.push((b.load_aligned(v8.into(), c.src, 16).into_vector_value(), c))
+        });
+        for (x, c) in chunks {
+            let xs: Vec<_> = (0..8).map(|e| b.fpext(b.extract_f(x, e))).collect();
+            let mapped = self.score.q_map(b, &xs, ScorePos { i: c.row, j: b.mulc(c.ch, 8), bh });
+            let words: Vec<_> = mapped.chunks(2).map(|p| b.pack_half2(half, p[0], p[1])).collect();
+            b.store_aligned(b.smem_at(self.smem, c.smem), b.vec_i32(&words), 16);
         }
     }
 

@@ -25,8 +25,6 @@ const NORM_WARPS: u32 = NORM_THREADS / 32;
 /// Rows per lane group and step of [`vector_rows`] at most (64 registers of loads in flight
 /// per lane, as [`norm_rows`] has).
 const MAX_SLOTS: u32 = 8;
-/// [`MAX_SLOTS`] where q has a load map.
-const MAX_MAPPED_SLOTS: u32 = 2;
 
 /// The largest squared norms of q and k over the rows of a query tile (every thread gets them).
 pub(super) struct TileNorms<'ctx> {
@@ -127,9 +125,7 @@ fn vector_rows<'ctx>(
     (lane, warp): (IntValue<'ctx>, IntValue<'ctx>),
     (warps, bm): (u32, u32),
 ) {
-    // A map's captured reads and arithmetic hold more per row: fewer rows in flight.
-    let max_slots = if r.q_map.is_some() { MAX_MAPPED_SLOTS } else { MAX_SLOTS };
-    let slots = bm.div_ceil(warps * v.rows).clamp(1, max_slots);
+    let slots = bm.div_ceil(warps * v.rows).clamp(1, MAX_SLOTS);
     let per_warp = slots * v.rows;
     let (sub, col) = (k.udivc(lane, v.lanes as i64), k.uremc(lane, v.lanes as i64));
     let col_off = k.sext64(k.mulc(col, v.elems as i64));
