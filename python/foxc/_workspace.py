@@ -7,6 +7,9 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 # Buffers start at this alignment inside a workspace.
 ALIGN = 256
+# The caller's tensors must start at a multiple of this many bytes: the GPU kernels read q, k,
+# v and a load map's x 16 bytes at a time (cp.async, tensor maps, vector loads).
+TENSOR_ALIGN = 16
 WORKSPACES = ("scratch", "zeroed")
 TENSORS = ("input", "output")
 
@@ -51,3 +54,15 @@ class KeptZeroed:
         if held is None:
             held = self._kept[key] = (plan, zeros(nbytes))
         return held[1]
+
+
+def check_tensor_address(name: str, address: int) -> None:
+    """A ValueError when a caller's tensor (an input ``name``) does not start at a multiple of
+    ``TENSOR_ALIGN`` bytes: a contiguous view may start anywhere in its storage (``x[1:]``), and
+    the GPU kernels' 16-byte loads would fault on it."""
+    if address % TENSOR_ALIGN:
+        raise ValueError(
+            f"input `{name}` starts at device address {address:#x}, not a multiple of {TENSOR_ALIGN} bytes "
+            f"(a view into another tensor's storage?): foxc's GPU kernels read it {TENSOR_ALIGN} bytes at "
+            "a time; pass a copy (`.clone()`)"
+        )

@@ -73,11 +73,11 @@ def _out_shapes(attn, shapes) -> Tuple[List[int], List[int]]:
     return out_shape, out_shape[:-1]
 
 
-def _launch(plan, tensors: Dict, dev) -> List[torch.Tensor]:
+def _launch(plan, tensors: Dict, dev, names: Optional[Sequence[str]] = None) -> List[torch.Tensor]:
     """Allocate the plan's outputs and workspace from torch, enqueue its kernels on torch's
-    current stream with ``tensors[i]`` as the buffer of the program's parameter i; return the
-    outputs. (Temporaries freed after the launch are safe: torch's allocator reuses memory in
-    stream order.)"""
+    current stream with ``tensors[i]`` as the buffer of the program's parameter i (named
+    ``names[i]`` in errors); return the outputs. (Temporaries freed after the launch are safe:
+    torch's allocator reuses memory in stream order.)"""
     outs = [torch.empty(shape, dtype=_TORCH_DTYPES[dtype], device=dev) for _, dtype, shape in plan.outputs]
     # The workspaces: "scratch" buffers in one torch.empty, "zeroed" ones (counters the
     # kernels expect zero and leave zero) in one torch.zeros, kept per stream outside graph
@@ -102,6 +102,8 @@ def _launch(plan, tensors: Dict, dev) -> List[torch.Tensor]:
         t = tensors[i] if role == "input" else outs[i]
         if t.numel() * t.element_size() < size:
             raise RuntimeError(f"foxc: buffer {role} {i} holds {t.numel() * t.element_size()} bytes, the plan needs {size}")
+        if role == "input":
+            _workspace.check_tensor_address(names[i] if names else f"#{i}", t.data_ptr())
         ptrs.append(t.data_ptr())
     plan.launch(ptrs, stream)
     return outs
@@ -148,7 +150,7 @@ def attention_op(program: int, inputs: List[torch.Tensor]) -> Tuple[torch.Tensor
     inputs = _as_read(attn, inputs)
     make = lambda metas, dev: _fused(attn, attn._program.cuda_plan(metas, dev))  # noqa: E731
     plan = _plan(attn._gpu_plans, "attention", attn.params, inputs, make)
-    out, lse = _launch(plan, inputs, inputs[0].device)
+    out, lse = _launch(plan, inputs, inputs[0].device, attn.params)
     return out, lse
 
 
@@ -182,7 +184,7 @@ def attention_train_op(program: int, inputs: List[torch.Tensor]) -> Tuple[torch.
     inputs = _as_read(attn, inputs)
     make = lambda metas, dev: _fused(attn, attn._program.cuda_plan(metas, dev, True))  # noqa: E731
     plan = _plan(attn._gpu_plans, "train", attn.params, inputs, make)
-    return _train_results(_launch(plan, inputs, inputs[0].device))
+    return _train_results(_launch(plan, inputs, inputs[0].device, attn.params))
 
 
 def _train_results(outs) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -366,7 +368,7 @@ def forward_op(program: int, inputs: List[torch.Tensor]) -> torch.Tensor:
     _check(attn, inputs)
     inputs = _as_read(attn, inputs)
     plan = _plan(attn._gpu_plans, "program", attn.params, inputs, attn._program.cuda_plan)
-    return _launch(plan, inputs, inputs[0].device)[0]
+    return _launch(plan, inputs, inputs[0].device, attn.params)[0]
 
 
 @forward_op.register_kernel("cpu")

@@ -53,3 +53,11 @@ def test_a_zeroed_workspace_is_kept_per_plan_and_stream():
     assert kept.get(plan_a, 8, 512, zeros) is not first
     assert kept.get(plan_b, 7, 256, zeros) is not first
     assert made == [512, 512, 256]
+
+
+def test_a_tensor_off_a_16_byte_boundary_is_refused_by_name():
+    # A contiguous view may start anywhere in its storage: `buf[1:]` of a float32 buffer is 4
+    # bytes past a boundary. The GPU kernels read their operands 16 bytes at a time.
+    _workspace.check_tensor_address("cos", 0x7F00_0000_0100)
+    with pytest.raises(ValueError, match=r"input `cos` starts at device address 0x7f0000000104, not a multiple of 16 bytes"):
+        _workspace.check_tensor_address("cos", 0x7F00_0000_0104)

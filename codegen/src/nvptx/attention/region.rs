@@ -571,8 +571,9 @@ impl RegionMod {
     /// `j + c` with `c` and the last axis' static size multiples of `lanes` (then the lanes'
     /// elements are adjacent and all inside the axis or all outside, NaN as [`RegionMod::capture`]
     /// reads them) and the lanes' bytes are whole 16-byte pieces. A tensor whose address is not
-    /// 16-byte aligned (a torch view may start anywhere) is read element by element. `None`
-    /// where the read is not of that form.
+    /// 16-byte aligned is read element by element (foxc's torch layer refuses such inputs, but
+    /// the runtime's own callers may pass any address). `None` where the read is not of that
+    /// form.
     fn capture_lanes<'ctx>(
         &self,
         b: &KernelBuilder<'_, 'ctx>,

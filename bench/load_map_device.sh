@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# q's load map (RoPE) in the GPU kernels, NEW against OLD in one call: checks of NEW (`--check`
+# against the f64 interpreter on the warp-specialized, standard and mma.sync kernels, queries
+# fewer than keys, `--check-starts` of a map that changes q's norms, the gradients), memcheck,
+# then `foxc bench` of both builds interleaved twice, examples/fox.attn the control.
+#   NEW=foxc.gz OLD=foxc.gz [SHAPE=B=2,H=16,T=8192] [ITERS=20] bench/load_map_device.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source bench/device_lib.sh
+OUT=${OUT:-/tmp}
+new=$(unpack "$NEW")
+old=$(unpack "$OLD")
+shape=${SHAPE:-B=2,H=16,T=8192}
+R=bench/fox_rope.attn; Q=bench/fox_rope_gqa.attn; P=bench/fox_rope_prefill.attn
+fail=0
+for args in "run $R B=1,H=3,T=999,D=128" "run $R B=1,H=3,T=333,D=96" "run $R B=1,H=3,T=1777,D=64 --attn-kernel standard" \
+  "run $Q B=2,H=4,G=2,T=2000,D=128 --check-starts" "run $P B=1,H=3,N=300,M=2000,D=128" "run $P B=1,H=3,N=1,M=3000,D=128" \
+  "grad $R B=1,H=2,T=300,D=64"; do
+  set -- $args
+  what=$1 f=$2 sh=$3; shift 3
+  out=$(t 120 "$new" "$what" "$f" --backend cuda --check --shape "$sh" "$@" 2>&1); rc=$?
+  echo "check $what $f [$sh] $* rc=$rc $(grep -iE 'check|error|rel' <<<"$out" | tail -6 | tr '\n' ' ' | cut -c1-300)"
+  [ $rc -eq 0 ] || fail=1
+done
+t 100 compute-sanitizer --tool memcheck --error-exitcode 3 "$new" run $Q --backend cuda --shape B=1,H=4,G=2,T=500,D=128 > "$OUT/san.log" 2>&1
+echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$OUT/san.log")"
+echo "== bench $shape (median ms of ${ITERS:-20}; NEW and OLD interleaved, twice, each first once)"
+for rep in 1 2; do
+  order="new old"; [ $rep = 2 ] && order="old new"
+  for spec in "examples/fox.attn D=128" "$R D=128" "$R D=64" "$Q D=128,G=4"; do
+    set -- $spec
+    for tag in $order; do
+      bin=$new; [ $tag = old ] && bin=$old
+      t 120 "$bin" bench "$1" --backend cuda --shape "$shape,$2" --seed 0 --iters "${ITERS:-20}" --format csv 2>&1 |
+        grep -v '^program' | sed "s|^|$rep,$tag,|"
+    done
+  done
+done
+exit $fail
