@@ -42,6 +42,24 @@ bench_rows() {
   t 60 "$bin" bench examples/fox.attn --backend cuda --shape "$shape" --seed 0 --iters "${ITERS:-50}" "$@" \
     --format csv 2>&1 | grep -v '^program' | sed "s|^|$tag,|"
 }
+# bench_interleaved NEW OLD SHAPE ITERS SPEC...: `foxc bench` of each SPEC ("FILE", or "FILE DIMS"
+#   with DIMS appended to SHAPE) with both builds, in two rounds (NEW first in the first, OLD
+#   first in the second); CSV rows prefixed `round,new|old,`.
+bench_interleaved() {
+  local new=$1 old=$2 shape=$3 iters=$4 rep order spec f dims tag bin
+  shift 4
+  for rep in 1 2; do
+    order="new old"; [ "$rep" = 2 ] && order="old new"
+    for spec in "$@"; do
+      read -r f dims <<<"$spec"
+      for tag in $order; do
+        bin=$new; [ "$tag" = old ] && bin=$old
+        t 120 "$bin" bench "$f" --backend cuda --shape "$shape${dims:+,$dims}" --seed 0 --iters "$iters" \
+          --format csv 2>&1 | grep -v '^program' | sed "s|^|$rep,$tag,|"
+      done
+    done
+  done
+}
 # bench_table CSV TAGS...: from bench_rows output, per shape each tag's pruned and dense medians
 #   (ms) and pruned - dense (us).
 bench_table() {

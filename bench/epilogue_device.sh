@@ -32,14 +32,5 @@ for f in ${EXTRA:-}; do
   [ $rc -eq 0 ] || fail=1
 done
 echo "== bench $shape (median ms of ${ITERS:-30}; NEW and OLD interleaved, twice, each first once)"
-for rep in 1 2; do
-  order="new old"; [ $rep = 2 ] && order="old new"
-  for f in examples/fox.attn bench/fox_gate.attn bench/fox_rope.attn; do
-    for tag in $order; do
-      bin=$new; [ $tag = old ] && bin=$old
-      t 120 "$bin" bench "$f" --backend cuda --shape "$shape" --seed 0 --iters "${ITERS:-30}" --format csv 2>&1 |
-        grep -v '^program' | sed "s|^|$rep,$tag,|"
-    done
-  done
-done
+bench_interleaved "$new" "$old" "$shape" "${ITERS:-30}" examples/fox.attn bench/fox_gate.attn bench/fox_rope.attn
 exit $fail

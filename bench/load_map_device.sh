@@ -25,15 +25,5 @@ done
 t 100 compute-sanitizer --tool memcheck --error-exitcode 3 "$new" run $Q --backend cuda --shape B=1,H=4,G=2,T=500,D=128 > "$OUT/san.log" 2>&1
 echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$OUT/san.log")"
 echo "== bench $shape (median ms of ${ITERS:-20}; NEW and OLD interleaved, twice, each first once)"
-for rep in 1 2; do
-  order="new old"; [ $rep = 2 ] && order="old new"
-  for spec in "examples/fox.attn D=128" "$R D=128" "$R D=64" "$Q D=128,G=4"; do
-    set -- $spec
-    for tag in $order; do
-      bin=$new; [ $tag = old ] && bin=$old
-      t 120 "$bin" bench "$1" --backend cuda --shape "$shape,$2" --seed 0 --iters "${ITERS:-20}" --format csv 2>&1 |
-        grep -v '^program' | sed "s|^|$rep,$tag,|"
-    done
-  done
-done
+bench_interleaved "$new" "$old" "$shape" "${ITERS:-20}" "examples/fox.attn D=128" "$R D=128" "$R D=64" "$Q D=128,G=4"
 exit $fail
