@@ -12,7 +12,7 @@
 //! explanation at the attention's source span.
 
 use crate::monotone::Verdict;
-use crate::{Explanation, PassContext, PassError, PassOptions};
+use crate::{PassContext, PassError, PassOptions};
 use foxc_ir::check::infer;
 use foxc_ir::{Attention, Dim, Graph, NormBound, Op, Prune, ThresholdPlan, ValueId, ValueType};
 
@@ -71,9 +71,8 @@ pub fn run(g: &mut Graph, opts: &PassOptions, cx: &mut PassContext) -> Result<()
         let Op::Attention(attn) = g.op(n).clone() else { continue };
         let span = g.node(n).span;
         let verdict = cx.verdicts.get(&n).cloned().unwrap_or_else(|| crate::monotone::verdict(g, n));
-        let explain = |cx: &mut PassContext, message: String, hint: Option<String>| {
-            cx.explanations.push(Explanation { message, span, hint })
-        };
+        let explain =
+            |cx: &mut PassContext, message: String, hint: Option<String>| cx.explain(message, span, hint);
         match verdict {
             Verdict::Decay(_) => {}
             Verdict::NoDecay => {
@@ -114,7 +113,7 @@ pub fn run(g: &mut Graph, opts: &PassOptions, cx: &mut PassContext) -> Result<()
                 // At the term that grows, where recognition recorded its source.
                 let at = why.term.and_then(|t| cx.region_spans.get(&n)?.get(t as usize).copied());
                 let message = format!("not pruned: {why}");
-                cx.explanations.push(Explanation { message, span: at.unwrap_or(span), hint: None });
+                cx.explain(message, at.unwrap_or(span), None);
                 continue;
             }
         };

@@ -14,7 +14,7 @@
 //! ordinary IR ops.
 
 use crate::cone::{emit_ops, ConeBuilder};
-use crate::{Explanation, PassContext, PassError, PassOptions};
+use crate::{PassContext, PassError, PassOptions};
 use foxc_ir::attention::AttnKernel;
 use foxc_ir::attention::{RNode, Region};
 use foxc_ir::{Attention, Axis, DType, Graph, Op, Value, ValueId, ValueType};
@@ -27,11 +27,11 @@ pub fn run(g: &mut Graph, _opts: &PassOptions, cx: &mut PassContext) -> Result<(
         match plan(g, n) {
             Ok(Some(p)) => apply(g, n, p)?,
             Ok(None) => {}
-            Err(why) => cx.explanations.push(Explanation {
-                message: format!("the output's elementwise function stays a loop of its own: {why}"),
-                span: g.node(n).span,
-                hint: None,
-            }),
+            Err(why) => cx.explain(
+                format!("the output's elementwise function stays a loop of its own: {why}"),
+                g.node(n).span,
+                None,
+            ),
         }
     }
     Ok(())

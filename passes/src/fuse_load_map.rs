@@ -20,7 +20,7 @@
 //! pass.
 
 use crate::cone::{emit_ops, ConeBuilder};
-use crate::{Explanation, PassContext, PassError, PassOptions};
+use crate::{PassContext, PassError, PassOptions};
 use foxc_ir::attention::Region;
 use foxc_ir::{Axis, DType, Graph, Op, Value, ValueId, ValueType};
 use petgraph::visit::EdgeRef;
@@ -54,11 +54,7 @@ pub fn run(g: &mut Graph, opts: &PassOptions, cx: &mut PassContext) -> Result<()
 }
 
 fn explain(cx: &mut PassContext, g: &Graph, s: ValueId, what: &str, why: String) {
-    cx.explanations.push(Explanation {
-        message: format!("the attention's {what} stays a loop of its own: {why}"),
-        span: g.node(s).span,
-        hint: None,
-    });
+    cx.explain(format!("the attention's {what} stays a loop of its own: {why}"), g.node(s).span, None);
 }
 
 /// What replacing store `s` makes: the function, its `x` and the tensors it captures.

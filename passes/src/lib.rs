@@ -182,6 +182,14 @@ pub struct PassContext {
     pub region_spans: BTreeMap<ValueId, Vec<foxc_ir::Span>>,
 }
 
+impl PassContext {
+    /// Records what `--explain` says of the source at `span` (why a pass left something as it
+    /// was), with a `hint` of what to write instead.
+    pub fn explain(&mut self, message: String, span: foxc_ir::Span, hint: Option<String>) {
+        self.explanations.push(Explanation { message, span, hint });
+    }
+}
+
 type PassFn = fn(&mut Graph, &PassOptions, &mut PassContext) -> Result<(), PassError>;
 
 /// The targets a pass runs for: a decision that shapes work for one kind of backend is made

@@ -15,7 +15,7 @@
 
 use crate::lang::AttnGraph;
 use crate::recognize::Builder;
-use crate::{Explanation, PassContext, PassError, PassOptions};
+use crate::{PassContext, PassError, PassOptions};
 use foxc_ir::{Attention, GateKind, Graph, Op, Span, ValueId};
 
 /// What the analysis concluded for one attention node.
@@ -130,15 +130,15 @@ pub fn run(g: &mut Graph, _opts: &PassOptions, cx: &mut PassContext) -> Result<(
     for n in g.find(|op| matches!(op, Op::Attention(_))) {
         let v = verdict(g, n);
         if let Verdict::Unproven(msg, span) = &v {
-            cx.explanations.push(Explanation {
-                message: format!("not pruned: {msg}"),
-                span: *span,
-                hint: Some(
+            cx.explain(
+                format!("not pruned: {msg}"),
+                *span,
+                Some(
                     "write the gate as logsigmoid(z), -softplus(z), min(x, 0), ..., or declare the parameter's range, \
                      e.g. `logf: f32[B, H, T] in [-inf, 0]`"
                         .into(),
                 ),
-            });
+            );
         }
         cx.verdicts.insert(n, v);
     }
