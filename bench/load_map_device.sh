@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # q's load map (RoPE) in the GPU kernels, NEW against OLD in one call: checks of NEW (`--check`
 # against the f64 interpreter on the warp-specialized, standard and mma.sync kernels, queries
-# fewer than keys, `--check-starts` of a map that changes q's norms, the gradients), memcheck,
+# fewer than keys, `--check-starts` of a map that changes q's norms, f16, the gradients), memcheck,
 # then `foxc bench` of both builds interleaved twice, examples/fox.attn the control.
 #   NEW=foxc.gz OLD=foxc.gz [SHAPE=B=2,H=16,T=8192] [ITERS=20] bench/load_map_device.sh
 set -uo pipefail
@@ -12,10 +12,13 @@ new=$(unpack "$NEW")
 old=$(unpack "$OLD")
 shape=${SHAPE:-B=2,H=16,T=8192}
 R=bench/fox_rope.attn; Q=bench/fox_rope_gqa.attn; P=bench/fox_rope_prefill.attn
+# The f16 form of the RoPE program (the map rounds to f16, the Q tile's type).
+F="$OUT/fox_rope_f16.attn"
+sed 's/bf16/f16/g' $R > "$F"
 fail=0
 for args in "run $R B=1,H=3,T=999,D=128" "run $R B=1,H=3,T=333,D=96" "run $R B=1,H=3,T=1777,D=64 --attn-kernel standard" \
   "run $Q B=2,H=4,G=2,T=2000,D=128 --check-starts" "run $P B=1,H=3,N=300,M=2000,D=128" "run $P B=1,H=3,N=1,M=3000,D=128" \
-  "grad $R B=1,H=2,T=300,D=64"; do
+  "run $F B=1,H=3,T=999,D=128" "grad $R B=1,H=2,T=300,D=64"; do
   set -- $args
   what=$1 f=$2 sh=$3; shift 3
   out=$(t 120 "$new" "$what" "$f" --backend cuda --check --shape "$sh" "$@" 2>&1); rc=$?

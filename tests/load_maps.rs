@@ -170,6 +170,28 @@ fn rope_on_q_is_loaded_through_a_map_on_the_gpu() {
     }
 }
 
+/// f16 operands: the map rounds to f16, the Q tile's type, and the kernels assemble.
+#[test]
+fn an_f16_map_fills_an_f16_q_tile() {
+    use foxc_codegen::nvptx::ptxas;
+    let src = std::fs::read_to_string("bench/fox_rope.attn").unwrap().replace("bf16", "f16");
+    let f = write("rope_f16.attn", &src);
+    for (target, shape) in [("sm_90a", "D=128"), ("sm_80", "D=64")] {
+        let t = opt(&f, target);
+        let maps: Vec<_> = t.lines().filter(|l| l.contains("= load_map {f = ")).collect();
+        assert!(maps.len() == 1 && maps[0].ends_with(": f16[B, H, T, D]"), "{target}: {t}");
+        let (code, ptx) = run(&["compile", &f, "--emit", "ptx", "--target", target, "--shape", shape]);
+        assert_eq!(code, Some(0), "{target}: {ptx}");
+        // The map's tables and q's partner elements are read 16 bytes at a time.
+        assert!(ptx.contains("ld.global.nc.v4.b32"), "{target}");
+        if let Some(p) = ptxas::find() {
+            let arch = if target == "sm_80" { "sm_80" } else { "sm_90a" };
+            ptxas::assemble(&p, &ptx, arch).unwrap_or_else(|log| panic!("{target}: ptxas: {log}"));
+        }
+    }
+    cpu_check("run", &f, "B=1,H=2,T=100,D=16", &seed(), true);
+}
+
 /// On a GPU target, a q map whose own element comes from an f32 tensor stays a loop, and
 /// `--explain` says why: the kernels load `x` as their Q tile's 16-bit type.
 #[test]
