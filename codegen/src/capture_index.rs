@@ -2,6 +2,7 @@
 //! `floor((sum c*v + offset) / div)` from these, with `offset` the constant plus the dim terms
 //! (`i + M - N`) and `div` the divisor.
 
+use foxc_ir::attention::IndexVar;
 use foxc_ir::index::{ClampKind, IndexExpr};
 use foxc_ir::Dim;
 
@@ -68,4 +69,23 @@ impl SubConsts {
         }
         Ok((SubConsts { offset, div, clamps }, rest))
     }
+}
+
+/// Whether a read at `index` (its subscripts resolved to `subs`, the last axis `last` long)
+/// takes `lanes` consecutive elements of the last axis for `lanes` columns `j0 + e` with `j0` a
+/// multiple of `lanes`, all inside the axis or all outside it: `j` only in the last subscript, as
+/// `j + c` with no division or clamp, `c` and `last` multiples of `lanes`. Both backends then read
+/// the group with one vector load.
+pub fn contiguous_in_j(index: &[IndexExpr], subs: &[SubConsts], last: u64, lanes: u64) -> bool {
+    let j = IndexVar::J.name();
+    let (Some((e, rest)), Some(sub)) = (index.split_last(), subs.last()) else {
+        return false;
+    };
+    let reads_j = |e: &IndexExpr| e.terms.iter().any(|(v, _)| v == j);
+    matches!(e.terms.as_slice(), [(v, 1)] if v == j)
+        && !rest.iter().any(reads_j)
+        && sub.div.is_none()
+        && sub.clamps.is_empty()
+        && sub.offset % lanes as i64 == 0
+        && last.is_multiple_of(lanes)
 }

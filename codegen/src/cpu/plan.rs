@@ -4,7 +4,6 @@
 use super::kernels::{AttnKernel, Kind};
 use super::load_map::Operand;
 use super::{backward, emit, generic, region, shape, CpuError, Spec, SpecKind};
-use foxc_ir::attention::RNode;
 use foxc_ir::{BinaryOp, DType, Dim, Graph, Op, Value, ValueId};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -520,12 +519,7 @@ impl NodeCx<'_> {
             );
         }
         let ops = self.g.operands(v);
-        let mut f = f.clone();
-        for node in &mut f.nodes {
-            if let RNode::Capture { k, .. } = node {
-                *k += first;
-            }
-        }
+        let f = f.shift_captures(first);
         captured.extend(&ops[1..]);
         let dim = |x: &Dim| self.dim(x);
         let map = region::RegionCode::new(&f, &dim).map_err(|m| self.invalid(m))?;

@@ -10,6 +10,7 @@ use foxc_ir::attention::{IndexVar, RNode, Region};
 use foxc_ir::index::IndexExpr;
 use foxc_ir::{BinaryOp, DType, UnaryOp};
 
+use crate::capture_index::contiguous_in_j;
 pub use crate::capture_index::SubConsts;
 
 /// A region prepared for one compiled program: dims resolved to numbers.
@@ -237,7 +238,8 @@ fn capture(
     // The same element on every lane (a per-head slope, a per-row bias), or four consecutive
     // ones: lane 0's subscript decides for all four.
     let uniform = !index.iter().any(|e| e.terms.iter().any(|(v, _)| v == IndexVar::J.name()));
-    if uniform || (at.aligned && cc.dtype.is_float() && contiguous_in_j(&cc.shape, index, subs)) {
+    let along_j = cc.shape.last().is_some_and(|&n| contiguous_in_j(index, subs, n, 4));
+    if uniform || (at.aligned && cc.dtype.is_float() && along_j) {
         let (ok, off) = capture_offset(fx, &cc.shape, index, subs, at, 0);
         let zero = fx.ic(0);
         let safe = fx.b.ins().select(ok, off, zero);
@@ -262,22 +264,6 @@ fn capture(
         out = fx.b.ins().insertlane(out, x, lane);
     }
     out
-}
-
-/// Whether a read at `index` of a tensor of `shape` takes four consecutive elements of its last
-/// axis for four aligned lanes, all inside the axis or all outside it: see [`capture`].
-fn contiguous_in_j(shape: &[u64], index: &[IndexExpr], subs: &[SubConsts]) -> bool {
-    let j = IndexVar::J.name();
-    let Some(((last, rest), (sub, &n))) = index.split_last().zip(subs.last().zip(shape.last())) else {
-        return false;
-    };
-    let reads_j = |e: &IndexExpr| e.terms.iter().any(|(v, _)| v == j);
-    matches!(last.terms.as_slice(), [(v, 1)] if v == j)
-        && !rest.iter().any(reads_j)
-        && sub.div.is_none()
-        && sub.clamps.is_empty()
-        && sub.offset % 4 == 0
-        && n % 4 == 0
 }
 
 /// Where lane `lane` reads a captured tensor of `shape` at `index`: (in range (i8 truth),

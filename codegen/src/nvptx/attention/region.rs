@@ -10,7 +10,7 @@
 //! touching memory (the front end proves that only entries the mask drops do that).
 
 use super::score::{ScoreMod, ScorePos, FIRST_PARAM};
-use crate::capture_index::SubConsts;
+use crate::capture_index::{contiguous_in_j, SubConsts};
 use crate::nvptx::builder::{KernelBuilder, ParamTy};
 use foxc_ir::attention::{IndexVar, RNode, Region};
 use foxc_ir::index::IndexExpr;
@@ -584,16 +584,15 @@ impl RegionMod {
         lanes: usize,
     ) -> Option<Vec<FloatValue<'ctx>>> {
         let ty = self.caps.get(k).copied().flatten()?;
-        let ((last, rest), sub) = (index.split_last()?, subs.last()?);
-        let along_j = last.terms.iter().map(|(v, c)| (v.as_str(), *c)).eq([("j", 1)]);
-        let plain = sub.consts.div.is_none() && sub.consts.clamps.is_empty() && sub.args.is_empty();
-        let n = lanes as i64;
-        let whole = ty.last.is_some_and(|l| l % lanes as u64 == 0) && sub.consts.offset % n == 0;
-        let bytes = lanes * ty.dtype.size_bytes();
-        let rest_free = rest.iter().all(|e| !e.vars().contains(&"j"));
-        if !(along_j && plain && whole && rest_free && ty.dtype.is_float() && bytes.is_multiple_of(16)) {
+        // Dim terms of the last subscript bound at launch (`args`) would make its alignment
+        // unknown.
+        let consts: Vec<SubConsts> = subs.iter().map(|s| s.consts.clone()).collect();
+        let along_j = subs.last().is_some_and(|s| s.args.is_empty())
+            && ty.last.is_some_and(|l| contiguous_in_j(index, &consts, l, lanes as u64));
+        if !(along_j && ty.dtype.is_float() && (lanes * ty.dtype.size_bytes()).is_multiple_of(16)) {
             return None;
         }
+        let n = lanes as i64;
         let (_, ok, off) = self.capture_at(b, k, index, subs, at)?;
         let base = b.param_ptr(self.param(ScoreArg::Capture(k)));
         let aligned = b.icmpc(IntPredicate::EQ, b.andc(b.ptr_to_i64(base), 15), 0);
