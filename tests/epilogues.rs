@@ -248,3 +248,42 @@ fn the_epilogue_s_lines_are_asked_of_l2_when_a_block_starts() {
         assert_eq!(ptx("examples/fox.attn"), 0, "{target} {shape}");
     }
 }
+
+/// A decode step's few queries split their keys on the GPU, and the launch that merges the key
+/// slices applies the gate (the partials are of the attention alone): no loop is left, the
+/// merge reads `g` and `T`, the split kernel reads neither, and both assemble. On the CPU the
+/// same program matches the reference.
+#[test]
+fn a_decode_step_s_gate_is_applied_by_the_split_keys_merge() {
+    let f = "bench/fox_gate_cache.attn";
+    for (target, shape) in [("sm_90a", "D=128,N=1"), ("sm_90a", "D=64,N=16"), ("sm_80", "D=64,N=4")] {
+        let at = format!("{target} {shape}");
+        let (code, t) = run(&["compile", f, "--emit", "opt", "--target", target, "--shape", shape]);
+        assert_eq!(code, Some(0), "{at}: {t}");
+        assert!(t.contains("kernel = split_keys"), "{at}: {t}");
+        assert!(t.contains("epilogue = o * sigmoid(%4[b, h, i, d])"), "{at}: {t}");
+        assert!(!t.contains("= store") && !t.contains("sigmoid %"), "{at}: a loop is left: {t}");
+        let (code, ptx) = run(&["compile", f, "--emit", "ptx", "--target", target, "--shape", shape]);
+        assert_eq!(code, Some(0), "{at}: {ptx}");
+        let entry = |name: &str| {
+            let from = ptx.find(&format!(".entry {name}")).unwrap_or_else(|| panic!("{at}: no {name}"));
+            let body = &ptx[from..];
+            let end = body[1..].find(".entry").map_or(body.len(), |e| e + 1);
+            &body[..end]
+        };
+        // The merge loads five pointers (its four and the gate's) and reads the bf16 gate.
+        let merge = entry("foxc_fox_gate_cache_split_merge");
+        assert_eq!(merge.matches("ld.param.b64").count(), 5, "{at}: the merge reads no gate: {merge}");
+        assert!(merge.contains("ld.global.b16") || merge.contains("ld.global.nc.b16"), "{at}: {merge}");
+        let fwd = entry("foxc_attn_fwd");
+        assert!(!fwd.contains("prefetch.global.L2"), "{at}: the split kernel reads no gate");
+        if let Some(p) = foxc_codegen::nvptx::ptxas::find() {
+            foxc_codegen::nvptx::ptxas::assemble(&p, &ptx, target)
+                .unwrap_or_else(|log| panic!("{at}: ptxas: {log}"));
+        }
+    }
+    let s = seed();
+    for shape in ["B=1,H=2,N=1,M=300,D=16", "B=2,H=3,N=5,M=200,D=32"] {
+        cpu_check("run", f, shape, &s, true);
+    }
+}

@@ -15,7 +15,6 @@
 
 use crate::cone::{emit_ops, ConeBuilder};
 use crate::{PassContext, PassError, PassOptions};
-use foxc_ir::attention::AttnKernel;
 use foxc_ir::attention::{RNode, Region};
 use foxc_ir::{Attention, Axis, DType, Graph, Op, Value, ValueId, ValueType};
 use petgraph::visit::EdgeRef;
@@ -25,7 +24,15 @@ use std::collections::{BTreeMap, BTreeSet};
 pub fn run(g: &mut Graph, _opts: &PassOptions, cx: &mut PassContext) -> Result<(), PassError> {
     for n in g.find(|op| matches!(op, Op::Attention(_))) {
         match plan(g, n) {
-            Ok(Some(p)) => apply(g, n, p)?,
+            Ok(Some(p)) => {
+                let span = g.node(p.store).span;
+                apply(g, n, p)?;
+                cx.explain(
+                    "the output's elementwise function runs where the attention stores its output (its epilogue), not as a loop of its own".into(),
+                    span,
+                    None,
+                );
+            }
             Ok(None) => {}
             Err(why) => cx.explain(
                 format!("the output's elementwise function stays a loop of its own: {why}"),
@@ -83,9 +90,6 @@ fn plan(g: &Graph, n: ValueId) -> Result<Option<Plan>, String> {
     }
     if a.epilogue.is_some() || a.out_dtype != DType::F32 {
         return Err("the attention already rounds or transforms its output".into());
-    }
-    if matches!(a.kernel, AttnKernel::SplitKeys { .. }) {
-        return Err("the split-keys kernel's merge launch does not apply one".into());
     }
     let (root, out_dtype) = match g.op(top) {
         Op::Cast if g.ty(top).dtype.is_float() => (g.operands(top)[0], g.ty(top).dtype),

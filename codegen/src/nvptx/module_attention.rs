@@ -45,12 +45,14 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         let (geo, cfg, mask) = self.attention_config(n, a, &o)?;
         // Keys per split block (the partial planes are `ceil(Tk / keys)`).
         let split_keys = cfg.split_tiles.map(|s| s * cfg.bn);
-        if split_keys.is_some() && a.epilogue.is_some() {
-            // The merge launch writes the output; the fuse-epilogue pass leaves the function out.
-            return Err(Self::not_yet(n, "an epilogue on the split-keys kernel"));
-        }
+        // Split keys: the merge launch writes the output, so it applies the epilogue; the
+        // partials are of the attention alone.
+        let (kernel_epilogue, merge_epilogue) = match split_keys {
+            Some(_) => (None, a.epilogue.as_ref()),
+            None => (a.epilogue.as_ref(), None),
+        };
         let q_map = self.load_map(geo.q);
-        let score = self.score_region(n, a, &o, mask, &geo)?;
+        let score = self.score_region(n, a, &o, (mask, kernel_epilogue), &geo)?;
         // A q loaded through its map: the kernel reads the map's x where it would read q.
         let q_read = q_map.as_ref().map_or(geo.q, |m| m.x);
         let qkv = self.half_operands(n, [q_read, o.k, o.v], cfg.dtype_in)?;
@@ -91,7 +93,8 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
             self.cast_buffer(n, name, (f32_out, DType::F32, shape), res, a.out_dtype, None)?;
         }
         if let (Some(keys), Some((part_o, part_lse))) = (split_keys, partials) {
-            self.split_merge(n, keys, geo, a.out_dtype, [part_o, part_lse, res, lse])?;
+            let epilogue = merge_epilogue.map(|e| (e, self.kernel_captures(&o)));
+            self.split_merge(n, keys, geo, (a.out_dtype, epilogue), [part_o, part_lse, res, lse])?;
         }
         Ok(())
     }
@@ -163,7 +166,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         n: ValueId,
         a: &Attention,
         o: &AttnOperands,
-        mask: Option<&Region>,
+        (mask, epilogue): (Option<&Region>, Option<&Region>),
         geo: &Geometry,
     ) -> Result<RegionMod, CodegenError> {
         // The region's dims are specialized like the head dim; `b`, `h` need the head count.
@@ -173,7 +176,7 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         // q's load map reads its captures after the attention's.
         let q_map = self.load_map(geo.q).map(|m| m.f.shift_captures(o.captures.len()));
         RegionMod::with_mask(&a.score, mask, a.keys_from.as_ref(), &dim, heads, &caps)
-            .and_then(|r| r.with_epilogue(a.epilogue.as_ref(), &dim, &caps))
+            .and_then(|r| r.with_epilogue(epilogue, &dim, &caps))
             .and_then(|r| r.with_q_map(q_map.as_ref(), &dim, &caps))
             .map_err(|e| Self::not_yet(n, &e))
     }
@@ -298,22 +301,47 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
         n: ValueId,
         keys: u32,
         geo: Geometry,
-        out_dtype: DType,
+        (out_dtype, epilogue): (DType, Option<(&Region, Vec<ValueId>)>),
         [part_o, part_lse, out, lse]: [usize; 4],
     ) -> Result<(), CodegenError> {
         let name = self.name(n, &format!("split_merge_k{keys}"));
-        attention::split_merge::build_split_merge(self.ctx, self.module, &name, geo.d, keys, out_dtype)
-            .map_err(CodegenError::Internal)?;
-        let mut rows = geo.bh;
-        rows.push(geo.t);
-        let args = vec![
+        // The epilogue as the merge evaluates it: the region of its own kernel, reading the
+        // attention's captures through parameters after the merge's.
+        let heads = self.bound_heads(geo.q);
+        let dim = |d: &Dim| d.eval(&|s| self.spec.dims.get(s).copied());
+        let merge_epilogue = match &epilogue {
+            Some((e, captures)) => Some(
+                RegionMod::with_captures(e, &dim, heads, &self.capture_tys(captures))
+                    .map_err(|why| Self::not_yet(n, &why))?
+                    .with_first_param(attention::split_merge::merge_epilogue_first_param()),
+            ),
+            None => None,
+        };
+        attention::split_merge::build_split_merge(
+            self.ctx,
+            self.module,
+            &name,
+            (geo.d, keys),
+            out_dtype,
+            merge_epilogue.as_ref(),
+        )
+        .map_err(CodegenError::Internal)?;
+        let mut rows = geo.bh.clone();
+        rows.push(geo.t.clone());
+        let mut args = vec![
             KernelArg::Buffer(part_o),
             KernelArg::Buffer(part_lse),
             KernelArg::Buffer(out),
             KernelArg::Buffer(lse),
             KernelArg::I32(rows.clone()),
-            KernelArg::I32(vec![geo.tk]),
+            KernelArg::I32(vec![geo.tk.clone()]),
         ];
+        if let (Some(m), Some((_, captures))) = (&merge_epilogue, &epilogue) {
+            args.push(KernelArg::I32(vec![geo.t.clone()]));
+            for arg in m.args() {
+                args.push(self.region_arg(*arg, captures, &geo.bh[1], &|k| m.dim_arg(k).cloned())?);
+            }
+        }
         // One block per row.
         let launch = Launch::Grid {
             x: GridDim::Ceil(rows, 1),

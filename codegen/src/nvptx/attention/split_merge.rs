@@ -13,7 +13,14 @@
 //! their loads issued together (a warp walking its planes one dependent load at a time took 21 us
 //! for 64 planes, BENCHMARKS.md "Decode"), lane `l` owning columns `l + 32 c`; the warps' sums meet
 //! in shared memory and thread `t` writes columns `t, t + 256, ...`.
+//!
+//! An attention with an epilogue (an output gate, docs/SEMANTICS.md "attention") has it applied
+//! here, where the output is final: the partials are of the attention alone. The kernel then
+//! takes `T` (i32, queries per head, to split a row into its head and query) after `Tk`, and the
+//! epilogue's arguments (its captured tensors and their sizes, [`RegionMod`]) after that.
 
+use super::region::RegionMod;
+use super::score::{ScoreMod, ScorePos};
 use super::LOG2E;
 use crate::nvptx::block_reduce::block_reduce;
 use crate::nvptx::builder::{KernelBuilder, ParamTy};
@@ -32,14 +39,31 @@ const MERGE_WARPS: u32 = MERGE_THREADS / 32;
 /// Planes a warp loads per step of its walk.
 const MERGE_UNROLL: u32 = 4;
 
-/// Adds the merge kernel `name` for head dim `d` (a multiple of 32), `keys` keys to a partial.
-pub fn build_split_merge<'ctx>(
+/// The merge kernel's own parameters; an epilogue's ([`merge_epilogue_first_param`]) follow.
+const OWN_PARAMS: [(&str, ParamTy); 6] = [
+    ("part_o", ParamTy::Ptr),
+    ("part_lse", ParamTy::Ptr),
+    ("out", ParamTy::Ptr),
+    ("lse", ParamTy::Ptr),
+    ("rows", ParamTy::I32),
+    ("Tk", ParamTy::I32),
+];
+
+/// The kernel parameter of an epilogue's first argument: after the kernel's own and `T`.
+pub(crate) fn merge_epilogue_first_param() -> u32 {
+    OWN_PARAMS.len() as u32 + 1
+}
+
+/// Adds the merge kernel `name` for head dim `d` (a multiple of 32), `keys` keys to a partial,
+/// writing `epilogue(o)` where the attention has one (its arguments from
+/// [`merge_epilogue_first_param`] on).
+pub(crate) fn build_split_merge<'ctx>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
     name: &str,
-    d: u32,
-    keys: u32,
+    (d, keys): (u32, u32),
     out: DType,
+    epilogue: Option<&RegionMod>,
 ) -> Result<FunctionValue<'ctx>, String> {
     if d == 0 || !d.is_multiple_of(32) || keys == 0 {
         return Err(format!(
@@ -49,14 +73,12 @@ pub fn build_split_merge<'ctx>(
     if let Some(f) = module.get_function(name) {
         return Ok(f);
     }
-    let params = [
-        ("part_o", ParamTy::Ptr),
-        ("part_lse", ParamTy::Ptr),
-        ("out", ParamTy::Ptr),
-        ("lse", ParamTy::Ptr),
-        ("rows", ParamTy::I32),
-        ("Tk", ParamTy::I32),
-    ];
+    let mut params: Vec<(String, ParamTy)> = OWN_PARAMS.iter().map(|(n, t)| (n.to_string(), *t)).collect();
+    if let Some(e) = epilogue {
+        params.push(("T".into(), ParamTy::I32));
+        params.extend(e.params());
+    }
+    let params: Vec<(&str, ParamTy)> = params.iter().map(|(n, t)| (n.as_str(), *t)).collect();
     let b = KernelBuilder::kernel(ctx, module, name, &params)?;
     b.launch_bounds(MERGE_THREADS, 1);
     let (part_o, part_lse, out_p, lse_p) = (b.param_ptr(0), b.param_ptr(1), b.param_ptr(2), b.param_ptr(3));
@@ -146,10 +168,20 @@ pub fn build_split_merge<'ctx>(
     let pos = b.fcmp(FloatPredicate::OGT, wsum, zero);
     let inv = b.select_f(pos, b.fdiv(b.f32(1.0), wsum), zero);
     let out_base = b.mulc(b.sext64(row), d as i64);
+    // The row's head and query for the epilogue: row = bh T + i.
+    let head_row = epilogue.map(|_| {
+        let t = b.param_int(OWN_PARAMS.len() as u32);
+        (b.named(b.udiv(row, t), "bh"), b.named(b.urem(row, t), "i"))
+    });
     b.for_range(tid, b.i32(d as i64), b.i32(MERGE_THREADS as i64), |b, col| {
         let at = |w: u32| b.load_f32(b.shared_at(sh, b.addc(col, (w * d) as i64)));
         let total = (1..MERGE_WARPS).fold(at(0), |s, w| b.fadd(s, at(w)));
-        b.store_f(out, out_p, b.add(out_base, b.sext64(col)), b.fmul(total, inv));
+        let o = b.fmul(total, inv);
+        let o = match (epilogue, head_row) {
+            (Some(e), Some((bh, i))) => e.emit(b, o, ScorePos { i, j: col, bh }),
+            _ => o,
+        };
+        b.store_f(out, out_p, b.add(out_base, b.sext64(col)), o);
     });
     b.if_then(b.icmpc(IntPredicate::EQ, tid, 0), |b| {
         let lse = b.fadd(m0, b.fdiv(b.lg2(wsum), b.f32(LOG2E)));
