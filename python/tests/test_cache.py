@@ -209,3 +209,29 @@ def test_programs_without_a_decode_shape_or_pruning_are_refused():
         foxc.KVCache(foxc.load(FOX), max_keys=64, q_norm=1.0, k_norm=1.0)
     with pytest.raises(ValueError, match="not pruned"):
         foxc.KVCache(foxc.load(PREFILL, no_prune=True), max_keys=64, q_norm=1.0, k_norm=1.0)
+
+
+# bench/fox_prefill.attn with an output gate, as FoX "Pro" models have: `g` is a per-query tensor
+# (N rows, not cached), which the cache passes to each call as it passes q.
+PREFILL_GATED_F32 = (
+    PREFILL_F32.replace("fgate: f32[B, H, M])", "fgate: f32[B, H, M], g: f32[B, H, N, D])")
+    .replace("* v[b, h, j, d])\n", "* v[b, h, j, d]) * sigmoid(g[b, h, i, d])\n")
+)
+
+
+def test_an_output_gated_decode_passes_the_gate_per_step_and_stays_within_the_acp_bound():
+    attn = foxc.load(PREFILL_GATED_F32)
+    assert "sigmoid" in attn.ir() and "pruned" in attn.ir()
+    rng = np.random.default_rng()
+    B, H, T, D = 1, 3, 320, 16
+    x = sequence(rng, B, H, T, D, 3.0, 3.0)
+    x["g"] = (rng.standard_normal((B, H, T, D)) * 2.0).astype(np.float32)
+    cache = foxc.KVCache(attn, max_keys=T, q_norm=3.0, k_norm=3.0, every=16)
+    assert set(cache.cached) == {"k", "v", "fgate"}
+    got, held = decode(cache, x, T)
+    ref = foxc.reference(attn, **x)
+    within_acp(got, ref, x["v"])
+    assert cache.dropped > 0 and max(held) < T, held[-3:]
+    # The gate is applied: without it the outputs differ by far more than the bound.
+    plain = foxc.reference(foxc.load(PREFILL_F32), **{n: a for n, a in x.items() if n != "g"})
+    assert np.abs(got - plain).max() > 0.1
