@@ -93,23 +93,28 @@ pub fn measure_with(
     let Op::Attention(a) = g.op(attn) else { unreachable!("attention_node returns attention ops") };
     let ops = Attention::operands(g, attn).map_err(Error::internal)?;
     let tiles = a.tiles.unwrap_or(foxc_ir::Tiles { bm: 64, bn: 64 });
-    let eval = |v: ValueId, what: &str| -> Result<Tensor, Error> {
-        let vals = foxc_ir::interp::eval(g, inputs, &[v])
-            .map_err(|e| Error::user(format!("error: computing {what}: {e}")))?;
-        Ok(vals[&v].clone())
+    // Every value the statistics read, in one evaluation: q and k (their shapes), and the block
+    // starts or what they derive from. (q may be a load map over a large tensor: evaluated once.)
+    let from = match (a.prune, ops.start, ops.delta, ops.decay) {
+        (Prune::Dense, ..) => vec![],
+        _ if given.is_some() => vec![],
+        (Prune::Start, Some(s), _, _) => vec![s],
+        (Prune::Boundary, _, Some(dl), Some(c)) => vec![c, dl],
+        _ => vec![],
     };
-    let qk = foxc_ir::interp::eval(g, inputs, &[ops.q, ops.k])
-        .map_err(|e| Error::user(format!("error: evaluating q and k: {e}")))?;
-    let shape = &qk[&ops.q].shape;
+    let wanted: Vec<ValueId> = [ops.q, ops.k].into_iter().chain(from.iter().copied()).collect();
+    let vals = foxc_ir::interp::eval(g, inputs, &wanted)
+        .map_err(|e| Error::user(format!("error: evaluating q, k and the block starts: {e}")))?;
+    let shape = &vals[&ops.q].shape;
     let (b, h, t, d) = (shape[0] as u64, shape[1] as u64, shape[2] as u64, shape[3] as u64);
     // Query row i sits at key position i + Tk - Tq.
-    let offset = (qk[&ops.k].shape[2] as u64).saturating_sub(t);
-    let start = match (a.prune, ops.start, ops.delta, ops.decay) {
-        (Prune::Dense, ..) => None,
+    let offset = (vals[&ops.k].shape[2] as u64).saturating_sub(t);
+    let start = match from[..] {
+        _ if a.prune == Prune::Dense => None,
         _ if given.is_some() => given.cloned(),
-        (Prune::Start, Some(s), _, _) => Some(eval(s, "the block boundary")?),
-        (Prune::Boundary, _, Some(dl), Some(c)) => {
-            let (c, dl) = (eval(c, "the decay cumsum")?, eval(dl, "the threshold")?);
+        [s] => Some(vals[&s].clone()),
+        [c, dl] => {
+            let (c, dl) = (&vals[&c], &vals[&dl]);
             let heads = c.shape[0] * c.shape[1];
             let data = foxc_ir::interp::acp::boundary(
                 &c.data,
@@ -128,7 +133,7 @@ pub fn measure_with(
         _ => None,
     };
     let mt = t.div_ceil(tiles.bm as u64);
-    let tk = qk[&ops.k].shape[2] as u64;
+    let tk = vals[&ops.k].shape[2] as u64;
     let key_bound = key_bound_tiles(g, a, &ops, inputs, [b, h, t, tk], tiles)?;
     let start = start.unwrap_or_else(|| Tensor {
         shape: vec![b as usize, h as usize, mt as usize],

@@ -12,10 +12,9 @@
 //! per task and then added in task order: the result does not depend on the number of threads.
 
 use super::attention::AttnArgs;
-use super::region::{Capture, RegionEval};
-use crate::attention::{eval_index, IndexVar, Mask, RNode, Region};
+use super::region::{CaptureRead, RegionEval};
+use crate::attention::{Mask, RNode, Region};
 use crate::attention_grad::RegionGrad;
-use crate::types::Dim;
 
 /// The operands of one `attention_backward` node.
 pub struct BackwardArgs<'a> {
@@ -49,24 +48,6 @@ struct TaskOut {
     dcaps: Vec<Vec<f64>>,
 }
 
-/// The flat position of capture `k` read at `index` for entry `at` (`None` outside it).
-fn capture_offset(
-    cap: &Capture,
-    index: &[crate::index::IndexExpr],
-    at: [usize; 4],
-    dim: &dyn Fn(&Dim) -> Option<u64>,
-) -> Option<usize> {
-    let var = |v: &str| IndexVar::from_name(v).map(|v| at[v as usize] as i64);
-    let mut off = 0usize;
-    for (e, &n) in index.iter().zip(cap.shape) {
-        match eval_index(e, &var, dim) {
-            Some(p) if p >= 0 && (p as usize) < n => off = off * n + p as usize,
-            _ => return None,
-        }
-    }
-    Some(off)
-}
-
 impl BackwardArgs<'_> {
     /// The first key of row `i` of head `bh` that pruning keeps: the rule of the forward
     /// (`start[m] * bn`, NaN or negative keeps everything, beyond the row keeps nothing).
@@ -97,11 +78,15 @@ impl BackwardArgs<'_> {
             _ => None,
         };
         // (capture number, its index expressions, the evaluator of d R / d(that read)).
-        let mut cap_evals: Vec<(usize, &[crate::index::IndexExpr], RegionEval)> = vec![];
+        let mut cap_evals: Vec<(usize, CaptureRead, RegionEval)> = vec![];
         for (id, r) in &grad.captures {
             if let RNode::Capture { k, index } = &f.attn.score.nodes[*id as usize] {
                 if self.float_captures.get(*k).copied().unwrap_or(false) {
-                    cap_evals.push((*k, index.as_slice(), RegionEval::new(r, &f.captures, f.dim)?));
+                    cap_evals.push((
+                        *k,
+                        CaptureRead::new(index, f.dim),
+                        RegionEval::new(r, &f.captures, f.dim)?,
+                    ));
                 }
             }
         }
@@ -168,10 +153,10 @@ impl BackwardArgs<'_> {
                     }
                     out.dc[gi * tk + p] += ds;
                     out.dc[gi * tk + j] -= ds;
-                    for (k, index, ev) in cap_evals.iter_mut() {
+                    for (k, read, ev) in cap_evals.iter_mut() {
                         let local = ev.eval(x, at);
                         // A read outside the tensor evaluated to NaN in the forward: nothing to add.
-                        if let Some(off) = capture_offset(&f.captures[*k], index, at, f.dim) {
+                        if let Some(off) = read.offset(&f.captures[*k], at) {
                             out.dcaps[*k][off] += ds * local;
                         }
                     }
