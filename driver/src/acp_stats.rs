@@ -7,6 +7,7 @@ use crate::Error;
 use foxc_ir::attention::AttnOperands;
 use foxc_ir::interp::region::{Capture, RegionEval};
 use foxc_ir::interp::Tensor;
+use foxc_ir::shapes::DimBindings;
 use foxc_ir::{Attention, Dim, Graph, Mask, Op, Prune, Tiles, ValueId};
 use std::collections::BTreeMap;
 
@@ -44,7 +45,7 @@ fn key_bound_tiles(
     g: &Graph,
     a: &Attention,
     ops: &AttnOperands,
-    inputs: &BTreeMap<String, Tensor>,
+    (inputs, dims): (&BTreeMap<String, Tensor>, &DimBindings),
     [b, h, t, tk]: [u64; 4],
     tiles: Tiles,
 ) -> Result<Option<Vec<u64>>, Error> {
@@ -53,10 +54,6 @@ fn key_bound_tiles(
         .map_err(|e| Error::user(format!("error: evaluating the key bound's captures: {e}")))?;
     let caps: Vec<Capture> =
         ops.captures.iter().map(|c| Capture { shape: &vals[c].shape, data: &vals[c].data }).collect();
-    let shapes: Vec<(String, Vec<usize>)> =
-        inputs.iter().map(|(n, v)| (n.clone(), v.shape.clone())).collect();
-    let dims = foxc_ir::shapes::bind_dims_partial(g, &shapes)
-        .map_err(|e| Error::user(format!("error: binding the dims of the key bound: {e}")))?;
     let dim = |d: &Dim| dims.eval(d);
     let mut ev = RegionEval::new(e, &caps, &dim).map_err(Error::internal)?;
     let (bm, bn) = (tiles.bm as u64, tiles.bn as u64);
@@ -93,8 +90,7 @@ pub fn measure_with(
     let Op::Attention(a) = g.op(attn) else { unreachable!("attention_node returns attention ops") };
     let ops = Attention::operands(g, attn).map_err(Error::internal)?;
     let tiles = a.tiles.unwrap_or(foxc_ir::Tiles { bm: 64, bn: 64 });
-    // Every value the statistics read, in one evaluation: q and k (their shapes), and the block
-    // starts or what they derive from. (q may be a load map over a large tensor: evaluated once.)
+    // The values the block starts derive from, in one evaluation.
     let from = match (a.prune, ops.start, ops.delta, ops.decay) {
         (Prune::Dense, ..) => vec![],
         _ if given.is_some() => vec![],
@@ -102,13 +98,23 @@ pub fn measure_with(
         (Prune::Boundary, _, Some(dl), Some(c)) => vec![c, dl],
         _ => vec![],
     };
-    let wanted: Vec<ValueId> = [ops.q, ops.k].into_iter().chain(from.iter().copied()).collect();
-    let vals = foxc_ir::interp::eval(g, inputs, &wanted)
-        .map_err(|e| Error::user(format!("error: evaluating q, k and the block starts: {e}")))?;
-    let shape = &vals[&ops.q].shape;
-    let (b, h, t, d) = (shape[0] as u64, shape[1] as u64, shape[2] as u64, shape[3] as u64);
+    let vals = foxc_ir::interp::eval(g, inputs, &from)
+        .map_err(|e| Error::user(format!("error: evaluating the block starts: {e}")))?;
+    // q's and k's sizes from their types under the inputs' dims (q may be a load map over a
+    // large tensor: evaluated only where the block starts need it).
+    let shapes: Vec<(String, Vec<usize>)> =
+        inputs.iter().map(|(n, v)| (n.clone(), v.shape.clone())).collect();
+    let dims = foxc_ir::shapes::bind_dims_partial(g, &shapes)
+        .map_err(|e| Error::user(format!("error: binding the dims of q and k: {e}")))?;
+    let size = |v: ValueId, axis: usize| {
+        g.ty(v).dims().nth(axis).and_then(|d| dims.eval(d)).ok_or_else(|| {
+            Error::internal(format!("the inputs do not bind axis {axis} of the attention's %{}", v.index()))
+        })
+    };
+    let (b, h, t, d) = (size(ops.q, 0)?, size(ops.q, 1)?, size(ops.q, 2)?, size(ops.q, 3)?);
+    let tk = size(ops.k, 2)?;
     // Query row i sits at key position i + Tk - Tq.
-    let offset = (vals[&ops.k].shape[2] as u64).saturating_sub(t);
+    let offset = tk.saturating_sub(t);
     let start = match from[..] {
         _ if a.prune == Prune::Dense => None,
         _ if given.is_some() => given.cloned(),
@@ -133,8 +139,7 @@ pub fn measure_with(
         _ => None,
     };
     let mt = t.div_ceil(tiles.bm as u64);
-    let tk = vals[&ops.k].shape[2] as u64;
-    let key_bound = key_bound_tiles(g, a, &ops, inputs, [b, h, t, tk], tiles)?;
+    let key_bound = key_bound_tiles(g, a, &ops, (inputs, &dims), [b, h, t, tk], tiles)?;
     let start = start.unwrap_or_else(|| Tensor {
         shape: vec![b as usize, h as usize, mt as usize],
         data: vec![0.0; (b * h * mt) as usize],
