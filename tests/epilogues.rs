@@ -175,6 +175,10 @@ fn an_output_gate_is_the_attention_s_epilogue_on_every_target() {
         assert!(t.contains("out = bf16"), "{target}: the cast is the attention's: {t}");
         assert!(!t.contains("= store") && !t.contains("sigmoid %"), "{target}: a loop is left: {t}");
     }
+    // `--explain` says where the function went.
+    let (code, t) = run(&["compile", "bench/fox_gate.attn", "--emit", "opt", "--explain"]);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("runs where the attention stores its output (its epilogue)"), "{t}");
     let rows = common::write_program("epilogue", "rows.attn", ROWS);
     let t = opt(&rows, "sm_90a");
     assert!(t.contains("epilogue = o * sigmoid(%4[b, h, i]) + %5[d] * (1 + d) / dim(D)"), "{t}");

@@ -945,7 +945,7 @@ fn epilogue(
     replace_output(g, store, out, store_name);
     ex.push(Explanation {
         message: format!(
-            "fused {} attention{} inside the output expression; the rest of it runs as separate ops on {} output",
+            "fused {} attention{} inside the output expression; the rest of it is computed from {} output (in the attention's store where the fuse-epilogue pass says so, else as separate ops)",
             found.len(),
             if found.len() == 1 { "" } else { "s" },
             if found.len() == 1 { "its" } else { "their" }
