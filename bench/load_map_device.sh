@@ -8,6 +8,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/device_lib.sh
 OUT=${OUT:-/tmp}
+# Lines also go to $OUT/log.txt as they come: a call cut off by its limit still returns them.
+exec > >(tee -a "$OUT/log.txt") 2>&1
 new=$(unpack "$NEW")
 old=$(unpack "$OLD")
 shape=${SHAPE:-B=2,H=16,T=8192}

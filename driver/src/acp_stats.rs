@@ -27,6 +27,16 @@ pub struct AcpStats {
     pub start: Tensor,
 }
 
+/// Why the reference interpreter cannot give the statistics of a run on `inputs`: a tensor of
+/// more than its [`foxc_ir::interp::MAX_ELEMENTS`] elements (a decode step of 8 sequences of 32k
+/// keys). The kernels run at such sizes all the same; `None` when the interpreter can.
+pub fn beyond_reference(inputs: &foxc_runtime::TensorMap) -> Option<String> {
+    let elements = |shape: &[usize]| shape.iter().map(|&d| d as u128).product::<u128>();
+    inputs.iter().find(|(_, t)| elements(&t.shape) > foxc_ir::interp::MAX_ELEMENTS).map(|(name, t)| {
+        format!("input `{name}` {:?} is beyond the reference interpreter's 2^28 elements", t.shape)
+    })
+}
+
 /// The attention node of an optimized graph: pruned, dense, or none.
 pub fn attention_node(g: &Graph) -> Option<ValueId> {
     g.find(|op| matches!(op, Op::Attention(_))).into_iter().next()
@@ -172,4 +182,24 @@ pub fn measure_with(
         dense_flops: 4.0 * d as f64 * all_pairs as f64,
         start,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::beyond_reference;
+    use foxc_ir::DType;
+    use foxc_runtime::{HostTensor, TensorMap};
+
+    /// A decode step of 8 sequences of 32k keys (k and v of 2^29 elements) is beyond the
+    /// interpreter; a tensor at its limit is not. (The zeros are never read: only shapes count.)
+    #[test]
+    fn a_tensor_beyond_the_interpreter_is_named() {
+        let mut m = TensorMap::new();
+        m.insert("q".into(), HostTensor::zeros(DType::BF16, &[8, 16, 1, 128]));
+        m.insert("c".into(), HostTensor::zeros(DType::F32, &[1 << 14, 1 << 14]));
+        assert_eq!(beyond_reference(&m), None);
+        m.insert("k".into(), HostTensor::zeros(DType::BF16, &[8, 16, 32768, 128]));
+        let why = beyond_reference(&m).expect("k is beyond 2^28 elements");
+        assert!(why.contains("input `k` [8, 16, 32768, 128]"), "{why}");
+    }
 }

@@ -13,8 +13,25 @@ struct Row {
     variant: &'static str,
     median_ms: f64,
     min_ms: f64,
-    kept_tiles: f64,
-    kept_flops: f64,
+    /// The kept tile fraction and the kept work in FLOPs; `None` where the reference
+    /// interpreter cannot compute them at these sizes ([`acp_stats::beyond_reference`]).
+    kept: Option<(f64, f64)>,
+}
+
+impl Row {
+    fn kept_tiles(&self) -> Option<f64> {
+        self.kept.map(|k| k.0)
+    }
+
+    /// GFLOP/s on the kept work.
+    fn gflops_kept(&self) -> Option<f64> {
+        self.kept.map(|k| k.1 / self.median_ms / 1e6)
+    }
+}
+
+/// `x` with `decimals` decimals, or `missing` where there is none.
+fn or_missing(x: Option<f64>, decimals: usize, missing: &str) -> String {
+    x.map_or_else(|| missing.to_string(), |x| format!("{x:.decimals$}"))
 }
 
 /// The backward's FLOPs counted as 2.5 times the forward's (the convention of issue 9).
@@ -52,7 +69,13 @@ pub fn bench(a: &BenchArgs) -> Result<(), Error> {
     };
     let kind = a.backend;
     let backend = foxc_driver::backend(kind);
-    let interp_inputs = tensors::to_interp(&inputs);
+    // The statistics come from the reference interpreter, which stops at 2^28 elements a
+    // tensor: beyond it the rows leave them out (and the inputs are not copied to f64).
+    let beyond = acp_stats::beyond_reference(&inputs);
+    if let Some(why) = &beyond {
+        eprintln!("note: kept tiles not computed: {why}");
+    }
+    let interp_inputs = if beyond.is_none() { tensors::to_interp(&inputs) } else { Default::default() };
     let mut rows = Vec::new();
     let mut variants = vec![("dense", true)];
     if !a.prune.no_prune {
@@ -67,7 +90,10 @@ pub fn bench(a: &BenchArgs) -> Result<(), Error> {
         // The kept set the backend used: the CPU kernels' own block starts; the GPU kernel does
         // not report its own, so the reference's stand in there.
         let starts = backend.block_starts(&opt, &inputs)?;
-        let stats = acp_stats::measure_with(&opt, &interp_inputs, starts.as_ref())?;
+        let stats = match beyond {
+            None => Some(acp_stats::measure_with(&opt, &interp_inputs, starts.as_ref())?),
+            Some(_) => None,
+        };
         let (median_ms, min_ms) = if a.grad {
             time_grad(&*backend, &c.graph, &opt, &inputs, a.seed, a.iters.max(1))?
         } else {
@@ -75,14 +101,14 @@ pub fn bench(a: &BenchArgs) -> Result<(), Error> {
             (s.median_ms, s.min_ms)
         };
         // The dense program's stats count what its kernels still skip: the tiles below a key
-        // bound (packed sequences), none otherwise.
-        let (kept_tiles, kept_flops) = match &stats {
-            Some(s) => (s.kept_tile_fraction, s.kept_flops),
+        // bound (packed sequences), none otherwise. The backward walks the forward's kept set:
+        // its work is the forward's times 2.5.
+        let work = if a.grad { 1.0 + BACKWARD_FLOPS } else { 1.0 };
+        let kept = stats.map(|s| match s {
+            Some(s) => (s.kept_tile_fraction, s.kept_flops * work),
             None => (1.0, 0.0),
-        };
-        // The backward walks the forward's kept set: its work is the forward's times 2.5.
-        let kept_flops = if a.grad { kept_flops * (1.0 + BACKWARD_FLOPS) } else { kept_flops };
-        rows.push(Row { variant, median_ms, min_ms, kept_tiles, kept_flops });
+        });
+        rows.push(Row { variant, median_ms, min_ms, kept });
     }
     let backend = kind.name();
     let pass = if a.grad { "forward+backward" } else { "forward" };
@@ -95,19 +121,19 @@ pub fn bench(a: &BenchArgs) -> Result<(), Error> {
             );
             for r in &rows {
                 println!(
-                    "{:<8} {:>11.3} {:>11.3} {:>11.3} {:>13.1}",
+                    "{:<8} {:>11.3} {:>11.3} {:>11} {:>13}",
                     r.variant,
                     r.median_ms,
                     r.min_ms,
-                    r.kept_tiles,
-                    r.kept_flops / r.median_ms / 1e6
+                    or_missing(r.kept_tiles(), 3, "n/a"),
+                    or_missing(r.gflops_kept(), 1, "n/a")
                 );
             }
             if rows.len() >= 2 && rows[0].variant == "pruned" {
                 println!(
-                    "pruned/dense time {:.3} vs kept fraction {:.3}",
+                    "pruned/dense time {:.3} vs kept fraction {}",
                     rows[0].median_ms / rows[1].median_ms,
-                    rows[0].kept_tiles
+                    or_missing(rows[0].kept_tiles(), 3, "n/a")
                 );
             }
         }
@@ -115,14 +141,14 @@ pub fn bench(a: &BenchArgs) -> Result<(), Error> {
             println!("program,pass,backend,shape,variant,median_ms,min_ms,kept_tiles,gflops_kept");
             for r in &rows {
                 println!(
-                    "{},{pass},{backend},\"{}\",{},{:.4},{:.4},{:.4},{:.2}",
+                    "{},{pass},{backend},\"{}\",{},{:.4},{:.4},{},{}",
                     src.name,
                     shape,
                     r.variant,
                     r.median_ms,
                     r.min_ms,
-                    r.kept_tiles,
-                    r.kept_flops / r.median_ms / 1e6
+                    or_missing(r.kept_tiles(), 4, ""),
+                    or_missing(r.gflops_kept(), 2, "")
                 );
             }
         }
@@ -132,8 +158,8 @@ pub fn bench(a: &BenchArgs) -> Result<(), Error> {
                 .map(|r| {
                     serde_json::json!({
                         "program": src.name, "pass": pass, "backend": backend, "shape": shape, "variant": r.variant,
-                        "median_ms": r.median_ms, "min_ms": r.min_ms, "kept_tiles": r.kept_tiles,
-                        "gflops_kept": r.kept_flops / r.median_ms / 1e6,
+                        "median_ms": r.median_ms, "min_ms": r.min_ms, "kept_tiles": r.kept_tiles(),
+                        "gflops_kept": r.gflops_kept(),
                     })
                 })
                 .collect();

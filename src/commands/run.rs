@@ -35,7 +35,16 @@ pub fn run(a: &RunArgs) -> Result<(), Error> {
     let mut opts = pipeline::pass_options(&a.prune.options(), backend.target(), false)?;
     opts.dims = pipeline::bound_dims(&c.graph, &inputs)?;
     let (opt, _) = pipeline::optimize(&c.graph, &opts)?;
-    let interp_inputs = tensors::to_interp(&inputs);
+    // The statistics (and --check) come from the reference interpreter, which stops at 2^28
+    // elements a tensor: beyond it the run reports no statistics (and the inputs are not copied
+    // to f64 unless --check or --check-starts asks for the reference, which then says what is too
+    // large).
+    let beyond = acp_stats::beyond_reference(&inputs);
+    let interp_inputs = if beyond.is_none() || a.check || a.check_starts {
+        tensors::to_interp(&inputs)
+    } else {
+        Default::default()
+    };
 
     println!("foxc run: {} on {} ({origin})", src.name, kind.name());
     for (name, t) in &inputs {
@@ -60,7 +69,10 @@ pub fn run(a: &RunArgs) -> Result<(), Error> {
         (BackendKind::Cuda, _) => "the reference's block starts (the GPU kernel does not report its own)",
         _ => "the reference's block starts",
     };
-    let stats = acp_stats::measure_with(&opt, &interp_inputs, backend_starts.as_ref())?;
+    let stats = match &beyond {
+        None => acp_stats::measure_with(&opt, &interp_inputs, backend_starts.as_ref())?,
+        Some(_) => None,
+    };
     let attn_op = acp_stats::attention_node(&opt).map(|n| opt.op(n));
     // The rule the graph's threshold uses: the one asked for, or the default where it does not
     // fit the score region (`--explain` says so).
@@ -73,6 +85,9 @@ pub fn run(a: &RunArgs) -> Result<(), Error> {
         })
         .unwrap_or_else(|| opts.rule.name.clone());
     match (&stats, attn_op) {
+        (_, Some(_)) if beyond.is_some() => {
+            println!("  pruning: not measured ({})", beyond.as_deref().unwrap_or_default())
+        }
         (Some(s), Some(Op::Attention(at))) if at.prune != foxc_ir::Prune::Dense => println!(
             "  pruning: {rule} rule, ln eps = {}, tiles {}x{}: kept {:.3} of causal tiles, {:.3} of causal pairs (from {kept_by})",
             opts.log_eps, s.bm, s.bn, s.kept_tile_fraction, s.kept_pair_fraction
