@@ -148,3 +148,56 @@ fn a_prefill_with_a_window_and_sinks_is_pruned() {
     }
     checked("grad", &p, "B=1,H=2,N=50,M=300,D=16", &s, &[]);
 }
+
+/// Left padding (an integer start per sequence) with a window or sinks, its conditions in any
+/// order: `j >= start[b] and i - j < W and j <= i`, the window inside the padding's select, the
+/// padding inside `causal`, sinks counted from the start. Each is one attention whose keys below
+/// the start are skipped (`keys_from`) and which is pruned: a row that keeps a key `j <= i` has
+/// `j >= start[b]`, so `i >= start[b]` keeps its diagonal too. Checked on the CPU against the f64
+/// interpreter, rows before the start (no key) included. (Shown failing: before the diagonal
+/// rule took conditions that move one way along `j`, the first, third and fourth stayed dense
+/// with "has no bound", and the second was "not recognized as attention".)
+#[test]
+fn left_padding_with_a_window_or_sinks_is_pruned_in_any_order() {
+    let padded = |name: &str, mask: &str| {
+        common::write_program(
+            "window_sinks",
+            name,
+            &FOX.replace("fgate: f32[B, H, T])", "fgate: f32[B, H, T], start: i32[B])").replace("MASK", mask),
+        )
+    };
+    let s = seed();
+    for (name, mask, attn_mask) in [
+        ("pad_win1.attn", "select(j >= start[b] and i - j < 96 and j <= i, s[b, h, i, j], -inf)", "window(96)"),
+        ("pad_win2.attn", "select(j >= start[b], window(i, j, 96, s[b, h, i, j]), -inf)", "window(96)"),
+        ("pad_win3.attn", "causal(i, j, select(j >= start[b] and i - j < 96, s[b, h, i, j], -inf))", "window(96)"),
+        (
+            "pad_sinks.attn",
+            "causal(i, j, select(j >= start[b], select(i - j < 96 or j - 4 < start[b], s[b, h, i, j], -inf), -inf))",
+            "causal",
+        ),
+    ] {
+        let p = padded(name, mask);
+        let t = optimized(&p);
+        assert!(t.contains(&format!("mask = {attn_mask}, keys_from = %")), "{name}: {t}");
+        assert!(t.contains(", pruned") && t.contains("nothing to explain"), "{name}: {t}");
+        let t = checked("run", &p, "B=3,H=2,T=400,D=16", &s, &[]);
+        assert!(t.contains("pruning: paper rule"), "{name}: {t}");
+    }
+    checked("grad", &padded("pad_sinks.attn", "causal(i, j, select(j >= start[b], select(i - j < 96 or j - 4 < start[b], s[b, h, i, j], -inf), -inf))"), "B=2,H=2,T=200,D=16", &s, &[]);
+}
+
+/// Right padding, `j < len[b]`, may keep a row's earlier keys and mask its diagonal (a query
+/// past its sequence's length): it stays dense, and `--explain` says why.
+#[test]
+fn right_padding_stays_dense_and_says_why() {
+    let p = common::write_program(
+        "window_sinks",
+        "right_pad.attn",
+        &FOX.replace("fgate: f32[B, H, T])", "fgate: f32[B, H, T], len: i32[B])")
+            .replace("MASK", "select(j <= i and j < len[b], s[b, h, i, j], -inf)"),
+    );
+    let t = optimized(&p);
+    assert!(!t.contains(", pruned") && t.contains("may mask a row's diagonal entry"), "{t}");
+    checked("run", &p, "B=3,H=2,T=300,D=16", &seed(), &[]);
+}

@@ -9,8 +9,12 @@
 //!
 //! Why only these forms: the mask keeps an entry where its condition is non-zero, NaN included.
 //! A comparison gives exactly 0 or 1 (0 when an operand is NaN), so `j >= E` drops every
-//! `j < E`, whatever `E` is. (The DSL has no `and` of conditions: a product of two would
-//! also bound, but a product with a value could be `0 * NaN = NaN`, kept.)
+//! `j < E`, whatever `E` is. (`and` lowers to nested selects, whose outermost is the form; a
+//! product of two conditions would also bound, but a product with a value could be
+//! `0 * NaN = NaN`, kept.)
+//!
+//! [`Diagonal`] says whether a score region keeps each row's diagonal, which ACP's threshold
+//! needs; it reads the same conditions (`j >= E` rises along a row's keys).
 
 use foxc_ir::attention::{IndexVar, RId, RNode, Region};
 use foxc_ir::{BinaryOp, Dim, Graph, UnaryOp, ValueId};
@@ -28,19 +32,6 @@ pub fn keys_from_score(score: &Region) -> Option<Region> {
         RNode::Select(c, _, e) if matches!(score.nodes.get(e as usize), Some(RNode::Const(x)) if *x == f64::NEG_INFINITY) => {
             lower_bound(score, c)
         }
-        _ => None,
-    }
-}
-
-/// The node of the kept score `X` when the score region is `select(j >= E, X, -inf)` (the form
-/// of [`keys_from_score`]). ACP may bound `|X|` instead of the region: an entry whose condition
-/// fails has weight 0 whatever `X` is, and the threshold's denominator argument still holds,
-/// because a causal (or window) row that keeps any key `j <= i` has `i >= j >= E`, so it keeps
-/// its diagonal, whose decay is 0 (docs/RULES.md); a row with no kept key is 0 and prunes nothing.
-pub fn kept_score(score: &Region) -> Option<RId> {
-    keys_from_score(score)?;
-    match *score.nodes.get(score.root as usize)? {
-        RNode::Select(_, x, _) => Some(x),
         _ => None,
     }
 }
@@ -65,9 +56,51 @@ impl Diagonal {
     /// Whether region `r` provably is not `-inf` on the diagonal (every row keeps it): no leaf
     /// it can take there is the constant `-inf` (a score leaf is finite where it is bounded).
     pub fn kept(&self, r: &Region) -> bool {
-        self.leaves(r)
-            .iter()
-            .all(|&n| !matches!(r.nodes[n as usize], RNode::Const(c) if c == f64::NEG_INFINITY))
+        self.always(r, r.root)
+    }
+
+    /// Whether every row that keeps some key `j <= p(i)` keeps its diagonal: what ACP's
+    /// threshold needs of a causal or windowed attention (docs/SEMANTICS.md, `threshold`).
+    /// [`Diagonal::kept`] suffices; beyond it, a condition that moves with `j` one way decides
+    /// as well. `j >= E` (left padding's start) holds at the diagonal of every row where it
+    /// holds at a key before it; `j < E` fails at every key before a diagonal where it holds.
+    /// So the conditions of a tree of selects may come in any order (`j >= start[b] and
+    /// i - j < W`, sinks under padding) as long as each is decided at the diagonal, free of
+    /// `j`, or one of these.
+    pub fn kept_by_rows_with_keys(&self, r: &Region) -> bool {
+        self.rows_keep(r, r.root)
+    }
+
+    /// [`Diagonal::kept_by_rows_with_keys`] of the subtree at `n`.
+    fn rows_keep(&self, r: &Region, n: RId) -> bool {
+        let RNode::Select(c, x, y) = r.nodes[n as usize] else { return true };
+        if self.always(r, n) || never(r, n) {
+            return true;
+        }
+        // A row whose keys reach the other branch than its diagonal needs the diagonal's
+        // branch to keep it always, or the other branch to keep nothing.
+        let crossing = |diagonal: RId, other: RId| self.always(r, diagonal) || never(r, other);
+        match self.holds(r, c) {
+            Some(true) => crossing(x, y) && self.rows_keep(r, x),
+            Some(false) => crossing(y, x) && self.rows_keep(r, y),
+            None => {
+                let each = self.rows_keep(r, x) && self.rows_keep(r, y);
+                match along_j(r, c) {
+                    // The same branch for every key of a row.
+                    Some(Along::Constant) => each,
+                    // Keys in `x` put the diagonal in `x`; keys in `y` may put it in `x`.
+                    Some(Along::Rising) => each && crossing(x, y),
+                    // Keys in `y` put the diagonal in `y`; keys in `x` may put it in `y`.
+                    Some(Along::Falling) => each && crossing(y, x),
+                    None => false,
+                }
+            }
+        }
+    }
+
+    /// Whether the subtree at `n` is not `-inf` on the diagonal of any row.
+    fn always(&self, r: &Region, n: RId) -> bool {
+        self.leaves(r, n).iter().all(|&l| !is_neg_inf(r, l))
     }
 
     /// Whether region `r` on the diagonal is the score `x` itself or `-inf`: with
@@ -75,18 +108,18 @@ impl Diagonal {
     /// reading `s_ii` assumes. (A bound of the identity's size does not say it:
     /// `select(i - j > 0, x, -x)` has `|R| <= |x|` and a diagonal of `-x_ii`.)
     pub fn is_score(&self, r: &Region) -> bool {
-        self.leaves(r).iter().all(|&n| match r.nodes[n as usize] {
+        self.leaves(r, r.root).iter().all(|&n| match r.nodes[n as usize] {
             RNode::Score => true,
             RNode::Const(c) => c == f64::NEG_INFINITY,
             _ => false,
         })
     }
 
-    /// The leaves of `r`'s tree of selects that its value on the diagonal can be: a select whose
-    /// condition is decided there leads to one branch, an undecided one to both.
-    fn leaves(&self, r: &Region) -> Vec<RId> {
+    /// The leaves of the tree of selects at `n` that its value on the diagonal can be: a select
+    /// whose condition is decided there leads to one branch, an undecided one to both.
+    fn leaves(&self, r: &Region, n: RId) -> Vec<RId> {
         let mut out = vec![];
-        let mut todo = vec![r.root];
+        let mut todo = vec![n];
         while let Some(n) = todo.pop() {
             match r.nodes[n as usize] {
                 RNode::Select(c, x, y) => match self.holds(r, c) {
@@ -183,6 +216,62 @@ impl Affine {
     }
 }
 
+fn is_neg_inf(r: &Region, n: RId) -> bool {
+    matches!(r.nodes[n as usize], RNode::Const(c) if c == f64::NEG_INFINITY)
+}
+
+/// Whether the tree of selects at `n` is `-inf` at every entry: each of its leaves is.
+fn never(r: &Region, n: RId) -> bool {
+    match r.nodes[n as usize] {
+        RNode::Select(_, x, y) => never(r, x) && never(r, y),
+        _ => is_neg_inf(r, n),
+    }
+}
+
+/// How a condition's truth moves along a row's keys.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Along {
+    /// The same at every key (it reads neither `j` nor the score).
+    Constant,
+    /// `j >= E`, `j > E` (either side) with `E` free of `j`: false, then true from some key on.
+    Rising,
+    /// `j <= E`, `j < E` (either side): true up to some key, then false.
+    Falling,
+}
+
+/// How condition `n` moves along a row's keys, where it is one of the forms of [`Along`]. A
+/// comparison with a NaN side is false at every key, which each form allows.
+fn along_j(r: &Region, n: RId) -> Option<Along> {
+    if free_of_j(r, n) {
+        return Some(Along::Constant);
+    }
+    let is_j = |x: RId| matches!(r.nodes[x as usize], RNode::Index(IndexVar::J));
+    let RNode::Binary(op, a, b) = r.nodes[n as usize] else { return None };
+    let (op, e) = match (is_j(a), is_j(b)) {
+        (true, false) => (op, b),
+        // `E op j` is `j op' E` with the comparison turned around.
+        (false, true) => (
+            match op {
+                BinaryOp::Lt => BinaryOp::Gt,
+                BinaryOp::Le => BinaryOp::Ge,
+                BinaryOp::Gt => BinaryOp::Lt,
+                BinaryOp::Ge => BinaryOp::Le,
+                other => other,
+            },
+            a,
+        ),
+        _ => return None,
+    };
+    if !free_of_j(r, e) {
+        return None;
+    }
+    match op {
+        BinaryOp::Ge | BinaryOp::Gt => Some(Along::Rising),
+        BinaryOp::Le | BinaryOp::Lt => Some(Along::Falling),
+        _ => None,
+    }
+}
+
 /// `E` when node `n` of `r` is the comparison `j >= E` (`E <= j`, `j > E`, `E < j`).
 fn lower_bound(r: &Region, n: RId) -> Option<Region> {
     let is_j = |x: RId| matches!(r.nodes.get(x as usize), Some(RNode::Index(IndexVar::J)));
@@ -243,12 +332,148 @@ fn subtree(r: &Region, n: RId) -> Region {
 mod tests {
     use super::*;
     use foxc_ir::index::IndexExpr;
+    use foxc_ir::interp::region::{Capture, RegionEval};
+    use proptest::prelude::*;
 
     fn lo_capture(r: &mut Region, var: &str) -> RId {
         r.push(RNode::Capture {
             k: 0,
             index: vec![IndexExpr::var("b"), IndexExpr::var("h"), IndexExpr::var(var)],
         })
+    }
+
+    /// `select(c, x, y)` pushed onto `r`.
+    fn select(r: &mut Region, c: RId, x: RId, y: RId) -> RId {
+        r.push(RNode::Select(c, x, y))
+    }
+
+    /// The diagonal of a square attention (`p(i) = i`).
+    fn square() -> Diagonal {
+        Diagonal { shift: Some(Affine::default()) }
+    }
+
+    /// Left padding's `j >= lo[b]` around a window, in either order, and sinks inside it keep
+    /// the diagonal of every row that keeps a key; a condition that falls along `j` (right
+    /// padding's `j < hi[b]`, keys before the start) or an equality with `j` does not.
+    #[test]
+    fn rows_with_keys_keep_their_diagonal_through_conditions_that_move_one_way() {
+        let mut r = Region::new();
+        let x = r.push(RNode::Score);
+        let ninf = r.push(RNode::Const(f64::NEG_INFINITY));
+        let (j, i) = (r.push(RNode::Index(IndexVar::J)), r.push(RNode::Index(IndexVar::I)));
+        let lo = r.push(RNode::Capture { k: 0, index: vec![IndexExpr::var("b")] });
+        let (w, three) = (r.push(RNode::Const(8.0)), r.push(RNode::Const(3.0)));
+        let from_lo = r.push(RNode::Binary(BinaryOp::Ge, j, lo));
+        let before_lo = r.push(RNode::Binary(BinaryOp::Lt, j, lo));
+        let dist = r.push(RNode::Binary(BinaryOp::Sub, i, j));
+        let in_window = r.push(RNode::Binary(BinaryOp::Lt, dist, w));
+        let sink = r.push(RNode::Binary(BinaryOp::Lt, j, three));
+        let at_i = r.push(RNode::Binary(BinaryOp::Eq, j, i));
+        let d = square();
+        let with_root = |r: &Region, root: RId| Region { nodes: r.nodes.clone(), root };
+        let yes = |r: &mut Region, root: RId| d.kept_by_rows_with_keys(&with_root(r, root));
+        let window = select(&mut r, in_window, x, ninf);
+        let padded_window = select(&mut r, from_lo, window, ninf);
+        assert!(yes(&mut r, padded_window));
+        assert!(!d.kept(&with_root(&r, padded_window)), "kept alone cannot say it");
+        let padded = select(&mut r, from_lo, x, ninf);
+        let window_of_padded = select(&mut r, in_window, padded, ninf);
+        assert!(yes(&mut r, window_of_padded));
+        let sinks = select(&mut r, sink, x, ninf);
+        let window_or_sinks = select(&mut r, in_window, x, sinks);
+        let padded_sinks = select(&mut r, from_lo, window_or_sinks, ninf);
+        assert!(yes(&mut r, padded_sinks));
+        // Right padding: row 9 with hi = 5 keeps keys 0..4, not its diagonal.
+        let right = select(&mut r, before_lo, x, ninf);
+        assert!(!yes(&mut r, right));
+        // Sinks alone: row 10 keeps keys 0..2, not its diagonal.
+        assert!(!yes(&mut r, sinks));
+        // Keys from lo, else the sinks: a row before lo keeps keys 0..2 and not its diagonal.
+        let from_lo_else_sinks = select(&mut r, from_lo, x, sinks);
+        assert!(!yes(&mut r, from_lo_else_sinks));
+        let only_diagonal = select(&mut r, at_i, x, ninf);
+        assert!(yes(&mut r, only_diagonal), "j == i holds at the diagonal");
+        let not_diagonal = select(&mut r, at_i, ninf, x);
+        assert!(!yes(&mut r, not_diagonal));
+    }
+
+    /// A tree of selects over padding, window, sink and query conditions (leaves the score or
+    /// `-inf`), as the strategy below draws it.
+    #[derive(Clone, Debug)]
+    enum Tree {
+        Score,
+        NegInf,
+        Select(u8, Box<Tree>, Box<Tree>),
+    }
+
+    const CONDITIONS: u8 = 8;
+
+    /// Condition `c` of the pool, on `r`: `j >= lo[b]`, `j < lo[b]`, `i - j < 3`, `j < 2`,
+    /// `i < lo[b]`, `lo[b] > j`, `j == i - 2`, `i + j > lo[b]`.
+    fn condition(r: &mut Region, c: u8) -> RId {
+        let (j, i) = (r.push(RNode::Index(IndexVar::J)), r.push(RNode::Index(IndexVar::I)));
+        let lo = r.push(RNode::Capture { k: 0, index: vec![IndexExpr::var("b")] });
+        let k = |r: &mut Region, c: f64| r.push(RNode::Const(c));
+        let (op, a, b) = match c {
+            0 => (BinaryOp::Ge, j, lo),
+            1 => (BinaryOp::Lt, j, lo),
+            2 => (BinaryOp::Lt, r.push(RNode::Binary(BinaryOp::Sub, i, j)), k(r, 3.0)),
+            3 => (BinaryOp::Lt, j, k(r, 2.0)),
+            4 => (BinaryOp::Lt, i, lo),
+            5 => (BinaryOp::Gt, lo, j),
+            6 => {
+                let two = k(r, 2.0);
+                (BinaryOp::Eq, j, r.push(RNode::Binary(BinaryOp::Sub, i, two)))
+            }
+            _ => (BinaryOp::Gt, r.push(RNode::Binary(BinaryOp::Add, i, j)), lo),
+        };
+        r.push(RNode::Binary(op, a, b))
+    }
+
+    fn build(r: &mut Region, t: &Tree) -> RId {
+        match t {
+            Tree::Score => r.push(RNode::Score),
+            Tree::NegInf => r.push(RNode::Const(f64::NEG_INFINITY)),
+            Tree::Select(c, x, y) => {
+                let c = condition(r, *c);
+                let (x, y) = (build(r, x), build(r, y));
+                select(r, c, x, y)
+            }
+        }
+    }
+
+    fn tree() -> impl Strategy<Value = Tree> {
+        prop_oneof![Just(Tree::Score), Just(Tree::NegInf)].prop_recursive(4, 16, 2, |inner| {
+            (0..CONDITIONS, inner.clone(), inner)
+                .prop_map(|(c, x, y)| Tree::Select(c, Box::new(x), Box::new(y)))
+        })
+    }
+
+    proptest! {
+        /// Where `kept_by_rows_with_keys` (or `kept`) says yes, every row of the interpreter's
+        /// causal region that keeps a key keeps its diagonal, for starts anywhere in and past
+        /// the row.
+        #[test]
+        fn a_row_said_to_keep_its_diagonal_does(t in tree(), lo in prop::collection::vec(0u32..12, 2)) {
+            let mut r = Region::new();
+            r.root = build(&mut r, &t);
+            let d = square();
+            let (kept, with_keys) = (d.kept(&r), d.kept_by_rows_with_keys(&r));
+            prop_assert!(!kept || with_keys, "kept implies kept_by_rows_with_keys");
+            let data: Vec<f64> = lo.iter().map(|&x| x as f64).collect();
+            let caps = [Capture { shape: &[2], data: &data }];
+            let dim = |_: &Dim| None;
+            let mut ev = RegionEval::new(&r, &caps, &dim).unwrap();
+            for b in 0..2 {
+                for i in 0..10 {
+                    let mut keeps = |j: usize| ev.eval(0.0, [b, 0, i, j]) != f64::NEG_INFINITY;
+                    let diagonal = keeps(i);
+                    let any = (0..=i).any(&mut keeps);
+                    prop_assert!(!with_keys || !any || diagonal, "row {} of batch {}: {:?}", i, b, t);
+                    prop_assert!(!kept || diagonal, "row {} of batch {}: {:?}", i, b, t);
+                }
+            }
+        }
     }
 
     /// `j >= lo[b, h, i]` (the context-parallel partial's mask) gives `lo[b, h, i]`, in either

@@ -342,6 +342,9 @@ pub fn rules() -> Vec<Rewrite<Attn, AttnAnalysis>> {
         // `select(c1, causal(s), causal(select(c2, s, -inf)))`): -inf either way above the
         // diagonal.
         rewrite!("causal-out-of-select"; "(select ?c (causal ?i ?j ?a) (causal ?i ?j ?b))" => "(causal ?i ?j (select ?c ?a ?b))"),
+        // The same for a window: `select(j >= start[b], window(i, j, W, s), -inf)`, and a window
+        // spelled with `and` after another condition (`j >= start[b] and i - j < W and j <= i`).
+        rewrite!("mask-into-window"; "(select ?c (window ?i ?j ?w ?s) -inf)" => "(window ?i ?j ?w (select ?c ?s -inf))"),
     ];
     // A sliding window spelled as a select inside the causal mask: `i - j < W` (also `j > i - W`,
     // or `-inf` where `i - j >= W`) for a whole constant `W >= 1` is `window(i, j, W, s)`
@@ -356,6 +359,11 @@ pub fn rules() -> Vec<Rewrite<Attn, AttnAnalysis>> {
     ] {
         r.push(rewrite!(name; {pat(from)} => "(window ?i ?j ?w ?s)" if window_size("?w")));
     }
+    // The window's condition second in a conjunction (`c and i - j < W`): both keep-selects keep
+    // `s` where both hold, so they commute and the window comes out.
+    r.push(rewrite!("select-window-second";
+        {pat("(causal ?i ?j (select ?c (select (< (- (iota ?i) (iota ?j)) ?w) ?s -inf) -inf))")}
+        => "(window ?i ?j ?w (select ?c ?s -inf))" if window_size("?w")));
     // A hand-written softmax: exp(a) / sum(l, exp(a with j renamed to l)) is softmax(j, a), and
     // subtracting a row maximum (free of j) does not change a softmax over j.
     r.push(rewrite!("hand-softmax"; "(* (exp ?a) (recip (sum ?l (exp ?b))))" => {HandSoftmax}));

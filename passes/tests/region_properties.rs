@@ -292,6 +292,23 @@ fn explanations_use_source_names() {
     }
 }
 
+/// A mask applied inside an expression of the scores (`causal(i, j, s) - 1`) is not fused, and
+/// the explanation says where the mask is, not that `q . k` sits in a reduction. (Shown failing
+/// before the message: "inside a reduction or a cumsum".)
+#[test]
+fn a_mask_inside_the_scores_is_explained_as_one() {
+    for mask in ["causal(i, j, {}) - 1", "select(j <= i, 0.5 * window(i, j, 8, {}), -inf)"] {
+        let src = program("", FOX, mask);
+        let mut g = compile(&src);
+        let ex = recognize_attention(&mut g).unwrap();
+        assert!(g.find(|op| matches!(op, Op::Attention(_))).is_empty(), "{mask}");
+        assert!(
+            ex.iter().any(|e| e.message.contains("mask is applied inside the scores, not around them")),
+            "{mask}: {ex:?}"
+        );
+    }
+}
+
 // ---- Meaning preservation: the recognized op computes what the program says. ----
 
 use foxc_ir::interp::{self, Tensor};

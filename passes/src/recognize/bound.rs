@@ -170,29 +170,27 @@ pub fn attention_bound(g: &Graph, n: ValueId) -> Result<ScoreBound, Unbounded> {
             },
         })
         .collect();
-    // Under `select(j >= E, X, -inf)` only `X` is ever weighted (crate::key_bound::kept_score);
-    // the node ids stay those of the region, for the explanation's span.
-    if let Some(x) = crate::key_bound::kept_score(&a.score) {
-        return score_bound(&Region { nodes: a.score.nodes.clone(), root: x }, &caps);
-    }
     // A tree of selects weighs only its leaves other than `-inf` (an entry of value `-inf` has
-    // weight 0), provided every row keeps its diagonal, whose decay is 0: ACP's denominator
-    // argument (docs/SEMANTICS.md, `threshold`).
+    // weight 0), provided every row that keeps a key keeps its diagonal, whose decay is 0: ACP's
+    // denominator argument (docs/SEMANTICS.md, `threshold`). Left padding's `select(j >= E, X,
+    // -inf)` is one: a row keeping a key `j <= i` has `i >= j >= E`.
     if !matches!(a.score.nodes[a.score.root as usize], RNode::Select(..)) {
         return score_bound(&a.score, &caps);
     }
-    if !crate::key_bound::Diagonal::of(g, ops.q, ops.k).kept(&a.score) {
+    if !crate::key_bound::Diagonal::of(g, ops.q, ops.k).kept_by_rows_with_keys(&a.score) {
         let text =
             a.score.display_with(&|k| caps.get(k).map(|c| c.name.clone()).unwrap_or_else(|| "?".into()));
         return Err(Unbounded {
             message: format!(
                 "the score `{text}` may mask a row's diagonal entry (the key at the query's position, \
-                 j = i + Tk - Tq: its condition is not provably true there), and ACP's threshold needs \
-                 every row that keeps a key to keep its diagonal, so no threshold can be derived"
+                 j = i + Tk - Tq) where it keeps an earlier key (each condition must be decided there, \
+                 free of j, or j >= E or j < E), and ACP's threshold needs every row that keeps a key to \
+                 keep its diagonal, so no threshold can be derived"
             ),
             term: Some(a.score.root),
         });
     }
+    // The node ids stay those of the region, for the explanation's span.
     let mut bounds = vec![];
     for x in weighted_leaves(&a.score) {
         bounds.push(score_bound(&Region { nodes: a.score.nodes.clone(), root: x }, &caps)?);

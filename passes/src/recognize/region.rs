@@ -194,6 +194,11 @@ impl<'a> RegionBuilder<'a> {
 
     /// A subterm computed outside the attention and captured.
     fn materialize(&mut self, eg: &AttnGraph, t: &T, mat: &mut Materialize) -> Result<RId, String> {
+        if t.uses_x() && matches!(t.op, Attn::Causal(_) | Attn::Window(_)) {
+            return Err("a `causal` or `window` mask is applied inside the scores, not around them (write \
+                        softmax(j, window(i, j, W, E)), or select(c, window(i, j, W, E), -inf))"
+                .into());
+        }
         if t.uses_x() {
             return Err("the scores use `q . k` inside a reduction or a cumsum".into());
         }
