@@ -3,7 +3,7 @@
 use crate::lang::{Attn, AttnAnalysis, AttnGraph, Num};
 use egg::{Id, Symbol};
 use foxc_ir::index::IndexExpr;
-use foxc_ir::{BinaryOp, Dim, Graph, Op, ReduceKind, Span, ValueId};
+use foxc_ir::{BinaryOp, DType, Dim, Graph, Op, ReduceKind, Span, ValueId};
 use std::collections::{BTreeMap, HashMap};
 
 /// Renaming of axis names while inlining a statement.
@@ -246,6 +246,9 @@ impl<'a> Builder<'a> {
                 }
             }
             Op::Unary(_) => (vec![], same(&[0])),
+            // `float(start[b])`: an integer's value, as the region reads every captured tensor
+            // (exact below 2^24 in the kernels' f32, as comparing the integer is).
+            Op::Cast if self.g.ty(ops[0]).dtype == DType::I32 => (vec![], same(&[0])),
             Op::Binary(_) => (vec![], same(&[0, 1])),
             Op::Select => (vec![], same(&[0, 1, 2])),
             // A reverse cumsum (made by the gradient pass, never by the DSL) is not a term of the
@@ -312,6 +315,7 @@ impl<'a> Builder<'a> {
                 let x = sub(0);
                 self.add(Attn::Unary(*u, [x]), span)
             }
+            Op::Cast => sub(0),
             Op::Binary(b) => {
                 let x = [sub(0), sub(1)];
                 let e = match b {
