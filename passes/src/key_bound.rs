@@ -56,7 +56,7 @@ impl Diagonal {
     /// Whether region `r` provably is not `-inf` on the diagonal (every row keeps it): no leaf
     /// it can take there is the constant `-inf` (a score leaf is finite where it is bounded).
     pub fn kept(&self, r: &Region) -> bool {
-        self.always(r, r.root)
+        self.always(r, r.root, &[])
     }
 
     /// Whether every row that keeps some key `j <= p(i)` keeps its diagonal: what ACP's
@@ -66,41 +66,63 @@ impl Diagonal {
     /// holds at a key before it; `j < E` fails at every key before a diagonal where it holds.
     /// So the conditions of a tree of selects may come in any order (`j >= start[b] and
     /// i - j < W`, sinks under padding) as long as each is decided at the diagonal, free of
-    /// `j`, or one of these.
+    /// `j`, or one of these; and a condition a row's path has decided decides its equal at the
+    /// diagonal (right padding's `j < len[b] and i < len[b]`: where `j < len[b]` fails at the
+    /// diagonal, `i < len[b]` fails at every key).
     pub fn kept_by_rows_with_keys(&self, r: &Region) -> bool {
-        self.rows_keep(r, r.root)
+        self.rows_keep(r, r.root, &[])
     }
 
-    /// [`Diagonal::kept_by_rows_with_keys`] of the subtree at `n`.
-    fn rows_keep(&self, r: &Region, n: RId) -> bool {
+    /// [`Diagonal::kept_by_rows_with_keys`] of the subtree at `n`, for the rows of `facts`.
+    fn rows_keep(&self, r: &Region, n: RId, facts: &[Fact]) -> bool {
         let RNode::Select(c, x, y) = r.nodes[n as usize] else { return true };
-        if self.always(r, n) || never(r, n) {
+        if self.always(r, n, facts) || self.never(r, n, facts) {
             return true;
         }
         // A row whose keys reach the other branch than its diagonal needs the diagonal's
-        // branch to keep it always, or the other branch to keep nothing.
-        let crossing = |diagonal: RId, other: RId| self.always(r, diagonal) || never(r, other);
-        match self.holds(r, c) {
-            Some(true) => crossing(x, y) && self.rows_keep(r, x),
-            Some(false) => crossing(y, x) && self.rows_keep(r, y),
+        // branch to keep it always, or the other branch to keep nothing, in such rows.
+        let crossing =
+            |diagonal: RId, other: RId, f: &[Fact]| self.always(r, diagonal, f) || self.never(r, other, f);
+        match self.decide(r, c, facts) {
+            Some(true) => crossing(x, y, facts) && self.rows_keep(r, x, facts),
+            Some(false) => crossing(y, x, facts) && self.rows_keep(r, y, facts),
             None => {
-                let each = self.rows_keep(r, x) && self.rows_keep(r, y);
+                // The rows where `c` holds at the diagonal, and those where it does not.
+                let (held, failed) = (with(facts, c, true), with(facts, c, false));
+                let each = self.rows_keep(r, x, &held) && self.rows_keep(r, y, &failed);
                 match along_j(r, c) {
-                    // The same branch for every key of a row.
+                    // Every key of a row takes its diagonal's branch.
                     Some(Along::Constant) => each,
-                    // Keys in `x` put the diagonal in `x`; keys in `y` may put it in `x`.
-                    Some(Along::Rising) => each && crossing(x, y),
-                    // Keys in `y` put the diagonal in `y`; keys in `x` may put it in `y`.
-                    Some(Along::Falling) => each && crossing(y, x),
+                    // Where `c` fails at the diagonal it fails at every key; where it holds,
+                    // keys in `y` have the diagonal in `x`.
+                    Some(Along::Rising) => each && crossing(x, y, &held),
+                    // Where `c` holds at the diagonal it holds at every key; where it fails,
+                    // keys in `x` have the diagonal in `y`.
+                    Some(Along::Falling) => each && crossing(y, x, &failed),
                     None => false,
                 }
             }
         }
     }
 
-    /// Whether the subtree at `n` is not `-inf` on the diagonal of any row.
-    fn always(&self, r: &Region, n: RId) -> bool {
-        self.leaves(r, n).iter().all(|&l| !is_neg_inf(r, l))
+    /// Whether the subtree at `n` is not `-inf` on the diagonal of any row of `facts`.
+    fn always(&self, r: &Region, n: RId, facts: &[Fact]) -> bool {
+        self.leaves(r, n, facts).iter().all(|&l| !is_neg_inf(r, l))
+    }
+
+    /// Whether the subtree at `n` is `-inf` at every key of every row of `facts`: a condition
+    /// free of `j` takes the same branch at every key as at the diagonal, where the facts may
+    /// decide it; any other may take both.
+    fn never(&self, r: &Region, n: RId, facts: &[Fact]) -> bool {
+        match r.nodes[n as usize] {
+            RNode::Select(c, x, y) if free_of_j(r, c) => match self.decide(r, c, facts) {
+                Some(true) => self.never(r, x, facts),
+                Some(false) => self.never(r, y, facts),
+                None => self.never(r, x, &with(facts, c, true)) && self.never(r, y, &with(facts, c, false)),
+            },
+            RNode::Select(_, x, y) => self.never(r, x, facts) && self.never(r, y, facts),
+            _ => is_neg_inf(r, n),
+        }
     }
 
     /// Whether region `r` on the diagonal is the score `x` itself or `-inf`: with
@@ -108,29 +130,52 @@ impl Diagonal {
     /// reading `s_ii` assumes. (A bound of the identity's size does not say it:
     /// `select(i - j > 0, x, -x)` has `|R| <= |x|` and a diagonal of `-x_ii`.)
     pub fn is_score(&self, r: &Region) -> bool {
-        self.leaves(r, r.root).iter().all(|&n| match r.nodes[n as usize] {
+        self.leaves(r, r.root, &[]).iter().all(|&n| match r.nodes[n as usize] {
             RNode::Score => true,
             RNode::Const(c) => c == f64::NEG_INFINITY,
             _ => false,
         })
     }
 
-    /// The leaves of the tree of selects at `n` that its value on the diagonal can be: a select
-    /// whose condition is decided there leads to one branch, an undecided one to both.
-    fn leaves(&self, r: &Region, n: RId) -> Vec<RId> {
+    /// The leaves of the tree of selects at `n` that its value on the diagonal can be in the
+    /// rows of `facts`: a select whose condition is decided there leads to one branch, an
+    /// undecided one to both (each with what it says of the row).
+    fn leaves(&self, r: &Region, n: RId, facts: &[Fact]) -> Vec<RId> {
         let mut out = vec![];
-        let mut todo = vec![n];
-        while let Some(n) = todo.pop() {
+        let mut todo = vec![(n, facts.to_vec())];
+        while let Some((n, facts)) = todo.pop() {
             match r.nodes[n as usize] {
-                RNode::Select(c, x, y) => match self.holds(r, c) {
-                    Some(true) => todo.push(x),
-                    Some(false) => todo.push(y),
-                    None => todo.extend([x, y]),
+                RNode::Select(c, x, y) => match self.decide(r, c, &facts) {
+                    Some(true) => todo.push((x, facts)),
+                    Some(false) => todo.push((y, facts)),
+                    None => todo.extend([(x, with(&facts, c, true)), (y, with(&facts, c, false))]),
                 },
                 _ => out.push(n),
             }
         }
         out
+    }
+
+    /// The value of condition `c` at the diagonal of the rows of `facts`: decided by its
+    /// sides ([`Diagonal::holds`]) or by a fact about a condition that is the same there.
+    fn decide(&self, r: &Region, c: RId, facts: &[Fact]) -> Option<bool> {
+        self.holds(r, c).or_else(|| facts.iter().find(|f| self.same_at_diagonal(r, f.0, c)).map(|f| f.1))
+    }
+
+    /// Whether comparisons `a` and `b` are the same at the diagonal: the same operator, and
+    /// sides that are the same affine form there or the same expression free of `j`
+    /// (`j < len[b]` at `j = i` is `i < len[b]`).
+    fn same_at_diagonal(&self, r: &Region, a: RId, b: RId) -> bool {
+        let (RNode::Binary(op, a0, a1), RNode::Binary(op2, b0, b1)) =
+            (&r.nodes[a as usize], &r.nodes[b as usize])
+        else {
+            return false;
+        };
+        let side = |x: RId, y: RId| match (self.value(r, x), self.value(r, y)) {
+            (Some(u), Some(v)) => u.sub(&v).constant() == Some(0.0),
+            _ => free_of_j(r, x) && same_tree(r, x, y),
+        };
+        op.is_comparison() && op == op2 && side(*a0, *b0) && side(*a1, *b1)
     }
 
     /// The value of comparison `n` on the diagonal, when its two sides there differ by a
@@ -216,16 +261,34 @@ impl Affine {
     }
 }
 
-fn is_neg_inf(r: &Region, n: RId) -> bool {
-    matches!(r.nodes[n as usize], RNode::Const(c) if c == f64::NEG_INFINITY)
+/// A condition of a region with its truth at the diagonal of the rows considered (at every key,
+/// for a condition free of `j`).
+type Fact = (RId, bool);
+
+/// `facts` and `(c, holds)`.
+fn with(facts: &[Fact], c: RId, holds: bool) -> Vec<Fact> {
+    let mut f = facts.to_vec();
+    f.push((c, holds));
+    f
 }
 
-/// Whether the tree of selects at `n` is `-inf` at every entry: each of its leaves is.
-fn never(r: &Region, n: RId) -> bool {
-    match r.nodes[n as usize] {
-        RNode::Select(_, x, y) => never(r, x) && never(r, y),
-        _ => is_neg_inf(r, n),
-    }
+/// Whether the subtrees at `a` and `b` are the same expression, node for node.
+fn same_tree(r: &Region, a: RId, b: RId) -> bool {
+    let same = |x: &RId, y: &RId| same_tree(r, *x, *y);
+    a == b
+        || match (&r.nodes[a as usize], &r.nodes[b as usize]) {
+            (RNode::Unary(u, x), RNode::Unary(v, y)) => u == v && same(x, y),
+            (RNode::Binary(o, x0, x1), RNode::Binary(p, y0, y1)) => o == p && same(x0, y0) && same(x1, y1),
+            (RNode::Select(c, x0, x1), RNode::Select(d, y0, y1)) => {
+                same(c, d) && same(x0, y0) && same(x1, y1)
+            }
+            (RNode::Unary(..) | RNode::Binary(..) | RNode::Select(..), _) => false,
+            (x, y) => x == y,
+        }
+}
+
+fn is_neg_inf(r: &Region, n: RId) -> bool {
+    matches!(r.nodes[n as usize], RNode::Const(c) if c == f64::NEG_INFINITY)
 }
 
 /// How a condition's truth moves along a row's keys.
@@ -383,9 +446,19 @@ mod tests {
         let window_or_sinks = select(&mut r, in_window, x, sinks);
         let padded_sinks = select(&mut r, from_lo, window_or_sinks, ninf);
         assert!(yes(&mut r, padded_sinks));
-        // Right padding: row 9 with hi = 5 keeps keys 0..4, not its diagonal.
+        // Right padding: row 9 with hi = 5 keeps keys 0..4, not its diagonal; with the rows
+        // past the length masked too (`i < hi`), in either order, no row does.
         let right = select(&mut r, before_lo, x, ninf);
         assert!(!yes(&mut r, right));
+        let query_in = r.push(RNode::Binary(BinaryOp::Lt, i, lo));
+        let rows_in = select(&mut r, query_in, x, ninf);
+        let right_rows = select(&mut r, before_lo, rows_in, ninf);
+        assert!(yes(&mut r, right_rows));
+        let rows_right = select(&mut r, query_in, right, ninf);
+        assert!(yes(&mut r, rows_right));
+        let rows_out = select(&mut r, query_in, ninf, x);
+        let right_rows_out = select(&mut r, before_lo, rows_out, ninf);
+        assert!(!yes(&mut r, right_rows_out), "keys of the rows past the length");
         // Sinks alone: row 10 keeps keys 0..2, not its diagonal.
         assert!(!yes(&mut r, sinks));
         // Keys from lo, else the sinks: a row before lo keeps keys 0..2 and not its diagonal.
@@ -406,10 +479,10 @@ mod tests {
         Select(u8, Box<Tree>, Box<Tree>),
     }
 
-    const CONDITIONS: u8 = 8;
+    const CONDITIONS: u8 = 9;
 
     /// Condition `c` of the pool, on `r`: `j >= lo[b]`, `j < lo[b]`, `i - j < 3`, `j < 2`,
-    /// `i < lo[b]`, `lo[b] > j`, `j == i - 2`, `i + j > lo[b]`.
+    /// `i < lo[b]`, `lo[b] > j`, `j == i - 2`, `i + j > lo[b]`, `i - 2 < lo[b]`.
     fn condition(r: &mut Region, c: u8) -> RId {
         let (j, i) = (r.push(RNode::Index(IndexVar::J)), r.push(RNode::Index(IndexVar::I)));
         let lo = r.push(RNode::Capture { k: 0, index: vec![IndexExpr::var("b")] });
@@ -425,7 +498,11 @@ mod tests {
                 let two = k(r, 2.0);
                 (BinaryOp::Eq, j, r.push(RNode::Binary(BinaryOp::Sub, i, two)))
             }
-            _ => (BinaryOp::Gt, r.push(RNode::Binary(BinaryOp::Add, i, j)), lo),
+            7 => (BinaryOp::Gt, r.push(RNode::Binary(BinaryOp::Add, i, j)), lo),
+            _ => {
+                let two = k(r, 2.0);
+                (BinaryOp::Lt, r.push(RNode::Binary(BinaryOp::Sub, i, two)), lo)
+            }
         };
         r.push(RNode::Binary(op, a, b))
     }
