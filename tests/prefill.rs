@@ -261,3 +261,43 @@ fn more_queries_than_keys_are_named_at_bind_time() {
         assert_eq!(code, Some(0), "{backend}: {t}");
     }
 }
+
+/// A relative-position bias read by queries at the end of the keys, `rel[h, min(i + M - N - j,
+/// 128)]`: out of range only above the shifted diagonal, which the mask `j <= i + M - N` drops,
+/// so it compiles for every `N <= M` (before, it was checked at the bound sizes and refused at a
+/// prefill: "takes values -49..=128 at these sizes"); a table as long as the keys read without
+/// a clamp too. Fused, pruned, checked on the CPU against the f64 interpreter (prefill, decode,
+/// N = M) forward and backward. Without the mask it is refused at compile time, the hint naming
+/// the shifted mask. (Shown failing with the square case's triangle in the range check.)
+#[test]
+fn a_relative_bias_of_a_prefill_is_in_range_under_its_mask() {
+    let src = |read: &str, table: &str, mask: &str| {
+        PREFILL
+            .replace("fgate: f32[B, H, M])", &format!("fgate: f32[B, H, M], rel: f32[{table}] in [-2, 2])"))
+            .replace("/ sqrt(D) +", &format!("/ sqrt(D) + {read} +"))
+            .replace("select(j <= i + M - N, s[b, h, i, j], -inf)", mask)
+    };
+    let masked = "select(j <= i + M - N, s[b, h, i, j], -inf)";
+    let s = seed();
+    for (name, read, table) in [
+        ("rel_clamped.attn", "rel[h, min(i + M - N - j, 128)]", "H, 129"),
+        ("rel_long.attn", "rel[h, i + M - N - j]", "H, M"),
+    ] {
+        let p = write(name, &src(read, table, masked));
+        let (code, t) = run(&["compile", &p, "--emit", "opt", "--explain"]);
+        assert_eq!(code, Some(0), "{name}: {t}");
+        assert!(t.contains(", pruned") && t.contains("nothing to explain"), "{name}: {t}");
+        for shape in ["B=1,H=2,N=50,M=400,D=16", "B=2,H=2,N=1,M=300,D=16", "B=1,H=2,N=200,M=200,D=16"] {
+            let t = cpu_check("run", &p, shape, &s, true);
+            assert!(t.contains("pruning: paper rule"), "{name} {shape}: {t}");
+        }
+        cpu_check("grad", &p, "B=1,H=2,N=40,M=200,D=16", &s, true);
+    }
+    let p = write("rel_unmasked.attn", &src("rel[h, i + M - N - j]", "H, M", "s[b, h, i, j]"));
+    let (code, t) = run(&["check", &p]);
+    assert_eq!(code, Some(1), "{t}");
+    assert!(
+        t.contains("in range only where j <= i + M - N") && t.contains("`select(j <= i + M - N, ..., -inf)`"),
+        "{t}"
+    );
+}

@@ -82,6 +82,12 @@ impl Lin {
         r
     }
 
+    pub fn plus(&self, o: &Lin) -> Lin {
+        let mut r = self.clone();
+        r.add_scaled(o, 1);
+        r
+    }
+
     pub fn minus(&self, o: &Lin) -> Lin {
         let mut r = self.clone();
         r.add_scaled(o, -1);
@@ -165,7 +171,8 @@ fn product(d: &Dim, n: &Dim) -> Option<Lin> {
 }
 
 /// Whether `e` stays in `[0, size)` for every value of its variables (`var_size(v)` is the size
-/// of `v`), optionally with `j <= i` for `mask = Some((i, j))`. `Err` gives a corner where it
+/// of `v`), optionally with `j <= i + size(j) - size(i)` for `mask = Some((i, j))` (`j <= i`
+/// when the sizes are equal). `Err` gives a corner where it
 /// leaves (or cannot be proven to stay; for an unprovable division the value is the numerator).
 pub fn check(
     e: &IndexExpr,
@@ -239,8 +246,18 @@ fn sides(
             .collect();
     }
     if let Some((i, j)) = mask.filter(|(i, j)| vars.contains(i) && vars.contains(j)) {
-        let t = top(i);
-        let tri = [(Lin::konst(0), Lin::konst(0)), (t.clone(), Lin::konst(0)), (t.clone(), t)];
+        // `j <= i + s` with `s = size(j) - size(i)`: the queries at the end of the keys. The kept
+        // set lies in the hull of (-s, 0), (top i, 0), (top i, top j) and (0, s), whatever the
+        // sign of `s` (its first and last corner are on the line j = i + s, one of them outside
+        // the axes); with equal sizes that is the causal triangle, its first corner twice.
+        let shift = Lin::dim(&var_size(j)).minus(&Lin::dim(&var_size(i)));
+        let (ti, tj) = (top(i), top(j));
+        let tri = [
+            (shift.scaled(-1), Lin::konst(0)),
+            (ti.clone(), Lin::konst(0)),
+            (ti, tj),
+            (Lin::konst(0), shift),
+        ];
         corners = corners
             .into_iter()
             .flat_map(|c| {
@@ -387,6 +404,25 @@ mod tests {
         let mut past = e(&[("t", 1)], 0, None);
         past.dim_terms = vec![(Dim::sym("N"), 1)];
         assert!(check(&past, &Dim::sym("N"), &n, None).unwrap_err().certain);
+    }
+
+    /// A relative position read by queries at the end of longer keys, `rel[i + M - N - j]` into
+    /// an axis of size M (i over N, j over M): in range where `j <= i + M - N`, whatever the sign
+    /// of `M - N`; `rel[i - j]` is not (it is `N - M` short). Clamped, `min(i + M - N - j, 128)`
+    /// into 129 entries is in range there too. (Shown failing with the causal triangle's corners
+    /// of the square case.)
+    #[test]
+    fn a_relative_position_of_a_prefill_needs_the_shifted_mask() {
+        let size = |v: &str| Dim::sym(if v == "i" { "N" } else { "M" });
+        let mut rel = e(&[("i", 1), ("j", -1)], 0, None);
+        rel.dim_terms = vec![(Dim::sym("M"), 1), (Dim::sym("N"), -1)];
+        assert_eq!(check(&rel, &Dim::sym("M"), &size, Some(("i", "j"))), Ok(()));
+        assert!(check(&rel, &Dim::sym("M"), &size, None).unwrap_err().certain);
+        let unshifted = e(&[("i", 1), ("j", -1)], 0, None);
+        assert!(check(&unshifted, &Dim::sym("M"), &size, Some(("i", "j"))).is_err());
+        let mut clamped = rel.clone();
+        clamped.clamps = vec![crate::index::Clamp { kind: ClampKind::Min, dim_terms: vec![], constant: 128 }];
+        assert_eq!(check(&clamped, &Dim::Const(129), &size, Some(("i", "j"))), Ok(()));
     }
 
     #[test]

@@ -245,6 +245,32 @@ struct NeedsMask {
     span: Span,
     /// Where it leaves its axis without the mask (for the hint).
     outside: String,
+    /// The check of the subscript at bound sizes that stands in for a missing mask (a pair of
+    /// different sizes whose subscript is in range at some sizes).
+    fallback: Option<SubscriptBound>,
+    /// `size(j) - size(i)` where the sizes differ (`M - N`: queries at the end of the keys).
+    shift: Option<String>,
+}
+
+impl NeedsMask {
+    /// The last key the mask keeps for query `i`.
+    fn diagonal(&self) -> String {
+        match &self.shift {
+            None => self.i.clone(),
+            Some(s) => format!("{} + {s}", self.i),
+        }
+    }
+
+    /// The masks that keep the read's range, as the hint writes them.
+    fn masks(&self) -> String {
+        let (i, j) = (&self.i, &self.j);
+        match &self.shift {
+            None => format!(
+                "`causal({i}, {j}, ...)`, `window({i}, {j}, W, ...)` or `select({j} <= {i}, ..., -inf)`"
+            ),
+            Some(_) => format!("`select({j} <= {}, ..., -inf)`", self.diagonal()),
+        }
+    }
 }
 
 /// Per-statement state.
@@ -298,9 +324,12 @@ pub fn lower(prog: &Program, src: &str) -> Result<Graph, Diagnostics> {
         }
     }
     if diags.is_empty() {
-        for m in &l.masked {
+        for m in std::mem::take(&mut l.masked) {
             if let Err(esc) = check_masked(&l.g, m.node, &m.i, &m.j) {
-                diags.push(l.unmasked(m, &esc.reason, esc.span));
+                match m.fallback {
+                    Some(bound) => l.g.bind_checks.push(bound),
+                    None => diags.push(l.unmasked(&m, &esc.reason, esc.span)),
+                }
             }
         }
     }
@@ -912,26 +941,39 @@ impl<'a> Lowerer<'a> {
                 continue;
             }
             let vars = ie.vars();
-            let pair = vars.iter().flat_map(|a| vars.iter().map(move |b| (*a, *b))).find(|(a, b)| {
-                a != b
-                    && size_of(a) == size_of(b)
-                    && index_range::check(ie, size, &size_of, Some((a, b))).is_ok()
-            });
+            // A pair (i, j) whose mask `j <= i + size(j) - size(i)` keeps it in range: of equal
+            // sizes (the causal mask) first, then queries at the end of longer keys.
+            let pairs =
+                || vars.iter().flat_map(|a| vars.iter().map(move |b| (*a, *b))).filter(|(a, b)| a != b);
+            let in_range_under =
+                |(a, b): &(&str, &str)| index_range::check(ie, size, &size_of, Some((a, b))).is_ok();
+            let pair = pairs()
+                .filter(|(a, b)| size_of(a) == size_of(b))
+                .find(in_range_under)
+                .or_else(|| pairs().filter(|(a, b)| size_of(a) != size_of(b)).find(in_range_under));
             let outside = describe_outside(ie, size, &out);
-            match pair {
-                Some((i, j)) => needs.push((i.to_string(), j.to_string(), ie.to_string(), sub.span, outside)),
-                // In range for some sizes of the dims: checked when they are bound. (A division
-                // whose bound is not a sum of dims stays an error: `h / G` into an axis of G is
-                // in range only by accident of the sizes, and means `h / (H / G)`.)
-                None if !out.certain && !out.unprovable => self.g.bind_checks.push(SubscriptBound {
-                    tensor: name.name.clone(),
-                    axis: p,
-                    size: size.clone(),
-                    index: ie.clone(),
-                    vars: vars.iter().map(|v| (v.to_string(), size_of(v))).collect(),
-                    span: sub.span,
-                }),
-                None => {
+            // In range for some sizes of the dims: checked when they are bound. (A division
+            // whose bound is not a sum of dims stays an error: `h / G` into an axis of G is
+            // in range only by accident of the sizes, and means `h / (H / G)`.)
+            let bound = (!out.certain && !out.unprovable).then(|| SubscriptBound {
+                tensor: name.name.clone(),
+                axis: p,
+                size: size.clone(),
+                index: ie.clone(),
+                vars: vars.iter().map(|v| (v.to_string(), size_of(v))).collect(),
+                span: sub.span,
+            });
+            match (pair, bound) {
+                (Some((i, j)), bound) => {
+                    // A prefill's mask may be missing where the sizes keep the subscript in
+                    // range anyway (a decode step): then the sizes are checked when bound.
+                    let shift = (size_of(i) != size_of(j))
+                        .then(|| index_range::Lin::dim(&size_of(j)).minus(&index_range::Lin::dim(&size_of(i))).to_string());
+                    let fallback = bound.filter(|_| shift.is_some());
+                    needs.push((i.to_string(), j.to_string(), ie.to_string(), sub.span, outside, (fallback, shift)))
+                }
+                (None, Some(bound)) => self.g.bind_checks.push(bound),
+                (None, None) => {
                     return Err(Diagnostic::new(
                         format!("subscript `{ie}` of `{}` can be out of range", name.name),
                         sub.span,
@@ -948,8 +990,9 @@ impl<'a> Lowerer<'a> {
         let axis_names: Vec<String> = axes.iter().map(|a| a.name.clone()).collect();
         let ty = ValueType { dtype: ent.dtype, axes };
         let v = self.g.add(Op::Gather { index, axes: axis_names }, ty.clone(), &[node], e.span);
-        for (i, j, text, span, outside) in needs {
-            self.masked.push(NeedsMask { node: v, i, j, text, tensor: name.name.clone(), span, outside });
+        for (i, j, text, span, outside, (fallback, shift)) in needs {
+            let tensor = name.name.clone();
+            self.masked.push(NeedsMask { node: v, i, j, text, tensor, span, outside, fallback, shift });
         }
         Ok((v, ty))
     }
@@ -1012,14 +1055,12 @@ impl<'a> Lowerer<'a> {
         Diagnostic::new(
             format!("subscript `{}` of `{}` can be out of range", m.text, m.tensor),
             m.span,
-            format!("in range only where {} <= {}; {}", m.j, m.i, m.outside),
+            format!("in range only where {} <= {}; {}", m.j, m.diagonal(), m.outside),
         )
         .with_hint(format!(
-            "mask the value with `causal({i}, {j}, ...)`, `window({i}, {j}, W, ...)` or `select({j} <= {i}, ..., -inf)` \
-             before anything else reads it; here {reason} (at {})",
+            "mask the value with {} before anything else reads it; here {reason} (at {})",
+            m.masks(),
             self.at(at),
-            i = m.i,
-            j = m.j
         ))
     }
 

@@ -7,13 +7,17 @@
 //! (the entry `(i, j)` stays the entry `(i, j)`) and through statement boundaries (`store` then
 //! `bind` renames the axes), and stops with success at
 //! - `causal {i, j}` or `window {i, j, ..}` over the two axes, or
-//! - `select(j <= i, value, -inf)` (also spelled `i >= j`, or `select(j > i, -inf, value)`).
+//! - `select(j <= i, value, -inf)` (also spelled `i >= j`, `j < i + 1`, or `select(j > i, -inf,
+//!   value)`), or with queries at the end of longer keys `select(j <= i + M - N, value, -inf)`
+//!   (the offset is the axes' sizes' difference).
 //!
 //! It fails when the value reaches the program's result, a reduction, scan, softmax or norm over
 //! `i` or `j`, or any other op (conservatively) first.
 
 use crate::graph::{Graph, ValueId};
+use crate::index_range::Lin;
 use crate::ops::{BinaryOp, Op, UnaryOp};
+use crate::types::Dim;
 use crate::types::Span;
 use std::collections::HashSet;
 
@@ -38,21 +42,69 @@ fn is_neg_inf(g: &Graph, v: ValueId) -> bool {
     }
 }
 
-fn iota_of(g: &Graph, v: ValueId) -> Option<&str> {
+/// Node `v` as `iota(axis) + offset` (the offset a form of dims and integer constants), with the
+/// axis' size.
+fn iota_plus(g: &Graph, v: ValueId) -> Option<(&str, Dim, Lin)> {
+    let o = g.operands(v);
     match g.op(v) {
-        Op::Iota { axis } => Some(axis),
+        Op::Iota { axis } => Some((axis, g.ty(v).axis(axis)?.1.dim.clone(), Lin::konst(0))),
+        Op::Binary(BinaryOp::Add) => match (iota_plus(g, o[0]), iota_plus(g, o[1])) {
+            (Some((a, d, x)), None) => Some((a, d, x.plus(&dims_of(g, o[1])?))),
+            (None, Some((a, d, x))) => Some((a, d, x.plus(&dims_of(g, o[0])?))),
+            _ => None,
+        },
+        Op::Binary(BinaryOp::Sub) => {
+            let (a, d, x) = iota_plus(g, o[0])?;
+            Some((a, d, x.minus(&dims_of(g, o[1])?)))
+        }
         _ => None,
     }
 }
 
-/// `keep` is true when the condition holds exactly where `j <= i`, false where `j > i`.
+/// Node `v` as a form of dims and integer constants (`M - N`).
+fn dims_of(g: &Graph, v: ValueId) -> Option<Lin> {
+    let o = g.operands(v);
+    match g.op(v) {
+        Op::DimSize(d) => Some(Lin::dim(d)),
+        Op::Const(c) if c.fract() == 0.0 && c.abs() < 9.0e15 => Some(Lin::konst(*c as i64)),
+        Op::Binary(BinaryOp::Add) => Some(dims_of(g, o[0])?.plus(&dims_of(g, o[1])?)),
+        Op::Binary(BinaryOp::Sub) => Some(dims_of(g, o[0])?.minus(&dims_of(g, o[1])?)),
+        Op::Unary(UnaryOp::Neg) => Some(dims_of(g, o[0])?.scaled(-1)),
+        _ => None,
+    }
+}
+
+/// `keep` is true when the condition holds exactly where `j <= i + size(j) - size(i)` (the
+/// causal mask, with queries at the end of longer keys: `j <= i + M - N`), false where it
+/// fails.
 fn causal_condition(g: &Graph, cond: ValueId, i: &str, j: &str) -> Option<bool> {
     let Op::Binary(b) = g.op(cond) else { return None };
     let o = g.operands(cond);
-    let (x, y) = (iota_of(g, o[0])?, iota_of(g, o[1])?);
-    match (b, x == j && y == i, x == i && y == j) {
-        (BinaryOp::Le, true, _) | (BinaryOp::Ge, _, true) => Some(true),
-        (BinaryOp::Gt, true, _) | (BinaryOp::Lt, _, true) => Some(false),
+    let ((x, dx, ox), (y, dy, oy)) = (iota_plus(g, o[0])?, iota_plus(g, o[1])?);
+    // As `j - i OP k`, over the integers.
+    let (op, k, (di, dj)) = if x == j && y == i {
+        (*b, oy.minus(&ox), (dy, dx))
+    } else if x == i && y == j {
+        let flipped = match b {
+            BinaryOp::Lt => BinaryOp::Gt,
+            BinaryOp::Le => BinaryOp::Ge,
+            BinaryOp::Gt => BinaryOp::Lt,
+            BinaryOp::Ge => BinaryOp::Le,
+            _ => return None,
+        };
+        (flipped, ox.minus(&oy), (dx, dy))
+    } else {
+        return None;
+    };
+    let shift = Lin::dim(&dj).minus(&Lin::dim(&di));
+    let one = Lin::konst(1);
+    match op {
+        // `j <= i + k`, `j < i + k` (= `j <= i + k - 1`): kept below the diagonal.
+        BinaryOp::Le if k == shift => Some(true),
+        BinaryOp::Lt if k.minus(&one) == shift => Some(true),
+        // `j > i + k`, `j >= i + k` (= `j > i + k - 1`): the entries above it.
+        BinaryOp::Gt if k == shift => Some(false),
+        BinaryOp::Ge if k.minus(&one) == shift => Some(false),
         _ => None,
     }
 }
