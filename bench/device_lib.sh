@@ -11,14 +11,23 @@ unpack() {
 }
 t() { local s=$1; shift; timeout "$s" "$@"; }
 compare_outputs() { t 60 python3 bench/compare_outputs.py "$@"; }
-# check_cuda BIN run|grad FILE SHAPE [FLAGS...]: `BIN run|grad examples/FILE.attn --backend cuda
-#   --check --shape SHAPE FLAGS` under 90 s, summarised on one line; returns its exit status.
+# log_to FILE: the script's lines also go to $OUT/FILE as they come ($OUT, /tmp/out unless set,
+#   is made), so a call cut off by its limit still returns them.
+log_to() {
+  OUT=${OUT:-/tmp/out}
+  mkdir -p "$OUT"
+  exec > >(tee -a "$OUT/$1") 2>&1
+}
+# check_cuda BIN run|grad FILE SHAPE [FLAGS...]: `BIN run|grad FILE --backend cuda --check --shape
+#   SHAPE FLAGS` under 120 s (FILE a path ending in .attn, or an example's name), summarised on one
+#   line; returns its exit status.
 check_cuda() {
   local bin=$1 what=$2 file=$3 shape=$4 out rc
   shift 4
-  out=$(t 90 "$bin" "$what" "examples/$file.attn" --backend cuda --check --shape "$shape" "$@" 2>&1)
+  case "$file" in *.attn) ;; *) file="examples/$file.attn" ;; esac
+  out=$(t 120 "$bin" "$what" "$file" --backend cuda --check --shape "$shape" "$@" 2>&1)
   rc=$?
-  echo "check $what $file [$shape] ${*:-pruned} rc=$rc $(grep -iE 'check|error' <<<"$out" | tail -6 | tr '\n' ' ')"
+  echo "check $what $file [$shape] ${*:-pruned} rc=$rc $(grep -iE 'check|error|rel' <<<"$out" | tail -6 | tr '\n' ' ' | cut -c1-400)"
   return $rc
 }
 # sanitize TOOL BIN SHAPE [FLAGS...]: compute-sanitizer TOOL on `BIN run examples/fox.attn` at

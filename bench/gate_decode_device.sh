@@ -8,17 +8,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/device_lib.sh
-OUT=${OUT:-/tmp}
-exec > >(tee -a "$OUT/log.txt") 2>&1
+log_to log.txt
 new=$(unpack "$NEW")
 old=$(unpack "$OLD")
 G=bench/fox_gate_cache.attn
 fail=0
 for args in "B=1,H=3,N=1,M=3000,D=128" "B=2,H=4,N=16,M=5000,D=128" "B=1,H=2,N=1,M=3000,D=64" "B=1,H=2,N=3,M=4500,D=128 --no-prune"; do
-  set -- $args; sh=$1; shift
-  out=$(t 120 "$new" run $G --backend cuda --check --shape "$sh" "$@" 2>&1); rc=$?
-  echo "check $G [$sh] $* rc=$rc $(grep -iE 'check|error|rel' <<<"$out" | tail -4 | tr '\n' ' ' | cut -c1-300)"
-  [ $rc -eq 0 ] || fail=1
+  check_cuda "$new" run $G $args || fail=1
 done
 t 100 compute-sanitizer --tool memcheck --error-exitcode 3 "$new" run $G --backend cuda --shape B=1,H=4,N=2,M=5000,D=128 > "$OUT/san.log" 2>&1
 echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$OUT/san.log")"

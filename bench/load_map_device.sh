@@ -7,9 +7,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/device_lib.sh
-OUT=${OUT:-/tmp}
-# Lines also go to $OUT/log.txt as they come: a call cut off by its limit still returns them.
-exec > >(tee -a "$OUT/log.txt") 2>&1
+log_to log.txt
 new=$(unpack "$NEW")
 old=$(unpack "$OLD")
 shape=${SHAPE:-B=2,H=16,T=8192}
@@ -21,11 +19,7 @@ fail=0
 for args in "run $R B=1,H=3,T=999,D=128" "run $R B=1,H=3,T=333,D=96" "run $R B=1,H=3,T=1777,D=64 --attn-kernel standard" \
   "run $Q B=2,H=4,G=2,T=2000,D=128 --check-starts" "run $P B=1,H=3,N=300,M=2000,D=128" "run $P B=1,H=3,N=1,M=3000,D=128" \
   "run $F B=1,H=3,T=999,D=128" "grad $R B=1,H=2,T=300,D=64"; do
-  set -- $args
-  what=$1 f=$2 sh=$3; shift 3
-  out=$(t 120 "$new" "$what" "$f" --backend cuda --check --shape "$sh" "$@" 2>&1); rc=$?
-  echo "check $what $f [$sh] $* rc=$rc $(grep -iE 'check|error|rel' <<<"$out" | tail -6 | tr '\n' ' ' | cut -c1-300)"
-  [ $rc -eq 0 ] || fail=1
+  check_cuda "$new" $args || fail=1
 done
 t 100 compute-sanitizer --tool memcheck --error-exitcode 3 "$new" run $Q --backend cuda --shape B=1,H=4,G=2,T=500,D=128 > "$OUT/san.log" 2>&1
 echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$OUT/san.log")"

@@ -20,9 +20,8 @@
 # Usage (GPU machine, repository root): NEW=... OLD=... OUT=$OUT bash bench/run18_device.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-exec > >(tee "$OUT/run18.log") 2>&1
 source bench/device_lib.sh  # unpack, check_cuda, compare_runs, sanitize, bench_rows, bench_table
+log_to run18.log
 NEW=$(unpack "${NEW:?}"); OLD=$(unpack "${OLD:?}")
 WS="--attn-kernel warp-specialized --tiles 64x128"
 fail=0

@@ -32,9 +32,8 @@
 # Usage (GPU machine, repository root): NEW=... OLD=... [BROKEN=...] OUT=$OUT bash bench/threshold_device.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-exec > >(tee "$OUT/threshold.log") 2>&1
 source bench/device_lib.sh
+log_to threshold.log
 NEW=$(unpack "${NEW:?set NEW to the new foxc binary}")
 OLD=$(unpack "${OLD:?set OLD to the previous foxc binary}")
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
