@@ -292,6 +292,7 @@ fn a_relative_bias_of_a_prefill_is_in_range_under_its_mask() {
             assert!(t.contains("pruning: paper rule"), "{name} {shape}: {t}");
         }
         cpu_check("grad", &p, "B=1,H=2,N=40,M=200,D=16", &s, true);
+        common::pruned_ptx_assembles(&p);
     }
     let p = write("rel_unmasked.attn", &src("rel[h, i + M - N - j]", "H, M", "s[b, h, i, j]"));
     let (code, t) = run(&["check", &p]);

@@ -90,3 +90,17 @@ pub fn cpu_check(cmd: &str, file: &str, shape: &str, seed: &str, prune: bool) ->
     assert!(t.contains("check: ok"), "{cmd} {shape} prune={prune}: {t}");
     t
 }
+
+/// `foxc compile FILE --emit ptx` for sm_90a (D = 128) and sm_80 (D = 64): each must emit a pruned
+/// attention kernel (`_prune` in its name) that ptxas assembles where it is found (always in CI).
+pub fn pruned_ptx_assembles(file: &str) {
+    use foxc_codegen::nvptx::ptxas;
+    for (target, shape) in [("sm_90a", "D=128"), ("sm_80", "D=64")] {
+        let (code, ptx) = run_cli(&["compile", file, "--emit", "ptx", "--target", target, "--shape", shape]);
+        assert_eq!(code, Some(0), "{file} {target}: {ptx}");
+        assert!(ptx.contains("_prune"), "{file} {target}: no pruned kernel");
+        if let Some(p) = ptxas::find() {
+            ptxas::assemble(&p, &ptx, target).unwrap_or_else(|log| panic!("{file} {target}: ptxas: {log}"));
+        }
+    }
+}
