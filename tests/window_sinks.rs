@@ -86,6 +86,7 @@ fn a_row_that_may_lose_its_diagonal_stays_dense() {
     let t = optimized(&p);
     assert!(!t.contains("= threshold") && !t.contains(", pruned"), "{t}");
     assert!(t.contains("may mask a row's diagonal entry"), "{t}");
+    assert!(!t.contains("keeps earlier keys of rows whose diagonal it drops"), "not the sinks' fault: {t}");
     checked("run", &p, "B=1,H=4,T=300,D=16", &seed(), &[]);
 }
 
@@ -215,6 +216,12 @@ fn right_padding_is_pruned_where_the_rows_past_the_length_are_masked() {
         let t = optimized(&p);
         assert_eq!(t.contains(", pruned"), pruned, "{name}: {t}");
         assert_eq!(t.contains("may mask a row's diagonal entry"), !pruned, "{name}: {t}");
+        // The dense one says how to keep the pruning.
+        assert_eq!(
+            t.contains("`j < len[b]` keeps earlier keys of rows whose diagonal it drops"),
+            !pruned,
+            "{name}: {t}"
+        );
         let t = checked("run", &p, "B=3,H=2,T=400,D=16", &s, &[]);
         assert_eq!(t.contains("pruning: paper rule"), pruned, "{name}: {t}");
         if pruned {

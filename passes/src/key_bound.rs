@@ -73,6 +73,30 @@ impl Diagonal {
         self.rows_keep(r, r.root, &[])
     }
 
+    /// The condition to blame where [`Diagonal::kept_by_rows_with_keys`] fails on a
+    /// conjunction (a chain of `select(c, X, -inf)`): one that falls along `j` (right padding's
+    /// `j < len[b]`), every other being decided true at the diagonal, free of `j` or rising. Such
+    /// a condition keeps earlier keys of rows whose diagonal it drops; `None` otherwise.
+    pub fn falling_culprit(&self, r: &Region) -> Option<RId> {
+        let (mut n, mut culprit) = (r.root, None);
+        loop {
+            match r.nodes[n as usize] {
+                RNode::Select(c, x, y) if is_neg_inf(r, y) => {
+                    match (self.holds(r, c), along_j(r, c)) {
+                        (Some(true), _) | (None, Some(Along::Constant | Along::Rising)) => {}
+                        (None, Some(Along::Falling)) => {
+                            culprit.get_or_insert(c);
+                        }
+                        _ => return None,
+                    }
+                    n = x;
+                }
+                RNode::Select(..) => return None,
+                _ => return culprit,
+            }
+        }
+    }
+
     /// [`Diagonal::kept_by_rows_with_keys`] of the subtree at `n`, for the rows of `facts`.
     fn rows_keep(&self, r: &Region, n: RId, facts: &[Fact]) -> bool {
         let RNode::Select(c, x, y) = r.nodes[n as usize] else { return true };
@@ -468,6 +492,17 @@ mod tests {
         assert!(yes(&mut r, only_diagonal), "j == i holds at the diagonal");
         let not_diagonal = select(&mut r, at_i, ninf, x);
         assert!(!yes(&mut r, not_diagonal));
+        // The explanation's culprit: the falling condition of a conjunction, none elsewhere.
+        let culprit = |r: &Region, root: RId| d.falling_culprit(&with_root(r, root));
+        assert_eq!(culprit(&r, right), Some(before_lo));
+        assert_eq!(culprit(&r, sinks), Some(sink));
+        assert_eq!(culprit(&r, not_diagonal), None);
+        // `i - j > 0 and j < 3`: the strict mask drops every diagonal, whatever the sinks do.
+        let zero = r.push(RNode::Const(0.0));
+        let before_diagonal = r.push(RNode::Binary(BinaryOp::Gt, dist, zero));
+        let strict_sinks = select(&mut r, before_diagonal, sinks, ninf);
+        assert!(!yes(&mut r, strict_sinks));
+        assert_eq!(culprit(&r, strict_sinks), None);
     }
 
     /// A tree of selects over padding, window, sink and query conditions (leaves the score or

@@ -177,15 +177,24 @@ pub fn attention_bound(g: &Graph, n: ValueId) -> Result<ScoreBound, Unbounded> {
     if !matches!(a.score.nodes[a.score.root as usize], RNode::Select(..)) {
         return score_bound(&a.score, &caps);
     }
-    if !crate::key_bound::Diagonal::of(g, ops.q, ops.k).kept_by_rows_with_keys(&a.score) {
-        let text =
-            a.score.display_with(&|k| caps.get(k).map(|c| c.name.clone()).unwrap_or_else(|| "?".into()));
+    let diagonal = crate::key_bound::Diagonal::of(g, ops.q, ops.k);
+    if !diagonal.kept_by_rows_with_keys(&a.score) {
+        let name = |k: usize| caps.get(k).map(|c| c.name.clone()).unwrap_or_else(|| "?".into());
+        let text = a.score.display_with(&name);
+        // Right padding's `j < len[b]` empties the rows past the length of all but earlier keys.
+        let falling = diagonal.falling_culprit(&a.score).map_or(String::new(), |c| {
+            let c = Region { nodes: a.score.nodes.clone(), root: c }.display_with(&name);
+            format!(
+                "; `{c}` keeps earlier keys of rows whose diagonal it drops: masking those rows too (the \
+                 same comparison of the query's position, as in `j < len[b] and i < len[b]`) keeps the pruning"
+            )
+        });
         return Err(Unbounded {
             message: format!(
                 "the score `{text}` may mask a row's diagonal entry (the key at the query's position, \
                  j = i + Tk - Tq) where it keeps an earlier key (each condition must be decided there, \
                  free of j, or j >= E or j < E), and ACP's threshold needs every row that keeps a key to \
-                 keep its diagonal, so no threshold can be derived"
+                 keep its diagonal, so no threshold can be derived{falling}"
             ),
             term: Some(a.score.root),
         });
