@@ -72,6 +72,52 @@ fn float_converts_an_integer_for_arithmetic() {
     }
 }
 
+/// Inside a comparison an integer adds and subtracts with integers, indices, dims and integer
+/// constants (`j < start[b] + 4`: attention sinks counted from a sequence's start, `i - j <
+/// len[b] - start[b]`): the sum of their values, so left padding with a window and sinks is one
+/// attention, pruned, checked on the CPU against the f64 interpreter. Any other arithmetic with
+/// an integer, or with such a sum (`start[b] + 0.5`, `(start[b] + 4) * 2`, a statement
+/// `start[b] + 4`), needs `float`. (Shown failing without the sum: "`+` needs a floating-point
+/// number".)
+#[test]
+fn integers_add_and_subtract_inside_a_comparison() {
+    let program = |name: &str, sinks: &str| {
+        let src = std::fs::read_to_string(example("fox_leftpad.attn")).unwrap().replace(
+            "causal(i, j, select(j >= start[b], s[b, h, i, j], -inf))",
+            &format!("causal(i, j, select(j >= start[b], select(i - j < 64 or {sinks}, s[b, h, i, j], -inf), -inf))"),
+        );
+        assert!(src.contains(sinks), "{src}");
+        write(name, &src)
+    };
+    let s = seed();
+    for (name, sinks) in [("sum.attn", "j < start[b] + 4"), ("diff.attn", "j - start[b] < 4")] {
+        let p = program(name, sinks);
+        let (code, t) = run(&["compile", &p, "--emit", "opt", "--explain"]);
+        assert_eq!(code, Some(0), "{name}: {t}");
+        assert!(t.contains(", pruned") && t.contains("nothing to explain"), "{name}: {t}");
+        let (code, t) =
+            run(&["run", &p, "--backend", "cpu", "--check", "--shape", "B=3,H=2,T=400,D=16", "--seed", &s]);
+        assert_eq!(code, Some(0), "{name}: {t}");
+        assert!(t.contains("pruning: paper rule") && t.contains("check: ok"), "{name}: {t}");
+    }
+    for sinks in ["j < start[b] + 0.5", "j < (start[b] + 4) * 2"] {
+        let p = program("bad.attn", sinks);
+        let (code, t) = run(&["check", &p]);
+        assert_eq!(code, Some(1), "{sinks}: {t}");
+        assert!(
+            t.contains("needs a floating-point number") && t.contains("`j < start[b] + 4`"),
+            "{sinks}: {t}"
+        );
+    }
+    let p = write(
+        "stmt_sum.attn",
+        "attention g(q: f32[A], n: i32[A]) -> f32[A] {\n    m[a] = n[a] + 4\n    y[a] = q[a] * m[a]\n    return y\n}\n",
+    );
+    let (code, t) = run(&["check", &p]);
+    assert_eq!(code, Some(1), "{t}");
+    assert!(t.contains("`+` needs a floating-point number"), "{t}");
+}
+
 #[test]
 fn integers_do_not_hide_in_statements_or_results() {
     let p = write(

@@ -221,6 +221,11 @@ struct Lowerer<'a> {
     /// What the enclosing select branches know about index variables (innermost last): see
     /// [`Guard`].
     guards: Vec<Guard>,
+    /// Inside an operand of a comparison, integers add and subtract (`j < start[b] + 4`).
+    comparing: bool,
+    /// The sums of integers, indices, dims and integer constants lowered so far (as f32 values
+    /// of their integer parameters' casts: exact below 2^24, as the comparisons are).
+    integer_sums: HashSet<ValueId>,
 }
 
 /// A bound on an index variable that holds wherever a select branch is taken: in
@@ -301,6 +306,8 @@ pub fn lower(prog: &Program, src: &str) -> Result<Graph, Diagnostics> {
         poisoned: HashSet::new(),
         masked: vec![],
         guards: vec![],
+        comparing: false,
+        integer_sums: HashSet::new(),
     };
     l.params(prog)?;
     let mut diags = Diagnostics::new();
@@ -758,16 +765,26 @@ impl<'a> Lowerer<'a> {
             )
             .with_hint("`and` and `or` combine the conditions of a select: `select(j >= start[b] and j <= i, s[b, h, i, j], -inf)`")),
             ExprKind::Binary(op, a, b) => {
-                let (va, ta) = self.expr(a, cx)?;
-                let (vb, tb) = self.expr(b, cx)?;
+                let outer = self.comparing;
+                self.comparing |= op.is_comparison();
+                let operands = self.expr(a, cx).and_then(|x| Ok((x, self.expr(b, cx)?)));
+                self.comparing = outer;
+                let ((va, ta), (vb, tb)) = operands?;
                 let what = format!("`{}`", op.symbol());
                 if op.is_comparison() {
                     // Integers compare with numbers as their values; they never enter float math.
                     self.need_number(&ta, a.span, &what)?;
                     self.need_number(&tb, b.span, &what)?;
+                } else if let Some(sum) = self.integer_sum(*op, (va, &ta), (vb, &tb), e.span) {
+                    return Ok(sum);
                 } else {
-                    self.need_float(&ta, a.span, &what)?;
-                    self.need_float(&tb, b.span, &what)?;
+                    // A sum of integers is one too: other arithmetic needs `float` of it.
+                    let int = |v: ValueId, t: &ValueType| match self.integer_sums.contains(&v) {
+                        true => ValueType { dtype: DType::I32, axes: t.axes.clone() },
+                        false => t.clone(),
+                    };
+                    self.need_float(&int(va, &ta), a.span, &what)?;
+                    self.need_float(&int(vb, &tb), b.span, &what)?;
                 }
                 if *op == BinOp::Div && matches!(self.g.op(vb), Op::Const(c) if *c == 0.0) {
                     return Err(Diagnostic::new("division by zero", b.span, "this divisor is 0").with_hint(
@@ -1268,9 +1285,55 @@ impl<'a> Lowerer<'a> {
                 span,
                 "this is an i32",
             )
-            .with_hint("integers compare (`j >= start[b]`); for arithmetic convert them explicitly: `float(start[b])`"));
+            .with_hint(
+                "integers compare (`j >= start[b]`) and, inside a comparison, add and subtract with integers, \
+                 indices, dims and integer constants (`j < start[b] + 4`); for other arithmetic convert them \
+                 explicitly: `float(start[b])`",
+            ));
         }
         self.need_number(t, span, what)
+    }
+
+    /// `a + b` or `a - b` inside a comparison where one side is an integer (or such a sum) and
+    /// each is an integer, an index, a dim, an integer constant or such a sum: the sum of their values (the
+    /// integers cast to f32, as `float` does, exact below 2^24). `None` elsewhere: integers do
+    /// not enter other arithmetic without `float`.
+    fn integer_sum(
+        &mut self,
+        op: BinOp,
+        (va, ta): (ValueId, &ValueType),
+        (vb, tb): (ValueId, &ValueType),
+        span: Span,
+    ) -> Option<(ValueId, ValueType)> {
+        let integral = |v: ValueId, t: &ValueType| {
+            t.dtype == DType::I32
+                || self.integer_sums.contains(&v)
+                || match self.g.op(v) {
+                    Op::Iota { .. } | Op::DimSize(_) => true,
+                    Op::Const(c) => c.fract() == 0.0,
+                    _ => false,
+                }
+        };
+        let bop = match op {
+            BinOp::Add => BinaryOp::Add,
+            BinOp::Sub => BinaryOp::Sub,
+            _ => return None,
+        };
+        let integer = |v: ValueId, t: &ValueType| t.dtype == DType::I32 || self.integer_sums.contains(&v);
+        if !self.comparing || !(integer(va, ta) || integer(vb, tb)) || !integral(va, ta) || !integral(vb, tb)
+        {
+            return None;
+        }
+        let mut value = |v: ValueId, t: &ValueType| match t.dtype {
+            DType::I32 => {
+                self.g.add(Op::Cast, ValueType { dtype: DType::F32, axes: t.axes.clone() }, &[v], span)
+            }
+            _ => v,
+        };
+        let (a, b) = (value(va, ta), value(vb, tb));
+        let sum = self.add(Op::Binary(bop), &[a, b], span).ok()?;
+        self.integer_sums.insert(sum.0);
+        Some(sum)
     }
 
     /// A number of any dtype (a float or an integer), not a comparison result.
