@@ -100,16 +100,6 @@ pub fn measure_with(
     let Op::Attention(a) = g.op(attn) else { unreachable!("attention_node returns attention ops") };
     let ops = Attention::operands(g, attn).map_err(Error::internal)?;
     let tiles = a.tiles.unwrap_or(foxc_ir::Tiles { bm: 64, bn: 64 });
-    // The values the block starts derive from, in one evaluation.
-    let from = match (a.prune, ops.start, ops.delta, ops.decay) {
-        (Prune::Dense, ..) => vec![],
-        _ if given.is_some() => vec![],
-        (Prune::Start, Some(s), _, _) => vec![s],
-        (Prune::Boundary, _, Some(dl), Some(c)) => vec![c, dl],
-        _ => vec![],
-    };
-    let vals = foxc_ir::interp::eval(g, inputs, &from)
-        .map_err(|e| Error::user(format!("error: evaluating the block starts: {e}")))?;
     // q's and k's sizes from their types under the inputs' dims (q may be a load map over a
     // large tensor: evaluated only where the block starts need it).
     let shapes: Vec<(String, Vec<usize>)> =
@@ -125,11 +115,17 @@ pub fn measure_with(
     let tk = size(ops.k, 2)?;
     // Query row i sits at key position i + Tk - Tq.
     let offset = tk.saturating_sub(t);
-    let start = match from[..] {
-        _ if a.prune == Prune::Dense => None,
+    // The block starts, from the values they derive from (evaluated together).
+    let eval = |vs: &[ValueId]| {
+        foxc_ir::interp::eval(g, inputs, vs)
+            .map_err(|e| Error::user(format!("error: evaluating the block starts: {e}")))
+    };
+    let start = match (a.prune, ops.start, ops.delta, ops.decay) {
+        (Prune::Dense, ..) => None,
         _ if given.is_some() => given.cloned(),
-        [s] => Some(vals[&s].clone()),
-        [c, dl] => {
+        (Prune::Start, Some(s), _, _) => eval(&[s])?.remove(&s),
+        (Prune::Boundary, _, Some(dl), Some(c)) => {
+            let vals = eval(&[c, dl])?;
             let (c, dl) = (&vals[&c], &vals[&dl]);
             let heads = c.shape[0] * c.shape[1];
             let data = foxc_ir::interp::acp::boundary(

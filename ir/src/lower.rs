@@ -779,12 +779,12 @@ impl<'a> Lowerer<'a> {
                     return Ok(sum);
                 } else {
                     // A sum of integers is one too: other arithmetic needs `float` of it.
-                    let int = |v: ValueId, t: &ValueType| match self.integer_sums.contains(&v) {
-                        true => ValueType { dtype: DType::I32, axes: t.axes.clone() },
-                        false => t.clone(),
-                    };
-                    self.need_float(&int(va, &ta), a.span, &what)?;
-                    self.need_float(&int(vb, &tb), b.span, &what)?;
+                    for (v, t, span) in [(va, &ta, a.span), (vb, &tb, b.span)] {
+                        if self.integer_sums.contains(&v) {
+                            return Err(Self::integer_in_float_math(span, &what));
+                        }
+                        self.need_float(t, span, &what)?;
+                    }
                 }
                 if *op == BinOp::Div && matches!(self.g.op(vb), Op::Const(c) if *c == 0.0) {
                     return Err(Diagnostic::new("division by zero", b.span, "this divisor is 0").with_hint(
@@ -1280,23 +1280,28 @@ impl<'a> Lowerer<'a> {
 
     fn need_float(&self, t: &ValueType, span: Span, what: &str) -> LResult<()> {
         if t.dtype == DType::I32 {
-            return Err(Diagnostic::new(
-                format!("{what} needs a floating-point number, found an integer (i32)"),
-                span,
-                "this is an i32",
-            )
-            .with_hint(
-                "integers compare (`j >= start[b]`) and, inside a comparison, add and subtract with integers, \
-                 indices, dims and integer constants (`j < start[b] + 4`); for other arithmetic convert them \
-                 explicitly: `float(start[b])`",
-            ));
+            return Err(Self::integer_in_float_math(span, what));
         }
         self.need_number(t, span, what)
     }
 
+    /// The error of an integer (or a sum of integers) in float arithmetic.
+    fn integer_in_float_math(span: Span, what: &str) -> Diagnostic {
+        Diagnostic::new(
+            format!("{what} needs a floating-point number, found an integer (i32)"),
+            span,
+            "this is an i32",
+        )
+        .with_hint(
+            "integers compare (`j >= start[b]`) and, inside a comparison, add and subtract with integers, \
+             indices, dims and integer constants (`j < start[b] + 4`); for other arithmetic convert them \
+             explicitly: `float(start[b])`",
+        )
+    }
+
     /// `a + b` or `a - b` inside a comparison where one side is an integer (or such a sum) and
-    /// each is an integer, an index, a dim, an integer constant or such a sum: the sum of their values (the
-    /// integers cast to f32, as `float` does, exact below 2^24). `None` elsewhere: integers do
+    /// each is an integer, an index, a dim, an integer constant or such a sum: the sum of their
+    /// values (the integers cast to f32, as `float` does, exact below 2^24). `None` elsewhere: integers do
     /// not enter other arithmetic without `float`.
     fn integer_sum(
         &mut self,
@@ -1305,9 +1310,9 @@ impl<'a> Lowerer<'a> {
         (vb, tb): (ValueId, &ValueType),
         span: Span,
     ) -> Option<(ValueId, ValueType)> {
+        let integer = |v: ValueId, t: &ValueType| t.dtype == DType::I32 || self.integer_sums.contains(&v);
         let integral = |v: ValueId, t: &ValueType| {
-            t.dtype == DType::I32
-                || self.integer_sums.contains(&v)
+            integer(v, t)
                 || match self.g.op(v) {
                     Op::Iota { .. } | Op::DimSize(_) => true,
                     Op::Const(c) => c.fract() == 0.0,
@@ -1319,7 +1324,6 @@ impl<'a> Lowerer<'a> {
             BinOp::Sub => BinaryOp::Sub,
             _ => return None,
         };
-        let integer = |v: ValueId, t: &ValueType| t.dtype == DType::I32 || self.integer_sums.contains(&v);
         if !self.comparing || !(integer(va, ta) || integer(vb, tb)) || !integral(va, ta) || !integral(vb, tb)
         {
             return None;

@@ -85,14 +85,7 @@ fn causal_condition(g: &Graph, cond: ValueId, i: &str, j: &str) -> Option<bool> 
     let (op, k, (di, dj)) = if x == j && y == i {
         (*b, oy.minus(&ox), (dy, dx))
     } else if x == i && y == j {
-        let flipped = match b {
-            BinaryOp::Lt => BinaryOp::Gt,
-            BinaryOp::Le => BinaryOp::Ge,
-            BinaryOp::Gt => BinaryOp::Lt,
-            BinaryOp::Ge => BinaryOp::Le,
-            _ => return None,
-        };
-        (flipped, ox.minus(&oy), (dx, dy))
+        (b.swapped()?, ox.minus(&oy), (dx, dy))
     } else {
         return None;
     };

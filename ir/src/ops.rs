@@ -35,6 +35,19 @@ impl BinaryOp {
             BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Eq | BinaryOp::Ne
         )
     }
+
+    /// The comparison with its operands swapped: `b OP' a` holds where `a OP b` does (`a < b`
+    /// is `b > a`); `None` for an op that is not a comparison.
+    pub fn swapped(self) -> Option<BinaryOp> {
+        Some(match self {
+            BinaryOp::Lt => BinaryOp::Gt,
+            BinaryOp::Le => BinaryOp::Ge,
+            BinaryOp::Gt => BinaryOp::Lt,
+            BinaryOp::Ge => BinaryOp::Le,
+            BinaryOp::Eq | BinaryOp::Ne => self,
+            _ => return None,
+        })
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -332,39 +332,29 @@ fn along_j(r: &Region, n: RId) -> Option<Along> {
     if free_of_j(r, n) {
         return Some(Along::Constant);
     }
-    let is_j = |x: RId| matches!(r.nodes[x as usize], RNode::Index(IndexVar::J));
-    let RNode::Binary(op, a, b) = r.nodes[n as usize] else { return None };
-    let (op, e) = match (is_j(a), is_j(b)) {
-        (true, false) => (op, b),
-        // `E op j` is `j op' E` with the comparison turned around.
-        (false, true) => (
-            match op {
-                BinaryOp::Lt => BinaryOp::Gt,
-                BinaryOp::Le => BinaryOp::Ge,
-                BinaryOp::Gt => BinaryOp::Lt,
-                BinaryOp::Ge => BinaryOp::Le,
-                other => other,
-            },
-            a,
-        ),
-        _ => return None,
-    };
-    if !free_of_j(r, e) {
-        return None;
-    }
-    match op {
+    match j_against(r, n)?.0 {
         BinaryOp::Ge | BinaryOp::Gt => Some(Along::Rising),
         BinaryOp::Le | BinaryOp::Lt => Some(Along::Falling),
         _ => None,
     }
 }
 
+/// Node `n` of `r` as `j OP E` with `E` free of `j`: `(OP, E)`, the comparison turned around
+/// where `j` is on its right (`E < j` is `j > E`).
+fn j_against(r: &Region, n: RId) -> Option<(BinaryOp, RId)> {
+    let is_j = |x: RId| matches!(r.nodes.get(x as usize), Some(RNode::Index(IndexVar::J)));
+    let (op, e) = match *r.nodes.get(n as usize)? {
+        RNode::Binary(op, a, e) if is_j(a) => (op, e),
+        RNode::Binary(op, e, b) if is_j(b) => (op.swapped()?, e),
+        _ => return None,
+    };
+    (op.is_comparison() && free_of_j(r, e)).then_some((op, e))
+}
+
 /// `E` when node `n` of `r` is the comparison `j >= E` (`E <= j`, `j > E`, `E < j`).
 fn lower_bound(r: &Region, n: RId) -> Option<Region> {
-    let is_j = |x: RId| matches!(r.nodes.get(x as usize), Some(RNode::Index(IndexVar::J)));
-    match *r.nodes.get(n as usize)? {
-        RNode::Binary(BinaryOp::Ge | BinaryOp::Gt, a, e) if is_j(a) && free_of_j(r, e) => Some(subtree(r, e)),
-        RNode::Binary(BinaryOp::Le | BinaryOp::Lt, e, a) if is_j(a) && free_of_j(r, e) => Some(subtree(r, e)),
+    match j_against(r, n)? {
+        (BinaryOp::Ge | BinaryOp::Gt, e) => Some(subtree(r, e)),
         _ => None,
     }
 }

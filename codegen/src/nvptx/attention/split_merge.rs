@@ -168,18 +168,18 @@ pub(crate) fn build_split_merge<'ctx>(
     let pos = b.fcmp(FloatPredicate::OGT, wsum, zero);
     let inv = b.select_f(pos, b.fdiv(b.f32(1.0), wsum), zero);
     let out_base = b.mulc(b.sext64(row), d as i64);
-    // The row's head and query for the epilogue: row = bh T + i.
-    let head_row = epilogue.map(|_| {
+    // The epilogue with the row's head and query: row = bh T + i.
+    let epilogue = epilogue.map(|e| {
         let t = b.param_int(OWN_PARAMS.len() as u32);
-        (b.named(b.udiv(row, t), "bh"), b.named(b.urem(row, t), "i"))
+        (e, b.named(b.udiv(row, t), "bh"), b.named(b.urem(row, t), "i"))
     });
     b.for_range(tid, b.i32(d as i64), b.i32(MERGE_THREADS as i64), |b, col| {
         let at = |w: u32| b.load_f32(b.shared_at(sh, b.addc(col, (w * d) as i64)));
         let total = (1..MERGE_WARPS).fold(at(0), |s, w| b.fadd(s, at(w)));
         let o = b.fmul(total, inv);
-        let o = match (epilogue, head_row) {
-            (Some(e), Some((bh, i))) => e.emit(b, o, ScorePos { i, j: col, bh }),
-            _ => o,
+        let o = match epilogue {
+            Some((e, bh, i)) => e.emit(b, o, ScorePos { i, j: col, bh }),
+            None => o,
         };
         b.store_f(out, out_p, b.add(out_base, b.sext64(col)), o);
     });
