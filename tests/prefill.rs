@@ -302,3 +302,136 @@ fn a_relative_bias_of_a_prefill_is_in_range_under_its_mask() {
         "{t}"
     );
 }
+
+/// `foxc compile FILE --emit opt`: the one fused attention's line, which must be causal and
+/// pruned.
+fn one_pruned_causal(path: &str) -> String {
+    let (code, t) = run(&["compile", path, "--emit", "opt", "--explain"]);
+    assert_eq!(code, Some(0), "{t}");
+    let attn: Vec<&str> = t.lines().filter(|l| l.contains("= attention {")).collect();
+    assert_eq!(attn.len(), 1, "{path}: {t}");
+    assert!(attn[0].contains("mask = causal") && attn[0].contains("pruned"), "{path}: {t}");
+    t
+}
+
+/// The left-padded prefills: the prefill's causal mask in each place of a conjunction.
+fn padded_prefills() -> Vec<(&'static str, String)> {
+    let padded = PREFILL.replace("fgate: f32[B, H, M])", "fgate: f32[B, H, M], start: i32[B] in [0, 90])");
+    [
+        ("pad_first.attn", "select(j >= start[b] and j <= i + M - N, s[b, h, i, j], -inf)"),
+        ("pad_nested.attn", "select(j >= start[b], select(j <= i + M - N, s[b, h, i, j], -inf), -inf)"),
+        ("pad_dropped.attn", "select(j < start[b] or j > i + M - N, -inf, s[b, h, i, j])"),
+        (
+            "pad_window.attn",
+            "select(j >= start[b] and i + M - N - j < 200 and j <= i + M - N, s[b, h, i, j], -inf)",
+        ),
+    ]
+    .into_iter()
+    .map(|(name, mask)| (name, padded.replace("select(j <= i + M - N, s[b, h, i, j], -inf)", mask)))
+    .collect()
+}
+
+/// Left padding in a prefill or a decode step, the prefill's causal mask anywhere in the
+/// conjunction (after the start, nested inside it, third after a window, or both dropped with
+/// `-inf` first): the causal mask comes out, one pruned attention, forward and gradients on the
+/// CPU against the reference, rows before a sequence's start included (they are 0).
+///
+/// Shown failing before the recognizer looked inside the conjunction: every spelling but the
+/// causal mask first was "not causally masked" and dense.
+#[test]
+fn left_padding_beside_the_prefill_mask_is_pruned() {
+    let s = seed();
+    for (name, src) in padded_prefills() {
+        let p = write(name, &src);
+        one_pruned_causal(&p);
+        common::pruned_ptx_assembles(&p);
+        for shape in ["B=2,H=2,N=40,M=600,D=16", "B=3,H=2,N=1,M=500,D=8", "B=2,H=2,N=60,M=60,D=8"] {
+            let t = cpu_check("run", &p, shape, &s, true);
+            if !shape.contains("N=60") {
+                assert!(kept_tiles(&t) < 1.0, "{name} {shape}: nothing pruned: {t}");
+            }
+        }
+        for prune in [true, false] {
+            cpu_check("grad", &p, "B=2,H=2,N=12,M=100,D=8", &s, prune);
+        }
+    }
+}
+
+/// ALiBi against a KV cache: `m[h] * (j - i - M + N)` is the ramp `m[h] t` read at the query's
+/// key position (its `m[h] (N - M)` terms put the query there), alone and beside FoX's decay; one
+/// pruned attention, forward and gradients on the CPU. The ramp at the query's row, `m[h] * (j -
+/// i)`, is another bias (the position of the query is not where the mask puts it) and stays
+/// unfused, saying so.
+///
+/// Shown failing before the ramp's shift: "the causal mask's diagonal is j <= i + M - N but the
+/// decay reads the query row at i", unfused.
+#[test]
+fn alibi_against_a_cache_is_pruned() {
+    let s = seed();
+    for (name, src) in alibi_prefills() {
+        let p = write(name, &src);
+        one_pruned_causal(&p);
+        common::pruned_ptx_assembles(&p);
+        for shape in ["B=2,H=3,N=30,M=500,D=16", "B=1,H=3,N=1,M=400,D=8"] {
+            let t = cpu_check("run", &p, shape, &s, true);
+            assert!(kept_tiles(&t) < 1.0, "{name} {shape}: nothing pruned: {t}");
+        }
+        for prune in [true, false] {
+            cpu_check("grad", &p, "B=1,H=3,N=10,M=90,D=8", &s, prune);
+        }
+    }
+    let row = ALIBI.replace("RAMP", "m[h] * (j - i)");
+    let p = write("alibi_row.attn", &row);
+    let (code, t) = run(&["compile", &p, "--emit", "opt", "--explain"]);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("diagonal is j <= i + M - N but the decay reads the query row at i"), "{t}");
+    assert!(!t.contains("= attention {"), "{t}");
+}
+
+const ALIBI: &str = "attention alibi_cache(q: bf16[B, H, N, D], k: bf16[B, H, M, D], v: bf16[B, H, M, D], m: f32[H] in [0.01, 1]) -> bf16[B, H, N, D] {
+    s[b, h, i, j]   = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D) + RAMP
+    p[b, h, i, j]   = softmax(j, select(j <= i + M - N, s[b, h, i, j], -inf))
+    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
+    return out
+}
+";
+
+/// The ALiBi prefills: the ramp at the query's key position, alone and beside FoX's decay.
+fn alibi_prefills() -> Vec<(&'static str, String)> {
+    let fox_alibi = PREFILL
+        .replace("fgate: f32[B, H, M])", "fgate: f32[B, H, M], m: f32[H] in [0.01, 1])")
+        .replace("- c[b, h, j]\n", "- c[b, h, j] + RAMP\n");
+    [
+        ("alibi1.attn", ALIBI, "m[h] * (j - i - M + N)"),
+        ("alibi2.attn", ALIBI, "-m[h] * (i + M - N - j)"),
+        ("alibi3.attn", ALIBI, "m[h] * (j - (i + M - 1)) + m[h] * (N - 1)"),
+        ("fox_alibi.attn", fox_alibi.as_str(), "m[h] * (j - i - M + N)"),
+    ]
+    .into_iter()
+    .map(|(name, src, ramp)| (name, src.replace("RAMP", ramp)))
+    .collect()
+}
+
+/// On a GPU: the left-padded and ALiBi prefills, forward and gradients against the reference,
+/// pruned and dense: a prefill and a decode step (split keys), D = 64 and 128.
+#[test]
+fn padded_and_alibi_prefills_on_the_gpu() {
+    if !common::gpu_or_skip("prefill::padded_and_alibi_prefills_on_the_gpu") {
+        return;
+    }
+    let s = seed();
+    for (name, src) in padded_prefills().into_iter().chain(alibi_prefills()) {
+        let p = write(&format!("gpu_{name}"), &src);
+        for shape in ["B=2,H=3,N=200,M=900,D=64", "B=3,H=3,N=1,M=700,D=128"] {
+            for prune in [&[][..], &["--no-prune"][..]] {
+                for what in ["run", "grad"] {
+                    let mut args =
+                        vec![what, &p, "--backend", "cuda", "--check", "--shape", shape, "--seed", &s];
+                    args.extend_from_slice(prune);
+                    let (code, t) = run(&args);
+                    assert_eq!(code, Some(0), "{name} {what} {shape} {prune:?}: {t}");
+                }
+            }
+        }
+    }
+}

@@ -6,7 +6,7 @@
 //! terms); [`emit`] writes it into the IR.
 
 use super::build::Shifted;
-use super::mask::{causal_offset, keep_term};
+use super::mask::{causal_offset, dim_sum, keep_term, same_offset};
 use super::names::shown;
 use super::region::{scale_of, RegionBuilder};
 use super::score::{extract, reachable, split, sum_of, Terms, T};
@@ -148,6 +148,57 @@ fn decay_src(eg: &AttnGraph, ci: Id, i: Symbol, h: Symbol) -> DecaySrc {
     DecaySrc::Other { c: ci }
 }
 
+/// How deep [`causal_inside`] looks into a conjunction of masks.
+const MASK_CHAIN: usize = 8;
+
+/// The causal masks `j <= i + o` inside a conjunction of masks at `x` (a chain of
+/// `select(c, X, -inf)` and `select(c, -inf, X)`, as `and` and an `or` of dropped entries
+/// lower), each with the chain rebuilt without it: `(o, the rest's class)`. Each link keeps `X`
+/// where its own condition allows and is `-inf` elsewhere, so the links commute, and the causal
+/// one may come out to fuse whichever place it was written in (`j >= start[b] and j <= i + M -
+/// N`; `j < start[b] or j > i` with `-inf` first). The outermost link is not reported (the
+/// caller's own match sees it), nor a chain deeper than [`MASK_CHAIN`].
+fn causal_inside(eg: &mut AttnGraph, x: Id, i: Symbol, j: Symbol) -> Vec<(IndexExpr, Id)> {
+    let mut found = vec![];
+    // A class of the chain and the links above it, outermost first: (condition, negated).
+    let mut todo = vec![(x, vec![])];
+    while let Some((at, above)) = todo.pop() {
+        for (pattern, negated) in [("(select ?c ?s -inf)", false), ("(select ?c -inf ?s)", true)] {
+            for mm in matches(eg, pattern, at) {
+                let (cond, s) = (mm[var("?c")], mm[var("?s")]);
+                if eg[s].data.konst == Some(f64::NEG_INFINITY) {
+                    continue;
+                }
+                if !above.is_empty() {
+                    let causal =
+                        extract(eg, cond, None, DIM_COST).and_then(|(t, _)| causal_offset(&t, negated, i, j));
+                    if let Some(o) = causal {
+                        found.push((o, s, above.clone()));
+                    }
+                }
+                if above.len() + 1 < MASK_CHAIN {
+                    let mut deeper = above.clone();
+                    deeper.push((cond, negated));
+                    todo.push((s, deeper));
+                }
+            }
+        }
+    }
+    // The chains rebuilt once the search is over (adding to the e-graph stops searches).
+    let ninf = eg.add(Attn::Num(Num::new(f64::NEG_INFINITY)));
+    let rebuilt = found
+        .into_iter()
+        .map(|(o, s, above)| {
+            let rest = above.iter().rev().fold(s, |inner, &(c, neg)| {
+                eg.add(Attn::Select(if neg { [c, ninf, inner] } else { [c, inner, ninf] }))
+            });
+            (o, rest)
+        })
+        .collect();
+    eg.rebuild();
+    rebuilt
+}
+
 /// Cost of a dim in a region: a `1/sqrt(D)` belongs in the scale attribute.
 const DIM_COST: f64 = 10.0;
 
@@ -158,25 +209,6 @@ fn mask_rank(m: MaskKind) -> u8 {
         MaskKind::Expr { .. } => 1,
         MaskKind::None => 2,
     }
-}
-
-/// `e` as the sum `(dim name -> coefficient, constant)` (dims other than symbols by their text).
-fn dim_sum(e: &IndexExpr) -> (BTreeMap<String, i64>, i64) {
-    let mut m = BTreeMap::new();
-    let mut c = e.constant;
-    for (d, k) in &e.dim_terms {
-        match d {
-            Dim::Const(n) => c += *n as i64 * k,
-            d => *m.entry(d.to_string()).or_insert(0) += k,
-        }
-    }
-    m.retain(|_, k| *k != 0);
-    (m, c)
-}
-
-/// Whether two offsets (sums of dims) are equal for every size of the dims.
-fn same_offset(a: &IndexExpr, b: &IndexExpr) -> bool {
-    dim_sum(a) == dim_sum(b)
 }
 
 /// ` + M - N` (empty for 0): an offset as it follows `i` in a message.
@@ -268,6 +300,9 @@ pub(crate) fn find(
                     }
                 }
             }
+            for (o, rest) in causal_inside(eg, x, i, j) {
+                cands.push((MaskKind::Causal, o, i, j, rest, v, sm));
+            }
             cands.push((MaskKind::None, zero.clone(), i, j, x, v, sm));
         }
     }
@@ -315,7 +350,7 @@ pub(crate) fn find(
                 continue;
             }
             let Some((term, cost)) = extract(eg, s, Some(x), DIM_COST) else { continue };
-            let parts = split(eg, &term, (i, j), batch, shifted);
+            let parts = split(eg, &term, (i, j), batch, shifted, &mask_offset);
             eg.rebuild();
             let Some(region) = sum_of(&parts.region).filter(T::uses_x) else {
                 note(2, "the scores do not use `q . k`".into(), s);
@@ -466,8 +501,14 @@ impl Emit<'_, '_> {
     }
 
     /// The positional `[B, H, T]` decay operand `c` of the recognized terms.
-    fn decay(&mut self, terms: &[(f64, DecaySrc)], order: [Symbol; 3]) -> Result<Option<ValueId>, String> {
-        let [bb, hh, i] = order;
+    /// `keys` is the key index: a ramp's `c` is over key positions (the queries' may be fewer).
+    fn decay(
+        &mut self,
+        terms: &[(f64, DecaySrc)],
+        order: [Symbol; 3],
+        keys: Symbol,
+    ) -> Result<Option<ValueId>, String> {
+        let [bb, hh, _] = order;
         let span_of = |me: &Self, id: Id| me.b.span_of(id).unwrap_or(me.span);
         match terms {
             [] => return Ok(None),
@@ -499,7 +540,7 @@ impl Emit<'_, '_> {
                 let dim = |me: &Self, s: &Symbol| {
                     me.b.dims.get(s).cloned().ok_or_else(|| format!("unknown size of axis `{}`", shown(*s)))
                 };
-                let ty = ValueType::tensor(DType::F32, [dim(self, &bb)?, dim(self, &hh)?, dim(self, &i)?]);
+                let ty = ValueType::tensor(DType::F32, [dim(self, &bb)?, dim(self, &hh)?, dim(self, &keys)?]);
                 return Ok(Some(self.g.add(
                     Op::GateCumsum { kind: GateKind::Slope, split_rows: false },
                     ty,
@@ -528,7 +569,7 @@ impl Emit<'_, '_> {
                     *a
                 }
                 DecaySrc::Gate { .. } | DecaySrc::Slope { .. } | DecaySrc::Other { .. } => {
-                    return self.decay_stored(terms, order).map(Some);
+                    return self.decay_stored(terms, order, keys).map(Some);
                 }
             };
             span = span_of(self, id);
@@ -545,7 +586,12 @@ impl Emit<'_, '_> {
     }
 
     /// `c = sum coef * c_k` stored positionally (not provably decaying).
-    fn decay_stored(&mut self, terms: &[(f64, DecaySrc)], order: [Symbol; 3]) -> Result<ValueId, String> {
+    fn decay_stored(
+        &mut self,
+        terms: &[(f64, DecaySrc)],
+        order: [Symbol; 3],
+        keys: Symbol,
+    ) -> Result<ValueId, String> {
         let mut acc: Option<ValueId> = None;
         let span = self.span;
         for (c, s) in terms {
@@ -565,7 +611,8 @@ impl Emit<'_, '_> {
                 }
                 DecaySrc::Slope { a } => {
                     let av = self.emit(*a)?;
-                    let dim = self.b.dims.get(&order[2]).cloned().ok_or("unknown size of the query axis")?;
+                    // Over key positions, as every `c` (the axis keeps the query's name).
+                    let dim = self.b.dims.get(&keys).cloned().ok_or("unknown size of the key axis")?;
                     let ty = ValueType {
                         dtype: DType::F32,
                         axes: vec![foxc_ir::Axis::new(order[2].as_str(), dim)],
@@ -689,7 +736,7 @@ pub(crate) fn emit(em: &mut Emit, r: &Recognized, span: Span) -> Result<(ValueId
         }
     };
     // (find checked that the source puts the queries at the end of the keys.)
-    let c = em.decay(&r.decay, [bb, hh, r.i])?;
+    let c = em.decay(&r.decay, [bb, hh, r.i], r.j)?;
     em.span = span;
     // The region, its captures computed outside where needed.
     let b = em.b;

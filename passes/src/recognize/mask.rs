@@ -114,6 +114,25 @@ pub(crate) fn causal_offset(t: &T, negated: bool, i: Symbol, j: Symbol) -> Optio
     Some(IndexExpr { terms: vec![], dim_terms, constant: -(lowest as i64), div: None, clamps: vec![] })
 }
 
+/// `e` as the sum `(dim name -> coefficient, constant)` (dims other than symbols by their text).
+pub(crate) fn dim_sum(e: &IndexExpr) -> (BTreeMap<String, i64>, i64) {
+    let mut m = BTreeMap::new();
+    let mut c = e.constant;
+    for (d, k) in &e.dim_terms {
+        match d {
+            foxc_ir::Dim::Const(n) => c += *n as i64 * k,
+            d => *m.entry(d.to_string()).or_insert(0) += k,
+        }
+    }
+    m.retain(|_, k| *k != 0);
+    (m, c)
+}
+
+/// Whether two offsets (sums of dims) are equal for every size of the dims.
+pub(crate) fn same_offset(a: &IndexExpr, b: &IndexExpr) -> bool {
+    dim_sum(a) == dim_sum(b)
+}
+
 /// The keep-condition term of a mask: `c`, or for `select(c, -inf, s)` the opposite comparison
 /// when `c` compares index expressions (never NaN), else `c == 0` (a NaN condition masks in
 /// both spellings, as the interpreter reads `select`).

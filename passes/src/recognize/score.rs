@@ -11,10 +11,11 @@
 //!    is the region.
 
 use super::build::Shifted;
+use super::mask::same_offset;
 use crate::lang::{rename, Attn, AttnGraph, Num};
 use egg::{Id, Language, RecExpr, Symbol};
 use foxc_ir::index::IndexExpr;
-use foxc_ir::UnaryOp;
+use foxc_ir::{Dim, UnaryOp};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::rc::Rc;
 
@@ -381,6 +382,72 @@ fn shifted_read<'s>(
     shifted.iter().find(|(k, s)| eg.find(**k) == c && s.var == i).map(|(_, s)| s)
 }
 
+/// A ramp's shift to the diagonal: where `c_i t` is a ramp `a * i` (ALiBi's `m[h] * i`, `a`
+/// free of `i`) and the region holds terms `c_i a o` for the mask's offset `o = M - N + k`
+/// (`m[h] * (j - i - M + N)` expands into them), the pair is `c(i + o) - c(j)` with `c(t) = a
+/// t`: those terms' indices in `region`. `None` for another term, a zero offset, or terms that
+/// do not add up to exactly `o`.
+fn ramp_shift(
+    eg: &mut AttnGraph,
+    ci: f64,
+    t: &T,
+    i: Symbol,
+    region: &Terms,
+    diagonal: &IndexExpr,
+) -> Option<(IndexExpr, Vec<usize>)> {
+    if same_offset(diagonal, &IndexExpr::constant(0)) {
+        return None;
+    }
+    let is_i = |k: &T| matches!(k.op, Attn::Iota(_)) && k.kids.first().and_then(|s| s.sym()) == Some(i);
+    let a = match t.kids.as_slice() {
+        [x, y] if matches!(t.op, Attn::Mul(_)) && is_i(y) => x.clone(),
+        [x, y] if matches!(t.op, Attn::Mul(_)) && is_i(x) => y.clone(),
+        _ => return None,
+    };
+    if a.axes(eg).contains(&i) {
+        return None;
+    }
+    let a = a.class_in(eg);
+    let mut by = IndexExpr::constant(0);
+    let mut used = vec![];
+    for (n, (cr, r)) in region.iter().enumerate() {
+        let Some((k, dim)) = ramp_part(eg, r, a) else { continue };
+        let e = cr * k / ci;
+        if e.fract() != 0.0 || e.abs() > (1u64 << 40) as f64 {
+            continue;
+        }
+        match dim {
+            Some(d) => by.dim_terms.push((Dim::sym(d.as_str()), e as i64)),
+            None => by.constant += e as i64,
+        }
+        used.push(n);
+    }
+    eg.rebuild();
+    same_offset(&by, diagonal).then_some((by, used))
+}
+
+/// `k a X` (a dim `X`) or `k a` as `(k, X)`: a term of a ramp's offset, `a` the ramp's class.
+fn ramp_part(eg: &mut AttnGraph, t: &T, a: Id) -> Option<(f64, Option<Symbol>)> {
+    if t.class_in(eg) == a {
+        return Some((1.0, None));
+    }
+    let [x, y] = t.kids.as_slice() else { return None };
+    if !matches!(t.op, Attn::Mul(_)) {
+        return None;
+    }
+    let dim = |k: &T| match k.op {
+        Attn::Dim(_) => k.kids.first().and_then(|s| s.sym()),
+        _ => None,
+    };
+    match (x.konst(), y.konst(), dim(x), dim(y)) {
+        (Some(k), ..) if k.is_finite() => ramp_part(eg, y, a).map(|(c, d)| (c * k, d)),
+        (_, Some(k), ..) if k.is_finite() => ramp_part(eg, x, a).map(|(c, d)| (c * k, d)),
+        (_, _, Some(d), None) if y.class_in(eg) == a => Some((1.0, Some(d))),
+        (_, _, None, Some(d)) if x.class_in(eg) == a => Some((1.0, Some(d))),
+        _ => None,
+    }
+}
+
 /// `select(cond, A + decay, B + decay)` is `select(cond, A, B) + decay`, and `-inf` as a branch
 /// takes any decay (`-inf + decay` is `-inf`): equal wherever the decay is finite or `-inf`
 /// (only a NaN decay, from a NaN gate, now reaches the row, where it belongs). So a padding or
@@ -393,6 +460,7 @@ fn split_select(
     ij: (Symbol, Symbol),
     batch: [Symbol; 2],
     shifted: &BTreeMap<Id, Shifted>,
+    diagonal: &IndexExpr,
 ) -> Option<Split> {
     let Attn::Select(_) = &e.op else { return None };
     let ninf = |t: &T| t.konst() == Some(f64::NEG_INFINITY);
@@ -401,7 +469,7 @@ fn split_select(
         if ninf(t) {
             return Some(None);
         }
-        let s = split(eg, t, ij, batch, shifted);
+        let s = split(eg, t, ij, batch, shifted, diagonal);
         (!s.decay.is_empty()).then_some(Some(s))
     };
     let (a, b) = (branch(&e.kids[1])?, branch(&e.kids[2])?);
@@ -428,15 +496,17 @@ fn split_select(
 }
 
 /// Split the extracted score `e` (see the module doc). `batch` are the batch and head indices;
-/// `shifted` the builder's shifted reads.
+/// `shifted` the builder's shifted reads; `diagonal` the mask's offset `o` (`j <= i + o`), where
+/// a ramp's pair may put its query ([`ramp_shift`]).
 pub(crate) fn split(
     eg: &mut AttnGraph,
     e: &T,
     (i, j): (Symbol, Symbol),
     batch: [Symbol; 2],
     shifted: &BTreeMap<Id, Shifted>,
+    diagonal: &IndexExpr,
 ) -> Split {
-    if let Some(s) = split_select(eg, e, (i, j), batch, shifted) {
+    if let Some(s) = split_select(eg, e, (i, j), batch, shifted, diagonal) {
         return s;
     }
     let mut terms = vec![];
@@ -464,15 +534,22 @@ pub(crate) fn split(
     // pair's; a pair of another shift stays in the region, both halves).
     let mut offset: Option<Option<IndexExpr>> = None;
     for (ci, ti) in is {
-        // `c(i + o)` pairs with `-c(j)` through its unshifted read `c(i)`.
-        let shift = shifted_read(eg, &ti, i, shifted).cloned();
+        // `c(i + o)` pairs with `-c(j)` through its unshifted read `c(i)`, and a ramp `a i`
+        // with the terms `a o` that put it at the diagonal.
+        let ramp = ramp_shift(eg, ci, &ti, i, &region, diagonal);
+        let shift = match &ramp {
+            Some((by, _)) => Some(Shifted { unshifted: ti.class_in(eg), var: i, by: by.clone() }),
+            None => shifted_read(eg, &ti, i, shifted).cloned(),
+        };
         let base = match &shift {
             Some(s) => extract(eg, s.unshifted, None, 1.0).map(|(t, _)| t),
             None => Some(ti.clone()),
         };
-        let Some(base) =
-            base.filter(|_| offset.is_none() || offset == Some(shift.as_ref().map(|s| s.by.clone())))
-        else {
+        let Some(base) = base.filter(|_| {
+            let zero = IndexExpr::constant(0);
+            let by = |o: Option<&IndexExpr>| o.cloned().unwrap_or_else(|| zero.clone());
+            offset.as_ref().is_none_or(|o| same_offset(&by(o.as_ref()), &by(shift.as_ref().map(|s| &s.by))))
+        }) else {
             region.push((ci, ti));
             continue;
         };
@@ -486,6 +563,14 @@ pub(crate) fn split(
                 used[n] = true;
                 offset = Some(shift.map(|s| s.by));
                 decay.push((ci, base));
+                if let Some((_, terms)) = ramp {
+                    region = region
+                        .into_iter()
+                        .enumerate()
+                        .filter(|(n, _)| !terms.contains(n))
+                        .map(|(_, t)| t)
+                        .collect();
+                }
             }
             None => region.push((ci, ti)),
         }
