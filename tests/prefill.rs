@@ -435,3 +435,55 @@ fn padded_and_alibi_prefills_on_the_gpu() {
         }
     }
 }
+
+/// A prefill's window spelled as a distance, `i + M - N - j < W`, alone or in a conjunction with
+/// a start: its key bound is found (`keys_from`, the largest of the conjunction's bounds), so the
+/// key tiles before the window are not visited, pruned or dense; checked on the CPU against the
+/// reference with a long cache.
+///
+/// Shown failing before the bound read sums: no `keys_from`, every key tile from the start
+/// visited (kept tiles 0.52 pruned, 1.0 dense, at N = 64, M = 2048).
+#[test]
+fn a_prefill_window_skips_the_keys_before_it() {
+    let s = seed();
+    for (name, mask, bound) in [
+        (
+            "win_dist.attn",
+            "select(i + M - N - j < 100 and j <= i + M - N, s[b, h, i, j], -inf)",
+            "keys_from = i + (dim(M) - dim(N)) - 100",
+        ),
+        (
+            "win_start.attn",
+            "select(j >= start[b] and i + M - N - j < 100 and j <= i + M - N, s[b, h, i, j], -inf)",
+            "keys_from = max(%",
+        ),
+    ] {
+        let src = PREFILL
+            .replace("fgate: f32[B, H, M])", "fgate: f32[B, H, M], start: i32[B] in [0, 90])")
+            .replace("select(j <= i + M - N, s[b, h, i, j], -inf)", mask);
+        let p = write(name, &src);
+        let t = one_pruned_causal(&p);
+        assert!(t.contains(bound), "{name}: {t}");
+        for shape in ["B=2,H=2,N=40,M=600,D=16", "B=2,H=2,N=1,M=500,D=8"] {
+            cpu_check("run", &p, shape, &s, true);
+        }
+        cpu_check("grad", &p, "B=1,H=2,N=12,M=300,D=8", &s, true);
+        let (code, t) = run(&[
+            "bench",
+            &p,
+            "--backend",
+            "cpu",
+            "--shape",
+            "B=1,H=2,N=64,M=2048,D=16",
+            "--iters",
+            "1",
+            "--format",
+            "csv",
+        ]);
+        assert_eq!(code, Some(0), "{t}");
+        for line in t.lines().filter(|l| l.contains(",forward,")) {
+            let kept: f64 = line.split(',').nth_back(1).and_then(|x| x.parse().ok()).unwrap_or(1.0);
+            assert!(kept < 0.2, "{name}: the window's key bound skipped nothing: {line}");
+        }
+    }
+}

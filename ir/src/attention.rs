@@ -205,6 +205,21 @@ impl Region {
         self.root
     }
 
+    /// Append `other`'s nodes after these (its ids shifted past them), returning the id of its
+    /// root here; this region's root is unchanged.
+    pub fn append(&mut self, other: &Region) -> RId {
+        let (root, base) = (self.root, self.nodes.len() as RId);
+        let m = |x: &RId| x + base;
+        self.nodes.extend(other.nodes.iter().map(|n| match n {
+            RNode::Unary(u, x) => RNode::Unary(*u, m(x)),
+            RNode::Binary(op, x, y) => RNode::Binary(*op, m(x), m(y)),
+            RNode::Select(c, x, y) => RNode::Select(m(c), m(x), m(y)),
+            other => other.clone(),
+        }));
+        self.root = root;
+        other.root + base
+    }
+
     pub fn is_identity(&self) -> bool {
         matches!(self.nodes.get(self.root as usize), Some(RNode::Score))
     }

@@ -26,14 +26,25 @@ pub fn keys_from(mask: &Region) -> Option<Region> {
 }
 
 /// The region `E` with a `-inf` score at every key `j < E`, when the score region is
-/// `select(j >= E, X, -inf)` (the condition in one of the mask's forms).
+/// `select(j >= E, X, -inf)` (the condition in one of the mask's forms); in a chain of such
+/// selects (a conjunction: `j >= start[b] and i + M - N - j < W`), the largest of their bounds.
 pub fn keys_from_score(score: &Region) -> Option<Region> {
-    match *score.nodes.get(score.root as usize)? {
-        RNode::Select(c, _, e) if matches!(score.nodes.get(e as usize), Some(RNode::Const(x)) if *x == f64::NEG_INFINITY) => {
-            lower_bound(score, c)
+    let mut bounds = vec![];
+    let mut n = score.root;
+    while let Some(&RNode::Select(c, x, e)) = score.nodes.get(n as usize) {
+        if !is_neg_inf(score, e) {
+            break;
         }
-        _ => None,
+        bounds.extend(lower_bound(score, c));
+        n = x;
     }
+    let mut bounds = bounds.into_iter();
+    let first = bounds.next()?;
+    Some(bounds.fold(first, |mut acc, e| {
+        let (a, e) = (acc.root, acc.append(&e));
+        acc.push(RNode::Binary(BinaryOp::Max, a, e));
+        acc
+    }))
 }
 
 /// A row's diagonal: the key at its position `j = p(i) = i + Tk - Tq` (`i` when square), the
@@ -339,24 +350,107 @@ fn along_j(r: &Region, n: RId) -> Option<Along> {
     }
 }
 
-/// Node `n` of `r` as `j OP E` with `E` free of `j`: `(OP, E)`, the comparison turned around
-/// where `j` is on its right (`E < j` is `j > E`).
-fn j_against(r: &Region, n: RId) -> Option<(BinaryOp, RId)> {
-    let is_j = |x: RId| matches!(r.nodes.get(x as usize), Some(RNode::Index(IndexVar::J)));
-    let (op, e) = match *r.nodes.get(n as usize)? {
-        RNode::Binary(op, a, e) if is_j(a) => (op, e),
-        RNode::Binary(op, e, b) if is_j(b) => (op.swapped()?, e),
-        _ => return None,
-    };
-    (op.is_comparison() && free_of_j(r, e)).then_some((op, e))
+/// The right side `E` of `j OP E`: a node of the region, or a sum of its `j`-free terms.
+enum Against {
+    Node(RId),
+    /// `sum coef * node`.
+    Sum(Vec<(f64, RId)>),
 }
 
-/// `E` when node `n` of `r` is the comparison `j >= E` (`E <= j`, `j > E`, `E < j`).
+/// Node `n` of `r` as `j OP E` with `E` free of `j`: `(OP, E)`, the comparison turned around
+/// where `j` is on its right (`E < j` is `j > E`), or where its sides are sums in which `j`
+/// has the coefficient -1 (`i + M - N - j < W` is `j > i + M - N - W`; +1 on the left side as
+/// `j OP E` itself).
+fn j_against(r: &Region, n: RId) -> Option<(BinaryOp, Against)> {
+    let is_j = |x: RId| matches!(r.nodes.get(x as usize), Some(RNode::Index(IndexVar::J)));
+    let RNode::Binary(op, a, b) = *r.nodes.get(n as usize)? else { return None };
+    if !op.is_comparison() {
+        return None;
+    }
+    if is_j(a) && free_of_j(r, b) {
+        return Some((op, Against::Node(b)));
+    }
+    if is_j(b) && free_of_j(r, a) {
+        return Some((op.swapped()?, Against::Node(a)));
+    }
+    // `a - b = jc j + rest`: with jc = 1, `j OP -rest`; with jc = -1, `rest OP j`.
+    let (mut jc, mut rest) = (0.0, vec![]);
+    if !j_terms(r, a, 1.0, &mut jc, &mut rest) || !j_terms(r, b, -1.0, &mut jc, &mut rest) {
+        return None;
+    }
+    if jc == 1.0 {
+        rest.iter_mut().for_each(|(c, _)| *c = -*c);
+        Some((op, Against::Sum(rest)))
+    } else if jc == -1.0 {
+        Some((op.swapped()?, Against::Sum(rest)))
+    } else {
+        None
+    }
+}
+
+/// Node `n` times `coef` as `jc j + sum out`, its terms free of `j` (sums, differences,
+/// negations and constant factors are opened); false where `j` sits elsewhere.
+fn j_terms(r: &Region, n: RId, coef: f64, jc: &mut f64, out: &mut Vec<(f64, RId)>) -> bool {
+    if free_of_j(r, n) {
+        out.push((coef, n));
+        return true;
+    }
+    let konst = |x: RId| match r.nodes[x as usize] {
+        RNode::Const(c) if c.is_finite() => Some(c),
+        _ => None,
+    };
+    match r.nodes[n as usize] {
+        RNode::Index(IndexVar::J) => {
+            *jc += coef;
+            true
+        }
+        RNode::Unary(UnaryOp::Neg, x) => j_terms(r, x, -coef, jc, out),
+        RNode::Binary(BinaryOp::Add, x, y) => j_terms(r, x, coef, jc, out) && j_terms(r, y, coef, jc, out),
+        RNode::Binary(BinaryOp::Sub, x, y) => j_terms(r, x, coef, jc, out) && j_terms(r, y, -coef, jc, out),
+        RNode::Binary(BinaryOp::Mul, x, y) => match (konst(x), konst(y)) {
+            (Some(c), _) => j_terms(r, y, coef * c, jc, out),
+            (_, Some(c)) => j_terms(r, x, coef * c, jc, out),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// `E` when node `n` of `r` is the comparison `j >= E` (`E <= j`, `j > E`, `E < j`, or sums
+/// that are one of these: [`j_against`]).
 fn lower_bound(r: &Region, n: RId) -> Option<Region> {
     match j_against(r, n)? {
-        (BinaryOp::Ge | BinaryOp::Gt, e) => Some(subtree(r, e)),
+        (BinaryOp::Ge | BinaryOp::Gt, Against::Node(e)) => Some(subtree(r, e)),
+        (BinaryOp::Ge | BinaryOp::Gt, Against::Sum(terms)) => Some(sum_region(r, &terms)),
         _ => None,
     }
+}
+
+/// `sum coef * node` as a region of its own (`0` for no term).
+fn sum_region(r: &Region, terms: &[(f64, RId)]) -> Region {
+    let mut out = Region::new();
+    let mut acc: Option<RId> = None;
+    // Positive terms first: `lo - 5` rather than `-5 + lo`.
+    let (plus, minus): (Vec<_>, Vec<_>) = terms.iter().partition(|(c, _)| *c > 0.0);
+    for &(c, n) in plus.iter().chain(&minus) {
+        let x = out.append(&subtree(r, n));
+        let (x, minus) = match c {
+            1.0 => (x, false),
+            -1.0 => (x, true),
+            c => {
+                let k = out.push(RNode::Const(c));
+                (out.push(RNode::Binary(BinaryOp::Mul, k, x)), false)
+            }
+        };
+        acc = Some(match (acc, minus) {
+            (None, false) => x,
+            (None, true) => out.push(RNode::Unary(UnaryOp::Neg, x)),
+            (Some(a), false) => out.push(RNode::Binary(BinaryOp::Add, a, x)),
+            (Some(a), true) => out.push(RNode::Binary(BinaryOp::Sub, a, x)),
+        });
+    }
+    out.root = acc.unwrap_or_else(|| out.push(RNode::Const(0.0)));
+    out
 }
 
 /// The node ids `n` depends on (itself included), in increasing order.
@@ -613,6 +707,116 @@ mod tests {
         finite.nodes[4] = RNode::Const(-1e30);
         assert!(keys_from_score(&finite).is_none());
         assert!(keys_from(&r).is_none(), "a score region is not a mask");
+    }
+
+    /// A comparison of sums in which `j` has the coefficient -1 or +1 bounds as `j OP E`: a
+    /// prefill's window `i + M - N - j < 64` gives `i + M - N - 64`; `j + 5 > lo` gives
+    /// `lo - 5`. `-j + lo >= 3` is an upper bound, and `2 j >= lo` or `j - j >= lo` no bound.
+    #[test]
+    fn lower_bounds_of_sums_in_j() {
+        let show = |r: &Region| keys_from(r).map(|e| e.display_with(&|k| format!("${k}")));
+        let mut r = Region::new();
+        let (i, j) = (r.push(RNode::Index(IndexVar::I)), r.push(RNode::Index(IndexVar::J)));
+        let (m, n) = (r.push(RNode::Dim(Dim::sym("M"))), r.push(RNode::Dim(Dim::sym("N"))));
+        let shift = r.push(RNode::Binary(BinaryOp::Sub, m, n));
+        let p = r.push(RNode::Binary(BinaryOp::Add, i, shift));
+        let dist = r.push(RNode::Binary(BinaryOp::Sub, p, j));
+        let w = r.push(RNode::Const(64.0));
+        r.push(RNode::Binary(BinaryOp::Lt, dist, w));
+        assert_eq!(show(&r).as_deref(), Some("i + (dim(M) - dim(N)) - 64"));
+        let mut r = Region::new();
+        let j = r.push(RNode::Index(IndexVar::J));
+        let lo = lo_capture(&mut r, "i");
+        let five = r.push(RNode::Const(5.0));
+        let j5 = r.push(RNode::Binary(BinaryOp::Add, j, five));
+        let top = r.push(RNode::Binary(BinaryOp::Gt, j5, lo));
+        assert_eq!(show(&r).as_deref(), Some("$0[b, h, i] - 5"));
+        let neg = r.push(RNode::Unary(UnaryOp::Neg, j));
+        let three = r.push(RNode::Const(3.0));
+        let upper = r.push(RNode::Binary(BinaryOp::Add, neg, lo));
+        r.push(RNode::Binary(BinaryOp::Ge, upper, three));
+        assert_eq!(show(&r), None, "an upper bound");
+        let two = r.push(RNode::Const(2.0));
+        let j2 = r.push(RNode::Binary(BinaryOp::Mul, two, j));
+        r.push(RNode::Binary(BinaryOp::Ge, j2, lo));
+        assert_eq!(show(&r), None, "2 j");
+        let jj = r.push(RNode::Binary(BinaryOp::Sub, j, j));
+        r.push(RNode::Binary(BinaryOp::Ge, jj, lo));
+        assert_eq!(show(&r), None, "j - j");
+        let _ = top;
+    }
+
+    /// Side `coef_j j + coef_i i + coef_lo lo[b] + k` of a comparison, pushed onto `r`.
+    fn side(r: &mut Region, (cj, ci, cl, k): (i8, i8, i8, i8)) -> RId {
+        let mut acc = r.push(RNode::Const(k as f64));
+        for (c, leaf) in [(cj, RNode::Index(IndexVar::J)), (ci, RNode::Index(IndexVar::I))]
+            .into_iter()
+            .chain([(cl, RNode::Capture { k: 0, index: vec![IndexExpr::var("b")] })])
+        {
+            let x = r.push(leaf);
+            let c = r.push(RNode::Const(c as f64));
+            let term = r.push(RNode::Binary(BinaryOp::Mul, c, x));
+            acc = r.push(RNode::Binary(BinaryOp::Add, acc, term));
+        }
+        acc
+    }
+
+    proptest! {
+        /// Where a comparison of two affine sides gives a bound `E`, every key `j < E` of every
+        /// row fails it (and so is masked), for starts anywhere.
+        #[test]
+        fn a_key_below_a_found_bound_is_masked(
+            a in (-2i8..=2, -2i8..=2, -2i8..=2, -9i8..=9),
+            b in (-2i8..=2, -2i8..=2, -2i8..=2, -9i8..=9),
+            op in prop::sample::select(vec![BinaryOp::Lt, BinaryOp::Le, BinaryOp::Gt, BinaryOp::Ge]),
+            lo in prop::collection::vec(0u32..12, 2),
+        ) {
+            let mut r = Region::new();
+            let (x, y) = (side(&mut r, a), side(&mut r, b));
+            let cond = r.push(RNode::Binary(op, x, y));
+            let Some(e) = keys_from(&r) else { return Ok(()) };
+            prop_assert_eq!(a.0 - b.0, if matches!(op, BinaryOp::Gt | BinaryOp::Ge) { 1 } else { -1 }, "{:?}", e);
+            let data: Vec<f64> = lo.iter().map(|&x| x as f64).collect();
+            let caps = [Capture { shape: &[2], data: &data }];
+            let dim = |_: &Dim| None;
+            let mut keeps = RegionEval::new(&r, &caps, &dim).unwrap();
+            let mut bound = RegionEval::new(&e, &caps, &dim).unwrap();
+            for bb in 0..2 {
+                for i in 0..10 {
+                    let at = bound.eval(0.0, [bb, 0, i, 0]);
+                    for j in 0..20usize {
+                        if (j as f64) < at {
+                            prop_assert_eq!(keeps.eval(0.0, [bb, 0, i, j]), 0.0, "j {} < E {} at i {}", j, at, i);
+                        }
+                    }
+                }
+            }
+            let _ = cond;
+        }
+    }
+
+    /// A chain of `-inf` selects (a conjunction) bounds by the largest of its conditions'
+    /// bounds; a link that bounds nothing (`j < hi`) is passed over.
+    #[test]
+    fn a_conjunction_bounds_by_its_largest_bound() {
+        let mut r = Region::new();
+        let x = r.push(RNode::Score);
+        let j = r.push(RNode::Index(IndexVar::J));
+        let lo = lo_capture(&mut r, "i");
+        let hi = r.push(RNode::Capture { k: 1, index: vec![IndexExpr::var("b")] });
+        let ninf = r.push(RNode::Const(f64::NEG_INFINITY));
+        let (ge, lt) =
+            (r.push(RNode::Binary(BinaryOp::Ge, j, lo)), r.push(RNode::Binary(BinaryOp::Lt, j, hi)));
+        let i = r.push(RNode::Index(IndexVar::I));
+        let w = r.push(RNode::Binary(BinaryOp::Sub, i, j));
+        let c64 = r.push(RNode::Const(64.0));
+        let win = r.push(RNode::Binary(BinaryOp::Lt, w, c64));
+        let inner = select(&mut r, win, x, ninf);
+        let mid = select(&mut r, lt, inner, ninf);
+        select(&mut r, ge, mid, ninf);
+        let e = keys_from_score(&r).expect("a bound");
+        assert_eq!(e.display_with(&|k| format!("${k}")), "max($0[b, h, i], i - 64)");
+        assert!(e.malformed().is_none(), "{e:?}");
     }
 
     /// No bound where the form does not prove one: `j <= E` (an upper bound), `E` reading `j`,
