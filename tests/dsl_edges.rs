@@ -87,3 +87,41 @@ fn the_reference_backend_checks_f32_outputs() {
         run(&["run", &p, "--backend", "reference", "--check", "--shape", "A=16,C=64", "--seed", "3"]);
     assert_eq!(code, Some(0), "{t}");
 }
+
+/// An ALiBi slope computed from the head index in a statement of its own (`sl[h] = exp2(-8 * (h
+/// + 1) / H)`) has no access that sizes `h`: a positioned error whose hint says to write it
+/// inline, and the inline spelling (the slope inside the score, where `q[b, h, i, d]` sizes
+/// `h`) is pruned ALiBi, right against the reference, in a prefill too.
+#[test]
+fn an_index_used_only_as_a_value_points_to_the_inline_spelling() {
+    let own = write(
+        "slope_own.attn",
+        "attention a(q: bf16[B, H, T, D], k: bf16[B, H, T, D], v: bf16[B, H, T, D]) -> bf16[B, H, T, D] {
+    sl[h]           = exp2(-8 * (h + 1) / H)
+    s[b, h, i, j]   = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D) + sl[h] * (j - i)
+    p[b, h, i, j]   = softmax(j, causal(i, j, s[b, h, i, j]))
+    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
+    return out
+}
+",
+    );
+    let (code, t) = run(&["check", &own]);
+    assert_eq!(code, Some(1), "{t}");
+    assert!(t.contains("cannot infer the size of index `h`") && t.contains("slope_own.attn:2:"), "{t}");
+    assert!(t.contains("write the expression inline"), "{t}");
+    let inline = write(
+        "slope_inline.attn",
+        "attention a(q: bf16[B, H, N, D], k: bf16[B, H, M, D], v: bf16[B, H, M, D]) -> bf16[B, H, N, D] {
+    s[b, h, i, j]   = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D) - exp2(-8 * (h + 1) / H) * (i + M - N - j)
+    p[b, h, i, j]   = softmax(j, select(j <= i + M - N, s[b, h, i, j], -inf))
+    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
+    return out
+}
+",
+    );
+    for shape in ["B=1,H=4,N=300,M=300,D=16", "B=1,H=4,N=40,M=500,D=16"] {
+        let (code, t) = run(&["run", &inline, "--backend", "cpu", "--check", "--shape", shape, "--seed", "3"]);
+        assert_eq!(code, Some(0), "{shape}: {t}");
+        assert!(t.contains("pruning: paper rule") && t.contains("check: ok"), "{shape}: {t}");
+    }
+}

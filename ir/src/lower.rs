@@ -1403,7 +1403,9 @@ impl<'a> Lowerer<'a> {
                 "used as a value",
             )
             .with_hint(format!(
-                "an index gets its size from an access; use `{}` to index a tensor in this statement",
+                "an index gets its size from an access; use `{0}` to index a tensor in this statement, \
+                 or write the expression inline where `{0}` indexes one (an ALiBi slope \
+                 `exp2(-8 * (h + 1) / H)` inside the score, whose `q[b, h, i, d]` sizes `h`)",
                 id.name
             )));
         }
