@@ -120,7 +120,8 @@ fn an_index_used_only_as_a_value_points_to_the_inline_spelling() {
 ",
     );
     for shape in ["B=1,H=4,N=300,M=300,D=16", "B=1,H=4,N=40,M=500,D=16"] {
-        let (code, t) = run(&["run", &inline, "--backend", "cpu", "--check", "--shape", shape, "--seed", "3"]);
+        let (code, t) =
+            run(&["run", &inline, "--backend", "cpu", "--check", "--shape", shape, "--seed", "3"]);
         assert_eq!(code, Some(0), "{shape}: {t}");
         assert!(t.contains("pruning: paper rule") && t.contains("check: ok"), "{shape}: {t}");
     }
