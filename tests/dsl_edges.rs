@@ -88,12 +88,15 @@ fn the_reference_backend_checks_f32_outputs() {
     assert_eq!(code, Some(0), "{t}");
 }
 
-/// An ALiBi slope computed from the head index in a statement of its own (`sl[h] = exp2(-8 * (h
-/// + 1) / H)`) has no access that sizes `h`: a positioned error whose hint says to write it
-/// inline, and the inline spelling (the slope inside the score, where `q[b, h, i, d]` sizes
-/// `h`) is pruned ALiBi, right against the reference, in a prefill too.
+/// An ALiBi slope computed from the head index in a statement of its own,
+/// `sl[h] = exp2(-8 * (h + 1) / H)`, takes the size of `h` from where a later statement reads
+/// it (`sl[h]` beside `q[b, h, i, d]`), and is pruned ALiBi, right against the reference, as the
+/// inline spelling is (in a prefill too). Where no later access sizes it, the error's hint says
+/// where a size can come from.
+///
+/// Shown failing before the look-ahead: "cannot infer the size of index `h`".
 #[test]
-fn an_index_used_only_as_a_value_points_to_the_inline_spelling() {
+fn an_index_used_only_as_a_value_is_sized_by_a_later_use() {
     let own = write(
         "slope_own.attn",
         "attention a(q: bf16[B, H, T, D], k: bf16[B, H, T, D], v: bf16[B, H, T, D]) -> bf16[B, H, T, D] {
@@ -105,10 +108,6 @@ fn an_index_used_only_as_a_value_points_to_the_inline_spelling() {
 }
 ",
     );
-    let (code, t) = run(&["check", &own]);
-    assert_eq!(code, Some(1), "{t}");
-    assert!(t.contains("cannot infer the size of index `h`") && t.contains("slope_own.attn:2:"), "{t}");
-    assert!(t.contains("write the expression inline"), "{t}");
     let inline = write(
         "slope_inline.attn",
         "attention a(q: bf16[B, H, N, D], k: bf16[B, H, M, D], v: bf16[B, H, M, D]) -> bf16[B, H, N, D] {
@@ -119,10 +118,21 @@ fn an_index_used_only_as_a_value_points_to_the_inline_spelling() {
 }
 ",
     );
-    for shape in ["B=1,H=4,N=300,M=300,D=16", "B=1,H=4,N=40,M=500,D=16"] {
-        let (code, t) =
-            run(&["run", &inline, "--backend", "cpu", "--check", "--shape", shape, "--seed", "3"]);
-        assert_eq!(code, Some(0), "{shape}: {t}");
-        assert!(t.contains("pruning: paper rule") && t.contains("check: ok"), "{shape}: {t}");
+    for (p, shape) in [
+        (&own, "B=1,H=4,T=300,D=16"),
+        (&inline, "B=1,H=4,N=300,M=300,D=16"),
+        (&inline, "B=1,H=4,N=40,M=500,D=16"),
+    ] {
+        let (code, t) = run(&["run", p, "--backend", "cpu", "--check", "--shape", shape, "--seed", "3"]);
+        assert_eq!(code, Some(0), "{p} {shape}: {t}");
+        assert!(t.contains("pruning: paper rule") && t.contains("check: ok"), "{p} {shape}: {t}");
     }
+    let unsized_slope = write(
+        "slope_unsized.attn",
+        "attention a(q: f32[H, D]) -> f32[H, D] {\n    sl[h] = exp2(-8 * (h + 1) / H)\n    y[g, d] = q[g, d] + sl[e]\n    return y\n}\n",
+    );
+    let (code, t) = run(&["check", &unsized_slope]);
+    assert_eq!(code, Some(1), "{t}");
+    assert!(t.contains("cannot infer the size of index `h`") && t.contains("slope_unsized.attn:2:"), "{t}");
+    assert!(t.contains("or read `sl` later with `h` beside an access that sizes it"), "{t}");
 }

@@ -297,6 +297,34 @@ pub const MAX_DIAGNOSTICS: usize = 20;
 ///
 /// Errors in the signature stop at once. A statement with an error is reported and skipped, and
 /// later statements are still checked (uses of the failed statement are not reported again).
+/// Whether `e` uses `name` as a value (outside subscripts).
+fn names_value(e: &Expr, name: &str) -> bool {
+    match &e.kind {
+        ExprKind::Name(ix) => ix.name == name,
+        ExprKind::Unary(_, a) => names_value(a, name),
+        ExprKind::Binary(_, a, b) => names_value(a, name) || names_value(b, name),
+        ExprKind::Call { args, .. } => args.iter().any(|a| names_value(a, name)),
+        ExprKind::Access { .. } | ExprKind::Num { .. } => false,
+    }
+}
+
+/// Every tensor access in `e`: its name and subscripts.
+fn accesses<'e>(e: &'e Expr, out: &mut Vec<(&'e Ident, &'e [Expr])>) {
+    match &e.kind {
+        ExprKind::Access { name, indices } => {
+            out.push((name, indices));
+            indices.iter().for_each(|i| accesses(i, out));
+        }
+        ExprKind::Unary(_, a) => accesses(a, out),
+        ExprKind::Binary(_, a, b) => {
+            accesses(a, out);
+            accesses(b, out);
+        }
+        ExprKind::Call { args, .. } => args.iter().for_each(|a| accesses(a, out)),
+        ExprKind::Num { .. } | ExprKind::Name(_) => {}
+    }
+}
+
 pub fn lower(prog: &Program, src: &str) -> Result<Graph, Diagnostics> {
     let mut l = Lowerer {
         src,
@@ -311,8 +339,8 @@ pub fn lower(prog: &Program, src: &str) -> Result<Graph, Diagnostics> {
     };
     l.params(prog)?;
     let mut diags = Diagnostics::new();
-    for s in &prog.stmts {
-        if let Err(d) = l.stmt(s) {
+    for (n, s) in prog.stmts.iter().enumerate() {
+        if let Err(d) = l.stmt(s, &prog.stmts[n + 1..]) {
             if !l.names.contains_key(&s.name.name) {
                 l.poisoned.insert(s.name.name.clone());
             }
@@ -500,7 +528,9 @@ impl<'a> Lowerer<'a> {
         }
     }
 
-    fn stmt(&mut self, s: &ast::Stmt) -> LResult<()> {
+    /// Lower statement `s`; `later` are the statements after it (where an index of its left
+    /// side that no access of its own sizes may get its size: [`Lowerer::size_from_uses`]).
+    fn stmt(&mut self, s: &ast::Stmt, later: &[ast::Stmt]) -> LResult<()> {
         reserved_name(&s.name)?;
         if let Some(prev) = self.names.get(&s.name.name) {
             let what = Self::kind_word(prev.kind);
@@ -531,6 +561,13 @@ impl<'a> Lowerer<'a> {
         }
         let mut cx = StmtCtx { name: &s.name.name, lhs: &s.indices, sizes: HashMap::new() };
         self.collect_sizes(&s.value, &mut cx)?;
+        for (p, ix) in s.indices.iter().enumerate() {
+            if !cx.sizes.contains_key(&ix.name) && names_value(&s.value, &ix.name) {
+                if let Some(d) = self.size_from_uses(&s.name.name, p, later) {
+                    cx.sizes.insert(ix.name.clone(), (d, ix.span));
+                }
+            }
+        }
         let (v, ty) = self.expr(&s.value, &cx)?;
         // LHS indices must be exactly the free indices of the value.
         for ix in &s.indices {
@@ -634,6 +671,36 @@ impl<'a> Lowerer<'a> {
             None => self.declared_hint(),
         };
         Diagnostic::new(format!("unknown name `{}`", name.name), name.span, "not declared").with_hint(hint)
+    }
+
+    /// The size of axis `p` of the tensor `name` that a later statement reads it with: an access
+    /// `name[.., x, ..]` with a plain index `x` there that an access to a parameter or an
+    /// earlier statement of that statement sizes (`sl[h] = exp2(-8 * (h + 1) / H)` read as
+    /// `sl[h]` beside `q[b, h, i, d]`: `H`). The first such use decides; one that disagrees
+    /// is then an error of its own statement, as any access of the wrong size.
+    fn size_from_uses(&self, name: &str, p: usize, later: &[ast::Stmt]) -> Option<Dim> {
+        for s in later {
+            let mut reads = vec![];
+            accesses(&s.value, &mut reads);
+            let mut sizes: HashMap<&str, &Dim> = HashMap::new();
+            for (t, subs) in &reads {
+                let Some(ent) = self.names.get(&t.name).filter(|e| e.kind != Kind::Dim) else { continue };
+                for (sub, d) in subs.iter().zip(&ent.dims) {
+                    if let ExprKind::Name(ix) = &sub.kind {
+                        sizes.entry(ix.name.as_str()).or_insert(d);
+                    }
+                }
+            }
+            let found =
+                reads.iter().filter(|(t, _)| t.name == name).find_map(|(_, subs)| match &subs.get(p)?.kind {
+                    ExprKind::Name(ix) => sizes.get(ix.name.as_str()).map(|d| (*d).clone()),
+                    _ => None,
+                });
+            if found.is_some() {
+                return found;
+            }
+        }
+        None
     }
 
     /// First pass over a statement: every access fixes the sizes of its index variables.
@@ -1403,10 +1470,10 @@ impl<'a> Lowerer<'a> {
                 "used as a value",
             )
             .with_hint(format!(
-                "an index gets its size from an access; use `{0}` to index a tensor in this statement, \
-                 or write the expression inline where `{0}` indexes one (an ALiBi slope \
-                 `exp2(-8 * (h + 1) / H)` inside the score, whose `q[b, h, i, d]` sizes `h`)",
-                id.name
+                "an index gets its size from an access: use `{0}` to index a tensor in this statement, \
+                 or read `{1}` later with `{0}` beside an access that sizes it, or write the \
+                 expression inline where `{0}` indexes a tensor",
+                id.name, cx.name
             )));
         }
         Err(self.unknown_name(id))
