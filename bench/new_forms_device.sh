@@ -17,22 +17,21 @@ new=$(unpack "$NEW")
 fail=0
 SQUARE="bench/fox_leftpad_window.attn bench/fox_rightpad.attn"
 PREFILL="bench/fox_rel_prefill.attn bench/fox_pad_window_prefill.attn bench/fox_alibi_prefill.attn"
-for f in $SQUARE; do
-  for shape in "B=1,H=4,T=1500,D=128" "B=1,H=3,T=777,D=64"; do
-    for what in run grad; do
-      check_cuda "$new" $what "$f" "$shape" || fail=1
-      check_cuda "$new" $what "$f" "$shape" --no-prune || fail=1
+# checks "FILES" SHAPES...: forward and gradients of each file at each shape, pruned and dense.
+checks() {
+  local files=$1 f shape what
+  shift
+  for f in $files; do
+    for shape in "$@"; do
+      for what in run grad; do
+        check_cuda "$new" $what "$f" "$shape" || fail=1
+        check_cuda "$new" $what "$f" "$shape" --no-prune || fail=1
+      done
     done
   done
-done
-for f in $PREFILL; do
-  for shape in "B=1,H=4,N=300,M=1500,D=128" "B=2,H=2,N=100,M=1000,D=64" "B=3,H=2,N=1,M=2500,D=128"; do
-    for what in run grad; do
-      check_cuda "$new" $what "$f" "$shape" || fail=1
-      check_cuda "$new" $what "$f" "$shape" --no-prune || fail=1
-    done
-  done
-done
+}
+checks "$SQUARE" "B=1,H=4,T=1500,D=128" "B=1,H=3,T=777,D=64"
+checks "$PREFILL" "B=1,H=4,N=300,M=1500,D=128" "B=2,H=2,N=100,M=1000,D=64" "B=3,H=2,N=1,M=2500,D=128"
 for spec in "bench/fox_rightpad.attn B=1,H=2,T=700,D=128" "bench/fox_pad_window_prefill.attn B=2,H=2,N=300,M=1000,D=128"; do
   read -r f shape <<<"$spec"
   t 100 compute-sanitizer --tool memcheck --error-exitcode 3 "$new" run "$f" --backend cuda --shape "$shape" \
