@@ -340,19 +340,28 @@ fn padded_prefills() -> Vec<(&'static str, String)> {
 /// causal mask first was "not causally masked" and dense.
 #[test]
 fn left_padding_beside_the_prefill_mask_is_pruned() {
+    let pruned = ["B=2,H=2,N=40,M=600,D=16", "B=3,H=2,N=1,M=500,D=8"];
+    pruned_on_the_cpu(padded_prefills(), &pruned, &["B=2,H=2,N=60,M=60,D=8"], "B=2,H=2,N=12,M=100,D=8");
+}
+
+/// Each program: one pruned causal attention whose GPU kernels assemble; on the CPU against the
+/// reference, forward at `pruned` shapes (where tiles must be skipped) and `other` shapes, and
+/// gradients at `grad`, pruned and dense.
+fn pruned_on_the_cpu(programs: Vec<(&str, String)>, pruned: &[&str], other: &[&str], grad: &str) {
     let s = seed();
-    for (name, src) in padded_prefills() {
+    for (name, src) in programs {
         let p = write(name, &src);
         one_pruned_causal(&p);
         common::pruned_ptx_assembles(&p);
-        for shape in ["B=2,H=2,N=40,M=600,D=16", "B=3,H=2,N=1,M=500,D=8", "B=2,H=2,N=60,M=60,D=8"] {
+        for shape in pruned {
             let t = cpu_check("run", &p, shape, &s, true);
-            if !shape.contains("N=60") {
-                assert!(kept_tiles(&t) < 1.0, "{name} {shape}: nothing pruned: {t}");
-            }
+            assert!(kept_tiles(&t) < 1.0, "{name} {shape}: nothing pruned: {t}");
+        }
+        for shape in other {
+            cpu_check("run", &p, shape, &s, true);
         }
         for prune in [true, false] {
-            cpu_check("grad", &p, "B=2,H=2,N=12,M=100,D=8", &s, prune);
+            cpu_check("grad", &p, grad, &s, prune);
         }
     }
 }
@@ -367,19 +376,8 @@ fn left_padding_beside_the_prefill_mask_is_pruned() {
 /// decay reads the query row at i", unfused.
 #[test]
 fn alibi_against_a_cache_is_pruned() {
-    let s = seed();
-    for (name, src) in alibi_prefills() {
-        let p = write(name, &src);
-        one_pruned_causal(&p);
-        common::pruned_ptx_assembles(&p);
-        for shape in ["B=2,H=3,N=30,M=500,D=16", "B=1,H=3,N=1,M=400,D=8"] {
-            let t = cpu_check("run", &p, shape, &s, true);
-            assert!(kept_tiles(&t) < 1.0, "{name} {shape}: nothing pruned: {t}");
-        }
-        for prune in [true, false] {
-            cpu_check("grad", &p, "B=1,H=3,N=10,M=90,D=8", &s, prune);
-        }
-    }
+    let pruned = ["B=2,H=3,N=30,M=500,D=16", "B=1,H=3,N=1,M=400,D=8"];
+    pruned_on_the_cpu(alibi_prefills(), &pruned, &[], "B=1,H=3,N=10,M=90,D=8");
     let row = ALIBI.replace("RAMP", "m[h] * (j - i)");
     let p = write("alibi_row.attn", &row);
     let (code, t) = run(&["compile", &p, "--emit", "opt", "--explain"]);
