@@ -25,6 +25,26 @@ pub struct AcpStats {
     pub dense_flops: f64,
     /// The first kept key tile per (b, h, query tile), `[B, H, Mt]`.
     pub start: Tensor,
+    /// The lengths of the queries and the keys (queries sit at the end of the keys).
+    pub queries: u64,
+    pub keys: u64,
+    /// The first key tile the key bound lets each (b, h, query tile) start at, as `start`.
+    key_bound: Option<Vec<u64>>,
+}
+
+impl AcpStats {
+    /// The key tiles the kernels walk for query tile `m` of the flat batch-head `bh`,
+    /// `first..=last`: from the later of the pruned start and the key bound's tile, never past
+    /// the tile of the tile's last row's diagonal (its key position `i + keys - queries`).
+    pub fn walk(&self, bh: usize, m: usize) -> (u64, u64) {
+        let mt = self.queries.div_ceil(self.bm as u64) as usize;
+        let at = bh * mt + m;
+        let last_row = ((m as u64 + 1) * self.bm as u64).min(self.queries) - 1;
+        let diag = (last_row + self.keys.saturating_sub(self.queries)) / self.bn as u64;
+        let s = self.start.data[at] as u64;
+        let s = self.key_bound.as_ref().map_or(s, |kb| s.max(kb[at]).min(diag));
+        (s, diag)
+    }
 }
 
 /// Why the reference interpreter cannot give the statistics of a run on `inputs`: a tensor of
@@ -150,16 +170,24 @@ pub fn measure_with(
         shape: vec![b as usize, h as usize, mt as usize],
         data: vec![0.0; (b * h * mt) as usize],
     });
+    let mut stats = AcpStats {
+        bm: tiles.bm,
+        bn: tiles.bn,
+        kept_tile_fraction: 0.0,
+        kept_pair_fraction: 0.0,
+        kept_flops: 0.0,
+        dense_flops: 0.0,
+        start,
+        queries: t,
+        keys: tk,
+        key_bound,
+    };
     let (mut kept_tiles, mut all_tiles, mut kept_pairs, mut all_pairs) = (0u64, 0u64, 0u64, 0u64);
     for bh in 0..b * h {
         for m in 0..mt {
-            let s = start.data[(bh * mt + m) as usize] as u64;
             let i0 = m * tiles.bm as u64;
             let last = (i0 + tiles.bm as u64 - 1).min(t - 1);
-            let diag = (last + offset) / tiles.bn as u64;
-            // The kernels walk from the later of the pruned start and the key bound's tile,
-            // never past the diagonal.
-            let s = key_bound.as_ref().map_or(s, |kb| s.max(kb[(bh * mt + m) as usize]).min(diag));
+            let (s, diag) = stats.walk(bh as usize, m as usize);
             kept_tiles += diag + 1 - s.min(diag + 1);
             all_tiles += diag + 1;
             for i in i0 + offset..=last + offset {
@@ -169,15 +197,11 @@ pub fn measure_with(
             }
         }
     }
-    Ok(Some(AcpStats {
-        bm: tiles.bm,
-        bn: tiles.bn,
-        kept_tile_fraction: kept_tiles as f64 / all_tiles.max(1) as f64,
-        kept_pair_fraction: kept_pairs as f64 / all_pairs.max(1) as f64,
-        kept_flops: 4.0 * d as f64 * kept_pairs as f64,
-        dense_flops: 4.0 * d as f64 * all_pairs as f64,
-        start,
-    }))
+    stats.kept_tile_fraction = kept_tiles as f64 / all_tiles.max(1) as f64;
+    stats.kept_pair_fraction = kept_pairs as f64 / all_pairs.max(1) as f64;
+    stats.kept_flops = 4.0 * d as f64 * kept_pairs as f64;
+    stats.dense_flops = 4.0 * d as f64 * all_pairs as f64;
+    Ok(Some(stats))
 }
 
 #[cfg(test)]
@@ -185,6 +209,45 @@ mod tests {
     use super::beyond_reference;
     use foxc_ir::DType;
     use foxc_runtime::{HostTensor, TensorMap};
+
+    /// A prefill's walks end at its queries' diagonal tiles, at the end of the keys (N = 70
+    /// queries of M = 256 keys, 16x16 tiles: query tile m ends at key tile (16 m + 15 + 186) /
+    /// 16, the last one at tile 15), never begin past it, and begin at or after the key bound's
+    /// tile (a padded start: `bench/fox_pad_window_prefill.attn`'s window of 256 reaches back
+    /// past key 0 here, so its start decides). Shown failing with `foxc mask` drawing a prefill's
+    /// diagonal at its rows (`last = 16 m + 15`, key tiles 0..=4).
+    #[test]
+    fn a_prefill_walks_to_its_queries_key_positions() {
+        for (file, bounded) in [("fox_prefill.attn", false), ("fox_pad_window_prefill.attn", true)] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench").join(file);
+            let c = crate::pipeline::Source::read(&path).unwrap().compile().unwrap();
+            let args = crate::PruneOptions {
+                tiles: Some(foxc_ir::Tiles { bm: 16, bn: 16 }),
+                ..crate::PruneOptions::default()
+            };
+            let opts = crate::pipeline::pass_options(&args, crate::Target::Cpu, false).unwrap();
+            let (g, _) = crate::pipeline::optimize(&c.graph, &opts).unwrap();
+            let dims = crate::pipeline::parse_shape("B=2,H=2,N=70,M=256,D=16").unwrap();
+            let x = crate::tensors::generate(&c.graph, &dims, 5).unwrap();
+            let x = crate::tensors::to_interp(&x);
+            let s = super::measure(&g, &x).unwrap().unwrap();
+            assert_eq!((s.queries, s.keys), (70, 256));
+            for bh in 0..4 {
+                for m in 0..5 {
+                    let (first, last) = s.walk(bh, m);
+                    assert_eq!(last, ((16 * m as u64 + 15).min(69) + 186) / 16, "{file} bh {bh} m {m}");
+                    assert!(first <= last, "{file}");
+                    if bounded {
+                        let start = x["start"].data[bh / 2] as u64;
+                        assert!(
+                            first >= (start / 16).min(last),
+                            "{file} bh {bh} m {m}: {first} < start {start}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     /// A decode step of 8 sequences of 32k keys (k and v of 2^29 elements) is beyond the
     /// interpreter; a tensor at its limit is not. (The zeros are never read: only shapes count.)

@@ -1,5 +1,6 @@
 //! `foxc mask`: the pruning map as a PNG. One panel per head (batch 0): a pixel block per
-//! (query tile, key tile); dark = kept, orange = skipped by ACP, white = above the diagonal.
+//! (query tile, key tile); dark = kept, orange = skipped (by ACP or the key bound), white =
+//! above the diagonal (queries fewer than keys sit at the end of the keys).
 //! With `--rules a,b` the rules' maps stand side by side (a column of panels per rule, heads
 //! down the rows), each reported with its kept fraction and its largest pruned mass.
 
@@ -20,12 +21,16 @@ const GAP: [u8; 3] = [200, 200, 200];
 const FULL_MASS_LIMIT: u64 = 1 << 26;
 
 /// The largest pruned mass of any row (or of the sampled rows) and what was covered.
-fn max_pruned_mass(g: &foxc_ir::Graph, inputs: &BTreeMap<String, Tensor>) -> Result<(f64, String), Error> {
+/// `stats` gives the rows: its block starts' batch-heads and its queries.
+fn max_pruned_mass(
+    g: &foxc_ir::Graph,
+    inputs: &BTreeMap<String, Tensor>,
+    stats: &acp_stats::AcpStats,
+) -> Result<(f64, String), Error> {
     let err = |e: interp::InterpError| Error::user(format!("error: reference interpreter: {e}"));
     let Some(node) = acp_stats::attention_node(g) else { return Ok((0.0, "no attention".into())) };
-    let q = inputs.values().find(|x| x.shape.len() == 4).map(|x| x.shape.clone()).unwrap_or_default();
-    let (heads, t) = if q.len() == 4 { (q[0] * q[1], q[2]) } else { (1, 1) };
-    if (heads * t * t) as u64 <= FULL_MASS_LIMIT {
+    let (heads, t) = (stats.start.shape[0] * stats.start.shape[1], stats.queries as usize);
+    if (heads * t) as u64 * stats.keys <= FULL_MASS_LIMIT {
         let r = interp::run(g, inputs).map_err(err)?;
         return Ok((r.prune.iter().map(|p| p.max_pruned_mass).fold(0.0, f64::max), "all rows".into()));
     }
@@ -58,13 +63,12 @@ pub fn mask(
             Error::user("error: no decay attention recognized: nothing to draw (see foxc compile --explain)")
         })?;
         // A single rule keeps the old, cheap behaviour: no f64 attention run.
-        let mass = if rules.len() > 1 { Some(max_pruned_mass(&opt, &interp_inputs)?) } else { None };
+        let mass = if rules.len() > 1 { Some(max_pruned_mass(&opt, &interp_inputs, &stats)?) } else { None };
         maps.push((rule, stats, mass));
     }
     let s0 = &maps[0].1;
     let [_, h, mt] = [s0.start.shape[0], s0.start.shape[1], s0.start.shape[2]];
-    let t = inputs.values().find(|x| x.shape.len() == 4).map(|x| x.shape[2]).unwrap_or(mt * s0.bm as usize);
-    let nt = t.div_ceil(s0.bn as usize);
+    let nt = s0.keys.div_ceil(s0.bn as u64) as usize;
     let scale = (256 / mt.max(nt)).clamp(1, 16);
     let (pw, ph) = (nt * scale, mt * scale);
     // One rule: heads in a grid of up to 4 columns; several: a column per rule, a row per head.
@@ -79,17 +83,9 @@ pub fn mask(
             let (col, row) = if maps.len() == 1 { (head % cols, head / cols) } else { (r, head) };
             let (ox, oy) = (2 + col * (pw + 2), 2 + row * (ph + 2));
             for m in 0..mt {
-                let start = stats.start.data[head * mt + m] as usize;
-                let last_row = ((m + 1) * stats.bm as usize).min(t) - 1;
-                let diag = last_row / stats.bn as usize;
+                let (first, last) = stats.walk(head, m);
                 for n in 0..nt {
-                    let color = if n > diag {
-                        EMPTY
-                    } else if n < start {
-                        SKIPPED
-                    } else {
-                        KEPT
-                    };
+                    let color = tile_color(n as u64, (first, last));
                     for y in 0..scale {
                         for x in 0..scale {
                             let p = ((oy + m * scale + y) * w + ox + n * scale + x) * 3;
@@ -118,6 +114,17 @@ pub fn mask(
         println!("  {:<12} kept {:.3} of causal tiles{m}", rule.name, stats.kept_tile_fraction);
     }
     Ok(())
+}
+
+/// The color of key tile `n` of a query tile that walks the key tiles `first..=last`.
+fn tile_color(n: u64, (first, last): (u64, u64)) -> [u8; 3] {
+    if n > last {
+        EMPTY
+    } else if n < first {
+        SKIPPED
+    } else {
+        KEPT
+    }
 }
 
 fn write_png(path: &Path, w: u32, h: u32, rgb: &[u8]) -> Result<(), Error> {
