@@ -485,3 +485,34 @@ fn a_prefill_window_skips_the_keys_before_it() {
         }
     }
 }
+
+/// A decode step's cache keeps FoX's `c` (declared nonincreasing) and the score adds ALiBi's
+/// ramp at the query's key position: the recognizer stores the two as one sum, `c[b, h, t] -
+/// m[h] t`, which the monotonicity pass proves never grows along the keys (each term does not,
+/// `m >= 0` by its declared range), so the attention is pruned; forward and gradients on the
+/// CPU against the reference. With `m` of either sign it is not proven, and stays dense.
+///
+/// Shown failing before the sum's proof: "the decay bias c[i] - c[j] is not a cumsum of log
+/// forget gates nor an ALiBi ramp", dense.
+#[test]
+fn a_caches_decay_beside_alibi_is_pruned() {
+    let src = "attention cache_alibi(q: bf16[B, H, N, D], k: bf16[B, H, M, D], v: bf16[B, H, M, D], c: f32[B, H, M] nonincreasing along M, m: f32[H] in [0, 1]) -> bf16[B, H, N, D] {
+    s[b, h, i, j]   = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D) + c[b, h, i + M - N] - c[b, h, j] + m[h] * (j - i - M + N)
+    p[b, h, i, j]   = softmax(j, select(j <= i + M - N, s[b, h, i, j], -inf))
+    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
+    return out
+}
+";
+    pruned_on_the_cpu(
+        vec![("cache_alibi.attn", src.to_string())],
+        &["B=2,H=3,N=30,M=500,D=16", "B=1,H=3,N=1,M=400,D=8"],
+        &[],
+        "B=1,H=3,N=10,M=90,D=8",
+    );
+    let p = write("cache_alibi_signed.attn", &src.replace("in [0, 1]", "in [-1, 1]"));
+    let (code, t) = run(&["compile", &p, "--emit", "opt", "--explain"]);
+    assert_eq!(code, Some(0), "{t}");
+    let attn: Vec<&str> = t.lines().filter(|l| l.contains("= attention {")).collect();
+    assert!(t.contains("cannot be proven to fall with distance"), "{t}");
+    assert!(attn.len() == 1 && !attn[0].contains("pruned"), "{t}");
+}

@@ -11,12 +11,14 @@
 //! - a parameter declared `nonincreasing along` its key axis (the decay cumsum a KV cache
 //!   keeps, read in place or through a copy that keeps its axes): the declaration, which the
 //!   driver checks on host inputs;
+//! - a sum of such terms stored as `c` (a cache's declared `c` beside an ALiBi ramp: each term
+//!   never grows along the key axis);
 //! - any other `c`: not proven.
 
 use crate::lang::AttnGraph;
 use crate::recognize::Builder;
 use crate::{PassContext, PassError, PassOptions};
-use foxc_ir::{Attention, GateKind, Graph, Op, Span, ValueId};
+use foxc_ir::{Attention, BinaryOp, GateKind, Graph, Op, Span, UnaryOp, ValueId};
 
 /// What the analysis concluded for one attention node.
 #[derive(Clone, Debug, PartialEq)]
@@ -101,12 +103,100 @@ pub fn verdict(g: &Graph, attn: ValueId) -> Verdict {
                 None => Verdict::Unproven("the ALiBi slope is not analyzable".into(), gate_span(g, m, c)),
             }
         }
+        _ if stored_falls(g, c) => {
+            Verdict::Decay("a sum of terms that each never grow along the key axis".into())
+        }
         _ => Verdict::Unproven(
             "the decay bias c[i] - c[j] is not a cumsum of log forget gates nor an ALiBi ramp, \
              so it cannot be proven to fall with distance"
                 .into(),
             gate_span(g, c, c),
         ),
+    }
+}
+
+/// How a value moves along one named axis.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Along {
+    /// It does not read the axis.
+    Constant,
+    /// It never grows along it.
+    Falls,
+    /// It never falls along it.
+    Rises,
+}
+
+impl Along {
+    fn flip(self) -> Along {
+        match self {
+            Along::Falls => Along::Rises,
+            Along::Rises => Along::Falls,
+            Along::Constant => Along::Constant,
+        }
+    }
+    /// The direction of a sum of two terms, where one is known.
+    fn add(self, o: Along) -> Option<Along> {
+        match (self, o) {
+            (Along::Constant, x) | (x, Along::Constant) => Some(x),
+            (x, y) if x == y => Some(x),
+            _ => None,
+        }
+    }
+}
+
+/// Whether `c`, a stored `[B, H, Tk]` decay (`store [b, h, t] e`), never grows along its key
+/// axis `t`: `e` a sum of terms each of which never grows along `t`, as a cache's `c` declared
+/// nonincreasing beside an ALiBi ramp `-m[h] * t` with `m >= 0`, which the recognizer stores as
+/// one sum (`c[b, h, t] - m[h] * t`). The float arithmetic of the sum is monotone too (rounding
+/// never reverses the order of two sums of ordered terms).
+fn stored_falls(g: &Graph, c: ValueId) -> bool {
+    let Op::Store { axes } = g.op(c) else { return false };
+    let Some(key) = axes.last() else { return false };
+    along(g, g.operands(c)[0], key) == Some(Along::Falls)
+}
+
+/// How node `n` moves along axis `axis`, where the form proves it: binds of a parameter
+/// declared nonincreasing along the axis it binds `axis` to, the axis's iota (rising), sums,
+/// differences, negations, and products with a factor of known sign that does not read the
+/// axis; any value without the axis is constant.
+fn along(g: &Graph, n: ValueId, axis: &str) -> Option<Along> {
+    if g.ty(n).axis(axis).is_none() {
+        return Some(Along::Constant);
+    }
+    let ops = g.operands(n);
+    match g.op(n) {
+        Op::Iota { axis: a } if a == axis => Some(Along::Rises),
+        Op::Bind { axes } => {
+            let p = g.params.iter().find(|p| p.node == ops[0])?;
+            let declared = p.nonincreasing?;
+            (axes.get(declared).map(|a| a.as_str()) == Some(axis)).then_some(Along::Falls)
+        }
+        Op::Unary(UnaryOp::Neg) => along(g, ops[0], axis).map(Along::flip),
+        Op::Binary(BinaryOp::Add) => along(g, ops[0], axis)?.add(along(g, ops[1], axis)?),
+        Op::Binary(BinaryOp::Sub) => along(g, ops[0], axis)?.add(along(g, ops[1], axis)?.flip()),
+        Op::Binary(BinaryOp::Mul) => {
+            // A factor without the axis, of one sign, times a term that moves one way.
+            let (x, y) = (ops[0], ops[1]);
+            let (k, t) = if g.ty(x).axis(axis).is_none() { (x, y) } else { (y, x) };
+            if g.ty(k).axis(axis).is_some() {
+                return None;
+            }
+            // (A bind only names the axes of its operand: the operand's interval.)
+            let k = match g.op(k) {
+                Op::Bind { .. } => g.operands(k)[0],
+                _ => k,
+            };
+            let (lo, hi) = interval(g, k)?;
+            let d = along(g, t, axis)?;
+            if lo >= 0.0 {
+                Some(d)
+            } else if hi <= 0.0 {
+                Some(d.flip())
+            } else {
+                None
+            }
+        }
+        _ => None,
     }
 }
 
