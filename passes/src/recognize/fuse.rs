@@ -385,22 +385,14 @@ pub(crate) fn find(
             if best.as_ref().is_some_and(|(k0, _)| *k0 <= key) {
                 continue;
             }
-            // The causal diagonal and the decay's query position must agree (a decay of row i
-            // read at i + o under the mask j <= i + o); without a decay the mask's offset holds.
+            // Under a causal mask the fused op reads the decay at the mask's diagonal. A decay
+            // written at another query position, `c(i + o') - c(j)` under `j <= i + o`, differs
+            // from `c(i + o) - c(j)` by `c(i + o') - c(i + o)`, the same for every key of the
+            // row: the softmax and its gradients are the same (ALiBi's `m[h] * (j - i)` against
+            // a cache is its ramp at the key position plus `m[h] * (M - N)`). Without a mask the
+            // decay's position is the queries' own and must be the fused op's (below).
             let causal = matches!(mask, MaskKind::Causal | MaskKind::Window(_));
             let decay_offset = parts.offset.clone().unwrap_or_else(|| zero.clone());
-            if causal && !parts.decay.is_empty() && !same_offset(&mask_offset, &decay_offset) {
-                note(
-                    3,
-                    format!(
-                        "the causal mask's diagonal is j <= i{} but the decay reads the query row at i{}",
-                        signed(&mask_offset),
-                        signed(&decay_offset)
-                    ),
-                    s,
-                );
-                continue;
-            }
             let offset = if causal { mask_offset.clone() } else { decay_offset };
             // The fused op puts query row i at key position i + Tk - Tq (docs/SEMANTICS.md):
             // the source's must be that one wherever it matters (a causal mask or a decay).
