@@ -158,6 +158,20 @@ pub struct Expr {
     pub depth: u32,
 }
 
+impl Expr {
+    /// The expressions directly inside this one: an access's subscripts, an operator's
+    /// operands, a call's arguments.
+    pub fn children(&self) -> Vec<&Expr> {
+        match &self.kind {
+            ExprKind::Access { indices, .. } => indices.iter().collect(),
+            ExprKind::Unary(_, a) => vec![a],
+            ExprKind::Binary(_, a, b) => vec![a, b],
+            ExprKind::Call { args, .. } => args.iter().collect(),
+            ExprKind::Num { .. } | ExprKind::Name(_) => vec![],
+        }
+    }
+}
+
 /// `name[i, j, ...] = value`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Stmt {

@@ -286,6 +286,23 @@ struct StmtCtx<'s> {
     sizes: HashMap<String, (Dim, Span)>,
 }
 
+/// Whether `e` uses `name` as a value (outside subscripts).
+fn names_value(e: &Expr, name: &str) -> bool {
+    match &e.kind {
+        ExprKind::Name(ix) => ix.name == name,
+        ExprKind::Access { .. } => false,
+        _ => e.children().into_iter().any(|c| names_value(c, name)),
+    }
+}
+
+/// Every tensor access in `e`: its name and subscripts.
+fn accesses<'e>(e: &'e Expr, out: &mut Vec<(&'e Ident, &'e [Expr])>) {
+    if let ExprKind::Access { name, indices } = &e.kind {
+        out.push((name, indices));
+    }
+    e.children().into_iter().for_each(|c| accesses(c, out));
+}
+
 /// Message of the internal diagnostic that stands for "uses a statement that already failed":
 /// it is dropped, so that one mistake is reported once and not again at every later use.
 const POISONED: &str = "\u{0}poisoned";
@@ -297,34 +314,6 @@ pub const MAX_DIAGNOSTICS: usize = 20;
 ///
 /// Errors in the signature stop at once. A statement with an error is reported and skipped, and
 /// later statements are still checked (uses of the failed statement are not reported again).
-/// Whether `e` uses `name` as a value (outside subscripts).
-fn names_value(e: &Expr, name: &str) -> bool {
-    match &e.kind {
-        ExprKind::Name(ix) => ix.name == name,
-        ExprKind::Unary(_, a) => names_value(a, name),
-        ExprKind::Binary(_, a, b) => names_value(a, name) || names_value(b, name),
-        ExprKind::Call { args, .. } => args.iter().any(|a| names_value(a, name)),
-        ExprKind::Access { .. } | ExprKind::Num { .. } => false,
-    }
-}
-
-/// Every tensor access in `e`: its name and subscripts.
-fn accesses<'e>(e: &'e Expr, out: &mut Vec<(&'e Ident, &'e [Expr])>) {
-    match &e.kind {
-        ExprKind::Access { name, indices } => {
-            out.push((name, indices));
-            indices.iter().for_each(|i| accesses(i, out));
-        }
-        ExprKind::Unary(_, a) => accesses(a, out),
-        ExprKind::Binary(_, a, b) => {
-            accesses(a, out);
-            accesses(b, out);
-        }
-        ExprKind::Call { args, .. } => args.iter().for_each(|a| accesses(a, out)),
-        ExprKind::Num { .. } | ExprKind::Name(_) => {}
-    }
-}
-
 pub fn lower(prog: &Program, src: &str) -> Result<Graph, Diagnostics> {
     let mut l = Lowerer {
         src,

@@ -350,28 +350,14 @@ fn along_j(r: &Region, n: RId) -> Option<Along> {
     }
 }
 
-/// The right side `E` of `j OP E`: a node of the region, or a sum of its `j`-free terms.
-enum Against {
-    Node(RId),
-    /// `sum coef * node`.
-    Sum(Vec<(f64, RId)>),
-}
-
-/// Node `n` of `r` as `j OP E` with `E` free of `j`: `(OP, E)`, the comparison turned around
-/// where `j` is on its right (`E < j` is `j > E`), or where its sides are sums in which `j`
-/// has the coefficient -1 (`i + M - N - j < W` is `j > i + M - N - W`; +1 on the left side as
-/// `j OP E` itself).
-fn j_against(r: &Region, n: RId) -> Option<(BinaryOp, Against)> {
-    let is_j = |x: RId| matches!(r.nodes.get(x as usize), Some(RNode::Index(IndexVar::J)));
+/// Node `n` of `r` as `j OP E` with `E` free of `j`: `(OP, E)`, `E` as a sum of the region's
+/// `j`-free nodes (`sum coef * node`). The sides may be sums in which `j` has the coefficient +1
+/// or -1: `j >= E` is `E` itself, `E < j` is `j > E` turned around, `i + M - N - j < W` is `j >
+/// i + M - N - W`.
+fn j_against(r: &Region, n: RId) -> Option<(BinaryOp, Vec<(f64, RId)>)> {
     let RNode::Binary(op, a, b) = *r.nodes.get(n as usize)? else { return None };
     if !op.is_comparison() {
         return None;
-    }
-    if is_j(a) && free_of_j(r, b) {
-        return Some((op, Against::Node(b)));
-    }
-    if is_j(b) && free_of_j(r, a) {
-        return Some((op.swapped()?, Against::Node(a)));
     }
     // `a - b = jc j + rest`: with jc = 1, `j OP -rest`; with jc = -1, `rest OP j`.
     let (mut jc, mut rest) = (0.0, vec![]);
@@ -380,9 +366,9 @@ fn j_against(r: &Region, n: RId) -> Option<(BinaryOp, Against)> {
     }
     if jc == 1.0 {
         rest.iter_mut().for_each(|(c, _)| *c = -*c);
-        Some((op, Against::Sum(rest)))
+        Some((op, rest))
     } else if jc == -1.0 {
-        Some((op.swapped()?, Against::Sum(rest)))
+        Some((op.swapped()?, rest))
     } else {
         None
     }
@@ -420,8 +406,7 @@ fn j_terms(r: &Region, n: RId, coef: f64, jc: &mut f64, out: &mut Vec<(f64, RId)
 /// that are one of these: [`j_against`]).
 fn lower_bound(r: &Region, n: RId) -> Option<Region> {
     match j_against(r, n)? {
-        (BinaryOp::Ge | BinaryOp::Gt, Against::Node(e)) => Some(subtree(r, e)),
-        (BinaryOp::Ge | BinaryOp::Gt, Against::Sum(terms)) => Some(sum_region(r, &terms)),
+        (BinaryOp::Ge | BinaryOp::Gt, e) => Some(sum_region(r, &e)),
         _ => None,
     }
 }
