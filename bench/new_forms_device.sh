@@ -4,7 +4,8 @@
 # (D = 128 warp-specialized on sm_90a, D = 64 standard) and the split-keys decode (N = 1):
 # padding beside a window, right padding with its rows masked, a prefill's relative bias, a
 # left-padded windowed prefill (the causal mask last in the conjunction, the window's distance
-# as a key bound), FoX + ALiBi in a prefill. Then memcheck on two of them, and `foxc bench` of
+# as a key bound), FoX + ALiBi in a prefill (the ramp at the key position and at the row), a cache's
+# stored decay beside ALiBi, sinks beside a window in a left-padded prefill. Then memcheck on two of them, and `foxc bench` of
 # each at its CPU table's shape against examples/fox.attn (square) or bench/fox_prefill.attn
 # (prefill) in the same call. No peer here: FlexAttention's rows need their own mask_mods.
 # Lines also go to $OUT/log.txt as they come.
@@ -16,7 +17,8 @@ log_to log.txt
 new=$(unpack "$NEW")
 fail=0
 SQUARE="bench/fox_leftpad_window.attn bench/fox_rightpad.attn"
-PREFILL="bench/fox_rel_prefill.attn bench/fox_pad_window_prefill.attn bench/fox_alibi_prefill.attn"
+PREFILL="bench/fox_rel_prefill.attn bench/fox_pad_window_prefill.attn bench/fox_alibi_prefill.attn
+  bench/fox_alibi_row_prefill.attn bench/fox_cache_alibi.attn bench/fox_sinks_window_prefill.attn"
 # checks "FILES" SHAPES...: forward and gradients of each file at each shape, pruned and dense.
 checks() {
   local files=$1 f shape what

@@ -325,6 +325,15 @@ fn padded_prefills() -> Vec<(&'static str, String)> {
             "pad_window.attn",
             "select(j >= start[b] and i + M - N - j < 200 and j <= i + M - N, s[b, h, i, j], -inf)",
         ),
+        // Attention sinks beside a window, an `or` before the causal mask; then the start last.
+        (
+            "pad_sinks_window.attn",
+            "select(j >= start[b] and (j < start[b] + 4 or i + M - N - j < 64) and j <= i + M - N, s[b, h, i, j], -inf)",
+        ),
+        (
+            "sinks_window_pad.attn",
+            "select((j < start[b] + 4 or i + M - N - j < 64) and j <= i + M - N and j >= start[b], s[b, h, i, j], -inf)",
+        ),
     ]
     .into_iter()
     .map(|(name, mask)| (name, padded.replace("select(j <= i + M - N, s[b, h, i, j], -inf)", mask)))
@@ -332,12 +341,16 @@ fn padded_prefills() -> Vec<(&'static str, String)> {
 }
 
 /// Left padding in a prefill or a decode step, the prefill's causal mask anywhere in the
-/// conjunction (after the start, nested inside it, third after a window, or both dropped with
-/// `-inf` first): the causal mask comes out, one pruned attention, forward and gradients on the
-/// CPU against the reference, rows before a sequence's start included (they are 0).
+/// conjunction (after the start, nested inside it, third after a window, after an `or` of sinks
+/// and a window, or both dropped with `-inf` first): the causal mask comes out, one pruned
+/// attention, forward and gradients on the CPU against the reference, rows before a sequence's
+/// start included (they are 0).
 ///
 /// Shown failing before the recognizer looked inside the conjunction: every spelling but the
-/// causal mask first was "not causally masked" and dense.
+/// causal mask first was "not causally masked" and dense. The sinks' `or` before the causal
+/// mask, before the recognizer looked into both branches of an `or`: dense; with the start
+/// after it, before the diagonal rule read a kept sink's `j >= start[b]` as holding at the
+/// diagonal: "may mask a row's diagonal entry", dense.
 #[test]
 fn left_padding_beside_the_prefill_mask_is_pruned() {
     let pruned = ["B=2,H=2,N=40,M=600,D=16", "B=3,H=2,N=1,M=500,D=8"];
@@ -372,9 +385,14 @@ fn pruned_on_the_cpu(programs: Vec<(&str, String)>, pruned: &[&str], other: &[&s
 /// row, `m[h] * (j - i)`: it differs from the one at its key position by `m[h] (M - N)`, the same
 /// for every key of a row, which the softmax and its gradients do not see.
 ///
+/// Beside FoX's decay at the query's key position, the ramp at the row is a second pair at
+/// another query position: under the causal mask both are read at the diagonal.
+///
 /// Shown failing before the ramp's shift: "the causal mask's diagonal is j <= i + M - N but the
 /// decay reads the query row at i", unfused (and, for the row's spelling, before a decay at
-/// another query position than the mask's was taken as the mask's).
+/// another query position than the mask's was taken as the mask's; FoX beside the row's ramp
+/// and the ramp plus 5, before pairs at different positions were taken: dense, "the score term
+/// `m[h] * i` has no bound").
 #[test]
 fn alibi_against_a_cache_is_pruned() {
     let pruned = ["B=2,H=3,N=30,M=500,D=16", "B=1,H=3,N=1,M=400,D=8"];
@@ -402,6 +420,10 @@ fn alibi_prefills() -> Vec<(&'static str, String)> {
         // every key of the row.
         ("alibi_row.attn", ALIBI, "m[h] * (j - i)"),
         ("fox_alibi.attn", fox_alibi.as_str(), "m[h] * (j - i - M + N)"),
+        // FoX's pair at the query's key position, the ramp's at its row: both are read at the
+        // diagonal. And a ramp offset by a constant: the constant stays in the score, bounded.
+        ("fox_alibi_row.attn", fox_alibi.as_str(), "m[h] * (j - i)"),
+        ("fox_alibi_plus5.attn", fox_alibi.as_str(), "m[h] * (j - i + 5)"),
     ]
     .into_iter()
     .map(|(name, src, ramp)| (name, src.replace("RAMP", ramp)))

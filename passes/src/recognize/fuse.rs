@@ -148,55 +148,91 @@ fn decay_src(eg: &AttnGraph, ci: Id, i: Symbol, h: Symbol) -> DecaySrc {
     DecaySrc::Other { c: ci }
 }
 
-/// How deep [`causal_inside`] looks into a conjunction of masks.
+/// How deep [`causal_inside`] looks into a tree of masks.
 const MASK_CHAIN: usize = 8;
 
-/// The causal masks `j <= i + o` inside a conjunction of masks at `x` (a chain of
-/// `select(c, X, -inf)` and `select(c, -inf, X)`, as `and` and an `or` of dropped entries
-/// lower), each with the chain rebuilt without it: `(o, the rest's class)`. Each link keeps `X`
-/// where its own condition allows and is `-inf` elsewhere, so the links commute, and the causal
-/// one may come out to fuse whichever place it was written in (`j >= start[b] and j <= i + M -
-/// N`; `j < start[b] or j > i` with `-inf` first). The outermost link is not reported (the
-/// caller's own match sees it), nor a chain deeper than [`MASK_CHAIN`].
+/// At most this many causal links come out of one tree (each branch of an `or` multiplies them).
+const MASK_FOUND: usize = 32;
+
+/// A tree of masks with one causal link taken out, added to the e-graph once the search is over
+/// (adding to it stops searches).
+#[derive(Clone)]
+enum Rest {
+    At(Id),
+    NegInf,
+    Select(Id, Box<Rest>, Box<Rest>),
+}
+
+/// The causal masks `j <= i + o` inside a tree of masks at `x`, each with the tree rebuilt
+/// without it: `(o, the rest's class)`. The tree is of `select(c, X, -inf)` and `select(c, -inf,
+/// X)` (`and` and an `or` of dropped entries lower so) and of `select(c, X, Y)` (an `or` of kept
+/// entries: `select(a, X, select(b, X, -inf))`). Each link keeps its entry where its own condition
+/// allows and is `-inf` elsewhere, so a causal link commutes with the links above it and comes
+/// out to fuse whichever place it was written in (`j >= start[b] and j <= i + M - N`; `j <
+/// start[b] or j > i` with `-inf` first); out of `select(c, X, Y)` when it is in both `X` and
+/// `Y` at the same offset (`(j < 4 or i + M - N - j < W) and j <= i + M - N`: attention sinks
+/// beside a window in a prefill). The outermost link is not reported (the caller's own match sees
+/// it), nor one deeper than [`MASK_CHAIN`].
 fn causal_inside(eg: &mut AttnGraph, x: Id, i: Symbol, j: Symbol) -> Vec<(IndexExpr, Id)> {
-    let mut found = vec![];
-    // A class of the chain and the links above it, outermost first: (condition, negated).
-    let mut todo = vec![(x, vec![])];
-    while let Some((at, above)) = todo.pop() {
-        for (pattern, negated) in [("(select ?c ?s -inf)", false), ("(select ?c -inf ?s)", true)] {
-            for mm in matches(eg, pattern, at) {
-                let (cond, s) = (mm[var("?c")], mm[var("?s")]);
-                if eg[s].data.konst == Some(f64::NEG_INFINITY) {
-                    continue;
-                }
-                if !above.is_empty() {
-                    let causal =
-                        extract(eg, cond, None, DIM_COST).and_then(|(t, _)| causal_offset(&t, negated, i, j));
-                    if let Some(o) = causal {
-                        found.push((o, s, above.clone()));
-                    }
-                }
-                if above.len() + 1 < MASK_CHAIN {
-                    let mut deeper = above.clone();
-                    deeper.push((cond, negated));
-                    todo.push((s, deeper));
-                }
+    let found: Vec<(IndexExpr, Rest)> = causal_links(eg, x, i, j, MASK_CHAIN)
+        .into_iter()
+        .filter(|(_, r)| !matches!(r, Rest::At(_)))
+        .collect();
+    let ninf = eg.add(Attn::Num(Num::new(f64::NEG_INFINITY)));
+    fn add(eg: &mut AttnGraph, r: &Rest, ninf: Id) -> Id {
+        match r {
+            Rest::At(c) => *c,
+            Rest::NegInf => ninf,
+            Rest::Select(c, a, b) => {
+                let (a, b) = (add(eg, a, ninf), add(eg, b, ninf));
+                eg.add(Attn::Select([*c, a, b]))
             }
         }
     }
-    // The chains rebuilt once the search is over (adding to the e-graph stops searches).
-    let ninf = eg.add(Attn::Num(Num::new(f64::NEG_INFINITY)));
-    let rebuilt = found
-        .into_iter()
-        .map(|(o, s, above)| {
-            let rest = above.iter().rev().fold(s, |inner, &(c, neg)| {
-                eg.add(Attn::Select(if neg { [c, ninf, inner] } else { [c, inner, ninf] }))
-            });
-            (o, rest)
-        })
-        .collect();
+    let rebuilt = found.iter().map(|(o, r)| (o.clone(), add(eg, r, ninf))).collect();
     eg.rebuild();
     rebuilt
+}
+
+/// [`causal_inside`]'s search: every causal link within `depth` links of `at`, the outermost
+/// included, each with the rest of the tree.
+fn causal_links(eg: &AttnGraph, at: Id, i: Symbol, j: Symbol, depth: usize) -> Vec<(IndexExpr, Rest)> {
+    let mut found = vec![];
+    if depth == 0 {
+        return found;
+    }
+    let ninf = |c: Id| eg[c].data.konst == Some(f64::NEG_INFINITY);
+    for node in &eg[at].nodes {
+        let Attn::Select([cond, a, b]) = *node else { continue };
+        match (ninf(a), ninf(b)) {
+            (true, true) => {}
+            (false, false) => {
+                let inner_b = causal_links(eg, b, i, j, depth - 1);
+                for (o, ra) in causal_links(eg, a, i, j, depth - 1) {
+                    for (_, rb) in inner_b.iter().filter(|(ob, _)| same_offset(ob, &o)) {
+                        found.push((
+                            o.clone(),
+                            Rest::Select(cond, Box::new(ra.clone()), Box::new(rb.clone())),
+                        ));
+                    }
+                }
+            }
+            (kept_ninf, _) => {
+                let (s, negated) = if kept_ninf { (b, true) } else { (a, false) };
+                let causal =
+                    extract(eg, cond, None, DIM_COST).and_then(|(t, _)| causal_offset(&t, negated, i, j));
+                if let Some(o) = causal {
+                    found.push((o, Rest::At(s)));
+                }
+                for (o, r) in causal_links(eg, s, i, j, depth - 1) {
+                    let (x, y) = if negated { (Rest::NegInf, r) } else { (r, Rest::NegInf) };
+                    found.push((o, Rest::Select(cond, Box::new(x), Box::new(y))));
+                }
+            }
+        }
+        found.truncate(MASK_FOUND);
+    }
+    found
 }
 
 /// Cost of a dim in a region: a `1/sqrt(D)` belongs in the scale attribute.
@@ -350,7 +386,8 @@ pub(crate) fn find(
                 continue;
             }
             let Some((term, cost)) = extract(eg, s, Some(x), DIM_COST) else { continue };
-            let parts = split(eg, &term, (i, j), batch, shifted, &mask_offset);
+            let causal = matches!(mask, MaskKind::Causal | MaskKind::Window(_));
+            let parts = split(eg, &term, (i, j), batch, shifted, causal.then_some(&mask_offset));
             eg.rebuild();
             let Some(region) = sum_of(&parts.region).filter(T::uses_x) else {
                 note(2, "the scores do not use `q . k`".into(), s);
@@ -391,7 +428,6 @@ pub(crate) fn find(
             // row: the softmax and its gradients are the same (ALiBi's `m[h] * (j - i)` against
             // a cache is its ramp at the key position plus `m[h] * (M - N)`). Without a mask the
             // decay's position is the queries' own and must be the fused op's (below).
-            let causal = matches!(mask, MaskKind::Causal | MaskKind::Window(_));
             let decay_offset = parts.offset.clone().unwrap_or_else(|| zero.clone());
             let offset = if causal { mask_offset.clone() } else { decay_offset };
             // The fused op puts query row i at key position i + Tk - Tq (docs/SEMANTICS.md):

@@ -366,7 +366,8 @@ pub(crate) struct Split {
     pub region: Terms,
     pub decay: Terms,
     /// The decay's query offset `o` (a sum of dims): the pairs are `c(i + o) - c(j)`, the terms
-    /// in `decay` the unshifted `c(i)`. `None`: no shift.
+    /// in `decay` the unshifted `c(i)`. `None`: no shift. Under a causal mask, the first pair's
+    /// (the pairs may differ; the fused op reads them all at the diagonal).
     pub offset: Option<IndexExpr>,
 }
 
@@ -393,11 +394,9 @@ fn ramp_shift(
     t: &T,
     i: Symbol,
     region: &Terms,
-    diagonal: &IndexExpr,
+    diagonal: Option<&IndexExpr>,
 ) -> Option<(IndexExpr, Vec<usize>)> {
-    if same_offset(diagonal, &IndexExpr::constant(0)) {
-        return None;
-    }
+    let diagonal = diagonal.filter(|o| !same_offset(o, &IndexExpr::constant(0)))?;
     let is_i = |k: &T| matches!(k.op, Attn::Iota(_)) && k.kids.first().and_then(|s| s.sym()) == Some(i);
     let a = match t.kids.as_slice() {
         [x, y] if matches!(t.op, Attn::Mul(_)) && is_i(y) => x.clone(),
@@ -460,7 +459,7 @@ fn split_select(
     ij: (Symbol, Symbol),
     batch: [Symbol; 2],
     shifted: &BTreeMap<Id, Shifted>,
-    diagonal: &IndexExpr,
+    diagonal: Option<&IndexExpr>,
 ) -> Option<Split> {
     let Attn::Select(_) = &e.op else { return None };
     let ninf = |t: &T| t.konst() == Some(f64::NEG_INFINITY);
@@ -474,7 +473,7 @@ fn split_select(
     };
     let (a, b) = (branch(&e.kids[1])?, branch(&e.kids[2])?);
     let same = |eg: &mut AttnGraph, x: &Split, y: &Split| {
-        x.offset == y.offset
+        (diagonal.is_some() || x.offset == y.offset)
             && x.decay.len() == y.decay.len()
             && x.decay
                 .iter()
@@ -496,15 +495,18 @@ fn split_select(
 }
 
 /// Split the extracted score `e` (see the module doc). `batch` are the batch and head indices;
-/// `shifted` the builder's shifted reads; `diagonal` the mask's offset `o` (`j <= i + o`), where
-/// a ramp's pair may put its query ([`ramp_shift`]).
+/// `shifted` the builder's shifted reads; `diagonal` the causal mask's offset `o` (`j <= i + o`),
+/// `None` without one. Under a causal mask the fused op reads every pair at the diagonal, so
+/// pairs written at different query positions are all taken (FoX's `c(i + M - N) - c(j)` beside
+/// ALiBi's `m[h] (j - i)`): each moves by a row constant. A ramp's pair may be put there by the
+/// terms of its offset ([`ramp_shift`]).
 pub(crate) fn split(
     eg: &mut AttnGraph,
     e: &T,
     (i, j): (Symbol, Symbol),
     batch: [Symbol; 2],
     shifted: &BTreeMap<Id, Shifted>,
-    diagonal: &IndexExpr,
+    diagonal: Option<&IndexExpr>,
 ) -> Split {
     if let Some(s) = split_select(eg, e, (i, j), batch, shifted, diagonal) {
         return s;
@@ -530,8 +532,8 @@ pub(crate) fn split(
     }
     let mut used = vec![false; js.len()];
     let mut decay = vec![];
-    // The shift of the pairs so far: every pair of one attention has the same (the first
-    // pair's; a pair of another shift stays in the region, both halves).
+    // The shift of the pairs so far. Without a causal mask every pair of one attention has the
+    // same (the first pair's; a pair of another shift stays in the region, both halves).
     let mut offset: Option<Option<IndexExpr>> = None;
     for (ci, ti) in is {
         // `c(i + o)` pairs with `-c(j)` through its unshifted read `c(i)`, and a ramp `a i`
@@ -548,7 +550,10 @@ pub(crate) fn split(
         let Some(base) = base.filter(|_| {
             let zero = IndexExpr::constant(0);
             let by = |o: Option<&IndexExpr>| o.cloned().unwrap_or_else(|| zero.clone());
-            offset.as_ref().is_none_or(|o| same_offset(&by(o.as_ref()), &by(shift.as_ref().map(|s| &s.by))))
+            diagonal.is_some()
+                || offset
+                    .as_ref()
+                    .is_none_or(|o| same_offset(&by(o.as_ref()), &by(shift.as_ref().map(|s| &s.by))))
         }) else {
             region.push((ci, ti));
             continue;
