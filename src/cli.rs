@@ -4,6 +4,7 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use foxc_driver::{BackendKind, PruneOptions, Target};
 use foxc_ir::attention::{KvLoads, WsGrid, WsTurns};
+use foxc_passes::fuse_load_map::QMap;
 use foxc_passes::tiles::ForwardKernel;
 use std::path::PathBuf;
 
@@ -131,6 +132,12 @@ pub struct PruneArgs {
     /// for, D = 64 too, where its mask and tiles allow). Default: the tiles pass's choice.
     #[arg(long, value_enum)]
     pub attn_kernel: Option<AttnKernelArg>,
+    /// Where q's elementwise statement (RoPE's rotation) is computed: `loop` (a pass over
+    /// memory writes the rotated q, the kernels read it) or `kernel` (the attention and threshold
+    /// kernels compute it where they load q). Default: `kernel` on the CPU, `loop` on a GPU (each
+    /// measured faster there: BENCHMARKS.md).
+    #[arg(long, value_enum)]
+    pub q_map: Option<QMapArg>,
     /// Key tiles per block of a GPU decode step's split-keys kernel (queries fewer than keys,
     /// at most 64 of them): each block walks this many key tiles, a merge launch combines the
     /// blocks. Default: the tiles pass's choice (2048 keys a block: 16 tiles of 128 keys, 32 of
@@ -163,11 +170,21 @@ impl PruneArgs {
                 AttnKernelArg::Standard => ForwardKernel::Standard,
                 AttnKernelArg::WarpSpecialized => ForwardKernel::WarpSpecialized,
             }),
+            q_map: self.q_map.map(|m| match m {
+                QMapArg::Loop => QMap::Loop,
+                QMapArg::Kernel => QMap::Kernel,
+            }),
             split_key_tiles: self.split_key_tiles,
             // The CLI reads the norms from the data; a decode's cache promises them (Python).
             norm_bounds: None,
         }
     }
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QMapArg {
+    Loop,
+    Kernel,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

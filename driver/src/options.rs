@@ -4,6 +4,7 @@
 use crate::{Error, Target};
 use foxc_ir::attention::{KvLoads, WsGrid, WsTurns};
 use foxc_ir::{PruneRule, Tiles};
+use foxc_passes::fuse_load_map::QMap;
 use foxc_passes::tiles::ForwardKernel;
 use foxc_passes::PassOptions;
 
@@ -32,6 +33,8 @@ pub struct PruneOptions {
     pub ws_turns: Option<WsTurns>,
     /// The sm_90a forward kernel.
     pub attn_kernel: Option<ForwardKernel>,
+    /// Where q's elementwise statement (RoPE's rotation) is computed.
+    pub q_map: Option<QMap>,
     /// Key tiles per block of a GPU decode step's split-keys kernel.
     pub split_key_tiles: Option<u32>,
     /// Bounds `(q_max, k_max)` the caller guarantees on every query's and key's norm
@@ -50,6 +53,7 @@ impl Default for PruneOptions {
             ws_grid: None,
             ws_turns: None,
             attn_kernel: None,
+            q_map: None,
             split_key_tiles: None,
             norm_bounds: None,
         }
@@ -110,6 +114,7 @@ pub fn pass_options(
         ws_grid: prune.ws_grid,
         ws_turns: prune.ws_turns,
         attn_kernel: prune.attn_kernel,
+        q_map: prune.q_map,
         split_key_tiles: prune.split_key_tiles,
         norm_bounds: prune.norm_bounds,
         ..PassOptions::default()

@@ -18,6 +18,9 @@
 //! `T / bm` times (on the CPU's standard workload, mapping k too made RoPE 1.35x slower than its
 //! loops; q alone is 9% faster: BENCHMARKS.md). [`unfuse`] is the inverse, for the gradient
 //! pass.
+//!
+//! Where the map is computed is a choice ([`QMap`], `--q-map`): the CPU's kernels compute it; on
+//! a GPU, q's loop stays the default, measured faster ([`GPU_Q_MAP`]).
 
 use crate::cone::{emit_ops, ConeBuilder};
 use crate::{PassContext, PassError, PassOptions};
@@ -26,9 +29,25 @@ use foxc_ir::{Axis, DType, Graph, Op, Value, ValueId, ValueType};
 use petgraph::visit::EdgeRef;
 use std::collections::BTreeSet;
 
+/// Where q's elementwise statement is computed (`--q-map`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QMap {
+    /// A loop writes the statement's tensor; the kernels read it.
+    Loop,
+    /// The kernels that read q compute the statement where they load it (a `load_map`).
+    Kernel,
+}
+
+/// The GPU's default: the loop. On an H100 (2026-12-08, B = 1, H = 16, T = 8192, D = 128,
+/// BENCHMARKS.md, "RoPE's q rotation"), the kernels' map made the pruned forward 6% slower with
+/// RoPE and 11% slower with grouped kv heads than the loop, and the dense forward level. The
+/// CPU's kernels compute the map (9% faster than the loop there).
+pub const GPU_Q_MAP: QMap = QMap::Loop;
+
 /// The `fuse-load-maps` pass.
 pub fn run(g: &mut Graph, opts: &PassOptions, cx: &mut PassContext) -> Result<(), PassError> {
     let gpu = opts.target.is_gpu();
+    let choice = opts.q_map.unwrap_or(if gpu { GPU_Q_MAP } else { QMap::Kernel });
     let mut seen = BTreeSet::new();
     for n in g.find(|op| matches!(op, Op::Attention(_))) {
         let [q, k] = [0, 1].map(|pos| g.operands(n)[pos]);
@@ -36,6 +55,10 @@ pub fn run(g: &mut Graph, opts: &PassOptions, cx: &mut PassContext) -> Result<()
             continue;
         }
         match plan(g, q, 0, gpu) {
+            Ok(Some(_)) if choice == QMap::Loop => {
+                let why = "on a GPU the loop measured faster (BENCHMARKS.md); `--q-map kernel` computes it where the kernels load q";
+                explain(cx, g, q, "q", why.into());
+            }
             Ok(Some(p)) => {
                 // k's statement may be a map as well, but a kernel loads each key tile once per
                 // query tile: it would compute the map that many times.
@@ -53,8 +76,15 @@ pub fn run(g: &mut Graph, opts: &PassOptions, cx: &mut PassContext) -> Result<()
     Ok(())
 }
 
+/// Why store `s` stays a loop, at the statement it stores (the store's own span, and a cast's
+/// the `half-operands` pass put under it, are where the recognizer made it: the attention's
+/// statement).
 fn explain(cx: &mut PassContext, g: &Graph, s: ValueId, what: &str, why: String) {
-    cx.explain(format!("the attention's {what} stays a loop of its own: {why}"), g.node(s).span, None);
+    let mut v = s;
+    while matches!(g.op(v), Op::Store { .. } | Op::Cast) && !g.operands(v).is_empty() {
+        v = g.operands(v)[0];
+    }
+    cx.explain(format!("the attention's {what} stays a loop of its own: {why}"), g.node(v).span, None);
 }
 
 /// What replacing store `s` makes: the function, its `x` and the tensors it captures.
@@ -193,9 +223,12 @@ mod tests {
     return out
 }";
 
+    /// The optimized program and the explanations; on a GPU target with the kernels computing
+    /// the map (`--q-map kernel`; the loop is the default there).
     fn optimized(src: &str, target: Target) -> (String, Vec<String>) {
         let mut g = foxc_ir::frontend::compile("a.attn", src.as_bytes()).unwrap().graph;
-        let rep = crate::optimize(&mut g, &PassOptions { target, ..PassOptions::default() }).unwrap();
+        let q_map = target.is_gpu().then_some(QMap::Kernel);
+        let rep = crate::optimize(&mut g, &PassOptions { target, q_map, ..PassOptions::default() }).unwrap();
         (foxc_ir::print::print_graph(&g), rep.explanations.into_iter().map(|e| e.message).collect())
     }
 

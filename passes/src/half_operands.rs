@@ -62,6 +62,7 @@ pub fn run(g: &mut Graph, _opts: &PassOptions, _cx: &mut PassContext) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fuse_load_map::QMap;
     use crate::Target;
 
     const ROPE_Q: &str = "attention a(q: bf16[B, H, T, D], k: bf16[B, H, T, D], v: bf16[B, H, T, D], fgate: f32[B, H, T], w: f32[T, D]) -> bf16[B, H, T, D] {
@@ -73,22 +74,26 @@ mod tests {
     return out
 }";
 
-    fn optimized(target: Target) -> String {
+    fn optimized(target: Target, q_map: Option<QMap>) -> String {
         let mut g = foxc_ir::frontend::compile("a.attn", ROPE_Q.as_bytes()).unwrap().graph;
-        crate::optimize(&mut g, &PassOptions { target, ..PassOptions::default() }).unwrap();
+        crate::optimize(&mut g, &PassOptions { target, q_map, ..PassOptions::default() }).unwrap();
         foxc_ir::print::print_graph(&g)
     }
 
     /// On a GPU the f32 q is rounded to bf16 by its own statement (no f32 copy, no cast
-    /// launch), which the kernels then compute where they load q: a bf16 load map
-    /// (`fuse-load-maps`). The CPU keeps f32 (and its map computes in f32).
+    /// launch): the loop stores bf16, and where the kernels compute it as they load q, a bf16
+    /// load map (`fuse-load-maps`). The CPU keeps f32 (and its map computes in f32).
     #[test]
     fn an_f32_operand_is_rounded_to_the_kernels_type_on_a_gpu_only() {
-        let gpu = optimized(Target::Sm90a);
+        let gpu = optimized(Target::Sm90a, Some(QMap::Kernel));
         let map = gpu.lines().find(|l| l.contains(" = load_map ")).unwrap_or_else(|| panic!("{gpu}"));
         assert!(map.ends_with(": bf16[B, H, T, D]"), "{gpu}");
         assert!(!gpu.contains(": f32[B, H, T, D]") && !gpu.contains("cast"), "no f32 copy of q: {gpu}");
-        let cpu = optimized(Target::Cpu);
+        let gpu = optimized(Target::Sm90a, None);
+        let store = gpu.lines().find(|l| l.contains(" = store ")).unwrap_or_else(|| panic!("{gpu}"));
+        assert!(store.ends_with(": bf16[B, H, T, D]") && !gpu.contains("load_map"), "{gpu}");
+        assert!(!gpu.contains(": f32[B, H, T, D]"), "no f32 copy of q: {gpu}");
+        let cpu = optimized(Target::Cpu, None);
         assert!(cpu.contains("= load_map") && cpu.contains(": f32[B, H, T, D]"), "{cpu}");
         assert!(!cpu.contains("cast"), "{cpu}");
     }

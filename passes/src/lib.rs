@@ -109,6 +109,9 @@ pub struct PassOptions {
     /// The forward kernel asked for (`--attn-kernel`); `None`: the tiles pass's choice
     /// ([`tiles::kernel_for`]).
     pub attn_kernel: Option<tiles::ForwardKernel>,
+    /// Where q's elementwise statement is computed (`--q-map`); `None`: the target's choice
+    /// ([`fuse_load_map::GPU_Q_MAP`] on a GPU, the kernels on the CPU).
+    pub q_map: Option<fuse_load_map::QMap>,
     /// Key tiles per block of a GPU split-keys kernel (`--split-key-tiles`, a decode step's);
     /// `None`: [`tiles::SPLIT_KEYS_PER_BLOCK`] keys.
     pub split_key_tiles: Option<u32>,
@@ -139,6 +142,7 @@ impl Default for PassOptions {
             ws_grid: None,
             ws_turns: None,
             attn_kernel: None,
+            q_map: None,
             split_key_tiles: None,
             norm_bounds: None,
         }
