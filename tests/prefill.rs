@@ -317,6 +317,12 @@ fn one_pruned_causal(path: &str) -> String {
 /// The left-padded prefills: the prefill's causal mask in each place of a conjunction.
 fn padded_prefills() -> Vec<(&'static str, String)> {
     let padded = PREFILL.replace("fgate: f32[B, H, M])", "fgate: f32[B, H, M], start: i32[B] in [0, 90])");
+    // The causal mask after the start and six `or`s of kept entries, each one link of the
+    // conjunction (seventh and eighth, a select of both branches not counting).
+    let ors: Vec<String> =
+        (1..=6).map(|k| format!("(j < start[b] + {k} or i + M - N - j < {})", 50 * k)).collect();
+    let seven_ors =
+        format!("select(j >= start[b] and {} and j <= i + M - N, s[b, h, i, j], -inf)", ors.join(" and "));
     [
         ("pad_first.attn", "select(j >= start[b] and j <= i + M - N, s[b, h, i, j], -inf)"),
         ("pad_nested.attn", "select(j >= start[b], select(j <= i + M - N, s[b, h, i, j], -inf), -inf)"),
@@ -336,6 +342,7 @@ fn padded_prefills() -> Vec<(&'static str, String)> {
         ),
     ]
     .into_iter()
+    .chain([("ors_then_causal.attn", seven_ors.as_str())])
     .map(|(name, mask)| (name, padded.replace("select(j <= i + M - N, s[b, h, i, j], -inf)", mask)))
     .collect()
 }
@@ -350,7 +357,8 @@ fn padded_prefills() -> Vec<(&'static str, String)> {
 /// causal mask first was "not causally masked" and dense. The sinks' `or` before the causal
 /// mask, before the recognizer looked into both branches of an `or`: dense; with the start
 /// after it, before the diagonal rule read a kept sink's `j >= start[b]` as holding at the
-/// diagonal: "may mask a row's diagonal entry", dense.
+/// diagonal: "may mask a row's diagonal entry", dense. The causal mask after six `or`s, while
+/// an `or` counted as two links: not found ("not causally masked"), dense.
 #[test]
 fn left_padding_beside_the_prefill_mask_is_pruned() {
     let pruned = ["B=2,H=2,N=40,M=600,D=16", "B=3,H=2,N=1,M=500,D=8"];

@@ -148,10 +148,11 @@ fn decay_src(eg: &AttnGraph, ci: Id, i: Symbol, h: Symbol) -> DecaySrc {
     DecaySrc::Other { c: ci }
 }
 
-/// How deep [`causal_inside`] looks into a tree of masks.
+/// How many links of a conjunction [`causal_inside`] looks through (an `or` of kept entries
+/// counts as its own links: `select(a, X, select(b, X, -inf))` is one).
 const MASK_CHAIN: usize = 8;
 
-/// At most this many causal links come out of one tree (each branch of an `or` multiplies them).
+/// At most this many causal links come out of one tree.
 const MASK_FOUND: usize = 32;
 
 /// A tree of masks with one causal link taken out, added to the e-graph once the search is over
@@ -163,6 +164,13 @@ enum Rest {
     Select(Id, Box<Rest>, Box<Rest>),
 }
 
+/// [`causal_links`]'s answers by class and depth left, and each condition's causal offset.
+#[derive(Default)]
+struct Links {
+    found: HashMap<(Id, usize), Vec<(IndexExpr, Rest)>>,
+    causal: HashMap<(Id, bool), Option<IndexExpr>>,
+}
+
 /// The causal masks `j <= i + o` inside a tree of masks at `x`, each with the tree rebuilt
 /// without it: `(o, the rest's class)`. The tree is of `select(c, X, -inf)` and `select(c, -inf,
 /// X)` (`and` and an `or` of dropped entries lower so) and of `select(c, X, Y)` (an `or` of kept
@@ -172,9 +180,9 @@ enum Rest {
 /// start[b] or j > i` with `-inf` first); out of `select(c, X, Y)` when it is in both `X` and
 /// `Y` at the same offset (`(j < 4 or i + M - N - j < W) and j <= i + M - N`: attention sinks
 /// beside a window in a prefill). The outermost link is not reported (the caller's own match sees
-/// it), nor one deeper than [`MASK_CHAIN`].
+/// it), nor one more than [`MASK_CHAIN`] links down.
 fn causal_inside(eg: &mut AttnGraph, x: Id, i: Symbol, j: Symbol) -> Vec<(IndexExpr, Id)> {
-    let found: Vec<(IndexExpr, Rest)> = causal_links(eg, x, i, j, MASK_CHAIN)
+    let found: Vec<(IndexExpr, Rest)> = causal_links(eg, x, (i, j), MASK_CHAIN, &mut Links::default())
         .into_iter()
         .filter(|(_, r)| !matches!(r, Rest::At(_)))
         .collect();
@@ -195,20 +203,31 @@ fn causal_inside(eg: &mut AttnGraph, x: Id, i: Symbol, j: Symbol) -> Vec<(IndexE
 }
 
 /// [`causal_inside`]'s search: every causal link within `depth` links of `at`, the outermost
-/// included, each with the rest of the tree.
-fn causal_links(eg: &AttnGraph, at: Id, i: Symbol, j: Symbol, depth: usize) -> Vec<(IndexExpr, Rest)> {
-    let mut found = vec![];
+/// included, each with the rest of the tree. `memo` holds each class's answer by depth (both
+/// branches of an `or` reach its entry; a class met again below itself answers nothing).
+fn causal_links(
+    eg: &AttnGraph,
+    at: Id,
+    ij: (Symbol, Symbol),
+    depth: usize,
+    memo: &mut Links,
+) -> Vec<(IndexExpr, Rest)> {
     if depth == 0 {
-        return found;
+        return vec![];
     }
+    if let Some(found) = memo.found.get(&(at, depth)) {
+        return found.clone();
+    }
+    memo.found.insert((at, depth), vec![]);
+    let mut found = vec![];
     let ninf = |c: Id| eg[c].data.konst == Some(f64::NEG_INFINITY);
     for node in &eg[at].nodes {
         let Attn::Select([cond, a, b]) = *node else { continue };
         match (ninf(a), ninf(b)) {
             (true, true) => {}
             (false, false) => {
-                let inner_b = causal_links(eg, b, i, j, depth - 1);
-                for (o, ra) in causal_links(eg, a, i, j, depth - 1) {
+                let inner_b = causal_links(eg, b, ij, depth, memo);
+                for (o, ra) in causal_links(eg, a, ij, depth, memo) {
                     for (_, rb) in inner_b.iter().filter(|(ob, _)| same_offset(ob, &o)) {
                         found.push((
                             o.clone(),
@@ -219,12 +238,14 @@ fn causal_links(eg: &AttnGraph, at: Id, i: Symbol, j: Symbol, depth: usize) -> V
             }
             (kept_ninf, _) => {
                 let (s, negated) = if kept_ninf { (b, true) } else { (a, false) };
-                let causal =
-                    extract(eg, cond, None, DIM_COST).and_then(|(t, _)| causal_offset(&t, negated, i, j));
-                if let Some(o) = causal {
+                let causal = memo.causal.entry((cond, negated)).or_insert_with(|| {
+                    extract(eg, cond, None, DIM_COST)
+                        .and_then(|(t, _)| causal_offset(&t, negated, ij.0, ij.1))
+                });
+                if let Some(o) = causal.clone() {
                     found.push((o, Rest::At(s)));
                 }
-                for (o, r) in causal_links(eg, s, i, j, depth - 1) {
+                for (o, r) in causal_links(eg, s, ij, depth - 1, memo) {
                     let (x, y) = if negated { (Rest::NegInf, r) } else { (r, Rest::NegInf) };
                     found.push((o, Rest::Select(cond, Box::new(x), Box::new(y))));
                 }
@@ -232,6 +253,7 @@ fn causal_links(eg: &AttnGraph, at: Id, i: Symbol, j: Symbol, depth: usize) -> V
         }
         found.truncate(MASK_FOUND);
     }
+    memo.found.insert((at, depth), found.clone());
     found
 }
 
