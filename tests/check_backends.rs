@@ -53,6 +53,10 @@ fn a_gpu_backward_refusal_is_a_note() {
         "{t}"
     );
     assert_eq!(t.matches("note:").count(), 1, "{t}");
+    // The GPU's "not yet" names the backend that runs it, once (the note added it again, and
+    // the error advised "run the passes first").
+    assert!(t.contains("cannot yet run an attention with") && !t.contains("run the passes"), "{t}");
+    assert_eq!(t.matches("the CPU backend").count(), 1, "{t}");
 }
 
 #[test]

@@ -39,8 +39,14 @@ pub fn check(file: &Path) -> Result<(), Error> {
     };
     for u in found {
         if u.gpu_only {
+            // The GPU's refusals of a construct say already that the CPU backend runs it.
+            let cpu = if u.reason.contains("--backend cpu") {
+                ""
+            } else {
+                "; the CPU backend and the reference can"
+            };
             println!(
-                "note: the CUDA backend ({}) cannot run the {} of this program: {}; the CPU backend and the reference can",
+                "note: the CUDA backend ({}) cannot run the {} of this program: {}{cpu}",
                 foxc_driver::target::name(gpu),
                 u.path,
                 u.reason

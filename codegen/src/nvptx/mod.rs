@@ -79,11 +79,15 @@ impl NvptxSpec {
 /// Errors of the NVPTX backend.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CodegenError {
-    /// The graph holds an op this backend has no kernel for.
+    /// The graph holds an op this backend has no kernel for (an unoptimized graph's, or one no
+    /// pass lowers for the GPU).
     #[error(
         "the NVPTX backend cannot lower op `{op}` (value %{node}); run the passes first or use --backend cpu"
     )]
     Unsupported { op: String, node: usize },
+    /// An attention whose construct the GPU kernels do not take yet (the CPU backend runs it).
+    #[error("the GPU backend cannot yet run an attention with {what} (value %{node}); the CPU backend (--backend cpu) runs it")]
+    NotYet { what: String, node: usize },
     /// A configuration the user can change (a head dimension, a missing `--shape D=...`).
     #[error("{0}")]
     User(String),

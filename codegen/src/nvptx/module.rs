@@ -753,9 +753,6 @@ impl<'a, 'ctx> Assembler<'a, 'ctx> {
 
     /// "the GPU backend cannot yet run <construct>", before any launch.
     pub(super) fn not_yet(n: ValueId, what: &str) -> CodegenError {
-        CodegenError::Unsupported {
-            op: format!("attention with {what} (the GPU backend cannot yet run it)"),
-            node: n.index(),
-        }
+        CodegenError::NotYet { what: what.to_string(), node: n.index() }
     }
 }

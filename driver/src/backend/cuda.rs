@@ -43,7 +43,9 @@ pub struct RunOptions {
 
 fn codegen_err(e: CodegenError) -> Error {
     match e {
-        CodegenError::User(_) | CodegenError::Unsupported { .. } => Error::user(format!("error: {e}")),
+        CodegenError::User(_) | CodegenError::Unsupported { .. } | CodegenError::NotYet { .. } => {
+            Error::user(format!("error: {e}"))
+        }
         CodegenError::Internal(_) => Error::internal(format!("internal error: {e}")),
     }
 }
