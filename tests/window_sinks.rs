@@ -172,9 +172,9 @@ fn left_padding_with_a_window_or_sinks_is_pruned_in_any_order() {
     };
     let s = seed();
     for (name, mask, attn_mask) in [
-        ("pad_win1.attn", "select(j >= start[b] and i - j < 96 and j <= i, s[b, h, i, j], -inf)", "window(96)"),
-        ("pad_win2.attn", "select(j >= start[b], window(i, j, 96, s[b, h, i, j]), -inf)", "window(96)"),
-        ("pad_win3.attn", "causal(i, j, select(j >= start[b] and i - j < 96, s[b, h, i, j], -inf))", "window(96)"),
+        ("pad_win1.attn", "select(j >= start[b] and i - j < 300 and j <= i, s[b, h, i, j], -inf)", "window(300)"),
+        ("pad_win2.attn", "select(j >= start[b], window(i, j, 300, s[b, h, i, j]), -inf)", "window(300)"),
+        ("pad_win3.attn", "causal(i, j, select(j >= start[b] and i - j < 300, s[b, h, i, j], -inf))", "window(300)"),
         (
             "pad_sinks.attn",
             "causal(i, j, select(j >= start[b], select(i - j < 96 or j < float(start[b]) + 4, s[b, h, i, j], -inf), -inf))",

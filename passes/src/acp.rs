@@ -65,6 +65,39 @@ pub(crate) fn add_attention(
     g.add_attention(a, operands, span).map_err(|e| PassError::Internal(format!("attention: {e}")))
 }
 
+/// The most key tiles a row may keep for a GPU to prune it when the threshold reads the norms
+/// from the data. That pass reads every key's norm; a window of two tiles leaves pruning less
+/// to save than it costs: on an H100 a prefill of N = 1024 against M = 8192 keys in a 256-key
+/// window took 0.203 ms pruned and 0.106 ms dense, while a 1024-key window (8 tiles) gained
+/// 6% pruned (BENCHMARKS.md, "Padding, windows, sinks, ALiBi and a cache's decay on the GPU").
+pub const NARROW_KEY_TILES: u32 = 2;
+
+/// On a GPU whose threshold reads the norms from the data, the most keys a row of `attn` keeps
+/// where that is at most [`NARROW_KEY_TILES`] key tiles: its window, or its key bound's
+/// distance to the diagonal ([`crate::key_bound::Diagonal::keys_at_most`]; one more key is
+/// allowed, as a bound read from `j > E` is `E` itself: `i + M - N - j < 256` keeps 256 keys and
+/// bounds 257).
+fn narrow_on_a_gpu(
+    g: &Graph,
+    attn: &Attention,
+    ops: &foxc_ir::attention::AttnOperands,
+    bound: &NormBound,
+    tiles: foxc_ir::Tiles,
+    opts: &PassOptions,
+) -> Option<f64> {
+    if !opts.target.is_gpu() || *bound != NormBound::Data {
+        return None;
+    }
+    let window = match attn.mask {
+        foxc_ir::Mask::Window(w) => Some(w as f64),
+        _ => None,
+    };
+    let diagonal = crate::key_bound::Diagonal::of(g, ops.q, ops.k);
+    let bounded = attn.keys_from.as_ref().and_then(|e| diagonal.keys_at_most(e));
+    let keys = [window, bounded].into_iter().flatten().reduce(f64::min)?;
+    (keys <= f64::from(NARROW_KEY_TILES * tiles.bn) + 1.0).then_some(keys)
+}
+
 /// The ACP pass.
 pub fn run(g: &mut Graph, opts: &PassOptions, cx: &mut PassContext) -> Result<(), PassError> {
     for n in g.find(|op| matches!(op, Op::Attention(a) if a.prune == Prune::Dense)) {
@@ -123,6 +156,19 @@ pub fn run(g: &mut Graph, opts: &PassOptions, cx: &mut PassContext) -> Result<()
         let ops = Attention::operands(g, n).map_err(PassError::Internal)?;
         let c = ops.decay.ok_or_else(|| PassError::Internal("acp: decay verdict without c".into()))?;
         let bound = norm_bound(static_norm(g, ops.q), static_norm(g, ops.k), opts.norm_bounds);
+        if let Some(keys) = narrow_on_a_gpu(g, &attn, &ops, &bound, tiles, opts) {
+            explain(
+                cx,
+                format!(
+                    "not pruned: each row's keys lie among the {keys} up to its diagonal (a window of {NARROW_KEY_TILES} key \
+                     tiles of {}), and on a GPU the threshold's pass over every key's norm costs more than pruning them \
+                     can save",
+                    tiles.bn
+                ),
+                Some("bounds on q's and k's norms (QK-norm, or a KV cache's checked bounds) take that pass away".into()),
+            );
+            continue;
+        }
         // A rule reading the diagonal logit s_ii = scale q_i . k_i fits the identity score only
         // (a bound of its size, and a region whose diagonal entry is x itself); other regions
         // fall back to the default rule (which reads no row statistic).

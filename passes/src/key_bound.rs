@@ -64,6 +64,27 @@ impl Diagonal {
         Diagonal { shift: len(k).zip(len(q)).map(|(k, q)| k.sub(&q)) }
     }
 
+    /// The most keys a row keeps from its key bound `keys_from` (`E`: every key `j < E`
+    /// dropped) to its diagonal `p(i)`, where that is a constant: `p(i) - E(i) + 1` for an `E`
+    /// that is `p` less a constant (`i + M - N - 256`, the bound of the window `i + M - N - j <
+    /// 256`: 257), the least of those of a `max` of bounds (`max(start[b], i + M - N - 256)`: at
+    /// most 257). `None` otherwise.
+    pub fn keys_at_most(&self, keys_from: &Region) -> Option<f64> {
+        self.keys_below(keys_from, keys_from.root)
+    }
+
+    /// [`Diagonal::keys_at_most`] of the bound at node `n`.
+    fn keys_below(&self, r: &Region, n: RId) -> Option<f64> {
+        if let RNode::Binary(BinaryOp::Max, a, b) = r.nodes[n as usize] {
+            return match (self.keys_below(r, a), self.keys_below(r, b)) {
+                (Some(x), Some(y)) => Some(x.min(y)),
+                (x, y) => x.or(y),
+            };
+        }
+        let p = Affine { i: 1.0, ..Affine::default() }.add(self.shift.as_ref()?);
+        Some(p.sub(&self.value(r, n)?).constant()? + 1.0)
+    }
+
     /// Whether region `r` provably is not `-inf` on the diagonal (every row keeps it): no leaf
     /// it can take there is the constant `-inf` (a score leaf is finite where it is bounded).
     pub fn kept(&self, r: &Region) -> bool {
