@@ -554,6 +554,32 @@ mod tests {
         Diagonal { shift: Some(Affine::default()) }
     }
 
+    /// The keys a row keeps at most from its key bound: `i - 99` (a window of 100 as a
+    /// distance) gives 100, a `max` with a start the window's, a `max` of two windows the
+    /// narrower's, `lo` alone nothing, and a bound of another slope in `i` nothing. Shown
+    /// failing with a `max`'s two counts taken by their larger.
+    #[test]
+    fn keys_at_most_reads_a_window_s_bound() {
+        let d = square();
+        let mut r = Region::new();
+        let i = r.push(RNode::Index(IndexVar::I));
+        let c = r.push(RNode::Const(99.0));
+        let win = r.push(RNode::Binary(BinaryOp::Sub, i, c));
+        let lo = lo_capture(&mut r, "i");
+        let both = r.push(RNode::Binary(BinaryOp::Max, lo, win));
+        let two = r.push(RNode::Const(2.0));
+        let half = r.push(RNode::Binary(BinaryOp::Mul, i, two));
+        let c2 = r.push(RNode::Const(49.0));
+        let narrow = r.push(RNode::Binary(BinaryOp::Sub, i, c2));
+        let two_windows = r.push(RNode::Binary(BinaryOp::Max, win, narrow));
+        let at = |root: RId| d.keys_at_most(&Region { nodes: r.nodes.clone(), root });
+        assert_eq!(at(win), Some(100.0));
+        assert_eq!(at(both), Some(100.0));
+        assert_eq!(at(two_windows), Some(50.0), "the larger bound, the fewer keys");
+        assert_eq!(at(lo), None);
+        assert_eq!(at(half), None);
+    }
+
     /// Left padding's `j >= lo[b]` around a window, in either order, and sinks inside it keep
     /// the diagonal of every row that keeps a key; a condition that falls along `j` (right
     /// padding's `j < hi[b]`, keys before the start) or an equality with `j` does not.
