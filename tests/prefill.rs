@@ -554,15 +554,9 @@ fn a_narrow_window_is_not_pruned_on_a_gpu() {
 /// forget gates nor an ALiBi ramp", dense.
 #[test]
 fn a_caches_decay_beside_alibi_is_pruned() {
-    let src = "attention cache_alibi(q: bf16[B, H, N, D], k: bf16[B, H, M, D], v: bf16[B, H, M, D], c: f32[B, H, M] nonincreasing along M, m: f32[H] in [0, 1]) -> bf16[B, H, N, D] {
-    s[b, h, i, j]   = sum(d, q[b, h, i, d] * k[b, h, j, d]) / sqrt(D) + c[b, h, i + M - N] - c[b, h, j] + m[h] * (j - i - M + N)
-    p[b, h, i, j]   = softmax(j, select(j <= i + M - N, s[b, h, i, j], -inf))
-    out[b, h, i, d] = sum(j, p[b, h, i, j] * v[b, h, j, d])
-    return out
-}
-";
+    let src = std::fs::read_to_string("bench/fox_cache_alibi.attn").unwrap();
     pruned_on_the_cpu(
-        vec![("cache_alibi.attn", src.to_string())],
+        vec![("cache_alibi.attn", src.clone())],
         &["B=2,H=3,N=30,M=500,D=16", "B=1,H=3,N=1,M=400,D=8"],
         &[],
         "B=1,H=3,N=10,M=90,D=8",

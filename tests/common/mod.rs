@@ -70,6 +70,13 @@ pub fn run_cli(args: &[&str]) -> (Option<i32>, String) {
     (o.status.code(), text(&o))
 }
 
+/// `foxc check FILE` must refuse the program (exit 1): its diagnostics.
+pub fn refused_at_check(file: &str) -> String {
+    let (code, t) = run_cli(&["check", file]);
+    assert_eq!(code, Some(1), "{file}: {t}");
+    t
+}
+
 /// A fresh input seed (printed, so that a failure can be replayed), as a CLI argument.
 pub fn fresh_seed() -> String {
     let s =
